@@ -1,0 +1,178 @@
+"""Activations as sympy expressions in ``x``: the one source of truth.
+
+Every evaluator (numpy, torch, mpmath) and every derivative is derived from the expression with
+sympy (``diff`` + ``lambdify``); nothing is written twice by hand.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import mpmath
+import numpy as np
+import sympy as sp
+from sympy.core.function import AppliedUndef
+
+x = sp.Symbol("x", real=True)
+
+#: Registry of named activations (Approx-BP eqs. 40 and 47; quick_gelu = x·σ(1.702x); mish).
+REGISTRY: dict[str, str] = {
+    "gelu": "x/2*(1 + erf(x/sqrt(2)))",
+    "gelu_tanh": "x/2*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3)))",
+    "silu": "x/(1 + exp(-x))",
+    "quick_gelu": "x/(1 + exp(-1.702*x))",
+    "mish": "x*tanh(log(1 + exp(x)))",
+}
+
+_ALLOWED_FUNCTIONS = {
+    name: getattr(sp, name)
+    for name in (
+        "exp", "log", "sqrt", "erf", "erfc", "tanh", "sinh", "cosh", "atan", "sin", "cos", "Abs", "Max", "Min",
+    )
+}
+_ALLOWED_FUNCTIONS.update({"pi": sp.pi, "E": sp.E, "abs": sp.Abs, "x": x})
+
+
+def _parse(text: str) -> sp.Expr:
+    """Parse ``text`` into a sympy expression in x, failing with the position of the problem."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as err:
+        col = (err.offset or 1) - 1
+        raise ValueError(
+            f"cannot parse activation expression {text!r}: {err.msg} at column {col + 1}\n"
+            f"    {text.strip()}\n    {' ' * col}^"
+        ) from None
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    unknown = sorted(names - set(_ALLOWED_FUNCTIONS))
+    if unknown:
+        raise ValueError(
+            f"activation expression {text!r} uses unknown name(s) {unknown}; expressions are in the "
+            f"single variable x and may use {sorted(k for k in _ALLOWED_FUNCTIONS if k != 'x')}"
+        )
+    expr = sp.sympify(text.strip(), locals=dict(_ALLOWED_FUNCTIONS), rational=False)
+    if not isinstance(expr, sp.Expr) or expr.atoms(AppliedUndef):
+        raise ValueError(f"activation expression {text!r} is not a function of x")
+    if expr.free_symbols - {x}:
+        raise ValueError(f"activation expression {text!r} has symbols other than x: {expr.free_symbols - {x}}")
+    return expr
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An activation h(x) given by a sympy expression; derivatives and evaluators are derived."""
+
+    name: str
+    expr: sp.Expr
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def expression(self) -> str:
+        """The sympy ``str`` of h (what tables record)."""
+        return str(self.expr)
+
+    def derivative_expr(self, order: int = 1) -> sp.Expr:
+        return sp.diff(self.expr, x, order)
+
+    # ---- evaluators -------------------------------------------------------------------------
+    def _numpy(self, order: int):
+        key = f"np{order}"
+        if key not in self._cache:
+            fn = sp.lambdify(x, self.derivative_expr(order) if order else self.expr, modules=["scipy", "numpy"])
+
+            def call(v, fn=fn):
+                v = np.asarray(v, dtype=np.float64)
+                with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                    return np.broadcast_to(fn(v), v.shape).astype(np.float64)
+
+            self._cache[key] = call
+        return self._cache[key]
+
+    def f(self, v):
+        """h(x), float64 numpy."""
+        return self._numpy(0)(v)
+
+    def df(self, v):
+        """h'(x), float64 numpy."""
+        return self._numpy(1)(v)
+
+    def d2f(self, v):
+        """h''(x), float64 numpy."""
+        return self._numpy(2)(v)
+
+    def mp(self, v, order: int = 0, dps: int | None = 50):
+        """h^(order)(v) in mpmath at ``dps`` digits (None: the caller's mpmath precision, v unrounded)."""
+        key = f"mp{order}"
+        if key not in self._cache:
+            self._cache[key] = sp.lambdify(x, self.derivative_expr(order) if order else self.expr, "mpmath")
+        if dps is None:
+            return self._cache[key](v if isinstance(v, mpmath.mpf) else mpmath.mpf(v))
+        with mpmath.workdps(dps):
+            return self._cache[key](mpmath.mpf(v))
+
+    def torch_fn(self, order: int = 0):
+        """A torch callable for h^(order) built from the expression (constants to float64 precision)."""
+        key = f"torch{order}"
+        if key not in self._cache:
+            import torch
+
+            e = (self.derivative_expr(order) if order else self.expr).evalf(17)
+
+            def either(name, math_name=None):  # tensors → torch; python numbers (constants) → math
+                tfn, mfn = getattr(torch, name), getattr(math, math_name or name)
+                return lambda *a: tfn(*a) if any(isinstance(v, torch.Tensor) for v in a) else mfn(*a)
+
+            names = {n: either(n) for n in ("erf", "erfc", "exp", "log", "sqrt", "tanh", "sinh", "cosh",
+                                            "atan", "sin", "cos")}
+            names.update({"Abs": abs, "pi": math.pi, "E": math.e, "Max": torch.maximum, "Min": torch.minimum})
+            self._cache[key] = sp.lambdify(x, e, modules=[names])
+        return self._cache[key]
+
+    # ---- asymptotics ------------------------------------------------------------------------
+    def check_relu_sum_asymptotics(self, far: float = 60.0, tol: float = 1e-8) -> None:
+        """Refuse h unless h(x)→0 as x→−∞ and h(x)−x→0 as x→+∞ (what Approx-BP eq. 13 can match).
+
+        Checked in 50-digit mpmath at x=±far/2 and ±far: the tail must be below ``tol`` and shrinking.
+        """
+        left = [abs(self.mp(-far / 2)), abs(self.mp(-far))]
+        right = [abs(self.mp(far / 2) - far / 2), abs(self.mp(far) - far)]
+        problems = []
+        if not (left[1] < tol and left[1] <= left[0]):
+            problems.append(f"h(x) does not tend to 0 as x→−∞ (h(−{far:g}) = {mpmath.nstr(self.mp(-far), 6)})")
+        if not (right[1] < tol and right[1] <= right[0]):
+            problems.append(
+                f"h(x)−x does not tend to 0 as x→+∞ (h({far:g})−{far:g} = {mpmath.nstr(self.mp(far) - far, 6)})"
+            )
+        if problems:
+            raise ValueError(
+                f"activation {self.name!r} cannot be approximated by a sum of ReLUs with Σw=1, Σw·c=0 "
+                f"(Approx-BP eq. 13): " + "; ".join(problems)
+            )
+
+
+def get_activation(name_or_expr: str | Activation) -> Activation:
+    """Look up a registry name (case-insensitive) or parse a sympy expression string in x."""
+    if isinstance(name_or_expr, Activation):
+        return name_or_expr
+    if not isinstance(name_or_expr, str) or not name_or_expr.strip():
+        raise TypeError(f"activation must be a registry name or an expression string in x, got {name_or_expr!r}")
+    key = name_or_expr.strip().lower()
+    if key in REGISTRY:
+        return Activation(key, _parse(REGISTRY[key]))
+    if name_or_expr.strip().isidentifier() and name_or_expr.strip() not in _ALLOWED_FUNCTIONS:
+        raise ValueError(
+            f"unknown activation {name_or_expr!r}; registry: {', '.join(REGISTRY)}; "
+            "or pass an expression in x, e.g. 'x*tanh(log(1+exp(x)))'"
+        )
+    text = name_or_expr.strip()
+    if isinstance(_ALLOWED_FUNCTIONS.get(text), sp.FunctionClass):  # a bare function name: f(x)
+        text = f"{text}(x)"
+    return Activation(name_or_expr.strip(), _parse(text))
+
+
+def list_activations() -> list[str]:
+    return list(REGISTRY)

@@ -1,0 +1,156 @@
+"""Coefficient tables (schema ``approxbp.table/1``): the only contract between fitting and kernels.
+
+Readers validate every field and fail with the file name and the field; unknown schema versions are
+refused. Writers produce canonical JSON (sorted keys, float64 via ``repr``) so that the same fit
+gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA = "approxbp.table/1"
+FAMILIES = ("relu-sum", "invact")
+SOURCES = ("fit", "paper")
+OBJECTIVES = ("primitive", "derivative")
+#: |Σw − 1| and |Σw·c| allowed in a fitted relu-sum table.
+CONSTRAINT_TOL = 1e-12
+
+
+class TableError(ValueError):
+    """A coefficient table failed validation; the message names the file and the field."""
+
+
+def data_dir() -> Path:
+    """The packaged ``data/coefficients`` folder."""
+    return Path(str(resources.files("approxbp.data"))) / "coefficients"
+
+
+def _fail(where: str, field: str, msg: str):
+    raise TableError(f"{where}: field {field!r}: {msg}")
+
+
+def _need(t: dict, field: str, types, where: str):
+    if field not in t:
+        _fail(where, field, "missing")
+    if not isinstance(t[field], types) or isinstance(t[field], bool):
+        _fail(where, field, f"expected {types}, got {type(t[field]).__name__} {t[field]!r:.80}")
+    return t[field]
+
+
+def _floats(t: dict, field: str, where: str, n: int | None = None) -> np.ndarray:
+    v = _need(t, field, list, where)
+    if not all(isinstance(e, int | float) and not isinstance(e, bool) for e in v):
+        _fail(where, field, "expected a list of numbers")
+    arr = np.asarray(v, dtype=np.float64)
+    if not np.all(np.isfinite(arr)):
+        _fail(where, field, "contains NaN or ±inf")
+    if n is not None and arr.size != n:
+        _fail(where, field, f"expected {n} numbers, got {arr.size}")
+    return arr
+
+
+def validate(t: Any, where: str = "<table>") -> dict:
+    """Validate a table dict in place of use; return it unchanged or raise :class:`TableError`."""
+    if not isinstance(t, dict):
+        raise TableError(f"{where}: a table is a JSON object, got {type(t).__name__}")
+    schema = _need(t, "schema", str, where)
+    if schema != SCHEMA:
+        _fail(where, "schema", f"unsupported schema {schema!r}; this approxbp reads {SCHEMA!r}")
+    family = _need(t, "family", str, where)
+    if family not in FAMILIES:
+        _fail(where, "family", f"unknown family {family!r}; known: {FAMILIES}")
+    for f in ("activation", "expression", "created"):
+        _need(t, f, str, where)
+    if _need(t, "source", str, where) not in SOURCES:
+        _fail(where, "source", f"must be one of {SOURCES}")
+    if t["source"] == "paper":
+        _need(t, "reference", str, where)
+    prov = _need(t, "provenance", dict, where)
+    for f in ("method", "command", "package_version"):
+        _need(prov, f, str, f"{where} provenance")
+    _need(t, "metrics", dict, where)
+    if family == "relu-sum":
+        _validate_relu_sum(t, where)
+    return t
+
+
+def _validate_relu_sum(t: dict, where: str) -> None:
+    bits = _need(t, "bits", int, where)
+    if not 1 <= bits <= 8:
+        _fail(where, "bits", f"must be in 1..8, got {bits}")
+    n = 2**bits - 1
+    if _need(t, "objective", str, where) not in OBJECTIVES:
+        _fail(where, "objective", f"must be one of {OBJECTIVES}")
+    a, b = _floats(t, "interval", where, 2)
+    if not a < b:
+        _fail(where, "interval", f"must be [A, B] with A < B, got {[a, b]}")
+    w = _floats(t, "weights", where, n)
+    c = _floats(t, "knots", where, n)
+    levels = _floats(t, "levels", where, n + 1)
+    if np.any(np.diff(c) < 0):
+        _fail(where, "knots", "must be ascending")
+    if np.max(np.abs(levels - np.concatenate([[0.0], np.cumsum(w)]))) > 1e-14:
+        _fail(where, "levels", "do not equal the cumulative sums [0, w1, w1+w2, …] of the weights")
+    loss = _need(t, "loss", (int, float), where)
+    if not (math.isfinite(loss) and loss >= 0):
+        _fail(where, "loss", f"must be finite and ≥ 0, got {loss}")
+    res = _need(t, "constraint_residual", (int, float), where)
+    actual = max(abs(w.sum() - 1.0), abs(float(np.dot(w, c))))
+    if abs(res - actual) > 1e-15 + 1e-9 * actual:
+        _fail(where, "constraint_residual", f"records {res!r} but the weights and knots give {actual!r}")
+    if t["source"] == "fit" and actual > CONSTRAINT_TOL:
+        _fail(where, "constraint_residual", f"{actual:.3g} > {CONSTRAINT_TOL:g}: Σw=1, Σw·c=0 must hold")
+
+
+def dumps(t: dict) -> str:
+    """Canonical JSON text (sorted keys, floats by repr, trailing newline)."""
+    return json.dumps(t, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def save(t: dict, path: str | Path) -> Path:
+    path = Path(path)
+    validate(t, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(t), encoding="utf-8")
+    return path
+
+
+def load(path: str | Path) -> dict:
+    """Read and validate one table (a path, or ``family/name`` inside the packaged data)."""
+    p = Path(path)
+    if not p.exists() and not p.is_absolute():
+        candidate = data_dir() / (str(path) if str(path).endswith(".json") else f"{path}.json")
+        if candidate.exists():
+            p = candidate
+    if not p.exists():
+        raise FileNotFoundError(f"no coefficient table at {path!s} (packaged tables live in {data_dir()})")
+    try:
+        t = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise TableError(f"{p}: not valid JSON: {err}") from None
+    return validate(t, str(p))
+
+
+def sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def table_paths(family: str | None = None) -> list[Path]:
+    """All packaged tables (of one family), sorted."""
+    root = data_dir()
+    pattern = f"{family.replace('-', '_')}/*.json" if family else "*/*.json"
+    return sorted(root.glob(pattern))
+
+
+def relu_sum_name(activation: str, bits: int, objective: str, source: str = "fit") -> str:
+    """Canonical file stem, e.g. ``gelu-k2-primitive`` or ``gelu-k2-primitive-paper``."""
+    stem = f"{activation}-k{bits}-{objective}"
+    return stem if source == "fit" else f"{stem}-paper"

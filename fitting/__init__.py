@@ -1,0 +1,10 @@
+"""Fitting: objectives, optimisers and reproduction of the papers' solutions.
+
+Imports ``approximations``; never ``kernels`` (the CLI module is the one thin layer over both).
+"""
+
+from .objective import ReluSumObjective, interval_for, quadrature
+from .relu_sum import METHODS, certify, equidistributed_knots, fit_relu_sum
+
+__all__ = ["ReluSumObjective", "interval_for", "quadrature", "METHODS", "certify", "equidistributed_knots",
+           "fit_relu_sum"]

@@ -1,0 +1,119 @@
+"""``approxbp``: one entry point, thin subcommands over the Python API.
+
+    approxbp fit relu-sum --activation NAME_OR_EXPR --bits K [--objective ...] [--method ...] [--out PATH]
+    approxbp reproduce [--full] [--seed S] [--restarts N] [--workers N]
+    approxbp tables [--family F]          list and validate the committed tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0, help="root seed; restarts use independent child seeds")
+    p.add_argument("--restarts", type=int, default=4, help="multi-start count (default 4)")
+    p.add_argument("--workers", type=int, default=None, help="processes for restarts (default: all cores)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from approxbp.fitting.relu_sum import METHODS
+
+    parser = argparse.ArgumentParser(prog="approxbp", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    fit = sub.add_parser("fit", help="fit an approximation family and write a coefficient table")
+    fam = fit.add_subparsers(dest="family", required=True)
+    rs = fam.add_parser("relu-sum", help="sum of 2^k−1 ReLUs (Approx-BP eq. 13)")
+    rs.add_argument("--activation", required=True, help="registry name or an expression in x")
+    rs.add_argument("--bits", type=int, required=True, help="k: 2^k−1 ReLUs, k-bit codes (1..8)")
+    rs.add_argument("--objective", choices=("primitive", "derivative"), default="primitive",
+                    help="primitive: ∫(h−h̃)² (eq. 14); derivative: ∫(h'−h̃')² (eq. 63)")
+    rs.add_argument("--method", choices=("auto", *METHODS), default="auto",
+                    help="auto = anneal for k ≤ 4, polish above; every method ends in the certified polish")
+    rs.add_argument("--out", type=Path, default=None, help="table path (default: print only)")
+    _add_common(rs)
+
+    rep = sub.add_parser("reproduce", help="regenerate the papers' rows and print paper vs ours")
+    rep.add_argument("--full", action="store_true", help="also regenerate every committed relu-sum table")
+    rep.add_argument("--out", type=Path, default=None, help="with --full: table folder (default: packaged data)")
+    _add_common(rep)
+
+    tab = sub.add_parser("tables", help="list and validate the committed coefficient tables")
+    tab.add_argument("--family", default=None)
+    return parser
+
+
+def _summary(t: dict) -> str:
+    m = t["metrics"]
+    lines = [
+        f"{t['family']} · {t['activation']} · k={t['bits']} · objective={t['objective']} · "
+        f"interval=[{t['interval'][0]:.6g}, {t['interval'][1]:.6g}]",
+        f"  expression  {t['expression']}",
+        f"  loss        {t['loss']:.15e}   (tail mass outside interval {m['tail_mass']:.2e})",
+        f"  knots       {np.array2string(np.array(t['knots']), precision=8, max_line_width=100)}",
+        f"  weights     {np.array2string(np.array(t['weights']), precision=8, max_line_width=100)}",
+        f"  levels      {np.array2string(np.array(t['levels']), precision=6, max_line_width=100)}",
+        f"  constraints max(|Σw−1|, |Σw·c|) = {t['constraint_residual']:.2e}",
+        f"  certificate |∇J|∞ = {m['grad_inf_norm']:.2e}, λ_min(∇²J) = {m.get('hessian_min_eig', float('nan')):.3e}",
+        f"  provenance  {t['provenance']['method']}, seed {t['provenance']['seed']}, "
+        f"{t['provenance']['restarts']} restarts, {t['provenance']['seconds']:.2f} s",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args, argv)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        print(f"approxbp: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args, argv) -> int:
+    from approxbp.approximations import tables as T
+    from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
+    from approxbp.fitting.reproduce import (auto_method, format_comparisons, regenerate_tables,
+                                            reproduce_relu_sum)
+
+    progress = not getattr(args, "no_progress", False)
+    if args.command == "fit" and args.family == "relu-sum":
+        method = auto_method(args.bits) if args.method == "auto" else args.method
+        table = fit_relu_sum(args.activation, args.bits, args.objective, method=method, restarts=args.restarts,
+                             seed=args.seed, workers=args.workers, progress=progress, command=cli_command(argv))
+        print(_summary(table))
+        if args.out:
+            print(f"  wrote       {T.save(table, args.out)}")
+        return 0
+    if args.command == "reproduce":
+        t0 = time.perf_counter()
+        rows = reproduce_relu_sum(seed=args.seed, restarts=args.restarts, workers=args.workers, progress=progress)
+        print("Approx-BP ReLU-sum rows (k = 2): objective of the paper's coefficients vs our fit")
+        print(format_comparisons(rows))
+        if args.full:
+            paths = regenerate_tables(args.out, seed=args.seed, restarts=args.restarts, workers=args.workers,
+                                      progress=progress)
+            print(f"regenerated {len(paths)} tables under {paths[0].parent}")
+        print(f"reproduce finished in {time.perf_counter() - t0:.1f} s")
+        return 0 if all(r.ok for r in rows) else 1
+    if args.command == "tables":
+        paths = T.table_paths(args.family)
+        for p in paths:
+            t = T.load(p)
+            extra = f"k={t['bits']} {t['objective']:<10} loss={t['loss']:.6e}" if t["family"] == "relu-sum" else ""
+            print(f"{p.relative_to(T.data_dir())!s:<48} {t['source']:<5} {extra}")
+        print(f"{len(paths)} tables, all valid")
+        return 0
+    raise AssertionError(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,213 @@
+"""Objectives for the ReLU-sum family on a finite interval [A, B] (Approx-BP eqs. 14/46/52 and 63).
+
+    primitive:  E(w, c) = ∫_A^B (h − h̃)²  dx      (eq. 14, truncated as in eqs. 45/51)
+    derivative: E(w, c) = ∫_A^B (h' − h̃')² dx     (eq. 63)
+
+Variable projection: with Σw = 1 and Σw·c = 0, h̃ is the continuous piecewise-linear function with
+breakpoints c that is 0 left of c_1 and equals x right of c_n. For fixed knots, the remaining values
+(primitive) or levels (derivative) enter linearly and are solved exactly — a tridiagonal normal
+system, or the closed form L_j = mean(h' on segment j) + μ. Only the knots are optimised; the
+gradient dJ/dc follows from the envelope theorem. Integrals use composite Gauss–Legendre split at
+every knot (the integrand is smooth between knots).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import mpmath
+import numpy as np
+from scipy.linalg import solveh_banded
+
+from approxbp.approximations import Activation, ReLUSum, get_activation
+from approxbp.approximations.relu_sum import check_bits
+
+OBJECTIVES = ("primitive", "derivative")
+GL_POINTS = 10
+PANEL_WIDTH = 0.5
+_XI, _WI = np.polynomial.legendre.leggauss(GL_POINTS)
+
+
+def check_objective(objective: str) -> str:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    return objective
+
+
+def quadrature(breaks: np.ndarray, panel: float = PANEL_WIDTH):
+    """Composite Gauss–Legendre nodes on [breaks[0], breaks[-1]], split at every break.
+
+    Returns (x, weight, segment index, τ ∈ [0, 1] within the segment)."""
+    widths = np.diff(breaks)
+    counts = np.maximum(1, np.ceil(widths / panel)).astype(np.int64)
+    seg = np.repeat(np.arange(widths.size), counts)
+    j = np.arange(seg.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    lo = breaks[seg] + widths[seg] * j / counts[seg]
+    half = widths[seg] / counts[seg] / 2
+    xq = (lo + half)[:, None] + half[:, None] * _XI
+    wq = half[:, None] * _WI
+    segq = np.repeat(seg, GL_POINTS)
+    safe = np.where(widths > 0, widths, 1.0)
+    tau = ((xq.ravel() - breaks[segq]) / safe[segq]).clip(0.0, 1.0)
+    return xq.ravel(), wq.ravel(), segq, tau
+
+
+# ---- the interval and its tail bound ---------------------------------------------------------
+def _tail_mass(act: Activation, objective: str, a: float, b: float) -> float:
+    """∫_{−∞}^A t² + ∫_B^∞ (t − t_∞)², t = h (t_∞ = x) or h' (t_∞ = 1), in 30-digit mpmath."""
+    order = 0 if objective == "primitive" else 1
+    with mpmath.workdps(30):
+        left = mpmath.quad(lambda v: act.mp(v, order, None) ** 2, [-mpmath.inf, a])
+        right = mpmath.quad(lambda v: (act.mp(v, order, None) - (v if order == 0 else 1)) ** 2, [b, mpmath.inf])
+    return float(left + right)
+
+
+@lru_cache(maxsize=64)
+def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[float, float, float, str]:
+    act = get_activation(name) if name in ("gelu", "silu") else Activation(name, get_activation(expression).expr)
+    if name == "gelu":  # eq. 45: B = −A = sqrt(−2 ln ε)
+        b, how = math.sqrt(-2 * math.log(eps)), "Approx-BP eq. 45: B = −A = sqrt(−2 ln ε)"
+        return -b, b, _tail_mass(act, objective, -b, b), how
+    if name == "silu":  # eq. 51: B = −A = −2 ln(ε/2)
+        b, how = -2 * math.log(eps / 2), "Approx-BP eq. 51: B = −A = −2 ln(ε/2)"
+        return -b, b, _tail_mass(act, objective, -b, b), how
+    order = 0 if objective == "primitive" else 1
+
+    def side(sign: int) -> float:
+        def mass(L):
+            with mpmath.workdps(30):
+                if sign < 0:
+                    return float(mpmath.quad(lambda v: act.mp(v, order, None) ** 2, [-mpmath.inf, -L]))
+                return float(mpmath.quad(lambda v: (act.mp(v, order, None) - (v if order == 0 else 1)) ** 2,
+                                         [L, mpmath.inf]))
+        lo, hi = 0.5, 1.0
+        while mass(hi) > eps / 2:
+            lo, hi = hi, hi * 2
+            if hi > 1e4:
+                raise ValueError(f"activation {name!r}: tail mass does not fall below {eps / 2:g} by |x| = 1e4")
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if mass(mid) > eps / 2 else (lo, mid)
+        return math.ceil(hi * 1000) / 1000
+
+    a, b = -side(-1), side(+1)
+    return a, b, _tail_mass(act, objective, a, b), f"numerical: each tail ≤ ε/2 = {eps / 2:g} (mpmath quad)"
+
+
+def interval_for(act: Activation, objective: str, eps: float = 1e-8) -> tuple[float, float, float, str]:
+    """[A, B], the tail mass outside it (mpmath), and how it was chosen (eq. 45/51 or numerically)."""
+    check_objective(objective)
+    return _interval(act.expression, act.name, objective, eps)
+
+
+# ---- the objective ----------------------------------------------------------------------------
+@dataclass
+class ReluSumObjective:
+    """J(c) = min over the linear parameters of E(w, c) for one activation, bit-width and objective."""
+
+    activation: Activation
+    bits: int
+    objective: str
+    interval: tuple[float, float]
+
+    def __post_init__(self):
+        self.activation = get_activation(self.activation)
+        self.bits = check_bits(self.bits)
+        check_objective(self.objective)
+        self.activation.check_relu_sum_asymptotics()
+        self.n = 2**self.bits - 1
+        self.A, self.B = map(float, self.interval)
+        self.target = self.activation.f if self.objective == "primitive" else self.activation.df
+
+    # -- linear solve for fixed knots --------------------------------------------------------
+    def _breaks(self, c: np.ndarray) -> np.ndarray:
+        return np.concatenate([[self.A], c, [self.B]])
+
+    def levels_for(self, c: np.ndarray, nodes=None) -> np.ndarray:
+        """The optimal 2^k levels [0, L_1, …, L_{n−1}, 1] for sorted knots c (constraints exact)."""
+        n, b = self.n, self._breaks(c)
+        if n == 1:
+            return np.array([0.0, 1.0])
+        if self.objective == "derivative":
+            h = self.activation.f(b[1:-1])  # h(c_1..c_n)
+            d = np.diff(c)
+            mean = np.where(d > 0, np.diff(h) / np.where(d > 0, d, 1), self.activation.df(c[:-1]))
+            mu = (c[-1] - h[-1] + h[0]) / (c[-1] - c[0])
+            return np.concatenate([[0.0], mean + mu, [1.0]])
+        x, w, s, tau = nodes if nodes is not None else quadrature(b)
+        V = np.zeros(n + 2)
+        V[n], V[n + 1] = c[-1], self.B
+        r0 = self.target(x) - (V[s] * (1 - tau) + V[s + 1] * tau)
+        nb = n + 1
+        A_ = np.bincount(s, w * (1 - tau) ** 2, nb)
+        B_ = np.bincount(s, w * tau**2, nb)
+        C_ = np.bincount(s, w * tau * (1 - tau), nb)
+        R0 = np.bincount(s, w * (1 - tau) * r0, nb)
+        R1 = np.bincount(s, w * tau * r0, nb)
+        idx = np.arange(2, n)  # unknown values at c_2..c_{n−1}
+        ab = np.zeros((2, idx.size))
+        ab[1] = A_[idx] + B_[idx - 1]
+        ab[0, 1:] = C_[idx[:-1]]
+        rhs = R0[idx] + R1[idx - 1]
+        try:
+            V[idx] = rhs / ab[1] if idx.size == 1 else solveh_banded(ab, rhs)
+        except np.linalg.LinAlgError:
+            full = np.diag(ab[1]) + np.diag(ab[0, 1:], 1) + np.diag(ab[0, 1:], -1)
+            V[idx] = np.linalg.lstsq(full, rhs, rcond=None)[0]
+        d = np.diff(b)
+        L = np.where(d > 0, np.diff(V) / np.where(d > 0, d, 1.0), 0.0)
+        L[0], L[-1] = 0.0, 1.0
+        return L
+
+    def solution(self, c) -> ReLUSum:
+        """The optimal member of eq. 13 for knots c (sorted here)."""
+        c = np.sort(np.asarray(c, dtype=np.float64))
+        return ReLUSum.from_levels(c, self.levels_for(c))
+
+    # -- value and gradient ------------------------------------------------------------------
+    def __call__(self, c) -> tuple[float, np.ndarray]:
+        """(J(c), dJ/dc) for knots in any order; the gradient is returned in the caller's order."""
+        c = np.asarray(c, dtype=np.float64)
+        if not np.all(np.isfinite(c)):
+            raise ValueError(f"knots must be finite, got {c}")
+        order = np.argsort(c, kind="stable")
+        cs = c[order]
+        b = self._breaks(cs)
+        nodes = quadrature(b)
+        x, w, s, tau = nodes
+        L = self.levels_for(cs, nodes)
+        t = self.target(x)
+        n = self.n
+        if self.objective == "primitive":
+            V = np.concatenate([[0.0], np.cumsum(L * np.diff(b))])  # h̃ at the breaks
+            r = t - (V[s] * (1 - tau) + V[s + 1] * tau)
+            loss = float(np.dot(w, r * r))
+            P = np.bincount(s, w * r * (1 - tau), n + 1)
+            Q = np.bincount(s, w * r * tau, n + 1)
+            g = 2 * (L[1:] * P[1:] + L[:-1] * Q[:-1])
+            g[-1] -= 2 * (P[n] + Q[n - 1])
+        else:
+            r = t - L[s]
+            loss = float(np.dot(w, r * r))
+            tc = self.activation.df(cs)
+            g = (tc - L[:-1]) ** 2 - (tc - L[1:]) ** 2
+            if n > 1:
+                h = self.activation.f(cs)
+                mu = (cs[-1] - h[-1] + h[0]) / (cs[-1] - cs[0])
+                inner = np.zeros(n + 1)
+                inner[1:n] = L[1:n]
+                g += 2 * mu * (inner[1:] - inner[:-1])
+                g[-1] += 2 * mu
+        grad = np.empty_like(g)
+        grad[order] = g
+        return loss, grad
+
+    def loss(self, rs: ReLUSum) -> float:
+        """E(w, c) for any ReLU sum (not only optimal ones), by quadrature split at its knots."""
+        inside = rs.knots[(rs.knots > self.A) & (rs.knots < self.B)]
+        x, w, s, _ = quadrature(np.concatenate([[self.A], inside, [self.B]]))
+        approx = rs(x) if self.objective == "primitive" else rs.derivative(x)
+        # the derivative is a step function: evaluate it at node positions (never on a knot)
+        return float(np.dot(w, (self.target(x) - approx) ** 2))
