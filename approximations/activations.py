@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import mpmath
@@ -35,6 +34,15 @@ _ALLOWED_FUNCTIONS = {
     )
 }
 _ALLOWED_FUNCTIONS.update({"pi": sp.pi, "E": sp.E, "abs": sp.Abs, "x": x})
+
+
+_softplus = sp.Function("softplus")
+
+
+def _stable(expr: sp.Expr) -> sp.Expr:
+    """log(1 + exp(u)) → softplus(u), evaluated without overflow or loss of digits for u ≪ 0."""
+    u = sp.Wild("u")
+    return expr.replace(sp.log(1 + sp.exp(u)), lambda u: _softplus(u))
 
 
 def _parse(text: str) -> sp.Expr:
@@ -82,7 +90,8 @@ class Activation:
     def _numpy(self, order: int):
         key = f"np{order}"
         if key not in self._cache:
-            fn = sp.lambdify(x, self.derivative_expr(order) if order else self.expr, modules=["scipy", "numpy"])
+            e = _stable(self.derivative_expr(order) if order else self.expr)
+            fn = sp.lambdify(x, e, modules=[{"softplus": lambda u: np.logaddexp(0.0, u)}, "scipy", "numpy"])
 
             def call(v, fn=fn):
                 v = np.asarray(v, dtype=np.float64)
@@ -120,7 +129,7 @@ class Activation:
         if key not in self._cache:
             import torch
 
-            e = (self.derivative_expr(order) if order else self.expr).evalf(17)
+            e = _stable(self.derivative_expr(order) if order else self.expr).evalf(17)
 
             def either(name, math_name=None):  # tensors → torch; python numbers (constants) → math
                 tfn, mfn = getattr(torch, name), getattr(math, math_name or name)
@@ -128,7 +137,8 @@ class Activation:
 
             names = {n: either(n) for n in ("erf", "erfc", "exp", "log", "sqrt", "tanh", "sinh", "cosh",
                                             "atan", "sin", "cos")}
-            names.update({"Abs": abs, "pi": math.pi, "E": math.e, "Max": torch.maximum, "Min": torch.minimum})
+            names.update({"softplus": lambda u: torch.logaddexp(torch.zeros_like(u), u), "Abs": abs,
+                          "pi": math.pi, "E": math.e, "Max": torch.maximum, "Min": torch.minimum})
             self._cache[key] = sp.lambdify(x, e, modules=[names])
         return self._cache[key]
 

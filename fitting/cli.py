@@ -2,6 +2,7 @@
 
     approxbp fit relu-sum --activation NAME_OR_EXPR --bits K [--objective ...] [--method ...] [--out PATH]
     approxbp reproduce [--full] [--seed S] [--restarts N] [--workers N]
+    approxbp export [TABLE ...] [--out-dir DIR]   generate Triton kernels from tables
     approxbp tables [--family F]          list and validate the committed tables
 """
 
@@ -45,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", type=Path, default=None, help="with --full: table folder (default: packaged data)")
     _add_common(rep)
 
+    exp = sub.add_parser("export", help="generate Triton kernel modules from relu-sum tables")
+    exp.add_argument("tables", nargs="*", type=Path, help="table paths (default: every packaged relu-sum table)")
+    exp.add_argument("--out-dir", type=Path, default=None, help="default: the package's kernels/generated/")
+
     tab = sub.add_parser("tables", help="list and validate the committed coefficient tables")
     tab.add_argument("--family", default=None)
     return parser
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args, argv)
-    except (ValueError, TypeError, FileNotFoundError) as err:
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
         print(f"approxbp: error: {err}", file=sys.stderr)
         return 2
 
@@ -81,8 +86,12 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args, argv) -> int:
     from approxbp.approximations import tables as T
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
-    from approxbp.fitting.reproduce import (auto_method, format_comparisons, regenerate_tables,
-                                            reproduce_relu_sum)
+    from approxbp.fitting.reproduce import (
+        auto_method,
+        format_comparisons,
+        regenerate_tables,
+        reproduce_relu_sum,
+    )
 
     progress = not getattr(args, "no_progress", False)
     if args.command == "fit" and args.family == "relu-sum":
@@ -104,6 +113,12 @@ def _dispatch(args, argv) -> int:
             print(f"regenerated {len(paths)} tables under {paths[0].parent}")
         print(f"reproduce finished in {time.perf_counter() - t0:.1f} s")
         return 0 if all(r.ok for r in rows) else 1
+    if args.command == "export":
+        from approxbp.kernels.codegen import export  # the CLI is the one layer that sees both sides
+
+        written = export(args.tables or None, args.out_dir)
+        print(f"wrote {len(written)} kernel modules under {written[0].parent if written else args.out_dir}")
+        return 0
     if args.command == "tables":
         paths = T.table_paths(args.family)
         for p in paths:

@@ -19,10 +19,9 @@ from functools import lru_cache
 
 import mpmath
 import numpy as np
-from scipy.linalg import solveh_banded
-
 from approxbp.approximations import Activation, ReLUSum, get_activation
 from approxbp.approximations.relu_sum import check_bits
+from scipy.linalg import solveh_banded
 
 OBJECTIVES = ("primitive", "derivative")
 GL_POINTS = 10
@@ -96,9 +95,14 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
     return a, b, _tail_mass(act, objective, a, b), f"numerical: each tail ≤ ε/2 = {eps / 2:g} (mpmath quad)"
 
 
-def interval_for(act: Activation, objective: str, eps: float = 1e-8) -> tuple[float, float, float, str]:
-    """[A, B], the tail mass outside it (mpmath), and how it was chosen (eq. 45/51 or numerically)."""
+def interval_for(act: Activation, objective: str) -> tuple[float, float, float, str]:
+    """[A, B], the tail mass outside it (mpmath), and how it was chosen.
+
+    GELU and SiLU use the paper's closed forms with ε = 1e-8 (eqs. 45, 51; their true tails are far
+    smaller). Other activations get the narrowest interval whose tails are each ≤ ε/2 with ε = 1e-16:
+    a tail comparable to the achievable loss (≈1e-10 at k = 8) would let knots gather at the ends."""
     check_objective(objective)
+    eps = 1e-8 if act.name in ("gelu", "silu") else 1e-16
     return _interval(act.expression, act.name, objective, eps)
 
 
@@ -172,6 +176,8 @@ class ReluSumObjective:
         c = np.asarray(c, dtype=np.float64)
         if not np.all(np.isfinite(c)):
             raise ValueError(f"knots must be finite, got {c}")
+        if c.shape != (self.n,) or np.any(c < self.A) or np.any(c > self.B):
+            raise ValueError(f"expected {self.n} knots inside [{self.A}, {self.B}], got {c}")
         order = np.argsort(c, kind="stable")
         cs = c[order]
         b = self._breaks(cs)

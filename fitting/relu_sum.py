@@ -18,11 +18,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import dual_annealing, minimize
-
-from approxbp.approximations import ReLUSum, get_activation
+from approxbp.approximations import get_activation
 from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tables import SCHEMA
+from scipy.optimize import dual_annealing, minimize
 
 from .objective import ReluSumObjective, check_objective, interval_for
 
@@ -105,7 +104,7 @@ def anneal(obj: ReluSumObjective, seed: np.random.SeedSequence, maxiter: int | N
 
     res = dual_annealing(value, _bounds(obj), x0=x0, seed=rng,
                          maxiter=maxiter or max(20, 600 // obj.n),
-                         minimizer_kwargs={"method": "L-BFGS-B", "jac": grad})
+                         minimizer_kwargs={"method": "L-BFGS-B", "jac": grad, "bounds": _bounds(obj)})
     return np.sort(res.x)
 
 
@@ -212,7 +211,16 @@ def _run(job: _Job) -> tuple[int, float, np.ndarray]:
         jitter = 0.0 if job.restart == 0 else 0.5
         c = equidistributed_knots(obj, np.random.default_rng(job.seed), jitter)
     c = polish(obj, c)
-    return job.restart, obj(c)[0], c
+    return job.restart, obj(c)[0], c, _degenerate(obj, c)
+
+
+def _degenerate(obj: ReluSumObjective, c: np.ndarray) -> str | None:
+    """Why a polished knot vector is not a usable member of eq. 13 (None when it is)."""
+    gap = float(np.min(np.diff(np.concatenate([[obj.A], c, [obj.B]]))))
+    if obj.n > 1 and gap < 1e-9 * (obj.B - obj.A):
+        return f"knots collapsed (gap {gap:.1e})"
+    res = obj.solution(c).constraint_residual
+    return f"constraint residual {res:.1e}" if res > 1e-12 else None
 
 
 def _registry():
@@ -246,7 +254,11 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
         jobs = [_Job(act.name, act.expression, bits, objective, (A, B), method, s, i) for i, s in enumerate(children)]
         workers = min(workers or os.cpu_count() or 1, restarts)
         results = _map(jobs, workers, progress, f"{act.name} k={bits} {objective}")
-        best_restart, _, c = min(results, key=lambda r: (r[1], r[0]))
+        valid = [r for r in results if r[3] is None]
+        if not valid:
+            raise RuntimeError(f"every restart degenerated ({'; '.join(r[3] for r in results)}); "
+                               "try more restarts or another method")
+        best_restart, _, c, _ = min(valid, key=lambda r: (r[1], r[0]))
         method_used = f"{method}+polish"
     rs = obj.solution(c)
     cert = certify(obj, rs.knots)
@@ -257,7 +269,8 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
         "bits": bits, "objective": objective, "interval": [A, B],
         "weights": rs.weights.tolist(), "knots": rs.knots.tolist(), "levels": rs.levels.tolist(),
         "loss": loss, "constraint_residual": rs.constraint_residual,
-        "metrics": {"tail_mass": tail, "interval_rule": how, "loss_upper_bound_on_R": loss + tail, **cert},
+        "metrics": {"tail_mass": tail, "interval_rule": how, "loss_upper_bound_on_R": loss + tail,
+                    "degenerate_restarts": len(results) - len(valid) if obj.n > 1 else 0, **cert},
         "provenance": {
             "method": method_used, "seed": seed, "restarts": restarts if obj.n > 1 else 0,
             "best_restart": best_restart, "command": command or "approxbp.fitting.fit_relu_sum(...)",

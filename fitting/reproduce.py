@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from approxbp.approximations import REGISTRY, ReLUSum, get_activation
 from approxbp.approximations import tables as T
 

@@ -1,1 +1,11 @@
-"""placeholder"""
+"""Kernels: Triton modules generated from coefficient tables, autograd Functions and nn.Module drop-ins.
+
+Reads tables; imports ``approximations``, never ``fitting``.
+"""
+
+from .codegen import export, triton_source
+from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumFunction, ReLUSumSpec, ReSiLU2, pack, unpack
+from .saved import saved_bytes
+
+__all__ = ["export", "triton_source", "ReGELU2", "ReLUSumActivation", "ReLUSumFunction", "ReLUSumSpec",
+           "ReSiLU2", "pack", "unpack", "saved_bytes"]

@@ -1,0 +1,179 @@
+"""ReLU-sum activations for training: exact forward, k-bit saved codes, table-driven backward.
+
+CUDA tensors (or any tensor with ``use_triton=True``, e.g. on the CPU under ``TRITON_INTERPRET=1``)
+run the generated Triton kernels; other tensors run the pure-PyTorch twin below, which is also the
+test oracle. Both compute in float32 and store the output in the input's dtype.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from functools import cache
+from pathlib import Path
+
+import torch
+from approxbp.approximations import get_activation
+from approxbp.approximations import tables as T
+
+from .codegen import GENERATED, module_name, storage_bits
+
+BLOCK_BYTES = 1024
+
+
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack integer codes (< 2^bits, bits ∈ {1,2,4,8}) little-end-first into ceil(numel·bits/8) bytes."""
+    per = 8 // bits
+    flat = codes.reshape(-1).to(torch.int32)
+    pad = (-flat.numel()) % per
+    flat = torch.nn.functional.pad(flat, (0, pad)).view(-1, per)
+    shifts = torch.arange(per, device=codes.device, dtype=torch.int32) * bits
+    return (flat << shifts).sum(dim=1).to(torch.uint8)
+
+
+def unpack(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
+    """Inverse of :func:`pack`: the first ``numel`` codes as int64."""
+    per = 8 // bits
+    shifts = torch.arange(per, device=packed.device, dtype=torch.int32) * bits
+    codes = (packed.to(torch.int32)[:, None] >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(-1)[:numel].to(torch.int64)
+
+
+class ReLUSumSpec:
+    """Everything one table needs at run time: knots, levels, the activation and its generated kernels."""
+
+    def __init__(self, table: str | Path):
+        path = Path(table)
+        if not path.exists():
+            stem = str(table).removesuffix(".json")
+            path = T.data_dir() / (stem if "/" in stem else f"relu_sum/{stem}")
+            path = path.with_suffix(".json")
+        t = T.load(path)
+        if t["family"] != "relu-sum":
+            raise ValueError(f"{path}: expected a relu-sum table, got {t['family']!r}")
+        self.path, self.table = path, t
+        self.bits, self.storage = t["bits"], storage_bits(t["bits"])
+        self.knots64 = torch.tensor(t["knots"], dtype=torch.float64)
+        self.levels64 = torch.tensor(t["levels"], dtype=torch.float64)
+        self._f = get_activation(t["expression"]).torch_fn(0)
+        self._dev: dict = {}
+
+    def name(self) -> str:
+        return f"{self.table['activation']}-k{self.bits}-{self.table['objective']}"
+
+    def consts(self, device):
+        """Knots and levels as float32 on ``device`` (codes compare in float32, as the kernel does)."""
+        if device not in self._dev:
+            self._dev[device] = (self.knots64.to(device, torch.float32), self.levels64.to(device, torch.float32))
+        return self._dev[device]
+
+    @property
+    def module(self):
+        return _load_module(str(self.path))
+
+    # -- the pure-PyTorch twin -------------------------------------------------------------
+    def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        knots, _ = self.consts(x.device)
+        xf = x.float()
+        y = self._f(xf).to(x.dtype)
+        codes = torch.bucketize(xf, knots)  # #{c_i < x}; NaN → top code
+        return y, pack(codes, self.storage)
+
+    def backward_torch(self, g: torch.Tensor, packed: torch.Tensor, numel: int) -> torch.Tensor:
+        _, levels = self.consts(g.device)
+        lv = levels[unpack(packed, self.storage, numel)].view(g.shape)
+        return (g.float() * lv).to(g.dtype)
+
+    # -- the Triton kernels --------------------------------------------------------------------
+    def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        knots, _ = self.consts(x.device)
+        xc = x.contiguous()
+        y = torch.empty_like(xc)
+        n = xc.numel()
+        n_bytes = math.ceil(n * self.storage / 8)
+        packed = torch.empty(n_bytes, dtype=torch.uint8, device=x.device)
+        if n:
+            grid = (triton_cdiv(n_bytes, BLOCK_BYTES),)
+            self.module.forward_kernel[grid](xc, y, packed, knots, n, n_bytes, BLOCK=BLOCK_BYTES)
+        return y, packed
+
+    def backward_triton(self, g: torch.Tensor, packed: torch.Tensor, numel: int) -> torch.Tensor:
+        _, levels = self.consts(g.device)
+        gc = g.contiguous()
+        out = torch.empty_like(gc)
+        if numel:
+            grid = (triton_cdiv(packed.numel(), BLOCK_BYTES),)
+            self.module.backward_kernel[grid](gc, packed, levels, out, numel, packed.numel(), BLOCK=BLOCK_BYTES)
+        return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@cache
+def _load_module(table_path: str):
+    """Import the generated module for a table (packaged, or generated next to a user's table)."""
+    name = module_name(Path(table_path))
+    packaged = GENERATED / f"{name}.py"
+    if packaged.exists():
+        mod = importlib.import_module(f"approxbp.kernels.generated.{name}")
+    else:
+        from .codegen import export
+
+        path = export([Path(table_path)], Path(table_path).parent / "_generated")[0]
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    if mod.TABLE_SHA256 != T.sha256(table_path):
+        raise RuntimeError(f"{mod.__file__} was generated from another version of {table_path}; "
+                           "run `approxbp export`")
+    return mod
+
+
+class ReLUSumFunction(torch.autograd.Function):
+    """y = h(x) exactly; saves only the packed k-bit codes; dx = dy · LEVELS[code]."""
+
+    @staticmethod
+    def forward(ctx, x, spec: ReLUSumSpec, use_triton: bool | None):
+        triton_path = x.is_cuda if use_triton is None else use_triton
+        y, packed = (spec.forward_triton if triton_path else spec.forward_torch)(x)
+        ctx.save_for_backward(packed)
+        ctx.spec, ctx.triton_path, ctx.numel = spec, triton_path, x.numel()
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        (packed,) = ctx.saved_tensors
+        back = ctx.spec.backward_triton if ctx.triton_path else ctx.spec.backward_torch
+        return back(g, packed, ctx.numel).view(g.shape), None, None
+
+
+class ReLUSumActivation(torch.nn.Module):
+    """Drop-in activation whose backward uses a ReLU-sum table (any activation, any k)."""
+
+    def __init__(self, table: str | Path, use_triton: bool | None = None):
+        super().__init__()
+        self.spec = ReLUSumSpec(table)
+        self.use_triton = use_triton
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ReLUSumFunction.apply(x, self.spec, self.use_triton)
+
+    def extra_repr(self) -> str:
+        return f"table={self.spec.name()}, saved bits/element={self.spec.storage}"
+
+
+class ReGELU2(ReLUSumActivation):
+    """GELU forward, 2-bit ReLU-sum backward (Approx-BP §4.2). ``paper=True`` uses the printed coefficients."""
+
+    def __init__(self, paper: bool = False, use_triton: bool | None = None):
+        super().__init__("gelu-k2-primitive" + ("-paper" if paper else ""), use_triton)
+
+
+class ReSiLU2(ReLUSumActivation):
+    """SiLU forward, 2-bit ReLU-sum backward (Approx-BP §4.2). ``paper=True`` uses the printed coefficients."""
+
+    def __init__(self, paper: bool = False, use_triton: bool | None = None):
+        super().__init__("silu-k2-primitive" + ("-paper" if paper else ""), use_triton)

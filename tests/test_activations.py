@@ -1,0 +1,69 @@
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from approxbp.approximations import REGISTRY, get_activation
+
+NAMES = list(REGISTRY)
+POINTS = [-30.0, -7.5, -2.0, -0.3, 0.0, 0.4, 1.7, 6.0, 25.0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_numpy_and_torch_match_mpmath(name):
+    act = get_activation(name)
+    xs = np.array(POINTS)
+    for order, np_fn in ((0, act.f), (1, act.df), (2, act.d2f)):
+        ref = np.array([float(act.mp(v, order)) for v in xs])
+        # h'' (used only to seed knot densities) loses digits to cancellation in the tails: absolute 1e-14
+        assert np.allclose(np_fn(xs), ref, rtol=5e-14, atol=1e-15 if order < 2 else 1e-14), (name, order)
+        if order < 2:
+            got = act.torch_fn(order)(torch.tensor(xs, dtype=torch.float64)).numpy()
+            assert np.allclose(got, ref, rtol=5e-14, atol=1e-15), (name, order)
+
+
+def test_gelu_is_the_erf_form_of_eq_40():
+    act = get_activation("GELU")
+    for v in (-1.3, 0.2, 2.5):
+        assert act.mp(v) == pytest.approx(float(v / 2 * (1 + mpmath.erf(v / mpmath.sqrt(2)))), rel=1e-15)
+    assert get_activation("silu").f(np.array([1.0]))[0] == pytest.approx(1 / (1 + math.exp(-1)), rel=1e-15)
+
+
+def test_user_expression_is_parsed_and_differentiated():
+    act = get_activation("x*tanh(log(1+exp(x)))")
+    mish = get_activation("mish")
+    xs = np.linspace(-5, 5, 11)
+    assert np.allclose(act.df(xs), mish.df(xs), rtol=1e-14)
+
+
+def test_unknown_name_lists_registry():
+    with pytest.raises(ValueError, match="registry: gelu, gelu_tanh"):
+        get_activation("swishy")
+
+
+@pytest.mark.parametrize("text,where", [("x*(1+", "column"), ("x**", "column")])
+def test_unparsable_expression_says_where(text, where):
+    with pytest.raises(ValueError, match=where):
+        get_activation(text)
+
+
+def test_foreign_symbols_and_unknown_functions_are_refused():
+    with pytest.raises(ValueError, match=r"unknown name\(s\) \['y'\]"):
+        get_activation("x*y")
+    with pytest.raises(ValueError, match="unknown name"):
+        get_activation("foo(x)")
+    with pytest.raises(TypeError):
+        get_activation(3.0)
+
+
+@pytest.mark.parametrize("text", ["tanh", "x", "exp(x)", "x*erf(x)"])
+def test_relu_sum_asymptotics_refusal(text):
+    act = get_activation(text)
+    with pytest.raises(ValueError, match="cannot be approximated by a sum of ReLUs"):
+        act.check_relu_sum_asymptotics()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_registry_has_relu_sum_asymptotics(name):
+    get_activation(name).check_relu_sum_asymptotics()

@@ -1,0 +1,126 @@
+"""Every generated kernel under TRITON_INTERPRET=1 (set in conftest) against the pure-PyTorch twin."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from approxbp.approximations import ReLUSum
+from approxbp.approximations import tables as T
+from approxbp.kernels import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, pack, saved_bytes, unpack
+from approxbp.kernels.codegen import GENERATED, module_name, render_relu_sum, storage_bits
+from hypothesis import given
+from hypothesis import strategies as st
+
+TABLES = T.table_paths("relu-sum")
+IDS = [p.stem for p in TABLES]
+
+
+@pytest.mark.parametrize("path", TABLES, ids=IDS)
+def test_committed_kernel_is_what_the_table_generates(path):
+    committed = GENERATED / f"{module_name(path)}.py"
+    assert committed.exists(), "run `approxbp export`"
+    assert committed.read_text() == render_relu_sum(path)
+
+
+def _tolerance_ok(ours, torch_ref, truth):
+    """|ours − truth| ≤ 2·|torch − truth| + 2 ulp(truth): no worse than torch in that dtype."""
+    ulp = torch.finfo(ours.dtype).eps * truth.abs().double()
+    err = (ours.double() - truth.double()).abs()
+    ref = (torch_ref.double() - truth.double()).abs()
+    return bool(torch.all((err <= 2 * ref + 2 * ulp + 1e-30) | torch.isnan(truth)))
+
+
+@pytest.mark.parametrize("path", TABLES, ids=IDS)
+def test_kernel_forward_backward_match_twin(path):
+    spec = ReLUSumSpec(path)
+    x = torch.cat([torch.linspace(-12, 12, 4093), torch.tensor(spec.table["knots"], dtype=torch.float32),
+                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")])])
+    y1, p1 = spec.forward_triton(x)
+    y0, p0 = spec.forward_torch(x)
+    assert torch.equal(p1, p0), "codes must agree bit for bit"
+    assert p1.numel() == math.ceil(x.numel() * spec.storage / 8)
+    truth = torch.tensor(np.asarray(_truth(spec, x.double().numpy())), dtype=torch.float64)
+    assert _tolerance_ok(y1[:-3], y0[:-3], truth[:-3])
+    g = torch.randn_like(x)
+    assert torch.equal(spec.backward_triton(g, p1, x.numel()), spec.backward_torch(g, p0, x.numel()))
+
+
+def _truth(spec, xs):
+    from approxbp.approximations import get_activation
+
+    return get_activation(spec.table["expression"]).f(xs)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@given(n=st.sampled_from([0, 1, 7, 8, 9, 1001]), seed=st.integers(0, 2**16))
+def test_pack_unpack_identity(bits, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2**bits, (n,), generator=g)
+    packed = pack(codes, bits)
+    assert packed.numel() == math.ceil(n * bits / 8)
+    assert torch.equal(unpack(packed, bits, n), codes)
+
+
+def test_storage_widths():
+    assert [storage_bits(k) for k in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@given(data=st.data())
+def test_backward_is_grad_times_table_derivative(use_triton, dtype, data):
+    spec_name = data.draw(st.sampled_from(["gelu-k2-primitive", "silu-k3-derivative", "mish-k4-primitive"]))
+    shape = data.draw(st.sampled_from([(0,), (1,), (7,), (3, 5), (2, 9, 4)]))
+    m = ReLUSumActivation(spec_name, use_triton=use_triton)
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 999)))) * 4).to(dtype)
+    x.requires_grad_(True)
+    y = m(x)
+    assert y.dtype == dtype and y.shape == x.shape
+    g = torch.randn(shape).to(dtype)
+    y.backward(g)
+    rs = ReLUSum(m.spec.table["weights"], m.spec.table["knots"])
+    deriv = torch.tensor(rs.levels, dtype=torch.float32)[torch.bucketize(x.detach().float(), m.spec.consts("cpu")[0])]
+    assert torch.equal(x.grad, (g.float() * deriv).to(dtype))
+    # forward: no worse than torch's own evaluation in that dtype, against float64
+    truth = torch.tensor(np.asarray(_truth(m.spec, x.detach().double().numpy())))
+    torch_ref = m.spec._f(x.detach()) if dtype == torch.float32 else m.spec._f(x.detach().float()).to(dtype)
+    assert _tolerance_ok(y.detach(), torch_ref, truth)
+
+
+def test_non_contiguous_input():
+    m = ReGELU2(use_triton=True)
+    base = torch.randn(8, 6, requires_grad=True)
+    x = base.t()
+    assert not x.is_contiguous()
+    y = m(x)
+    y.sum().backward()
+    ref = ReGELU2(use_triton=False)
+    base2 = base.detach().clone().requires_grad_(True)
+    ref(base2.t()).sum().backward()
+    assert torch.equal(base.grad, base2.grad)
+
+
+def test_nan_in_gradient_propagates_and_nan_input_is_not_zeroed():
+    m = ReSiLU2(use_triton=True)
+    x = torch.tensor([1.0, float("nan"), -2.0], requires_grad=True)
+    y = m(x)
+    assert torch.isnan(y[1])
+    y.backward(torch.tensor([float("nan"), 1.0, 1.0]))
+    assert torch.isnan(x.grad[0]) and x.grad[1] == 1.0  # NaN input takes the top level (Σw = 1)
+
+
+@pytest.mark.parametrize("name,bits", [("gelu-k2-primitive", 2), ("gelu-k3-primitive", 4), ("silu-k8-primitive", 8)])
+def test_saved_bytes_per_element(name, bits):
+    m = ReLUSumActivation(name)
+    x = torch.randn(4096, requires_grad=True)
+    assert saved_bytes(lambda: m(x)) == 4096 * bits // 8
+    gelu = torch.nn.GELU()
+    assert saved_bytes(lambda: gelu(x)) == 4096 * 4  # torch saves the fp32 input
+
+
+def test_gradcheck_of_the_pure_torch_approximant():
+    rs = ReLUSum([-0.05, 1.1, -0.05], [-3.0, 0.0, 3.0])
+    w, c = torch.tensor(rs.weights), torch.tensor(rs.knots)
+    x = torch.tensor([-4.1, -2.2, -0.7, 0.4, 1.9, 3.3], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: (torch.relu(v[:, None] - c) * w).sum(1), (x,))

@@ -1,0 +1,77 @@
+"""Every committed table loads through the validating reader and its numbers re-measure."""
+
+import json
+
+import numpy as np
+import pytest
+from approxbp.approximations import REGISTRY, ReLUSum, get_activation
+from approxbp.approximations import tables as T
+from approxbp.fitting import ReluSumObjective
+
+RELU = T.table_paths("relu-sum")
+
+
+def test_every_activation_bit_width_and_objective_is_committed():
+    names = {p.stem for p in RELU}
+    for a in REGISTRY:
+        for k in range(1, 9):
+            for o in ("primitive", "derivative"):
+                assert f"{a}-k{k}-{o}" in names
+    assert {"gelu-k2-primitive-paper", "silu-k2-primitive-paper", "gelu-k2-derivative-paper"} <= names
+
+
+@pytest.mark.parametrize("path", RELU, ids=[p.stem for p in RELU])
+def test_table_remeasures(path):
+    t = T.load(path)
+    rs = ReLUSum(t["weights"], t["knots"])
+    obj = ReluSumObjective(get_activation(t["activation"]), t["bits"], t["objective"], t["interval"])
+    assert obj.loss(rs) == pytest.approx(t["loss"], rel=1e-12)
+    if t["source"] == "fit":
+        assert rs.constraint_residual <= 1e-12
+        paper = path.with_name(path.stem + "-paper.json")
+        if paper.exists():
+            assert t["loss"] <= T.load(paper)["loss"]
+
+
+def test_loss_decreases_with_bits():
+    for a in REGISTRY:
+        for o in ("primitive", "derivative"):
+            losses = [T.load(f"relu_sum/{a}-k{k}-{o}")["loss"] for k in range(1, 9)]
+            assert all(np.diff(losses) < 0), (a, o, losses)
+
+
+def _good():
+    return json.loads(RELU[0].read_text())
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda t: t.pop("knots"), "knots"),
+    (lambda t: t.update(schema="approxbp.table/9"), "schema"),
+    (lambda t: t.update(levels=[0.0] * len(t["levels"])), "levels"),
+    (lambda t: t.update(bits=12), "bits"),
+    (lambda t: t["weights"].__setitem__(0, "x"), "weights"),
+    (lambda t: t.update(constraint_residual=0.5), "constraint_residual"),
+    (lambda t: t.update(family="spline"), "family"),
+])
+def test_reader_names_file_and_field(tmp_path, mutate, field):
+    t = _good()
+    mutate(t)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(t))
+    with pytest.raises(T.TableError, match=f"bad.json: field '{field}'"):
+        T.load(p)
+
+
+def test_unparsable_json_and_missing_file(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text("{")
+    with pytest.raises(T.TableError, match="not valid JSON"):
+        T.load(p)
+    with pytest.raises(FileNotFoundError):
+        T.load(tmp_path / "missing.json")
+
+
+def test_writer_is_canonical(tmp_path):
+    t = _good()
+    a, b = T.save(t, tmp_path / "a.json"), T.save(json.loads(json.dumps(t)), tmp_path / "b.json")
+    assert a.read_bytes() == b.read_bytes()
