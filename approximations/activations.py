@@ -39,10 +39,15 @@ _ALLOWED_FUNCTIONS.update({"pi": sp.pi, "E": sp.E, "abs": sp.Abs, "x": x})
 _softplus = sp.Function("softplus")
 
 
-def _stable(expr: sp.Expr) -> sp.Expr:
-    """log(1 + exp(u)) → softplus(u), evaluated without overflow or loss of digits for u ≪ 0."""
+def stable_form(expr: sp.Expr) -> sp.Expr:
+    """Rewrites that every evaluator (numpy, torch, Triton) uses to avoid cancellation and overflow:
+    log(1 + exp(u)) → softplus(u), and 1 + tanh(u) → 2/(1 + exp(−2u)) (= 2σ(2u))."""
     u = sp.Wild("u")
-    return expr.replace(sp.log(1 + sp.exp(u)), lambda u: _softplus(u))
+    expr = expr.replace(sp.log(1 + sp.exp(u)), lambda u: _softplus(u))
+    return expr.replace(1 + sp.tanh(u), lambda u: 2 / (1 + sp.exp(-2 * u)))
+
+
+_stable = stable_form
 
 
 def _parse(text: str) -> sp.Expr:

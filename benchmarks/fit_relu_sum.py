@@ -37,7 +37,8 @@ def main() -> None:
                              "grad_inf_norm": t["metrics"]["grad_inf_norm"],
                              "hessian_min_eig": t["metrics"].get("hessian_min_eig")})
                 print(f"{act:<5} {objective:<10} k={k}  {wall:7.2f} s  loss {t['loss']:.6e}", flush=True)
-    result = {"benchmark": "relu-sum fit wall time", "device": "cpu", "machine": platform.processor() or platform.machine(),
+    result = {"benchmark": "relu-sum fit wall time", "device": "cpu",
+              "machine": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "python": platform.python_version(),
               "command": "python benchmarks/fit_relu_sum.py", "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,11 +13,11 @@ from pathlib import Path
 import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
+from approxbp.approximations.activations import stable_form
 from sympy.printing.pycode import PythonCodePrinter
 
 GENERATED = Path(__file__).parent / "generated"
 
-_softplus = sp.Function("_softplus")
 _tanh = sp.Function("_tanh")
 
 
@@ -66,36 +66,40 @@ class TritonPrinter(PythonCodePrinter):
 
     def _print_Function(self, e):
         name = type(e).__name__
-        if name in ("_softplus", "_tanh"):
-            return self._fn(name, e)
+        if name in ("softplus", "_tanh"):
+            return self._fn("_softplus" if name == "softplus" else name, e)
         raise ValueError(f"cannot lower {name} to Triton; supported: erf, exp, log, sqrt, tanh, softplus, powers")
 
 
 def lower(expr: sp.Expr) -> sp.Expr:
-    """Rewrite for safe Triton evaluation: log(1+exp(u)) → softplus(u), tanh(u) → _tanh(u)."""
-    u = sp.Wild("u")
-    expr = expr.replace(sp.log(1 + sp.exp(u)), lambda u: _softplus(u))
-    return expr.replace(sp.tanh, _tanh)
+    """The shared stable form (approximations.stable_form), with tanh → _tanh for Triton."""
+    return stable_form(expr).replace(sp.tanh, _tanh)
 
 
 def triton_source(expr: sp.Expr) -> str:
     """The Triton source of ``expr`` (a sympy expression in x)."""
-    return TritonPrinter().doprint(lower(expr))
+    return TritonPrinter().doprint(lower(expr).evalf(17))
 
 
 HELPERS = '''
 @triton.jit
 def _tanh(z):
-    # tanh(z) = sign(z)·(1 − e^{−2|z|})/(1 + e^{−2|z|}): no overflow for any z
+    # |z| ≥ 0.3: sign(z)·(1 − e^{−2|z|})/(1 + e^{−2|z|}) (no overflow); |z| < 0.3: odd Taylor series to z^11
     t = tl.exp(-2.0 * tl.abs(z))
     r = (1.0 - t) / (1.0 + t)
-    return tl.where(z < 0.0, -r, r)
+    z2 = z * z
+    p = z * (1.0 + z2 * (-0.3333333333333333 + z2 * (0.13333333333333333 + z2 * (-0.05396825396825397
+             + z2 * (0.021869488536155203 - z2 * 0.008863235529902197)))))
+    return tl.where(tl.abs(z) < 0.3, p, tl.where(z < 0.0, -r, r))
 
 
 @triton.jit
 def _softplus(z):
-    # log(1 + e^z) = max(z, 0) + log(1 + e^{−|z|}): no overflow for any z
-    return tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))
+    # log(1 + e^z) = max(z, 0) + log1p(e^{−|z|}); log1p(t) = log(u)·t/(u − 1) with u = 1 + t (exact to
+    # a few ulp, Goldberg's trick), = t when u rounds to 1
+    t = tl.exp(-tl.abs(z))
+    u = 1.0 + t
+    return tl.maximum(z, 0.0) + tl.where(u == 1.0, t, tl.log(u) * (t / (u - 1.0)))
 '''
 
 RELU_SUM_TEMPLATE = '''\
@@ -130,7 +134,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, n_elem, n_bytes, BLOCK: 
     offs = byte[:, None] * {per_byte} + lane[None, :]
     inside = offs < n_elem
     x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty), mask=inside)
+    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     # code = #{{i : c_i < x}} by binary search over the {n} knots (NaN → top code)
     code = tl.zeros([BLOCK, {per_byte}], dtype=tl.int32)
     for s in tl.static_range({bits}):
@@ -152,7 +156,7 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, out_ptr, n_elem, n_bytes, 
     code = (packed[:, None] >> (lane[None, :] * {storage})) & {mask}
     level = tl.load(levels_ptr + code)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, (g * level).to(out_ptr.dtype.element_ty), mask=inside)
+    tl.store(out_ptr + offs, (g * level).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
 '''
 
 
