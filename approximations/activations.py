@@ -13,17 +13,44 @@ from typing import Any
 
 import mpmath
 import numpy as np
+import scipy.special
 import sympy as sp
 from sympy.core.function import AppliedUndef
 
 x = sp.Symbol("x", real=True)
 
-#: Registry of named activations (Approx-BP eqs. 40 and 47; quick_gelu = x·σ(1.702x); mish).
+
+
+class Phi(sp.Function):
+    """The standard normal CDF Φ(z) = (1 + erf(z/√2))/2, kept as one function so that evaluators use
+    tail-accurate implementations (scipy ndtr, torch.special.ndtr, mpmath ncdf) instead of 1 + erf."""
+
+    is_real = True
+
+    def fdiff(self, argindex=1):
+        z = self.args[0]
+        return sp.exp(-(z**2) / 2) / sp.sqrt(2 * sp.pi)
+
+
+class sigmoid(sp.Function):  # noqa: N801 (the name users write)
+    """σ(z) = 1/(1 + e^{−z}) with σ' = σ(z)·σ(−z): evaluated by expit / torch.sigmoid / tl.sigmoid, so neither
+    σ nor its derivative overflows or cancels for large |z|."""
+
+    is_real = True
+
+    def fdiff(self, argindex=1):
+        z = self.args[0]
+        return sigmoid(z) * sigmoid(-z)
+
+
+#: Registry of named activations. gelu = x·Φ(x) is the erf form of Approx-BP eq. 40; gelu_tanh is
+#: x/2·(1 + tanh(√(2/π)(x + 0.044715x³))) written as x·σ(2√(2/π)(x + 0.044715x³)) (the same function,
+#: free of cancellation); silu is eq. 47; quick_gelu = x·σ(1.702x); mish = x·tanh(softplus(x)).
 REGISTRY: dict[str, str] = {
-    "gelu": "x/2*(1 + erf(x/sqrt(2)))",
-    "gelu_tanh": "x/2*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3)))",
-    "silu": "x/(1 + exp(-x))",
-    "quick_gelu": "x/(1 + exp(-1.702*x))",
+    "gelu": "x*Phi(x)",
+    "gelu_tanh": "x*sigmoid(2*sqrt(2/pi)*(x + 0.044715*x**3))",
+    "silu": "x*sigmoid(x)",
+    "quick_gelu": "x*sigmoid(1.702*x)",
     "mish": "x*tanh(log(1 + exp(x)))",
 }
 
@@ -33,18 +60,37 @@ _ALLOWED_FUNCTIONS = {
         "exp", "log", "sqrt", "erf", "erfc", "tanh", "sinh", "cosh", "atan", "sin", "cos", "Abs", "Max", "Min",
     )
 }
-_ALLOWED_FUNCTIONS.update({"pi": sp.pi, "E": sp.E, "abs": sp.Abs, "x": x})
+_ALLOWED_FUNCTIONS.update({"pi": sp.pi, "E": sp.E, "abs": sp.Abs, "x": x, "Phi": Phi, "sigmoid": sigmoid})
 
 
 _softplus = sp.Function("softplus")
 
 
 def stable_form(expr: sp.Expr) -> sp.Expr:
-    """Rewrites that every evaluator (numpy, torch, Triton) uses to avoid cancellation and overflow:
-    log(1 + exp(u)) → softplus(u), and 1 + tanh(u) → 2/(1 + exp(−2u)) (= 2σ(2u))."""
+    """Rewrites every evaluator uses to avoid cancellation and overflow in user expressions:
+    log(1 + exp(u)) → softplus(u), 1/(1 + exp(u)) → σ(−u), e^u·σ(−u) → σ(u), 1 + tanh(u) → 2σ(2u)."""
     u = sp.Wild("u")
     expr = expr.replace(sp.log(1 + sp.exp(u)), lambda u: _softplus(u))
-    return expr.replace(1 + sp.tanh(u), lambda u: 2 / (1 + sp.exp(-2 * u)))
+    expr = expr.replace(1 / (1 + sp.exp(u)), lambda u: sigmoid(-u))
+    expr = expr.replace(lambda e: e.is_Mul and _exp_sigmoid_pair(e) is not None,
+                        lambda e: _merge_exp_sigmoid(e))  # e^u·σ(−u) = σ(u)
+    return expr.replace(1 + sp.tanh(u), lambda u: 2 * sigmoid(2 * u))
+
+
+def _exp_sigmoid_pair(m: sp.Mul):
+    """A factor pair (e^u, σ(−u)) of the product m, if there is one."""
+    exps = [f for f in m.args if isinstance(f, sp.exp)]
+    for s in (f for f in m.args if isinstance(f, sigmoid)):
+        for e in exps:
+            if e.args[0] == -s.args[0]:
+                return e, s
+    return None
+
+
+def _merge_exp_sigmoid(m: sp.Mul) -> sp.Expr:
+    e, s = _exp_sigmoid_pair(m)
+    rest = [f for f in m.args if f is not e and f is not s]
+    return sp.Mul(*rest, sigmoid(e.args[0]))
 
 
 _stable = stable_form
@@ -67,7 +113,7 @@ def _parse(text: str) -> sp.Expr:
             f"activation expression {text!r} uses unknown name(s) {unknown}; expressions are in the "
             f"single variable x and may use {sorted(k for k in _ALLOWED_FUNCTIONS if k != 'x')}"
         )
-    expr = sp.sympify(text.strip(), locals=dict(_ALLOWED_FUNCTIONS), rational=False)
+    expr = sp.sympify(text.strip(), locals=dict(_ALLOWED_FUNCTIONS), rational=True)  # exact constants
     if not isinstance(expr, sp.Expr) or expr.atoms(AppliedUndef):
         raise ValueError(f"activation expression {text!r} is not a function of x")
     if expr.free_symbols - {x}:
@@ -96,7 +142,9 @@ class Activation:
         key = f"np{order}"
         if key not in self._cache:
             e = _stable(self.derivative_expr(order) if order else self.expr)
-            fn = sp.lambdify(x, e, modules=[{"softplus": lambda u: np.logaddexp(0.0, u)}, "scipy", "numpy"])
+            fn = sp.lambdify(x, e, modules=[{"softplus": lambda u: np.logaddexp(0.0, u), "Phi": scipy.special.ndtr,
+                                              "sigmoid": scipy.special.expit},
+                                             "scipy", "numpy"])
 
             def call(v, fn=fn):
                 v = np.asarray(v, dtype=np.float64)
@@ -122,7 +170,10 @@ class Activation:
         """h^(order)(v) in mpmath at ``dps`` digits (None: the caller's mpmath precision, v unrounded)."""
         key = f"mp{order}"
         if key not in self._cache:
-            self._cache[key] = sp.lambdify(x, self.derivative_expr(order) if order else self.expr, "mpmath")
+            e = stable_form(self.derivative_expr(order) if order else self.expr)
+            self._cache[key] = sp.lambdify(
+                x, e, [{"softplus": lambda u: mpmath.log1p(mpmath.exp(u)), "Phi": mpmath.ncdf,
+                    "sigmoid": lambda u: 1 / (1 + mpmath.exp(-u))}, "mpmath"])
         if dps is None:
             return self._cache[key](v if isinstance(v, mpmath.mpf) else mpmath.mpf(v))
         with mpmath.workdps(dps):
@@ -142,7 +193,8 @@ class Activation:
 
             names = {n: either(n) for n in ("erf", "erfc", "exp", "log", "sqrt", "tanh", "sinh", "cosh",
                                             "atan", "sin", "cos")}
-            names.update({"softplus": lambda u: torch.logaddexp(torch.zeros_like(u), u), "Abs": abs,
+            names.update({"softplus": lambda u: torch.logaddexp(torch.zeros_like(u), u),
+                          "Phi": torch.special.ndtr, "sigmoid": torch.sigmoid, "Abs": abs,
                           "pi": math.pi, "E": math.e, "Max": torch.maximum, "Min": torch.minimum})
             self._cache[key] = sp.lambdify(x, e, modules=[names])
         return self._cache[key]

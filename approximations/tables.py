@@ -79,7 +79,27 @@ def validate(t: Any, where: str = "<table>") -> dict:
     _need(t, "metrics", dict, where)
     if family == "relu-sum":
         _validate_relu_sum(t, where)
+    else:
+        _validate_invact(t, where)
     return t
+
+
+def _validate_invact(t: dict, where: str) -> None:
+    for f in ("turning_point", "f_T"):
+        v = _need(t, f, (int, float), where)
+        if not math.isfinite(v):
+            _fail(where, f, "must be finite")
+    for side in ("left", "right"):
+        b = _need(t, side, dict, where)
+        _need(b, "expression", str, f"{where} {side}")
+        coeffs = _need(b, "coefficients", dict, f"{where} {side}")
+        if not all(isinstance(v, int | float) and math.isfinite(v) for v in coeffs.values()):
+            _fail(where, f"{side}.coefficients", "must map names to finite numbers")
+        _floats(b, "domain", f"{where} {side}", 2) if b.get("domain", [0, 0])[1] != float("inf") else None
+    for m in ("linf_left", "l2_left", "linf_right", "l2_right"):
+        v = _need(t["metrics"], m, (int, float), f"{where} metrics")
+        if not (math.isfinite(v) and v >= 0):
+            _fail(where, f"metrics.{m}", f"must be finite and ≥ 0, got {v}")
 
 
 def _validate_relu_sum(t: dict, where: str) -> None:

@@ -41,6 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--out", type=Path, default=None, help="table path (default: print only)")
     _add_common(rs)
 
+    inv = fam.add_parser("invact", help="f'∘f⁻¹ for inverted activations (Inverted Activations §2)")
+    inv.add_argument("--activation", required=True, help="registry name or an expression in x")
+    inv.add_argument("--form", default="newton",
+                     choices=("paper", "released", "refit-l2", "refit-linf", "newton", "sr"),
+                     help="paper/released: published (gelu, silu); refit-*: their forms refitted; newton: ours; sr")
+    inv.add_argument("--backend", choices=("pyoperon", "pysr"), default="pyoperon", help="with --form sr")
+    inv.add_argument("--sr-seconds", type=float, default=120.0, help="with --form sr: time per branch")
+    inv.add_argument("--seed", type=int, default=0)
+    inv.add_argument("--out", type=Path, default=None)
+
     rep = sub.add_parser("reproduce", help="regenerate the papers' rows and print paper vs ours")
     rep.add_argument("--full", action="store_true", help="also regenerate every committed relu-sum table")
     rep.add_argument("--out", type=Path, default=None, help="with --full: table folder (default: packaged data)")
@@ -89,7 +99,10 @@ def _dispatch(args, argv) -> int:
     from approxbp.fitting.reproduce import (
         auto_method,
         format_comparisons,
+        format_invact_rows,
+        regenerate_invact,
         regenerate_tables,
+        reproduce_invact,
         reproduce_relu_sum,
     )
 
@@ -102,17 +115,37 @@ def _dispatch(args, argv) -> int:
         if args.out:
             print(f"  wrote       {T.save(table, args.out)}")
         return 0
+    if args.command == "fit" and args.family == "invact":
+        from approxbp.fitting.invact import fit_invact
+
+        table = fit_invact(args.activation, args.form, seed=args.seed, backend=args.backend,
+                           sr_seconds=args.sr_seconds)
+        m = table["metrics"]
+        print(f"invact · {table['activation']} · form={table['form']} · T={table['turning_point']:.17g} "
+              f"· f(T)={table['f_T']:.17g}")
+        for side in ("left", "right"):
+            print(f"  {side:<5} L∞ {m[f'linf_{side}']:.3e}  L2 {m[f'l2_{side}']:.3e}  "
+                  f"{table[side]['operations']} operations  q = {table[side]['expression'][:70]}")
+        if args.out:
+            print(f"  wrote {T.save(table, args.out)}")
+        return 0
     if args.command == "reproduce":
         t0 = time.perf_counter()
         rows = reproduce_relu_sum(seed=args.seed, restarts=args.restarts, workers=args.workers, progress=progress)
         print("Approx-BP ReLU-sum rows (k = 2): objective of the paper's coefficients vs our fit")
         print(format_comparisons(rows))
+        inv = reproduce_invact()
+        print("\nInverted Activations rows: published forms vs ours (newton), per branch")
+        print(format_invact_rows(inv))
+        ok_inv = all(t[-1]["metrics"][f"linf_{b}"] * 10 <= min(p["metrics"][f"linf_{b}"] for p in t[:-1])
+                     for t in inv.values() for b in ("left", "right"))
         if args.full:
             paths = regenerate_tables(args.out, seed=args.seed, restarts=args.restarts, workers=args.workers,
                                       progress=progress)
-            print(f"regenerated {len(paths)} tables under {paths[0].parent}")
+            paths += regenerate_invact(args.out, seed=args.seed)
+            print(f"regenerated {len(paths)} tables under {paths[0].parent.parent}")
         print(f"reproduce finished in {time.perf_counter() - t0:.1f} s")
-        return 0 if all(r.ok for r in rows) else 1
+        return 0 if all(r.ok for r in rows) and ok_inv else 1
     if args.command == "export":
         from approxbp.kernels.codegen import export  # the CLI is the one layer that sees both sides
 
@@ -123,7 +156,11 @@ def _dispatch(args, argv) -> int:
         paths = T.table_paths(args.family)
         for p in paths:
             t = T.load(p)
-            extra = f"k={t['bits']} {t['objective']:<10} loss={t['loss']:.6e}" if t["family"] == "relu-sum" else ""
+            if t["family"] == "relu-sum":
+                extra = f"k={t['bits']} {t['objective']:<10} loss={t['loss']:.6e}"
+            else:
+                m = t["metrics"]
+                extra = f"{t['form']:<10} L∞ left {m['linf_left']:.2e} right {m['linf_right']:.2e}"
             print(f"{p.relative_to(T.data_dir())!s:<48} {t['source']:<5} {extra}")
         print(f"{len(paths)} tables, all valid")
         return 0

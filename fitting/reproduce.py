@@ -101,6 +101,49 @@ def format_comparisons(rows: list[Comparison]) -> str:
     return "\n".join(lines)
 
 
+INVACT_FORMS = {"gelu": ("paper", "released", "refit-l2", "refit-linf", "newton", "sr"),
+                "silu": ("paper", "refit-l2", "refit-linf", "newton"),
+                "gelu_tanh": ("newton",), "quick_gelu": ("newton",)}  # mish: see the README (slow)
+
+
+def regenerate_invact(out: Path | None = None, seed: int = 0, sr_seconds: float = 120.0) -> list[Path]:
+    """Every committed invact table (published forms measured, refits, ours, and SR for GELU)."""
+    from .invact import fit_invact
+
+    root = Path(out) if out else T.data_dir()
+    paths = []
+    for act, forms in INVACT_FORMS.items():
+        for form in forms:
+            table = fit_invact(act, form, seed=seed, sr_seconds=sr_seconds)
+            table["provenance"]["command"] = f"approxbp fit invact --activation {act} --form {form} --seed {seed}"
+            paths.append(T.save(table, root / "invact" / f"{act}-{form}.json"))
+    return paths
+
+
+def reproduce_invact() -> dict[str, list[dict]]:
+    """Measure the published GELU/SiLU forms and refit ours: activation → [published tables…, ours]."""
+    from .invact import fit_invact
+
+    return {act: [fit_invact(act, f) for f in INVACT_FORMS[act] if f in ("paper", "released", "newton")]
+            for act in ("gelu", "silu")}
+
+
+def format_invact_rows(rows: dict[str, list[dict]]) -> str:
+    """Published vs our L∞/L2 per branch, with the gain over the best published L∞."""
+    lines = [f"{'activation':<10} {'branch':<6} {'form':<11} {'L∞':>10} {'L2':>10}  {'L∞ gain':>8}  ops"]
+    for act, tables in rows.items():
+        published, ours = tables[:-1], tables[-1]
+        for side in ("left", "right"):
+            best_pub = min(p["metrics"][f"linf_{side}"] for p in published)
+            for t in [*published, ours]:
+                m = t["metrics"]
+                gain = best_pub / m[f"linf_{side}"]
+                lines.append(f"{act:<10} {side:<6} {t['form']:<11} {m[f'linf_{side}']:>10.3e} {m[f'l2_{side}']:>10.3e}"
+                             f"  {gain:>7.0f}×  {t[side]['operations']}")
+    lines.append("L∞ gain = best published L∞ / this form's L∞ on the same branch (Inverted Activations eqs. 5–8)")
+    return "\n".join(lines)
+
+
 def auto_method(bits: int) -> str:
     """Annealing where it is cheap (k ≤ 4); equidistributed multi-start polish above."""
     return "anneal" if bits <= 4 else "polish"

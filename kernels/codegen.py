@@ -52,6 +52,12 @@ class TritonPrinter(PythonCodePrinter):
     def _fn(self, name, e):
         return f"{name}({', '.join(self._print(a) for a in e.args)})"
 
+    def _print_Phi(self, e):  # Φ(z) = (1 + erf(z/√2))/2; tl has no erfc
+        return f"(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * ({self._print(e.args[0])}))))"
+
+    def _print_sigmoid(self, e):
+        return self._fn("tl.sigmoid", e)
+
     def _print_erf(self, e):
         return self._fn("tl.math.erf", e)
 
@@ -72,7 +78,7 @@ class TritonPrinter(PythonCodePrinter):
 
 
 def lower(expr: sp.Expr) -> sp.Expr:
-    """The shared stable form (approximations.stable_form), with tanh → _tanh for Triton."""
+    """The shared stable form (approximations.activations.stable_form), with tanh → _tanh."""
     return stable_form(expr).replace(sp.tanh, _tanh)
 
 

@@ -1,0 +1,184 @@
+"""Approximations q(y) ≈ g(y) = f'(f⁻¹(y)) for inverted activations, and how they are measured.
+
+A form is a sympy expression in ``y`` with named coefficients (symbols c0, c1, … or the released
+names), so tables can store the structure and the numbers separately and refits reuse the structure.
+
+Error metrics per branch, over the branch's y-domain D (left: [f(T), lim_{−∞} f]; right:
+[f(T), f(T) + 10]): L∞ = max |g − q| on a grid dense at the turning point (20001 points uniform in
+s = √(y − f(T))), L2 = (∫_D (g − q)² dy / |D|)^{1/2} (RMS over y).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import sympy as sp
+
+from .activations import Phi, _softplus, sigmoid, stable_form
+from .invact import InvertedActivation, check_branch
+
+y = sp.Symbol("y", real=True)
+RIGHT_SPAN = 10.0
+NEWTON_EPS = 1e-5
+GRID = 20001
+
+
+@dataclass
+class Form:
+    """q(y) = expression(y; coefficients), optionally after named intermediate assignments
+    (name = expr, in order; later ones and the expression may use earlier names)."""
+
+    expression: sp.Expr
+    coefficients: dict[str, float] = field(default_factory=dict)
+    assignments: tuple[tuple[str, sp.Expr], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str, coefficients: dict[str, float] | None = None, assignments=()) -> Form:
+        names = {"y": y, "Phi": Phi, "sigmoid": sigmoid, "softplus": _softplus,
+                 **{k: sp.Symbol(k) for k in (coefficients or {})},  # 'beta', 'gamma' are names, not functions
+                 **{n: sp.Symbol(n) for n, _ in assignments}}
+        parse = lambda t: sp.sympify(t, locals=names, rational=True)  # noqa: E731
+        return cls(parse(text), dict(coefficients or {}), tuple((n, parse(e)) for n, e in assignments))
+
+    def full(self, rewrite=lambda e: e) -> sp.Expr:
+        """The expression with every assignment substituted (a shared DAG in memory; never print or walk
+        it as a tree). ``rewrite`` is applied to each part before substitution."""
+        expr = rewrite(self.expression)
+        for name, value in reversed(self.assignments):
+            expr = expr.xreplace({sp.Symbol(name): rewrite(value)})
+        return expr
+
+    @cached_property
+    def _fn(self):
+        syms = [sp.Symbol(k) for k in self.coefficients]
+        return sp.lambdify([y, *syms], self.full(stable_form), cse=True,
+                           modules=[{"softplus": lambda u: np.logaddexp(0.0, u), "Phi": _ndtr,
+                                     "sigmoid": _expit}, "scipy", "numpy"])
+
+    def __call__(self, yv, coefficients: dict[str, float] | None = None) -> np.ndarray:
+        c = self.coefficients if coefficients is None else coefficients
+        yv = np.asarray(yv, dtype=np.float64)
+        with np.errstate(all="ignore"):
+            return np.broadcast_to(self._fn(yv, *c.values()), yv.shape).astype(np.float64)
+
+    def substituted(self) -> sp.Expr:
+        """The full expression with the coefficient values in place (what code generation prints)."""
+        return self.full().xreplace({sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()})
+
+    def operations(self) -> int:
+        """Operations after common-subexpression elimination (sympy cse + count_ops): the kernel's cost."""
+        subs, (reduced,) = sp.cse(self.substituted())
+        return int(sum(sp.count_ops(e) for _, e in subs) + sp.count_ops(reduced))
+
+    def to_json(self, domain) -> dict:
+        out = {"expression": str(self.expression), "coefficients": dict(self.coefficients),
+               "domain": [float(domain[0]), float(domain[1])], "operations": self.operations()}
+        if self.assignments:
+            out["assignments"] = [[n, str(e)] for n, e in self.assignments]
+        return out
+
+
+def _ndtr(v):
+    from scipy.special import ndtr
+
+    return ndtr(v)
+
+
+def _expit(v):
+    from scipy.special import expit
+
+    return expit(v)
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+def branch_grid(ia: InvertedActivation, branch: str, n: int = GRID) -> tuple[np.ndarray, np.ndarray]:
+    """(y, dy-weights) on a branch: uniform in s = √t (dense at the turning point)."""
+    check_branch(branch)
+    t_max = (ia.left_limit - ia.f_T) if branch == "left" else RIGHT_SPAN
+    s = np.linspace(0.0, 1.0, n)
+    t = s * s * t_max
+    yv = ia.f_T + t
+    yv[0] = ia.f_T
+    if branch == "left":
+        yv[-1] = ia.left_limit
+    w = np.gradient(t)  # trapezoid-like dy weights
+    return yv, w
+
+
+def branch_metrics(ia: InvertedActivation, q, branch: str) -> tuple[float, float]:
+    """(L∞, L2) of q against g on ``branch`` (see the module docstring)."""
+    yv, w = branch_grid(ia, branch)
+    err = ia.g(yv, branch) - q(yv)
+    if not np.all(np.isfinite(err)):
+        raise ValueError(f"the approximation is not finite everywhere on the {branch} branch")
+    return float(np.max(np.abs(err))), float(np.sqrt(np.sum(w * err * err) / np.sum(w)))
+
+
+# ---- the published forms (Inverted Activations eqs. 5–9, App. A.2, and the authors' released code) ------
+def _t(ia):
+    return y - sp.Float(ia.f_T, 17)
+
+
+def published_forms(activation: str, ia: InvertedActivation) -> dict[str, tuple[Form, Form, str]]:
+    """name → (left form, right form, reference) for gelu and silu."""
+    t = _t(ia)
+    c = sp.symbols("c0:8")
+    right_core = 1 + (c[0] + c[1] * sp.sqrt(t) + c[2] * t) * sp.exp(c[3] * (c[4] - t) ** 3)  # eq. 6
+    if activation == "gelu":
+        eq5 = c[0] * sp.sqrt(y + c[1]) * (2 * y + c[2] * sp.sqrt(-y)) * (
+            sp.Abs(c[3] * y**2 + sp.Abs(c[4] * y + c[5]) + c[6]) + c[7])
+        left_a2 = dict(zip([s.name for s in c], [1.6311011311381, 0.169972466666667, -0.06261728, 1.2947087,
+                                                  1.98055565, 0.22730362, -0.038978495, 1.3295193]))
+        right_rel = {"c0": -1.383717971214795, "c1": 1.5584201843500274, "c2": 0.04404574801811055,
+                     "c3": 0.03214673676937606, "c4": -2.1198850898439496}
+        A, B, al, be = sp.symbols("A B alpha beta")
+        u = t / sp.Float(-ia.f_T, 17)
+        released_left = Form(B + A * u**al * (1 - u) ** be,
+                             {"A": -0.2964121012745849, "B": 0.0012176597919768537,
+                              "alpha": 0.44236329315571304, "beta": 0.8312705290392689})
+        return {
+            "paper": (Form(eq5, left_a2), Form(right_core, right_rel),
+                      "Inverted Activations eqs. 5, 6 with App. A.2 coefficients (eq. 10, 11)"),
+            "released": (released_left, Form(right_core, right_rel),
+                         "authors' released GELU constants: left B + A·u^α(1−u)^β, right eq. 6"),
+        }
+    if activation == "silu":
+        left = Form((c[0] + c[1] * sp.sqrt(t) + c[2] * t + c[3] * t**2) * (1 - y) + y,  # eq. 7
+                    {"c0": 0.21717700759576886, "c1": -0.5076843705082636, "c2": 0.07963139766917564,
+                     "c3": 0.3574942048593756})
+        right = Form(right_core * (1 - y) + y,  # eq. 8
+                     {"c0": -1.3108564021309803, "c1": 0.8485896470316523, "c2": -0.16299051259510922,
+                      "c3": 0.0026961639850448835, "c4": -5.770613302664509})
+        return {"paper": (left, right, "Inverted Activations eqs. 7, 8 with the authors' released SiLU constants")}
+    raise ValueError(f"the paper publishes forms for gelu and silu only, not {activation!r}")
+
+
+def newton_form(ia: InvertedActivation, branch: str, degree: int, steps: int = 1) -> Form:
+    """Our form: x₀ = T ± s·P(s)/Q(s) with s = √(y − f(T)) (the turning point's √ behaviour built in),
+    then ``steps`` damped Newton steps x ← x − (f(x) − y)·f'(x)/(f'(x)² + ε²), ε = 1e-5, and q = f'(x).
+    Where |f'| ≫ ε this is Newton (error squared); at the turning point, where f(x) − y cancels, the step
+    vanishes and the √t-exact initial guess stands. Coefficients p0…, r1…"""
+    act = ia.activation
+    from .activations import x as X
+
+    s = sp.sqrt(_t(ia))
+    p = sp.symbols(f"p0:{degree + 1}")
+    r = sp.symbols(f"r1:{degree + 1}")
+    P = sum(pi * s**i for i, pi in enumerate(p))
+    Q = 1 + sum(ri * s ** (i + 1) for i, ri in enumerate(r))
+    delta = s * P / Q
+    coeffs = [*p, *r]
+    if branch == "left":  # the open end y → lim f: f⁻¹ → −∞ like a power of w = −log(1 − t/t_max)
+        b = sp.symbols("b1:3")
+        w = -sp.log(sp.Max(1 - _t(ia) / sp.Float(ia.left_limit - ia.f_T, 17), sp.Float(1e-30)))
+        delta += b[0] * w + b[1] * sp.sqrt(w) * s  # both vanish like s² at the turning point
+        coeffs += list(b)
+    f, df = act.expr, act.derivative_expr(1)
+    assignments = [("x0", sp.Float(ia.T, 17) + (1 if branch == "right" else -1) * delta)]
+    for k in range(steps):
+        xk, dk = sp.Symbol(f"x{k}"), sp.Symbol(f"d{k}")
+        assignments.append((f"d{k}", df.subs(X, xk)))
+        assignments.append((f"x{k + 1}", xk - (f.subs(X, xk) - y) * dk / (dk**2 + sp.Float(NEWTON_EPS**2))))
+    return Form(df.subs(X, sp.Symbol(f"x{steps}")), {k.name: 0.0 for k in coeffs}, tuple(assignments))

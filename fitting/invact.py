@@ -1,0 +1,143 @@
+"""Fitting inverted-activation approximations q(y) ≈ f'(f⁻¹(y)) (Inverted Activations §2, App. A.2).
+
+  paper    the published forms and coefficients, measured
+  refit    the same forms refitted: least squares (L2) and minimax (L∞, Lawson-style IRLS)
+  newton   our form: √t-rational initial guess for f⁻¹ plus exact Newton steps (invact_forms.newton_form)
+  sr       symbolic regression (fitting.symbolic), constants refitted in float64
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from dataclasses import replace
+
+import numpy as np
+from approxbp.approximations import get_activation
+from approxbp.approximations.invact import InvertedActivation, check_branch
+from approxbp.approximations.invact_forms import Form, branch_grid, branch_metrics, newton_form, published_forms
+from approxbp.approximations.tables import SCHEMA
+from scipy.optimize import least_squares
+
+from .relu_sum import package_version
+
+FORMS = ("paper", "released", "refit-l2", "refit-linf", "newton", "sr")
+
+
+def refit(ia: InvertedActivation, form: Form, branch: str, norm: str = "l2", iterations: int = 30) -> Form:
+    """Refit a form's coefficients in float64 on the branch grid: least squares, or minimax by IRLS."""
+    if norm not in ("l2", "linf"):
+        raise ValueError(f"norm must be 'l2' or 'linf', got {norm!r}")
+    yv, w = branch_grid(ia, check_branch(branch), 4001)
+    g = ia.g(yv, branch)
+    names = list(form.coefficients)
+    sw = np.sqrt(w / w.sum())
+
+    def residual(p, weights):
+        r = (form(yv, dict(zip(names, p))) - g) * weights
+        return np.nan_to_num(r, nan=1e3, posinf=1e3, neginf=-1e3)
+
+    p0 = np.array(list(form.coefficients.values()))
+    p = least_squares(residual, p0, args=(sw,), method="lm", xtol=1e-15, ftol=1e-15, gtol=1e-15).x
+    if norm == "linf":  # start from the given coefficients; keep the best iterate (the start included)
+        p = p0
+        weights, best = sw.copy(), (np.max(np.abs(form(yv) - g)), p0)
+        for _ in range(iterations):
+            p = least_squares(residual, p, args=(weights,), method="lm", xtol=1e-15, ftol=1e-15).x
+            err = np.abs(form(yv, dict(zip(names, p))) - g)
+            best = min(best, (err.max(), p), key=lambda b: b[0])
+            weights = np.sqrt(weights**2 * err / err.max() + 1e-12)
+        p = best[1]
+    return replace(form, coefficients=dict(zip(names, map(float, p))))
+
+
+def fit_newton(ia: InvertedActivation, branch: str, degree: int = 4, steps: int = 1) -> Form:
+    """Our form: fit the initial guess |x − T| ≈ s·P(s)/Q(s) (s = √t) to the exact inverse by linearised
+    rational least squares, refined for relative error; the Newton step(s) then square the error."""
+    yv, _ = branch_grid(ia, check_branch(branch), 4001)
+    keep = slice(1, -1)  # drop the turning point (δ = 0) and the open left end (x = −∞)
+    yv = yv[keep]
+    s = np.sqrt(ia.t_of(yv))
+    delta = np.abs(ia.inverse(yv, branch) - ia.T)
+    # δ/s = P(s)/Q(s)  ⇒  P(s) − (δ/s)(Q(s) − 1) = δ/s, linear in (p, r); relative weighting 1/(δ/s)
+    target = delta / s
+    A = np.hstack([s[:, None] ** np.arange(degree + 1), -target[:, None] * s[:, None] ** np.arange(1, degree + 1)])
+    wrel = 1 / target
+    coef = np.linalg.lstsq(A * wrel[:, None], target * wrel, rcond=None)[0]
+    form = newton_form(ia, branch, degree, steps)
+    names = list(form.coefficients)
+    tail = len(names) - coef.size  # the left branch's w-terms start at 0
+    wv = -np.log1p(-ia.t_of(yv) / (ia.left_limit - ia.f_T)) if tail else None
+
+    def rel(c):
+        P = np.polyval(c[: degree + 1][::-1], s)
+        Q = 1 + s * np.polyval(c[degree + 1: 2 * degree + 1][::-1], s)
+        d = s * P / Q + ((c[-2] * wv + c[-1] * np.sqrt(wv) * s) if tail else 0.0)
+        return (d - delta) / delta
+
+    coef = least_squares(rel, np.concatenate([coef, np.zeros(tail)]), method="lm", xtol=1e-15, ftol=1e-15).x
+    return replace(form, coefficients=dict(zip(names, map(float, coef))))
+
+
+def invact_table(activation: str, left: Form, right: Form, form: str, source: str = "fit",
+                 reference: str | None = None, provenance: dict | None = None, extra: dict | None = None) -> dict:
+    """An ``approxbp.table/1`` invact table with measured metrics for both branches."""
+    ia = InvertedActivation(get_activation(activation))
+    linf_l, l2_l = branch_metrics(ia, left, "left")
+    linf_r, l2_r = branch_metrics(ia, right, "right")
+    t = {
+        "schema": SCHEMA, "family": "invact", "activation": ia.activation.name,
+        "expression": ia.activation.expression, "created": _dt.date.today().isoformat(), "source": source,
+        "form": form, "turning_point": ia.T, "f_T": ia.f_T, "variable": "y",
+        "left": left.to_json(ia.domain("left")),
+        "right": right.to_json((ia.f_T, ia.f_T + 10.0)),
+        "metrics": {"linf_left": linf_l, "l2_left": l2_l, "linf_right": linf_r, "l2_right": l2_r, **(extra or {})},
+        "provenance": {"method": form, "seed": None, "command": "approxbp.fitting.invact", "package_version":
+                       package_version(), "seconds": 0.0, **(provenance or {})},
+    }
+    if reference:
+        t["reference"] = reference
+    return t
+
+
+NEWTON_DEFAULTS = {"left": (3, 2), "right": (4, 1)}  # (rational degree, Newton steps), chosen by measurement
+
+
+def fit_invact(activation: str = "gelu", form: str = "newton", seed: int = 0,
+               backend: str = "pyoperon", sr_seconds: float = 120.0, progress: bool = True) -> dict:
+    """Build a table for one activation and form (see the module docstring)."""
+    t0 = time.perf_counter()
+    act = get_activation(activation)
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    ia = InvertedActivation(act)
+    if form in ("paper", "released"):
+        forms = published_forms(act.name, ia)
+        if form not in forms:
+            raise ValueError(f"no {form!r} form is published for {act.name!r}; available: {list(forms)}")
+        left, right, ref = forms[form]
+        return invact_table(act.name, left, right, form, source="paper", reference=ref,
+                            provenance={"command": f"approxbp fit invact --activation {act.name} --form {form}"})
+    if form.startswith("refit"):
+        left0, right0, ref = published_forms(act.name, ia)["paper"]
+        norm = form.split("-")[1]
+        left, right = refit(ia, left0, "left", norm), refit(ia, right0, "right", norm)
+        how = ", IRLS minimax" if norm == "linf" else ""
+        prov = {"method": f"{form} of the paper's forms (scipy least_squares{how})"}
+    elif form == "newton":
+        left, right = (fit_newton(ia, b, *NEWTON_DEFAULTS[b]) for b in ("left", "right"))
+        prov = {"method": "newton: √t-rational initial guess (degree, steps) = "
+                          f"{NEWTON_DEFAULTS} + damped exact Newton steps"}
+    else:
+        from .symbolic import fit_branch_sr
+
+        left, lfront = fit_branch_sr(ia, "left", backend=backend, seed=seed, seconds=sr_seconds)
+        right, rfront = fit_branch_sr(ia, "right", backend=backend, seed=seed, seconds=sr_seconds)
+        prov = {"method": f"symbolic regression ({backend}), constants refitted in float64", "seed": seed}
+        table = invact_table(act.name, left, right, form, provenance=prov,
+                             extra={"pareto_left": lfront, "pareto_right": rfront})
+        table["provenance"]["seconds"] = round(time.perf_counter() - t0, 2)
+        return table
+    table = invact_table(act.name, left, right, form, provenance=prov)
+    table["provenance"]["seconds"] = round(time.perf_counter() - t0, 2)
+    return table

@@ -1,0 +1,113 @@
+"""Symbolic regression of g = f'∘f⁻¹ on one branch, behind a small backend interface.
+
+Backends: ``pyoperon`` (pip, C++ engine, offline; the default) and ``pysr`` (optional; needs Julia).
+The regression variable is s = √((y − f(T))/t_max) ∈ [0, 1], so the turning point's √ behaviour is a
+linear term. pyoperon's PyPI build computes in single precision: every structure on the Pareto front
+gets its constants refitted in float64 (scipy least squares) before it is measured.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+
+import numpy as np
+import sympy as sp
+from approxbp.approximations.invact import InvertedActivation
+from approxbp.approximations.invact_forms import RIGHT_SPAN, Form, branch_grid, branch_metrics, y
+from scipy.optimize import least_squares
+
+BACKENDS = ("pyoperon", "pysr")
+
+
+class BackendUnavailable(RuntimeError):
+    """The chosen symbolic-regression backend cannot run here; the message says why and what to do."""
+
+
+def check_backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    if name == "pyoperon" and importlib.util.find_spec("pyoperon") is None:
+        raise BackendUnavailable("pyoperon is not installed: pip install 'approxbp[sr]'")
+    if name == "pysr":
+        if importlib.util.find_spec("pysr") is None:
+            raise BackendUnavailable("PySR is not installed: pip install 'approxbp[pysr]' (it also needs Julia)")
+        if shutil.which("julia") is None:
+            raise BackendUnavailable(
+                "PySR needs a Julia installation, and none is on PATH (PySR downloads one on first use, "
+                "which needs network access). Use --backend pyoperon, which runs offline.")
+    return name
+
+
+def _samples(ia: InvertedActivation, branch: str, n: int = 1500):
+    yv, _ = branch_grid(ia, branch, n)
+    yv = yv[:-1] if branch == "left" else yv  # the open left end
+    t_max = (ia.left_limit - ia.f_T) if branch == "left" else RIGHT_SPAN
+    return np.sqrt(ia.t_of(yv) / t_max), ia.g(yv, branch), t_max
+
+
+def _pyoperon(s, g, seed: int, seconds: float) -> list[str]:
+    from pyoperon.sklearn import SymbolicRegressor
+
+    reg = SymbolicRegressor(allowed_symbols="add,sub,mul,div,constant,variable,exp,log,sqrt",
+                            population_size=1000, generations=1000, max_length=40, objectives=["r2", "length"],
+                            n_threads=1, random_state=seed, max_time=int(seconds), optimizer_iterations=10)
+    reg.fit(s[:, None], g)
+    models = [reg.get_model_string(p["tree"], 17, ["s"]) for p in reg.pareto_front_]
+    return [m.replace("^", "**") for m in models]
+
+
+def _pysr(s, g, seed: int, seconds: float) -> list[str]:  # pragma: no cover - needs Julia
+    from pysr import PySRRegressor
+
+    reg = PySRRegressor(binary_operators=["+", "-", "*", "/"], unary_operators=["exp", "log", "sqrt"],
+                        timeout_in_seconds=seconds, random_state=seed, deterministic=True, procs=0,
+                        variable_names=["s"])
+    reg.fit(s[:, None], g)
+    return [str(e) for e in reg.equations_["sympy_format"]]
+
+
+def refit_constants(expr: sp.Expr, s_var: sp.Symbol, s, g) -> tuple[sp.Expr, dict[str, float]]:
+    """Replace every numeric constant by a coefficient c0, c1, … and refit them in float64."""
+    floats = sorted({a for a in expr.atoms(sp.Float)}, key=lambda f: str(f))
+    if not floats:
+        return expr, {}
+    syms = sp.symbols(f"c0:{len(floats)}")
+    template = expr.xreplace(dict(zip(floats, syms)))
+    fn = sp.lambdify([s_var, *syms], template, "numpy")
+
+    def res(p):
+        with np.errstate(all="ignore"):
+            r = np.broadcast_to(fn(s, *p), s.shape) - g
+        return np.nan_to_num(r, nan=1e3, posinf=1e3, neginf=-1e3)
+
+    p = least_squares(res, np.array([float(f) for f in floats]), method="lm", xtol=1e-15, ftol=1e-15).x
+    return template, {k.name: float(v) for k, v in zip(syms, p)}
+
+
+def fit_branch_sr(ia: InvertedActivation, branch: str, backend: str = "pyoperon", seed: int = 0,
+                  seconds: float = 120.0) -> tuple[Form, list[dict]]:
+    """Run SR on one branch; return the most accurate refitted form and the Pareto front
+    [{complexity, linf, l2, expression}] (expressions in y, constants substituted)."""
+    check_backend(backend)
+    s, g, t_max = _samples(ia, branch)
+    raw = (_pyoperon if backend == "pyoperon" else _pysr)(s, g, seed, seconds)
+    s_var = sp.Symbol("s")
+    s_of_y = sp.sqrt((y - sp.Float(ia.f_T, 17)) / sp.Float(t_max, 17))
+    front, best = [], None
+    for text in raw:
+        expr = sp.sympify(re.sub(r"\bX1\b", "s", text), locals={"s": s_var})
+        template, coeffs = refit_constants(expr, s_var, s, g)
+        form = Form(template.xreplace({s_var: s_of_y}), coeffs)
+        try:
+            linf, l2 = branch_metrics(ia, form, branch)
+        except ValueError:
+            continue  # not finite somewhere on the branch
+        front.append({"complexity": int(sp.count_ops(template)), "linf": linf, "l2": l2,
+                      "expression": str(form.substituted())})
+        if best is None or linf < best[0]:
+            best = (linf, form)
+    if best is None:
+        raise RuntimeError(f"symbolic regression found no finite expression on the {branch} branch")
+    return best[1], sorted(front, key=lambda e: e["complexity"])

@@ -1,0 +1,124 @@
+"""Inverted activations: ground truth vs 50-digit mpmath, inverse round trips, tables, refusals."""
+
+import numpy as np
+import pytest
+from approxbp.approximations import tables as T
+from approxbp.approximations.invact import InvertedActivation
+from approxbp.approximations.invact_forms import Form, branch_metrics, published_forms
+from approxbp.fitting.symbolic import BackendUnavailable, check_backend
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+NAMES = ["gelu", "silu", "mish", "gelu_tanh", "quick_gelu"]
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def ia(request):
+    return InvertedActivation(request.param)
+
+
+def test_turning_point_is_a_minimum(ia):
+    assert abs(float(ia.activation.mp(ia.T_mp, 1, 60))) < 1e-40
+    assert float(ia.activation.mp(ia.T_mp, 2, 60)) > 0
+    assert ia.f_T == pytest.approx(float(ia.activation.mp(ia.T, 0)), abs=1e-16)
+
+
+@settings(max_examples=25)
+@given(u=st.floats(0.0, 1.0), branch=st.sampled_from(["left", "right"]))
+def test_g_matches_mpmath(ia, u, branch):
+    # y from the turning point (u = 0) to the left end or far right, dense near f(T)
+    span = (ia.left_limit - ia.f_T) if branch == "left" else 50.0
+    yv = ia.f_T + (u**4) * span * (1 - 1e-12)
+    ours = float(ia.g(np.array([yv]), branch)[0])
+    ref = float(ia.g_mp(yv, branch))
+    assert abs(ours - ref) <= 1e-13 * abs(ref) + 1e-30  # at y = f(T) both are 0 to ~1e-60
+
+
+@settings(max_examples=25)
+@given(u=st.floats(1e-6, 1.0), branch=st.sampled_from(["left", "right"]))
+def test_inverse_round_trip(ia, u, branch):
+    span = (ia.left_limit - ia.f_T) if branch == "left" else 50.0
+    yv = np.array([ia.f_T + u * span * (1 - 1e-9)])
+    x = ia.inverse(yv, branch)
+    assert (x < ia.T) if branch == "left" else (x >= ia.T)
+    assert abs(ia.activation.f(x)[0] - yv[0]) <= 4 * np.spacing(max(abs(yv[0]), abs(ia.f_T)))
+
+
+def test_square_root_behaviour_at_the_turning_point():
+    ia = InvertedActivation("gelu")
+    a2 = float(ia.activation.mp(ia.T_mp, 2, 60)) / 2
+    for t in (1e-14, 1e-12, 1e-10):  # g = 2√(a₂t)·(1 + O(√t))
+        g = ia.g(np.array([ia.f_T + t]), "right")[0]
+        assert g == pytest.approx(2 * np.sqrt(a2 * ia.t_of(ia.f_T + t)), rel=1e-4)
+
+
+def test_out_of_range_and_bad_input():
+    ia = InvertedActivation("silu")
+    with pytest.raises(ValueError, match="outside the left branch"):
+        ia.g(np.array([0.5]), "left")
+    with pytest.raises(ValueError, match="outside the right branch"):
+        ia.g(np.array([ia.f_T - 1e-3]), "right")
+    with pytest.raises(ValueError, match="NaN"):
+        ia.g(np.array([np.nan]), "right")
+    with pytest.raises(ValueError, match="branch must be"):
+        ia.g(np.array([0.0]), "middle")
+
+
+@pytest.mark.parametrize("expr", ["tanh", "x", "exp(x)", "x**2*sigmoid(x) - x*sin(x)"])
+def test_activations_without_two_branches_are_refused(expr):
+    with pytest.raises(ValueError, match="exactly two monotone branches"):
+        InvertedActivation(expr)
+
+
+def test_paper_eq5_error_matches_the_published_figure():
+    """The issue quotes L∞ ≈ 1.25e-3 for eq. 5 (GELU left, App. A.2 coefficients)."""
+    ia = InvertedActivation("gelu")
+    left, _, _ = published_forms("gelu", ia)["paper"]
+    assert branch_metrics(ia, left, "left")[0] == pytest.approx(1.25e-3, rel=0.01)
+
+
+INVACT = T.table_paths("invact")
+
+
+@pytest.mark.parametrize("path", INVACT, ids=[p.stem for p in INVACT])
+def test_invact_table_metrics_remeasure(path):
+    t = T.load(path)
+    ia = InvertedActivation(t["activation"])
+    assert t["turning_point"] == ia.T and t["f_T"] == ia.f_T
+    for side in ("left", "right"):
+        form = Form.parse(t[side]["expression"], t[side]["coefficients"], t[side].get("assignments", ()))
+        linf, l2 = branch_metrics(ia, form, side)
+        assert linf == pytest.approx(t["metrics"][f"linf_{side}"], rel=1e-6)
+        assert l2 == pytest.approx(t["metrics"][f"l2_{side}"], rel=1e-6)
+
+
+@pytest.mark.parametrize("act", ["gelu", "silu"])
+def test_ours_is_ten_times_better_than_every_published_form(act):
+    ours = T.load(f"invact/{act}-newton")["metrics"]
+    for form in ("paper", "released"):
+        try:
+            pub = T.load(f"invact/{act}-{form}")["metrics"]
+        except FileNotFoundError:
+            continue
+        for side in ("left", "right"):
+            assert ours[f"linf_{side}"] <= 1e-5
+            assert 10 * ours[f"linf_{side}"] <= pub[f"linf_{side}"]
+
+
+def test_sr_table_beats_eq5():
+    t = T.load("invact/gelu-sr")
+    assert t["metrics"]["linf_left"] <= T.load("invact/gelu-paper")["metrics"]["linf_left"]
+    assert t["metrics"]["pareto_left"], "the Pareto front is saved with the table"
+
+
+def test_backend_selection_and_pysr_message(monkeypatch):
+    assert check_backend("pyoperon") == "pyoperon"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        check_backend("gplearn")
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "pysr" else real(n, *a))
+    with pytest.raises(BackendUnavailable, match="Julia"):
+        check_backend("pysr")
