@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("tables", nargs="*", type=Path, help="table paths (default: every packaged relu-sum table)")
     exp.add_argument("--out-dir", type=Path, default=None, help="default: the package's kernels/generated/")
 
+    atl = sub.add_parser("atlas", help="error atlas: backward error vs saved bits for every family (JSON + PNG)")
+    atl.add_argument("--out", type=Path, default=Path("docs/figures"))
+
     tab = sub.add_parser("tables", help="list and validate the committed coefficient tables")
     tab.add_argument("--family", default=None)
     return parser
@@ -151,6 +154,12 @@ def _dispatch(args, argv) -> int:
 
         written = export(args.tables or None, args.out_dir)
         print(f"wrote {len(written)} kernel modules under {written[0].parent if written else args.out_dir}")
+        return 0
+    if args.command == "atlas":
+        from approxbp.fitting.atlas import write_atlas
+
+        for p in write_atlas(args.out):
+            print(f"wrote {p}")
         return 0
     if args.command == "tables":
         paths = T.table_paths(args.family)

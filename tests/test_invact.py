@@ -122,3 +122,18 @@ def test_backend_selection_and_pysr_message(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "pysr" else real(n, *a))
     with pytest.raises(BackendUnavailable, match="Julia"):
         check_backend("pysr")
+
+
+def test_error_atlas_reproduces_fig5_for_our_invact_and_orders_the_families():
+    from approxbp.fitting.atlas import atlas
+
+    for act in ("gelu", "silu"):
+        rows = atlas(act)
+        get = lambda fam, k: next(r for r in rows if r["family"] == fam and r["bits"] == k)  # noqa: E731
+        fewbit8 = get("fewbit-normal", 8)
+        ours = get("invact-newton", 1)
+        # Inverted Activations Fig. 5: 1-bit InvAct beats 8-bit quantisation, in L2 and L∞
+        assert ours["l2_normal"] < fewbit8["l2_normal"] and ours["linf"] < fewbit8["linf"]
+        for fam in ("fewbit-normal", "relu-sum-derivative"):
+            errs = [get(fam, k)["l2_normal"] for k in range(1, 9)]
+            assert errs[-1] < errs[0] / 50, (fam, errs)

@@ -1,0 +1,130 @@
+"""Error atlas: backward-pass error per bit of saved memory, for every family (Inverted Activations
+Fig. 5, extended with the ReLU-sum tables).
+
+All errors are of the derivative used in backward, e(x) = f'(x) − d(x), on x ∈ [−8, 8]:
+  fewbit-k   optimal 2^k-level quantiser of the values f'(x) (Lloyd iteration; FewBit-style), k bits
+  relu-sum-k the fitted step derivative h̃' of the committed tables, k bits
+  invact     q_branch(f(x)) from the committed `newton` and published tables, 1 bit (the branch flag)
+under two weightings: uniform on [−8, 8], and N(0, 1). L2 = (∫ e² w / ∫ w)^{1/2}, L∞ = max |e| (uniform).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from approxbp.approximations import ReLUSum, get_activation
+from approxbp.approximations import tables as T
+from approxbp.approximations.invact import InvertedActivation
+from approxbp.approximations.invact_forms import Form
+
+X = np.linspace(-8.0, 8.0, 32001)
+WEIGHTS = {"uniform": np.ones_like(X), "normal": np.exp(-X * X / 2)}
+
+
+def lloyd_levels(values: np.ndarray, weights: np.ndarray, bits: int, iterations: int = 300) -> np.ndarray:
+    """Optimal 2^k reconstruction levels for the weighted scalar data ``values`` (1-D Lloyd–Max)."""
+    order = np.argsort(values)
+    v, w = values[order], weights[order]
+    cdf = np.cumsum(w) / w.sum()
+    levels = np.interp((np.arange(2**bits) + 0.5) / 2**bits, cdf, v)  # start at weighted quantiles
+    for _ in range(iterations):
+        borders = (levels[1:] + levels[:-1]) / 2
+        idx = np.searchsorted(borders, v)
+        num = np.bincount(idx, w * v, levels.size)
+        den = np.bincount(idx, w, levels.size)
+        new = np.where(den > 0, num / np.where(den > 0, den, 1), levels)
+        if np.allclose(new, levels, rtol=0, atol=1e-15):
+            break
+        levels = np.sort(new)
+    return levels
+
+
+def quantise(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    return levels[np.searchsorted((levels[1:] + levels[:-1]) / 2, values)]
+
+
+def _errors(e: np.ndarray) -> dict:
+    out = {"linf": float(np.max(np.abs(e)))}
+    for name, w in WEIGHTS.items():
+        out[f"l2_{name}"] = float(np.sqrt(np.sum(w * e * e) / np.sum(w)))
+    return out
+
+
+def atlas(activation: str) -> list[dict]:
+    """Rows {family, bits, label, linf, l2_uniform, l2_normal} for one activation."""
+    act = get_activation(activation)
+    d = act.df(X)
+    rows = []
+    for k in range(1, 9):
+        for wname, w in WEIGHTS.items():
+            e = d - quantise(d, lloyd_levels(d, w, k))
+            rows.append({"family": f"fewbit-{wname}", "bits": k, "label": f"FewBit-style {k}-bit ({wname} weight)",
+                         **_errors(e)})
+        for objective in ("primitive", "derivative"):
+            t = T.load(f"relu_sum/{act.name}-k{k}-{objective}")
+            rs = ReLUSum(t["weights"], t["knots"])
+            rows.append({"family": f"relu-sum-{objective}", "bits": k,
+                         "label": f"ReLU-sum k={k} ({objective})", **_errors(d - rs.derivative(X))})
+    ia = InvertedActivation(act)
+    left = X < ia.T
+    fx = act.f(X)
+    fx[left] = np.maximum(fx[left], ia.f_T)  # y as saved: never below the minimum
+    for form in ("paper", "released", "newton"):
+        try:
+            t = T.load(f"invact/{act.name}-{form}")
+        except FileNotFoundError:
+            continue
+        q = np.empty_like(X)
+        for side, mask in (("left", left), ("right", ~left)):
+            b = t[side]
+            q[mask] = Form.parse(b["expression"], b["coefficients"], b.get("assignments", ()))(fx[mask])
+        rows.append({"family": f"invact-{form}", "bits": 1, "label": f"InvAct ({form})", **_errors(d - q)})
+    return rows
+
+
+def write_atlas(out: Path, activations=("gelu", "silu")) -> list[Path]:
+    """Data (JSON) and one figure per activation: error vs saved bits per element, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    data = {a: atlas(a) for a in activations}
+    paths = [out / "error_atlas.json"]
+    paths[0].write_text(json.dumps({"x_range": [-8, 8], "points": X.size, "rows": data}, indent=1) + "\n")
+    styles = {"fewbit-uniform": ("C0", "o-"), "fewbit-normal": ("C0", "o--"), "relu-sum-primitive": ("C2", "s-"),
+              "relu-sum-derivative": ("C2", "s--"), "invact-paper": ("C3", "*"), "invact-released": ("C1", "P"),
+              "invact-newton": ("C4", "D")}
+    names = {"fewbit-uniform": "FewBit-style k-bit (uniform weight)", "fewbit-normal": "FewBit-style k-bit (N(0,1) weight)",
+             "relu-sum-primitive": "ReLU-sum, ours (primitive obj., eq. 14)",
+             "relu-sum-derivative": "ReLU-sum, ours (derivative obj., eq. 63)",
+             "invact-paper": "InvAct, paper's eqs. 5–8", "invact-released": "InvAct, authors' released constants",
+             "invact-newton": "InvAct, ours (newton)"}
+    for a, rows in data.items():
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, metric, title in ((axes[0], "l2_normal", "L2 error, N(0,1)-weighted"),
+                                  (axes[1], "linf", "L∞ error on x ∈ [−8, 8]")):
+            for fam, (color, style) in styles.items():
+                pts = [(r["bits"], r[metric]) for r in rows if r["family"] == fam]
+                if pts:
+                    b, v = zip(*pts)
+                    if len(pts) == 1:  # the 1-bit InvAct markers side by side, not on top of each other
+                        b = (1 + {"invact-paper": -0.08, "invact-released": 0.0}.get(fam, 0.08),)
+                    ax.plot(b, v, style, color=color, label=names[fam], markersize=8 if len(pts) == 1 else 5)
+            ax.set_yscale("log")
+            ax.set_xlabel("saved bits per element for the backward pass")
+            ax.set_ylabel(f"error of f′ used in backward ({a})")
+            ax.set_title(title)
+            ax.set_xticks(range(1, 9))
+            ax.grid(True, which="both", alpha=0.3)
+        axes[1].legend(fontsize=7, loc="lower left")
+        fig.suptitle(f"{a.upper()}: backward-pass derivative error vs memory (Inverted Activations Fig. 5, extended)")
+        fig.tight_layout()
+        p = out / f"error_atlas_{a}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    return paths
