@@ -98,7 +98,8 @@ def write_atlas(out: Path, activations=("gelu", "silu")) -> list[Path]:
     styles = {"fewbit-uniform": ("C0", "o-"), "fewbit-normal": ("C0", "o--"), "relu-sum-primitive": ("C2", "s-"),
               "relu-sum-derivative": ("C2", "s--"), "invact-paper": ("C3", "*"), "invact-released": ("C1", "P"),
               "invact-newton": ("C4", "D")}
-    names = {"fewbit-uniform": "FewBit-style k-bit (uniform weight)", "fewbit-normal": "FewBit-style k-bit (N(0,1) weight)",
+    names = {"fewbit-uniform": "FewBit-style k-bit (uniform weight)",
+             "fewbit-normal": "FewBit-style k-bit (N(0,1) weight)",
              "relu-sum-primitive": "ReLU-sum, ours (primitive obj., eq. 14)",
              "relu-sum-derivative": "ReLU-sum, ours (derivative obj., eq. 63)",
              "invact-paper": "InvAct, paper's eqs. 5–8", "invact-released": "InvAct, authors' released constants",

@@ -129,7 +129,9 @@ def test_error_atlas_reproduces_fig5_for_our_invact_and_orders_the_families():
 
     for act in ("gelu", "silu"):
         rows = atlas(act)
-        get = lambda fam, k: next(r for r in rows if r["family"] == fam and r["bits"] == k)  # noqa: E731
+        def get(fam, k, rows=rows):
+            return next(r for r in rows if r["family"] == fam and r["bits"] == k)
+
         fewbit8 = get("fewbit-normal", 8)
         ours = get("invact-newton", 1)
         # Inverted Activations Fig. 5: 1-bit InvAct beats 8-bit quantisation, in L2 and L∞
