@@ -52,10 +52,22 @@ class Form:
 
     @cached_property
     def _fn(self):
-        syms = [sp.Symbol(k) for k in self.coefficients]
-        return sp.lambdify([y, *syms], self.full(stable_form), cse=True,
-                           modules=[{"softplus": lambda u: np.logaddexp(0.0, u), "Phi": _ndtr,
-                                     "sigmoid": _expit}, "scipy", "numpy"])
+        """Evaluate the assignments in order, then the expression (as a kernel would: no expansion)."""
+        modules = [{"softplus": lambda u: np.logaddexp(0.0, u), "Phi": _ndtr, "sigmoid": _expit}, "scipy", "numpy"]
+        args = [y, *(sp.Symbol(k) for k in self.coefficients)]
+        steps = []
+        for name, value in self.assignments:
+            steps.append(sp.lambdify(args, stable_form(value), modules=modules))
+            args.append(sp.Symbol(name))
+        final = sp.lambdify(args, stable_form(self.expression), modules=modules)
+
+        def run(yv, *c):
+            env = [yv, *c]
+            for step in steps:
+                env.append(step(*env))
+            return final(*env)
+
+        return run
 
     def __call__(self, yv, coefficients: dict[str, float] | None = None) -> np.ndarray:
         c = self.coefficients if coefficients is None else coefficients
@@ -68,9 +80,14 @@ class Form:
         return self.full().xreplace({sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()})
 
     def operations(self) -> int:
-        """Operations after common-subexpression elimination (sympy cse + count_ops): the kernel's cost."""
-        subs, (reduced,) = sp.cse(self.substituted())
-        return int(sum(sp.count_ops(e) for _, e in subs) + sp.count_ops(reduced))
+        """Operations of the assignments and the expression, each after common-subexpression elimination
+        (sympy cse + count_ops): what a kernel computes per element."""
+        values = {sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()}
+        total = 0
+        for e in [v for _, v in self.assignments] + [self.expression]:
+            subs, (reduced,) = sp.cse(e.xreplace(values))
+            total += int(sum(sp.count_ops(x) for _, x in subs) + sp.count_ops(reduced))
+        return total
 
     def to_json(self, domain) -> dict:
         out = {"expression": str(self.expression), "coefficients": dict(self.coefficients),

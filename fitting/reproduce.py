@@ -103,7 +103,7 @@ def format_comparisons(rows: list[Comparison]) -> str:
 
 INVACT_FORMS = {"gelu": ("paper", "released", "refit-l2", "refit-linf", "newton", "sr"),
                 "silu": ("paper", "refit-l2", "refit-linf", "newton"),
-                "gelu_tanh": ("newton",), "quick_gelu": ("newton",)}  # mish: see the README (slow)
+                "gelu_tanh": ("newton",), "quick_gelu": ("newton",), "mish": ("newton",)}
 
 
 def regenerate_invact(out: Path | None = None, seed: int = 0, sr_seconds: float = 120.0) -> list[Path]:
