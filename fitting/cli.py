@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("tables", nargs="*", type=Path, help="table paths (default: every packaged relu-sum table)")
     exp.add_argument("--out-dir", type=Path, default=None, help="default: the package's kernels/generated/")
 
+    fig = sub.add_parser("figures", help="write every figure (ReLU-sum, InvAct, error atlas) as PNG")
+    fig.add_argument("--out", type=Path, default=Path("docs/figures"))
+
     atl = sub.add_parser("atlas", help="error atlas: backward error vs saved bits for every family (JSON + PNG)")
     atl.add_argument("--out", type=Path, default=Path("docs/figures"))
 
@@ -154,6 +157,26 @@ def _dispatch(args, argv) -> int:
 
         written = export(args.tables or None, args.out_dir)
         print(f"wrote {len(written)} kernel modules under {written[0].parent if written else args.out_dir}")
+        return 0
+    if args.command == "figures":
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from approxbp.fitting.atlas import write_atlas
+        from approxbp.fitting.plots import plot_invact, plot_relu_sum
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        written = write_atlas(args.out)
+        for act in ("gelu", "silu"):
+            f = plot_relu_sum(T.load(f"relu_sum/{act}-k2-primitive"), T.load(f"relu_sum/{act}-k2-primitive-paper"),
+                              x_range=(-6, 6) if act == "gelu" else (-10, 10))
+            written.append(args.out / f"relu_sum_{act}_k2.png")
+            f.savefig(written[-1], dpi=110)
+            f = plot_invact(act)
+            written.append(args.out / f"invact_{act}.png")
+            f.savefig(written[-1], dpi=110)
+        for p in written:
+            print(f"wrote {p}")
         return 0
     if args.command == "atlas":
         from approxbp.fitting.atlas import write_atlas
