@@ -7,6 +7,7 @@ sympy (``diff`` + ``lambdify``); nothing is written twice by hand.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,20 +184,10 @@ class Activation:
         """A torch callable for h^(order) built from the expression (constants to float64 precision)."""
         key = f"torch{order}"
         if key not in self._cache:
-            import torch
 
             e = _stable(self.derivative_expr(order) if order else self.expr).evalf(17)
 
-            def either(name, math_name=None):  # tensors → torch; python numbers (constants) → math
-                tfn, mfn = getattr(torch, name), getattr(math, math_name or name)
-                return lambda *a: tfn(*a) if any(isinstance(v, torch.Tensor) for v in a) else mfn(*a)
-
-            names = {n: either(n) for n in ("erf", "erfc", "exp", "log", "sqrt", "tanh", "sinh", "cosh",
-                                            "atan", "sin", "cos")}
-            names.update({"softplus": lambda u: torch.logaddexp(torch.zeros_like(u), u),
-                          "Phi": torch.special.ndtr, "sigmoid": torch.sigmoid, "Abs": abs,
-                          "pi": math.pi, "E": math.e, "Max": torch.maximum, "Min": torch.minimum})
-            self._cache[key] = sp.lambdify(x, e, modules=[names])
+            self._cache[key] = sp.lambdify(x, e, modules=[torch_namespace()])
         return self._cache[key]
 
     # ---- asymptotics ------------------------------------------------------------------------
@@ -219,6 +210,22 @@ class Activation:
                 f"activation {self.name!r} cannot be approximated by a sum of ReLUs with Σw=1, Σw·c=0 "
                 f"(Approx-BP eq. 13): " + "; ".join(problems)
             )
+
+
+def torch_namespace() -> dict:
+    """Names for lambdifying into torch: tensors go to torch, python numbers (constants) to math."""
+    import torch
+
+    def either(name, math_name=None):
+        tfn, mfn = getattr(torch, name), getattr(math, math_name or name)
+        return lambda *a: tfn(*a) if any(isinstance(v, torch.Tensor) for v in a) else mfn(*a)
+
+    names = {n: either(n) for n in ("erf", "erfc", "exp", "log", "sqrt", "tanh", "sinh", "cosh", "atan", "sin", "cos")}
+    names.update({"softplus": lambda u: torch.logaddexp(torch.zeros_like(u), u), "Phi": torch.special.ndtr,
+                  "sigmoid": torch.sigmoid, "Abs": abs, "pi": math.pi, "E": math.e,
+                  "Max": lambda *a: functools.reduce(torch.maximum, map(torch.as_tensor, a)),
+                  "Min": lambda *a: functools.reduce(torch.minimum, map(torch.as_tensor, a))})
+    return names
 
 
 def get_activation(name_or_expr: str | Activation) -> Activation:

@@ -69,6 +69,25 @@ class Form:
 
         return run
 
+    def torch_fn(self):
+        """A torch callable q(y) with the coefficients in place (float64 constants), assignment by assignment."""
+        from .activations import torch_namespace
+
+        values = {sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()}
+        args, steps = [y], []
+        for name, value in self.assignments:
+            steps.append(sp.lambdify(args, stable_form(value.xreplace(values)).evalf(17), [torch_namespace()]))
+            args = [*args, sp.Symbol(name)]
+        final = sp.lambdify(args, stable_form(self.expression.xreplace(values)).evalf(17), [torch_namespace()])
+
+        def run(yv):
+            env = [yv]
+            for step in steps:
+                env.append(step(*env))
+            return final(*env)
+
+        return run
+
     def __call__(self, yv, coefficients: dict[str, float] | None = None) -> np.ndarray:
         c = self.coefficients if coefficients is None else coefficients
         yv = np.asarray(yv, dtype=np.float64)
