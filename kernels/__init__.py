@@ -6,9 +6,11 @@ Reads tables; imports ``approximations``, never ``fitting``.
 from .codegen import export, triton_source
 from .invact import InvActFunction, InvActGELU, InvActivation, InvActSiLU, InvActSpec
 from .norms import MSLayerNorm, MSRMSNorm, merge_norm
+from .patch import PatchReport, patch_model
 from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumFunction, ReLUSumSpec, ReSiLU2, pack, unpack
 from .saved import saved_bytes
 
 __all__ = ["export", "triton_source", "ReGELU2", "ReLUSumActivation", "ReLUSumFunction", "ReLUSumSpec",
            "ReSiLU2", "pack", "unpack", "saved_bytes", "MSLayerNorm", "MSRMSNorm", "merge_norm",
-           "InvActFunction", "InvActGELU", "InvActivation", "InvActSiLU", "InvActSpec"]
+           "InvActFunction", "InvActGELU", "InvActivation", "InvActSiLU", "InvActSpec",
+           "PatchReport", "patch_model"]

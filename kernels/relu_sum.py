@@ -75,9 +75,8 @@ class ReLUSumSpec:
     # -- the pure-PyTorch twin -------------------------------------------------------------
     def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         knots, _ = self.consts(x.device)
-        xf = x.float()
-        y = self._f(xf).to(x.dtype)
-        codes = torch.bucketize(xf, knots)  # #{c_i < x}; NaN → top code
+        y = self._f(x.to(torch.promote_types(x.dtype, torch.float32))).to(x.dtype)  # fp32 math; fp64 stays
+        codes = torch.bucketize(x.float(), knots)  # #{c_i < x} in fp32, as the kernel; NaN → top code
         return y, pack(codes, self.storage)
 
     def backward_torch(self, g: torch.Tensor, packed: torch.Tensor, numel: int) -> torch.Tensor:

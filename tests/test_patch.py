@@ -1,0 +1,61 @@
+"""patch_model on ViT- and LLaMA-style blocks: what changes, what stays, and a training step."""
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from approxbp.kernels import MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2, patch_model
+
+spec = importlib.util.spec_from_file_location("blocks", Path(__file__).parent.parent / "benchmarks" / "memory_blocks.py")
+blocks = importlib.util.module_from_spec(spec)
+sys.modules["blocks"] = blocks
+spec.loader.exec_module(blocks)
+
+
+@pytest.mark.parametrize("cls,act,normcls", [(blocks.ViTBlock, ReGELU2, MSLayerNorm),
+                                             (blocks.LlamaBlock, ReSiLU2, MSRMSNorm)])
+def test_patch_preserves_forward_and_gradients_stay_close(cls, act, normcls):
+    torch.manual_seed(0)
+    base = cls().double()
+    for m in base.modules():  # non-trivial affine so that merging matters
+        if hasattr(m, "weight") and m.weight is not None and m.weight.dim() == 1:
+            torch.nn.init.uniform_(m.weight, 0.5, 1.5)
+    ours = copy.deepcopy(base)
+    report = patch_model(ours)
+    assert len(report.norms) == 2 and len(report.activations) == 1 and not report.skipped
+    assert any(isinstance(m, act) for m in ours.modules())
+    assert sum(isinstance(m, normcls) for m in ours.modules()) == 2
+    x = torch.randn(2, 9, base.attn.q.in_features, dtype=torch.float64)
+    assert torch.allclose(ours(x), base(x), rtol=1e-10, atol=1e-10)  # forward is exact
+    # one training step: gradients w.r.t. the input and an unmerged weight, approximate vs exact backward
+    xb, xo = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    gb = torch.autograd.grad(base(xb).pow(2).mean(), [xb, base.attn.o.weight])
+    go = torch.autograd.grad(ours(xo).pow(2).mean(), [xo, ours.attn.o.weight])
+    for a, b in zip(gb, go):
+        cos = torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0)
+        assert cos > 0.99, float(cos)
+
+
+def test_untraceable_model_is_reported_not_broken():
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.lin, self.act = torch.nn.LayerNorm(4), torch.nn.Linear(4, 4), torch.nn.GELU()
+
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: fx cannot trace it
+                x = x * 2
+            return self.act(self.lin(self.ln(x)))
+
+    m = Branchy()
+    report = patch_model(m)
+    assert "not fx-traceable" in report.skipped[0] and isinstance(m.act, ReGELU2)
+    assert isinstance(m.ln, torch.nn.LayerNorm)
+
+
+def test_bad_activation_choice():
+    with pytest.raises(ValueError, match="activation must be one of"):
+        patch_model(torch.nn.Linear(2, 2), activation="relu")
