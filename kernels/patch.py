@@ -61,10 +61,7 @@ def patch_model(model: nn.Module, activation: str | None = "relu-sum", norm: boo
 
 def _shape_query(node) -> bool:
     """x.shape / x.size() / x.dim() read no values: they do not stop the memory sharing."""
-    import operator
-
-    if node.op == "call_function" and node.target in (getattr, operator.getattr if hasattr(operator, "getattr")
-                                                       else getattr):
+    if node.op == "call_function" and node.target is getattr:
         return node.args[1] in ("shape", "dtype", "device")
     return node.op == "call_method" and node.target in ("size", "dim")
 
@@ -80,7 +77,8 @@ def _merge_norms(model: nn.Module, report: PatchReport) -> None:
         if node.op != "call_module" or not isinstance(modules[node.target], nn.LayerNorm | nn.RMSNorm):
             continue
         users = [u for u in node.users if not _shape_query(u)]
-        consumers = [modules[u.target] for u in users if u.op == "call_module" and isinstance(modules[u.target], nn.Linear)]
+        consumers = [modules[u.target] for u in users
+                     if u.op == "call_module" and isinstance(modules[u.target], nn.Linear)]
         if not users or len(consumers) != len(users):
             report.skipped.append(f"{node.target}: output feeds something other than Linear layers")
             continue

@@ -9,7 +9,8 @@ import pytest
 import torch
 from approxbp.kernels import MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2, patch_model
 
-spec = importlib.util.spec_from_file_location("blocks", Path(__file__).parent.parent / "benchmarks" / "memory_blocks.py")
+BLOCKS = Path(__file__).parent.parent / "benchmarks" / "memory_blocks.py"
+spec = importlib.util.spec_from_file_location("blocks", BLOCKS)
 blocks = importlib.util.module_from_spec(spec)
 sys.modules["blocks"] = blocks
 spec.loader.exec_module(blocks)
