@@ -94,8 +94,6 @@ def _merge_exp_sigmoid(m: sp.Mul) -> sp.Expr:
     return sp.Mul(*rest, sigmoid(e.args[0]))
 
 
-_stable = stable_form
-
 
 def _parse(text: str) -> sp.Expr:
     """Parse ``text`` into a sympy expression in x, failing with the position of the problem."""
@@ -130,6 +128,11 @@ class Activation:
     expr: sp.Expr
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
+    @classmethod
+    def from_expression(cls, name: str, expression: str) -> Activation:
+        """Rebuild from a name and its recorded expression (e.g. in a worker process or from a table)."""
+        return cls(name, _parse(expression))
+
     @property
     def expression(self) -> str:
         """The sympy ``str`` of h (what tables record)."""
@@ -142,10 +145,8 @@ class Activation:
     def _numpy(self, order: int):
         key = f"np{order}"
         if key not in self._cache:
-            e = _stable(self.derivative_expr(order) if order else self.expr)
-            fn = sp.lambdify(x, e, modules=[{"softplus": lambda u: np.logaddexp(0.0, u), "Phi": scipy.special.ndtr,
-                                              "sigmoid": scipy.special.expit},
-                                             "scipy", "numpy"])
+            e = stable_form(self.derivative_expr(order) if order else self.expr)
+            fn = sp.lambdify(x, e, modules=numpy_namespace())
 
             def call(v, fn=fn):
                 v = np.asarray(v, dtype=np.float64)
@@ -185,7 +186,7 @@ class Activation:
         key = f"torch{order}"
         if key not in self._cache:
 
-            e = _stable(self.derivative_expr(order) if order else self.expr).evalf(17)
+            e = stable_form(self.derivative_expr(order) if order else self.expr).evalf(17)
 
             self._cache[key] = sp.lambdify(x, e, modules=[torch_namespace()])
         return self._cache[key]
@@ -210,6 +211,12 @@ class Activation:
                 f"activation {self.name!r} cannot be approximated by a sum of ReLUs with Σw=1, Σw·c=0 "
                 f"(Approx-BP eq. 13): " + "; ".join(problems)
             )
+
+
+def numpy_namespace() -> list:
+    """lambdify modules for float64 numpy: the tail-accurate softplus, Φ and σ, then scipy and numpy."""
+    return [{"softplus": lambda u: np.logaddexp(0.0, u), "Phi": scipy.special.ndtr, "sigmoid": scipy.special.expit},
+            "scipy", "numpy"]
 
 
 def torch_namespace() -> dict:

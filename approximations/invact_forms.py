@@ -16,7 +16,7 @@ from functools import cached_property
 import numpy as np
 import sympy as sp
 
-from .activations import Phi, _softplus, sigmoid, stable_form
+from .activations import Phi, _softplus, numpy_namespace, sigmoid, stable_form, torch_namespace
 from .invact import InvertedActivation, check_branch
 
 y = sp.Symbol("y", real=True)
@@ -42,51 +42,44 @@ class Form:
         parse = lambda t: sp.sympify(t, locals=names, rational=True)  # noqa: E731
         return cls(parse(text), dict(coefficients or {}), tuple((n, parse(e)) for n, e in assignments))
 
-    def full(self, rewrite=lambda e: e) -> sp.Expr:
+    @classmethod
+    def from_table(cls, branch: dict) -> Form:
+        """The form of one branch ({expression, coefficients, assignments?}) of an invact table."""
+        return cls.parse(branch["expression"], branch["coefficients"], branch.get("assignments", ()))
+
+    def full(self) -> sp.Expr:
         """The expression with every assignment substituted (a shared DAG in memory; never print or walk
-        it as a tree). ``rewrite`` is applied to each part before substitution."""
-        expr = rewrite(self.expression)
+        it as a tree)."""
+        expr = self.expression
         for name, value in reversed(self.assignments):
-            expr = expr.xreplace({sp.Symbol(name): rewrite(value)})
+            expr = expr.xreplace({sp.Symbol(name): value})
         return expr
+
+    def compile(self, modules, args=(), prepare=lambda e: e):
+        """A callable (y, *args) evaluating the assignments in order, then the expression, as a kernel would
+        (never expanded). ``prepare`` maps each part before stable_form and lambdify."""
+        names, steps = [y, *args], []
+        for name, value in self.assignments:
+            steps.append(sp.lambdify(names, stable_form(prepare(value)), modules=modules))
+            names = [*names, sp.Symbol(name)]
+        final = sp.lambdify(names, stable_form(prepare(self.expression)), modules=modules)
+
+        def run(*env):
+            env = list(env)
+            for step in steps:
+                env.append(step(*env))
+            return final(*env)
+
+        return run
 
     @cached_property
     def _fn(self):
-        """Evaluate the assignments in order, then the expression (as a kernel would: no expansion)."""
-        modules = [{"softplus": lambda u: np.logaddexp(0.0, u), "Phi": _ndtr, "sigmoid": _expit}, "scipy", "numpy"]
-        args = [y, *(sp.Symbol(k) for k in self.coefficients)]
-        steps = []
-        for name, value in self.assignments:
-            steps.append(sp.lambdify(args, stable_form(value), modules=modules))
-            args.append(sp.Symbol(name))
-        final = sp.lambdify(args, stable_form(self.expression), modules=modules)
-
-        def run(yv, *c):
-            env = [yv, *c]
-            for step in steps:
-                env.append(step(*env))
-            return final(*env)
-
-        return run
+        return self.compile(numpy_namespace(), [sp.Symbol(k) for k in self.coefficients])
 
     def torch_fn(self):
-        """A torch callable q(y) with the coefficients in place (float64 constants), assignment by assignment."""
-        from .activations import torch_namespace
-
+        """A torch callable q(y) with the coefficients in place (float64 constants)."""
         values = {sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()}
-        args, steps = [y], []
-        for name, value in self.assignments:
-            steps.append(sp.lambdify(args, stable_form(value.xreplace(values)).evalf(17), [torch_namespace()]))
-            args = [*args, sp.Symbol(name)]
-        final = sp.lambdify(args, stable_form(self.expression.xreplace(values)).evalf(17), [torch_namespace()])
-
-        def run(yv):
-            env = [yv]
-            for step in steps:
-                env.append(step(*env))
-            return final(*env)
-
-        return run
+        return self.compile([torch_namespace()], prepare=lambda e: e.xreplace(values).evalf(17))
 
     def __call__(self, yv, coefficients: dict[str, float] | None = None) -> np.ndarray:
         c = self.coefficients if coefficients is None else coefficients
@@ -114,18 +107,6 @@ class Form:
         if self.assignments:
             out["assignments"] = [[n, str(e)] for n, e in self.assignments]
         return out
-
-
-def _ndtr(v):
-    from scipy.special import ndtr
-
-    return ndtr(v)
-
-
-def _expit(v):
-    from scipy.special import expit
-
-    return expit(v)
 
 
 # ---- metrics ------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def _validate_invact(t: dict, where: str) -> None:
         coeffs = _need(b, "coefficients", dict, f"{where} {side}")
         if not all(isinstance(v, int | float) and math.isfinite(v) for v in coeffs.values()):
             _fail(where, f"{side}.coefficients", "must map names to finite numbers")
-        _floats(b, "domain", f"{where} {side}", 2) if b.get("domain", [0, 0])[1] != float("inf") else None
+        _floats(b, "domain", f"{where} {side}", 2)
     for m in ("linf_left", "l2_left", "linf_right", "l2_right"):
         v = _need(t["metrics"], m, (int, float), f"{where} metrics")
         if not (math.isfinite(v) and v >= 0):

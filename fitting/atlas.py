@@ -79,7 +79,7 @@ def atlas(activation: str) -> list[dict]:
         q = np.empty_like(X)
         for side, mask in (("left", left), ("right", ~left)):
             b = t[side]
-            q[mask] = Form.parse(b["expression"], b["coefficients"], b.get("assignments", ()))(fx[mask])
+            q[mask] = Form.from_table(b)(fx[mask])
         rows.append({"family": f"invact-{form}", "bits": 1, "label": f"InvAct ({form})", **_errors(d - q)})
     return rows
 

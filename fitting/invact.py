@@ -111,6 +111,7 @@ def fit_invact(activation: str = "gelu", form: str = "newton", seed: int = 0,
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     ia = InvertedActivation(act)
+    extra = None
     if form in ("paper", "released"):
         forms = published_forms(act.name, ia)
         if form not in forms:
@@ -134,10 +135,7 @@ def fit_invact(activation: str = "gelu", form: str = "newton", seed: int = 0,
         left, lfront = fit_branch_sr(ia, "left", backend=backend, seed=seed, seconds=sr_seconds)
         right, rfront = fit_branch_sr(ia, "right", backend=backend, seed=seed, seconds=sr_seconds)
         prov = {"method": f"symbolic regression ({backend}), constants refitted in float64", "seed": seed}
-        table = invact_table(act.name, left, right, form, provenance=prov,
-                             extra={"pareto_left": lfront, "pareto_right": rfront})
-        table["provenance"]["seconds"] = round(time.perf_counter() - t0, 2)
-        return table
-    table = invact_table(act.name, left, right, form, provenance=prov)
+        extra = {"pareto_left": lfront, "pareto_right": rfront}
+    table = invact_table(act.name, left, right, form, provenance=prov, extra=extra)
     table["provenance"]["seconds"] = round(time.perf_counter() - t0, 2)
     return table

@@ -65,7 +65,7 @@ def _tail_mass(act: Activation, objective: str, a: float, b: float) -> float:
 
 @lru_cache(maxsize=64)
 def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[float, float, float, str]:
-    act = get_activation(name) if name in ("gelu", "silu") else Activation(name, get_activation(expression).expr)
+    act = Activation.from_expression(name, expression)
     if name == "gelu":  # eq. 45: B = −A = sqrt(−2 ln ε)
         b, how = math.sqrt(-2 * math.log(eps)), "Approx-BP eq. 45: B = −A = sqrt(−2 ln ε)"
         return -b, b, _tail_mass(act, objective, -b, b), how
@@ -135,11 +135,10 @@ class ReluSumObjective:
         if n == 1:
             return np.array([0.0, 1.0])
         if self.objective == "derivative":
-            h = self.activation.f(b[1:-1])  # h(c_1..c_n)
+            h = self.activation.f(c)
             d = np.diff(c)
             mean = np.where(d > 0, np.diff(h) / np.where(d > 0, d, 1), self.activation.df(c[:-1]))
-            mu = (c[-1] - h[-1] + h[0]) / (c[-1] - c[0])
-            return np.concatenate([[0.0], mean + mu, [1.0]])
+            return np.concatenate([[0.0], mean + self._shift(c, h), [1.0]])
         x, w, s, tau = nodes if nodes is not None else quadrature(b)
         V = np.zeros(n + 2)
         V[n], V[n + 1] = c[-1], self.B
@@ -164,6 +163,11 @@ class ReluSumObjective:
         L = np.where(d > 0, np.diff(V) / np.where(d > 0, d, 1.0), 0.0)
         L[0], L[-1] = 0.0, 1.0
         return L
+
+    @staticmethod
+    def _shift(c: np.ndarray, h: np.ndarray) -> float:
+        """μ = (c_n − h(c_n) + h(c_1))/(c_n − c_1): the level shift that holds Σw·c = 0 (derivative objective)."""
+        return (c[-1] - h[-1] + h[0]) / (c[-1] - c[0])
 
     def solution(self, c) -> ReLUSum:
         """The optimal member of eq. 13 for knots c (sorted here)."""
@@ -200,8 +204,7 @@ class ReluSumObjective:
             tc = self.activation.df(cs)
             g = (tc - L[:-1]) ** 2 - (tc - L[1:]) ** 2
             if n > 1:
-                h = self.activation.f(cs)
-                mu = (cs[-1] - h[-1] + h[0]) / (cs[-1] - cs[0])
+                mu = self._shift(cs, self.activation.f(cs))
                 inner = np.zeros(n + 1)
                 inner[1:n] = L[1:n]
                 g += 2 * mu * (inner[1:] - inner[:-1])

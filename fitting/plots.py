@@ -57,7 +57,7 @@ def plot_invact(activation: str, forms=("paper", "released", "newton")):
             except FileNotFoundError:
                 continue
             b = t[side]
-            q = Form.parse(b["expression"], b["coefficients"], b.get("assignments", ()))(yv)
+            q = Form.from_table(b)(yv)
             axes[0, col].plot(yv, q, "--", label=f"{form}")
             axes[1, col].semilogy(yv, np.abs(g - q) + 1e-18, label=f"{form} (L∞ {t['metrics'][f'linf_{side}']:.1e})")
         axes[0, col].set_title(f"{side} branch ({'x < T' if side == 'left' else 'x ≥ T'})")

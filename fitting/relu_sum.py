@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from approxbp.approximations import get_activation
+from approxbp.approximations import Activation, get_activation
 from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tables import SCHEMA
 from scipy.optimize import dual_annealing, minimize
@@ -198,10 +198,7 @@ class _Job:
 
 
 def _run(job: _Job) -> tuple[int, float, np.ndarray]:
-    from approxbp.approximations import Activation, get_activation
-
-    act = get_activation(job.activation) if job.activation.lower() in _registry() else \
-        Activation(job.activation, get_activation(job.expression).expr)
+    act = Activation.from_expression(job.activation, job.expression)
     obj = ReluSumObjective(act, job.bits, job.objective, job.interval)
     if job.method == "anneal":
         c = anneal(obj, job.seed)
@@ -221,12 +218,6 @@ def _degenerate(obj: ReluSumObjective, c: np.ndarray) -> str | None:
         return f"knots collapsed (gap {gap:.1e})"
     res = obj.solution(c).constraint_residual
     return f"constraint residual {res:.1e}" if res > 1e-12 else None
-
-
-def _registry():
-    from approxbp.approximations import REGISTRY
-
-    return REGISTRY
 
 
 # ---- the public entry point --------------------------------------------------------------------

@@ -26,8 +26,7 @@ class InvActSpec:
         self.T, self.f_T = t["turning_point"], t["f_T"]
         self.left_max = t["left"]["domain"][1]
         self._f = get_activation(t["expression"]).torch_fn(0)
-        self._q = {side: Form.parse(t[side]["expression"], t[side]["coefficients"],
-                                    t[side].get("assignments", ())).torch_fn() for side in ("left", "right")}
+        self._q = {side: Form.from_table(t[side]).torch_fn() for side in ("left", "right")}
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xc = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 math; fp64 stays fp64

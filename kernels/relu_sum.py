@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 import torch
+import triton
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 
@@ -93,7 +94,7 @@ class ReLUSumSpec:
         n_bytes = math.ceil(n * self.storage / 8)
         packed = torch.empty(n_bytes, dtype=torch.uint8, device=x.device)
         if n:
-            grid = (triton_cdiv(n_bytes, BLOCK_BYTES),)
+            grid = (triton.cdiv(n_bytes, BLOCK_BYTES),)
             self.module.forward_kernel[grid](xc, y, packed, knots, n, n_bytes, BLOCK=BLOCK_BYTES)
         return y, packed
 
@@ -102,13 +103,9 @@ class ReLUSumSpec:
         gc = g.contiguous()
         out = torch.empty_like(gc)
         if numel:
-            grid = (triton_cdiv(packed.numel(), BLOCK_BYTES),)
+            grid = (triton.cdiv(packed.numel(), BLOCK_BYTES),)
             self.module.backward_kernel[grid](gc, packed, levels, out, numel, packed.numel(), BLOCK=BLOCK_BYTES)
         return out
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @cache

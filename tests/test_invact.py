@@ -86,7 +86,7 @@ def test_invact_table_metrics_remeasure(path):
     ia = InvertedActivation(t["activation"])
     assert t["turning_point"] == ia.T and t["f_T"] == ia.f_T
     for side in ("left", "right"):
-        form = Form.parse(t[side]["expression"], t[side]["coefficients"], t[side].get("assignments", ()))
+        form = Form.from_table(t[side])
         linf, l2 = branch_metrics(ia, form, side)
         assert linf == pytest.approx(t["metrics"][f"linf_{side}"], rel=1e-6)
         assert l2 == pytest.approx(t["metrics"][f"l2_{side}"], rel=1e-6)
