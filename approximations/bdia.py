@@ -31,9 +31,31 @@ def check_representable(v: torch.Tensor, level: int, block: int | str) -> None:
                          f"{v.dtype} at l = {level} (|v|·2^l must stay below 2^(m−2)); lower l or use float64")
 
 
+class _QuantizeSTE(torch.autograd.Function):
+    """Q_l in the forward; the identity in the backward (straight-through), as training through eq. 21 needs."""
+
+    @staticmethod
+    def forward(ctx, v, level):
+        return torch.round(v * 2.0**level) * 2.0**-level
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
 def quantize(v: torch.Tensor, level: int) -> torch.Tensor:
-    """Q_l[v] = round(v / 2^{-l})·2^{-l} (eq. 17), round half to even."""
-    return torch.round(v * 2.0**level) * 2.0**-level
+    """Q_l[v] = round(v / 2^{-l})·2^{-l} (eq. 17), round half to even; straight-through gradient."""
+    return _QuantizeSTE.apply(v, level)
+
+
+def draw_gammas(seed: int, blocks: int, batch: int, values: tuple[float, ...] = GAMMAS) -> torch.Tensor:
+    """γ_k per sample for k = 1…K−1 (row k−1), uniform over ``values``, from its own seeded generator.
+
+    Exact reversibility needs γ ∈ {±0.5}; Table 3's sets (0, ±0.25, ±0.6) are allowed for the plain update.
+    """
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, len(values), (max(blocks - 1, 0), batch), generator=g)
+    return torch.tensor(values, dtype=torch.float64)[idx]
 
 
 def side_bits(x_prev: torch.Tensor, level: int) -> torch.Tensor:
@@ -41,13 +63,64 @@ def side_bits(x_prev: torch.Tensor, level: int) -> torch.Tensor:
     return torch.remainder(torch.round(x_prev * 2.0**level), 2) == 1
 
 
-def check_gamma(gamma: float) -> float:
-    if gamma not in GAMMAS:
+def check_gamma(gamma) -> None:
+    """γ must be ±0.5 (a float, or a per-sample tensor broadcastable against the activations)."""
+    ok = torch.all((torch.as_tensor(gamma) == 0.5) | (torch.as_tensor(gamma) == -0.5))
+    if not ok:
         raise ValueError(f"exact BDIA needs γ ∈ {GAMMAS} (a power of two, Remark 4.5), got {gamma}")
-    return gamma
 
 
-def step(x_prev, x, hx, gamma: float, level: int, block: int = 0):
+def per_sample(gamma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A length-B γ vector shaped [B, 1, …, 1] in ``like``'s dtype and device, for broadcasting."""
+    return gamma.to(like.device, like.dtype).view(-1, *([1] * (like.dim() - 1)))
+
+
+def first_step(x0, hx0, level: int):
+    """Eq. 19: x_1 = x_0 + Q_l[h_0(x_0)] (x_0 already on the grid, eq. 18)."""
+    return x0 + quantize(hx0, level)
+
+
+def inference_step(x, hx, level: int):
+    """Eq. 25 (γ replaced by E[γ] = 0): x_{k+1} = Q_l[x_k + h_k(x_k)]."""
+    return quantize(x + hx, level)
+
+
+# -- fixed-point storage: X = v·2^l held in int64, exact at any magnitude -------------------------
+def to_fixed(v: torch.Tensor, level: int) -> torch.Tensor:
+    """Integer grid index X = round(v·2^l) as int64 (|X| < 2^63)."""
+    return torch.round(v.double() * 2.0**level).to(torch.int64)
+
+
+def from_fixed(X: torch.Tensor, level: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """v = X·2^{-l} in ``dtype`` (the float view that h_k reads; rounding here is deterministic)."""
+    return X.to(dtype) * 2.0**-level
+
+
+def _sign(gamma) -> torch.Tensor:
+    return torch.where(torch.as_tensor(gamma) > 0, 1, -1).to(torch.int64)
+
+
+def step_fixed(X_prev, X, hx, gamma, level: int):
+    """Eq. 21 on integer grid indices: X_{k+1} = γ(X_{k−1} + s) + round(2^l((1−γ)x_k + (1+γ)h_k)).
+
+    X_{k−1} + s is even, so γ(X_{k−1} + s) = ±(X_{k−1} + s)/2 is an exact integer; the sum is exact in int64
+    whatever the magnitude. Returns (X_{k+1}, s).
+    """
+    check_gamma(gamma)
+    s = X_prev.remainder(2)
+    half = torch.div(X_prev + s, 2, rounding_mode="floor")
+    X_next = _sign(gamma) * half + to_fixed((1 - gamma) * from_fixed(X, level, hx.dtype) + (1 + gamma) * hx, level)
+    return X_next, s.bool()
+
+
+def inverse_fixed(X, X_next, hx, s, gamma, level: int):
+    """Eq. 24 on integer grid indices: X_{k−1} = (X_{k+1} − round(2^l(…)))/γ − s, exact in int64."""
+    check_gamma(gamma)
+    rest = X_next - to_fixed((1 - gamma) * from_fixed(X, level, hx.dtype) + (1 + gamma) * hx, level)
+    return 2 * _sign(gamma) * rest - s.to(torch.int64)
+
+
+def step(x_prev, x, hx, gamma, level: int, block: int = 0):
     """Eq. 21: x_{k+1} = Q_l[γ(x_{k−1} + s·2^{-l})] + Q_l[(1−γ)x_k + (1+γ)h_k(x_k)]; returns (x_{k+1}, s)."""
     check_gamma(gamma)
     for v in (x_prev, x):
@@ -58,7 +131,7 @@ def step(x_prev, x, hx, gamma: float, level: int, block: int = 0):
     return x_next, s
 
 
-def inverse(x, x_next, hx, s, gamma: float, level: int, block: int = 0):
+def inverse(x, x_next, hx, s, gamma, level: int, block: int = 0):
     """Eq. 24: x_{k−1} = x_{k+1}/γ − s·2^{-l} − Q_l[(1−γ)x_k + (1+γ)h_k(x_k)]/γ."""
     check_gamma(gamma)
     for v in (x, x_next):

@@ -72,3 +72,66 @@ def test_gamma_must_be_a_power_of_two_half():
     z = torch.zeros(2)
     with pytest.raises(ValueError, match="γ ∈"):
         bdia.step(z, z, z, 0.3, 9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("level", [0, 9])
+def test_exact_just_inside_the_bound(dtype, level):
+    """Worst-case values just inside |v| < 2^{m−l−2} still reconstruct bit for bit, for both γ."""
+    b = bdia.bound(dtype, level)
+    edge = torch.tensor([b - 2.0**-level, -(b - 2.0**-level), b / 2 + 2.0**-level, 2.0**-level], dtype=dtype)
+    for gamma in bdia.GAMMAS:
+        x_prev, x = edge, edge.flip(0)
+        hx = torch.zeros_like(x)
+        # keep x_{k+1} inside: the worst case needs (1−γ)x + γ x_prev within the bound
+        x = x * 0.25
+        x_next, s = bdia.step(x_prev, bdia.quantize(x, level), hx, gamma, level)
+        assert torch.equal(bdia.inverse(bdia.quantize(x, level), x_next, hx, s, gamma, level), x_prev)
+
+
+def test_outside_the_bound_exactness_really_fails_without_the_check():
+    """The bound is not vacuous: far outside it the unchecked fp32 update loses the low bits."""
+    level, v = 9, torch.tensor([2.0**24 + 1.0], dtype=torch.float64)  # 2^33 grid steps: not exact in fp32
+    assert v.float().double() != v
+    with pytest.raises(ValueError, match="exactness bound"):
+        bdia.step(v.float(), v.float(), torch.zeros(1), 0.5, level)
+
+
+@given(seed=st.integers(0, 10_000), level=st.sampled_from([-2, 0, 9, 12]), scale=st.sampled_from([1.0, 1e6, 1e12]))
+def test_fixed_point_storage_is_exact_at_any_magnitude(seed, level, scale):
+    """int64 grid indices make eqs. 21/24 exact even where float64 storage would raise."""
+    g = torch.Generator().manual_seed(seed)
+    n, K = 9, 12
+    hs = _blocks(K, n, seed)
+    X = [bdia.to_fixed(scale * torch.randn(2, n, generator=g, dtype=torch.float64), level)]
+    X.append(X[0] + bdia.to_fixed(hs[0](bdia.from_fixed(X[0], level)), level))
+    gam = bdia.draw_gammas(seed, K, 2)
+    sides = []
+    for k in range(1, K):
+        hx = hs[k](bdia.from_fixed(X[k], level))
+        nxt, s = bdia.step_fixed(X[k - 1], X[k], hx, bdia.per_sample(gam[k - 1], hx), level)
+        X.append(nxt)
+        sides.append(s)
+    a, b = X[-2], X[-1]
+    for k in range(K - 1, 0, -1):
+        prev = bdia.inverse_fixed(a, b, hs[k](bdia.from_fixed(a, level)), sides[k - 1],
+                                  bdia.per_sample(gam[k - 1], a.double()), level)
+        assert torch.equal(prev, X[k - 1])
+        a, b = prev, a
+
+
+def test_fixed_point_agrees_with_float_storage_inside_the_bound():
+    level, g = 9, torch.Generator().manual_seed(3)
+    x_prev, x = (bdia.quantize(torch.randn(5, 7, generator=g, dtype=torch.float64), level) for _ in range(2))
+    hx = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    for gamma in bdia.GAMMAS:
+        xf, sf = bdia.step(x_prev, x, hx, gamma, level)
+        Xi, si = bdia.step_fixed(bdia.to_fixed(x_prev, level), bdia.to_fixed(x, level), hx, gamma, level)
+        assert torch.equal(bdia.from_fixed(Xi, level), xf) and torch.equal(si, sf)
+
+
+def test_gammas_are_seeded_and_balanced():
+    a, b = bdia.draw_gammas(5, 13, 1000), bdia.draw_gammas(5, 13, 1000)
+    assert torch.equal(a, b) and a.shape == (12, 1000)
+    assert set(a.unique().tolist()) == {-0.5, 0.5} and abs(float(a.mean())) < 0.02
+    assert not torch.equal(a, bdia.draw_gammas(6, 13, 1000))

@@ -1,0 +1,274 @@
+"""BDIA for training (BDIA-transformer §4.3): the fused quantised update (eq. 21) and its exact inverse
+(eq. 24) as Triton kernels with pure-PyTorch twins, and online back-propagation through a stack of K
+residual blocks that keeps only (x_{K−1}, x_K), 1 packed side bit per element per block, the γ seed and
+each block's RNG state.
+
+Online backward replays, for k = K−1…1, h_k(x_k) under the forward's RNG state, rebuilds x_{k−1} with
+eq. 24, and back-propagates through a local graph made of the same operations, in the same order, as the
+ordinary autograd graph of :func:`bdia_reference` (including the γ-term of block k+1 that also reads x_k), so
+every gradient sum is associated the same way and the gradients are bitwise equal to ordinary autograd's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from approxbp.approximations import bdia as B
+
+from .relu_sum import pack, unpack
+
+BLOCK_BYTES = 256  # each program handles 8·BLOCK_BYTES elements
+
+
+@triton.jit
+def _round_half_even(v):
+    # v − floor(v) is exact in floating point, so the tie test is exact too
+    f = tl.floor(v)
+    d = v - f
+    odd = (f - 2.0 * tl.floor(0.5 * f)) == 1.0
+    return tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+
+
+@triton.jit
+def step_kernel(xp_ptr, x_ptr, h_ptr, gamma_ptr, out_ptr, bits_ptr, n_elem, row, n_bytes, scale,
+                BLOCK: tl.constexpr):
+    """Eq. 21: out = Q[γ(x_{k−1} + s/scale)] + Q[(1−γ)x_k + (1+γ)h], s = X_{k−1} odd; bits packed 8 per byte."""
+    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    lane = tl.arange(0, 8)
+    offs = byte[:, None] * 8 + lane[None, :]
+    inside = offs < n_elem
+    xp = tl.load(xp_ptr + offs, mask=inside, other=0.0)
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    h = tl.load(h_ptr + offs, mask=inside, other=0.0)
+    g = tl.load(gamma_ptr + offs // row, mask=inside, other=0.5)
+    X = xp * scale  # an integer: x_{k−1} is on the 2^{-l} grid
+    s = (X - 2.0 * tl.floor(0.5 * X)) == 1.0
+    first = _round_half_even(g * (X + s.to(X.dtype)))
+    second = _round_half_even(((1.0 - g) * x + (1.0 + g) * h) * scale)
+    tl.store(out_ptr + offs, first / scale + second / scale, mask=inside)
+    word = tl.sum(tl.where(inside & s, 1, 0).to(tl.int32) << lane[None, :], axis=1)
+    tl.store(bits_ptr + byte, word.to(tl.uint8), mask=byte < n_bytes)
+
+
+@triton.jit
+def inverse_kernel(x_ptr, xn_ptr, h_ptr, gamma_ptr, bits_ptr, out_ptr, n_elem, row, n_bytes, scale,
+                   BLOCK: tl.constexpr):
+    """Eq. 24: out = x_{k+1}/γ − s/scale − Q[(1−γ)x_k + (1+γ)h]/γ."""
+    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    lane = tl.arange(0, 8)
+    offs = byte[:, None] * 8 + lane[None, :]
+    inside = offs < n_elem
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    xn = tl.load(xn_ptr + offs, mask=inside, other=0.0)
+    h = tl.load(h_ptr + offs, mask=inside, other=0.0)
+    g = tl.load(gamma_ptr + offs // row, mask=inside, other=0.5)
+    word = tl.load(bits_ptr + byte, mask=byte < n_bytes, other=0).to(tl.int32)
+    s = ((word[:, None] >> lane[None, :]) & 1).to(x.dtype)
+    q = _round_half_even(((1.0 - g) * x + (1.0 + g) * h) * scale) / scale
+    tl.store(out_ptr + offs, (xn - q) / g - s / scale, mask=inside)
+
+
+def _flat_gamma(gamma: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    gamma = gamma.to(x.device, x.dtype).reshape(-1).contiguous()
+    if x.numel() % max(gamma.numel(), 1):
+        raise ValueError(f"γ has {gamma.numel()} entries, which does not divide numel {x.numel()} into rows")
+    return gamma, max(x.numel() // max(gamma.numel(), 1), 1)
+
+
+def step_triton(x_prev, x, hx, gamma: torch.Tensor, level: int, block: int = 0):
+    """Triton eq. 21 (same contract as :func:`approxbp.approximations.bdia.step`; γ is one value per sample)."""
+    B.check_gamma(gamma)
+    for v in (x_prev, x):
+        B.check_representable(v, level, block)
+    xp, xc, hc = (t.contiguous() for t in (x_prev, x, hx.to(x.dtype)))
+    g, row = _flat_gamma(gamma, xc)
+    out = torch.empty_like(xc)
+    n = xc.numel()
+    bits = torch.empty(math.ceil(n / 8), dtype=torch.uint8, device=x.device)
+    if n:
+        grid = (triton.cdiv(bits.numel(), BLOCK_BYTES),)
+        step_kernel[grid](xp, xc, hc, g, out, bits, n, row, bits.numel(), 2.0**level, BLOCK=BLOCK_BYTES,
+                          enable_fp_fusion=False)
+    B.check_representable(out, level, block)
+    return out, bits
+
+
+def inverse_triton(x, x_next, hx, bits, gamma: torch.Tensor, level: int, block: int = 0):
+    """Triton eq. 24 with packed side bits."""
+    B.check_gamma(gamma)
+    for v in (x, x_next):
+        B.check_representable(v, level, block)
+    xc, xn, hc = (t.contiguous() for t in (x, x_next, hx.to(x.dtype)))
+    g, row = _flat_gamma(gamma, xc)
+    out = torch.empty_like(xc)
+    n = xc.numel()
+    if n:
+        grid = (triton.cdiv(bits.numel(), BLOCK_BYTES),)
+        inverse_kernel[grid](xc, xn, hc, g, bits, out, n, row, bits.numel(), 2.0**level, BLOCK=BLOCK_BYTES,
+                          enable_fp_fusion=False)
+    return out
+
+
+def step_torch(x_prev, x, hx, gamma: torch.Tensor, level: int, block: int = 0):
+    """The PyTorch twin of :func:`step_triton`: eq. 21 and the packed side bits."""
+    x_next, s = B.step(x_prev, x, hx, B.per_sample(gamma, x), level, block)
+    return x_next, pack(s, 1)
+
+
+def inverse_torch(x, x_next, hx, bits, gamma: torch.Tensor, level: int, block: int = 0):
+    """The PyTorch twin of :func:`inverse_triton`."""
+    s = unpack(bits, 1, x.numel()).view(x.shape).to(x.dtype)
+    return B.inverse(x, x_next, hx, s, B.per_sample(gamma, x), level, block)
+
+
+# -- the forward shared by ordinary autograd and the online Function ---------------------------
+def _gamma_step(x_prev, s, gamma, level):
+    """The term of eq. 21 that reads x_{k−1}: Q_l[γ(x_{k−1} + s·2^{-l})]."""
+    return B.quantize(B.per_sample(gamma, x_prev) * (x_prev + s * 2.0**-level), level)
+
+
+def _rest_step(x, hx, gamma, level):
+    """The term of eq. 21 that reads x_k: Q_l[(1−γ)x_k + (1+γ)h_k(x_k)]."""
+    g = B.per_sample(gamma, x)
+    return B.quantize((1 - g) * x + (1 + g) * hx, level)
+
+
+def _check(v, level, block):
+    B.check_representable(v.detach(), level, block)
+
+
+def bdia_reference(blocks, x, gammas: torch.Tensor, level: int) -> torch.Tensor:
+    """Eqs. 18–21 through ordinary autograd (every activation kept): the oracle for online back-propagation."""
+    xs = [B.quantize(x, level)]
+    xs.append(B.first_step(xs[0], blocks[0](xs[0]), level))
+    for k in range(1, len(blocks)):
+        _check(xs[k - 1], level, k)
+        _check(xs[k], level, k)
+        s = B.side_bits(xs[k - 1].detach(), level).to(x.dtype)
+        hx = blocks[k](xs[k])
+        xs.append(_gamma_step(xs[k - 1], s, gammas[k - 1], level) + _rest_step(xs[k], hx, gammas[k - 1], level))
+        _check(xs[k + 1], level, k)
+    return xs[-1]
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _replay(block, x, state, device):
+    """h_k(x) under the RNG state the forward saw (dropout replays the same mask)."""
+    if state is None:
+        return block(x)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        if device.type == "cuda":
+            torch.cuda.set_rng_state(state, device)
+        else:
+            torch.set_rng_state(state)
+        return block(x)
+
+
+class BDIAStackFunction(torch.autograd.Function):
+    """Online back-propagation through K BDIA blocks (Prop. 4.4); parameters are passed as inputs."""
+
+    @staticmethod
+    def forward(ctx, x, blocks, seed, level, preserve_rng, use_triton, *params):
+        K = len(blocks)
+        gammas = B.draw_gammas(seed, K, x.shape[0]).to(x.dtype)
+        step = step_triton if use_triton else step_torch
+        x0 = B.quantize(x, level)
+        states = [_rng_state(x.device) if preserve_rng else None]
+        x1 = B.first_step(x0, blocks[0](x0), level)
+        prev, cur, bits = x0, x1, []
+        for k in range(1, K):
+            states.append(_rng_state(x.device) if preserve_rng else None)
+            nxt, b = step(prev, cur, blocks[k](cur), gammas[k - 1], level, k)
+            bits.append(b)
+            prev, cur = cur, nxt
+        ctx.blocks, ctx.seed, ctx.level, ctx.use_triton = blocks, seed, level, use_triton
+        ctx.n_params = [sum(1 for _ in b.parameters()) for b in blocks]
+        ctx.has_states = preserve_rng
+        ctx.save_for_backward(prev, cur, *bits, *([s for s in states] if preserve_rng else []))
+        return cur
+
+    @staticmethod
+    def backward(ctx, grad):
+        blocks, level, K = ctx.blocks, ctx.level, len(ctx.blocks)
+        saved = [t.detach() for t in ctx.saved_tensors]  # x_K is the output: cut it from this graph
+        x_prev_top, x_top = saved[0], saved[1]
+        bits = saved[2:K + 1]
+        states = saved[K + 1:] if ctx.has_states else [None] * K
+        gammas = B.draw_gammas(ctx.seed, K, x_top.shape[0]).to(x_top.dtype)
+        inverse = inverse_triton if ctx.use_triton else inverse_torch
+        device = x_top.device
+        params = [list(b.parameters()) for b in blocks]
+        param_grads: list = [None] * K
+        a_next2 = None  # dL/dx_{k+2}
+        a_next = grad  # dL/dx_{k+1}
+        x_next, x = x_top, x_prev_top
+        with torch.enable_grad():
+            for k in range(K - 1, -1, -1):
+                xk = x.detach().requires_grad_(True)
+                hx = _replay(blocks[k], xk, states[k], device)
+                if k >= 1:
+                    s_prev = unpack(bits[k - 1], 1, x.numel()).view(x.shape).to(x.dtype)
+                    x_prev = inverse(x, x_next, hx.detach(), bits[k - 1], gammas[k - 1], level, k)
+                    local = _gamma_step(x_prev, s_prev, gammas[k - 1], level) + _rest_step(xk, hx, gammas[k - 1], level)
+                else:
+                    x_prev = None
+                    local = B.first_step(xk, hx, level)
+                if not torch.equal(local.detach(), x_next):
+                    raise RuntimeError(f"BDIA block {k}: recomputed x_{k + 1} differs from the forward's; h_{k} is "
+                                       "not deterministic (RNG not replayed, or a nondeterministic kernel)")
+                outs, gouts = [local], [a_next]
+                if k + 1 <= K - 1:  # block k+1 also reads x_k through its γ-term
+                    s_k = unpack(bits[k], 1, x.numel()).view(x.shape).to(x.dtype)
+                    outs.append(_gamma_step(xk, s_k, gammas[k], level))
+                    gouts.append(a_next2)
+                got = torch.autograd.grad(outs, [xk, *params[k]], gouts, allow_unused=True)
+                param_grads[k] = got[1:]
+                a_next2, a_next = a_next, got[0]
+                x_next, x = x, x_prev
+        flat = [g for pg in param_grads for g in pg]
+        return (a_next, None, None, None, None, None, *flat)
+
+
+class BDIAStack(torch.nn.Module):
+    """K residual branches h_k run as a BDIA stack (eqs. 18–21 in training, eq. 25 in eval).
+
+    ``online=True`` trains with :class:`BDIAStackFunction` (activations are reconstructed, not stored);
+    ``online=False`` runs the same quantised forward through ordinary autograd. γ per sample per block is
+    drawn from ``seed`` (a new seed each call, from ``torch.randint`` on the global generator, when None).
+    Weight tying across blocks is allowed but then parameter gradients are sums in a different order
+    (equal to rounding, not bitwise).
+    """
+
+    def __init__(self, blocks, level: int = 9, online: bool = True, preserve_rng: bool = True,
+                 use_triton: bool | None = None):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(blocks)
+        self.level, self.online, self.preserve_rng, self.use_triton = level, online, preserve_rng, use_triton
+        if len(self.blocks) < 2:
+            raise ValueError("a BDIA stack needs at least 2 blocks")
+
+    def forward(self, x: torch.Tensor, seed: int | None = None) -> torch.Tensor:
+        if not self.training:
+            x = B.quantize(x, self.level)
+            x = B.first_step(x, self.blocks[0](x), self.level)
+            for blk in self.blocks[1:]:
+                x = B.inference_step(x, blk(x), self.level)
+            return x
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()).item())
+        if not self.online:
+            return bdia_reference(self.blocks, x, B.draw_gammas(seed, len(self.blocks), x.shape[0]).to(x.dtype),
+                                  self.level)
+        triton_path = x.is_cuda if self.use_triton is None else self.use_triton
+        params = [p for b in self.blocks for p in b.parameters()]
+        return BDIAStackFunction.apply(x, list(self.blocks), seed, self.level, self.preserve_rng, triton_path,
+                                       *params)
+
+    def extra_repr(self) -> str:
+        return f"K={len(self.blocks)}, l={self.level}, online={self.online}"
