@@ -4,6 +4,8 @@
     approxbp reproduce [--full] [--seed S] [--restarts N] [--workers N]
     approxbp export [TABLE ...] [--out-dir DIR]   generate Triton kernels from tables
     approxbp tables [--family F]          list and validate the committed tables
+    approxbp bdia analyze [--blocks K] [--level L ...] [--dtype D ...] [--out DIR]
+    approxbp bdia train-toy [--steps N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -60,11 +62,30 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("tables", nargs="*", type=Path, help="table paths (default: every packaged relu-sum table)")
     exp.add_argument("--out-dir", type=Path, default=None, help="default: the package's kernels/generated/")
 
-    fig = sub.add_parser("figures", help="write every figure (ReLU-sum, InvAct, error atlas) as PNG")
+    fig = sub.add_parser("figures", help="write every figure (ReLU-sum, InvAct, error atlas, BDIA) as PNG; "
+                         "the toy GPT is re-plotted from its committed JSON (`approxbp bdia train-toy` retrains)")
     fig.add_argument("--out", type=Path, default=Path("docs/figures"))
 
     atl = sub.add_parser("atlas", help="error atlas: backward error vs saved bits for every family (JSON + PNG)")
     atl.add_argument("--out", type=Path, default=Path("docs/figures"))
+
+    bd = sub.add_parser("bdia", help="BDIA reversible stacks: error analysis and a toy BDIA-GPT")
+    bds = bd.add_subparsers(dest="action", required=True)
+    ana = bds.add_parser("analyze", help="reconstruction error vs block (Fig. 2/6), forward quantisation, memory")
+    ana.add_argument("--blocks", type=int, default=1000, help="K (default 1000)")
+    ana.add_argument("--level", type=int, action="append", default=None,
+                     help="quantisation level l, repeatable (default -2 0 5 9 12)")
+    ana.add_argument("--dtype", choices=("float32", "float64"), action="append", default=None,
+                     help="repeatable (default both)")
+    ana.add_argument("--seed", type=int, default=0)
+    ana.add_argument("--out", type=Path, default=Path("docs/figures"))
+    ana.add_argument("--no-progress", action="store_true")
+    toy = bds.add_parser("train-toy", help="standard vs BDIA training of a 6-block GPT toy on the CPU")
+    toy.add_argument("--steps", type=int, default=300)
+    toy.add_argument("--level", type=int, default=9)
+    toy.add_argument("--seed", type=int, default=0)
+    toy.add_argument("--out", type=Path, default=Path("docs/figures"))
+    toy.add_argument("--no-progress", action="store_true")
 
     tab = sub.add_parser("tables", help="list and validate the committed coefficient tables")
     tab.add_argument("--family", default=None)
@@ -150,8 +171,15 @@ def _dispatch(args, argv) -> int:
                                       progress=progress)
             paths += regenerate_invact(args.out, seed=args.seed)
             print(f"regenerated {len(paths)} tables under {paths[0].parent.parent}")
+        from approxbp.fitting.bdia import reproduce_row
+
+        b = reproduce_row(seed=args.seed)
+        print(f"\nBDIA row (Fig. 2: K = {b['blocks']}, l = {b['level']}, fp32): max reconstruction error\n"
+              f"  without quantisation (eq. 16)     paper: grows ×2 per block   ours {b['plain']:.3e}\n"
+              f"  with quantisation + side bits     paper: 0                    ours {b['quantised']:.3e}")
+        ok_bdia = b["quantised"] == 0.0 and b["plain"] > 0.0
         print(f"reproduce finished in {time.perf_counter() - t0:.1f} s")
-        return 0 if all(r.ok for r in rows) and ok_inv else 1
+        return 0 if all(r.ok for r in rows) and ok_inv and ok_bdia else 1
     if args.command == "export":
         from approxbp.kernels.codegen import export  # the CLI is the one layer that sees both sides
 
@@ -175,6 +203,10 @@ def _dispatch(args, argv) -> int:
             f = plot_invact(act)
             written.append(args.out / f"invact_{act}.png")
             f.savefig(written[-1], dpi=110)
+        from approxbp.fitting import bdia
+
+        written += bdia.write_analysis(args.out, progress=False)
+        written += bdia.write_toy_gpt(args.out, results_json=args.out / "bdia_toy_gpt.json", progress=False)
         for p in written:
             print(f"wrote {p}")
         return 0
@@ -182,6 +214,20 @@ def _dispatch(args, argv) -> int:
         from approxbp.fitting.atlas import write_atlas
 
         for p in write_atlas(args.out):
+            print(f"wrote {p}")
+        return 0
+    if args.command == "bdia":
+        import torch
+        from approxbp.fitting import bdia
+
+        if args.action == "analyze":
+            dtypes = tuple(getattr(torch, d) for d in (args.dtype or ("float32", "float64")))
+            written = bdia.write_analysis(args.out, args.blocks, tuple(args.level or bdia.LEVELS), dtypes, args.seed,
+                                          progress=progress)
+        else:
+            written = bdia.write_toy_gpt(args.out, steps=args.steps, level=args.level, seed=args.seed,
+                                         progress=progress)
+        for p in written:
             print(f"wrote {p}")
         return 0
     if args.command == "tables":

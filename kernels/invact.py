@@ -2,24 +2,35 @@
 backward are y itself (the tensor the next layer saves anyway) and a 1-bit branch flag s = [x < T],
 packed 8 per byte little-end-first; backward returns dy · q_s(y) from an invact table.
 
-Pure PyTorch (the reference path for every device); Triton kernels for this family are future work.
+CUDA tensors (or ``use_triton=True``, e.g. on the CPU under ``TRITON_INTERPRET=1``) run the module that
+``approxbp export`` generated from the table; other tensors run the pure-PyTorch twin below.
 """
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import torch
+import triton
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.invact_forms import Form
 
-from .relu_sum import pack, unpack
+from .relu_sum import _load_module, pack, unpack
+
+BLOCK_BYTES = 256
 
 
 class InvActSpec:
     """Constants and the two branch approximations of one invact table."""
 
     def __init__(self, table: str):
-        t = T.load(table if str(table).endswith(".json") else f"invact/{table}")
+        path = Path(table)
+        if not path.exists():
+            path = T.data_dir() / "invact" / f"{str(table).removesuffix('.json').removeprefix('invact/')}.json"
+        t = T.load(path)
+        self.path = path
         if t["family"] != "invact":
             raise ValueError(f"{table}: expected an invact table, got {t['family']!r}")
         self.table = t
@@ -39,29 +50,54 @@ class InvActSpec:
         return (g.to(q.dtype) * q).to(g.dtype)
 
 
+    # -- the generated Triton kernels ----------------------------------------------------------
+    @property
+    def module(self):
+        return _load_module(str(self.path))
+
+    def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        xc = x.contiguous()
+        y = torch.empty_like(xc)
+        packed = torch.empty(math.ceil(xc.numel() / 8), dtype=torch.uint8, device=x.device)
+        if xc.numel():
+            grid = (triton.cdiv(packed.numel(), BLOCK_BYTES),)
+            self.module.forward_kernel[grid](xc, y, packed, xc.numel(), packed.numel(), BLOCK=BLOCK_BYTES)
+        return y, packed
+
+    def backward_triton(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        gc, yc = g.contiguous(), y.contiguous()
+        out = torch.empty_like(gc)
+        if gc.numel():
+            grid = (triton.cdiv(packed.numel(), BLOCK_BYTES),)
+            self.module.backward_kernel[grid](gc, yc, packed, out, gc.numel(), packed.numel(), BLOCK=BLOCK_BYTES)
+        return out
+
+
 class InvActFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, spec: InvActSpec):
-        y, packed = spec.forward(x)
+    def forward(ctx, x, spec: InvActSpec, use_triton: bool | None = None):
+        triton_path = x.is_cuda if use_triton is None else use_triton
+        y, packed = spec.forward_triton(x) if triton_path else spec.forward(x)
         ctx.save_for_backward(y, packed)
-        ctx.spec = spec
+        ctx.spec, ctx.triton_path = spec, triton_path
         return y
 
     @staticmethod
     def backward(ctx, g):
         y, packed = ctx.saved_tensors
-        return ctx.spec.backward(g, y, packed), None
+        spec = ctx.spec
+        return (spec.backward_triton(g, y, packed) if ctx.triton_path else spec.backward(g, y, packed)), None, None
 
 
 class InvActivation(torch.nn.Module):
     """Drop-in activation that saves its output and 1 bit per element (any invact table)."""
 
-    def __init__(self, table: str):
+    def __init__(self, table: str, use_triton: bool | None = None):
         super().__init__()
-        self.spec = InvActSpec(table)
+        self.spec, self.use_triton = InvActSpec(table), use_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return InvActFunction.apply(x, self.spec)
+        return InvActFunction.apply(x, self.spec, self.use_triton)
 
     def extra_repr(self) -> str:
         return f"table={self.spec.table['activation']}-{self.spec.table['form']}"
@@ -70,12 +106,12 @@ class InvActivation(torch.nn.Module):
 class InvActGELU(InvActivation):
     """GELU that saves its output + 1 bit; backward by our `newton` form (``form='paper'`` for eqs. 5–6)."""
 
-    def __init__(self, form: str = "newton"):
-        super().__init__(f"gelu-{form}")
+    def __init__(self, form: str = "newton", use_triton: bool | None = None):
+        super().__init__(f"gelu-{form}", use_triton)
 
 
 class InvActSiLU(InvActivation):
     """SiLU that saves its output + 1 bit; backward by our `newton` form (``form='paper'`` for eqs. 7–8)."""
 
-    def __init__(self, form: str = "newton"):
-        super().__init__(f"silu-{form}")
+    def __init__(self, form: str = "newton", use_triton: bool | None = None):
+        super().__init__(f"silu-{form}", use_triton)

@@ -1,0 +1,101 @@
+"""Generated InvAct kernels (every invact table) under TRITON_INTERPRET=1 against the pure-PyTorch twin."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from approxbp.approximations import get_activation
+from approxbp.approximations import tables as T
+from approxbp.kernels import InvActGELU, InvActivation, saved_bytes
+from approxbp.kernels.codegen import GENERATED, module_name, render_invact
+from approxbp.kernels.invact import InvActSpec
+
+TABLES = T.table_paths("invact")
+IDS = [p.stem for p in TABLES]
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy: both tl.where branches evaluated
+
+
+@pytest.mark.parametrize("path", TABLES, ids=IDS)
+def test_committed_kernel_is_what_the_table_generates(path):
+    committed = GENERATED / f"{module_name(path)}.py"
+    assert committed.exists(), "run `approxbp export`"
+    assert committed.read_text() == render_invact(path)
+
+
+@pytest.mark.parametrize("path", TABLES, ids=IDS)
+def test_kernel_matches_twin_and_truth(path):
+    spec = InvActSpec(str(path))
+    x = torch.cat([torch.linspace(-12, 12, 8191), torch.tensor([spec.T, 0.0, -0.0])]).float()
+    y1, b1 = spec.forward_triton(x)
+    y0, b0 = spec.forward(x)
+    assert torch.equal(b1, b0) and b1.numel() == math.ceil(x.numel() / 8)
+    truth = torch.tensor(np.asarray(get_activation(spec.table["expression"]).f(x.double().numpy())))
+    ulp = torch.finfo(torch.float32).eps * truth.abs()
+    err, ref = (y1.double() - truth).abs(), (y0.double() - truth).abs()
+    assert torch.all(err <= 2 * ref + 8 * ulp + 1e-30)  # as good as torch in fp32, to a few ulp
+    g = torch.randn_like(x)
+    d64 = spec.backward(g.double(), *spec.forward(x.double()))
+    e_kernel = (spec.backward_triton(g, y1, b1).double() - d64).abs().max()
+    e_twin = (spec.backward(g, y0, b0).double() - d64).abs().max()
+    # fp32 evaluation of the same fitted expression: near the turning point y's rounding dominates (README)
+    assert e_kernel <= 3 * e_twin + 1e-4 * g.abs().max()
+
+
+@pytest.mark.parametrize("path", [p for p in TABLES if p.stem in ("gelu-newton", "silu-newton", "mish-newton")])
+def test_float64_kernel_evaluates_the_form_in_float64(path):
+    spec = InvActSpec(str(path))
+    x = torch.linspace(-10, 10, 4001, dtype=torch.float64)
+    y1, b1 = spec.forward_triton(x)
+    y0, b0 = spec.forward(x)
+    assert y1.dtype == torch.float64 and torch.allclose(y1, y0, rtol=1e-14, atol=1e-15)
+    g = torch.randn_like(x)
+    assert torch.allclose(spec.backward_triton(g, y1, b1), spec.backward(g, y0, b0), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 2049])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_module_triton_path_equals_twin_in_every_dtype(n, dtype, seed=0):
+    x = (3 * torch.randn(n, generator=torch.Generator().manual_seed(seed))).to(dtype)
+    g = torch.randn(n, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    outs = []
+    for use_triton in (True, False):
+        xi = x.clone().requires_grad_(True)
+        y = InvActGELU(use_triton=use_triton)(xi)
+        y.backward(g)
+        outs.append((y.detach(), xi.grad))
+    (y1, d1), (y0, d0) = outs
+    assert y1.dtype == dtype and d1.dtype == dtype and y1.shape == (n,)
+    eps = torch.finfo(dtype).eps  # the interpreter truncates fp32 → bf16 (README): allow 2 ulp
+    assert torch.allclose(y1.float(), y0.float(), rtol=2 * eps, atol=2 * eps)
+    # the backward reads y in this dtype: near the turning point q(y) is limited to ≈ √(2a₂·ulp(f(T)))
+    limit = {torch.float32: 4e-3, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
+    atol = limit * (1 + float(g.float().abs().max())) if n else 0.0
+    assert torch.allclose(d1.float(), d0.float(), rtol=4 * eps, atol=atol)
+
+
+def test_triton_path_shares_output_storage_and_saves_one_bit():
+    m = InvActGELU(use_triton=True)
+    x = torch.randn(33, 17, requires_grad=True)
+    y = m(x)
+    assert y.grad_fn.saved_tensors[0].untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+    assert saved_bytes(lambda: m(x)) == 33 * 17 * 4 + math.ceil(33 * 17 / 8)
+
+
+def test_nan_propagates_through_the_kernel():
+    m = InvActivation("silu-newton", use_triton=True)
+    x = torch.tensor([1.0, float("nan"), -2.0], requires_grad=True)
+    y = m(x)
+    assert torch.isnan(y[1])
+    y.backward(torch.tensor([float("nan"), 1.0, 1.0]))
+    assert torch.isnan(x.grad[0]) and torch.isnan(x.grad[1]) and torch.isfinite(x.grad[2])
+
+
+def test_non_contiguous_input():
+    base = torch.randn(12, 9)
+    outs = []
+    for use_triton in (True, False):
+        xb = base.clone().requires_grad_(True)
+        InvActGELU(use_triton=use_triton)(xb.t()).pow(2).sum().backward()
+        outs.append(xb.grad)
+    assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
