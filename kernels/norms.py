@@ -6,48 +6,115 @@ z = σ⁻¹·H·x (LayerNorm) or z = σ⁻¹·x (RMSNorm) and saves z and one fp
 saves the same z for its weight gradient, so the two layers share one tensor (Proposition 5.1).
 Backward (Algorithms 2–3): dx = σ⁻¹·(dz − mean(dz) − z·mean(dz·z)) for LayerNorm and
 dx = σ⁻¹·(dz − z·mean(dz·z)) for RMSNorm, per row over the last dimension.
-Pure PyTorch (CPU and CUDA); a fused Triton version is future work.
+CUDA tensors (or ``use_triton=True``, e.g. under ``TRITON_INTERPRET=1``) run the fused row kernels below;
+other tensors run the PyTorch twin. Both reduce in fp32 (fp64 stays fp64); reduction order differs, so
+they agree to rounding, not bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from torch import nn
+
+
+@triton.jit
+def _ms_norm_forward(x_ptr, z_ptr, rstd_ptr, rows, d, eps, CENTER: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    c = tl.arange(0, BLOCK_D)
+    offs = r[:, None] * d + c[None, :]
+    mask = (r[:, None] < rows) & (c[None, :] < d)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if x.dtype != tl.float64:
+        x = x.to(tl.float32)
+    if CENTER:
+        x = tl.where(mask, x - tl.sum(x, axis=1)[:, None] / d, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / d + eps)
+    tl.store(z_ptr + offs, (x * rstd[:, None]).to(z_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+    tl.store(rstd_ptr + r, rstd, mask=r < rows)
+
+
+@triton.jit
+def _ms_norm_backward(dz_ptr, z_ptr, rstd_ptr, dx_ptr, rows, d, CENTER: tl.constexpr, ROWS: tl.constexpr,
+                      BLOCK_D: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    c = tl.arange(0, BLOCK_D)
+    offs = r[:, None] * d + c[None, :]
+    mask = (r[:, None] < rows) & (c[None, :] < d)
+    rstd = tl.load(rstd_ptr + r, mask=r < rows, other=0.0)
+    dz = tl.load(dz_ptr + offs, mask=mask, other=0.0).to(rstd.dtype)
+    z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(rstd.dtype)
+    dx = dz - z * (tl.sum(dz * z, axis=1) / d)[:, None]
+    if CENTER:
+        dx = dx - (tl.sum(dz, axis=1) / d)[:, None]
+    tl.store(dx_ptr + offs, (dx * rstd[:, None]).to(dx_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+             mask=mask)
+
+
+def _launch_shape(d: int) -> tuple[int, int]:
+    block_d = triton.next_power_of_2(max(d, 1))
+    return max(1, min(64, 4096 // block_d)), block_d
 
 
 class _MSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, eps: float, center: bool):
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 math (fp64 stays fp64)
-        if center:
-            xf = xf - xf.mean(-1, keepdim=True)
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        z = (xf * rstd).to(x.dtype)
+    def forward(ctx, x, eps: float, center: bool, use_triton: bool | None = None):
+        triton_path = x.is_cuda if use_triton is None else use_triton
+        acc = torch.promote_types(x.dtype, torch.float32)  # fp32 math (fp64 stays fp64)
+        if triton_path:
+            d = x.shape[-1]
+            xc = x.reshape(-1, d).contiguous()
+            z = torch.empty_like(xc)
+            rstd = torch.empty(xc.shape[0], 1, dtype=acc, device=x.device)
+            rows_per, block_d = _launch_shape(d)
+            if xc.numel():
+                _ms_norm_forward[(triton.cdiv(xc.shape[0], rows_per),)](
+                    xc, z, rstd, xc.shape[0], d, eps, CENTER=center, ROWS=rows_per, BLOCK_D=block_d)
+            z = z.view(x.shape)
+            rstd = rstd.view(*x.shape[:-1], 1)
+        else:
+            xf = x.to(acc)
+            if center:
+                xf = xf - xf.mean(-1, keepdim=True)
+            rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            z = (xf * rstd).to(x.dtype)
         ctx.save_for_backward(z, rstd)
-        ctx.center = center
+        ctx.center, ctx.triton_path = center, triton_path
         return z
 
     @staticmethod
     def backward(ctx, dz):
         z, rstd = ctx.saved_tensors
+        if ctx.triton_path:
+            d = z.shape[-1]
+            dzc = dz.reshape(-1, d).contiguous()
+            dx = torch.empty_like(dzc)
+            rows_per, block_d = _launch_shape(d)
+            if dzc.numel():
+                _ms_norm_backward[(triton.cdiv(dzc.shape[0], rows_per),)](
+                    dzc, z.reshape(-1, d), rstd.reshape(-1), dx, dzc.shape[0], d, CENTER=ctx.center,
+                    ROWS=rows_per, BLOCK_D=block_d)
+            return dx.view(dz.shape), None, None, None
         dzf, zf = dz.to(rstd.dtype), z.to(rstd.dtype)
         dx = dzf - zf * (dzf * zf).mean(-1, keepdim=True)
         if ctx.center:
             dx = dx - dzf.mean(-1, keepdim=True)
-        return (dx * rstd).to(dz.dtype), None, None
+        return (dx * rstd).to(dz.dtype), None, None, None
 
 
 class MSLayerNorm(nn.Module):
     """LayerNorm without affine whose backward needs only its output and σ⁻¹ (Algorithm 2)."""
 
-    def __init__(self, normalized_shape: int, eps: float = 1e-5):
+    def __init__(self, normalized_shape: int, eps: float = 1e-5, use_triton: bool | None = None):
         super().__init__()
-        self.normalized_shape, self.eps = int(normalized_shape), float(eps)
+        self.normalized_shape, self.eps, self.use_triton = int(normalized_shape), float(eps), use_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.normalized_shape:
             raise ValueError(f"MSLayerNorm expects last dimension {self.normalized_shape}, got {tuple(x.shape)}")
-        return _MSNorm.apply(x, self.eps, True)
+        return _MSNorm.apply(x, self.eps, True, self.use_triton)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
@@ -59,16 +126,32 @@ class MSRMSNorm(MSLayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.normalized_shape:
             raise ValueError(f"MSRMSNorm expects last dimension {self.normalized_shape}, got {tuple(x.shape)}")
-        return _MSNorm.apply(x, self.eps, False)
+        return _MSNorm.apply(x, self.eps, False, self.use_triton)
+
+
+# Hugging Face RMSNorms whose forward is weight · x/rms(x) (not Gemma's (1 + weight)); matched by class name so
+# that transformers stays optional
+HF_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
+
+
+def is_mergeable_norm(module: nn.Module) -> bool:
+    return isinstance(module, nn.LayerNorm | nn.RMSNorm) or type(module).__name__ in HF_RMS_NORMS
 
 
 @torch.no_grad()
-def merge_norm(norm: nn.LayerNorm | nn.RMSNorm, consumers: list[nn.Linear]) -> MSLayerNorm:
+def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
     """Fold the norm's affine into every consumer Linear in place (eq. 58) and return the MS-norm that
-    replaces it. Several consumers (e.g. q, k, v) all get merged; the function computed is unchanged."""
+    replaces it. Several consumers (e.g. q, k, v) all get merged; the function computed is unchanged.
+    Accepts nn.LayerNorm, nn.RMSNorm and the Hugging Face RMSNorms in ``HF_RMS_NORMS``."""
     if not consumers:
         raise ValueError("merge_norm needs at least one consumer nn.Linear")
-    dim = norm.normalized_shape[-1] if isinstance(norm.normalized_shape, tuple) else norm.normalized_shape
+    if not is_mergeable_norm(norm):
+        raise TypeError(f"merge_norm handles nn.LayerNorm, nn.RMSNorm and {sorted(HF_RMS_NORMS)}, got {type(norm)}")
+    if isinstance(norm, nn.LayerNorm | nn.RMSNorm):
+        dim = norm.normalized_shape[-1] if isinstance(norm.normalized_shape, tuple) else norm.normalized_shape
+        eps = norm.eps
+    else:
+        dim, eps = norm.weight.shape[-1], getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     for lin in consumers:
         if not isinstance(lin, nn.Linear) or lin.in_features != dim:
             raise ValueError(f"consumer {lin} must be an nn.Linear with in_features={dim}")
@@ -84,6 +167,6 @@ def merge_norm(norm: nn.LayerNorm | nn.RMSNorm, consumers: list[nn.Linear]) -> M
         lin.weight.copy_((W * alpha.double()).to(lin.weight.dtype))
         if lin.bias is not None:
             lin.bias.copy_(b.to(lin.bias.dtype))
-    eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
+    eps = eps if eps is not None else torch.finfo(torch.float32).eps
     cls = MSLayerNorm if isinstance(norm, nn.LayerNorm) else MSRMSNorm
     return cls(dim, eps)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .invact import InvActGELU, InvActSiLU
-from .norms import merge_norm
+from .norms import is_mergeable_norm, merge_norm
 from .relu_sum import ReGELU2, ReSiLU2
 
 _GELU_NAMES = {"GELU", "GELUActivation"}  # torch and Hugging Face transformers
@@ -37,17 +39,19 @@ def _replacement(module: nn.Module, activation: str):
 
 
 def patch_model(model: nn.Module, activation: str | None = "relu-sum", norm: bool = True,
-                example_input: torch.Tensor | None = None) -> PatchReport:
+                example_input=None) -> PatchReport:
     """In place: replace nn.GELU/nn.SiLU (and HF GELUActivation/SiLUActivation) by ReGELU2/ReSiLU2
     (``activation='relu-sum'``) or InvActGELU/InvActSiLU (``'invact'``); with ``norm=True`` merge every
     LayerNorm/RMSNorm whose outputs feed only Linear layers into them (eq. 58) and replace it by its
-    MS-norm. Consumers are found with torch.fx; a norm that cannot be traced or feeds anything else is
-    left alone and listed in the report's ``skipped``."""
+    MS-norm. Consumers are found with torch.fx; models fx cannot trace (e.g. Hugging Face ones) need an
+    ``example_input`` (a tensor, a tuple of positional arguments or a dict of keyword arguments): one
+    forward is run under a dispatch mode that sees every op reading each norm's output. A norm that feeds
+    anything but Linear layers (views aside) is left alone and listed in the report's ``skipped``."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     report = PatchReport()
     if norm:
-        _merge_norms(model, report)
+        _merge_norms(model, report, example_input)
     if activation:
         for parent_name, parent in list(model.named_modules()):
             for child_name, child in list(parent.named_children()):
@@ -66,24 +70,92 @@ def _shape_query(node) -> bool:
     return node.op == "call_method" and node.target in ("size", "dim")
 
 
-def _merge_norms(model: nn.Module, report: PatchReport) -> None:
+def _merge_norms(model: nn.Module, report: PatchReport, example_input=None) -> None:
     try:
-        graph = torch.fx.symbolic_trace(model).graph
-    except Exception as err:  # noqa: BLE001 - any tracing failure means: leave the norms alone, say why
-        report.skipped.append(f"norm merging: model is not fx-traceable ({type(err).__name__}: {err})")
-        return
+        found = _consumers_by_fx(model)
+    except Exception as err:  # noqa: BLE001 - any tracing failure: fall back to running the model, or say why
+        if example_input is None:
+            report.skipped.append(f"norm merging: model is not fx-traceable ({type(err).__name__}: "
+                                  f"{str(err)[:80]}); pass example_input to find consumers by running it")
+            return
+        found = _consumers_by_dispatch(model, example_input)
     modules = dict(model.named_modules())
+    for name, (consumers, other) in found.items():
+        if other or not consumers:
+            report.skipped.append(f"{name}: output feeds something other than Linear layers"
+                                  + (f" ({', '.join(sorted(other))})" if other else ""))
+            continue
+        ms = merge_norm(modules[name], [modules[c] for c in consumers])
+        parent_name, _, child = name.rpartition(".")
+        setattr(modules[parent_name] if parent_name else model, child, ms)
+        report.norms.append(f"{name} → {type(ms).__name__} merged into {consumers}")
+
+
+def _consumers_by_fx(model: nn.Module) -> dict[str, tuple[list[str], set[str]]]:
+    """{norm name: (consumer Linear names, other users)} from torch.fx.symbolic_trace."""
+    graph = torch.fx.symbolic_trace(model).graph
+    modules = dict(model.named_modules())
+    found = {}
     for node in graph.nodes:
-        if node.op != "call_module" or not isinstance(modules[node.target], nn.LayerNorm | nn.RMSNorm):
+        if node.op != "call_module" or not is_mergeable_norm(modules[node.target]):
             continue
         users = [u for u in node.users if not _shape_query(u)]
-        consumers = [modules[u.target] for u in users
-                     if u.op == "call_module" and isinstance(modules[u.target], nn.Linear)]
-        if not users or len(consumers) != len(users):
-            report.skipped.append(f"{node.target}: output feeds something other than Linear layers")
-            continue
-        ms = merge_norm(modules[node.target], consumers)
-        parent_name, _, child = node.target.rpartition(".")
-        setattr(modules[parent_name] if parent_name else model, child, ms)
-        report.norms.append(f"{node.target} → {type(ms).__name__} merged into "
-                            f"{[u.target for u in users]}")
+        linear = [u.target for u in users if u.op == "call_module" and isinstance(modules[u.target], nn.Linear)]
+        found[node.target] = (linear, {str(u.target) for u in users if u.target not in linear})
+    return found
+
+
+class _ReadWatch(TorchDispatchMode):
+    """Records, for each watched storage, the Linear modules whose ops read it and any other (non-view) op."""
+
+    def __init__(self):
+        super().__init__()
+        self.owner: dict[int, str] = {}  # storage pointer → norm name
+        self.inside: str | None = None  # the nn.Linear currently running
+        self.found: dict[str, tuple[list[str], set[str]]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for t in pytree.tree_leaves((args, kwargs or {})):
+            if not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() not in self.owner:
+                continue
+            linear, other = self.found[self.owner[t.untyped_storage().data_ptr()]]
+            if self.inside is not None:
+                if self.inside not in linear:
+                    linear.append(self.inside)
+            elif not func.is_view:
+                other.add(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[list[str], set[str]]]:
+    """{norm name: (consumer Linear names, other ops)} from one forward under :class:`_ReadWatch`."""
+    watch, keep, handles = _ReadWatch(), [], []
+
+    def on_norm(name):
+        def hook(module, inputs, out):
+            keep.append(out)  # alive until the end, so its storage pointer is not reused
+            watch.owner[out.untyped_storage().data_ptr()] = name
+            watch.found.setdefault(name, ([], set()))
+        return hook
+
+    def enter(name):
+        return lambda module, inputs: setattr(watch, "inside", name)
+
+    for name, m in model.named_modules():
+        if is_mergeable_norm(m):
+            handles.append(m.register_forward_hook(on_norm(name)))
+        elif isinstance(m, nn.Linear):
+            handles.append(m.register_forward_pre_hook(enter(name)))
+            handles.append(m.register_forward_hook(lambda *a: setattr(watch, "inside", None)))
+    try:
+        with torch.no_grad(), watch:
+            if isinstance(example_input, dict):
+                model(**example_input)
+            elif isinstance(example_input, tuple | list):
+                model(*example_input)
+            else:
+                model(example_input)
+    finally:
+        for h in handles:
+            h.remove()
+    return watch.found
