@@ -1,0 +1,23 @@
+"""The GPU benchmark script exists, parses, and refuses to time anything without CUDA."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "gpu_kernels.py"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script really benchmarks")
+def test_refuses_without_cuda(tmp_path):
+    run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode != 0 and "no CUDA device" in run.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_help_lists_the_options():
+    run = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "--numel" in run.stdout and "--dtype" in run.stdout
