@@ -1,19 +1,10 @@
 """patch_model on ViT- and LLaMA-style blocks: what changes, what stays, and a training step."""
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from approxbp.kernels import MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2, patch_model
-
-BLOCKS = Path(__file__).parent.parent / "benchmarks" / "memory_blocks.py"
-spec = importlib.util.spec_from_file_location("blocks", BLOCKS)
-blocks = importlib.util.module_from_spec(spec)
-sys.modules["blocks"] = blocks
-spec.loader.exec_module(blocks)
+from approxbp.kernels import MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2, blocks, patch_model
 
 
 @pytest.mark.parametrize("cls,act,normcls", [(blocks.ViTBlock, ReGELU2, MSLayerNorm),

@@ -1,0 +1,84 @@
+"""Reference transformer blocks for memory accounting (Approx-BP Figs. 5–6): a ViT-B block (LayerNorm, GELU MLP)
+and a LLaMA-style block (RMSNorm, SwiGLU), each convertible to MS-norms + ReLU-sum or InvAct activations, and
+their saved-for-backward bytes per token per hidden unit, measured with saved_tensors_hooks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .invact import InvActGELU, InvActSiLU
+from .norms import merge_norm
+from .relu_sum import ReGELU2, ReSiLU2
+from .saved import saved_bytes
+
+VARIANTS = ("baseline", "relu-sum", "invact")
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads, self.q, self.k, self.v, self.o = heads, *(nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = (m(x).view(B, T, self.heads, D // self.heads).transpose(1, 2) for m in (self.q, self.k, self.v))
+        return self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, D))
+
+
+class ViTBlock(nn.Module):
+    def __init__(self, d=768, hidden=3072, heads=12):
+        super().__init__()
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attention(d, heads), nn.LayerNorm(d)
+        self.fc1, self.act, self.fc2 = nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+
+    def ours(self, activation: str = "relu-sum"):
+        """MS-LayerNorms merged into q, k, v and fc1; GELU → ReGELU2 (``relu-sum``) or InvActGELU (``invact``)."""
+        self.ln1 = merge_norm(self.ln1, [self.attn.q, self.attn.k, self.attn.v])
+        self.ln2 = merge_norm(self.ln2, [self.fc1])
+        self.act = ReGELU2() if activation == "relu-sum" else InvActGELU()
+        return self
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d=1024, hidden=2752, heads=16):
+        super().__init__()
+        self.n1, self.attn, self.n2 = nn.RMSNorm(d, eps=1e-6), Attention(d, heads), nn.RMSNorm(d, eps=1e-6)
+        self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.down, self.act = nn.Linear(hidden, d, bias=False), nn.SiLU()
+
+    def forward(self, x):
+        x = x + self.attn(self.n1(x))
+        h = self.n2(x)
+        return x + self.down(self.act(self.gate(h)) * self.up(h))
+
+    def ours(self, activation: str = "relu-sum"):
+        """MS-RMSNorms merged into q, k, v and gate, up; SiLU → ReSiLU2 or InvActSiLU."""
+        self.n1 = merge_norm(self.n1, [self.attn.q, self.attn.k, self.attn.v])
+        self.n2 = merge_norm(self.n2, [self.gate, self.up])
+        self.act = ReSiLU2() if activation == "relu-sum" else InvActSiLU()
+        return self
+
+
+def saved_per_token_per_d(block_cls, variant: str, frozen: bool, tokens=197, batch=2, dtype=torch.bfloat16) -> float:
+    """Saved-for-backward bytes / (tokens · d) of one block (saved_tensors_hooks, parameters excluded).
+
+    ``variant``: ``baseline`` (torch modules), ``relu-sum`` or ``invact`` (MS-norms merged + that activation);
+    ``frozen``: linear weights without gradient (LoRA-like)."""
+    torch.manual_seed(0)
+    block = block_cls()
+    if variant != "baseline":
+        block.ours(variant)
+    block = block.to(dtype)
+    for p in block.parameters():
+        p.requires_grad_(not frozen)
+    d = block.attn.q.in_features
+    x = torch.randn(batch, tokens, d, dtype=dtype, requires_grad=True)
+    bytes_ = saved_bytes(lambda: block(x), exclude=list(block.parameters()))
+    return bytes_ / (batch * tokens * d)
