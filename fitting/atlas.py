@@ -95,6 +95,20 @@ def write_atlas(out: Path, activations=("gelu", "silu")) -> list[Path]:
     data = {a: atlas(a) for a in activations}
     paths = [out / "error_atlas.json"]
     paths[0].write_text(json.dumps({"x_range": [-8, 8], "points": X.size, "rows": data}, indent=1) + "\n")
+    for a, rows in data.items():
+        fig = plot_atlas(a, rows)
+        p = out / f"error_atlas_{a}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def plot_atlas(a: str, rows: list[dict] | None = None):
+    """Error of the backward derivative vs saved bits per element, every family, for one activation."""
+    import matplotlib.pyplot as plt
+
+    rows = atlas(a) if rows is None else rows
     styles = {"fewbit-uniform": ("C0", "o-"), "fewbit-normal": ("C0", "o--"), "relu-sum-primitive": ("C2", "s-"),
               "relu-sum-derivative": ("C2", "s--"), "invact-paper": ("C3", "*"), "invact-released": ("C1", "P"),
               "invact-newton": ("C4", "D")}
@@ -104,28 +118,23 @@ def write_atlas(out: Path, activations=("gelu", "silu")) -> list[Path]:
              "relu-sum-derivative": "ReLU-sum, ours (derivative obj., eq. 63)",
              "invact-paper": "InvAct, paper's eqs. 5–8", "invact-released": "InvAct, authors' released constants",
              "invact-newton": "InvAct, ours (newton)"}
-    for a, rows in data.items():
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for ax, metric, title in ((axes[0], "l2_normal", "L2 error, N(0,1)-weighted"),
-                                  (axes[1], "linf", "L∞ error on x ∈ [−8, 8]")):
-            for fam, (color, style) in styles.items():
-                pts = [(r["bits"], r[metric]) for r in rows if r["family"] == fam]
-                if pts:
-                    b, v = zip(*pts)
-                    if len(pts) == 1:  # the 1-bit InvAct markers side by side, not on top of each other
-                        b = (1 + {"invact-paper": -0.08, "invact-released": 0.0}.get(fam, 0.08),)
-                    ax.plot(b, v, style, color=color, label=names[fam], markersize=8 if len(pts) == 1 else 5)
-            ax.set_yscale("log")
-            ax.set_xlabel("saved bits per element for the backward pass")
-            ax.set_ylabel(f"error of f′ used in backward ({a})")
-            ax.set_title(title)
-            ax.set_xticks(range(1, 9))
-            ax.grid(True, which="both", alpha=0.3)
-        axes[1].legend(fontsize=7, loc="lower left")
-        fig.suptitle(f"{a.upper()}: backward-pass derivative error vs memory (Inverted Activations Fig. 5, extended)")
-        fig.tight_layout()
-        p = out / f"error_atlas_{a}.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
-    return paths
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, metric, title in ((axes[0], "l2_normal", "L2 error, N(0,1)-weighted"),
+                              (axes[1], "linf", "L∞ error on x ∈ [−8, 8]")):
+        for fam, (color, style) in styles.items():
+            pts = [(r["bits"], r[metric]) for r in rows if r["family"] == fam]
+            if pts:
+                b, v = zip(*pts)
+                if len(pts) == 1:  # the 1-bit InvAct markers side by side, not on top of each other
+                    b = (1 + {"invact-paper": -0.08, "invact-released": 0.0}.get(fam, 0.08),)
+                ax.plot(b, v, style, color=color, label=names[fam], markersize=8 if len(pts) == 1 else 5)
+        ax.set_yscale("log")
+        ax.set_xlabel("saved bits per element for the backward pass")
+        ax.set_ylabel(f"error of f′ used in backward ({a})")
+        ax.set_title(title)
+        ax.set_xticks(range(1, 9))
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"{a.upper()}: backward-pass derivative error vs memory (Inverted Activations Fig. 5, extended)")
+    fig.tight_layout()
+    return fig
