@@ -33,12 +33,24 @@ def _round_half_even(v):
 
 
 @triton.jit
+def _byte_tile(BLOCK: tl.constexpr):
+    """This program's BLOCK bytes and their [BLOCK, 8] element offsets (bit j of byte b is element 8b + j)."""
+    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    lane = tl.arange(0, 8)
+    return byte, lane, byte[:, None] * 8 + lane[None, :]
+
+
+@triton.jit
+def _rest_grid(x, h, g, scale):
+    """2^l·Q_l[(1−γ)x_k + (1+γ)h_k]: the x_k-term of eqs. 21 and 24 as a grid integer."""
+    return _round_half_even(((1.0 - g) * x + (1.0 + g) * h) * scale)
+
+
+@triton.jit
 def step_kernel(xp_ptr, x_ptr, h_ptr, gamma_ptr, out_ptr, bits_ptr, n_elem, row, n_bytes, scale,
                 BLOCK: tl.constexpr):
     """Eq. 21: out = Q[γ(x_{k−1} + s/scale)] + Q[(1−γ)x_k + (1+γ)h], s = X_{k−1} odd; bits packed 8 per byte."""
-    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    lane = tl.arange(0, 8)
-    offs = byte[:, None] * 8 + lane[None, :]
+    byte, lane, offs = _byte_tile(BLOCK)
     inside = offs < n_elem
     xp = tl.load(xp_ptr + offs, mask=inside, other=0.0)
     x = tl.load(x_ptr + offs, mask=inside, other=0.0)
@@ -47,7 +59,7 @@ def step_kernel(xp_ptr, x_ptr, h_ptr, gamma_ptr, out_ptr, bits_ptr, n_elem, row,
     X = xp * scale  # an integer: x_{k−1} is on the 2^{-l} grid
     s = (X - 2.0 * tl.floor(0.5 * X)) == 1.0
     first = _round_half_even(g * (X + s.to(X.dtype)))
-    second = _round_half_even(((1.0 - g) * x + (1.0 + g) * h) * scale)
+    second = _rest_grid(x, h, g, scale)
     tl.store(out_ptr + offs, first / scale + second / scale, mask=inside)
     word = tl.sum(tl.where(inside & s, 1, 0).to(tl.int32) << lane[None, :], axis=1)
     tl.store(bits_ptr + byte, word.to(tl.uint8), mask=byte < n_bytes)
@@ -57,9 +69,7 @@ def step_kernel(xp_ptr, x_ptr, h_ptr, gamma_ptr, out_ptr, bits_ptr, n_elem, row,
 def inverse_kernel(x_ptr, xn_ptr, h_ptr, gamma_ptr, bits_ptr, out_ptr, n_elem, row, n_bytes, scale,
                    BLOCK: tl.constexpr):
     """Eq. 24: out = x_{k+1}/γ − s/scale − Q[(1−γ)x_k + (1+γ)h]/γ."""
-    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    lane = tl.arange(0, 8)
-    offs = byte[:, None] * 8 + lane[None, :]
+    byte, lane, offs = _byte_tile(BLOCK)
     inside = offs < n_elem
     x = tl.load(x_ptr + offs, mask=inside, other=0.0)
     xn = tl.load(xn_ptr + offs, mask=inside, other=0.0)
@@ -67,7 +77,7 @@ def inverse_kernel(x_ptr, xn_ptr, h_ptr, gamma_ptr, bits_ptr, out_ptr, n_elem, r
     g = tl.load(gamma_ptr + offs // row, mask=inside, other=0.5)
     word = tl.load(bits_ptr + byte, mask=byte < n_bytes, other=0).to(tl.int32)
     s = ((word[:, None] >> lane[None, :]) & 1).to(x.dtype)
-    q = _round_half_even(((1.0 - g) * x + (1.0 + g) * h) * scale) / scale
+    q = _rest_grid(x, h, g, scale) / scale
     tl.store(out_ptr + offs, (xn - q) / g - s / scale, mask=inside)
 
 

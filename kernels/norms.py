@@ -20,12 +20,17 @@ from torch import nn
 
 
 @triton.jit
-def _ms_norm_forward(x_ptr, z_ptr, rstd_ptr, rows, d, eps, CENTER: tl.constexpr, ROWS: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
+def _row_tile(rows, d, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's ROWS row indices, their [ROWS, BLOCK_D] offsets and the in-bounds mask."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK_D)
-    offs = r[:, None] * d + c[None, :]
-    mask = (r[:, None] < rows) & (c[None, :] < d)
+    return r, r[:, None] * d + c[None, :], (r[:, None] < rows) & (c[None, :] < d)
+
+
+@triton.jit
+def _ms_norm_forward(x_ptr, z_ptr, rstd_ptr, rows, d, eps, CENTER: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    r, offs, mask = _row_tile(rows, d, ROWS, BLOCK_D)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
@@ -39,10 +44,7 @@ def _ms_norm_forward(x_ptr, z_ptr, rstd_ptr, rows, d, eps, CENTER: tl.constexpr,
 @triton.jit
 def _ms_norm_backward(dz_ptr, z_ptr, rstd_ptr, dx_ptr, rows, d, CENTER: tl.constexpr, ROWS: tl.constexpr,
                       BLOCK_D: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    c = tl.arange(0, BLOCK_D)
-    offs = r[:, None] * d + c[None, :]
-    mask = (r[:, None] < rows) & (c[None, :] < d)
+    r, offs, mask = _row_tile(rows, d, ROWS, BLOCK_D)
     rstd = tl.load(rstd_ptr + r, mask=r < rows, other=0.0)
     dz = tl.load(dz_ptr + offs, mask=mask, other=0.0).to(rstd.dtype)
     z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(rstd.dtype)
