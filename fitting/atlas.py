@@ -134,7 +134,7 @@ def plot_atlas(a: str, rows: list[dict] | None = None):
         ax.set_title(title)
         ax.set_xticks(range(1, 9))
         ax.grid(True, which="both", alpha=0.3)
-    axes[1].legend(fontsize=7, loc="lower left")
+    axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{a.upper()}: backward-pass derivative error vs memory (Inverted Activations Fig. 5, extended)")
     fig.tight_layout()
     return fig

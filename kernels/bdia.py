@@ -198,9 +198,8 @@ class BDIAStackFunction(torch.autograd.Function):
             bits.append(b)
             prev, cur = cur, nxt
         ctx.blocks, ctx.seed, ctx.level, ctx.use_triton = blocks, seed, level, use_triton
-        ctx.n_params = [sum(1 for _ in b.parameters()) for b in blocks]
         ctx.has_states = preserve_rng
-        ctx.save_for_backward(prev, cur, *bits, *([s for s in states] if preserve_rng else []))
+        ctx.save_for_backward(prev, cur, *bits, *(states if preserve_rng else []))
         return cur
 
     @staticmethod

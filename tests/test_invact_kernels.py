@@ -10,6 +10,8 @@ from approxbp.approximations import tables as T
 from approxbp.kernels import InvActGELU, InvActivation, saved_bytes
 from approxbp.kernels.codegen import GENERATED, module_name, render_invact
 from approxbp.kernels.invact import InvActSpec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 TABLES = T.table_paths("invact")
 IDS = [p.stem for p in TABLES]
@@ -99,3 +101,19 @@ def test_non_contiguous_input():
         InvActGELU(use_triton=use_triton)(xb.t()).pow(2).sum().backward()
         outs.append(xb.grad)
     assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25)
+@given(values=st.lists(st.floats(-30, 30, width=32), min_size=0, max_size=300),
+       table=st.sampled_from(["gelu-newton", "silu-newton", "mish-newton"]))
+def test_kernel_on_arbitrary_values_property(values, table):
+    """Hypothesis: any fp32 values give the twin's branch bits and a backward within the fp32 limit."""
+    spec = InvActSpec(table)
+    x = torch.tensor(values, dtype=torch.float32)
+    y1, b1 = spec.forward_triton(x)
+    y0, b0 = spec.forward(x)
+    assert torch.equal(b1, b0)
+    assert torch.allclose(y1, y0, rtol=8 * torch.finfo(torch.float32).eps, atol=1e-30)
+    g = torch.ones_like(x)
+    d1, d0 = spec.backward_triton(g, y1, b1), spec.backward(g, y0, b0)
+    assert torch.allclose(d1, d0, rtol=1e-5, atol=4e-3)
