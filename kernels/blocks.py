@@ -14,7 +14,7 @@ from .norms import merge_norm
 from .relu_sum import ReGELU2, ReSiLU2
 from .saved import saved_bytes
 
-VARIANTS = ("baseline", "relu-sum", "invact")
+VARIANTS = ("baseline", "compiled", "relu-sum", "invact")
 
 
 class Attention(nn.Module):
@@ -69,16 +69,22 @@ class LlamaBlock(nn.Module):
 def saved_per_token_per_d(block_cls, variant: str, frozen: bool, tokens=197, batch=2, dtype=torch.bfloat16) -> float:
     """Saved-for-backward bytes / (tokens · d) of one block (saved_tensors_hooks, parameters excluded).
 
-    ``variant``: ``baseline`` (torch modules), ``relu-sum`` or ``invact`` (MS-norms merged + that activation);
+    ``variant``: ``baseline`` (torch modules, eager), ``compiled`` (the baseline under torch.compile: the hooks
+    see what AOTAutograd's partitioner saves), ``relu-sum`` or ``invact`` (MS-norms merged + that activation);
     ``frozen``: linear weights without gradient (LoRA-like)."""
     torch.manual_seed(0)
     block = block_cls()
-    if variant != "baseline":
+    if variant in ("relu-sum", "invact"):
         block.ours(variant)
+    elif variant not in ("baseline", "compiled"):
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     block = block.to(dtype)
     for p in block.parameters():
         p.requires_grad_(not frozen)
     d = block.attn.q.in_features
     x = torch.randn(batch, tokens, d, dtype=dtype, requires_grad=True)
-    bytes_ = saved_bytes(lambda: block(x), exclude=list(block.parameters()))
+    run = torch.compile(block) if variant == "compiled" else block
+    if variant == "compiled":
+        run(x)  # compile outside the measurement
+    bytes_ = saved_bytes(lambda: run(x), exclude=list(block.parameters()))
     return bytes_ / (batch * tokens * d)
