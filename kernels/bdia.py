@@ -252,17 +252,26 @@ class BDIAStack(torch.nn.Module):
     drawn from ``seed`` (a new seed each call, from ``torch.randint`` on the global generator, when None).
     Weight tying across blocks is allowed but then parameter gradients are sums in a different order
     (equal to rounding, not bitwise).
+
+    ``level=None`` with ``online=False`` is the unquantised BDIA of eq. 10 (eval: eq. 11), for ablations
+    with Table 3's γ sets, e.g. ``gammas=(0.25, -0.25)``; it is not reversible, so it cannot run online.
     """
 
-    def __init__(self, blocks, level: int = 9, online: bool = True, preserve_rng: bool = True,
-                 use_triton: bool | None = None):
+    def __init__(self, blocks, level: int | None = 9, online: bool = True, preserve_rng: bool = True,
+                 use_triton: bool | None = None, gammas: tuple[float, ...] = B.GAMMAS):
         super().__init__()
         self.blocks = torch.nn.ModuleList(blocks)
         self.level, self.online, self.preserve_rng, self.use_triton = level, online, preserve_rng, use_triton
+        self.gammas = tuple(float(g) for g in gammas)
         if len(self.blocks) < 2:
             raise ValueError("a BDIA stack needs at least 2 blocks")
+        if online and (level is None or not set(self.gammas) <= set(B.GAMMAS)):
+            raise ValueError(f"online back-propagation needs exact reversibility: a level l and γ ∈ {B.GAMMAS} "
+                             f"(got l={level}, γ ∈ {self.gammas}); use online=False for this ablation")
 
     def forward(self, x: torch.Tensor, seed: int | None = None) -> torch.Tensor:
+        if self.level is None:
+            return self._plain(x, seed)
         if not self.training:
             x = B.quantize(x, self.level)
             x = B.first_step(x, self.blocks[0](x), self.level)
@@ -279,5 +288,19 @@ class BDIAStack(torch.nn.Module):
         return BDIAStackFunction.apply(x, list(self.blocks), seed, self.level, self.preserve_rng, triton_path,
                                        *params)
 
+    def _plain(self, x, seed):
+        """Eqs. 6 and 10 (training, γ from ``self.gammas``) or eq. 11 (eval), through ordinary autograd."""
+        prev, x = x, x + self.blocks[0](x)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()).item())
+        gam = B.draw_gammas(seed, len(self.blocks), x.shape[0], self.gammas).to(x.dtype)
+        for k in range(1, len(self.blocks)):
+            hx = self.blocks[k](x)
+            if self.training:
+                prev, x = x, B.plain_step(prev, x, hx, B.per_sample(gam[k - 1], x))
+            else:
+                x = x + hx
+        return x
+
     def extra_repr(self) -> str:
-        return f"K={len(self.blocks)}, l={self.level}, online={self.online}"
+        return f"K={len(self.blocks)}, l={self.level}, online={self.online}, γ ∈ {self.gammas}"

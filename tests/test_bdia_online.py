@@ -116,3 +116,28 @@ def test_kernels_handle_empty_and_noncontiguous():
     gam = B.draw_gammas(0, 2, 10)[0]
     o, b = K.step_triton(x, x, x, gam, 9)
     assert torch.equal(o, K.step_torch(x.contiguous(), x.contiguous(), x.contiguous(), gam, 9)[0].view(10, 6))
+
+
+def test_unquantised_ablation_with_table3_gammas():
+    torch.manual_seed(0)
+    mods = [torch.nn.Linear(4, 4) for _ in range(3)]
+    x = torch.randn(5, 4)
+    with pytest.raises(ValueError, match="online=False"):
+        K.BDIAStack(mods, level=None)
+    with pytest.raises(ValueError, match="online=False"):
+        K.BDIAStack(mods, level=9, gammas=(0.25, -0.25))
+    st_ = K.BDIAStack(mods, level=None, online=False, gammas=(0.25, -0.25))
+    y = st_(x, seed=3)
+    gam = B.draw_gammas(3, 3, 5, (0.25, -0.25)).view(2, 5, 1).float()
+    x1 = x + mods[0](x)
+    x2 = gam[0] * x + (1 - gam[0]) * x1 + (1 + gam[0]) * mods[1](x1)  # eq. 10
+    x3 = gam[1] * x1 + (1 - gam[1]) * x2 + (1 + gam[1]) * mods[2](x2)
+    assert torch.allclose(y, x3, atol=1e-6)
+    y.sum().backward()
+    assert all(p.grad is not None for p in st_.parameters())
+    st_.eval()
+    with torch.no_grad():
+        z = x
+        for m in mods:
+            z = z + m(z)  # eq. 11
+        assert torch.allclose(st_(x), z)
