@@ -59,20 +59,35 @@ def draw_gammas(seed: int, blocks: int, batch: int, values: tuple[float, ...] = 
 
 
 def side_bits(x_prev: torch.Tensor, level: int) -> torch.Tensor:
-    """s = 1 where x_{k−1}/2^{-l} is odd (eq. 20), as bool."""
-    return torch.remainder(torch.round(x_prev * 2.0**level), 2) == 1
+    """s = 1 where x_{k−1}/2^{-l} is odd (eq. 20), as bool (no gradient flows through it)."""
+    return torch.remainder(torch.round(x_prev.detach() * 2.0**level), 2) == 1
 
 
 def check_gamma(gamma) -> None:
     """γ must be ±0.5 (a float, or a per-sample tensor broadcastable against the activations)."""
-    ok = torch.all((torch.as_tensor(gamma) == 0.5) | (torch.as_tensor(gamma) == -0.5))
-    if not ok:
+    g = torch.as_tensor(gamma)
+    if not torch.all((g == 0.5) | (g == -0.5)):
         raise ValueError(f"exact BDIA needs γ ∈ {GAMMAS} (a power of two, Remark 4.5), got {gamma}")
 
 
 def per_sample(gamma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A length-B γ vector shaped [B, 1, …, 1] in ``like``'s dtype and device, for broadcasting."""
     return gamma.to(like.device, like.dtype).view(-1, *([1] * (like.dim() - 1)))
+
+
+def gamma_term(x_prev, s, gamma, level: int):
+    """The term of eq. 21 that reads x_{k−1}: Q_l[γ(x_{k−1} + s·2^{-l})] (exact by Prop. 4.3)."""
+    return quantize(gamma * (x_prev + s * 2.0**-level), level)
+
+
+def _mix(x, hx, gamma):
+    """(1−γ)x_k + (1+γ)h_k(x_k): the part of eqs. 10, 21 and 24 that reads x_k."""
+    return (1 - gamma) * x + (1 + gamma) * hx
+
+
+def rest_term(x, hx, gamma, level: int):
+    """The term of eq. 21 that reads x_k: Q_l[(1−γ)x_k + (1+γ)h_k(x_k)]."""
+    return quantize(_mix(x, hx, gamma), level)
 
 
 def first_step(x0, hx0, level: int):
@@ -109,14 +124,14 @@ def step_fixed(X_prev, X, hx, gamma, level: int):
     check_gamma(gamma)
     s = X_prev.remainder(2)
     half = torch.div(X_prev + s, 2, rounding_mode="floor")
-    X_next = _sign(gamma) * half + to_fixed((1 - gamma) * from_fixed(X, level, hx.dtype) + (1 + gamma) * hx, level)
+    X_next = _sign(gamma) * half + to_fixed(_mix(from_fixed(X, level, hx.dtype), hx, gamma), level)
     return X_next, s.bool()
 
 
 def inverse_fixed(X, X_next, hx, s, gamma, level: int):
     """Eq. 24 on integer grid indices: X_{k−1} = (X_{k+1} − round(2^l(…)))/γ − s, exact in int64."""
     check_gamma(gamma)
-    rest = X_next - to_fixed((1 - gamma) * from_fixed(X, level, hx.dtype) + (1 + gamma) * hx, level)
+    rest = X_next - to_fixed(_mix(from_fixed(X, level, hx.dtype), hx, gamma), level)
     return 2 * _sign(gamma) * rest - s.to(torch.int64)
 
 
@@ -126,7 +141,7 @@ def step(x_prev, x, hx, gamma, level: int, block: int = 0):
     for v in (x_prev, x):
         check_representable(v, level, block)
     s = side_bits(x_prev, level)
-    x_next = quantize(gamma * (x_prev + s * 2.0**-level), level) + quantize((1 - gamma) * x + (1 + gamma) * hx, level)
+    x_next = gamma_term(x_prev, s, gamma, level) + rest_term(x, hx, gamma, level)
     check_representable(x_next, level, block)
     return x_next, s
 
@@ -136,7 +151,7 @@ def inverse(x, x_next, hx, s, gamma, level: int, block: int = 0):
     check_gamma(gamma)
     for v in (x, x_next):
         check_representable(v, level, block)
-    return (x_next - quantize((1 - gamma) * x + (1 + gamma) * hx, level)) / gamma - s * 2.0**-level
+    return (x_next - rest_term(x, hx, gamma, level)) / gamma - s * 2.0**-level
 
 
 def plain_step(x_prev, x, hx, gamma: float):
@@ -147,3 +162,26 @@ def plain_step(x_prev, x, hx, gamma: float):
 def plain_inverse(x, x_next, hx, gamma: float):
     """Eq. 16: x_{k−1} = x_{k+1}/γ − (1−γ)/γ·x_k − (1+γ)/γ·h_k(x_k) (errors are amplified by 1/|γ| = 2)."""
     return x_next / gamma - (1 - gamma) / gamma * x - (1 + gamma) / gamma * hx
+
+
+def run(branches, x, gammas: torch.Tensor, level: int | None = None):
+    """The whole forward: states x_0…x_K and side bits s_0…s_{K−2}, through autograd when it is on.
+
+    ``level=l``: eqs. 18–21 (every step checked against the exactness bound); ``level=None``: eqs. 6 and 10.
+    ``gammas``: [K−1, B], one γ per sample per block (row k−1 for block k), e.g. from :func:`draw_gammas`.
+    """
+    if level is None:
+        xs = [x, x + branches[0](x)]
+    else:
+        x0 = quantize(x, level)
+        xs = [x0, first_step(x0, branches[0](x0), level)]
+    sides = []
+    for k in range(1, len(branches)):
+        g, hx = per_sample(gammas[k - 1], x), branches[k](xs[k])
+        if level is None:
+            xs.append(plain_step(xs[k - 1], xs[k], hx, g))
+        else:
+            x_next, s = step(xs[k - 1], xs[k], hx, g, level, k)
+            xs.append(x_next)
+            sides.append(s)
+    return xs, sides

@@ -143,15 +143,24 @@ def save(t: dict, path: str | Path) -> Path:
     return path
 
 
-def load(path: str | Path) -> dict:
-    """Read and validate one table (a path, or ``family/name`` inside the packaged data)."""
+def resolve(path: str | Path, family: str | None = None) -> Path:
+    """The file of a table: an existing path, or ``family/name`` (or just ``name`` when ``family`` is given)
+    inside the packaged data; ``.json`` may be left out."""
     p = Path(path)
     if not p.exists() and not p.is_absolute():
-        candidate = data_dir() / (str(path) if str(path).endswith(".json") else f"{path}.json")
-        if candidate.exists():
-            p = candidate
+        name = str(path) if str(path).endswith(".json") else f"{path}.json"
+        if family is not None and "/" not in name:
+            name = f"{family.replace('-', '_')}/{name}"
+        if (data_dir() / name).exists():
+            p = data_dir() / name
     if not p.exists():
         raise FileNotFoundError(f"no coefficient table at {path!s} (packaged tables live in {data_dir()})")
+    return p
+
+
+def load(path: str | Path) -> dict:
+    """Read and validate one table (a path, or ``family/name`` inside the packaged data)."""
+    p = resolve(path)
     try:
         t = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:

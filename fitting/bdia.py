@@ -49,29 +49,17 @@ def reconstruction_errors(K: int, dtype=torch.float32, level: int | None = None,
     """
     hs = [h.to(dtype) for h in random_branches(K, d, seed)]
     gam = B.draw_gammas(seed, K, batch).to(dtype)
-    x0 = _inputs(batch, d, seed, dtype)
-    if level is not None:
-        x0 = B.quantize(x0, level)
-    xs = [x0, B.first_step(x0, hs[0](x0), level) if level is not None else x0 + hs[0](x0)]
-    sides = []
-    for k in range(1, K):
-        g = B.per_sample(gam[k - 1], x0)
-        if level is None:
-            xs.append(B.plain_step(xs[k - 1], xs[k], hs[k](xs[k]), g))
-        else:
-            nxt, s = B.step(xs[k - 1], xs[k], hs[k](xs[k]), g, level, k)
-            xs.append(nxt)
-            sides.append(s)
-    errs = [0.0] * (K + 1)
+    xs, sides = B.run(hs, _inputs(batch, d, seed, dtype), gam, level)
+    errs = [0.0] * (K - 1)
     a, b = xs[-2], xs[-1]
     for k in range(K - 1, 0, -1):
-        g = B.per_sample(gam[k - 1], x0)
+        g = B.per_sample(gam[k - 1], a)
         prev = (B.plain_inverse(a, b, hs[k](a), g) if level is None
                 else B.inverse(a, b, hs[k](a), sides[k - 1], g, level, k))
         e = float((prev.double() - xs[k - 1].double()).abs().max())
         errs[k - 1] = e if math.isfinite(e) else math.inf
         a, b = prev, a
-    return errs[:K - 1]
+    return errs
 
 
 @torch.no_grad()
@@ -81,16 +69,8 @@ def forward_quantisation(K: int, level: int, dtype=torch.float64, d: int = 64, b
     hs = [h.to(dtype) for h in random_branches(K, d, seed)]
     gam = B.draw_gammas(seed, K, batch).to(dtype)
     x = _inputs(batch, d, seed, dtype)
-    p = [x, x + hs[0](x)]
-    q = [B.quantize(x, level)]
-    q.append(B.first_step(q[0], hs[0](q[0]), level))
-    out = [float((q[1] - p[1]).norm() / p[1].norm())]
-    for k in range(1, K):
-        g = B.per_sample(gam[k - 1], x)
-        p.append(B.plain_step(p[k - 1], p[k], hs[k](p[k]), g))
-        q.append(B.step(q[k - 1], q[k], hs[k](q[k]), g, level, k)[0])
-        out.append(float((q[k + 1] - p[k + 1]).norm() / p[k + 1].norm()))
-    return out
+    plain, quantised = B.run(hs, x, gam)[0], B.run(hs, x, gam, level)[0]
+    return [float((q - p).norm() / p.norm()) for p, q in zip(plain[1:], quantised[1:], strict=True)]
 
 
 def memory_per_block(K: int = 12, d: int = 256, tokens: int = 1024, dtype=torch.float32, level: int = 9) -> dict:

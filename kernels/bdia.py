@@ -134,34 +134,9 @@ def inverse_torch(x, x_next, hx, bits, gamma: torch.Tensor, level: int, block: i
     return B.inverse(x, x_next, hx, s, B.per_sample(gamma, x), level, block)
 
 
-# -- the forward shared by ordinary autograd and the online Function ---------------------------
-def _gamma_step(x_prev, s, gamma, level):
-    """The term of eq. 21 that reads x_{k−1}: Q_l[γ(x_{k−1} + s·2^{-l})]."""
-    return B.quantize(B.per_sample(gamma, x_prev) * (x_prev + s * 2.0**-level), level)
-
-
-def _rest_step(x, hx, gamma, level):
-    """The term of eq. 21 that reads x_k: Q_l[(1−γ)x_k + (1+γ)h_k(x_k)]."""
-    g = B.per_sample(gamma, x)
-    return B.quantize((1 - g) * x + (1 + g) * hx, level)
-
-
-def _check(v, level, block):
-    B.check_representable(v.detach(), level, block)
-
-
 def bdia_reference(blocks, x, gammas: torch.Tensor, level: int) -> torch.Tensor:
     """Eqs. 18–21 through ordinary autograd (every activation kept): the oracle for online back-propagation."""
-    xs = [B.quantize(x, level)]
-    xs.append(B.first_step(xs[0], blocks[0](xs[0]), level))
-    for k in range(1, len(blocks)):
-        _check(xs[k - 1], level, k)
-        _check(xs[k], level, k)
-        s = B.side_bits(xs[k - 1].detach(), level).to(x.dtype)
-        hx = blocks[k](xs[k])
-        xs.append(_gamma_step(xs[k - 1], s, gammas[k - 1], level) + _rest_step(xs[k], hx, gammas[k - 1], level))
-        _check(xs[k + 1], level, k)
-    return xs[-1]
+    return B.run(blocks, x, gammas, level)[0][-1]
 
 
 def _rng_state(device: torch.device) -> torch.Tensor:
@@ -198,7 +173,6 @@ class BDIAStackFunction(torch.autograd.Function):
             bits.append(b)
             prev, cur = cur, nxt
         ctx.blocks, ctx.seed, ctx.level, ctx.use_triton = blocks, seed, level, use_triton
-        ctx.has_states = preserve_rng
         ctx.save_for_backward(prev, cur, *bits, *(states if preserve_rng else []))
         return cur
 
@@ -208,38 +182,39 @@ class BDIAStackFunction(torch.autograd.Function):
         saved = [t.detach() for t in ctx.saved_tensors]  # x_K is the output: cut it from this graph
         x_prev_top, x_top = saved[0], saved[1]
         bits = saved[2:K + 1]
-        states = saved[K + 1:] if ctx.has_states else [None] * K
+        states = saved[K + 1:] or [None] * K
         gammas = B.draw_gammas(ctx.seed, K, x_top.shape[0]).to(x_top.dtype)
-        inverse = inverse_triton if ctx.use_triton else inverse_torch
         device = x_top.device
         params = [list(b.parameters()) for b in blocks]
         param_grads: list = [None] * K
         a_next2 = None  # dL/dx_{k+2}
         a_next = grad  # dL/dx_{k+1}
         x_next, x = x_top, x_prev_top
+        s_k = None  # side bits of x_k (unpacked once, at the block that reconstructs x_k)
         with torch.enable_grad():
             for k in range(K - 1, -1, -1):
                 xk = x.detach().requires_grad_(True)
                 hx = _replay(blocks[k], xk, states[k], device)
                 if k >= 1:
+                    g = B.per_sample(gammas[k - 1], x)
                     s_prev = unpack(bits[k - 1], 1, x.numel()).view(x.shape).to(x.dtype)
-                    x_prev = inverse(x, x_next, hx.detach(), bits[k - 1], gammas[k - 1], level, k)
-                    local = _gamma_step(x_prev, s_prev, gammas[k - 1], level) + _rest_step(xk, hx, gammas[k - 1], level)
+                    x_prev = (inverse_triton(x, x_next, hx.detach(), bits[k - 1], gammas[k - 1], level, k)
+                              if ctx.use_triton else B.inverse(x, x_next, hx.detach(), s_prev, g, level, k))
+                    local = B.gamma_term(x_prev, s_prev, g, level) + B.rest_term(xk, hx, g, level)
                 else:
-                    x_prev = None
+                    x_prev = s_prev = None
                     local = B.first_step(xk, hx, level)
                 if not torch.equal(local.detach(), x_next):
                     raise RuntimeError(f"BDIA block {k}: recomputed x_{k + 1} differs from the forward's; h_{k} is "
                                        "not deterministic (RNG not replayed, or a nondeterministic kernel)")
                 outs, gouts = [local], [a_next]
                 if k + 1 <= K - 1:  # block k+1 also reads x_k through its γ-term
-                    s_k = unpack(bits[k], 1, x.numel()).view(x.shape).to(x.dtype)
-                    outs.append(_gamma_step(xk, s_k, gammas[k], level))
+                    outs.append(B.gamma_term(xk, s_k, B.per_sample(gammas[k], x), level))
                     gouts.append(a_next2)
                 got = torch.autograd.grad(outs, [xk, *params[k]], gouts, allow_unused=True)
                 param_grads[k] = got[1:]
                 a_next2, a_next = a_next, got[0]
-                x_next, x = x, x_prev
+                x_next, x, s_k = x, x_prev, s_prev
         flat = [g for pg in param_grads for g in pg]
         return (a_next, None, None, None, None, None, *flat)
 
@@ -290,17 +265,13 @@ class BDIAStack(torch.nn.Module):
 
     def _plain(self, x, seed):
         """Eqs. 6 and 10 (training, γ from ``self.gammas``) or eq. 11 (eval), through ordinary autograd."""
-        prev, x = x, x + self.blocks[0](x)
+        if not self.training:
+            for blk in self.blocks:
+                x = x + blk(x)
+            return x
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
-        gam = B.draw_gammas(seed, len(self.blocks), x.shape[0], self.gammas).to(x.dtype)
-        for k in range(1, len(self.blocks)):
-            hx = self.blocks[k](x)
-            if self.training:
-                prev, x = x, B.plain_step(prev, x, hx, B.per_sample(gam[k - 1], x))
-            else:
-                x = x + hx
-        return x
+        return B.run(self.blocks, x, B.draw_gammas(seed, len(self.blocks), x.shape[0], self.gammas).to(x.dtype))[0][-1]
 
     def extra_repr(self) -> str:
         return f"K={len(self.blocks)}, l={self.level}, online={self.online}, γ ∈ {self.gammas}"

@@ -202,13 +202,14 @@ def storage_bits(bits: int) -> int:
     return next(w for w in (1, 2, 4, 8) if w >= bits)
 
 
-def module_name(table_path: Path) -> str:
-    family = "invact" if Path(table_path).parent.name == "invact" else "relu_sum"
+def module_name(table_path: Path, family: str | None = None) -> str:
+    """``<family>_<stem>`` as a Python name (``family`` is read from the table when not given)."""
+    family = family or T.load(table_path)["family"]
     return re.sub(r"\W", "_", f"{family}_{Path(table_path).stem}")
 
 
-def render_relu_sum(table_path: Path) -> str:
-    t = T.load(table_path)
+def render_relu_sum(table_path: Path, t: dict | None = None) -> str:
+    t = t or T.load(table_path)
     if t["family"] != "relu-sum":
         raise ValueError(f"{table_path}: export handles relu-sum tables, got family {t['family']!r}")
     act = get_activation(t["expression"])
@@ -300,8 +301,10 @@ def _jit_body(branch: dict) -> str:
     return "\n".join([*lines, f"    return {code(form.expression)}"])
 
 
-def render_invact(table_path: Path) -> str:
-    t = T.load(table_path)
+def render_invact(table_path: Path, t: dict | None = None) -> str:
+    t = t or T.load(table_path)
+    if t["family"] != "invact":
+        raise ValueError(f"{table_path}: expected an invact table, got family {t['family']!r}")
     act = get_activation(t["expression"])
     return INVACT_TEMPLATE.format(
         table=_relative(table_path), sha=T.sha256(table_path), activation=t["activation"], form=t["form"],
@@ -316,10 +319,10 @@ def _relative(table_path: Path) -> str:
         return Path(table_path).name
 
 
-def render(table_path: Path) -> str:
+def render(table_path: Path, t: dict | None = None) -> str:
     """The Triton module of any table (relu-sum or invact)."""
-    family = T.load(table_path)["family"]
-    return render_relu_sum(table_path) if family == "relu-sum" else render_invact(table_path)
+    t = t or T.load(table_path)
+    return (render_relu_sum if t["family"] == "relu-sum" else render_invact)(table_path, t)
 
 
 def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> list[Path]:
@@ -328,7 +331,8 @@ def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> lis
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for p in tables or T.table_paths("relu-sum") + T.table_paths("invact"):
-        target = out_dir / f"{module_name(p)}.py"
-        target.write_text(render(Path(p)), encoding="utf-8")
+        t = T.load(p)
+        target = out_dir / f"{module_name(p, t['family'])}.py"
+        target.write_text(render(Path(p), t), encoding="utf-8")
         written.append(target)
     return written

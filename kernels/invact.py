@@ -9,7 +9,6 @@ CUDA tensors (or ``use_triton=True``, e.g. on the CPU under ``TRITON_INTERPRET=1
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 import triton
@@ -26,9 +25,7 @@ class InvActSpec:
     """Constants and the two branch approximations of one invact table."""
 
     def __init__(self, table: str):
-        path = Path(table)
-        if not path.exists():
-            path = T.data_dir() / "invact" / f"{str(table).removesuffix('.json').removeprefix('invact/')}.json"
+        path = T.resolve(table, "invact")
         t = T.load(path)
         self.path = path
         if t["family"] != "invact":

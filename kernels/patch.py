@@ -116,9 +116,10 @@ class _ReadWatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         for t in pytree.tree_leaves((args, kwargs or {})):
-            if not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() not in self.owner:
+            name = self.owner.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
+            if name is None:
                 continue
-            linear, other = self.found[self.owner[t.untyped_storage().data_ptr()]]
+            linear, other = self.found[name]
             if self.inside is not None:
                 if self.inside not in linear:
                     linear.append(self.inside)

@@ -45,11 +45,7 @@ class ReLUSumSpec:
     """Everything one table needs at run time: knots, levels, the activation and its generated kernels."""
 
     def __init__(self, table: str | Path):
-        path = Path(table)
-        if not path.exists():
-            stem = str(table).removesuffix(".json")
-            path = T.data_dir() / (stem if "/" in stem else f"relu_sum/{stem}")
-            path = path.with_suffix(".json")
+        path = T.resolve(table, "relu-sum")
         t = T.load(path)
         if t["family"] != "relu-sum":
             raise ValueError(f"{path}: expected a relu-sum table, got {t['family']!r}")
@@ -113,7 +109,7 @@ def _load_module(table_path: str):
     """Import the generated module for a table (packaged, or generated next to a user's table)."""
     name = module_name(Path(table_path))
     packaged = GENERATED / f"{name}.py"
-    if packaged.exists():
+    if packaged.exists() and Path(table_path).resolve().is_relative_to(T.data_dir().resolve()):
         mod = importlib.import_module(f"approxbp.kernels.generated.{name}")
     else:
         from .codegen import export
