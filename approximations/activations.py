@@ -6,7 +6,6 @@ sympy (``diff`` + ``lambdify``); nothing is written twice by hand.
 
 from __future__ import annotations
 
-import ast
 import functools
 import math
 from dataclasses import dataclass, field
@@ -16,7 +15,8 @@ import mpmath
 import numpy as np
 import scipy.special
 import sympy as sp
-from sympy.core.function import AppliedUndef
+
+from .expressions import parse as parse_expression
 
 x = sp.Symbol("x", real=True)
 
@@ -95,29 +95,34 @@ def _merge_exp_sigmoid(m: sp.Mul) -> sp.Expr:
 
 
 
+@functools.lru_cache(maxsize=256)
 def _parse(text: str) -> sp.Expr:
-    """Parse ``text`` into a sympy expression in x, failing with the position of the problem."""
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as err:
-        col = (err.offset or 1) - 1
-        raise ValueError(
-            f"cannot parse activation expression {text!r}: {err.msg} at column {col + 1}\n"
-            f"    {text.strip()}\n    {' ' * col}^"
-        ) from None
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    unknown = sorted(names - set(_ALLOWED_FUNCTIONS))
-    if unknown:
-        raise ValueError(
-            f"activation expression {text!r} uses unknown name(s) {unknown}; expressions are in the "
-            f"single variable x and may use {sorted(k for k in _ALLOWED_FUNCTIONS if k != 'x')}"
-        )
-    expr = sp.sympify(text.strip(), locals=dict(_ALLOWED_FUNCTIONS), rational=True)  # exact constants
-    if not isinstance(expr, sp.Expr) or expr.atoms(AppliedUndef):
-        raise ValueError(f"activation expression {text!r} is not a function of x")
+    """Parse ``text`` into a sympy expression in x with the restricted grammar (never evaluated), failing with
+    the position or the construct at fault; refuse non-smooth functions and singular expressions."""
+    expr = parse_expression(text, _ALLOWED_FUNCTIONS, "activation expression")
+    rough = sorted({type(a).__name__ for a in expr.atoms(sp.Abs, sp.Max, sp.Min)})
+    if rough:
+        raise ValueError(f"activation expression {text!r} is not smooth ({', '.join(rough)}): the "
+                         "fits need h′ and h″ everywhere; write a smooth activation")
     if expr.free_symbols - {x}:
         raise ValueError(f"activation expression {text!r} has symbols other than x: {expr.free_symbols - {x}}")
+    if x not in expr.free_symbols:
+        raise ValueError(f"activation expression {text!r} is not a function of x")
+    _check_finite(text, expr)
     return expr
+
+
+def _check_finite(text: str, expr: sp.Expr) -> None:
+    """h and h′ must be finite on x ∈ [−30, 30] (catches 1/x, log(x), x/(x−1), …)."""
+    grid = np.linspace(-30.0, 30.0, 6001)
+    for order in (0, 1):
+        e = stable_form(sp.diff(expr, x, order) if order else expr)
+        with np.errstate(all="ignore"):
+            v = np.broadcast_to(sp.lambdify(x, e, modules=numpy_namespace())(grid), grid.shape)
+        bad = ~np.isfinite(v)
+        if bad.any():
+            raise ValueError(f"activation expression {text!r} is singular: h{chr(0x2032) * order}(x) is not finite "
+                             f"at x = {grid[bad][0]:g}")
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,14 @@ import numpy as np
 import sympy as sp
 
 from .activations import Phi, _softplus, numpy_namespace, sigmoid, stable_form, torch_namespace
+from .expressions import parse as parse_expression
 from .invact import InvertedActivation, check_branch
 
 y = sp.Symbol("y", real=True)
 RIGHT_SPAN = 10.0
+#: Functions a stored form may call (what sympy's ``str`` of our forms contains).
+FORM_FUNCTIONS = {"Phi": Phi, "sigmoid": sigmoid, "softplus": _softplus, "pi": sp.pi, "E": sp.E,
+                  **{n: getattr(sp, n) for n in ("sqrt", "exp", "log", "erf", "erfc", "tanh", "Abs", "Max", "Min")}}
 NEWTON_EPS = 1e-5
 GRID = 20001
 
@@ -36,11 +40,19 @@ class Form:
 
     @classmethod
     def parse(cls, text: str, coefficients: dict[str, float] | None = None, assignments=()) -> Form:
-        names = {"y": y, "Phi": Phi, "sigmoid": sigmoid, "softplus": _softplus,
-                 **{k: sp.Symbol(k) for k in (coefficients or {})},  # 'beta', 'gamma' are names, not functions
-                 **{n: sp.Symbol(n) for n, _ in assignments}}
-        parse = lambda t: sp.sympify(t, locals=names, rational=True)  # noqa: E731
-        return cls(parse(text), dict(coefficients or {}), tuple((n, parse(e)) for n, e in assignments))
+        """Parse a form with the restricted grammar (never evaluated): ``y``, the coefficient names, the names of
+        earlier assignments, numbers and the functions in :data:`FORM_FUNCTIONS`."""
+        coefficients = dict(coefficients or {})
+        known = {**FORM_FUNCTIONS, "y": y}
+        for name in [*coefficients, *(n for n, _ in assignments)]:
+            if not isinstance(name, str) or not name.isidentifier() or name in known:
+                raise ValueError(f"form name {name!r} must be a new identifier (not y or a function name)")
+        names = {**known, **{k: sp.Symbol(k) for k in coefficients}}  # 'beta', 'gamma' are names, not functions
+        parsed = []
+        for n, e in assignments:
+            parsed.append((n, parse_expression(e, names, f"assignment {n}")))
+            names[n] = sp.Symbol(n)
+        return cls(parse_expression(text, names, "form expression"), coefficients, tuple(parsed))
 
     @classmethod
     def from_table(cls, branch: dict) -> Form:

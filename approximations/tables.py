@@ -10,11 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .files import write_atomic
+from .relu_sum import MAX_BITS
 
 SCHEMA = "approxbp.table/1"
 FAMILIES = ("relu-sum", "invact")
@@ -22,6 +26,13 @@ SOURCES = ("fit", "paper")
 OBJECTIVES = ("primitive", "derivative")
 #: |Σw − 1| and |Σw·c| allowed in a fitted relu-sum table.
 CONSTRAINT_TOL = 1e-12
+#: The same for a ``source: paper`` table: the papers print 4–6 significant digits (Approx-BP App. E.2's
+#: ReGELU2-d coefficients give 7.9e-4).
+PAPER_CONSTRAINT_TOL = 1e-3
+#: Fields that describe how and when a table was made, not what it is: left out of :func:`definition_sha256`.
+VOLATILE = ("created", "provenance")
+#: Names that end up in file names, module names and generated code.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.+\-]{1,64}")
 
 
 class TableError(ValueError):
@@ -69,6 +80,9 @@ def validate(t: Any, where: str = "<table>") -> dict:
         _fail(where, "family", f"unknown family {family!r}; known: {FAMILIES}")
     for f in ("activation", "expression", "created"):
         _need(t, f, str, where)
+    if not t["activation"].isprintable() or not 0 < len(t["activation"]) <= 200:
+        _fail(where, "activation", "must be 1–200 printable characters")
+    _check_expression(t, where)
     if _need(t, "source", str, where) not in SOURCES:
         _fail(where, "source", f"must be one of {SOURCES}")
     if t["source"] == "paper":
@@ -84,18 +98,63 @@ def validate(t: Any, where: str = "<table>") -> dict:
     return t
 
 
+def _check_expression(t: dict, where: str) -> None:
+    """The expression parses (restricted grammar, never evaluated) and is the function the name says."""
+    from .activations import REGISTRY, get_activation
+
+    try:
+        expr = get_activation(t["expression"]).expr
+    except ValueError as err:
+        _fail(where, "expression", str(err))
+    name = t["activation"]
+    named = REGISTRY.get(name)
+    if named is None and name != t["expression"]:
+        try:
+            named = get_activation(name).expression
+        except ValueError:
+            named = None  # a free-form label such as "my-mish": nothing to compare with
+    if named is not None and get_activation(named).expr != expr:
+        _fail(where, "expression", f"{t['expression']!r} is not the activation {name!r} ({named})")
+
+
 def _validate_invact(t: dict, where: str) -> None:
+    from .activations import get_activation
+    from .invact_forms import Form
+
+    form = _need(t, "form", str, where)
+    if not _SAFE_NAME.fullmatch(form):
+        _fail(where, "form", f"must match {_SAFE_NAME.pattern}, got {form!r}")
     for f in ("turning_point", "f_T"):
         v = _need(t, f, (int, float), where)
         if not math.isfinite(v):
             _fail(where, f, "must be finite")
+    act = get_activation(t["expression"])
+    T_, f_T = t["turning_point"], t["f_T"]
+    slope, value = float(act.df(T_)), float(act.f(T_))
+    if abs(slope) > 1e-9:
+        _fail(where, "turning_point", f"h′({T_!r}) = {slope:.3g}, not 0: not the minimiser of {t['expression']}")
+    if abs(value - f_T) > 1e-12 * max(1.0, abs(f_T)):
+        _fail(where, "f_T", f"records {f_T!r} but h(T) = {value!r}")
     for side in ("left", "right"):
         b = _need(t, side, dict, where)
         _need(b, "expression", str, f"{where} {side}")
         coeffs = _need(b, "coefficients", dict, f"{where} {side}")
-        if not all(isinstance(v, int | float) and math.isfinite(v) for v in coeffs.values()):
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in coeffs.values()):
             _fail(where, f"{side}.coefficients", "must map names to finite numbers")
-        _floats(b, "domain", f"{where} {side}", 2)
+        lo, hi = _floats(b, "domain", f"{where} {side}", 2)
+        if not lo < hi:
+            _fail(where, f"{side}.domain", f"must be [f(T), end] ascending, got {[lo, hi]}")
+        if abs(lo - f_T) > 1e-12 * max(1.0, abs(f_T)):
+            _fail(where, f"{side}.domain", f"must start at f(T) = {f_T!r}, got {lo!r}")
+        assignments = b.get("assignments", [])
+        if not isinstance(assignments, list) or not all(
+                isinstance(a, list) and len(a) == 2 and all(isinstance(e, str) for e in a) for a in assignments):
+            _fail(where, f"{side}.assignments", "must be a list of [name, expression] pairs")
+        try:
+            Form.from_table(b)
+        except ValueError as err:
+            _fail(where, f"{side}.expression", str(err))
     for m in ("linf_left", "l2_left", "linf_right", "l2_right"):
         v = _need(t["metrics"], m, (int, float), f"{where} metrics")
         if not (math.isfinite(v) and v >= 0):
@@ -104,8 +163,8 @@ def _validate_invact(t: dict, where: str) -> None:
 
 def _validate_relu_sum(t: dict, where: str) -> None:
     bits = _need(t, "bits", int, where)
-    if not 1 <= bits <= 8:
-        _fail(where, "bits", f"must be in 1..8, got {bits}")
+    if not 1 <= bits <= MAX_BITS:
+        _fail(where, "bits", f"must be in 1..{MAX_BITS}, got {bits}")
     n = 2**bits - 1
     if _need(t, "objective", str, where) not in OBJECTIVES:
         _fail(where, "objective", f"must be one of {OBJECTIVES}")
@@ -115,8 +174,10 @@ def _validate_relu_sum(t: dict, where: str) -> None:
     w = _floats(t, "weights", where, n)
     c = _floats(t, "knots", where, n)
     levels = _floats(t, "levels", where, n + 1)
-    if np.any(np.diff(c) < 0):
-        _fail(where, "knots", "must be ascending")
+    if np.any(np.diff(c) <= 0):
+        _fail(where, "knots", "must be strictly ascending (no repeated knots)")
+    if c[0] < a or c[-1] > b:
+        _fail(where, "knots", f"must lie inside the interval [{a!r}, {b!r}]")
     if np.max(np.abs(levels - np.concatenate([[0.0], np.cumsum(w)]))) > 1e-14:
         _fail(where, "levels", "do not equal the cumulative sums [0, w1, w1+w2, …] of the weights")
     loss = _need(t, "loss", (int, float), where)
@@ -126,8 +187,9 @@ def _validate_relu_sum(t: dict, where: str) -> None:
     actual = max(abs(w.sum() - 1.0), abs(float(np.dot(w, c))))
     if abs(res - actual) > 1e-15 + 1e-9 * actual:
         _fail(where, "constraint_residual", f"records {res!r} but the weights and knots give {actual!r}")
-    if t["source"] == "fit" and actual > CONSTRAINT_TOL:
-        _fail(where, "constraint_residual", f"{actual:.3g} > {CONSTRAINT_TOL:g}: Σw=1, Σw·c=0 must hold")
+    tol = CONSTRAINT_TOL if t["source"] == "fit" else PAPER_CONSTRAINT_TOL
+    if actual > tol:
+        _fail(where, "constraint_residual", f"{actual:.3g} > {tol:g}: Σw=1, Σw·c=0 must hold")
 
 
 def dumps(t: dict) -> str:
@@ -135,12 +197,26 @@ def dumps(t: dict) -> str:
     return json.dumps(t, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def save(t: dict, path: str | Path) -> Path:
+def definition_sha256(t: dict) -> str:
+    """sha256 of what a table *is* (coefficients, their definition, metrics), not when or how fast it was made:
+    the canonical JSON without :data:`VOLATILE` fields. Generated kernels record this hash."""
+    return hashlib.sha256(dumps({k: v for k, v in t.items() if k not in VOLATILE}).encode("utf-8")).hexdigest()
+
+
+def save(t: dict, path: str | Path, overwrite: bool = True) -> Path:
+    """Validate and write atomically. A file that already holds the same definition (it differs at most in
+    ``created``/``provenance``) is left untouched, so refitting an unchanged table changes no bytes."""
     path = Path(path)
     validate(t, str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps(t), encoding="utf-8")
-    return path
+    if path.is_file():
+        if not overwrite:
+            raise FileExistsError(f"{path} exists; pass --force (overwrite=True) to replace it")
+        try:
+            if definition_sha256(json.loads(path.read_text(encoding="utf-8"))) == definition_sha256(t):
+                return path
+        except (ValueError, OSError):
+            pass  # unreadable or invalid: replace it
+    return write_atomic(path, dumps(t), overwrite=overwrite)
 
 
 def resolve(path: str | Path, family: str | None = None) -> Path:

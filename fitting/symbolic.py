@@ -14,9 +14,14 @@ import shutil
 
 import numpy as np
 import sympy as sp
+from approxbp.approximations.expressions import parse as parse_expression
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import RIGHT_SPAN, Form, branch_grid, branch_metrics, y
 from scipy.optimize import least_squares
+
+#: What the SR engines print (pyoperon: infix with exp/log/sqrt; PySR: sympy-style names).
+SR_FUNCTIONS = {"exp": sp.exp, "log": sp.log, "sqrt": sp.sqrt, "abs": sp.Abs, "Abs": sp.Abs, "tanh": sp.tanh,
+                "square": lambda a: a**2, "pow": sp.Pow}
 
 BACKENDS = ("pyoperon", "pysr")
 
@@ -97,7 +102,11 @@ def fit_branch_sr(ia: InvertedActivation, branch: str, backend: str = "pyoperon"
     s_of_y = sp.sqrt((y - sp.Float(ia.f_T, 17)) / sp.Float(t_max, 17))
     front, best = [], None
     for text in raw:
-        expr = sp.sympify(re.sub(r"\bX1\b", "s", text), locals={"s": s_var})
+        try:
+            expr = parse_expression(re.sub(r"\bX1\b", "s", text), {**SR_FUNCTIONS, "s": s_var}, "SR expression",
+                                    exact=False)
+        except ValueError:
+            continue  # outside the grammar (never evaluated)
         template, coeffs = refit_constants(expr, s_var, s, g)
         form = Form(template.xreplace({s_var: s_of_y}), coeffs)
         try:

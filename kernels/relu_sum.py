@@ -118,7 +118,7 @@ def _load_module(table_path: str):
         spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-    if mod.TABLE_SHA256 != T.sha256(table_path):
+    if mod.TABLE_SHA256 != T.definition_sha256(T.load(table_path)):
         raise RuntimeError(f"{mod.__file__} was generated from another version of {table_path}; "
                            "run `approxbp export`")
     return mod

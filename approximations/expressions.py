@@ -1,0 +1,122 @@
+"""A restricted parser for expression strings that come from users and from table files.
+
+Expressions are never evaluated: the text is parsed with :mod:`ast` and only this grammar is turned into
+sympy objects, node by node::
+
+    expr := number | name | expr (+ - * / ** ^) expr | (+ -) expr | function(expr, …) | ( expr )
+
+``name`` must be one of the given symbols or constants, ``function`` one of the given functions. No
+attributes, subscripts, keywords, lambdas, strings, comparisons or containers. Decimal literals become exact
+rationals from their written digits (as ``sympify(…, rational=True)`` does), so a table's constants round-trip.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+
+import sympy as sp
+
+#: Longest accepted expression text (the largest committed table expression is far below this).
+MAX_LENGTH = 100_000
+#: Largest |exponent| of a number raised to a number (``10**10**10`` would not finish).
+MAX_NUMERIC_EXPONENT = 4096
+
+_BINARY = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.Pow: None,  # checked, see _power
+    ast.BitXor: None,  # x^2 means x**2, as sympify reads it
+}
+
+
+class ExpressionError(ValueError):
+    """An expression string outside the restricted grammar; the message names the text and the problem."""
+
+
+def _power(base: sp.Expr, exponent: sp.Expr, text: str, what: str) -> sp.Expr:
+    if base.is_Number and exponent.is_Number and abs(exponent) > MAX_NUMERIC_EXPONENT:
+        raise ExpressionError(f"{what} {text!r}: numeric power with exponent {exponent} is too large")
+    return base**exponent
+
+
+def _literal(node: ast.Constant, text: str, what: str, exact: bool) -> sp.Expr:
+    v = node.value
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ExpressionError(f"{what} {text!r}: only numbers are allowed as literals, got {v!r}")
+    if isinstance(v, int):
+        return sp.Integer(v)
+    digits = ast.get_source_segment(text, node) or repr(v)
+    digits = digits.replace("_", "")
+    return sp.Rational(digits) if exact else sp.Float(digits, max(15, len(digits)))
+
+
+def parse(text: str, names: dict[str, object], what: str = "expression", exact: bool = True) -> sp.Expr:
+    """Parse ``text`` into a sympy expression using only ``names`` (symbols, constants and functions).
+
+    Raises :class:`ExpressionError` (a ``ValueError``) with the column of a syntax error or the offending
+    construct; nothing in ``text`` is ever executed. ``exact=False`` keeps decimals as sympy Floats."""
+    if not isinstance(text, str):
+        raise ExpressionError(f"{what} must be a string, got {type(text).__name__}")
+    if len(text) > MAX_LENGTH:
+        raise ExpressionError(f"{what} is {len(text)} characters long; at most {MAX_LENGTH} are accepted")
+    return _parse_cached(text.strip(), tuple(sorted(names.items(), key=lambda kv: kv[0])), what, exact)
+
+
+@lru_cache(maxsize=4096)
+def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
+    table = dict(names)
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as err:
+        col = max((err.offset or 1) - 1, 0)
+        raise ExpressionError(f"cannot parse {what} {text!r}: {err.msg} at column {col + 1}\n"
+                              f"    {text}\n    {' ' * col}^") from None
+    except (RecursionError, MemoryError, ValueError) as err:
+        raise ExpressionError(f"cannot parse {what} {text[:80]!r}…: {type(err).__name__}") from None
+
+    unknown = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - set(table))
+    if unknown:
+        raise ExpressionError(f"{what} {text!r} uses unknown name(s) {unknown}; allowed: {', '.join(sorted(table))}")
+
+    def build(node: ast.AST) -> sp.Expr:
+        if isinstance(node, ast.Constant):
+            return _literal(node, text, what, exact)
+        if isinstance(node, ast.Name):
+            if not isinstance(table[node.id], sp.Basic):
+                raise ExpressionError(f"{what} {text!r}: {node.id!r} is a function; call it, e.g. {node.id}(x)")
+            return table[node.id]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            v = build(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            a, b = build(node.left), build(node.right)
+            fn = _BINARY[type(node.op)]
+            return _power(a, b, text, what) if fn is None else fn(a, b)
+        if isinstance(node, ast.Call):
+            fname = node.func.id if isinstance(node.func, ast.Name) else None
+            fn = table.get(fname) if fname else None
+            if fn is None or isinstance(fn, sp.Basic) or not callable(fn):
+                shown = ast.get_source_segment(text, node.func) or "?"
+                raise ExpressionError(f"{what} {text!r}: {shown!r} is not an allowed function; allowed: "
+                                      f"{', '.join(sorted(k for k, v in table.items() if not isinstance(v, sp.Basic)))}")
+            if node.keywords or any(isinstance(a, ast.Starred) for a in node.args) or not node.args:
+                raise ExpressionError(f"{what} {text!r}: {fname}(…) takes plain positional arguments")
+            return fn(*[build(a) for a in node.args])
+        shown = ast.get_source_segment(text, node) or type(node).__name__
+        raise ExpressionError(f"{what} {text!r}: {type(node).__name__} ({shown[:40]!r}) is not allowed; "
+                              "expressions use numbers, names, + − * / ** and function calls only")
+
+    try:
+        expr = build(tree.body)
+    except RecursionError:
+        raise ExpressionError(f"{what} {text[:80]!r}…: nested too deeply") from None
+    except (TypeError, AttributeError) as err:  # e.g. a function given the wrong number of arguments
+        raise ExpressionError(f"{what} {text!r}: {err}") from None
+    if not isinstance(expr, sp.Expr):
+        raise ExpressionError(f"{what} {text!r} is not an arithmetic expression")
+    if expr.has(sp.zoo, sp.nan, sp.oo, -sp.oo):
+        raise ExpressionError(f"{what} {text!r} is singular (it contains a division by zero or an infinity)")
+    return expr

@@ -1,0 +1,74 @@
+"""Atomic file writes: every table, generated module, result and figure goes through here.
+
+The bytes go to a temporary file in the target's folder, are flushed and fsynced, and the temporary file is
+moved into place with ``os.replace`` (or hard-linked, when overwriting is not allowed, so that two writers
+cannot both claim a new name). A crash, a full disk or a concurrent reader never sees a half-written file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+
+
+def check_writable(path: str | Path, overwrite: bool = False) -> Path:
+    """Fail early (before a long fit) if ``path`` cannot be written: a folder, an existing file without
+    ``overwrite``, or a folder we may not write into. Returns the path."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"output path {path} is a folder; give a file name")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass --force (overwrite=True) to replace it")
+    folder = path.parent if str(path.parent) else Path(".")
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write {path}: {existing} is not a writable folder")
+    return path
+
+
+def write_atomic(path: str | Path, data: str | bytes, overwrite: bool = True) -> Path:
+    """Write ``data`` (text is UTF-8) to ``path`` atomically; with ``overwrite=False`` an existing file is never
+    replaced (FileExistsError), even by a writer racing this one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails if path exists: no clobbering, even under a race
+            os.unlink(tmp)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_folder(path.parent)
+    return path
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_figure(fig, path: str | Path, **kwargs) -> Path:
+    """``fig.savefig`` through :func:`write_atomic` (the format follows the file suffix)."""
+    path = Path(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lstrip(".") or "png", **kwargs)
+    return write_atomic(path, buf.getvalue())
