@@ -100,8 +100,9 @@ def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
             fn = table.get(fname) if fname else None
             if fn is None or isinstance(fn, sp.Basic) or not callable(fn):
                 shown = ast.get_source_segment(text, node.func) or "?"
+                allowed = sorted(k for k, v in table.items() if not isinstance(v, sp.Basic))
                 raise ExpressionError(f"{what} {text!r}: {shown!r} is not an allowed function; allowed: "
-                                      f"{', '.join(sorted(k for k, v in table.items() if not isinstance(v, sp.Basic)))}")
+                                      f"{', '.join(allowed)}")
             if node.keywords or any(isinstance(a, ast.Starred) for a in node.args) or not node.args:
                 raise ExpressionError(f"{what} {text!r}: {fname}(…) takes plain positional arguments")
             return fn(*[build(a) for a in node.args])

@@ -15,16 +15,19 @@ from pathlib import Path
 
 def check_writable(path: str | Path, overwrite: bool = False) -> Path:
     """Fail early (before a long fit) if ``path`` cannot be written: a folder, an existing file without
-    ``overwrite``, or a folder we may not write into. Returns the path."""
+    ``overwrite``, or a folder that cannot be created or written into (tried for real). Returns the path."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"output path {path} is a folder; give a file name")
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass --force (overwrite=True) to replace it")
-    folder = path.parent if str(path.parent) else Path(".")
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise PermissionError(f"cannot write {path}: {existing} is not a writable folder")
+    try:  # the real test: create the folder and a temporary file in it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as err:
+        raise PermissionError(f"cannot write {path}: {err.strerror or err}") from None
     return path
 
 

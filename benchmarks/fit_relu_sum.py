@@ -14,6 +14,7 @@ import platform
 import time
 from pathlib import Path
 
+from approxbp.approximations.files import write_atomic
 from approxbp.fitting import fit_relu_sum
 from approxbp.fitting.reproduce import auto_method
 
@@ -42,7 +43,7 @@ def main() -> None:
               "cpu_count": os.cpu_count(), "python": platform.python_version(),
               "command": "python benchmarks/fit_relu_sum.py", "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 import torch
+from approxbp.approximations.files import write_atomic
 
 
 def _bench(fn) -> float:
@@ -160,7 +161,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"\W+", "_", device).strip("_").lower()
     path = args.out / f"gpu_kernels_{slug}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    write_atomic(path, json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
 

@@ -17,6 +17,7 @@ import json
 import platform
 from pathlib import Path
 
+from approxbp.approximations.files import write_atomic
 from approxbp.kernels.blocks import LlamaBlock, ViTBlock, saved_per_token_per_d
 
 
@@ -41,7 +42,7 @@ def main() -> None:
            "dtype": "bfloat16", "tokens": 197, "batch": 2, "machine": platform.machine(),
            "command": "python benchmarks/memory_blocks.py", "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    write_atomic(args.out, json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

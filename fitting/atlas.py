@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from approxbp.approximations import ReLUSum, get_activation
 from approxbp.approximations import tables as T
+from approxbp.approximations.files import save_figure, write_atomic
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import Form
 
@@ -94,11 +95,11 @@ def write_atlas(out: Path, activations=("gelu", "silu")) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     data = {a: atlas(a) for a in activations}
     paths = [out / "error_atlas.json"]
-    paths[0].write_text(json.dumps({"x_range": [-8, 8], "points": X.size, "rows": data}, indent=1) + "\n")
+    write_atomic(paths[0], json.dumps({"x_range": [-8, 8], "points": X.size, "rows": data}, indent=1) + "\n")
     for a, rows in data.items():
         fig = plot_atlas(a, rows)
         p = out / f"error_atlas_{a}.png"
-        fig.savefig(p, dpi=110)
+        save_figure(fig, p, dpi=110)
         plt.close(fig)
         paths.append(p)
     return paths

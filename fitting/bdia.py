@@ -14,6 +14,7 @@ import time
 
 import torch
 from approxbp.approximations import bdia as B
+from approxbp.approximations.files import save_figure, write_atomic
 
 
 # -- random residual branches ------------------------------------------------------------------
@@ -362,8 +363,8 @@ def write_analysis(out, blocks: int = 1000, levels=LEVELS, dtypes=(torch.float32
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     result = analyze(blocks, levels, dtypes, seed, progress)
-    (out / "bdia_analysis.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot_analysis(result).savefig(out / "bdia_analysis.png", dpi=110)
+    write_atomic(out / "bdia_analysis.json", json.dumps(result, indent=1) + "\n")
+    save_figure(plot_analysis(result), out / "bdia_analysis.png", dpi=110)
     return [out / "bdia_analysis.json", out / "bdia_analysis.png"]
 
 
@@ -383,6 +384,6 @@ def write_toy_gpt(out, results_json=None, progress: bool = True, **kwargs) -> li
     else:
         result = train_toy_gpt(progress=progress, **kwargs)
         written = [out / "bdia_toy_gpt.json"]
-        written[0].write_text(json.dumps(result) + "\n")
-    plot_toy_gpt(result).savefig(out / "bdia_toy_gpt.png", dpi=110)
+        write_atomic(written[0], json.dumps(result) + "\n")
+    save_figure(plot_toy_gpt(result), out / "bdia_toy_gpt.png", dpi=110)
     return [*written, out / "bdia_toy_gpt.png"]

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--method", choices=("auto", *METHODS), default="auto",
                     help="auto = anneal for k ≤ 4, polish above; every method ends in the certified polish")
     rs.add_argument("--out", type=Path, default=None, help="table path (default: print only)")
+    rs.add_argument("--force", action="store_true", help="with --out: replace an existing file")
     _add_common(rs)
 
     inv = fam.add_parser("invact", help="f'∘f⁻¹ for inverted activations (Inverted Activations §2)")
@@ -49,9 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
                      choices=("paper", "released", "refit-l2", "refit-linf", "newton", "sr"),
                      help="paper/released: published (gelu, silu); refit-*: their forms refitted; newton: ours; sr")
     inv.add_argument("--backend", choices=("pyoperon", "pysr"), default="pyoperon", help="with --form sr")
-    inv.add_argument("--sr-seconds", type=float, default=120.0, help="with --form sr: time per branch")
+    inv.add_argument("--sr-generations", type=int, default=150,
+                     help="with --form sr: generations per branch (a count, not a time, so the result is reproducible)")
     inv.add_argument("--seed", type=int, default=0)
-    inv.add_argument("--out", type=Path, default=None)
+    inv.add_argument("--out", type=Path, default=None, help="table path (default: print only)")
+    inv.add_argument("--force", action="store_true", help="with --out: replace an existing file")
 
     rep = sub.add_parser("reproduce", help="regenerate the papers' rows and print paper vs ours")
     rep.add_argument("--full", action="store_true", help="also regenerate every committed relu-sum table")
@@ -115,13 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args, argv)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
+    except (ValueError, TypeError, OSError, RuntimeError) as err:
         print(f"approxbp: error: {err}", file=sys.stderr)
         return 2
 
 
 def _dispatch(args, argv) -> int:
     from approxbp.approximations import tables as T
+    from approxbp.approximations.files import check_writable
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
     from approxbp.fitting.reproduce import (
         auto_method,
@@ -134,19 +138,21 @@ def _dispatch(args, argv) -> int:
     )
 
     progress = not getattr(args, "no_progress", False)
+    if args.command == "fit" and args.out is not None:  # fail now, not after a long fit
+        check_writable(args.out, overwrite=args.force)
     if args.command == "fit" and args.family == "relu-sum":
         method = auto_method(args.bits) if args.method == "auto" else args.method
         table = fit_relu_sum(args.activation, args.bits, args.objective, method=method, restarts=args.restarts,
                              seed=args.seed, workers=args.workers, progress=progress, command=cli_command(argv))
         print(_summary(table))
         if args.out:
-            print(f"  wrote       {T.save(table, args.out)}")
+            print(f"  wrote       {T.save(table, args.out, overwrite=args.force)}")
         return 0
     if args.command == "fit" and args.family == "invact":
         from approxbp.fitting.invact import fit_invact
 
         table = fit_invact(args.activation, args.form, seed=args.seed, backend=args.backend,
-                           sr_seconds=args.sr_seconds)
+                           sr_generations=args.sr_generations)
         m = table["metrics"]
         print(f"invact · {table['activation']} · form={table['form']} · T={table['turning_point']:.17g} "
               f"· f(T)={table['f_T']:.17g}")
@@ -154,7 +160,7 @@ def _dispatch(args, argv) -> int:
             print(f"  {side:<5} L∞ {m[f'linf_{side}']:.3e}  L2 {m[f'l2_{side}']:.3e}  "
                   f"{table[side]['operations']} operations  q = {table[side]['expression'][:70]}")
         if args.out:
-            print(f"  wrote {T.save(table, args.out)}")
+            print(f"  wrote {T.save(table, args.out, overwrite=args.force)}")
         return 0
     if args.command == "reproduce":
         t0 = time.perf_counter()
@@ -190,6 +196,7 @@ def _dispatch(args, argv) -> int:
         import matplotlib
 
         matplotlib.use("Agg")
+        from approxbp.approximations.files import save_figure
         from approxbp.fitting.atlas import write_atlas
         from approxbp.fitting.plots import plot_invact, plot_relu_sum
 
@@ -199,10 +206,10 @@ def _dispatch(args, argv) -> int:
             f = plot_relu_sum(T.load(f"relu_sum/{act}-k2-primitive"), T.load(f"relu_sum/{act}-k2-primitive-paper"),
                               x_range=(-6, 6) if act == "gelu" else (-10, 10))
             written.append(args.out / f"relu_sum_{act}_k2.png")
-            f.savefig(written[-1], dpi=110)
+            save_figure(f, written[-1], dpi=110)
             f = plot_invact(act)
             written.append(args.out / f"invact_{act}.png")
-            f.savefig(written[-1], dpi=110)
+            save_figure(f, written[-1], dpi=110)
         from approxbp.fitting import bdia
 
         written += bdia.write_analysis(args.out, progress=False)

@@ -15,7 +15,14 @@ from dataclasses import replace
 import numpy as np
 from approxbp.approximations import get_activation
 from approxbp.approximations.invact import InvertedActivation, check_branch
-from approxbp.approximations.invact_forms import Form, branch_grid, branch_metrics, newton_form, published_forms
+from approxbp.approximations.invact_forms import (
+    RIGHT_SPAN,
+    Form,
+    branch_grid,
+    branch_metrics,
+    newton_form,
+    published_forms,
+)
 from approxbp.approximations.tables import SCHEMA
 from scipy.optimize import least_squares
 
@@ -100,17 +107,35 @@ def invact_table(activation: str, left: Form, right: Form, form: str, source: st
     return t
 
 
+#: Largest |h′(y) − f′(f⁻¹(y))| allowed beyond the right domain, where the drop-ins use q = h′(y).
+TAIL_TOL = 1e-6
+
+
+def check_right_tail(ia: InvertedActivation) -> float:
+    """Measure the drop-ins' tail rule q = h′(y) for y > f(T) + RIGHT_SPAN (up to 1e6) against the exact g;
+    refuse the activation when it errs by more than :data:`TAIL_TOL`. Returns the error."""
+    y_max = ia.f_T + RIGHT_SPAN
+    yv = np.concatenate([np.linspace(y_max, y_max + 50.0, 2001), np.geomspace(y_max + 50.0, 1e6, 200)])
+    err = float(np.max(np.abs(ia.g(yv, "right") - ia.activation.df(yv))))
+    if not err <= TAIL_TOL:
+        raise ValueError(f"activation {ia.activation.name!r}: beyond y = {y_max:.6g} the inverted-activation "
+                         f"kernels use q = h′(y), which errs by {err:.3g} > {TAIL_TOL:g} here (f⁻¹(y) − y does "
+                         "not vanish fast enough); this family does not suit it")
+    return err
+
+
 NEWTON_DEFAULTS = {"left": (3, 2), "right": (4, 1)}  # (rational degree, Newton steps), chosen by measurement
 
 
 def fit_invact(activation: str = "gelu", form: str = "newton", seed: int = 0,
-               backend: str = "pyoperon", sr_seconds: float = 120.0, progress: bool = True) -> dict:
+               backend: str = "pyoperon", sr_generations: int = 150, progress: bool = True) -> dict:
     """Build a table for one activation and form (see the module docstring)."""
     t0 = time.perf_counter()
     act = get_activation(activation)
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     ia = InvertedActivation(act)
+    check_right_tail(ia)
     extra = None
     if form in ("paper", "released"):
         forms = published_forms(act.name, ia)
@@ -132,9 +157,10 @@ def fit_invact(activation: str = "gelu", form: str = "newton", seed: int = 0,
     else:
         from .symbolic import fit_branch_sr
 
-        left, lfront = fit_branch_sr(ia, "left", backend=backend, seed=seed, seconds=sr_seconds)
-        right, rfront = fit_branch_sr(ia, "right", backend=backend, seed=seed, seconds=sr_seconds)
-        prov = {"method": f"symbolic regression ({backend}), constants refitted in float64", "seed": seed}
+        left, lfront = fit_branch_sr(ia, "left", backend=backend, seed=seed, generations=sr_generations)
+        right, rfront = fit_branch_sr(ia, "right", backend=backend, seed=seed, generations=sr_generations)
+        prov = {"method": f"symbolic regression ({backend}, {sr_generations} generations), constants refitted "
+                          "in float64", "seed": seed}
         extra = {"pareto_left": lfront, "pareto_right": rfront}
     table = invact_table(act.name, left, right, form, provenance=prov, extra=extra)
     table["provenance"]["seconds"] = round(time.perf_counter() - t0, 2)

@@ -106,7 +106,7 @@ INVACT_FORMS = {"gelu": ("paper", "released", "refit-l2", "refit-linf", "newton"
                 "gelu_tanh": ("newton",), "quick_gelu": ("newton",), "mish": ("newton",)}
 
 
-def regenerate_invact(out: Path | None = None, seed: int = 0, sr_seconds: float = 120.0) -> list[Path]:
+def regenerate_invact(out: Path | None = None, seed: int = 0, sr_generations: int = 150) -> list[Path]:
     """Every committed invact table (published forms measured, refits, ours, and SR for GELU)."""
     from .invact import fit_invact
 
@@ -114,7 +114,7 @@ def regenerate_invact(out: Path | None = None, seed: int = 0, sr_seconds: float 
     paths = []
     for act, forms in INVACT_FORMS.items():
         for form in forms:
-            table = fit_invact(act, form, seed=seed, sr_seconds=sr_seconds)
+            table = fit_invact(act, form, seed=seed, sr_generations=sr_generations)
             table["provenance"]["command"] = f"approxbp fit invact --activation {act} --form {form} --seed {seed}"
             paths.append(T.save(table, root / "invact" / f"{act}-{form}.json"))
     return paths

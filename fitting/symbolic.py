@@ -52,22 +52,23 @@ def _samples(ia: InvertedActivation, branch: str, n: int = 1500):
     return np.sqrt(ia.t_of(yv) / t_max), ia.g(yv, branch), t_max
 
 
-def _pyoperon(s, g, seed: int, seconds: float) -> list[str]:
+def _pyoperon(s, g, seed: int, generations: int) -> list[str]:
+    """One thread and a generation budget (no wall-clock limit): the same seed gives the same front."""
     from pyoperon.sklearn import SymbolicRegressor
 
     reg = SymbolicRegressor(allowed_symbols="add,sub,mul,div,constant,variable,exp,log,sqrt",
-                            population_size=1000, generations=1000, max_length=40, objectives=["r2", "length"],
-                            n_threads=1, random_state=seed, max_time=int(seconds), optimizer_iterations=10)
+                            population_size=1000, generations=generations, max_length=40, objectives=["r2", "length"],
+                            n_threads=1, random_state=seed, max_time=10**9, optimizer_iterations=10)
     reg.fit(s[:, None], g)
     models = [reg.get_model_string(p["tree"], 17, ["s"]) for p in reg.pareto_front_]
     return [m.replace("^", "**") for m in models]
 
 
-def _pysr(s, g, seed: int, seconds: float) -> list[str]:  # pragma: no cover - needs Julia
+def _pysr(s, g, seed: int, generations: int) -> list[str]:  # pragma: no cover - needs Julia
     from pysr import PySRRegressor
 
     reg = PySRRegressor(binary_operators=["+", "-", "*", "/"], unary_operators=["exp", "log", "sqrt"],
-                        timeout_in_seconds=seconds, random_state=seed, deterministic=True, procs=0,
+                        niterations=generations, random_state=seed, deterministic=True, procs=0,
                         variable_names=["s"])
     reg.fit(s[:, None], g)
     return [str(e) for e in reg.equations_["sympy_format"]]
@@ -92,12 +93,12 @@ def refit_constants(expr: sp.Expr, s_var: sp.Symbol, s, g) -> tuple[sp.Expr, dic
 
 
 def fit_branch_sr(ia: InvertedActivation, branch: str, backend: str = "pyoperon", seed: int = 0,
-                  seconds: float = 120.0) -> tuple[Form, list[dict]]:
+                  generations: int = 150) -> tuple[Form, list[dict]]:
     """Run SR on one branch; return the most accurate refitted form and the Pareto front
     [{complexity, linf, l2, expression}] (expressions in y, constants substituted)."""
     check_backend(backend)
     s, g, t_max = _samples(ia, branch)
-    raw = (_pyoperon if backend == "pyoperon" else _pysr)(s, g, seed, seconds)
+    raw = (_pyoperon if backend == "pyoperon" else _pysr)(s, g, seed, generations)
     s_var = sp.Symbol("s")
     s_of_y = sp.sqrt((y - sp.Float(ia.f_T, 17)) / sp.Float(t_max, 17))
     front, best = [], None

@@ -162,8 +162,9 @@ def activation(x):
 
 
 @triton.jit
-def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
-    # each program packs BLOCK bytes = BLOCK·(8/STORAGE_BITS) elements, codes little-end-first
+def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
+    # each program packs BLOCK bytes = BLOCK·(8/STORAGE_BITS) elements, codes little-end-first, and writes one
+    # byte nan_ptr[program] = [its block holds a NaN] (the codes have no room for NaN)
     byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     lane = tl.arange(0, {per_byte})
     offs = byte[:, None] * {per_byte} + lane[None, :]
@@ -177,12 +178,14 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, n_elem, n_bytes, BLOCK: 
         c = tl.load(knots_ptr + probe - 1)
         code = tl.where(x <= c, code, probe)
     code = tl.where(inside, code, 0)  # padding lanes of the last byte hold code 0
+    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(inside & (x != x), 1, 0)).to(tl.uint8))
     shifted = (code << (lane[None, :] * {storage})).to(tl.int32)
     tl.store(packed_ptr + byte, tl.sum(shifted, axis=1).to(tl.uint8), mask=byte < n_bytes)
 
 
 @triton.jit
-def backward_kernel(grad_ptr, packed_ptr, levels_ptr, out_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
+def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
+    # BLOCK must be the forward's: program p reads the NaN byte its forward twin wrote
     byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     lane = tl.arange(0, {per_byte})
     offs = byte[:, None] * {per_byte} + lane[None, :]
@@ -191,7 +194,8 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, out_ptr, n_elem, n_bytes, 
     code = (packed[:, None] >> (lane[None, :] * {storage})) & {mask}
     level = tl.load(levels_ptr + code)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, (g * level).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    dx = tl.where(tl.load(nan_ptr + tl.program_id(0)) != 0, float("nan"), g * level)
+    tl.store(out_ptr + offs, dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
 '''
 
 
@@ -236,11 +240,18 @@ EXPRESSION = {expression!r}
 TURNING_POINT = {T!r}
 F_T = {f_T!r}
 LEFT_MAX = {left_max!r}
+RIGHT_MAX = {right_max!r}
 {helpers}
 
 @triton.jit
 def activation(x):
     return {source}
+
+
+@triton.jit
+def activation_grad(x):
+    # h′, used beyond the fitted right domain (y > RIGHT_MAX), where f⁻¹(y) = y to within h's tail
+    return {grad_source}
 
 
 @triton.jit
@@ -280,7 +291,9 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     y = tl.maximum(y, {f_T!r}, propagate_nan=tl.PropagateNan.ALL)  # rounding may put y below f(T)
-    q = tl.where(left, q_left(tl.minimum(y, {left_max!r}, propagate_nan=tl.PropagateNan.ALL)), q_right(y))
+    right = tl.where(y > {right_max!r}, activation_grad(y),
+                     q_right(tl.minimum(y, {right_max!r}, propagate_nan=tl.PropagateNan.ALL)))
+    q = tl.where(left, q_left(tl.minimum(y, {left_max!r}, propagate_nan=tl.PropagateNan.ALL)), right)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
@@ -311,7 +324,8 @@ def render_invact(table_path: Path, t: dict | None = None) -> str:
     return INVACT_TEMPLATE.format(
         docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t["activation"],
         expression=t["expression"], T=t["turning_point"], f_T=t["f_T"], left_max=t["left"]["domain"][1],
-        helpers=HELPERS, source=triton_source(act.expr), left=_jit_body(t["left"]), right=_jit_body(t["right"]))
+        right_max=t["right"]["domain"][1], helpers=HELPERS, source=triton_source(act.expr),
+        grad_source=triton_source(act.derivative_expr(1)), left=_jit_body(t["left"]), right=_jit_body(t["right"]))
 
 
 def _relative(table_path: Path) -> str:

@@ -4,6 +4,10 @@ packed 8 per byte little-end-first; backward returns dy · q_s(y) from an invact
 
 CUDA tensors (or ``use_triton=True``, e.g. on the CPU under ``TRITON_INTERPRET=1``) run the module that
 ``approxbp export`` generated from the table; other tensors run the pure-PyTorch twin below.
+
+Every finite input has a finite gradient: beyond the table's right domain (y > RIGHT_MAX = f(T) + 10) the
+backward uses q = h′(y), because f⁻¹(y) − y vanishes exponentially for the ReLU-like activations this family
+serves (``fit_invact`` refuses an activation where that tail rule errs by more than 1e-6). NaN in gives NaN out.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.invact_forms import Form
 
+from .guards import check_input
 from .relu_sum import _load_module, pack, unpack
 
 BLOCK_BYTES = 256
@@ -32,8 +37,9 @@ class InvActSpec:
             raise ValueError(f"{table}: expected an invact table, got {t['family']!r}")
         self.table = t
         self.T, self.f_T = t["turning_point"], t["f_T"]
-        self.left_max = t["left"]["domain"][1]
-        self._f = get_activation(t["expression"]).torch_fn(0)
+        self.left_max, self.right_max = t["left"]["domain"][1], t["right"]["domain"][1]
+        act = get_activation(t["expression"])
+        self._f, self._df = act.torch_fn(0), act.torch_fn(1)
         self._q = {side: Form.from_table(t[side]).torch_fn() for side in ("left", "right")}
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,7 +49,8 @@ class InvActSpec:
     def backward(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         left = unpack(packed, 1, y.numel()).view(y.shape).bool()
         yf = y.to(torch.promote_types(y.dtype, torch.float32)).clamp_min(self.f_T)  # rounding may put y below f(T)
-        q = torch.where(left, self._q["left"](yf.clamp_max(self.left_max)), self._q["right"](yf))
+        right = torch.where(yf > self.right_max, self._df(yf), self._q["right"](yf.clamp_max(self.right_max)))
+        q = torch.where(left, self._q["left"](yf.clamp_max(self.left_max)), right)
         return (g.to(q.dtype) * q).to(g.dtype)
 
 
@@ -73,6 +80,7 @@ class InvActSpec:
 class InvActFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, spec: InvActSpec, use_triton: bool | None = None):
+        check_input(x, "InvActivation")
         triton_path = x.is_cuda if use_triton is None else use_triton
         y, packed = spec.forward_triton(x) if triton_path else spec.forward(x)
         ctx.save_for_backward(y, packed)

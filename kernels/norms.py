@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 from torch import nn
 
+from .guards import check_input
+
 
 @triton.jit
 def _row_tile(rows, d, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -36,7 +38,10 @@ def _ms_norm_forward(x_ptr, z_ptr, rstd_ptr, rows, d, eps, CENTER: tl.constexpr,
         x = x.to(tl.float32)
     if CENTER:
         x = tl.where(mask, x - tl.sum(x, axis=1)[:, None] / d, 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / d + eps)
+    var = tl.sum(x * x, axis=1) / d
+    rstd = 1.0 / tl.sqrt(var + eps)
+    if CENTER:  # an overflowing variance gives NaN, as torch's LayerNorm does (its RMSNorm gives 0, as here)
+        rstd = tl.where(var == float("inf"), float("nan"), rstd)
     tl.store(z_ptr + offs, (x * rstd[:, None]).to(z_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
     tl.store(rstd_ptr + r, rstd, mask=r < rows)
 
@@ -63,6 +68,7 @@ def _launch_shape(d: int) -> tuple[int, int]:
 class _MSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, eps: float, center: bool, use_triton: bool | None = None):
+        check_input(x, "MSLayerNorm" if center else "MSRMSNorm")
         triton_path = x.is_cuda if use_triton is None else use_triton
         acc = torch.promote_types(x.dtype, torch.float32)  # fp32 math (fp64 stays fp64)
         if triton_path:
@@ -80,7 +86,10 @@ class _MSNorm(torch.autograd.Function):
             xf = x.to(acc)
             if center:
                 xf = xf - xf.mean(-1, keepdim=True)
-            rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            var = xf.pow(2).mean(-1, keepdim=True)
+            rstd = torch.rsqrt(var + eps)
+            if center:  # an overflowing variance gives NaN, as torch's LayerNorm does (its RMSNorm gives 0, as here)
+                rstd = torch.where(torch.isinf(var), float("nan"), rstd)
             z = (xf * rstd).to(x.dtype)
         ctx.save_for_backward(z, rstd)
         ctx.center, ctx.triton_path = center, triton_path
@@ -150,8 +159,12 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
     if not is_mergeable_norm(norm):
         raise TypeError(f"merge_norm handles nn.LayerNorm, nn.RMSNorm and {sorted(HF_RMS_NORMS)}, got {type(norm)}")
     if isinstance(norm, nn.LayerNorm | nn.RMSNorm):
-        dim = norm.normalized_shape[-1] if isinstance(norm.normalized_shape, tuple) else norm.normalized_shape
-        eps = norm.eps
+        shape = tuple(norm.normalized_shape) if isinstance(norm.normalized_shape, tuple | list) else (
+            norm.normalized_shape,)
+        if len(shape) != 1:
+            raise ValueError(f"merge_norm merges norms over the last dimension only; {norm} normalises over "
+                             f"{shape}")
+        dim, eps = shape[0], norm.eps
     else:
         dim, eps = norm.weight.shape[-1], getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     for lin in consumers:
@@ -159,15 +172,19 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
             raise ValueError(f"consumer {lin} must be an nn.Linear with in_features={dim}")
     alpha = norm.weight if norm.weight is not None else torch.ones(dim)
     beta = getattr(norm, "bias", None)
+    merged = []  # everything is computed before anything is written: an error leaves the consumers untouched
     for lin in consumers:
         W = lin.weight.double()
         b = lin.bias.double() if lin.bias is not None else torch.zeros(lin.out_features, dtype=torch.float64)
         if beta is not None:
-            b = b + W @ beta.double()
-            if lin.bias is None:
-                lin.bias = nn.Parameter(torch.zeros(lin.out_features, dtype=lin.weight.dtype))
-        lin.weight.copy_((W * alpha.double()).to(lin.weight.dtype))
-        if lin.bias is not None:
+            b = b + W @ beta.to(W.device, torch.float64)
+        merged.append((lin, (W * alpha.to(W.device, torch.float64)).to(lin.weight.dtype),
+                       b.to(lin.weight.dtype) if (beta is not None or lin.bias is not None) else None))
+    for lin, W, b in merged:
+        lin.weight.copy_(W)
+        if b is not None and lin.bias is None:
+            lin.bias = nn.Parameter(b, requires_grad=lin.weight.requires_grad)
+        elif b is not None:
             lin.bias.copy_(b.to(lin.bias.dtype))
     eps = eps if eps is not None else torch.finfo(torch.float32).eps
     cls = MSLayerNorm if isinstance(norm, nn.LayerNorm) else MSRMSNorm

@@ -46,21 +46,69 @@ def patch_model(model: nn.Module, activation: str | None = "relu-sum", norm: boo
     MS-norm. Consumers are found with torch.fx; models fx cannot trace (e.g. Hugging Face ones) need an
     ``example_input`` (a tensor, a tuple of positional arguments or a dict of keyword arguments): one
     forward is run under a dispatch mode that sees every op reading each norm's output. A norm that feeds
-    anything but Linear layers (views aside) is left alone and listed in the report's ``skipped``."""
+    anything but Linear layers (views aside) is left alone and listed in the report's ``skipped``; so is a
+    norm over several trailing dimensions, and one whose consumer's weight is shared with another module (tied
+    embeddings), since merging would change that module too. Patching is all or nothing: on any error every
+    change made so far is undone before the error propagates."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    report = PatchReport()
-    if norm:
-        _merge_norms(model, report, example_input)
-    if activation:
-        for parent_name, parent in list(model.named_modules()):
-            for child_name, child in list(parent.named_children()):
-                new = _replacement(child, activation)
-                if new is not None:
-                    setattr(parent, child_name, new)
-                    report.activations.append(f"{parent_name + '.' if parent_name else ''}{child_name}: "
-                                              f"{type(child).__name__} → {type(new).__name__}")
+    report, undo = PatchReport(), _Undo()
+    try:
+        if norm:
+            _merge_norms(model, report, undo, example_input)
+        if activation:
+            for parent_name, parent in list(model.named_modules()):
+                for child_name, child in list(parent.named_children()):
+                    new = _replacement(child, activation)
+                    if new is not None:
+                        undo.setattr(parent, child_name, new)
+                        report.activations.append(f"{parent_name + '.' if parent_name else ''}{child_name}: "
+                                                  f"{type(child).__name__} → {type(new).__name__}")
+    except BaseException:
+        undo.rollback()
+        raise
     return report
+
+
+class _Undo:
+    """The changes patch_model made, in order, so that a failure can restore the model exactly."""
+
+    def __init__(self):
+        self.steps: list = []
+
+    def setattr(self, parent: nn.Module, name: str, new: nn.Module) -> None:
+        old = getattr(parent, name)
+        self.steps.append(lambda: setattr(parent, name, old))
+        setattr(parent, name, new)
+
+    def keep_linear(self, lin: nn.Linear) -> None:
+        weight, bias = lin.weight.detach().clone(), lin.bias
+        bias_value = None if bias is None else bias.detach().clone()
+
+        @torch.no_grad()
+        def restore():
+            lin.weight.copy_(weight)
+            if bias is None:
+                lin.bias = None
+            else:
+                lin.bias = bias
+                bias.copy_(bias_value)
+
+        self.steps.append(restore)
+
+    def rollback(self) -> None:
+        for step in reversed(self.steps):
+            step()
+        self.steps.clear()
+
+
+def _shared_parameters(model: nn.Module) -> set[int]:
+    """Storage pointers of parameters reachable under more than one name (tied weights)."""
+    names: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        ptr = p.untyped_storage().data_ptr()
+        names[ptr] = names.get(ptr, 0) + 1
+    return {ptr for ptr, n in names.items() if n > 1}
 
 
 def _shape_query(node) -> bool:
@@ -70,7 +118,7 @@ def _shape_query(node) -> bool:
     return node.op == "call_method" and node.target in ("size", "dim")
 
 
-def _merge_norms(model: nn.Module, report: PatchReport, example_input=None) -> None:
+def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_input=None) -> None:
     try:
         found = _consumers_by_fx(model)
     except Exception as err:  # noqa: BLE001 - any tracing failure: fall back to running the model, or say why
@@ -80,14 +128,27 @@ def _merge_norms(model: nn.Module, report: PatchReport, example_input=None) -> N
             return
         found = _consumers_by_dispatch(model, example_input)
     modules = dict(model.named_modules())
+    shared = _shared_parameters(model)
     for name, (consumers, other) in found.items():
         if other or not consumers:
             report.skipped.append(f"{name}: output feeds something other than Linear layers"
                                   + (f" ({', '.join(sorted(other))})" if other else ""))
             continue
+        shape = getattr(modules[name], "normalized_shape", (None,))
+        if isinstance(shape, tuple | list) and len(shape) != 1:
+            report.skipped.append(f"{name}: normalises over {tuple(shape)}, not the last dimension alone")
+            continue
+        tied = [c for c in consumers if any(p.untyped_storage().data_ptr() in shared
+                                            for p in modules[c].parameters(recurse=False))]
+        if tied:
+            report.skipped.append(f"{name}: consumer(s) {tied} share their weight with another module (tied "
+                                  "weights); merging would change that module too")
+            continue
+        for c in consumers:
+            undo.keep_linear(modules[c])
         ms = merge_norm(modules[name], [modules[c] for c in consumers])
         parent_name, _, child = name.rpartition(".")
-        setattr(modules[parent_name] if parent_name else model, child, ms)
+        undo.setattr(modules[parent_name] if parent_name else model, child, ms)
         report.norms.append(f"{name} → {type(ms).__name__} merged into {consumers}")
 
 

@@ -3,6 +3,11 @@
 CUDA tensors (or any tensor with ``use_triton=True``, e.g. on the CPU under ``TRITON_INTERPRET=1``)
 run the generated Triton kernels; other tensors run the pure-PyTorch twin below, which is also the
 test oracle. Both compute in float32 and store the output in the input's dtype.
+
+NaN: the k-bit codes have no room for "not a number", so the forward also saves one byte per block of
+``nan_span`` = BLOCK_BYTES·8/storage elements (4096 for k = 2, +0.02 % memory) saying whether the block held a
+NaN; the backward returns NaN for every element of such a block (torch returns it for the NaN element only; the
+loss is NaN either way). ±inf get the outermost levels, the ReLU-sum's own derivative there.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 
 from .codegen import GENERATED, module_name, storage_bits
+from .guards import check_input
 
 BLOCK_BYTES = 1024
 
@@ -69,38 +75,48 @@ class ReLUSumSpec:
     def module(self):
         return _load_module(str(self.path))
 
+    @property
+    def nan_span(self) -> int:
+        """Elements per forward program, and per saved NaN byte."""
+        return BLOCK_BYTES * (8 // self.storage)
+
     # -- the pure-PyTorch twin -------------------------------------------------------------
-    def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         knots, _ = self.consts(x.device)
         y = self._f(x.to(torch.promote_types(x.dtype, torch.float32))).to(x.dtype)  # fp32 math; fp64 stays
         codes = torch.bucketize(x.float(), knots)  # #{c_i < x} in fp32, as the kernel; NaN → top code
-        return y, pack(codes, self.storage)
+        nan = torch.isnan(x.reshape(-1))
+        nan = torch.nn.functional.pad(nan, (0, (-nan.numel()) % self.nan_span)).view(-1, self.nan_span).any(1)
+        return y, pack(codes, self.storage), nan.to(torch.uint8)
 
-    def backward_torch(self, g: torch.Tensor, packed: torch.Tensor, numel: int) -> torch.Tensor:
+    def backward_torch(self, g: torch.Tensor, packed: torch.Tensor, nan: torch.Tensor, numel: int) -> torch.Tensor:
         _, levels = self.consts(g.device)
         lv = levels[unpack(packed, self.storage, numel)].view(g.shape)
-        return (g.float() * lv).to(g.dtype)
+        dx = g.float() * lv
+        block_nan = nan.bool().repeat_interleave(self.nan_span)[:numel].view(g.shape)
+        return torch.where(block_nan, float("nan"), dx).to(g.dtype)
 
     # -- the Triton kernels --------------------------------------------------------------------
-    def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         knots, _ = self.consts(x.device)
         xc = x.contiguous()
         y = torch.empty_like(xc)
         n = xc.numel()
         n_bytes = math.ceil(n * self.storage / 8)
         packed = torch.empty(n_bytes, dtype=torch.uint8, device=x.device)
+        grid = (triton.cdiv(n_bytes, BLOCK_BYTES),)
+        nan = torch.empty(grid[0], dtype=torch.uint8, device=x.device)
         if n:
-            grid = (triton.cdiv(n_bytes, BLOCK_BYTES),)
-            self.module.forward_kernel[grid](xc, y, packed, knots, n, n_bytes, BLOCK=BLOCK_BYTES)
-        return y, packed
+            self.module.forward_kernel[grid](xc, y, packed, knots, nan, n, n_bytes, BLOCK=BLOCK_BYTES)
+        return y, packed, nan
 
-    def backward_triton(self, g: torch.Tensor, packed: torch.Tensor, numel: int) -> torch.Tensor:
+    def backward_triton(self, g: torch.Tensor, packed: torch.Tensor, nan: torch.Tensor, numel: int) -> torch.Tensor:
         _, levels = self.consts(g.device)
         gc = g.contiguous()
         out = torch.empty_like(gc)
         if numel:
             grid = (triton.cdiv(packed.numel(), BLOCK_BYTES),)
-            self.module.backward_kernel[grid](gc, packed, levels, out, numel, packed.numel(), BLOCK=BLOCK_BYTES)
+            self.module.backward_kernel[grid](gc, packed, levels, nan, out, numel, packed.numel(), BLOCK=BLOCK_BYTES)
         return out
 
 
@@ -125,21 +141,23 @@ def _load_module(table_path: str):
 
 
 class ReLUSumFunction(torch.autograd.Function):
-    """y = h(x) exactly; saves only the packed k-bit codes; dx = dy · LEVELS[code]."""
+    """y = h(x) exactly; saves the packed k-bit codes (and a NaN byte per block); dx = dy · LEVELS[code]."""
 
     @staticmethod
     def forward(ctx, x, spec: ReLUSumSpec, use_triton: bool | None):
+        check_input(x, "ReLUSumActivation")
         triton_path = x.is_cuda if use_triton is None else use_triton
-        y, packed = (spec.forward_triton if triton_path else spec.forward_torch)(x)
-        ctx.save_for_backward(packed)
+        y, packed, nan = (spec.forward_triton if triton_path else spec.forward_torch)(x)
+        ctx.save_for_backward(packed, nan)
         ctx.spec, ctx.triton_path, ctx.numel = spec, triton_path, x.numel()
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, g):
-        (packed,) = ctx.saved_tensors
+        packed, nan = ctx.saved_tensors
         back = ctx.spec.backward_triton if ctx.triton_path else ctx.spec.backward_torch
-        return back(g, packed, ctx.numel).view(g.shape), None, None
+        return back(g, packed, nan, ctx.numel).view(g.shape), None, None
+
 
 
 class ReLUSumActivation(torch.nn.Module):

@@ -10,6 +10,7 @@ EXPRESSION = 'x*Phi(x)'
 TURNING_POINT = -0.7517915246935645
 F_T = -0.16997120747990366
 LEFT_MAX = -0.0
+RIGHT_MAX = 9.830028792520096
 
 @triton.jit
 def _tanh(z):
@@ -34,6 +35,12 @@ def _softplus(z):
 @triton.jit
 def activation(x):
     return x*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x))))
+
+
+@triton.jit
+def activation_grad(x):
+    # h′, used beyond the fitted right domain (y > RIGHT_MAX), where f⁻¹(y) = y to within h's tail
+    return 0.3989422804014327*x*tl.exp(-0.5*(x * x)) + (0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x))))
 
 
 @triton.jit
@@ -73,7 +80,9 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     y = tl.maximum(y, -0.16997120747990366, propagate_nan=tl.PropagateNan.ALL)  # rounding may put y below f(T)
-    q = tl.where(left, q_left(tl.minimum(y, -0.0, propagate_nan=tl.PropagateNan.ALL)), q_right(y))
+    right = tl.where(y > 9.830028792520096, activation_grad(y),
+                     q_right(tl.minimum(y, 9.830028792520096, propagate_nan=tl.PropagateNan.ALL)))
+    q = tl.where(left, q_left(tl.minimum(y, -0.0, propagate_nan=tl.PropagateNan.ALL)), right)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)

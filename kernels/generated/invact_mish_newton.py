@@ -10,6 +10,7 @@ EXPRESSION = 'x*tanh(log(exp(x) + 1))'
 TURNING_POINT = -1.1924312145154952
 F_T = -0.30884341301725043
 LEFT_MAX = -0.0
+RIGHT_MAX = 9.69115658698275
 
 @triton.jit
 def _tanh(z):
@@ -34,6 +35,12 @@ def _softplus(z):
 @triton.jit
 def activation(x):
     return x*_tanh(_softplus(x))
+
+
+@triton.jit
+def activation_grad(x):
+    # h′, used beyond the fitted right domain (y > RIGHT_MAX), where f⁻¹(y) = y to within h's tail
+    return x*(1.0 - ((_tanh(_softplus(x))) * (_tanh(_softplus(x)))))*tl.sigmoid(x) + _tanh(_softplus(x))
 
 
 @triton.jit
@@ -81,7 +88,9 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     y = tl.maximum(y, -0.30884341301725043, propagate_nan=tl.PropagateNan.ALL)  # rounding may put y below f(T)
-    q = tl.where(left, q_left(tl.minimum(y, -0.0, propagate_nan=tl.PropagateNan.ALL)), q_right(y))
+    right = tl.where(y > 9.69115658698275, activation_grad(y),
+                     q_right(tl.minimum(y, 9.69115658698275, propagate_nan=tl.PropagateNan.ALL)))
+    q = tl.where(left, q_left(tl.minimum(y, -0.0, propagate_nan=tl.PropagateNan.ALL)), right)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)

@@ -38,8 +38,9 @@ def activation(x):
 
 
 @triton.jit
-def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
-    # each program packs BLOCK bytes = BLOCK·(8/STORAGE_BITS) elements, codes little-end-first
+def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
+    # each program packs BLOCK bytes = BLOCK·(8/STORAGE_BITS) elements, codes little-end-first, and writes one
+    # byte nan_ptr[program] = [its block holds a NaN] (the codes have no room for NaN)
     byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     lane = tl.arange(0, 2)
     offs = byte[:, None] * 2 + lane[None, :]
@@ -53,12 +54,14 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, n_elem, n_bytes, BLOCK: 
         c = tl.load(knots_ptr + probe - 1)
         code = tl.where(x <= c, code, probe)
     code = tl.where(inside, code, 0)  # padding lanes of the last byte hold code 0
+    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(inside & (x != x), 1, 0)).to(tl.uint8))
     shifted = (code << (lane[None, :] * 4)).to(tl.int32)
     tl.store(packed_ptr + byte, tl.sum(shifted, axis=1).to(tl.uint8), mask=byte < n_bytes)
 
 
 @triton.jit
-def backward_kernel(grad_ptr, packed_ptr, levels_ptr, out_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
+def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
+    # BLOCK must be the forward's: program p reads the NaN byte its forward twin wrote
     byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     lane = tl.arange(0, 2)
     offs = byte[:, None] * 2 + lane[None, :]
@@ -67,4 +70,5 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, out_ptr, n_elem, n_bytes, 
     code = (packed[:, None] >> (lane[None, :] * 4)) & 15
     level = tl.load(levels_ptr + code)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, (g * level).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    dx = tl.where(tl.load(nan_ptr + tl.program_id(0)) != 0, float("nan"), g * level)
+    tl.store(out_ptr + offs, dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
