@@ -77,7 +77,7 @@ def per_sample(gamma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def gamma_term(x_prev, s, gamma, level: int):
     """The term of eq. 21 that reads x_{k−1}: Q_l[γ(x_{k−1} + s·2^{-l})] (exact by Prop. 4.3)."""
-    return quantize(gamma * (x_prev + s * 2.0**-level), level)
+    return quantize(gamma * (x_prev + s.to(x_prev.dtype) * 2.0**-level), level)  # s is bool: keep x's dtype
 
 
 def _mix(x, hx, gamma):
@@ -151,7 +151,7 @@ def inverse(x, x_next, hx, s, gamma, level: int, block: int = 0):
     check_gamma(gamma)
     for v in (x, x_next):
         check_representable(v, level, block)
-    return (x_next - rest_term(x, hx, gamma, level)) / gamma - s * 2.0**-level
+    return (x_next - rest_term(x, hx, gamma, level)) / gamma - s.to(x.dtype) * 2.0**-level
 
 
 def plain_step(x_prev, x, hx, gamma: float):

@@ -11,7 +11,9 @@ every gradient sum is associated the same way and the gradients are bitwise equa
 
 from __future__ import annotations
 
+import contextlib
 import math
+import numbers
 
 import torch
 import triton
@@ -155,13 +157,26 @@ def _replay(block, x, state, device):
         return block(x)
 
 
+@contextlib.contextmanager
+def _buffers_kept(block):
+    """Put back every buffer a replay changes (BatchNorm running statistics): the forward updated them once.
+    Restored on exit, after the local backward passes, which may read them."""
+    saved = [(b, b.detach().clone()) for b in block.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+
+
 class BDIAStackFunction(torch.autograd.Function):
     """Online back-propagation through K BDIA blocks (Prop. 4.4); parameters are passed as inputs."""
 
     @staticmethod
-    def forward(ctx, x, blocks, seed, level, preserve_rng, use_triton, *params):
+    def forward(ctx, x, blocks, seed, level, preserve_rng, use_triton, gamma_set, *params):
         K = len(blocks)
-        gammas = B.draw_gammas(seed, K, x.shape[0]).to(x.dtype)
+        gammas = B.draw_gammas(seed, K, x.shape[0], gamma_set).to(x.dtype)
         step = step_triton if use_triton else step_torch
         x0 = B.quantize(x, level)
         states = [_rng_state(x.device) if preserve_rng else None]
@@ -172,7 +187,7 @@ class BDIAStackFunction(torch.autograd.Function):
             nxt, b = step(prev, cur, blocks[k](cur), gammas[k - 1], level, k)
             bits.append(b)
             prev, cur = cur, nxt
-        ctx.blocks, ctx.seed, ctx.level, ctx.use_triton = blocks, seed, level, use_triton
+        ctx.blocks, ctx.seed, ctx.level, ctx.use_triton, ctx.gamma_set = blocks, seed, level, use_triton, gamma_set
         ctx.save_for_backward(prev, cur, *bits, *(states if preserve_rng else []))
         return cur
 
@@ -183,7 +198,7 @@ class BDIAStackFunction(torch.autograd.Function):
         x_prev_top, x_top = saved[0], saved[1]
         bits = saved[2:K + 1]
         states = saved[K + 1:] or [None] * K
-        gammas = B.draw_gammas(ctx.seed, K, x_top.shape[0]).to(x_top.dtype)
+        gammas = B.draw_gammas(ctx.seed, K, x_top.shape[0], ctx.gamma_set).to(x_top.dtype)
         device = x_top.device
         params = [list(b.parameters()) for b in blocks]
         param_grads: list = [None] * K
@@ -191,7 +206,9 @@ class BDIAStackFunction(torch.autograd.Function):
         a_next = grad  # dL/dx_{k+1}
         x_next, x = x_top, x_prev_top
         s_k = None  # side bits of x_k (unpacked once, at the block that reconstructs x_k)
-        with torch.enable_grad():
+        with torch.enable_grad(), contextlib.ExitStack() as keep:
+            for block in blocks:
+                keep.enter_context(_buffers_kept(block))
             for k in range(K - 1, -1, -1):
                 xk = x.detach().requires_grad_(True)
                 hx = _replay(blocks[k], xk, states[k], device)
@@ -216,7 +233,7 @@ class BDIAStackFunction(torch.autograd.Function):
                 a_next2, a_next = a_next, got[0]
                 x_next, x, s_k = x, x_prev, s_prev
         flat = [g for pg in param_grads for g in pg]
-        return (a_next, None, None, None, None, None, *flat)
+        return (a_next, None, None, None, None, None, None, *flat)
 
 
 class BDIAStack(torch.nn.Module):
@@ -238,11 +255,20 @@ class BDIAStack(torch.nn.Module):
         self.blocks = torch.nn.ModuleList(blocks)
         self.level, self.online, self.preserve_rng, self.use_triton = level, online, preserve_rng, use_triton
         self.gammas = tuple(float(g) for g in gammas)
+        if level is not None:
+            if isinstance(level, bool) or not isinstance(level, numbers.Integral):
+                raise TypeError(f"level must be an integer l (the grid 2^-l) or None, got {level!r}")
+            self.level = int(level)
+        if not self.gammas:
+            raise ValueError("gammas must hold at least one value")
         if len(self.blocks) < 2:
             raise ValueError("a BDIA stack needs at least 2 blocks")
-        if online and (level is None or not set(self.gammas) <= set(B.GAMMAS)):
+        if online and level is None:
             raise ValueError(f"online back-propagation needs exact reversibility: a level l and γ ∈ {B.GAMMAS} "
                              f"(got l={level}, γ ∈ {self.gammas}); use online=False for this ablation")
+        if level is not None and not set(self.gammas) <= set(B.GAMMAS):
+            raise ValueError(f"quantised BDIA (eq. 21, level l) is defined for γ ∈ {B.GAMMAS} only, got γ ∈ "
+                             f"{self.gammas}; Table 3's γ sets run unquantised: level=None, online=False")
 
     def forward(self, x: torch.Tensor, seed: int | None = None) -> torch.Tensor:
         if self.level is None:
@@ -256,12 +282,12 @@ class BDIAStack(torch.nn.Module):
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         if not self.online:
-            return bdia_reference(self.blocks, x, B.draw_gammas(seed, len(self.blocks), x.shape[0]).to(x.dtype),
-                                  self.level)
+            gammas = B.draw_gammas(seed, len(self.blocks), x.shape[0], self.gammas).to(x.dtype)
+            return bdia_reference(self.blocks, x, gammas, self.level)
         triton_path = x.is_cuda if self.use_triton is None else self.use_triton
         params = [p for b in self.blocks for p in b.parameters()]
         return BDIAStackFunction.apply(x, list(self.blocks), seed, self.level, self.preserve_rng, triton_path,
-                                       *params)
+                                       self.gammas, *params)
 
     def _plain(self, x, seed):
         """Eqs. 6 and 10 (training, γ from ``self.gammas``) or eq. 11 (eval), through ordinary autograd."""
