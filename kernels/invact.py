@@ -20,6 +20,7 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.invact_forms import Form
 
+from . import ops
 from .guards import check_input
 from .relu_sum import _load_module, pack, unpack
 
@@ -36,6 +37,7 @@ class InvActSpec:
         if t["family"] != "invact":
             raise ValueError(f"{table}: expected an invact table, got {t['family']!r}")
         self.table = t
+        self.key = f"invact:{T.definition_sha256(t)}"
         self.T, self.f_T = t["turning_point"], t["f_T"]
         self.left_max, self.right_max = t["left"]["domain"][1], t["right"]["domain"][1]
         act = get_activation(t["expression"])
@@ -77,21 +79,12 @@ class InvActSpec:
         return out
 
 
-class InvActFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, spec: InvActSpec, use_triton: bool | None = None):
-        check_input(x, "InvActivation")
-        triton_path = x.is_cuda if use_triton is None else use_triton
-        y, packed = spec.forward_triton(x) if triton_path else spec.forward(x)
-        ctx.save_for_backward(y, packed)
-        ctx.spec, ctx.triton_path = spec, triton_path
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        y, packed = ctx.saved_tensors
-        spec = ctx.spec
-        return (spec.backward_triton(g, y, packed) if ctx.triton_path else spec.backward(g, y, packed)), None, None
+def invact(x: torch.Tensor, spec: InvActSpec, use_triton: bool | None = None) -> torch.Tensor:
+    """y = f(x) exactly; saves y and one branch bit per element; dx = dy · q_s(y). One custom op
+    (``approxbp::invact_forward``). Under autocast a wider input gives y in the autocast dtype (ops.autocast_dtype),
+    so that the next Linear saves the same tensor."""
+    check_input(x, "InvActivation")
+    return ops.invact_forward(x, spec.key, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))[0]
 
 
 class InvActivation(torch.nn.Module):
@@ -100,9 +93,12 @@ class InvActivation(torch.nn.Module):
     def __init__(self, table: str, use_triton: bool | None = None):
         super().__init__()
         self.spec, self.use_triton = InvActSpec(table), use_triton
+        ops.register(self.spec)
+        if use_triton or (use_triton is None and torch.cuda.is_available()):
+            self.spec.module  # noqa: B018 - import the generated kernels now, not during a forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return InvActFunction.apply(x, self.spec, self.use_triton)
+        return invact(x, self.spec, self.use_triton)
 
     def extra_repr(self) -> str:
         return f"table={self.spec.table['activation']}-{self.spec.table['form']}"

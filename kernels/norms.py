@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
+from . import ops
 from .guards import check_input
 
 
@@ -65,54 +66,57 @@ def _launch_shape(d: int) -> tuple[int, int]:
     return max(1, min(64, 4096 // block_d)), block_d
 
 
-class _MSNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, eps: float, center: bool, use_triton: bool | None = None):
-        check_input(x, "MSLayerNorm" if center else "MSRMSNorm")
-        triton_path = x.is_cuda if use_triton is None else use_triton
-        acc = torch.promote_types(x.dtype, torch.float32)  # fp32 math (fp64 stays fp64)
-        if triton_path:
-            d = x.shape[-1]
-            xc = x.reshape(-1, d).contiguous()
-            z = torch.empty_like(xc)
-            rstd = torch.empty(xc.shape[0], 1, dtype=acc, device=x.device)
-            rows_per, block_d = _launch_shape(d)
-            if xc.numel():
-                _ms_norm_forward[(triton.cdiv(xc.shape[0], rows_per),)](
-                    xc, z, rstd, xc.shape[0], d, eps, CENTER=center, ROWS=rows_per, BLOCK_D=block_d)
-            z = z.view(x.shape)
-            rstd = rstd.view(*x.shape[:-1], 1)
-        else:
-            xf = x.to(acc)
-            if center:
-                xf = xf - xf.mean(-1, keepdim=True)
-            var = xf.pow(2).mean(-1, keepdim=True)
-            rstd = torch.rsqrt(var + eps)
-            if center:  # an overflowing variance gives NaN, as torch's LayerNorm does (its RMSNorm gives 0, as here)
-                rstd = torch.where(torch.isinf(var), float("nan"), rstd)
-            z = (xf * rstd).to(x.dtype)
-        ctx.save_for_backward(z, rstd)
-        ctx.center, ctx.triton_path = center, triton_path
-        return z
+def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtype):
+    """(z, σ⁻¹): z = σ⁻¹·H·x (LayerNorm) or σ⁻¹·x (RMSNorm) in ``out_dtype`` (default x's), σ⁻¹ per row in fp32
+    (fp64 for fp64 input)."""
+    acc = torch.promote_types(x.dtype, torch.float32)  # fp32 math (fp64 stays fp64)
+    out_dtype = out_dtype or x.dtype
+    if use_triton:
+        d = x.shape[-1]
+        xc = x.reshape(-1, d).contiguous()
+        z = torch.empty(xc.shape, dtype=out_dtype, device=x.device)
+        rstd = torch.empty(xc.shape[0], 1, dtype=acc, device=x.device)
+        rows_per, block_d = _launch_shape(d)
+        if xc.numel():
+            _ms_norm_forward[(triton.cdiv(xc.shape[0], rows_per),)](
+                xc, z, rstd, xc.shape[0], d, eps, CENTER=center, ROWS=rows_per, BLOCK_D=block_d)
+        return z.view(x.shape), rstd.view(*x.shape[:-1], 1)
+    xf = x.to(acc)
+    if center:
+        xf = xf - xf.mean(-1, keepdim=True)
+    var = xf.pow(2).mean(-1, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    if center:  # an overflowing variance gives NaN, as torch's LayerNorm does (its RMSNorm gives 0, as here)
+        rstd = torch.where(torch.isinf(var), float("nan"), rstd)
+    return (xf * rstd).to(out_dtype), rstd
 
-    @staticmethod
-    def backward(ctx, dz):
-        z, rstd = ctx.saved_tensors
-        if ctx.triton_path:
-            d = z.shape[-1]
-            dzc = dz.reshape(-1, d).contiguous()
-            dx = torch.empty_like(dzc)
-            rows_per, block_d = _launch_shape(d)
-            if dzc.numel():
-                _ms_norm_backward[(triton.cdiv(dzc.shape[0], rows_per),)](
-                    dzc, z.reshape(-1, d), rstd.reshape(-1), dx, dzc.shape[0], d, CENTER=ctx.center,
-                    ROWS=rows_per, BLOCK_D=block_d)
-            return dx.view(dz.shape), None, None, None
-        dzf, zf = dz.to(rstd.dtype), z.to(rstd.dtype)
-        dx = dzf - zf * (dzf * zf).mean(-1, keepdim=True)
-        if ctx.center:
-            dx = dx - dzf.mean(-1, keepdim=True)
-        return (dx * rstd).to(dz.dtype), None, None, None
+
+def ms_norm_backward_impl(dz, z, rstd, center: bool, use_triton: bool, dtype):
+    """dx (Algorithms 2–3) in ``dtype`` (the input's) from dz, z and σ⁻¹."""
+    if use_triton:
+        d = z.shape[-1]
+        dzc = dz.reshape(-1, d).contiguous()
+        dx = torch.empty(dzc.shape, dtype=dtype, device=dz.device)
+        rows_per, block_d = _launch_shape(d)
+        if dzc.numel():
+            _ms_norm_backward[(triton.cdiv(dzc.shape[0], rows_per),)](
+                dzc, z.reshape(-1, d).contiguous(), rstd.reshape(-1), dx, dzc.shape[0], d, CENTER=center,
+                ROWS=rows_per, BLOCK_D=block_d)
+        return dx.view(dz.shape)
+    dzf, zf = dz.to(rstd.dtype), z.to(rstd.dtype)
+    dx = dzf - zf * (dzf * zf).mean(-1, keepdim=True)
+    if center:
+        dx = dx - dzf.mean(-1, keepdim=True)
+    return (dx * rstd).to(dtype)
+
+
+def ms_norm(x: torch.Tensor, eps: float, center: bool, use_triton: bool | None = None) -> torch.Tensor:
+    """The MS-norm as one custom op (``approxbp::ms_norm_forward``); saves z (the output, shared with the next
+    Linear) and σ⁻¹. Under autocast z is returned in the autocast dtype (ops.autocast_dtype): the consumer Linear
+    would cast it anyway and save its own copy, so sharing needs z in that dtype."""
+    check_input(x, "MSLayerNorm" if center else "MSRMSNorm")
+    return ops.ms_norm_forward(x, eps, center, x.is_cuda if use_triton is None else use_triton,
+                               ops.autocast_dtype(x))[0]
 
 
 class MSLayerNorm(nn.Module):
@@ -125,7 +129,7 @@ class MSLayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.normalized_shape:
             raise ValueError(f"MSLayerNorm expects last dimension {self.normalized_shape}, got {tuple(x.shape)}")
-        return _MSNorm.apply(x, self.eps, True, self.use_triton)
+        return ms_norm(x, self.eps, True, self.use_triton)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
@@ -137,7 +141,7 @@ class MSRMSNorm(MSLayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.normalized_shape:
             raise ValueError(f"MSRMSNorm expects last dimension {self.normalized_shape}, got {tuple(x.shape)}")
-        return _MSNorm.apply(x, self.eps, False, self.use_triton)
+        return ms_norm(x, self.eps, False, self.use_triton)
 
 
 # Hugging Face RMSNorms whose forward is weight · x/rms(x) (not Gemma's (1 + weight)); matched by class name so

@@ -23,6 +23,7 @@ import triton
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 
+from . import ops
 from .codegen import GENERATED, module_name, storage_bits
 from .guards import check_input
 
@@ -48,7 +49,8 @@ def unpack(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
 
 
 class ReLUSumSpec:
-    """Everything one table needs at run time: knots, levels, the activation and its generated kernels."""
+    """Everything one table needs at run time: knots, levels, the activation and its generated kernels. Built
+    once per module; the custom ops find it by ``key`` (the table's definition hash)."""
 
     def __init__(self, table: str | Path):
         path = T.resolve(table, "relu-sum")
@@ -56,6 +58,7 @@ class ReLUSumSpec:
         if t["family"] != "relu-sum":
             raise ValueError(f"{path}: expected a relu-sum table, got {t['family']!r}")
         self.path, self.table = path, t
+        self.key = f"relu-sum:{T.definition_sha256(t)}"
         self.bits, self.storage = t["bits"], storage_bits(t["bits"])
         self.knots64 = torch.tensor(t["knots"], dtype=torch.float64)
         self.levels64 = torch.tensor(t["levels"], dtype=torch.float64)
@@ -140,24 +143,11 @@ def _load_module(table_path: str):
     return mod
 
 
-class ReLUSumFunction(torch.autograd.Function):
-    """y = h(x) exactly; saves the packed k-bit codes (and a NaN byte per block); dx = dy · LEVELS[code]."""
-
-    @staticmethod
-    def forward(ctx, x, spec: ReLUSumSpec, use_triton: bool | None):
-        check_input(x, "ReLUSumActivation")
-        triton_path = x.is_cuda if use_triton is None else use_triton
-        y, packed, nan = (spec.forward_triton if triton_path else spec.forward_torch)(x)
-        ctx.save_for_backward(packed, nan)
-        ctx.spec, ctx.triton_path, ctx.numel = spec, triton_path, x.numel()
-        return y.view(x.shape)
-
-    @staticmethod
-    def backward(ctx, g):
-        packed, nan = ctx.saved_tensors
-        back = ctx.spec.backward_triton if ctx.triton_path else ctx.spec.backward_torch
-        return back(g, packed, nan, ctx.numel).view(g.shape), None, None
-
+def relu_sum(x: torch.Tensor, spec: ReLUSumSpec, use_triton: bool | None = None) -> torch.Tensor:
+    """y = h(x) exactly; saves the packed k-bit codes (and a NaN byte per block); dx = dy · LEVELS[code].
+    One custom op (``approxbp::relu_sum_forward``) with registered autograd."""
+    check_input(x, "ReLUSumActivation")
+    return ops.relu_sum_forward(x, spec.key, x.is_cuda if use_triton is None else use_triton)[0]
 
 
 class ReLUSumActivation(torch.nn.Module):
@@ -167,9 +157,12 @@ class ReLUSumActivation(torch.nn.Module):
         super().__init__()
         self.spec = ReLUSumSpec(table)
         self.use_triton = use_triton
+        ops.register(self.spec)
+        if use_triton or (use_triton is None and torch.cuda.is_available()):
+            self.spec.module  # noqa: B018 - import the generated kernels now, not during a forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ReLUSumFunction.apply(x, self.spec, self.use_triton)
+        return relu_sum(x, self.spec, self.use_triton)
 
     def extra_repr(self) -> str:
         return f"table={self.spec.name()}, saved bits/element={self.spec.storage}"

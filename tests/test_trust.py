@@ -281,10 +281,24 @@ def test_ms_norm_overflow_behaves_like_torch(use_triton):
     assert torch.allclose(ours_rms, rms, atol=1e-6, equal_nan=True)
 
 
-def test_torch_export_refuses_clearly():
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), ReGELU2())
-    with pytest.raises(Exception, match="torch.export would drop the approximate backward"):
-        torch.export.export(model, (torch.randn(2, 4),))
+@pytest.mark.parametrize("make", [ReGELU2, InvActSiLU, lambda: MSLayerNorm(4)])
+def test_torch_export_keeps_our_backward(make):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), make(), torch.nn.Linear(4, 3))
+    x = torch.randn(5, 4)
+    ep = torch.export.export(model, (x,))
+    assert any(str(n.target).startswith("approxbp.") for n in ep.graph.nodes), "our op is kept, not decomposed"
+    grads = []
+    for m in (model, ep.module()):
+        xi = x.clone().requires_grad_(True)
+        m(xi).square().sum().backward()
+        grads.append(xi.grad)
+    assert torch.equal(grads[0], grads[1])
+    if make is ReGELU2:  # and it is the approximation's gradient, not exact GELU's
+        ref = torch.nn.Sequential(model[0], torch.nn.GELU(), model[2])
+        xi = x.clone().requires_grad_(True)
+        ref(xi).square().sum().backward()
+        assert not torch.allclose(xi.grad, grads[0])
 
 
 def test_multi_dim_layernorm_is_skipped_not_broken():

@@ -1,0 +1,162 @@
+"""The drop-ins' kernels as PyTorch custom ops (``torch.library.custom_op``), with fake implementations and
+registered autograd, so that ``torch.compile(fullgraph=True)``, ``torch.export``, CUDA graphs, DDP/FSDP and
+activation checkpointing see one opaque op per call and keep our backward.
+
+A table's constants, its generated module and its PyTorch twin live in a *spec* object built once, when the
+``nn.Module`` is constructed, and registered here under a string key; the ops receive that key. Nothing on the
+call path reads files, parses tables or touches numpy. ``use_triton`` picks the generated Triton kernels (CUDA,
+or the CPU under ``TRITON_INTERPRET=1``) or the twin; ``out_dtype`` is the autocast policy (see ``autocast_dtype``).
+
+    approxbp::relu_sum_forward(x, key, use_triton) → (y, packed codes, NaN bytes)   saves codes + NaN bytes
+    approxbp::invact_forward(x, key, use_triton, out_dtype) → (y, branch bits)       saves y + bits
+    approxbp::ms_norm_forward(x, eps, center, use_triton, out_dtype) → (z, σ⁻¹)       saves z + σ⁻¹
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+SPECS: dict[str, object] = {}
+
+
+def register(spec) -> str:
+    """Make ``spec`` (with a ``key`` attribute) reachable from the ops; returns its key."""
+    SPECS.setdefault(spec.key, spec)
+    return spec.key
+
+
+def autocast_dtype(x: Tensor) -> torch.dtype | None:
+    """The autocast dtype for ``x``'s device when autocast is on and ``x`` is wider, else None.
+
+    The policy: under autocast an op whose output the next Linear consumes returns the autocast dtype, so that
+    the Linear's own cast is a no-op and both save the *same* tensor (MS-norm's z, InvAct's y)."""
+    dev = x.device.type
+    if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) and x.dtype in (torch.float32, torch.float64):
+        return torch.get_autocast_dtype(dev)
+    return None
+
+
+# ---- ReLU-sum ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("approxbp::relu_sum_forward", mutates_args=())
+def relu_sum_forward(x: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
+    spec = SPECS[key]
+    y, packed, nan = (spec.forward_triton if use_triton else spec.forward_torch)(x)
+    return y.view(x.shape), packed, nan
+
+
+@relu_sum_forward.register_fake
+def _(x, key, use_triton):
+    spec = SPECS[key]
+    n = x.numel()
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(((n * spec.storage + 7) // 8,), dtype=torch.uint8),
+            x.new_empty(((n + spec.nan_span - 1) // spec.nan_span,), dtype=torch.uint8))
+
+
+@torch.library.custom_op("approxbp::relu_sum_backward", mutates_args=())
+def relu_sum_backward(g: Tensor, packed: Tensor, nan: Tensor, key: str, use_triton: bool) -> Tensor:
+    spec = SPECS[key]
+    return (spec.backward_triton if use_triton else spec.backward_torch)(g, packed, nan, g.numel()).view(g.shape)
+
+
+@relu_sum_backward.register_fake
+def _(g, packed, nan, key, use_triton):
+    return torch.empty_like(g, memory_format=torch.contiguous_format)
+
+
+def _relu_sum_setup(ctx, inputs, output):
+    _, ctx.key, ctx.use_triton = inputs
+    ctx.save_for_backward(output[1], output[2])
+
+
+def _relu_sum_grad(ctx, gy, *_):
+    packed, nan = ctx.saved_tensors
+    return relu_sum_backward(gy, packed, nan, ctx.key, ctx.use_triton), None, None
+
+
+relu_sum_forward.register_autograd(_relu_sum_grad, setup_context=_relu_sum_setup)
+
+
+# ---- inverted activations ---------------------------------------------------------------------------------
+@torch.library.custom_op("approxbp::invact_forward", mutates_args=())
+def invact_forward(x: Tensor, key: str, use_triton: bool, out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+    spec = SPECS[key]
+    y, bits = (spec.forward_triton if use_triton else spec.forward)(x)
+    y = y.view(x.shape)
+    return (y if out_dtype is None else y.to(out_dtype)), bits
+
+
+@invact_forward.register_fake
+def _(x, key, use_triton, out_dtype):
+    return (torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format),
+            x.new_empty(((x.numel() + 7) // 8,), dtype=torch.uint8))
+
+
+@torch.library.custom_op("approxbp::invact_backward", mutates_args=())
+def invact_backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: bool, dtype: torch.dtype) -> Tensor:
+    spec = SPECS[key]
+    g = g.to(dtype)
+    return (spec.backward_triton if use_triton else spec.backward)(g, y, bits).view(g.shape)
+
+
+@invact_backward.register_fake
+def _(g, y, bits, key, use_triton, dtype):
+    return torch.empty_like(g, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+def _invact_setup(ctx, inputs, output):
+    x, ctx.key, ctx.use_triton, _ = inputs
+    ctx.dtype = x.dtype
+    ctx.save_for_backward(*output)
+
+
+def _invact_grad(ctx, gy, _):
+    y, bits = ctx.saved_tensors
+    return invact_backward(gy, y, bits, ctx.key, ctx.use_triton, ctx.dtype), None, None, None
+
+
+invact_forward.register_autograd(_invact_grad, setup_context=_invact_setup)
+
+
+# ---- memory-sharing norms ---------------------------------------------------------------------------------
+@torch.library.custom_op("approxbp::ms_norm_forward", mutates_args=())
+def ms_norm_forward(x: Tensor, eps: float, center: bool, use_triton: bool,
+                    out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+    from .norms import ms_norm_forward_impl
+
+    return ms_norm_forward_impl(x, eps, center, use_triton, out_dtype)
+
+
+@ms_norm_forward.register_fake
+def _(x, eps, center, use_triton, out_dtype):
+    acc = torch.promote_types(x.dtype, torch.float32)
+    return (torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format),
+            x.new_empty((*x.shape[:-1], 1), dtype=acc))
+
+
+@torch.library.custom_op("approxbp::ms_norm_backward", mutates_args=())
+def ms_norm_backward(dz: Tensor, z: Tensor, rstd: Tensor, center: bool, use_triton: bool,
+                     dtype: torch.dtype) -> Tensor:
+    from .norms import ms_norm_backward_impl
+
+    return ms_norm_backward_impl(dz, z, rstd, center, use_triton, dtype)
+
+
+@ms_norm_backward.register_fake
+def _(dz, z, rstd, center, use_triton, dtype):
+    return torch.empty_like(dz, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+def _ms_norm_setup(ctx, inputs, output):
+    x, _, ctx.center, ctx.use_triton, _ = inputs
+    ctx.dtype = x.dtype
+    ctx.save_for_backward(*output)
+
+
+def _ms_norm_grad(ctx, dz, _):
+    z, rstd = ctx.saved_tensors
+    return ms_norm_backward(dz, z, rstd, ctx.center, ctx.use_triton, ctx.dtype), None, None, None, None
+
+
+ms_norm_forward.register_autograd(_ms_norm_grad, setup_context=_ms_norm_setup)
