@@ -1,16 +1,26 @@
-"""Kernels: Triton modules generated from coefficient tables, autograd Functions and nn.Module drop-ins.
+"""Kernels: Triton modules generated from coefficient tables, custom ops and nn.Module drop-ins.
 
 Reads tables; imports ``approximations``, never ``fitting``.
 """
 
-from .codegen import export, triton_source
-from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec, invact
-from .norms import MSLayerNorm, MSRMSNorm, merge_norm
-from .patch import PatchReport, patch_model
-from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, pack, relu_sum, unpack
-from .saved import saved_bytes
+if __name__ != "approxbp.kernels":
+    # This folder was imported as a top-level package named "kernels": the repository root is on sys.path
+    # (e.g. `python -m pytest` run there) and something probed for the unrelated PyPI package `kernels`
+    # (transformers does, on import). A second copy would register every custom op again and break
+    # torch.compile; hand out the installed package instead.
+    import importlib
+    import sys
 
-__all__ = ["export", "triton_source", "ReGELU2", "ReLUSumActivation", "relu_sum", "ReLUSumSpec",
-           "ReSiLU2", "pack", "unpack", "saved_bytes", "MSLayerNorm", "MSRMSNorm", "merge_norm",
-           "invact", "InvActGELU", "InvActivation", "InvActSiLU", "InvActSpec",
-           "PatchReport", "patch_model"]
+    sys.modules[__name__] = importlib.import_module("approxbp.kernels")
+else:
+    from .codegen import export, triton_source
+    from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec, invact
+    from .norms import MSLayerNorm, MSRMSNorm, merge_norm
+    from .patch import PatchReport, patch_model
+    from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, pack, relu_sum, unpack
+    from .saved import saved_bytes
+
+    __all__ = ["export", "triton_source", "ReGELU2", "ReLUSumActivation", "relu_sum", "ReLUSumSpec",
+               "ReSiLU2", "pack", "unpack", "saved_bytes", "MSLayerNorm", "MSRMSNorm", "merge_norm",
+               "invact", "InvActGELU", "InvActivation", "InvActSiLU", "InvActSpec",
+               "PatchReport", "patch_model"]

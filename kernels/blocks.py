@@ -46,6 +46,18 @@ class ViTBlock(nn.Module):
         return self
 
 
+class GPTBlock(nn.Module):
+    """Pre-norm GPT block: x + attn(LN(x)), then x + fc2(GELU(fc1(LN(x))))."""
+
+    def __init__(self, d=128, hidden=512, heads=4):
+        super().__init__()
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attention(d, heads), nn.LayerNorm(d)
+        self.fc1, self.act, self.fc2 = nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d)
+
+    forward = ViTBlock.forward
+    ours = ViTBlock.ours
+
+
 class LlamaBlock(nn.Module):
     def __init__(self, d=1024, hidden=2752, heads=16):
         super().__init__()
@@ -66,26 +78,40 @@ class LlamaBlock(nn.Module):
         return self
 
 
-def saved_per_token_per_d(block_cls, variant: str, frozen: bool, tokens=197, batch=2, dtype=torch.bfloat16) -> float:
+MODES = ("bf16", "autocast", "compile")
+
+
+def saved_per_token_per_d(block_cls, variant: str, frozen: bool, tokens=197, batch=2, dtype=torch.bfloat16,
+                          mode: str = "bf16", **block_kwargs) -> float:
     """Saved-for-backward bytes / (tokens · d) of one block (saved_tensors_hooks, parameters excluded).
 
-    ``variant``: ``baseline`` (torch modules, eager), ``compiled`` (the baseline under torch.compile: the hooks
-    see what AOTAutograd's partitioner saves), ``relu-sum`` or ``invact`` (MS-norms merged + that activation);
-    ``frozen``: linear weights without gradient (LoRA-like)."""
+    ``variant``: ``baseline`` (torch modules), ``relu-sum`` or ``invact`` (MS-norms merged + that activation),
+    ``compiled`` (= baseline with ``mode='compile'``); ``frozen``: linear weights without gradient (LoRA-like).
+    ``mode``: ``bf16`` (weights and input in ``dtype``, eager), ``autocast`` (fp32 weights and input under
+    ``torch.autocast(dtype)``, eager) or ``compile`` (``dtype`` weights under torch.compile: the hooks see what
+    AOTAutograd's partitioner saves)."""
+    if variant == "compiled":
+        variant, mode = "baseline", "compile"
+    if variant not in ("baseline", "relu-sum", "invact") or mode not in MODES:
+        raise ValueError(f"variant must be one of {VARIANTS} and mode one of {MODES}, got {variant!r}, {mode!r}")
     torch.manual_seed(0)
-    block = block_cls()
-    if variant in ("relu-sum", "invact"):
+    block = block_cls(**block_kwargs)
+    if variant != "baseline":
         block.ours(variant)
-    elif variant not in ("baseline", "compiled"):
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    block = block.to(dtype)
+    weights = torch.float32 if mode == "autocast" else dtype
+    block = block.to(weights)
     for p in block.parameters():
         p.requires_grad_(not frozen)
     d = block.attn.q.in_features
-    x = torch.randn(batch, tokens, d, dtype=dtype, requires_grad=True)
+    x = torch.randn(batch, tokens, d, dtype=weights, requires_grad=True)
     run = block
-    if variant == "compiled":
+    if mode == "compile":
+        torch._dynamo.reset()
         run = torch.compile(block)
         run(x)  # compile outside the measurement
-    bytes_ = saved_bytes(lambda: run(x), exclude=list(block.parameters()))
-    return bytes_ / (batch * tokens * d)
+
+    def step():
+        with torch.autocast("cpu", dtype, enabled=mode == "autocast"):
+            return run(x)
+
+    return saved_bytes(step, exclude=list(block.parameters())) / (batch * tokens * d)
