@@ -1,13 +1,14 @@
-"""Saved-for-backward bytes of one transformer block, measured with saved_tensors_hooks (CPU, bf16).
+"""Saved-for-backward bytes of one transformer block in each training mode, measured with saved_tensors_hooks (CPU).
 
     python benchmarks/memory_blocks.py [--out benchmarks/results/memory_blocks_cpu.json]
 
-ViT-B block (d=768, MLP 3072, LayerNorm + GELU) and LLaMA-style block (d=4096 scaled down to d=1024,
-SwiGLU with 2.6875·d, RMSNorm + SiLU), each as the baseline (torch modules) and as ours (ReGELU2 /
-ReSiLU2 + MS-LayerNorm / MS-RMSNorm merged into their consumers) and as InvAct (InvActGELU / InvActSiLU +
-the same MS-norms). The blocks live in approxbp.kernels.blocks. "frozen" = linear weights without
-gradient (LoRA-like: a frozen Linear still saves nothing for its weight), "trainable" = full fine-tuning.
-Parameters are excluded. Result unit: bytes per token per hidden unit (saved bytes / (tokens · d)).
+Blocks (approxbp.kernels.blocks): ViT-B (d=768, MLP 3072, LayerNorm + GELU), LLaMA-style (d=1024, SwiGLU
+2752, RMSNorm + SiLU) and a small GPT block (d=128, MLP 512, LayerNorm + GELU). Variants: exact (torch modules),
+ReLU-sum (ReGELU2/ReSiLU2 + MS-norms merged into their consumers) and InvAct (InvActGELU/InvActSiLU + the same
+MS-norms). Modes: ``bf16`` (bf16 weights, eager), ``autocast`` (fp32 weights under torch.autocast(bf16), eager),
+``compile`` (bf16 weights, torch.compile: the hooks see what AOTAutograd's partitioner saves). "frozen" = linear
+weights without gradient (LoRA-like), "trainable" = full fine-tuning. Parameters (and, under autocast, their
+bf16 copies) are what they are in every variant; unit: saved bytes / (tokens · d).
 """
 
 from __future__ import annotations
@@ -17,31 +18,35 @@ import json
 import platform
 from pathlib import Path
 
+import torch
 from approxbp.approximations.files import write_atomic
-from approxbp.kernels.blocks import LlamaBlock, ViTBlock, saved_per_token_per_d
+from approxbp.kernels.blocks import MODES, GPTBlock, LlamaBlock, ViTBlock, saved_per_token_per_d
+
+BLOCKS = (("vit-b", ViTBlock), ("llama-style", LlamaBlock), ("gpt-d128", GPTBlock))
+VARIANTS = ("baseline", "relu-sum", "invact")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_blocks_cpu.json")
+    ap.add_argument("--tokens", type=int, default=197)
     args = ap.parse_args()
     rows = []
-    for name, cls in (("vit-b", ViTBlock), ("llama-style", LlamaBlock)):
+    print(f"{'block':<12} {'linears':<9} {'mode':<9} " + " ".join(f"{v:>9}" for v in VARIANTS) + "   saving")
+    for name, cls in BLOCKS:
         for frozen in (True, False):
-            base, comp, ours, inv = (saved_per_token_per_d(cls, v, frozen)
-                                     for v in ("baseline", "compiled", "relu-sum", "invact"))
-            rows.append({"block": name, "linears": "frozen" if frozen else "trainable",
-                         "baseline_bytes_per_token_per_d": round(base, 4),
-                         "torch_compile_bytes_per_token_per_d": round(comp, 4),
-                         "ours_bytes_per_token_per_d": round(ours, 4),
-                         "invact_bytes_per_token_per_d": round(inv, 4), "reduction": round(1 - ours / base, 4),
-                         "invact_reduction": round(1 - inv / base, 4)})
-            print(f"{name:<12} {rows[-1]['linears']:<9} baseline {base:7.3f}  compiled {comp:7.3f}  "
-                  f"relu-sum {ours:7.3f}  invact {inv:7.3f}")
+            for mode in MODES:
+                vals = {v: saved_per_token_per_d(cls, v, frozen, tokens=args.tokens, mode=mode) for v in VARIANTS}
+                rows.append({"block": name, "linears": "frozen" if frozen else "trainable", "mode": mode,
+                             **{f"{v}_bytes_per_token_per_d": round(b, 4) for v, b in vals.items()},
+                             "relu_sum_reduction": round(1 - vals["relu-sum"] / vals["baseline"], 4),
+                             "invact_reduction": round(1 - vals["invact"] / vals["baseline"], 4)})
+                print(f"{name:<12} {rows[-1]['linears']:<9} {mode:<9} "
+                      + " ".join(f"{vals[v]:9.3f}" for v in VARIANTS)
+                      + f"   {rows[-1]['relu_sum_reduction']:.1%} / {rows[-1]['invact_reduction']:.1%}")
     out = {"benchmark": "saved-for-backward bytes per block (saved_tensors_hooks)", "device": "cpu",
-           "dtype": "bfloat16", "tokens": 197, "batch": 2, "machine": platform.machine(),
-           "command": "python benchmarks/memory_blocks.py", "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+           "dtype": "bfloat16", "tokens": args.tokens, "batch": 2, "machine": platform.machine(),
+           "torch": torch.__version__, "command": "python benchmarks/memory_blocks.py", "rows": rows}
     write_atomic(args.out, json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
 

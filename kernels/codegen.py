@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
@@ -162,39 +163,48 @@ def activation(x):
 
 
 @triton.jit
-def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
-    # each program packs BLOCK bytes = BLOCK·(8/STORAGE_BITS) elements, codes little-end-first, and writes one
-    # byte nan_ptr[program] = [its block holds a NaN] (the codes have no room for NaN)
-    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    lane = tl.arange(0, {per_byte})
-    offs = byte[:, None] * {per_byte} + lane[None, :]
-    inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
-    # code = #{{i : c_i < x}} by binary search over the {n} knots (NaN → top code)
-    code = tl.zeros([BLOCK, {per_byte}], dtype=tl.int32)
-    for s in tl.static_range({bits}):
-        probe = code + (1 << ({bits} - 1 - s))
-        c = tl.load(knots_ptr + probe - 1)
-        code = tl.where(x <= c, code, probe)
-    code = tl.where(inside, code, 0)  # padding lanes of the last byte hold code 0
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(inside & (x != x), 1, 0)).to(tl.uint8))
-    shifted = (code << (lane[None, :] * {storage})).to(tl.int32)
-    tl.store(packed_ptr + byte, tl.sum(shifted, axis=1).to(tl.uint8), mask=byte < n_bytes)
+def _or(a, b):
+    return a | b
 
 
 @triton.jit
-def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
-    # BLOCK must be the forward's: program p reads the NaN byte its forward twin wrote
-    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    lane = tl.arange(0, {per_byte})
-    offs = byte[:, None] * {per_byte} + lane[None, :]
+def code_of(x, knots_ptr):
+    # code = #{{i : c_i < x}} (left-continuous; NaN → top code, as torch.bucketize)
+{code_body}
+
+
+@triton.jit
+def level_of(code, levels_ptr):
+{level_body}
+
+
+@triton.jit
+def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_words, WORDS: tl.constexpr):
+    # a program covers WORDS int32 words of {per_word} codes each ({storage} bits, little-end-first: the same bytes
+    # as packing byte by byte), writes them as whole words, and one byte nan_ptr[program] = [a NaN among them]
+    word = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
+    lane = tl.arange(0, {per_word})
+    offs = word[:, None] * {per_word} + lane[None, :]
     inside = offs < n_elem
-    packed = tl.load(packed_ptr + byte, mask=byte < n_bytes, other=0).to(tl.int32)
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    code = tl.where(inside, code_of(x, knots_ptr), 0)  # padding lanes of the last word hold code 0
+    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(inside & (x != x), 1, 0)).to(tl.uint8))
+    packed = tl.reduce(code << (lane[None, :] * {storage}), 1, _or)
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + word, packed, mask=word < n_words)
+
+
+@triton.jit
+def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_words, WORDS: tl.constexpr):
+    # WORDS must be the forward's: program p reads the NaN byte its forward twin wrote
+    word = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
+    lane = tl.arange(0, {per_word})
+    offs = word[:, None] * {per_word} + lane[None, :]
+    inside = offs < n_elem
+    packed = tl.load(packed_ptr.to(tl.pointer_type(tl.int32)) + word, mask=word < n_words, other=0)
     code = (packed[:, None] >> (lane[None, :] * {storage})) & {mask}
-    level = tl.load(levels_ptr + code)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    dx = tl.where(tl.load(nan_ptr + tl.program_id(0)) != 0, float("nan"), g * level)
+    dx = tl.where(tl.load(nan_ptr + tl.program_id(0)) != 0, float("nan"), g * level_of(code, levels_ptr))
     tl.store(out_ptr + offs, dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
 '''
 
@@ -202,6 +212,35 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
 def storage_bits(bits: int) -> int:
     """Codes are stored at the next of 1, 2, 4, 8 bits so that they pack evenly into bytes."""
     return next(w for w in (1, 2, 4, 8) if w >= bits)
+
+
+#: Up to this k, knots are compile-time comparisons and levels compile-time selects (2^k − 1 of each per
+#: element); above it the kernels read them from a small table (a k-step binary search, one gather).
+UNROLL_BITS = 4
+
+
+def _f32(v: float) -> str:
+    """A constant as the float32 value the kernels and the twin use (exact in either precision)."""
+    return repr(float(np.float32(v)))
+
+
+def _code_body(knots: list[float], bits: int) -> str:
+    if bits <= UNROLL_BITS:
+        terms = [f"    code = code + tl.where(x <= {_f32(c)}, 0, 1)" for c in knots]
+        return "\n".join(["    code = tl.zeros(x.shape, dtype=tl.int32)", *terms, "    return code"])
+    return "\n".join(["    code = tl.zeros(x.shape, dtype=tl.int32)",
+                      f"    for s in tl.static_range({bits}):",
+                      f"        probe = code + (1 << ({bits} - 1 - s))",
+                      "        code = tl.where(x <= tl.load(knots_ptr + probe - 1), code, probe)",
+                      "    return code"])
+
+
+def _level_body(levels: list[float], bits: int) -> str:
+    if bits <= UNROLL_BITS:
+        lines = [f"    level = tl.full(code.shape, {_f32(levels[0])}, tl.float32)"]
+        lines += [f"    level = tl.where(code == {j}, {_f32(v)}, level)" for j, v in enumerate(levels) if j]
+        return "\n".join([*lines, "    return level"])
+    return "    return tl.load(levels_ptr + code)"
 
 
 def module_name(table_path: Path, family: str | None = None) -> str:
@@ -222,9 +261,9 @@ def render_relu_sum(table_path: Path, t: dict | None = None) -> str:
     return RELU_SUM_TEMPLATE.format(
         docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t["activation"],
         expression=t["expression"],
-        bits=t["bits"], storage=storage, per_byte=8 // storage, mask=(1 << storage) - 1, n=len(t["knots"]),
-        knots=tuple(t["knots"]), levels=tuple(t["levels"]), objective=t["objective"], helpers=HELPERS,
-        source=triton_source(act.expr))
+        bits=t["bits"], storage=storage, per_word=32 // storage, mask=(1 << storage) - 1,
+        knots=tuple(t["knots"]), levels=tuple(t["levels"]), helpers=HELPERS, source=triton_source(act.expr),
+        code_body=_code_body(t["knots"], t["bits"]), level_body=_level_body(t["levels"], t["bits"]))
 
 
 INVACT_TEMPLATE = '''\

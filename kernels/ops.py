@@ -50,7 +50,7 @@ def _(x, key, use_triton):
     spec = SPECS[key]
     n = x.numel()
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            x.new_empty(((n * spec.storage + 7) // 8,), dtype=torch.uint8),
+            x.new_empty((4 * ((n * spec.storage + 31) // 32),), dtype=torch.uint8),
             x.new_empty(((n + spec.nan_span - 1) // spec.nan_span,), dtype=torch.uint8))
 
 

@@ -4,10 +4,14 @@ CUDA tensors (or any tensor with ``use_triton=True``, e.g. on the CPU under ``TR
 run the generated Triton kernels; other tensors run the pure-PyTorch twin below, which is also the
 test oracle. Both compute in float32 and store the output in the input's dtype.
 
+Layout of the saved codes: element i's code sits at bits [s·(i mod 32/s), …) of little-endian int32 word
+⌊i·s/32⌋ (s = storage bits), i.e. codes are packed consecutively, little-end-first, into bytes, and the buffer is
+padded to whole 4-byte words (the kernels read and write words; :func:`pack` is the same bytes).
+
 NaN: the k-bit codes have no room for "not a number", so the forward also saves one byte per block of
-``nan_span`` = BLOCK_BYTES·8/storage elements (4096 for k = 2, +0.02 % memory) saying whether the block held a
-NaN; the backward returns NaN for every element of such a block (torch returns it for the NaN element only; the
-loss is NaN either way). ±inf get the outermost levels, the ReLU-sum's own derivative there.
+``nan_span`` = 4096 elements (+0.02 % memory at k = 2) saying whether the block held a NaN; the backward
+returns NaN for every element of such a block (torch returns it for the NaN element only; the loss is NaN
+either way). ±inf get the outermost levels, the ReLU-sum's own derivative there.
 """
 
 from __future__ import annotations
@@ -26,8 +30,7 @@ from approxbp.approximations import tables as T
 from . import ops
 from .codegen import GENERATED, module_name, storage_bits
 from .guards import check_input
-
-BLOCK_BYTES = 1024
+from .launch import RELU_SUM_SPAN, num_warps, relu_sum_words
 
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -78,10 +81,11 @@ class ReLUSumSpec:
     def module(self):
         return _load_module(str(self.path))
 
-    @property
-    def nan_span(self) -> int:
-        """Elements per forward program, and per saved NaN byte."""
-        return BLOCK_BYTES * (8 // self.storage)
+    nan_span = RELU_SUM_SPAN  # elements per forward program, and per saved NaN byte
+
+    def packed_bytes(self, numel: int) -> int:
+        """Bytes of the saved codes: whole int32 words."""
+        return 4 * math.ceil(numel * self.storage / 32)
 
     # -- the pure-PyTorch twin -------------------------------------------------------------
     def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,7 +94,9 @@ class ReLUSumSpec:
         codes = torch.bucketize(x.float(), knots)  # #{c_i < x} in fp32, as the kernel; NaN → top code
         nan = torch.isnan(x.reshape(-1))
         nan = torch.nn.functional.pad(nan, (0, (-nan.numel()) % self.nan_span)).view(-1, self.nan_span).any(1)
-        return y, pack(codes, self.storage), nan.to(torch.uint8)
+        packed = pack(codes, self.storage)
+        packed = torch.nn.functional.pad(packed, (0, self.packed_bytes(x.numel()) - packed.numel()))
+        return y, packed, nan.to(torch.uint8)
 
     def backward_torch(self, g: torch.Tensor, packed: torch.Tensor, nan: torch.Tensor, numel: int) -> torch.Tensor:
         _, levels = self.consts(g.device)
@@ -105,12 +111,13 @@ class ReLUSumSpec:
         xc = x.contiguous()
         y = torch.empty_like(xc)
         n = xc.numel()
-        n_bytes = math.ceil(n * self.storage / 8)
-        packed = torch.empty(n_bytes, dtype=torch.uint8, device=x.device)
-        grid = (triton.cdiv(n_bytes, BLOCK_BYTES),)
+        packed = torch.empty(self.packed_bytes(n), dtype=torch.uint8, device=x.device)
+        words = relu_sum_words(self.storage)
+        grid = (triton.cdiv(packed.numel() // 4, words),)
         nan = torch.empty(grid[0], dtype=torch.uint8, device=x.device)
         if n:
-            self.module.forward_kernel[grid](xc, y, packed, knots, nan, n, n_bytes, BLOCK=BLOCK_BYTES)
+            self.module.forward_kernel[grid](xc, y, packed, knots, nan, n, packed.numel() // 4, WORDS=words,
+                                             num_warps=num_warps(x.dtype))
         return y, packed, nan
 
     def backward_triton(self, g: torch.Tensor, packed: torch.Tensor, nan: torch.Tensor, numel: int) -> torch.Tensor:
@@ -118,8 +125,10 @@ class ReLUSumSpec:
         gc = g.contiguous()
         out = torch.empty_like(gc)
         if numel:
-            grid = (triton.cdiv(packed.numel(), BLOCK_BYTES),)
-            self.module.backward_kernel[grid](gc, packed, levels, nan, out, numel, packed.numel(), BLOCK=BLOCK_BYTES)
+            words = relu_sum_words(self.storage)
+            grid = (triton.cdiv(packed.numel() // 4, words),)
+            self.module.backward_kernel[grid](gc, packed, levels, nan, out, numel, packed.numel() // 4, WORDS=words,
+                                              num_warps=num_warps(g.dtype))
         return out
 
 

@@ -38,37 +38,78 @@ def activation(x):
 
 
 @triton.jit
-def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
-    # each program packs BLOCK bytes = BLOCK·(8/STORAGE_BITS) elements, codes little-end-first, and writes one
-    # byte nan_ptr[program] = [its block holds a NaN] (the codes have no room for NaN)
-    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    lane = tl.arange(0, 2)
-    offs = byte[:, None] * 2 + lane[None, :]
-    inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
-    # code = #{i : c_i < x} by binary search over the 15 knots (NaN → top code)
-    code = tl.zeros([BLOCK, 2], dtype=tl.int32)
-    for s in tl.static_range(4):
-        probe = code + (1 << (4 - 1 - s))
-        c = tl.load(knots_ptr + probe - 1)
-        code = tl.where(x <= c, code, probe)
-    code = tl.where(inside, code, 0)  # padding lanes of the last byte hold code 0
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(inside & (x != x), 1, 0)).to(tl.uint8))
-    shifted = (code << (lane[None, :] * 4)).to(tl.int32)
-    tl.store(packed_ptr + byte, tl.sum(shifted, axis=1).to(tl.uint8), mask=byte < n_bytes)
+def _or(a, b):
+    return a | b
 
 
 @triton.jit
-def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
-    # BLOCK must be the forward's: program p reads the NaN byte its forward twin wrote
-    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    lane = tl.arange(0, 2)
-    offs = byte[:, None] * 2 + lane[None, :]
+def code_of(x, knots_ptr):
+    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
+    code = tl.zeros(x.shape, dtype=tl.int32)
+    code = code + tl.where(x <= -8.30418872833252, 0, 1)
+    code = code + tl.where(x <= -5.783852577209473, 0, 1)
+    code = code + tl.where(x <= -4.341381072998047, 0, 1)
+    code = code + tl.where(x <= -3.2340619564056396, 0, 1)
+    code = code + tl.where(x <= -1.5465123653411865, 0, 1)
+    code = code + tl.where(x <= -1.0831958055496216, 0, 1)
+    code = code + tl.where(x <= -0.7159695625305176, 0, 1)
+    code = code + tl.where(x <= -0.3925245702266693, 0, 1)
+    code = code + tl.where(x <= -0.08779607713222504, 0, 1)
+    code = code + tl.where(x <= 0.21707315742969513, 0, 1)
+    code = code + tl.where(x <= 0.5443211793899536, 0, 1)
+    code = code + tl.where(x <= 0.9382263422012329, 0, 1)
+    code = code + tl.where(x <= 2.1795637607574463, 0, 1)
+    code = code + tl.where(x <= 2.978717088699341, 0, 1)
+    code = code + tl.where(x <= 4.277590274810791, 0, 1)
+    return code
+
+
+@triton.jit
+def level_of(code, levels_ptr):
+    level = tl.full(code.shape, 0.0, tl.float32)
+    level = tl.where(code == 1, -0.005842323414981365, level)
+    level = tl.where(code == 2, -0.026177462190389633, level)
+    level = tl.where(code == 3, -0.06183908134698868, level)
+    level = tl.where(code == 4, -0.10525821894407272, level)
+    level = tl.where(code == 5, -0.02768038958311081, level)
+    level = tl.where(code == 6, 0.0981256291270256, level)
+    level = tl.where(code == 7, 0.2604433298110962, level)
+    level = tl.where(code == 8, 0.4463856816291809, level)
+    level = tl.where(code == 9, 0.6407312154769897, level)
+    level = tl.where(code == 10, 0.8256645202636719, level)
+    level = tl.where(code == 11, 0.9806346893310547, level)
+    level = tl.where(code == 12, 1.0802584886550903, level)
+    level = tl.where(code == 13, 1.037911295890808, level)
+    level = tl.where(code == 14, 1.0089324712753296, level)
+    level = tl.where(code == 15, 1.0, level)
+    return level
+
+
+@triton.jit
+def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_words, WORDS: tl.constexpr):
+    # a program covers WORDS int32 words of 8 codes each (4 bits, little-end-first: the same bytes
+    # as packing byte by byte), writes them as whole words, and one byte nan_ptr[program] = [a NaN among them]
+    word = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
+    lane = tl.arange(0, 8)
+    offs = word[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    packed = tl.load(packed_ptr + byte, mask=byte < n_bytes, other=0).to(tl.int32)
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    code = tl.where(inside, code_of(x, knots_ptr), 0)  # padding lanes of the last word hold code 0
+    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(inside & (x != x), 1, 0)).to(tl.uint8))
+    packed = tl.reduce(code << (lane[None, :] * 4), 1, _or)
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + word, packed, mask=word < n_words)
+
+
+@triton.jit
+def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_words, WORDS: tl.constexpr):
+    # WORDS must be the forward's: program p reads the NaN byte its forward twin wrote
+    word = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
+    lane = tl.arange(0, 8)
+    offs = word[:, None] * 8 + lane[None, :]
+    inside = offs < n_elem
+    packed = tl.load(packed_ptr.to(tl.pointer_type(tl.int32)) + word, mask=word < n_words, other=0)
     code = (packed[:, None] >> (lane[None, :] * 4)) & 15
-    level = tl.load(levels_ptr + code)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    dx = tl.where(tl.load(nan_ptr + tl.program_id(0)) != 0, float("nan"), g * level)
+    dx = tl.where(tl.load(nan_ptr + tl.program_id(0)) != 0, float("nan"), g * level_of(code, levels_ptr))
     tl.store(out_ptr + offs, dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)

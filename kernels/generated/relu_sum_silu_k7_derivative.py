@@ -38,37 +38,50 @@ def activation(x):
 
 
 @triton.jit
-def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
-    # each program packs BLOCK bytes = BLOCK·(8/STORAGE_BITS) elements, codes little-end-first, and writes one
-    # byte nan_ptr[program] = [its block holds a NaN] (the codes have no room for NaN)
-    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    lane = tl.arange(0, 1)
-    offs = byte[:, None] * 1 + lane[None, :]
-    inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
-    # code = #{i : c_i < x} by binary search over the 127 knots (NaN → top code)
-    code = tl.zeros([BLOCK, 1], dtype=tl.int32)
-    for s in tl.static_range(7):
-        probe = code + (1 << (7 - 1 - s))
-        c = tl.load(knots_ptr + probe - 1)
-        code = tl.where(x <= c, code, probe)
-    code = tl.where(inside, code, 0)  # padding lanes of the last byte hold code 0
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(inside & (x != x), 1, 0)).to(tl.uint8))
-    shifted = (code << (lane[None, :] * 8)).to(tl.int32)
-    tl.store(packed_ptr + byte, tl.sum(shifted, axis=1).to(tl.uint8), mask=byte < n_bytes)
+def _or(a, b):
+    return a | b
 
 
 @triton.jit
-def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
-    # BLOCK must be the forward's: program p reads the NaN byte its forward twin wrote
-    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    lane = tl.arange(0, 1)
-    offs = byte[:, None] * 1 + lane[None, :]
+def code_of(x, knots_ptr):
+    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
+    code = tl.zeros(x.shape, dtype=tl.int32)
+    for s in tl.static_range(7):
+        probe = code + (1 << (7 - 1 - s))
+        code = tl.where(x <= tl.load(knots_ptr + probe - 1), code, probe)
+    return code
+
+
+@triton.jit
+def level_of(code, levels_ptr):
+    return tl.load(levels_ptr + code)
+
+
+@triton.jit
+def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_words, WORDS: tl.constexpr):
+    # a program covers WORDS int32 words of 4 codes each (8 bits, little-end-first: the same bytes
+    # as packing byte by byte), writes them as whole words, and one byte nan_ptr[program] = [a NaN among them]
+    word = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
+    lane = tl.arange(0, 4)
+    offs = word[:, None] * 4 + lane[None, :]
     inside = offs < n_elem
-    packed = tl.load(packed_ptr + byte, mask=byte < n_bytes, other=0).to(tl.int32)
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    code = tl.where(inside, code_of(x, knots_ptr), 0)  # padding lanes of the last word hold code 0
+    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(inside & (x != x), 1, 0)).to(tl.uint8))
+    packed = tl.reduce(code << (lane[None, :] * 8), 1, _or)
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + word, packed, mask=word < n_words)
+
+
+@triton.jit
+def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_words, WORDS: tl.constexpr):
+    # WORDS must be the forward's: program p reads the NaN byte its forward twin wrote
+    word = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
+    lane = tl.arange(0, 4)
+    offs = word[:, None] * 4 + lane[None, :]
+    inside = offs < n_elem
+    packed = tl.load(packed_ptr.to(tl.pointer_type(tl.int32)) + word, mask=word < n_words, other=0)
     code = (packed[:, None] >> (lane[None, :] * 8)) & 255
-    level = tl.load(levels_ptr + code)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    dx = tl.where(tl.load(nan_ptr + tl.program_id(0)) != 0, float("nan"), g * level)
+    dx = tl.where(tl.load(nan_ptr + tl.program_id(0)) != 0, float("nan"), g * level_of(code, levels_ptr))
     tl.store(out_ptr + offs, dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
