@@ -1,63 +1,115 @@
-"""GPU benchmark (issue 4 §8): kernel throughput and peak training memory. CUDA only — it refuses to run on the
-CPU, because an interpreter timing says nothing about kernel speed.
+"""GPU benchmark: kernel throughput against copy bandwidth, and training steps in every mode people train in.
+CUDA only for numbers: on the CPU it refuses, because an interpreter timing says nothing about kernel speed;
+``--smoke`` runs every code path on tiny CPU tensors and writes nothing (the tests use it).
 
     python benchmarks/gpu_kernels.py [--out benchmarks/results] [--numel 67108864] [--dtype bfloat16]
 
-Throughput: forward and backward time (triton.testing.do_bench, median) of ReGELU2, InvActGELU, ReSiLU2,
-InvActSiLU, MS-LayerNorm and MS-RMSNorm against torch eager, torch.compile and Liger-Kernel (when installed);
-GB/s counts the bytes each implementation must move (reads + writes) and is compared with a measured
-device-to-device copy. Peak memory: one training step (forward, backward, AdamW) of a small ViT and a small
-LLaMA (random init, Hugging Face classes), unpatched vs patch_model(relu-sum) vs patch_model(invact).
+1. Element-wise kernels: forward and backward of ReGELU2 / ReLU-sum k=4 / InvActGELU, ReSiLU2 / InvActSiLU,
+   MS-LayerNorm / MS-RMSNorm against torch eager, torch.compile and Liger-Kernel (when installed), on 2-D rows
+   (numel/4096 × 4096). Backward is timed as (forward + backward) − forward with a fresh forward each time, so
+   compiled graphs (whose buffers are donated) are timed the same way as eager ones. Reported: seconds, ratio to
+   torch eager measured in the same run, and the fraction of the measured device-to-device copy bandwidth for
+   the bytes each implementation must move.
+2. Training steps (issue 10): a GPT-style model (d=1024, 8 blocks, LayerNorm, Linear→GELU→Linear, 16×1024
+   tokens), one AdamW step: peak ``max_memory_allocated`` and step time in bf16 eager, fp32 + autocast(bf16)
+   eager, and bf16 torch.compile; exact vs ReGELU2 + MS-norm vs InvAct + MS-norm.
+3. The papers' headline (Approx-BP, LoRA r=4 on ViT-B/16, batch 64, 224², AdamW): peak memory and images/s,
+   exact vs patched, in autocast and bf16 modes (needs transformers and peft).
 Writes gpu_kernels_<device>.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import re
+import time
 from pathlib import Path
 
 import torch
 from approxbp.approximations.files import write_atomic
+from torch import nn
+
+SMOKE = False
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _bench(fn) -> float:
+    """Median seconds of ``fn`` (triton.testing.do_bench on CUDA; a single call in --smoke mode)."""
+    if SMOKE:
+        fn()
+        return float("nan")
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e-3  # seconds
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e-3
 
 
-def copy_bandwidth(numel: int, dtype) -> float:
-    x = torch.empty(numel, dtype=dtype, device="cuda")
+def copy_bandwidth(numel: int, dtype, device) -> float:
+    x = torch.empty(numel, dtype=dtype, device=device)
     y = torch.empty_like(x)
     return 2 * x.numel() * x.element_size() / _bench(lambda: y.copy_(x))
 
 
-def _fwd_bwd(make, x, g):
-    """(forward seconds, backward seconds) of y = make(x) with grad g; backward timed on a retained graph."""
+def _fwd_bwd(make, x, g) -> tuple[float, float]:
+    """(forward s, backward s): backward = (forward + backward with a fresh graph) − forward."""
     xr = x.detach().requires_grad_(True)
-    fwd = _bench(lambda: make(xr))
-    y = make(xr)
-    bwd = _bench(lambda: torch.autograd.grad(y, xr, g, retain_graph=True))
-    return fwd, bwd
+
+    def forward():
+        with torch.no_grad():
+            return make(xr)
+
+    def both():
+        xr.grad = None
+        make(xr).backward(g)
+
+    fwd = _bench(forward)
+    both()  # compile/warm the backward
+    return fwd, _bench(both) - _bench(lambda: make(xr))
 
 
-def activation_rows(numel: int, dtype) -> list[dict]:
-    from approxbp.kernels import InvActGELU, InvActSiLU, ReGELU2, ReSiLU2
+def _rows(op, impls, x, g, copy_bps):
+    """impls: name → (callable, forward bytes/elem, backward bytes/elem)."""
+    out, n = [], x.numel()
+    for impl, (fn, fb, bb) in impls.items():
+        try:
+            f, b = _fwd_bwd(fn, x, g)
+        except Exception as err:  # noqa: BLE001 - one failing impl must not lose the others' numbers
+            out.append({"op": op, "impl": impl, "error": f"{type(err).__name__}: {str(err)[:200]}"})
+            continue
+        out.append({"op": op, "impl": impl, "shape": list(x.shape), "dtype": str(x.dtype), "forward_s": f,
+                    "backward_s": b, "forward_fraction_of_copy": fb * n / f / copy_bps,
+                    "backward_fraction_of_copy": bb * n / b / copy_bps})
+    eager = next((r for r in out if r["impl"] == "torch eager" and "forward_s" in r), None)
+    for r in out:
+        if eager and "forward_s" in r:
+            r["forward_vs_eager"] = r["forward_s"] / eager["forward_s"]
+            r["backward_vs_eager"] = r["backward_s"] / eager["backward_s"]
+    return out
+
+
+def activation_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
+    from approxbp.kernels import InvActGELU, InvActSiLU, ReGELU2, ReLUSumActivation, ReSiLU2
 
     e = torch.tensor([], dtype=dtype).element_size()
-    x = torch.randn(numel, dtype=dtype, device="cuda")
+    x = torch.randn(max(numel // 4096, 1), 4096, dtype=dtype, device=device)  # 2-D rows (Liger needs them)
     g = torch.randn_like(x)
+    use = device == "cuda" or None
     rows = []
-    for name, exact, ours in (("gelu", torch.nn.GELU(), {"ReGELU2": ReGELU2(), "InvActGELU": InvActGELU()}),
-                              ("silu", torch.nn.SiLU(), {"ReSiLU2": ReSiLU2(), "InvActSiLU": InvActSiLU()})):
+    for name, exact, ours in (("gelu", nn.GELU(), {"ReGELU2": (ReGELU2(use_triton=use), 2),
+                                                   "ReLU-sum k=4": (ReLUSumActivation("gelu-k4-primitive",
+                                                                                      use_triton=use), 4),
+                                                   "InvActGELU": (InvActGELU(use_triton=use), 1)}),
+                              ("silu", nn.SiLU(), {"ReSiLU2": (ReSiLU2(use_triton=use), 2),
+                                                   "InvActSiLU": (InvActSiLU(use_triton=use), 1)})):
         impls = {"torch eager": (exact, 2 * e, 3 * e), "torch.compile": (torch.compile(exact), 2 * e, 3 * e)}
-        impls.update({k: (m, 2 * e + (0.25 if k.startswith("Re") else 0.125),  # bytes/element fwd, bwd
-                          2 * e + (0.25 if k.startswith("Re") else 0.125) + (e if k.startswith("Inv") else 0))
-                      for k, m in ours.items()})
+        for k, (m, bits) in ours.items():
+            saved = bits / 8 + (1 / 4096 if bits > 1 else 0)  # codes (+ NaN bytes) or branch bits
+            impls[k] = (m, 2 * e + saved, 2 * e + saved + (e if bits == 1 else 0))  # InvAct reads y too
         try:
             from liger_kernel.transformers.functional import liger_geglu, liger_swiglu
 
@@ -66,104 +118,176 @@ def activation_rows(numel: int, dtype) -> list[dict]:
             impls["liger (GLU with b = 1)"] = (lambda t, glu=glu, ones=ones: glu(t, ones), 3 * e, 5 * e)
         except ImportError:
             pass
-        for impl, (fn, fwd_bytes, bwd_bytes) in impls.items():
-            f, b = _fwd_bwd(fn, x, g)
-            rows.append({"op": name, "impl": impl, "numel": numel, "dtype": str(dtype), "forward_s": f,
-                         "backward_s": b, "forward_GBps": fwd_bytes * numel / f / 1e9,
-                         "backward_GBps": bwd_bytes * numel / b / 1e9})
+        rows += _rows(name, impls, x, g, copy_bps)
     return rows
 
 
-def norm_rows(rows_: int, d: int, dtype) -> list[dict]:
+def norm_rows(rows_: int, d: int, dtype, device, copy_bps) -> list[dict]:
     from approxbp.kernels import MSLayerNorm, MSRMSNorm
 
     e = torch.tensor([], dtype=dtype).element_size()
-    x = torch.randn(rows_, d, dtype=dtype, device="cuda")
+    x = torch.randn(rows_, d, dtype=dtype, device=device)
     g = torch.randn_like(x)
     out = []
-    for name, exact, ours in (("layernorm", torch.nn.LayerNorm(d, device="cuda", dtype=dtype), MSLayerNorm(d)),
-                              ("rmsnorm", torch.nn.RMSNorm(d, device="cuda", dtype=dtype), MSRMSNorm(d))):
-        impls = {"torch eager": exact, "torch.compile": torch.compile(exact), f"MS-{name}": ours}
+    for name, exact, ours in (("layernorm", nn.LayerNorm(d, device=device, dtype=dtype), MSLayerNorm(d)),
+                              ("rmsnorm", nn.RMSNorm(d, device=device, dtype=dtype), MSRMSNorm(d))):
+        impls = {"torch eager": (exact, 2 * e, 3 * e), "torch.compile": (torch.compile(exact), 2 * e, 3 * e),
+                 f"MS-{name}": (ours, 2 * e, 3 * e)}
         if name == "rmsnorm":
             try:
                 from liger_kernel.transformers.rms_norm import LigerRMSNorm
 
-                impls["liger"] = LigerRMSNorm(d).to("cuda", dtype)
+                impls["liger"] = (LigerRMSNorm(d).to(device, dtype), 2 * e, 3 * e)
             except ImportError:
                 pass
-        for impl, fn in impls.items():
-            f, b = _fwd_bwd(fn, x, g)
-            n = rows_ * d
-            out.append({"op": name, "impl": impl, "shape": [rows_, d], "dtype": str(dtype), "forward_s": f,
-                        "backward_s": b, "forward_GBps": 2 * e * n / f / 1e9, "backward_GBps": 3 * e * n / b / 1e9})
+        out += _rows(name, impls, x, g, copy_bps)
     return out
 
 
-def peak_memory_rows(dtype) -> list[dict]:
-    import transformers
-    from approxbp.kernels.patch import patch_model
+def _measure(step, device, steps) -> tuple[int | None, float | None]:
+    """(peak bytes, seconds per step) after two warm-up steps (compilation; the optimizer state exists from the
+    second step on). Both None in --smoke mode, where only the code path is exercised."""
+    for _ in range(2):
+        step()
+    _sync()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(1 if SMOKE else steps):
+        step()
+    _sync()
+    if SMOKE:
+        return None, None
+    return torch.cuda.max_memory_allocated(), (time.perf_counter() - t0) / steps
 
-    def vit():
-        cfg = transformers.ViTConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
-                                     intermediate_size=1536, image_size=224, patch_size=16, num_labels=100)
-        model = transformers.ViTForImageClassification(cfg)
-        batch = {"pixel_values": torch.randn(64, 3, 224, 224), "labels": torch.randint(0, 100, (64,))}
-        return model, batch, {"pixel_values": batch["pixel_values"][:2]}
 
-    def llama():
-        cfg = transformers.LlamaConfig(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                                       num_key_value_heads=8, intermediate_size=1376, vocab_size=32000)
-        model = transformers.LlamaForCausalLM(cfg)
-        ids = torch.randint(0, 32000, (16, 512))
-        return model, {"input_ids": ids, "labels": ids}, {"input_ids": ids[:1, :16]}
+class GPT(nn.Module):
+    def __init__(self, d=1024, blocks=8, vocab=32000):
+        super().__init__()
+        from approxbp.kernels.blocks import GPTBlock
+
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.Sequential(*[GPTBlock(d=d, hidden=4 * d, heads=d // 64) for _ in range(blocks)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        return self.head(self.ln(self.blocks(self.emb(ids))))
+
+
+def training_step_rows(device, d=1024, blocks=8, batch=16, tokens=1024, steps=5) -> list[dict]:
+    from approxbp.kernels import patch_model
 
     out = []
-    for name, build in (("vit-small", vit), ("llama-small", llama)):
-        torch.manual_seed(0)
-        base, batch, example = build()
-        for variant in ("unpatched", "relu-sum", "invact"):
-            model = copy.deepcopy(base)
-            if variant != "unpatched":
-                patch_model(model, activation=variant, example_input=example)
-            model = model.to("cuda", dtype)
-            b = {k: (v.to("cuda", dtype) if v.is_floating_point() else v.to("cuda")) for k, v in batch.items()}
+    ids = torch.randint(0, 32000, (batch, tokens), device=device)
+    for mode in ("bf16", "autocast", "compile"):
+        for variant in ("exact", "relu-sum", "invact"):
+            torch.manual_seed(0)
+            model = GPT(d, blocks)
+            if variant != "exact":
+                patch_model(model, activation=variant)
+            model = model.to(device, torch.float32 if mode == "autocast" else torch.bfloat16)
+            run = torch.compile(model) if mode == "compile" else model
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            for _ in range(2):  # the second step includes the optimizer state
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                model(**b).loss.backward()
+
+            def step(run=run, opt=opt, mode=mode):
+                with torch.autocast(device, torch.bfloat16, enabled=mode == "autocast"):
+                    logits = run(ids)
+                    loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
+                loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            out.append({"model": name, "variant": variant, "dtype": str(dtype),
-                        "peak_bytes": torch.cuda.max_memory_allocated()})
+
+            peak, secs = _measure(step, device, steps)
+            out.append({"model": f"gpt d={d} × {blocks}", "tokens": batch * tokens, "mode": mode, "variant": variant,
+                        "peak_bytes": peak, "step_s": secs})
+            del model, run, opt
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return out
+
+
+def vit_lora_rows(device, batch=64, steps=5) -> list[dict]:
+    """Approx-BP's headline configuration: HF ViT-B/16 (random init), LoRA r=4 on query/value, AdamW."""
+    try:
+        import peft
+        import transformers
+    except ImportError as err:
+        return [{"skipped": f"needs transformers and peft ({err})"}]
+    from approxbp.kernels import patch_model
+
+    size = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+    if SMOKE:
+        size = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+        batch = 2
+    cfg = transformers.ViTConfig(**size, image_size=224, patch_size=16, num_labels=100)
+    pixels = torch.randn(batch, 3, 224, 224, device=device)
+    labels = torch.randint(0, 100, (batch,), device=device)
+    out = []
+    for mode in ("autocast", "bf16"):
+        for variant in ("exact", "relu-sum", "invact"):
+            torch.manual_seed(0)
+            model = transformers.ViTForImageClassification(cfg)
+            if variant != "exact":
+                patch_model(model, activation=variant, example_input={"pixel_values": pixels[:1].cpu()})
+            model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["query", "value", "q_proj", "v_proj"]))
+            model = model.to(device, torch.float32 if mode == "autocast" else torch.bfloat16)
+            px = pixels.to(torch.float32 if mode == "autocast" else torch.bfloat16)
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+            def step(model=model, opt=opt, mode=mode, px=px):
+                with torch.autocast(device, torch.bfloat16, enabled=mode == "autocast"):
+                    loss = model(pixel_values=px, labels=labels).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            peak, secs = _measure(step, device, steps)
+            out.append({"model": "vit-b/16 lora r=4", "batch": batch, "mode": mode, "variant": variant,
+                        "peak_bytes": peak, "images_per_s": None if secs is None else batch / secs})
             del model, opt
-            torch.cuda.empty_cache()
     return out
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--numel", type=int, default=1 << 26)
+    global SMOKE
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the JSON")
+    p.add_argument("--numel", type=int, default=1 << 26, help="elements per element-wise benchmark")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--skip", nargs="*", default=[], choices=("kernels", "training", "vit-lora"),
+                   help="sections to leave out")
+    p.add_argument("--smoke", action="store_true", help="run every code path on tiny CPU tensors; no numbers")
     args = p.parse_args()
-    if not torch.cuda.is_available():
+    SMOKE = args.smoke
+    if not SMOKE and not torch.cuda.is_available():
         raise SystemExit("gpu_kernels.py measures CUDA kernels; no CUDA device here (CPU timings are not kernel "
                          "speeds — see benchmarks/memory_blocks.py for the CPU memory accounting)")
+    device = "cpu" if SMOKE else "cuda"
     dtype = getattr(torch, args.dtype)
-    device = torch.cuda.get_device_name()
-    result = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
-              "copy_GBps": copy_bandwidth(args.numel, dtype) / 1e9,
-              "activations": activation_rows(args.numel, dtype), "norms": norm_rows(args.numel // 4096, 4096, dtype),
-              "peak_memory": peak_memory_rows(dtype)}
-    for r in result["activations"] + result["norms"]:
-        r["backward_fraction_of_copy"] = r["backward_GBps"] / result["copy_GBps"]
-    args.out.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"\W+", "_", device).strip("_").lower()
-    path = args.out / f"gpu_kernels_{slug}.json"
-    write_atomic(path, json.dumps(result, indent=1) + "\n")
+    numel = 4096 * 4 if SMOKE else args.numel
+    result = {"device": "smoke (cpu)" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,
+              "python": platform.python_version(), "numel": numel, "dtype": str(dtype)}
+    result["copy_GBps"] = copy_bandwidth(numel, dtype, device) / 1e9
+    if "kernels" not in args.skip:
+        bps = result["copy_GBps"] * 1e9
+        result["activations"] = activation_rows(numel, dtype, device, bps)
+        result["norms"] = norm_rows(max(numel // 4096, 1), 4096, dtype, device, bps)
+    if "training" not in args.skip:
+        kw = {"d": 64, "blocks": 1, "batch": 2, "tokens": 16} if SMOKE else {}
+        result["training_steps"] = training_step_rows(device, **kw)
+    if "vit-lora" not in args.skip:
+        result["vit_lora"] = vit_lora_rows(device)
+    failed = [r for r in result.get("activations", []) + result.get("norms", []) if "error" in r]
+    for r in failed:
+        print(f"FAILED {r['op']} / {r['impl']}: {r['error']}")
+    if SMOKE:
+        print(f"smoke run: every section ran ({len(failed)} implementation(s) failed); nothing written")
+        return 1 if failed else 0
+    slug = re.sub(r"\W+", "_", result["device"]).strip("_").lower()
+    path = write_atomic(args.out / f"gpu_kernels_{slug}.json", json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
