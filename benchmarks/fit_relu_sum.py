@@ -16,7 +16,6 @@ from pathlib import Path
 
 from approxbp.approximations.files import write_atomic
 from approxbp.fitting import fit_relu_sum
-from approxbp.fitting.reproduce import auto_method
 
 
 def main() -> None:
@@ -30,8 +29,8 @@ def main() -> None:
         for objective in ("primitive", "derivative"):
             for k in range(1, 9):
                 t0 = time.perf_counter()
-                t = fit_relu_sum(act, k, objective, method=auto_method(k), restarts=args.restarts, seed=0,
-                                 workers=args.workers, progress=False)
+                t = fit_relu_sum(act, k, objective, restarts=args.restarts, seed=0, workers=args.workers,
+                                 progress=False).table
                 wall = time.perf_counter() - t0
                 rows.append({"activation": act, "objective": objective, "bits": k, "method": t["provenance"]["method"],
                              "restarts": args.restarts, "wall_seconds": round(wall, 3), "loss": t["loss"],

@@ -128,7 +128,6 @@ def _dispatch(args, argv) -> int:
     from approxbp.approximations.files import check_writable
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
     from approxbp.fitting.reproduce import (
-        auto_method,
         format_comparisons,
         format_invact_rows,
         regenerate_invact,
@@ -141,10 +140,14 @@ def _dispatch(args, argv) -> int:
     if args.command == "fit" and args.out is not None:  # fail now, not after a long fit
         check_writable(args.out, overwrite=args.force)
     if args.command == "fit" and args.family == "relu-sum":
-        method = auto_method(args.bits) if args.method == "auto" else args.method
-        table = fit_relu_sum(args.activation, args.bits, args.objective, method=method, restarts=args.restarts,
-                             seed=args.seed, workers=args.workers, progress=progress, command=cli_command(argv))
+        fit = fit_relu_sum(args.activation, args.bits, args.objective, method=args.method, restarts=args.restarts,
+                           seed=args.seed, workers=args.workers, progress=progress, command=cli_command(argv))
+        table = fit.table
         print(_summary(table))
+        print(f"  restarts    {fit.message}")
+        if fit.at_best == 1:
+            print(f"approxbp: warning: only 1 of {len(fit.restarts)} restarts reached the best loss; "
+                  "run more --restarts before trusting this optimum", file=sys.stderr)
         if args.out:
             print(f"  wrote       {T.save(table, args.out, overwrite=args.force)}")
         return 0
@@ -177,6 +180,14 @@ def _dispatch(args, argv) -> int:
                                       progress=progress)
             paths += regenerate_invact(args.out, seed=args.seed)
             print(f"regenerated {len(paths)} tables under {paths[0].parent.parent}")
+            from approxbp.fitting.consistency import check_consistency
+
+            root = paths[0].parent.parent
+            problems = check_consistency(lambda name: T.load(root / f"{name}.json"))
+            print("consistency across k and activations: " + ("ok" if not problems else "FAILED"))
+            for p in problems:
+                print(f"  {p}")
+            ok_inv = ok_inv and not problems
         from approxbp.fitting.bdia import reproduce_row
 
         b = reproduce_row(seed=args.seed)

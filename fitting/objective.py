@@ -177,6 +177,7 @@ class ReluSumObjective:
     # -- value and gradient ------------------------------------------------------------------
     def __call__(self, c) -> tuple[float, np.ndarray]:
         """(J(c), dJ/dc) for knots in any order; the gradient is returned in the caller's order."""
+        self.nfev = getattr(self, "nfev", 0) + 1
         c = np.asarray(c, dtype=np.float64)
         if not np.all(np.isfinite(c)):
             raise ValueError(f"knots must be finite, got {c}")

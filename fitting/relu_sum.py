@@ -3,8 +3,12 @@
 Methods, all seeded and ending in the same deterministic polish:
   anneal  simulated annealing over the knots (the paper's method; scipy.optimize.dual_annealing)
   sgd     Adam on the knots through torch autograd (the paper's alternative)
-  polish  L-BFGS-B from an equidistributed start only
-Restarts get independent child seeds (numpy SeedSequence), so results do not depend on --workers.
+  polish  L-BFGS-B from a jittered equidistributed start
+  auto    anneal for k ≤ 4, polish above (the CLI's and the API's default)
+Restarts get independent child seeds (numpy SeedSequence), so results do not depend on --workers. Besides the
+method's restarts, every fit polishes three structured starts (:func:`structured_starts`): the equidistributed
+knots, their symmetrisation when h(x) − x/2 is even, and the (k−1) solution with a knot inserted in every gap.
+Every restart's final loss is recorded, with how many reached the best.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ import numpy as np
 from approxbp.approximations import Activation, get_activation
 from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tables import SCHEMA
-from scipy.optimize import dual_annealing, minimize
+from scipy.optimize import OptimizeResult, dual_annealing, minimize
 
 from .objective import ReluSumObjective, check_objective, interval_for
 
 METHODS = ("anneal", "sgd", "polish")
+#: Relative distance to the best loss within which a restart counts as having reached it.
+SAME_LOSS = 1e-9
 
 
 def package_version() -> str:
@@ -51,6 +57,72 @@ def equidistributed_knots(obj: ReluSumObjective, rng: np.random.Generator | None
     if rng is not None and jitter:
         u = np.sort(np.clip(u + rng.uniform(-jitter, jitter, obj.n) / obj.n, 1e-6, 1 - 1e-6))
     return np.interp(u, cdf, grid)
+
+
+def is_symmetric(obj: ReluSumObjective) -> bool:
+    """h(x) − x/2 even (GELU, SiLU, …): then the optimal knots are symmetric about 0 (for a symmetric interval)."""
+    x = np.linspace(0.0, min(-obj.A, obj.B), 401)
+    h = obj.activation
+    return bool(np.isclose(-obj.A, obj.B) and np.max(np.abs(h.f(x) - h.f(-x) - x)) <= 1e-12 * max(1.0, x[-1]))
+
+
+def refine(knots: np.ndarray, A: float, B: float) -> np.ndarray:
+    """The (k−1) knots with one knot inserted in every gap (2n + 1 knots): midpoints inside, and one
+    inner-gap's width beyond each end (clipped to [A, B])."""
+    c = np.sort(np.asarray(knots, dtype=np.float64))
+    gap = np.diff(c).min() if c.size > 1 else (B - A) / 8
+    inner = (c[1:] + c[:-1]) / 2
+    ends = np.clip([c[0] - gap / 2, c[-1] + gap / 2], A, B)
+    return np.sort(np.concatenate([[ends[0]], c, inner, [ends[1]]]))
+
+
+def structured_starts(obj: ReluSumObjective, lower: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
+    """Deterministic starts polished in every fit: (label, knots)."""
+    eq = equidistributed_knots(obj)
+    starts = [("equidistributed", eq)]
+    if is_symmetric(obj):
+        starts.append(("symmetric", np.sort((eq - eq[::-1]) / 2)))
+    if lower is not None:
+        starts.append(("refined k-1", refine(lower, obj.A, obj.B)))
+    return starts
+
+
+#: Up to this k every fit ends with :func:`relocate` on its best restart.
+RELOCATE_BITS = 4
+
+
+def segment_errors(obj: ReluSumObjective, c: np.ndarray) -> np.ndarray:
+    """The objective's integrand integrated over each of the n + 1 segments [A, c₁], …, [cₙ, B]."""
+    rs = obj.solution(c)
+    b = np.concatenate([[obj.A], rs.knots, [obj.B]])
+    out = np.empty(b.size - 1)
+    for i, (lo, hi) in enumerate(zip(b[:-1], b[1:])):
+        x = np.linspace(lo, hi, 65)
+        r = obj.target(x) - (rs(x) if obj.objective == "primitive" else rs.derivative(x))
+        out[i] = np.trapezoid(r * r, x)
+    return out
+
+
+def relocate(obj: ReluSumObjective, c: np.ndarray, targets: int = 3, rounds: int = 3) -> np.ndarray:
+    """Knot relocation: move each knot in turn to the middle of one of the ``targets`` segments with the largest
+    error, polish, keep the best; repeat while it improves. Finds optima that every restart missed, e.g. the
+    asymmetric k = 3 optimum of a symmetric activation when the restarts all settle in the symmetric one."""
+    best_c, best = np.sort(c), obj(c)[0]
+    for _ in range(rounds):
+        improved = False
+        for j in np.argsort(segment_errors(obj, best_c))[::-1][:targets]:
+            b = np.concatenate([[obj.A], best_c, [obj.B]])
+            for i in range(obj.n):
+                start = np.sort(np.append(np.delete(best_c, i), (b[j] + b[j + 1]) / 2))
+                if np.min(np.diff(start)) <= 1e-9 * (obj.B - obj.A):
+                    continue
+                cand = polish(obj, start)
+                value = obj(cand)[0]
+                if value < best * (1 - SAME_LOSS) and _degenerate(obj, cand) is None:
+                    best, best_c, improved = value, cand, True
+        if not improved:
+            break
+    return best_c
 
 
 # ---- the three methods ---------------------------------------------------------------------------
@@ -81,7 +153,12 @@ def polish(obj: ReluSumObjective, c0: np.ndarray, maxiter: int = 20000, newton_s
 
 def _hessian(obj: ReluSumObjective, c: np.ndarray) -> np.ndarray:
     h = 1e-6 * (obj.B - obj.A)
-    H = np.array([(obj(c + e)[1] - obj(c - e)[1]) / (2 * h) for e in np.eye(obj.n) * h])
+    rows = []
+    for e in np.eye(obj.n) * h:  # central differences; one-sided where a knot sits on the interval's end
+        hi = c + e if np.all(c + e <= obj.B) else c
+        lo = c - e if np.all(c - e >= obj.A) else c
+        rows.append((obj(hi)[1] - obj(lo)[1]) / (np.max(hi - lo)))
+    H = np.array(rows)
     return (H + H.T) / 2
 
 
@@ -193,22 +270,24 @@ class _Job:
     objective: str
     interval: tuple[float, float]
     method: str
-    seed: np.random.SeedSequence
+    seed: np.random.SeedSequence | None
     restart: int
+    start: tuple[float, ...] | None = None  # a structured start (method "start")
 
 
-def _run(job: _Job) -> tuple[int, float, np.ndarray]:
+def _run(job: _Job) -> tuple[int, float, np.ndarray, str | None, int]:
     act = Activation.from_expression(job.activation, job.expression)
     obj = ReluSumObjective(act, job.bits, job.objective, job.interval)
-    if job.method == "anneal":
+    if job.method == "start":
+        c = np.asarray(job.start)
+    elif job.method == "anneal":
         c = anneal(obj, job.seed)
     elif job.method == "sgd":
         c = sgd(obj, job.seed)
     else:
-        jitter = 0.0 if job.restart == 0 else 0.5
-        c = equidistributed_knots(obj, np.random.default_rng(job.seed), jitter)
+        c = equidistributed_knots(obj, np.random.default_rng(job.seed), 0.5)
     c = polish(obj, c)
-    return job.restart, obj(c)[0], c, _degenerate(obj, c)
+    return job.restart, obj(c)[0], c, _degenerate(obj, c), obj.nfev
 
 
 def _degenerate(obj: ReluSumObjective, c: np.ndarray) -> str | None:
@@ -221,16 +300,26 @@ def _degenerate(obj: ReluSumObjective, c: np.ndarray) -> str | None:
 
 
 # ---- the public entry point --------------------------------------------------------------------
-def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "primitive", method: str = "anneal",
+class ReluSumFit(OptimizeResult):
+    """What :func:`fit_relu_sum` returns (a ``scipy.optimize.OptimizeResult``): ``table`` (the validated
+    ``approxbp.table/1`` dict), ``x`` (knots), ``fun`` (loss), ``success``, ``message``, ``nfev`` (objective
+    evaluations over all restarts), ``restarts`` (each restart's final loss, in order), ``restart_labels`` and
+    ``at_best`` (how many restarts reached the best loss within a relative 1e-9)."""
+
+
+def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "primitive", method: str = "auto",
                  restarts: int = 4, seed: int = 0, workers: int | None = None, progress: bool = True,
-                 command: str | None = None) -> dict:
-    """Fit h̃ (eq. 13) to ``activation`` and return a validated ``approxbp.table/1`` relu-sum table."""
+                 command: str | None = None, structured: bool = True) -> ReluSumFit:
+    """Fit h̃ (eq. 13) to ``activation``: ``restarts`` seeded runs of ``method`` plus the structured starts
+    (``structured=False`` leaves those out), each polished; the best one becomes the table."""
     t0 = time.perf_counter()
     act = get_activation(activation)
     bits = check_bits(bits)
     check_objective(objective)
+    if method == "auto":
+        method = auto_method(bits)
     if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        raise ValueError(f"method must be one of {('auto', *METHODS)}, got {method!r}")
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
         raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -240,20 +329,41 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     obj = ReluSumObjective(act, bits, objective, (A, B))
     if obj.n == 1:  # Σw=1 and Σw·c=0 leave exactly ReLU(x)
         c, best_restart, method_used = np.array([0.0]), 0, "closed-form"
+        results, valid, labels, nfev = [(0, obj(c)[0], c, None, 1)], [0], ["closed form"], 1
     else:
+        lower = None
+        if structured:
+            lower = fit_relu_sum(act, bits - 1, objective, method="auto", restarts=restarts, seed=seed,
+                                 workers=workers, progress=False).x
         children = np.random.SeedSequence(seed).spawn(restarts)
-        jobs = [_Job(act.name, act.expression, bits, objective, (A, B), method, s, i) for i, s in enumerate(children)]
-        workers = min(workers or os.cpu_count() or 1, restarts)
+        common = (act.name, act.expression, bits, objective, (A, B))
+        jobs = [_Job(*common, method, s, i) for i, s in enumerate(children)]
+        labels = [f"{method} {i}" for i in range(restarts)]
+        for label, start in structured_starts(obj, lower) if structured else []:
+            jobs.append(_Job(*common, "start", None, len(jobs), tuple(start)))
+            labels.append(label)
+        workers = min(workers or os.cpu_count() or 1, len(jobs))
         results = _map(jobs, workers, progress, f"{act.name} k={bits} {objective}")
         valid = [r for r in results if r[3] is None]
         if not valid:
             raise RuntimeError(f"every restart degenerated ({'; '.join(r[3] for r in results)}); "
                                "try more restarts or another method")
-        best_restart, _, c, _ = min(valid, key=lambda r: (r[1], r[0]))
+        best_restart, _, c, _, _ = min(valid, key=lambda r: (r[1], r[0]))
         method_used = f"{method}+polish"
+        nfev = sum(r[4] for r in results)
+        if structured and bits <= RELOCATE_BITS:
+            obj.nfev = 0
+            moved = relocate(obj, c)
+            results.append((len(results), obj(moved)[0], moved, _degenerate(obj, moved), obj.nfev))
+            labels.append("relocated best")
+            nfev += obj.nfev
+            valid = [r for r in results if r[3] is None]
+            best_restart, _, c, _, _ = min(valid, key=lambda r: (r[1], r[0]))
     rs = obj.solution(c)
     cert = certify(obj, rs.knots)
     loss = obj.loss(rs)
+    losses = [float(r[1]) if r[3] is None else None for r in results]
+    at_best = sum(v is not None and v <= loss * (1 + SAME_LOSS) + 1e-300 for v in losses)
     table = {
         "schema": SCHEMA, "family": "relu-sum", "activation": act.name, "expression": act.expression,
         "created": _dt.date.today().isoformat(), "source": "fit",
@@ -261,14 +371,23 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
         "weights": rs.weights.tolist(), "knots": rs.knots.tolist(), "levels": rs.levels.tolist(),
         "loss": loss, "constraint_residual": rs.constraint_residual,
         "metrics": {"tail_mass": tail, "interval_rule": how, "loss_upper_bound_on_R": loss + tail,
-                    "degenerate_restarts": len(results) - len(valid) if obj.n > 1 else 0, **cert},
+                    "degenerate_restarts": len(results) - len(valid), "restart_losses": losses,
+                    "restart_labels": labels, "restarts_at_best": at_best, **cert},
         "provenance": {
             "method": method_used, "seed": seed, "restarts": restarts if obj.n > 1 else 0,
             "best_restart": best_restart, "command": command or "approxbp.fitting.fit_relu_sum(...)",
             "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3),
         },
     }
-    return table
+    message = (f"{at_best} of {len(results)} restarts reached the best loss {loss:.6e}"
+               + ("; only one did: run more restarts to trust this optimum" if at_best == 1 and obj.n > 1 else ""))
+    return ReluSumFit(table=table, x=rs.knots, fun=loss, success=True, message=message, nfev=nfev,
+                      restarts=losses, restart_labels=labels, at_best=at_best)
+
+
+def auto_method(bits: int) -> str:
+    """Annealing where it is cheap (k ≤ 4); multi-start polish above."""
+    return "anneal" if bits <= 4 else "polish"
 
 
 def _map(jobs, workers, progress, label):

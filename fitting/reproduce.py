@@ -11,7 +11,7 @@ from approxbp.approximations import REGISTRY, ReLUSum, get_activation
 from approxbp.approximations import tables as T
 
 from .objective import ReluSumObjective, interval_for
-from .relu_sum import fit_relu_sum, package_version
+from .relu_sum import auto_method, fit_relu_sum, package_version
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def reproduce_relu_sum(seed: int = 0, restarts: int = 4, workers: int | None = N
     out = []
     for row in PAPER_RELU_SUM:
         ours = fit_relu_sum(row.activation, 2, row.objective, method="anneal", restarts=restarts, seed=seed,
-                            workers=workers, progress=progress, command="approxbp reproduce")
+                            workers=workers, progress=progress, command="approxbp reproduce").table
         out.append(Comparison(row.label, row.activation, row.objective, 2, paper_table(row)["loss"],
                               ours["loss"], ours))
     return out
@@ -144,11 +144,6 @@ def format_invact_rows(rows: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def auto_method(bits: int) -> str:
-    """Annealing where it is cheap (k ≤ 4); equidistributed multi-start polish above."""
-    return "anneal" if bits <= 4 else "polish"
-
-
 def regenerate_tables(out: Path | None = None, activations=tuple(REGISTRY), bits=range(1, 9),
                       objectives=("primitive", "derivative"), seed: int = 0, restarts: int = 4,
                       workers: int | None = None, progress: bool = True) -> list[Path]:
@@ -166,6 +161,6 @@ def regenerate_tables(out: Path | None = None, activations=tuple(REGISTRY), bits
                                      workers=workers, progress=progress,
                                      command=f"approxbp fit relu-sum --activation {act} --bits {k} "
                                              f"--objective {objective} --method {method} --restarts {restarts} "
-                                             f"--seed {seed}")
+                                             f"--seed {seed}").table
                 paths.append(T.save(table, root / "relu_sum" / f"{T.relu_sum_name(act, k, objective)}.json"))
     return paths
