@@ -331,10 +331,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
         c, best_restart, method_used = np.array([0.0]), 0, "closed-form"
         results, valid, labels, nfev = [(0, obj(c)[0], c, None, 1)], [0], ["closed form"], 1
     else:
-        lower = None
-        if structured:
-            lower = fit_relu_sum(act, bits - 1, objective, method="auto", restarts=restarts, seed=seed,
-                                 workers=workers, progress=False).x
+        lower = _lower_solution(act, bits - 1, objective, restarts, seed, workers) if structured else None
         children = np.random.SeedSequence(seed).spawn(restarts)
         common = (act.name, act.expression, bits, objective, (A, B))
         jobs = [_Job(*common, method, s, i) for i, s in enumerate(children)]
@@ -383,6 +380,18 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
                + ("; only one did: run more restarts to trust this optimum" if at_best == 1 and obj.n > 1 else ""))
     return ReluSumFit(table=table, x=rs.knots, fun=loss, success=True, message=message, nfev=nfev,
                       restarts=losses, restart_labels=labels, at_best=at_best)
+
+
+_LOWER: dict[tuple, np.ndarray] = {}
+
+
+def _lower_solution(act: Activation, bits: int, objective: str, restarts: int, seed: int, workers) -> np.ndarray:
+    """The (k−1) knots for the refined start, fitted once per process (a whole k = 1…8 sweep reuses them)."""
+    key = (act.expression, bits, objective, restarts, seed)
+    if key not in _LOWER:
+        _LOWER[key] = fit_relu_sum(act, bits, objective, method="auto", restarts=restarts, seed=seed,
+                                   workers=workers, progress=False).x
+    return _LOWER[key]
 
 
 def auto_method(bits: int) -> str:
