@@ -357,6 +357,8 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
             valid = [r for r in results if r[3] is None]
             best_restart, _, c, _, _ = min(valid, key=lambda r: (r[1], r[0]))
     rs = obj.solution(c)
+    if structured and method == auto_method(bits):  # the refined start of a later k + 1 fit
+        _LOWER[(act.expression, bits, objective, restarts, seed)] = rs.knots
     cert = certify(obj, rs.knots)
     loss = obj.loss(rs)
     losses = [float(r[1]) if r[3] is None else None for r in results]
