@@ -103,6 +103,10 @@ class Form:
         """The full expression with the coefficient values in place (what code generation prints)."""
         return self.full().xreplace({sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()})
 
+    def latex(self) -> str:
+        """LaTeX of the full expression with the coefficients in place (assignments substituted)."""
+        return sp.latex(self.substituted())
+
     def operations(self) -> int:
         """Operations of the assignments and the expression, each after common-subexpression elimination
         (sympy cse + count_ops): what a kernel computes per element."""

@@ -11,6 +11,7 @@ under two weightings: uniform on [−8, 8], and N(0, 1). L2 = (∫ e² w / ∫ w
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,17 @@ def _errors(e: np.ndarray) -> dict:
     return out
 
 
+def _relu_sum_table(act, k: int, objective: str) -> dict:
+    """The packaged table, or (for an activation without one) a fit made now, with a note on stderr."""
+    try:
+        return T.load(f"relu_sum/{T.relu_sum_name(act.name, k, objective)}")
+    except FileNotFoundError:
+        from .relu_sum import fit_relu_sum
+
+        print(f"atlas: no packaged table for {act.name!r} k={k} {objective}: fitting it now", file=sys.stderr)
+        return fit_relu_sum(act, k, objective, progress=False).table
+
+
 def atlas(activation: str) -> list[dict]:
     """Rows {family, bits, label, linf, l2_uniform, l2_normal} for one activation."""
     act = get_activation(activation)
@@ -64,7 +76,7 @@ def atlas(activation: str) -> list[dict]:
             rows.append({"family": f"fewbit-{wname}", "bits": k, "label": f"FewBit-style {k}-bit ({wname} weight)",
                          **_errors(e)})
         for objective in ("primitive", "derivative"):
-            t = T.load(f"relu_sum/{act.name}-k{k}-{objective}")
+            t = _relu_sum_table(act, k, objective)
             rs = ReLUSum(t["weights"], t["knots"])
             rows.append({"family": f"relu-sum-{objective}", "bits": k,
                          "label": f"ReLU-sum k={k} ({objective})", **_errors(d - rs.derivative(X))})
@@ -76,7 +88,12 @@ def atlas(activation: str) -> list[dict]:
         try:
             t = T.load(f"invact/{act.name}-{form}")
         except FileNotFoundError:
-            continue
+            if form != "newton":
+                continue
+            from .invact import fit_invact
+
+            print(f"atlas: no packaged invact table for {act.name!r}: fitting the newton form", file=sys.stderr)
+            t = fit_invact(act, "newton")
         q = np.empty_like(X)
         for side, mask in (("left", left), ("right", ~left)):
             b = t[side]

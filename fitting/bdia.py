@@ -111,11 +111,11 @@ LEVELS = (-2, 0, 5, 9, 12)
 def analyze(blocks: int = 1000, levels=LEVELS, dtypes=(torch.float32, torch.float64), seed: int = 0,
             progress: bool = True) -> dict:
     """Everything `approxbp bdia analyze` writes: reconstruction (a, b), forward quantisation (c), memory (d)."""
-    from tqdm import tqdm
+    from .progress import progress as tqdm
 
     jobs = [(dt, None) for dt in dtypes] + [(dt, lv) for dt in dtypes for lv in levels]
     recon = {}
-    for dt, lv in tqdm(jobs, desc="reconstruction", disable=not progress):
+    for dt, lv in tqdm(jobs, desc="reconstruction", enabled=progress):
         name = str(dt).removeprefix("torch.")
         try:
             errs = reconstruction_errors(blocks, dt, lv, seed=seed)
@@ -128,7 +128,7 @@ def analyze(blocks: int = 1000, levels=LEVELS, dtypes=(torch.float32, torch.floa
             "first_nonfinite_block": next((k for k in range(len(errs) - 1, -1, -1) if not math.isfinite(errs[k])),
                                           None)}
     quant = {f"l={lv}": forward_quantisation(min(blocks, 96), lv, seed=seed)
-             for lv in tqdm(levels, desc="forward quantisation", disable=not progress)}
+             for lv in tqdm(levels, desc="forward quantisation", enabled=progress)}
     return {"blocks": blocks, "seed": seed, "reconstruction": recon, "forward_quantisation": quant,
             "memory": memory_per_block(), "bounds": {str(dt).removeprefix("torch."): {lv: B.bound(dt, lv)
                                                                                        for lv in levels}
@@ -254,7 +254,8 @@ def train_toy_gpt(steps: int = 300, blocks: int = 6, d: int = 128, batch: int = 
     gradients are also compared bitwise with ordinary autograd through the same quantised forward.
     """
     from approxbp.kernels.saved import saved_bytes
-    from tqdm import tqdm
+
+    from .progress import progress as tqdm
 
     text = arithmetic_corpus(6000, seed)
     data = torch.tensor([VOCAB.index(ch) for ch in text])
@@ -274,7 +275,7 @@ def train_toy_gpt(steps: int = 300, blocks: int = 6, d: int = 128, batch: int = 
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         g, gv = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(seed + 2)
         curve, val_curve, checks, t0 = [], [], 0, time.perf_counter()
-        for it in tqdm(range(steps), desc=f"toy GPT ({name})", disable=not progress):
+        for it in tqdm(range(steps), desc=f"toy GPT ({name})", enabled=progress):
             xb, yb = batch_of(train, g)
             model.train()
             rng = torch.get_rng_state()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -20,79 +21,115 @@ import numpy as np
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="root seed; restarts use independent child seeds")
-    p.add_argument("--restarts", type=int, default=4, help="multi-start count (default 4)")
-    p.add_argument("--workers", type=int, default=None, help="processes for restarts (default: all cores)")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--restarts", type=int, default=4, help="seeded restarts of the method (structured starts and "
+                   "a knot-relocation pass come on top)")
+    p.add_argument("--workers", type=int, default=None, help="processes for restarts (None: all cores)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress (bars on a terminal, lines in a log)")
+
+
+def _out(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"folder for {what} (None: docs/figures of the source checkout; elsewhere required)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from approxbp.fitting.relu_sum import METHODS
 
-    parser = argparse.ArgumentParser(prog="approxbp", description=__doc__.split("\n")[0])
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="approxbp", description=__doc__.split("\n")[0], formatter_class=fmt)
+    parser.add_argument("--version", action="version", version=f"approxbp {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    fit = sub.add_parser("fit", help="fit an approximation family and write a coefficient table")
+    def add(parent, name, **kw):
+        return parent.add_parser(name, formatter_class=fmt, **kw)
+
+    fit = add(sub, "fit", help="fit an approximation family and write a coefficient table")
     fam = fit.add_subparsers(dest="family", required=True)
-    rs = fam.add_parser("relu-sum", help="sum of 2^k−1 ReLUs (Approx-BP eq. 13)")
+    rs = add(fam, "relu-sum", help="sum of 2^k−1 ReLUs (Approx-BP eq. 13)")
     rs.add_argument("--activation", required=True, help="registry name or an expression in x")
     rs.add_argument("--bits", type=int, required=True, help="k: 2^k−1 ReLUs, k-bit codes (1..8)")
     rs.add_argument("--objective", choices=("primitive", "derivative"), default="primitive",
                     help="primitive: ∫(h−h̃)² (eq. 14); derivative: ∫(h'−h̃')² (eq. 63)")
     rs.add_argument("--method", choices=("auto", *METHODS), default="auto",
                     help="auto = anneal for k ≤ 4, polish above; every method ends in the certified polish")
-    rs.add_argument("--out", type=Path, default=None, help="table path (default: print only)")
+    rs.add_argument("--out", type=Path, default=None, help="table path (None: print only)")
     rs.add_argument("--force", action="store_true", help="with --out: replace an existing file")
     _add_common(rs)
 
-    inv = fam.add_parser("invact", help="f'∘f⁻¹ for inverted activations (Inverted Activations §2)")
+    inv = add(fam, "invact", help="f'∘f⁻¹ for inverted activations (Inverted Activations §2)")
     inv.add_argument("--activation", required=True, help="registry name or an expression in x")
     inv.add_argument("--form", default="newton",
                      choices=("paper", "released", "refit-l2", "refit-linf", "newton", "sr"),
-                     help="paper/released: published (gelu, silu); refit-*: their forms refitted; newton: ours; sr")
+                     help="paper/released: published (gelu, silu); refit-*: their forms refitted; newton: ours; "
+                          "sr: symbolic regression")
     inv.add_argument("--backend", choices=("pyoperon", "pysr"), default="pyoperon", help="with --form sr")
     inv.add_argument("--sr-generations", type=int, default=150,
                      help="with --form sr: generations per branch (a count, not a time, so the result is reproducible)")
-    inv.add_argument("--seed", type=int, default=0)
-    inv.add_argument("--out", type=Path, default=None, help="table path (default: print only)")
+    inv.add_argument("--seed", type=int, default=0, help="with --form sr: the search's seed")
+    inv.add_argument("--out", type=Path, default=None, help="table path (None: print only)")
     inv.add_argument("--force", action="store_true", help="with --out: replace an existing file")
 
-    rep = sub.add_parser("reproduce", help="regenerate the papers' rows and print paper vs ours")
-    rep.add_argument("--full", action="store_true", help="also regenerate every committed relu-sum table")
-    rep.add_argument("--out", type=Path, default=None, help="with --full: table folder (default: packaged data)")
+    rep = add(sub, "reproduce", help="regenerate the papers' rows and print paper vs ours")
+    rep.add_argument("--full", action="store_true", help="also regenerate every committed table and check their "
+                     "consistency across k and activations")
+    rep.add_argument("--out", type=Path, default=None, help="with --full: table folder (None: packaged data)")
     _add_common(rep)
 
-    exp = sub.add_parser("export", help="generate Triton kernel modules from relu-sum tables")
-    exp.add_argument("tables", nargs="*", type=Path, help="table paths (default: every packaged relu-sum table)")
-    exp.add_argument("--out-dir", type=Path, default=None, help="default: the package's kernels/generated/")
+    exp = add(sub, "export", help="generate Triton kernel modules from relu-sum and invact tables")
+    exp.add_argument("tables", nargs="*", type=Path,
+                     help="relu-sum or invact table paths (none: every packaged table, into the package)")
+    exp.add_argument("--out-dir", type=Path, default=None,
+                     help="None: the package's kernels/generated/ for packaged tables, <table folder>/_generated/ "
+                          "for your own (where ReLUSumActivation/InvActivation look for them)")
 
-    fig = sub.add_parser("figures", help="write every figure (ReLU-sum, InvAct, error atlas, BDIA) as PNG; "
-                         "the toy GPT is re-plotted from its committed JSON (`approxbp bdia train-toy` retrains)")
-    fig.add_argument("--out", type=Path, default=Path("docs/figures"))
+    fig = add(sub, "figures", help="write every figure (ReLU-sum, InvAct, error atlas, BDIA) as PNG; the toy GPT "
+              "is re-plotted from its committed JSON (`approxbp bdia train-toy` retrains)")
+    _out(fig, "the PNGs")
 
-    atl = sub.add_parser("atlas", help="error atlas: backward error vs saved bits for every family (JSON + PNG)")
-    atl.add_argument("--out", type=Path, default=Path("docs/figures"))
+    atl = add(sub, "atlas", help="error atlas: backward error vs saved bits for every family (JSON + PNG)")
+    atl.add_argument("--activation", action="append", default=None,
+                     help="repeatable; any registry name or expression (None: gelu and silu). Missing tables are "
+                          "fitted on the fly, with a note")
+    _out(atl, "error_atlas.json and the PNGs")
 
-    bd = sub.add_parser("bdia", help="BDIA reversible stacks: error analysis and a toy BDIA-GPT")
+    bd = add(sub, "bdia", help="BDIA reversible stacks: error analysis and a toy BDIA-GPT")
     bds = bd.add_subparsers(dest="action", required=True)
-    ana = bds.add_parser("analyze", help="reconstruction error vs block (Fig. 2/6), forward quantisation, memory")
-    ana.add_argument("--blocks", type=int, default=1000, help="K (default 1000)")
+    ana = add(bds, "analyze", help="reconstruction error vs block (Fig. 2/6), forward quantisation, memory")
+    ana.add_argument("--blocks", type=int, default=1000, help="K, the number of blocks")
     ana.add_argument("--level", type=int, action="append", default=None,
-                     help="quantisation level l, repeatable (default -2 0 5 9 12)")
+                     help="quantisation level l, repeatable (None: -2 0 5 9 12)")
     ana.add_argument("--dtype", choices=("float32", "float64"), action="append", default=None,
-                     help="repeatable (default both)")
-    ana.add_argument("--seed", type=int, default=0)
-    ana.add_argument("--out", type=Path, default=Path("docs/figures"))
-    ana.add_argument("--no-progress", action="store_true")
-    toy = bds.add_parser("train-toy", help="standard vs BDIA training of a 6-block GPT toy on the CPU")
-    toy.add_argument("--steps", type=int, default=300)
-    toy.add_argument("--level", type=int, default=9)
-    toy.add_argument("--seed", type=int, default=0)
-    toy.add_argument("--out", type=Path, default=Path("docs/figures"))
-    toy.add_argument("--no-progress", action="store_true")
+                     help="repeatable (None: both)")
+    ana.add_argument("--seed", type=int, default=0, help="seed of the random blocks and γ")
+    _out(ana, "bdia_analysis.json/.png")
+    ana.add_argument("--no-progress", action="store_true", help="hide progress")
+    toy = add(bds, "train-toy", help="standard vs BDIA training of a 6-block GPT toy on the CPU (minutes)")
+    toy.add_argument("--steps", type=int, default=300, help="training steps per model")
+    toy.add_argument("--level", type=int, default=9, help="quantisation level l")
+    toy.add_argument("--seed", type=int, default=0, help="seed of data, init and γ")
+    _out(toy, "bdia_toy_gpt.json/.png")
+    toy.add_argument("--no-progress", action="store_true", help="hide progress")
 
-    tab = sub.add_parser("tables", help="list and validate the committed coefficient tables")
-    tab.add_argument("--family", default=None)
+    tab = add(sub, "tables", help="list and validate coefficient tables (the packaged ones, or the files given)")
+    tab.add_argument("files", nargs="*", type=Path, help="your own table files to validate (none: the packaged ones)")
+    tab.add_argument("--family", default=None, choices=("relu-sum", "invact"), help="only this family")
     return parser
+
+
+def _version() -> str:
+    from approxbp.fitting.relu_sum import package_version
+
+    return package_version()
+
+
+def _figures_dir(out: Path | None) -> Path:
+    """``--out``, or the source checkout's docs/figures (never the current directory's by surprise)."""
+    if out is not None:
+        return out
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "docs" / "figures").is_dir() and (checkout / "pyproject.toml").is_file():
+        return checkout / "docs" / "figures"
+    raise ValueError("pass --out DIR: this approxbp is not a source checkout with docs/figures")
 
 
 def _summary(t: dict) -> str:
@@ -102,15 +139,20 @@ def _summary(t: dict) -> str:
         f"interval=[{t['interval'][0]:.6g}, {t['interval'][1]:.6g}]",
         f"  expression  {t['expression']}",
         f"  loss        {t['loss']:.15e}   (tail mass outside interval {m['tail_mass']:.2e})",
-        f"  knots       {np.array2string(np.array(t['knots']), precision=8, max_line_width=100)}",
-        f"  weights     {np.array2string(np.array(t['weights']), precision=8, max_line_width=100)}",
-        f"  levels      {np.array2string(np.array(t['levels']), precision=6, max_line_width=100)}",
+        f"  knots       {_short(t['knots'], 8)}",
+        f"  weights     {_short(t['weights'], 8)}",
+        f"  levels      {_short(t['levels'], 6)}",
         f"  constraints max(|Σw−1|, |Σw·c|) = {t['constraint_residual']:.2e}",
         f"  certificate |∇J|∞ = {m['grad_inf_norm']:.2e}, λ_min(∇²J) = {m.get('hessian_min_eig', float('nan')):.3e}",
         f"  provenance  {t['provenance']['method']}, seed {t['provenance']['seed']}, "
         f"{t['provenance']['restarts']} restarts, {t['provenance']['seconds']:.2f} s",
     ]
     return "\n".join(lines)
+
+
+def _short(values, precision: int) -> str:
+    """An array on at most two lines (k ≥ 5 tables are summarised: first and last entries; the table has all)."""
+    return np.array2string(np.array(values), precision=precision, max_line_width=100, threshold=16, edgeitems=3)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,8 +202,14 @@ def _dispatch(args, argv) -> int:
         print(f"invact · {table['activation']} · form={table['form']} · T={table['turning_point']:.17g} "
               f"· f(T)={table['f_T']:.17g}")
         for side in ("left", "right"):
+            q = textwrap.shorten(table[side]["expression"], 70, placeholder=" …")  # cut at a space, not mid-token
             print(f"  {side:<5} L∞ {m[f'linf_{side}']:.3e}  L2 {m[f'l2_{side}']:.3e}  "
-                  f"{table[side]['operations']} operations  q = {table[side]['expression'][:70]}")
+                  f"{table[side]['operations']} operations  q = {q}")
+        for branch in [b for b in ("left", "right") if f"pareto_{b}" in m]:
+            print(f"  Pareto front ({branch}; pick one with approxbp.fitting.symbolic.pick_form):")
+            for i, e in enumerate(m[f"pareto_{branch}"]):
+                print(f"    [{i:2}] complexity {e['complexity']:3}  L∞ {e['linf']:.3e}  "
+                      f"{textwrap.shorten(e['expression'], 80, placeholder=' …')}")
         if args.out:
             print(f"  wrote {T.save(table, args.out, overwrite=args.force)}")
         return 0
@@ -195,13 +243,18 @@ def _dispatch(args, argv) -> int:
               f"  without quantisation (eq. 16)     paper: grows ×2 per block   ours {b['plain']:.3e}\n"
               f"  with quantisation + side bits     paper: 0                    ours {b['quantised']:.3e}")
         ok_bdia = b["quantised"] == 0.0 and b["plain"] > 0.0
-        print(f"reproduce finished in {time.perf_counter() - t0:.1f} s")
-        return 0 if all(r.ok for r in rows) and ok_inv and ok_bdia else 1
+        n_rows = len(rows) + 2 * len(inv) * 2 + 2 + (1 if args.full else 0)
+        failed = ([r.label for r in rows if not r.ok] + ([] if ok_inv else ["InvAct or consistency"])
+                  + ([] if ok_bdia else ["BDIA"]))
+        print(f"reproduce finished in {time.perf_counter() - t0:.1f} s: "
+              + (f"all {n_rows} rows match or beat the papers" if not failed else f"FAILED: {', '.join(failed)}"))
+        return 0 if not failed else 1
     if args.command == "export":
         from approxbp.kernels.codegen import export  # the CLI is the one layer that sees both sides
 
         written = export(args.tables or None, args.out_dir)
-        print(f"wrote {len(written)} kernel modules under {written[0].parent if written else args.out_dir}")
+        for folder in sorted({str(p.parent) for p in written}):
+            print(f"wrote {sum(str(p.parent) == folder for p in written)} kernel modules under {folder}")
         return 0
     if args.command == "figures":
         import matplotlib
@@ -211,6 +264,7 @@ def _dispatch(args, argv) -> int:
         from approxbp.fitting.atlas import write_atlas
         from approxbp.fitting.plots import plot_invact, plot_relu_sum
 
+        args.out = _figures_dir(args.out)
         args.out.mkdir(parents=True, exist_ok=True)
         written = write_atlas(args.out)
         for act in ("gelu", "silu"):
@@ -224,42 +278,85 @@ def _dispatch(args, argv) -> int:
         from approxbp.fitting import bdia
 
         written += bdia.write_analysis(args.out, progress=False)
-        written += bdia.write_toy_gpt(args.out, results_json=args.out / "bdia_toy_gpt.json", progress=False)
+        committed = Path(__file__).resolve().parent.parent / "docs" / "figures" / "bdia_toy_gpt.json"
+        results = next((p for p in (args.out / "bdia_toy_gpt.json", committed) if p.is_file()), None)
+        if results is None:
+            print("no bdia_toy_gpt.json to re-plot: retraining the toy GPT (about 2–3 minutes on 2 cores)",
+                  file=sys.stderr)
+        written += bdia.write_toy_gpt(args.out, results_json=results, progress=False)
         for p in written:
             print(f"wrote {p}")
         return 0
     if args.command == "atlas":
+        import json
+
         from approxbp.fitting.atlas import write_atlas
 
-        for p in write_atlas(args.out):
+        written = write_atlas(_figures_dir(args.out), tuple(args.activation or ("gelu", "silu")))
+        rows = json.loads(written[0].read_text())["rows"]
+        for act, entries in rows.items():
+            print(f"{act}: L2 (N(0,1)-weighted) of the backward multiplier, per saved bit")
+            for e in entries:
+                if e["family"] in ("fewbit-normal", "relu-sum-derivative") and e["bits"] <= 4 or \
+                        e["family"].startswith("invact"):
+                    print(f"  {e['label']:<40} {e['bits']} bit  L2 {e['l2_normal']:.3e}  L∞ {e['linf']:.3e}")
+        for p in written:
             print(f"wrote {p}")
         return 0
     if args.command == "bdia":
+        import json
+
         import torch
         from approxbp.fitting import bdia
 
+        out = _figures_dir(args.out)
         if args.action == "analyze":
             dtypes = tuple(getattr(torch, d) for d in (args.dtype or ("float32", "float64")))
-            written = bdia.write_analysis(args.out, args.blocks, tuple(args.level or bdia.LEVELS), dtypes, args.seed,
+            written = bdia.write_analysis(out, args.blocks, tuple(args.level or bdia.LEVELS), dtypes, args.seed,
                                           progress=progress)
+            r = json.loads(written[0].read_text())
+            print(f"max reconstruction error after {r['blocks']} blocks:")
+            for key, v in r["reconstruction"].items():
+                errs = v["max_error_by_block"]
+                finite = [e for e in errs if e is not None]
+                gone = next((i for i, e in enumerate(errs) if e is None), None)
+                tail = f"overflows after {gone} blocks" if gone is not None else f"{(finite or [0])[-1]:.3e}"
+                print(f"  {key:<24} {tail}")
+            m = r["memory"]
+            print(f"saved bytes per element per block: autograd {m['autograd_bytes_per_element_per_block']:.2f}, "
+                  f"online {m['online_bytes_per_element_per_block']:.2f}")
         else:
-            written = bdia.write_toy_gpt(args.out, steps=args.steps, level=args.level, seed=args.seed,
+            written = bdia.write_toy_gpt(out, steps=args.steps, level=args.level, seed=args.seed,
                                          progress=progress)
+            r = json.loads(written[0].read_text())
+            for name in ("standard", "bdia"):
+                print(f"{name:<9} final validation loss {r[name]['val_loss'][-1]:.4f}, saved activations "
+                      f"{r[name]['saved_bytes_per_step'] / 2**20:.1f} MiB per step")
         for p in written:
             print(f"wrote {p}")
         return 0
     if args.command == "tables":
-        paths = T.table_paths(args.family)
+        paths = args.files or T.table_paths(args.family)
+        bad = 0
         for p in paths:
-            t = T.load(p)
+            try:
+                t = T.load(p)
+            except (ValueError, OSError) as err:
+                print(f"INVALID {err}")
+                bad += 1
+                continue
+            if args.family and t["family"] != args.family:
+                continue
             if t["family"] == "relu-sum":
                 extra = f"k={t['bits']} {t['objective']:<10} loss={t['loss']:.6e}"
             else:
                 m = t["metrics"]
                 extra = f"{t['form']:<10} L∞ left {m['linf_left']:.2e} right {m['linf_right']:.2e}"
-            print(f"{p.relative_to(T.data_dir())!s:<48} {t['source']:<5} {extra}")
-        print(f"{len(paths)} tables, all valid")
-        return 0
+            inside = Path(p).resolve().is_relative_to(T.data_dir().resolve())
+            shown = Path(p).resolve().relative_to(T.data_dir().resolve()) if inside else p
+            print(f"{shown!s:<48} {t['source']:<5} {extra}")
+        print(f"{len(paths)} tables, " + (f"{bad} invalid" if bad else "all valid"))
+        return 2 if bad else 0
     raise AssertionError(args)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import shlex
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -401,10 +400,10 @@ def auto_method(bits: int) -> str:
     return "anneal" if bits <= 4 else "polish"
 
 
-def _map(jobs, workers, progress, label):
-    from tqdm.auto import tqdm
+def _map(jobs, workers, show, label):
+    from .progress import progress
 
-    bar = tqdm(total=len(jobs), desc=label, unit="restart", disable=None if progress else True, file=sys.stderr)
+    bar = progress(total=len(jobs), desc=label, enabled=show, unit="restart")
     out = []
     if workers <= 1:
         for j in jobs:

@@ -49,7 +49,8 @@ def _samples(ia: InvertedActivation, branch: str, n: int = 1500):
     yv, _ = branch_grid(ia, branch, n)
     yv = yv[:-1] if branch == "left" else yv  # the open left end
     t_max = (ia.left_limit - ia.f_T) if branch == "left" else RIGHT_SPAN
-    return np.sqrt(ia.t_of(yv) / t_max), ia.g(yv, branch), t_max
+    t = np.maximum(ia.t_of(yv), 0.0)  # y − f(T) rounds to −1e-17 at the turning point (NaN under the root)
+    return np.sqrt(t / t_max), ia.g(yv, branch), t_max
 
 
 def _pyoperon(s, g, seed: int, generations: int) -> list[str]:
@@ -121,3 +122,15 @@ def fit_branch_sr(ia: InvertedActivation, branch: str, backend: str = "pyoperon"
     if best is None:
         raise RuntimeError(f"symbolic regression found no finite expression on the {branch} branch")
     return best[1], sorted(front, key=lambda e: e["complexity"])
+
+
+def pick_form(table: dict, branch: str, index: int) -> Form:
+    """Member ``index`` of a symbolic-regression table's Pareto front on ``branch`` (as printed by
+    ``approxbp fit invact --form sr``), as a Form: ``.substituted()`` is its sympy expression, ``.latex()``
+    its LaTeX, ``.torch_fn()`` a PyTorch callable. Put it in a table with ``approxbp.fitting.invact``."""
+    front = table["metrics"].get(f"pareto_{branch}")
+    if front is None:
+        raise ValueError(f"table has no Pareto front for the {branch} branch (only --form sr tables do)")
+    if not 0 <= index < len(front):
+        raise ValueError(f"index must be in 0..{len(front) - 1}, got {index}")
+    return Form.parse(front[index]["expression"])

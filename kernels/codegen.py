@@ -368,10 +368,11 @@ def render_invact(table_path: Path, t: dict | None = None) -> str:
 
 
 def _relative(table_path: Path) -> str:
+    """Packaged tables by their path in the repository; a user's table by its absolute path."""
     try:
         return str(Path(table_path).resolve().relative_to(T.data_dir().parent.parent.resolve()))
     except ValueError:
-        return Path(table_path).name
+        return str(Path(table_path).resolve())
 
 
 def render(table_path: Path, t: dict | None = None) -> str:
@@ -380,14 +381,20 @@ def render(table_path: Path, t: dict | None = None) -> str:
     return (render_relu_sum if t["family"] == "relu-sum" else render_invact)(table_path, t)
 
 
+def kernel_dir(table_path: Path) -> Path:
+    """Where a table's generated module lives: the package's ``kernels/generated/`` for packaged tables,
+    ``<table folder>/_generated/`` for a user's table (``approxbp export`` and the drop-ins agree on this)."""
+    p = Path(table_path).resolve()
+    return GENERATED if p.is_relative_to(T.data_dir().resolve()) else p.parent / "_generated"
+
+
 def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> list[Path]:
-    """(Re)generate a Triton module per table (every packaged table by default); returns the written paths."""
-    out_dir = Path(out_dir) if out_dir else GENERATED
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """(Re)generate a Triton module per table (every packaged table by default) into ``out_dir`` or
+    :func:`kernel_dir`; returns the written paths."""
     written = []
     for p in tables or T.table_paths("relu-sum") + T.table_paths("invact"):
         t = T.load(p)
-        target = out_dir / f"{module_name(p, t['family'])}.py"
+        target = (Path(out_dir) if out_dir else kernel_dir(p)) / f"{module_name(p, t['family'])}.py"
         write_atomic(target, render(Path(p), t))
         written.append(target)
     return written

@@ -13,6 +13,7 @@ serves (``fit_invact`` refuses an activation where that tail rule errs by more t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import triton
@@ -21,8 +22,8 @@ from approxbp.approximations import tables as T
 from approxbp.approximations.invact_forms import Form
 
 from . import ops
-from .guards import check_input
-from .relu_sum import _load_module, pack, unpack
+from .guards import check_input, check_triton_available, check_triton_device
+from .relu_sum import _load_module, pack, table_file, unpack
 
 BLOCK_BYTES = 256
 
@@ -30,8 +31,8 @@ BLOCK_BYTES = 256
 class InvActSpec:
     """Constants and the two branch approximations of one invact table."""
 
-    def __init__(self, table: str):
-        path = T.resolve(table, "invact")
+    def __init__(self, table: str | Path | dict):
+        path = table_file(table, "invact")
         t = T.load(path)
         self.path = path
         if t["family"] != "invact":
@@ -62,6 +63,7 @@ class InvActSpec:
         return _load_module(str(self.path))
 
     def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        check_triton_device(x)
         xc = x.contiguous()
         y = torch.empty_like(xc)
         packed = torch.empty(math.ceil(xc.numel() / 8), dtype=torch.uint8, device=x.device)
@@ -90,8 +92,9 @@ def invact(x: torch.Tensor, spec: InvActSpec, use_triton: bool | None = None) ->
 class InvActivation(torch.nn.Module):
     """Drop-in activation that saves its output and 1 bit per element (any invact table)."""
 
-    def __init__(self, table: str, use_triton: bool | None = None):
+    def __init__(self, table: str | Path | dict, use_triton: bool | None = None):
         super().__init__()
+        check_triton_available(use_triton)
         self.spec, self.use_triton = InvActSpec(table), use_triton
         ops.register(self.spec)
         if use_triton or (use_triton is None and torch.cuda.is_available()):

@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import nn
 
 from . import ops
-from .guards import check_input
+from .guards import check_input, check_triton_device
 
 
 @triton.jit
@@ -72,6 +72,7 @@ def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtyp
     acc = torch.promote_types(x.dtype, torch.float32)  # fp32 math (fp64 stays fp64)
     out_dtype = out_dtype or x.dtype
     if use_triton:
+        check_triton_device(x)
         d = x.shape[-1]
         xc = x.reshape(-1, d).contiguous()
         z = torch.empty(xc.shape, dtype=out_dtype, device=x.device)

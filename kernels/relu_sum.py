@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import os
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from approxbp.approximations import tables as T
 
 from . import ops
 from .codegen import GENERATED, module_name, storage_bits
-from .guards import check_input
+from .guards import check_input, check_triton_available, check_triton_device
 from .launch import RELU_SUM_SPAN, num_warps, relu_sum_words
 
 
@@ -55,8 +57,8 @@ class ReLUSumSpec:
     """Everything one table needs at run time: knots, levels, the activation and its generated kernels. Built
     once per module; the custom ops find it by ``key`` (the table's definition hash)."""
 
-    def __init__(self, table: str | Path):
-        path = T.resolve(table, "relu-sum")
+    def __init__(self, table: str | Path | dict):
+        path = table_file(table, "relu-sum")
         t = T.load(path)
         if t["family"] != "relu-sum":
             raise ValueError(f"{path}: expected a relu-sum table, got {t['family']!r}")
@@ -107,6 +109,7 @@ class ReLUSumSpec:
 
     # -- the Triton kernels --------------------------------------------------------------------
     def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        check_triton_device(x)
         knots, _ = self.consts(x.device)
         xc = x.contiguous()
         y = torch.empty_like(xc)
@@ -134,22 +137,42 @@ class ReLUSumSpec:
 
 @cache
 def _load_module(table_path: str):
-    """Import the generated module for a table (packaged, or generated next to a user's table)."""
-    name = module_name(Path(table_path))
-    packaged = GENERATED / f"{name}.py"
-    if packaged.exists() and Path(table_path).resolve().is_relative_to(T.data_dir().resolve()):
+    """Import the generated module of a table: packaged, or next to a user's table (``<folder>/_generated``),
+    generated there first when it is missing or stale (with a note on stderr). Called at module construction,
+    never during a forward pass."""
+    from .codegen import export, kernel_dir
+
+    path = Path(table_path)
+    name = module_name(path)
+    folder = kernel_dir(path)
+    want = T.definition_sha256(T.load(path))
+    if folder == GENERATED:
         mod = importlib.import_module(f"approxbp.kernels.generated.{name}")
     else:
-        from .codegen import export
-
-        path = export([Path(table_path)], Path(table_path).parent / "_generated")[0]
-        spec = importlib.util.spec_from_file_location(name, path)
+        target = folder / f"{name}.py"
+        if not target.is_file() or f"TABLE_SHA256 = {want!r}" not in target.read_text(encoding="utf-8"):
+            print(f"approxbp: generating Triton kernels for {path} into {folder}", file=sys.stderr)
+            export([path])
+        spec = importlib.util.spec_from_file_location(f"approxbp_user_kernels.{name}", target)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-    if mod.TABLE_SHA256 != T.definition_sha256(T.load(table_path)):
+    if mod.TABLE_SHA256 != want:
         raise RuntimeError(f"{mod.__file__} was generated from another version of {table_path}; "
                            "run `approxbp export`")
     return mod
+
+
+def table_file(table, family: str) -> Path:
+    """A table argument as a file: a path, a packaged name, or a table dict (validated, then written once to the
+    user cache, ``$XDG_CACHE_HOME/approxbp/tables``, named by its definition hash, so that its kernels have a home)."""
+    if not isinstance(table, dict):
+        return T.resolve(table, family)
+    t = T.validate(dict(table), "<table dict>")
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "approxbp" / "tables"
+    path = cache / f"{t['family']}-{T.definition_sha256(t)[:16]}.json"
+    if not path.is_file():
+        T.save(t, path)
+    return path
 
 
 def relu_sum(x: torch.Tensor, spec: ReLUSumSpec, use_triton: bool | None = None) -> torch.Tensor:
@@ -162,8 +185,9 @@ def relu_sum(x: torch.Tensor, spec: ReLUSumSpec, use_triton: bool | None = None)
 class ReLUSumActivation(torch.nn.Module):
     """Drop-in activation whose backward uses a ReLU-sum table (any activation, any k)."""
 
-    def __init__(self, table: str | Path, use_triton: bool | None = None):
+    def __init__(self, table: str | Path | dict, use_triton: bool | None = None):
         super().__init__()
+        check_triton_available(use_triton)
         self.spec = ReLUSumSpec(table)
         self.use_triton = use_triton
         ops.register(self.spec)

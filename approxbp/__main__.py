@@ -1,0 +1,5 @@
+"""``python -m approxbp …`` is ``approxbp …``."""
+
+from approxbp.fitting.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,167 @@
+"""Issue 14: what a new user meets on the command line and in the Python API."""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from approxbp.approximations import tables as T
+from approxbp.fitting.cli import build_parser, main
+
+ROOT = Path(__file__).parent.parent
+
+
+def _run(*args, env=None, cwd=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "approxbp", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout)
+
+
+def test_version_and_python_dash_m(tmp_path):
+    r = _run("--version", cwd=tmp_path)
+    assert r.returncode == 0 and re.fullmatch(r"approxbp \S+\n", r.stdout)
+
+
+def _parsers(p):
+    yield p
+    for a in p._actions:
+        if a.choices and isinstance(a.choices, dict):
+            for sub in a.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_option_has_help_and_shows_its_default():
+    for p in _parsers(build_parser()):
+        assert p.formatter_class.__name__ == "ArgumentDefaultsHelpFormatter", p.prog
+        for a in p._actions:
+            if a.option_strings and a.dest not in ("help", "version"):
+                assert a.help, f"{p.prog} {a.option_strings} has no help"
+    assert "(default: primitive)" in _run("fit", "relu-sum", "--help").stdout
+    assert "invact" in _run("export", "--help").stdout
+
+
+def test_tables_validates_user_files_and_refuses_unknown_families(tmp_path, capsys):
+    good = T.save(T.load("relu_sum/gelu-k2-primitive"), tmp_path / "good.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**T.load("relu_sum/gelu-k2-primitive"), "bits": 3}))
+    assert main(["tables", str(good)]) == 0
+    assert main(["tables", str(good), str(bad)]) == 2
+    out = capsys.readouterr().out
+    assert "INVALID" in out and "bad.json" in out and "1 invalid" in out
+    with pytest.raises(SystemExit):
+        main(["tables", "--family", "foo"])
+
+
+def test_fit_prints_restart_agreement_and_progress_lines_in_a_log(tmp_path):
+    r = _run("fit", "relu-sum", "--activation", "silu", "--bits", "3", "--restarts", "2", "--workers", "1")
+    assert r.returncode == 0
+    assert re.search(r"\d+ of \d+ restarts reached the best loss", r.stdout)
+    assert re.search(r"silu k=3 primitive: \d+/\d+ \(\d+ s\)", r.stderr)  # not a TTY: plain lines, no bars
+    assert "\r" not in r.stderr
+
+
+def test_k8_summary_fits_one_screen():
+    r = _run("fit", "relu-sum", "--activation", "gelu", "--bits", "8", "--restarts", "1", "--no-progress")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) <= 24, r.stdout
+
+
+def test_fit_invact_does_not_cut_a_token(tmp_path):
+    r = _run("fit", "invact", "--activation", "gelu", "--form", "paper")
+    assert r.returncode == 0
+    for line in r.stdout.splitlines():
+        if "q = " in line:
+            q = line.split("q = ", 1)[1]
+            assert q.endswith(" …") or q in {T.load("invact/gelu-paper")[s]["expression"] for s in ("left", "right")}
+
+
+@pytest.mark.parametrize("activation", ["silu", "mish", "x*sigmoid(2*x)"])
+def test_symbolic_regression_runs_for_every_activation(activation):
+    """t = y − f(T) rounds to −1e-17 at the turning point; that NaN used to stop pyoperon."""
+    pytest.importorskip("pyoperon")
+    from approxbp.fitting.invact import fit_invact
+    from approxbp.fitting.symbolic import pick_form
+
+    t = fit_invact(activation, "sr", sr_generations=2)
+    assert all(t["metrics"][f"linf_{b}"] < 1 for b in ("left", "right"))
+    form = pick_form(t, "left", 0)
+    assert form.latex() and str(form.substituted()) and form.torch_fn()(torch.tensor([-0.1])).isfinite().all()
+
+
+def test_user_kernels_live_next_to_the_table(tmp_path):
+    from approxbp.kernels import ReLUSumActivation
+
+    table = T.save(T.load("relu_sum/silu-k3-derivative") | {"activation": "my-silu"}, tmp_path / "my.json")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = _run("export", str(table), env=env)
+    assert r.returncode == 0, r.stderr
+    module = tmp_path / "_generated" / "relu_sum_my.py"
+    assert module.is_file() and f"TABLE = {str(table.resolve())!r}" in module.read_text()
+    before = module.stat().st_mtime_ns
+    act = ReLUSumActivation(table, use_triton=True)
+    assert Path(act.spec.module.__file__) == module and module.stat().st_mtime_ns == before  # reused, not rewritten
+    x = torch.randn(100, requires_grad=True)
+    act(x).sum().backward()
+    from_dict = ReLUSumActivation(T.load(table))  # a table dict works too
+    y = torch.randn(10)
+    assert torch.equal(from_dict(y), act(y))
+
+
+def test_use_triton_without_cuda_or_interpreter_says_so_in_one_line():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = "from approxbp.kernels import ReGELU2; ReGELU2(use_triton=True)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    assert r.returncode != 0 and "TRITON_INTERPRET=1" in r.stderr.splitlines()[-1]
+
+
+def test_fit_invact_is_exported():
+    from approxbp.fitting import fit_invact
+
+    assert T.validate(fit_invact("gelu", "paper"))["form"] == "paper"
+
+
+def test_atlas_fits_what_is_missing(capsys):
+    from approxbp.approximations import get_activation
+    from approxbp.fitting.atlas import _relu_sum_table
+
+    t = _relu_sum_table(get_activation("x*sigmoid(1.3*x)"), 2, "primitive")
+    assert t["bits"] == 2 and "fitting it now" in capsys.readouterr().err
+
+
+def test_bdia_analyze_prints_its_key_numbers(tmp_path):
+    r = _run("bdia", "analyze", "--blocks", "40", "--level", "9", "--dtype", "float32", "--out", str(tmp_path),
+             "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "max reconstruction error after 40 blocks" in r.stdout and "online" in r.stdout
+
+
+def _readme_commands() -> list[str]:
+    """Every `approxbp …` command in the README's bash blocks (continuations joined, comments dropped)."""
+    text = (ROOT / "README.md").read_text()
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for cmd in block.replace("\\\n", " ").splitlines():
+            cmd = cmd.split("  #")[0].strip()
+            if cmd.startswith("approxbp "):
+                out.append(cmd)
+    return out
+
+
+SLOW = ("reproduce --full", "train-toy", "figures", "atlas")
+
+
+def test_readme_commands_run_verbatim(tmp_path):
+    cmds = _readme_commands()
+    assert len(cmds) >= 6
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    for cmd in cmds:
+        if any(s in cmd for s in SLOW):
+            continue
+        argv = shlex.split(cmd)[1:]
+        r = _run(*argv, env=env, cwd=tmp_path, timeout=900)
+        assert r.returncode == 0, (cmd, r.stdout[-1500:], r.stderr[-1500:])
