@@ -33,6 +33,14 @@ class Phi(sp.Function):
         return sp.exp(-(z**2) / 2) / sp.sqrt(2 * sp.pi)
 
 
+class select(sp.Function):  # noqa: N801 (the name users write)
+    """select(c, a, b) = a where c > 0, else b: a branch-free choice (tl.where / np.where / torch.where), for
+    piecewise forms. Both a and b are evaluated; NaN in c selects b."""
+
+    nargs = 3
+    is_real = True
+
+
 class sigmoid(sp.Function):  # noqa: N801 (the name users write)
     """σ(z) = 1/(1 + e^{−z}) with σ' = σ(z)·σ(−z): evaluated by expit / torch.sigmoid / tl.sigmoid, so neither
     σ nor its derivative overflows or cancels for large |z|."""
@@ -220,8 +228,8 @@ class Activation:
 
 def numpy_namespace() -> list:
     """lambdify modules for float64 numpy: the tail-accurate softplus, Φ and σ, then scipy and numpy."""
-    return [{"softplus": lambda u: np.logaddexp(0.0, u), "Phi": scipy.special.ndtr, "sigmoid": scipy.special.expit},
-            "scipy", "numpy"]
+    return [{"softplus": lambda u: np.logaddexp(0.0, u), "Phi": scipy.special.ndtr, "sigmoid": scipy.special.expit,
+             "select": lambda c, a, b: np.where(np.asarray(c) > 0, a, b)}, "scipy", "numpy"]
 
 
 def torch_namespace() -> dict:
@@ -235,6 +243,7 @@ def torch_namespace() -> dict:
     names = {n: either(n) for n in ("erf", "erfc", "exp", "log", "sqrt", "tanh", "sinh", "cosh", "atan", "sin", "cos")}
     names.update({"softplus": lambda u: torch.logaddexp(torch.zeros_like(u), u), "Phi": torch.special.ndtr,
                   "sigmoid": torch.sigmoid, "Abs": abs, "pi": math.pi, "E": math.e,
+                  "select": lambda c, a, b: torch.where(torch.as_tensor(c) > 0, a, b),
                   "Max": lambda *a: functools.reduce(torch.maximum, map(torch.as_tensor, a)),
                   "Min": lambda *a: functools.reduce(torch.minimum, map(torch.as_tensor, a))})
     return names

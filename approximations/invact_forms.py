@@ -16,14 +16,14 @@ from functools import cached_property
 import numpy as np
 import sympy as sp
 
-from .activations import Phi, _softplus, numpy_namespace, sigmoid, stable_form, torch_namespace
+from .activations import Phi, _softplus, numpy_namespace, select, sigmoid, stable_form, torch_namespace
 from .expressions import parse as parse_expression
 from .invact import InvertedActivation, check_branch
 
 y = sp.Symbol("y", real=True)
 RIGHT_SPAN = 10.0
 #: Functions a stored form may call (what sympy's ``str`` of our forms contains).
-FORM_FUNCTIONS = {"Phi": Phi, "sigmoid": sigmoid, "softplus": _softplus, "pi": sp.pi, "E": sp.E,
+FORM_FUNCTIONS = {"Phi": Phi, "sigmoid": sigmoid, "softplus": _softplus, "select": select, "pi": sp.pi, "E": sp.E,
                   **{n: getattr(sp, n) for n in ("sqrt", "exp", "log", "erf", "erfc", "tanh", "Abs", "Max", "Min")}}
 NEWTON_EPS = 1e-5
 GRID = 20001

@@ -68,6 +68,10 @@ class TritonPrinter(PythonCodePrinter):
     def _print_sigmoid(self, e):
         return self._fn("tl.sigmoid", e)
 
+    def _print_select(self, e):
+        c, a, b = (self._print(v) for v in e.args)
+        return f"tl.where(({c}) > 0.0, {a}, {b})"
+
     def _print_erf(self, e):
         return self._fn("tl.math.erf", e)
 
@@ -87,9 +91,10 @@ class TritonPrinter(PythonCodePrinter):
         return self._nest("tl.minimum", e.args)
 
     def _nest(self, name, args):
+        # NaN propagates, as torch.maximum/minimum do in the twin (tl's default would drop it)
         out = self._print(args[0])
         for a in args[1:]:
-            out = f"{name}({out}, {self._print(a)})"
+            out = f"{name}({out}, {self._print(a)}, propagate_nan=tl.PropagateNan.ALL)"
         return out
 
     def _print_Function(self, e):
