@@ -39,6 +39,7 @@ def write_atomic(path: str | Path, data: str | bytes, overwrite: bool = True) ->
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else _default_mode())  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
             fh.flush()
@@ -54,6 +55,13 @@ def write_atomic(path: str | Path, data: str | bytes, overwrite: bool = True) ->
         raise
     _fsync_folder(path.parent)
     return path
+
+
+def _default_mode() -> int:
+    """0666 less the process umask: the mode ``open(path, "w")`` would give a new file."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -39,11 +39,12 @@ class Form:
     assignments: tuple[tuple[str, sp.Expr], ...] = ()
 
     @classmethod
-    def parse(cls, text: str, coefficients: dict[str, float] | None = None, assignments=()) -> Form:
+    def parse(cls, text: str, coefficients: dict[str, float] | None = None, assignments=(),
+              variables: tuple[str, ...] = ("y",)) -> Form:
         """Parse a form with the restricted grammar (never evaluated): ``y``, the coefficient names, the names of
         earlier assignments, numbers and the functions in :data:`FORM_FUNCTIONS`."""
         coefficients = dict(coefficients or {})
-        known = {**FORM_FUNCTIONS, "y": y}
+        known = {**FORM_FUNCTIONS, "y": y, **{v: sp.Symbol(v) for v in variables if v != "y"}}
         for name in [*coefficients, *(n for n, _ in assignments)]:
             if not isinstance(name, str) or not name.isidentifier() or name in known:
                 raise ValueError(f"form name {name!r} must be a new identifier (not y or a function name)")
@@ -55,9 +56,10 @@ class Form:
         return cls(parse_expression(text, names, "form expression"), coefficients, tuple(parsed))
 
     @classmethod
-    def from_table(cls, branch: dict) -> Form:
-        """The form of one branch ({expression, coefficients, assignments?}) of an invact table."""
-        return cls.parse(branch["expression"], branch["coefficients"], branch.get("assignments", ()))
+    def from_table(cls, branch: dict, variables: tuple[str, ...] = ("y",)) -> Form:
+        """The form of one branch ({expression, coefficients, assignments?}) of an invact table; the table's
+        ``combined`` form q(y, b) (b = 1 on the left branch) takes ``variables=("y", "b")``."""
+        return cls.parse(branch["expression"], branch["coefficients"], branch.get("assignments", ()), variables)
 
     def full(self) -> sp.Expr:
         """The expression with every assignment substituted (a shared DAG in memory; never print or walk
@@ -88,10 +90,10 @@ class Form:
     def _fn(self):
         return self.compile(numpy_namespace(), [sp.Symbol(k) for k in self.coefficients])
 
-    def torch_fn(self):
-        """A torch callable q(y) with the coefficients in place (float64 constants)."""
+    def torch_fn(self, args=()):
+        """A torch callable q(y, *args) with the coefficients in place (float64 constants)."""
         values = {sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()}
-        return self.compile([torch_namespace()], prepare=lambda e: e.xreplace(values).evalf(17))
+        return self.compile([torch_namespace()], args, prepare=lambda e: e.xreplace(values).evalf(17))
 
     def __call__(self, yv, coefficients: dict[str, float] | None = None) -> np.ndarray:
         c = self.coefficients if coefficients is None else coefficients

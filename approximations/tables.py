@@ -155,6 +155,14 @@ def _validate_invact(t: dict, where: str) -> None:
             Form.from_table(b)
         except ValueError as err:
             _fail(where, f"{side}.expression", str(err))
+    if "combined" in t:  # q(y, b), b = 1 on the left branch: one evaluation for both branches (the fast form)
+        c = _need(t, "combined", dict, where)
+        _need(c, "expression", str, f"{where} combined")
+        _need(c, "coefficients", dict, f"{where} combined")
+        try:
+            Form.from_table(c, ("y", "b"))
+        except ValueError as err:
+            _fail(where, "combined.expression", str(err))
     for m in ("linf_left", "l2_left", "linf_right", "l2_right"):
         v = _need(t["metrics"], m, (int, float), f"{where} metrics")
         if not (math.isfinite(v) and v >= 0):

@@ -58,9 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     inv = add(fam, "invact", help="f'∘f⁻¹ for inverted activations (Inverted Activations §2)")
     inv.add_argument("--activation", required=True, help="registry name or an expression in x")
-    inv.add_argument("--form", default="newton",
-                     choices=("paper", "released", "refit-l2", "refit-linf", "newton", "sr"),
-                     help="paper/released: published (gelu, silu); refit-*: their forms refitted; newton: ours; "
+    inv.add_argument("--form", default="fast",
+                     choices=("paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast"),
+                     help="fast: ours for kernels (≤ 1e-6, one √ and one log); newton: ours, the accuracy "
+                          "reference; paper/released: published (gelu, silu); refit-*: their forms refitted; "
                           "sr: symbolic regression")
     inv.add_argument("--backend", choices=("pyoperon", "pysr"), default="pyoperon", help="with --form sr")
     inv.add_argument("--sr-generations", type=int, default=150,

@@ -2,7 +2,10 @@
 
   paper    the published forms and coefficients, measured
   refit    the same forms refitted: least squares (L2) and minimax (L∞, Lawson-style IRLS)
-  newton   our form: √t-rational initial guess for f⁻¹ plus exact Newton steps (invact_forms.newton_form)
+  newton   our form: √t-rational initial guess for f⁻¹ plus exact Newton steps (invact_forms.newton_form):
+           the accuracy reference (L∞ 1e-9 … 1e-7)
+  fast     ours for kernels (fitting.invact_fast, the default): one rational in the signed root ±√(y − f(T))
+           for both branches plus a y·poly(log(−y)) left tail; L∞ ≤ 1e-6, one √ and one log per element
   sr       symbolic regression (fitting.symbolic), constants refitted in float64
 """
 
@@ -28,7 +31,7 @@ from scipy.optimize import least_squares
 
 from .relu_sum import package_version
 
-FORMS = ("paper", "released", "refit-l2", "refit-linf", "newton", "sr")
+FORMS = ("paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast")
 
 
 def refit(ia: InvertedActivation, form: Form, branch: str, norm: str = "l2", iterations: int = 30) -> Form:
@@ -127,7 +130,7 @@ def check_right_tail(ia: InvertedActivation) -> float:
 NEWTON_DEFAULTS = {"left": (3, 2), "right": (4, 1)}  # (rational degree, Newton steps), chosen by measurement
 
 
-def fit_invact(activation: str = "gelu", form: str = "newton", seed: int = 0,
+def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
                backend: str = "pyoperon", sr_generations: int = 150, progress: bool = True) -> dict:
     """Build a table for one activation and form (see the module docstring)."""
     t0 = time.perf_counter()
@@ -150,6 +153,16 @@ def fit_invact(activation: str = "gelu", form: str = "newton", seed: int = 0,
         left, right = refit(ia, left0, "left", norm), refit(ia, right0, "right", norm)
         how = ", IRLS minimax" if norm == "linf" else ""
         prov = {"method": f"{form} of the paper's forms (scipy least_squares{how})"}
+    elif form == "fast":
+        from .invact_fast import TOL, branch, fast_form, fused_operations
+
+        combined, info = fast_form(ia)
+        left, right = branch(combined, "left"), branch(combined, "right")
+        trans, other = fused_operations(combined)
+        prov = {"method": f"fast: rational minimax in the signed root σ = ±√(y − f(T)) (degree "
+                          f"{info['rational_degree']}) + y·poly(log(−y)) left tail (degree {info['tail_degree']})"}
+        extra = {"fast": {**info, "tolerance": TOL, "transcendental_ops": trans, "other_ops": other},
+                 "_combined": combined}
     elif form == "newton":
         left, right = (fit_newton(ia, b, *NEWTON_DEFAULTS[b]) for b in ("left", "right"))
         prov = {"method": "newton: √t-rational initial guess (degree, steps) = "
@@ -162,6 +175,9 @@ def fit_invact(activation: str = "gelu", form: str = "newton", seed: int = 0,
         prov = {"method": f"symbolic regression ({backend}, {sr_generations} generations), constants refitted "
                           "in float64", "seed": seed}
         extra = {"pareto_left": lfront, "pareto_right": rfront}
+    combined = (extra or {}).pop("_combined", None)
     table = invact_table(act.name, left, right, form, provenance=prov, extra=extra)
+    if combined is not None:
+        table["combined"] = {k: v for k, v in combined.to_json((ia.f_T, ia.f_T + 10.0)).items() if k != "domain"}
     table["provenance"]["seconds"] = round(time.perf_counter() - t0, 2)
     return table

@@ -101,9 +101,9 @@ def format_comparisons(rows: list[Comparison]) -> str:
     return "\n".join(lines)
 
 
-INVACT_FORMS = {"gelu": ("paper", "released", "refit-l2", "refit-linf", "newton", "sr"),
-                "silu": ("paper", "refit-l2", "refit-linf", "newton"),
-                "gelu_tanh": ("newton",), "quick_gelu": ("newton",), "mish": ("newton",)}
+INVACT_FORMS = {"gelu": ("paper", "released", "refit-l2", "refit-linf", "newton", "fast", "sr"),
+                "silu": ("paper", "refit-l2", "refit-linf", "newton", "fast"),
+                "gelu_tanh": ("newton", "fast"), "quick_gelu": ("newton", "fast"), "mish": ("newton", "fast")}
 
 
 def regenerate_invact(out: Path | None = None, seed: int = 0, sr_generations: int = 150) -> list[Path]:

@@ -306,7 +306,7 @@ def q_left(y):
 @triton.jit
 def q_right(y):
 {right}
-
+{combined}
 
 @triton.jit
 def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
@@ -335,9 +335,7 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     y = tl.maximum(y, {f_T!r}, propagate_nan=tl.PropagateNan.ALL)  # rounding may put y below f(T)
-    right = tl.where(y > {right_max!r}, activation_grad(y),
-                     q_right(tl.minimum(y, {right_max!r}, propagate_nan=tl.PropagateNan.ALL)))
-    q = tl.where(left, q_left(tl.minimum(y, {left_max!r}, propagate_nan=tl.PropagateNan.ALL)), right)
+{select_q}
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
@@ -345,11 +343,19 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
 '''
 
 
-def _jit_body(branch: dict) -> str:
+_BRANCHES = """\
+    right = tl.where(y > {right_max!r}, activation_grad(y),
+                     q_right(tl.minimum(y, {right_max!r}, propagate_nan=tl.PropagateNan.ALL)))
+    q = tl.where(left, q_left(tl.minimum(y, {left_max!r}, propagate_nan=tl.PropagateNan.ALL)), right)"""
+_COMBINED = """\
+    q = q_combined(y, tl.where(left, 1.0, 0.0))  # one evaluation for both branches (the table's combined form)"""
+
+
+def _jit_body(branch: dict, variables: tuple[str, ...] = ("y",)) -> str:
     """A q(y) body: each table assignment (coefficients in place) becomes a local, then the return."""
     from approxbp.approximations.invact_forms import Form
 
-    form = Form.from_table(branch)
+    form = Form.from_table(branch, variables)
     values = {sp.Symbol(k): sp.Float(v, 17) for k, v in form.coefficients.items()}
     printer = TritonPrinter()
     code = lambda e: printer.doprint(lower(e.xreplace(values)).evalf(17))  # noqa: E731
@@ -369,7 +375,11 @@ def render_invact(table_path: Path, t: dict | None = None) -> str:
         docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t["activation"],
         expression=t["expression"], T=t["turning_point"], f_T=t["f_T"], left_max=t["left"]["domain"][1],
         right_max=t["right"]["domain"][1], helpers=HELPERS, source=triton_source(act.expr),
-        grad_source=triton_source(act.derivative_expr(1)), left=_jit_body(t["left"]), right=_jit_body(t["right"]))
+        grad_source=triton_source(act.derivative_expr(1)), left=_jit_body(t["left"]), right=_jit_body(t["right"]),
+        combined=(f"\n\n@triton.jit\ndef q_combined(y, b):\n{_jit_body(t['combined'], ('y', 'b'))}\n"
+                  if "combined" in t else ""),
+        select_q=(_COMBINED if "combined" in t else _BRANCHES.format(right_max=t["right"]["domain"][1],
+                                                                       left_max=t["left"]["domain"][1])))
 
 
 def _relative(table_path: Path) -> str:

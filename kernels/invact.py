@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import sympy as sp
 import torch
 import triton
 from approxbp.approximations import get_activation
@@ -22,7 +23,7 @@ from approxbp.approximations import tables as T
 from approxbp.approximations.invact_forms import Form
 
 from . import ops
-from .guards import check_input, check_triton_available, check_triton_device
+from .guards import check_input, check_triton_device
 from .relu_sum import _load_module, pack, table_file, unpack
 
 BLOCK_BYTES = 256
@@ -44,6 +45,8 @@ class InvActSpec:
         act = get_activation(t["expression"])
         self._f, self._df = act.torch_fn(0), act.torch_fn(1)
         self._q = {side: Form.from_table(t[side]).torch_fn() for side in ("left", "right")}
+        self._combined = (Form.from_table(t["combined"], ("y", "b")).torch_fn([sp.Symbol("b")])
+                          if "combined" in t else None)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xc = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 math; fp64 stays fp64
@@ -52,8 +55,11 @@ class InvActSpec:
     def backward(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         left = unpack(packed, 1, y.numel()).view(y.shape).bool()
         yf = y.to(torch.promote_types(y.dtype, torch.float32)).clamp_min(self.f_T)  # rounding may put y below f(T)
-        right = torch.where(yf > self.right_max, self._df(yf), self._q["right"](yf.clamp_max(self.right_max)))
-        q = torch.where(left, self._q["left"](yf.clamp_max(self.left_max)), right)
+        if self._combined is not None:  # one evaluation for both branches (b = 1 on the left)
+            q = self._combined(yf, left.to(yf.dtype))
+        else:
+            right = torch.where(yf > self.right_max, self._df(yf), self._q["right"](yf.clamp_max(self.right_max)))
+            q = torch.where(left, self._q["left"](yf.clamp_max(self.left_max)), right)
         return (g.to(q.dtype) * q).to(g.dtype)
 
 
@@ -94,11 +100,7 @@ class InvActivation(torch.nn.Module):
 
     def __init__(self, table: str | Path | dict, use_triton: bool | None = None):
         super().__init__()
-        check_triton_available(use_triton)
-        self.spec, self.use_triton = InvActSpec(table), use_triton
-        ops.register(self.spec)
-        if use_triton or (use_triton is None and torch.cuda.is_available()):
-            self.spec.module  # noqa: B018 - import the generated kernels now, not during a forward
+        self.spec, self.use_triton = ops.attach(InvActSpec(table), use_triton), use_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return invact(x, self.spec, self.use_triton)
@@ -108,14 +110,16 @@ class InvActivation(torch.nn.Module):
 
 
 class InvActGELU(InvActivation):
-    """GELU that saves its output + 1 bit; backward by our `newton` form (``form='paper'`` for eqs. 5–6)."""
+    """GELU that saves its output + 1 bit; backward by our `fast` form (L∞ ≤ 1e-6, one √ and one log per
+    element); ``form='newton'`` for the accuracy reference, ``form='paper'`` for eqs. 5–6."""
 
-    def __init__(self, form: str = "newton", use_triton: bool | None = None):
+    def __init__(self, form: str = "fast", use_triton: bool | None = None):
         super().__init__(f"gelu-{form}", use_triton)
 
 
 class InvActSiLU(InvActivation):
-    """SiLU that saves its output + 1 bit; backward by our `newton` form (``form='paper'`` for eqs. 7–8)."""
+    """SiLU that saves its output + 1 bit; backward by our `fast` form (``form='newton'``: the accuracy
+    reference, ``form='paper'``: eqs. 7–8)."""
 
-    def __init__(self, form: str = "newton", use_triton: bool | None = None):
+    def __init__(self, form: str = "fast", use_triton: bool | None = None):
         super().__init__(f"silu-{form}", use_triton)

@@ -26,6 +26,18 @@ def register(spec) -> str:
     return spec.key
 
 
+def attach(spec, use_triton: bool | None):
+    """What a drop-in does once, at construction: register its spec, and import its generated Triton module now
+    when it will run it (``use_triton=True``, or CUDA available), so that no forward pass touches files."""
+    from .guards import check_triton_available
+
+    check_triton_available(use_triton)
+    register(spec)
+    if use_triton or (use_triton is None and torch.cuda.is_available()):
+        spec.module  # noqa: B018 - the import itself is the point
+    return spec
+
+
 def autocast_dtype(x: Tensor) -> torch.dtype | None:
     """The autocast dtype for ``x``'s device when autocast is on and ``x`` is wider, else None.
 

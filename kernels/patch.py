@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .invact import InvActGELU, InvActSiLU
 from .norms import is_mergeable_norm, merge_norm
-from .relu_sum import ReGELU2, ReSiLU2
 
-_GELU_NAMES = {"GELU", "GELUActivation"}  # torch and Hugging Face transformers
-_SILU_NAMES = {"SiLU", "SiLUActivation"}
+#: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
+#: stays optional) → the registry activation whose tables replace them. nn.GELU is looked up with its
+#: ``approximate`` attribute.
+ACTIVATION_CLASSES = {
+    "GELU": "gelu", "GELUActivation": "gelu",
+    "GELU/tanh": "gelu_tanh", "NewGELUActivation": "gelu_tanh", "FastGELUActivation": "gelu_tanh",
+    "PytorchGELUTanh": "gelu_tanh", "GELUTanh": "gelu_tanh",
+    "QuickGELUActivation": "quick_gelu",
+    "SiLU": "silu", "SiLUActivation": "silu",
+    "Mish": "mish", "MishActivation": "mish",
+}
+#: Class-name fragments of modules that look like activations; one that is not replaced is reported as skipped.
+ACTIVATION_LIKE = ("GELU", "SiLU", "Swish", "Mish", "Activation", "ReLU", "Tanh", "Sigmoid", "Softplus", "ELU")
 ACTIVATIONS = ("relu-sum", "invact", None)
+OURS = ("ReLUSumActivation", "InvActivation", "ReGELU2", "ReSiLU2", "InvActGELU", "InvActSiLU")
 
 
 @dataclass
@@ -23,25 +34,70 @@ class PatchReport:
     activations: list[str] = field(default_factory=list)
     norms: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    max_output_difference: float | None = None
 
     def __str__(self) -> str:
-        return (f"swapped {len(self.activations)} activations, merged {len(self.norms)} norms"
+        diff = ("" if self.max_output_difference is None
+                else f"; max |output difference| on the example {self.max_output_difference:.3g}")
+        return (f"swapped {len(self.activations)} activations, merged {len(self.norms)} norms{diff}"
                 + (f"; skipped: {'; '.join(self.skipped)}" if self.skipped else ""))
 
 
-def _replacement(module: nn.Module, activation: str):
+def _class_key(module: nn.Module) -> str:
     name = type(module).__name__
-    if name in _GELU_NAMES and getattr(module, "approximate", "none") == "none":
-        return ReGELU2() if activation == "relu-sum" else InvActGELU()
-    if name in _SILU_NAMES:
-        return ReSiLU2() if activation == "relu-sum" else InvActSiLU()
-    return None
+    return "GELU/tanh" if name == "GELU" and getattr(module, "approximate", "none") == "tanh" else name
 
 
-def patch_model(model: nn.Module, activation: str | None = "relu-sum", norm: bool = True,
-                example_input=None) -> PatchReport:
-    """In place: replace nn.GELU/nn.SiLU (and HF GELUActivation/SiLUActivation) by ReGELU2/ReSiLU2
-    (``activation='relu-sum'``) or InvActGELU/InvActSiLU (``'invact'``); with ``norm=True`` merge every
+def _table_for(module: nn.Module, activation, bits: int):
+    """(table name, path, dict or module; None) for one activation module, or (None, the reason)."""
+    key = _class_key(module)
+    if isinstance(activation, dict):
+        for k in (type(module), key, type(module).__name__):
+            if k in activation:
+                return activation[k], None
+        return None, "not in the activation mapping"
+    name = ACTIVATION_CLASSES.get(key)
+    if name is None:
+        return None, "no table family for this activation"
+    if activation == "relu-sum":
+        return f"relu_sum/{name}-k{bits}-primitive", None
+    if activation == "invact":
+        return f"invact/{name}-fast", None
+    return activation, None  # a table path: used for every recognised activation
+
+
+def _replacement(module: nn.Module, activation, bits: int):
+    """(new module, None) or (None, why not) for an activation-like module; (None, None) for anything else."""
+    from approxbp.approximations import tables as T
+
+    from .invact import InvActGELU, InvActivation, InvActSiLU
+    from .relu_sum import ReGELU2, ReLUSumActivation, ReSiLU2
+
+    name = type(module).__name__
+    mapped = isinstance(activation, dict) and (type(module) in activation or name in activation)
+    if name in OURS or not (mapped or any(f in name for f in ACTIVATION_LIKE)):
+        return None, None
+    table, why = _table_for(module, activation, bits)
+    if table is None:
+        return None, why
+    if isinstance(table, nn.Module):
+        return table, None
+    named = {"relu_sum/gelu-k2-primitive": ReGELU2, "relu_sum/silu-k2-primitive": ReSiLU2,
+             "invact/gelu-fast": InvActGELU, "invact/silu-fast": InvActSiLU}
+    if isinstance(table, str) and table in named:  # the papers' modules by their own names
+        return named[table](), None
+    family = (table if isinstance(table, dict) else T.load(T.resolve(table)))["family"]
+    return (ReLUSumActivation(table) if family == "relu-sum" else InvActivation(table)), None
+
+
+def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, example_input=None,
+                bits: int = 2) -> PatchReport:
+    """In place: replace every activation in :data:`ACTIVATION_CLASSES` (nn.GELU both ways, nn.SiLU, nn.Mish and
+    the Hugging Face GELU/NewGELU/FastGELU/QuickGELU/SiLU/Mish classes) by its drop-in: ``activation='relu-sum'``
+    (the k = ``bits`` primitive ReLU-sum table of that activation), ``'invact'`` (its fast invact table), a table
+    path (used for every recognised activation), or a mapping {module class or class name: table path, table
+    dict or module}; ``None`` swaps nothing. Activation-like modules that are not replaced are listed in
+    ``skipped`` with the reason. With ``norm=True`` merge every
     LayerNorm/RMSNorm whose outputs feed only Linear layers into them (eq. 58) and replace it by its
     MS-norm. Consumers are found with torch.fx; models fx cannot trace (e.g. Hugging Face ones) need an
     ``example_input`` (a tensor, a tuple of positional arguments or a dict of keyword arguments): one
@@ -49,25 +105,67 @@ def patch_model(model: nn.Module, activation: str | None = "relu-sum", norm: boo
     anything but Linear layers (views aside) is left alone and listed in the report's ``skipped``; so is a
     norm over several trailing dimensions, and one whose consumer's weight is shared with another module (tied
     embeddings), since merging would change that module too. Patching is all or nothing: on any error every
-    change made so far is undone before the error propagates."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    change made so far is undone before the error propagates.
+
+    With ``example_input`` the model is run (eval mode, no grad) before and after; the report gets the max
+    output difference, and a difference above a dtype-aware tolerance (fp64 1e-6, fp32 1e-3, 16-bit 5e-2, times
+    max(1, max|output|)) undoes the patch and raises."""
+    if not (activation in ACTIVATIONS or isinstance(activation, dict) or _is_table(activation)):
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, a table path or a mapping, got {activation!r}")
     report, undo = PatchReport(), _Undo()
+    before = _run_example(model, example_input)
     try:
         if norm:
             _merge_norms(model, report, undo, example_input)
-        if activation:
+        if activation is not None:
             for parent_name, parent in list(model.named_modules()):
                 for child_name, child in list(parent.named_children()):
-                    new = _replacement(child, activation)
+                    new, why = _replacement(child, activation, bits)
+                    where = f"{parent_name + '.' if parent_name else ''}{child_name}"
                     if new is not None:
                         undo.setattr(parent, child_name, new)
-                        report.activations.append(f"{parent_name + '.' if parent_name else ''}{child_name}: "
-                                                  f"{type(child).__name__} → {type(new).__name__}")
+                        report.activations.append(f"{where}: {type(child).__name__} → {type(new).__name__}"
+                                                  f"({new.extra_repr()})")
+                    elif why is not None:
+                        report.skipped.append(f"{where} ({type(child).__name__}): {why}")
+        if before is not None:
+            after = _run_example(model, example_input)
+            report.max_output_difference = diff = float((after.double() - before.double()).abs().max())
+            tol = {torch.float64: 1e-6, torch.float32: 1e-3}.get(before.dtype, 5e-2)
+            scale = max(1.0, float(before.double().abs().max()))
+            if not diff <= tol * scale:
+                raise RuntimeError(f"patching changed the model's output by {diff:.3g} > {tol:g}·{scale:.3g} on the "
+                                   "example input; the model is restored")
     except BaseException:
         undo.rollback()
         raise
     return report
+
+
+def _is_table(value) -> bool:
+    from approxbp.approximations import tables as T
+
+    try:
+        return isinstance(value, str | Path) and T.resolve(value).is_file()
+    except FileNotFoundError:
+        return False
+
+
+def _run_example(model: nn.Module, example_input):
+    """The model's first floating-point output on ``example_input``, in eval mode without grad (None without)."""
+    if example_input is None:
+        return None
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = (model(**example_input) if isinstance(example_input, dict)
+                   else model(*example_input) if isinstance(example_input, tuple | list) else model(example_input))
+    finally:
+        model.train(training)
+    out = out.to_tuple() if hasattr(out, "to_tuple") else out
+    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return leaves[0].clone() if leaves else None
 
 
 class _Undo:

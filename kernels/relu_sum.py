@@ -31,7 +31,7 @@ from approxbp.approximations import tables as T
 
 from . import ops
 from .codegen import GENERATED, module_name, storage_bits
-from .guards import check_input, check_triton_available, check_triton_device
+from .guards import check_input, check_triton_device
 from .launch import RELU_SUM_SPAN, num_warps, relu_sum_words
 
 
@@ -187,12 +187,7 @@ class ReLUSumActivation(torch.nn.Module):
 
     def __init__(self, table: str | Path | dict, use_triton: bool | None = None):
         super().__init__()
-        check_triton_available(use_triton)
-        self.spec = ReLUSumSpec(table)
-        self.use_triton = use_triton
-        ops.register(self.spec)
-        if use_triton or (use_triton is None and torch.cuda.is_available()):
-            self.spec.module  # noqa: B018 - import the generated kernels now, not during a forward
+        self.spec, self.use_triton = ops.attach(ReLUSumSpec(table), use_triton), use_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return relu_sum(x, self.spec, self.use_triton)

@@ -1,0 +1,69 @@
+"""Issue 11: the `fast` inverted-activation form — L∞ ≤ 1e-6 on both branches, at most two transcendental and 48
+other (fused) operations per element for both branches together, identical in the twin and the kernel."""
+
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+from approxbp.approximations import get_activation
+from approxbp.approximations import tables as T
+from approxbp.approximations.invact import InvertedActivation
+from approxbp.approximations.invact_forms import Form
+from approxbp.fitting.invact_fast import b, branch, fused_operations
+from approxbp.kernels import InvActGELU, InvActivation, InvActSiLU
+
+ACTS = ["gelu", "silu", "gelu_tanh", "quick_gelu", "mish"]
+
+
+def _load(act):
+    t = T.load(f"invact/{act}-fast")
+    return t, Form.from_table(t["combined"], ("y", "b"))
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_fast_form_is_within_1e6_everywhere(act):
+    t, combined = _load(act)
+    assert max(t["metrics"]["linf_left"], t["metrics"]["linf_right"]) <= 1e-6
+    ia = InvertedActivation(get_activation(act))
+    yl = np.concatenate([np.linspace(ia.f_T, 0.0, 40001)[:-1], -np.geomspace(1e-300, 1e-2, 2000)])
+    yr = np.concatenate([np.linspace(ia.f_T, ia.f_T + 30.0, 60001), np.geomspace(30.0, 1e4, 2000)])
+    for side, yv in (("left", yl), ("right", yr)):
+        q = branch(combined, side)(yv)
+        assert np.max(np.abs(q - ia.g(yv, side))) <= 1e-6, side
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_fast_form_operation_budget(act):
+    t, combined = _load(act)
+    trans, other = fused_operations(combined)
+    assert trans <= 2 and other <= 48, (trans, other)
+    assert (t["metrics"]["fast"]["transcendental_ops"], t["metrics"]["fast"]["other_ops"]) == (trans, other)
+    funcs = {type(f).__name__ for e in [combined.expression, *(v for _, v in combined.assignments)]
+             for f in e.atoms(sp.Function)}
+    assert funcs <= {"select", "Max", "log"}, funcs  # √ is a power; no erf/exp
+
+
+def test_combined_form_is_both_branch_forms():
+    t, combined = _load("gelu")
+    yv = np.linspace(t["f_T"], 0, 1001)
+    assert np.array_equal(Form.from_table(t["left"])(yv), branch(combined, "left")(yv))
+    assert combined.expression.has(b)
+
+
+def test_fast_is_the_default_and_its_kernel_matches_the_twin():
+    assert InvActGELU().spec.table["form"] == "fast" and InvActSiLU().spec.table["form"] == "fast"
+    x = torch.cat([torch.linspace(-12, 12, 2049), torch.tensor([0.0, -0.7517915, float("nan")])])
+    g = torch.randn_like(x)
+    for act in ACTS:
+        twin, kernel = InvActivation(f"{act}-fast"), InvActivation(f"{act}-fast", use_triton=True)
+        grads = []
+        for m in (twin, kernel):
+            xi = x.clone().requires_grad_(True)
+            m(xi).backward(g)
+            grads.append(xi.grad)
+        assert torch.equal(grads[0].isnan(), grads[1].isnan())
+        assert torch.allclose(grads[0].nan_to_num(), grads[1].nan_to_num(), atol=2e-5 * g.abs().max(), rtol=0)
+        exact = torch.func.grad(lambda v: torch.nn.functional.gelu(v).sum())(x.double()) if act == "gelu" else None
+        if exact is not None:
+            ok = ~x.isnan()
+            assert (grads[0][ok].double() - exact[ok] * g[ok].double()).abs().max() <= 1e-4 * g.abs().max()

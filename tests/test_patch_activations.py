@@ -1,0 +1,75 @@
+"""Issue 12 (items 1–2): every activation mapped to its tables, the table or k chosen by the user, tied weights
+left alone, and the example input checked before and after."""
+
+import pytest
+import torch
+from approxbp.approximations import tables as T
+from approxbp.kernels import InvActivation, ReGELU2, ReLUSumActivation, patch_model
+from torch import nn
+
+
+def _mlp(act):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 6), act, nn.Linear(6, 2)).double()
+
+
+@pytest.mark.parametrize("act,table", [(nn.GELU(approximate="tanh"), "gelu_tanh-k2-primitive"),
+                                       (nn.Mish(), "mish-k2-primitive"), (nn.SiLU(), "silu-k2-primitive"),
+                                       (nn.GELU(), "gelu-k2-primitive")])
+def test_every_torch_activation_is_mapped(act, table):
+    m = _mlp(act)
+    x = torch.randn(3, 6, dtype=torch.float64)
+    report = patch_model(m, norm=False, example_input=x)
+    assert len(report.activations) == 1 and table in report.activations[0], report
+    assert report.max_output_difference <= 1e-12  # the forward is exact
+
+
+def test_bits_table_path_and_mapping(tmp_path):
+    m = _mlp(nn.GELU())
+    patch_model(m, norm=False, bits=3)
+    assert isinstance(m[1], ReLUSumActivation) and m[1].spec.bits == 3
+    path = T.save(T.load("invact/gelu-fast"), tmp_path / "mine.json")
+    m = _mlp(nn.GELU())
+    patch_model(m, activation=str(path), norm=False)
+    assert isinstance(m[1], InvActivation)
+    m = _mlp(nn.SiLU())
+    patch_model(m, activation={nn.SiLU: "relu_sum/silu-k4-derivative"}, norm=False)
+    assert m[1].spec.table["bits"] == 4 and m[1].spec.table["objective"] == "derivative"
+
+
+def test_unreplaced_activation_like_modules_are_reported():
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh())
+    report = patch_model(m, norm=False)
+    assert len(report.skipped) == 2 and all("no table family" in s for s in report.skipped)
+    assert not isinstance(m[1], ReGELU2)
+
+
+def test_gpt2_gelu_new_is_swapped_and_tied_ln_f_is_left_alone():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=12, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).double().eval()
+    with torch.no_grad():  # a "pretrained" checkpoint: norms away from their init values
+        for mod in model.modules():
+            if isinstance(mod, nn.LayerNorm):
+                mod.weight.normal_(1.0, 0.3)
+                mod.bias.normal_(0.0, 0.3)
+    ids = torch.randint(0, 64, (2, 16))
+    report = patch_model(model, activation="relu-sum", example_input={"input_ids": ids})
+    assert sum("NewGELUActivation" in a for a in report.activations) == 12, report.activations
+    assert any("ln_f" in s and "tied" in s for s in report.skipped), report.skipped
+    assert report.max_output_difference <= 1e-6
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_a_patch_that_changes_the_output_is_undone():
+    class Odd(nn.Module):  # an activation-like module whose "replacement" computes something else
+        def forward(self, x):
+            return x * 2
+
+    m = _mlp(nn.GELU())
+    x = torch.randn(3, 6, dtype=torch.float64)
+    before = m(x)
+    with pytest.raises(RuntimeError, match="changed the model's output"):
+        patch_model(m, activation={nn.GELU: Odd()}, norm=False, example_input=x)
+    assert isinstance(m[1], nn.GELU) and torch.equal(m(x), before)
