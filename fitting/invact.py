@@ -159,6 +159,13 @@ def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
         combined, info = fast_form(ia)
         left, right = branch(combined, "left"), branch(combined, "right")
         trans, other = fused_operations(combined)
+        yl = np.concatenate([np.linspace(ia.f_T, 0.0, 40001)[:-1], -np.geomspace(1e-300, 1e-2, 2000)])
+        yr = np.concatenate([np.linspace(ia.f_T, ia.f_T + 30.0, 60001), np.geomspace(30.0, 1e4, 2000)])
+        info["linf_everywhere"] = wide = max(float(np.max(np.abs(f(v) - ia.g(v, side))))
+                                             for f, v, side in ((left, yl, "left"), (right, yr, "right")))
+        if not wide <= TOL:
+            raise ValueError(f"the fast form for {act.name!r} errs by {wide:.3g} > {TOL:g} somewhere in the tails; "
+                             "use form='newton'")
         prov = {"method": f"fast: rational minimax in the signed root σ = ±√(y − f(T)) (degree "
                           f"{info['rational_degree']}) + y·poly(log(−y)) left tail (degree {info['tail_degree']})"}
         extra = {"fast": {**info, "tolerance": TOL, "transcendental_ops": trans, "other_ops": other},

@@ -9,9 +9,9 @@ q = 1. The left tail y ∈ (y₁, 0) is y·T(w) with w = log(−y) clamped below
 in log(−y) (GELU: g/y ≈ −x, x ≈ −√(−2w)). The whole form, with b = 1 on the left branch and 0 on the right:
 
     s = √max(y − f(T), 0);  z = (A − 2A·b)·s + B₀ (affine in σ = ±s);  R = P(z)/Q(z)
-    w = log(max(−y, 1e-38));  u = affine(w);  q = select(y − Y_R, 1, select(b·(y − y₁), y·T(u), R))
+    w = max(log(max(−y, 1e-38)), w₀);  u = affine(w);  q = select(y − Y_R, 1, select(b·(y − y₁), y·T(u), R))
 
-(beyond y₀ the tail polynomial is extrapolated, but y·T(u) stays below 1e-7 there).
+(w is held at w₀ beyond y₀, where |y·T| ≤ |g(y₀)| < 2e-7; extrapolating T there would grow like u^d).
 
 Transcendentals: one √ and one log. Coefficients are fitted in float64 (linearised rational least squares,
 refined by iteratively reweighted least squares towards minimax) and stored in the monomial basis of z ∈ [−1, 1].
@@ -146,7 +146,7 @@ def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 1
         ("z", (F(A) - F(2 * A) * b) * S["s"] + F(B0)),
         ("R", _horner(S["z"], [sp.Symbol(f"p{i}") for i in range(m + 1)])
          / _horner(S["z"], [sp.Integer(1), *[sp.Symbol(f"q{i}") for i in range(1, m + 1)]])),
-        ("w", sp.log(sp.Max(-y, F(1e-38)))),
+        ("w", sp.Max(sp.log(sp.Max(-y, F(1e-38))), F(w0))),  # beyond y₀ hold T(u) at its end: y·T stays tiny
         ("u", F(2 / (w0 - w1)) * S["w"] - F((w0 + w1) / (w0 - w1))),
     )
     # b·(y − y₁) > 0 only on the left branch's tail; y > Y_R only on the right branch (y ≤ 0 on the left)

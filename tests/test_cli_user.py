@@ -166,3 +166,25 @@ def test_readme_commands_run_verbatim(tmp_path):
         argv = shlex.split(cmd)[1:]
         r = _run(*argv, env=env, cwd=tmp_path, timeout=900)
         assert r.returncode == 0, (cmd, r.stdout[-1500:], r.stderr[-1500:])
+
+
+def test_figures_into_a_new_folder_replots_and_never_retrains(tmp_path, monkeypatch, capsys):
+    from approxbp.fitting import atlas, bdia
+
+    def no_training(**kw):
+        raise AssertionError("figures retrained the toy GPT")
+
+    monkeypatch.setattr(bdia, "train_toy_gpt", no_training)
+    monkeypatch.setattr(atlas, "write_atlas", lambda out, *a: [])  # the slow parts are tested elsewhere
+    monkeypatch.setattr(bdia, "write_analysis", lambda out, **kw: [])
+    assert main(["figures", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "bdia_toy_gpt.png").is_file() and (tmp_path / "relu_sum_gelu_k2.png").is_file()
+    assert "retraining" not in capsys.readouterr().err
+
+
+def test_figure_commands_default_to_the_checkout_not_the_current_folder(tmp_path, monkeypatch):
+    from approxbp.fitting.cli import _figures_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert _figures_dir(None) == ROOT.resolve() / "docs" / "figures"
+    assert _figures_dir(tmp_path / "x") == tmp_path / "x"

@@ -86,7 +86,8 @@ def test_compiled_patched_block_saves_less_than_compiled_exact():
         assert ours < exact - 10, (variant, ours, exact)
 
 
-def test_patched_hf_llama_has_zero_graph_breaks():
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_patched_hf_llama_has_zero_graph_breaks(use_triton):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32)
@@ -95,6 +96,9 @@ def test_patched_hf_llama_has_zero_graph_breaks():
     ids = torch.randint(0, 64, (1, 16))
     report = patch_model(model, activation="relu-sum", example_input={"input_ids": ids})
     assert report.norms and report.activations
+    for m in model.modules():
+        if hasattr(m, "use_triton"):
+            m.use_triton = use_triton
     torch._dynamo.reset()
     explained = torch._dynamo.explain(lambda i: model(input_ids=i, use_cache=False).logits)(ids)
     assert explained.graph_break_count == 0, explained.break_reasons
