@@ -185,6 +185,7 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
             b = b + W @ beta.to(W.device, torch.float64)
         merged.append((lin, (W * alpha.to(W.device, torch.float64)).to(lin.weight.dtype),
                        b.to(lin.weight.dtype) if (beta is not None or lin.bias is not None) else None))
+    created = [lin.bias is None and b is not None for lin, _, b in merged]
     for lin, W, b in merged:
         lin.weight.copy_(W)
         if b is not None and lin.bias is None:
@@ -193,4 +194,28 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
             lin.bias.copy_(b.to(lin.bias.dtype))
     eps = eps if eps is not None else torch.finfo(torch.float32).eps
     cls = MSLayerNorm if isinstance(norm, nn.LayerNorm) else MSRMSNorm
-    return cls(dim, eps)
+    ms = cls(dim, eps)
+    # what unmerge_norm needs (kept outside the module tree: no parameters, no state-dict keys)
+    ms.__dict__["merged_from"] = (norm, [m for m, _, _ in merged], created)
+    return ms
+
+
+@torch.no_grad()
+def unmerge_norm(ms: MSLayerNorm) -> nn.Module:
+    """Undo :func:`merge_norm`: W = W̃·diag(α)⁻¹ and b = b̃ − W·β in every consumer (float64), and return the
+    original norm module. Raises if α has zeros (the merged columns carry no information then)."""
+    if "merged_from" not in ms.__dict__:
+        raise ValueError(f"{ms} was not made by merge_norm")
+    norm, consumers, created = ms.__dict__["merged_from"]
+    alpha = norm.weight.double() if norm.weight is not None else None
+    if alpha is not None and bool((alpha == 0).any()):
+        raise ValueError("cannot unmerge: the norm's weight α has zeros")
+    beta = getattr(norm, "bias", None)
+    for lin, made in zip(consumers, created):
+        W = lin.weight.double() / (alpha.to(lin.weight.device) if alpha is not None else 1.0)
+        if made:
+            lin.bias = None
+        elif lin.bias is not None and beta is not None:
+            lin.bias.copy_((lin.bias.double() - W @ beta.double().to(W.device)).to(lin.bias.dtype))
+        lin.weight.copy_(W.to(lin.weight.dtype))
+    return norm

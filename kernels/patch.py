@@ -123,6 +123,7 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
                     new, why = _replacement(child, activation, bits)
                     where = f"{parent_name + '.' if parent_name else ''}{child_name}"
                     if new is not None:
+                        new.__dict__["replaced"] = child  # for unpatch (not a submodule: no state-dict keys)
                         undo.setattr(parent, child_name, new)
                         report.activations.append(f"{where}: {type(child).__name__} → {type(new).__name__}"
                                                   f"({new.extra_repr()})")
@@ -140,6 +141,29 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
         undo.rollback()
         raise
     return report
+
+
+@torch.no_grad()
+def unpatch(model: nn.Module) -> nn.Module:
+    """Undo :func:`patch_model` in place: every drop-in goes back to the module it replaced and every MS-norm is
+    unmerged (consumer weights and biases restored, the original norm back in place). Returns the model."""
+    from .norms import unmerge_norm
+
+    for _, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if "replaced" in child.__dict__:
+                setattr(parent, child_name, child.__dict__["replaced"])
+            elif "merged_from" in child.__dict__:
+                setattr(parent, child_name, unmerge_norm(child))
+    return model
+
+
+def patched_state_dict(model: nn.Module) -> dict:
+    """The state dict of the stock architecture (norm weights back, consumers unmerged) for a patched model,
+    which stays patched: ``Stock(...).load_state_dict(patched_state_dict(model))`` gives the same outputs."""
+    import copy
+
+    return unpatch(copy.deepcopy(model)).state_dict()
 
 
 def _is_table(value) -> bool:

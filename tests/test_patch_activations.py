@@ -73,3 +73,36 @@ def test_a_patch_that_changes_the_output_is_undone():
     with pytest.raises(RuntimeError, match="changed the model's output"):
         patch_model(m, activation={nn.GELU: Odd()}, norm=False, example_input=x)
     assert isinstance(m[1], nn.GELU) and torch.equal(m(x), before)
+
+
+def _stock(seed=0):
+    from approxbp.kernels.blocks import GPTBlock
+
+    torch.manual_seed(seed)
+    m = nn.Sequential(GPTBlock(d=16, hidden=32, heads=2), GPTBlock(d=16, hidden=32, heads=2), nn.LayerNorm(16),
+                      nn.Linear(16, 5, bias=False)).double()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.LayerNorm):
+                mod.weight.normal_(1.0, 0.3)
+                mod.bias.normal_(0.0, 0.3)
+    return m
+
+
+def test_patched_state_dict_loads_into_the_stock_model_and_unpatch_restores():
+    """Issue 12 item 3: a patched model's weights go back into the stock architecture with identical outputs."""
+    from approxbp.kernels import patched_state_dict, unpatch
+
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    model = _stock()
+    reference = model(x)
+    report = patch_model(model, activation="invact")
+    assert len(report.norms) == 5 and len(report.activations) == 2
+    stock = _stock(seed=1)  # other weights, to be overwritten
+    stock.load_state_dict(patched_state_dict(model))  # strict: every key of the stock model, none extra
+    assert (stock(x) - reference).abs().max() <= 1e-12
+    assert "MSLayerNorm" in str(model)  # the patched model stays patched
+    unpatch(model)
+    assert "MSLayerNorm" not in str(model) and "InvAct" not in str(model)
+    assert (model(x) - reference).abs().max() <= 1e-12
+    assert model[3].bias is None  # a bias the merge had to create is gone again
