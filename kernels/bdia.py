@@ -20,9 +20,8 @@ import triton
 import triton.language as tl
 from approxbp.approximations import bdia as B
 
+from .launch import BIT_BLOCK_BYTES
 from .relu_sum import pack, unpack
-
-BLOCK_BYTES = 256  # each program handles 8·BLOCK_BYTES elements
 
 
 @triton.jit
@@ -101,8 +100,8 @@ def step_triton(x_prev, x, hx, gamma: torch.Tensor, level: int, block: int = 0):
     n = xc.numel()
     bits = torch.empty(math.ceil(n / 8), dtype=torch.uint8, device=x.device)
     if n:
-        grid = (triton.cdiv(bits.numel(), BLOCK_BYTES),)
-        step_kernel[grid](xp, xc, hc, g, out, bits, n, row, bits.numel(), 2.0**level, BLOCK=BLOCK_BYTES,
+        grid = (triton.cdiv(bits.numel(), BIT_BLOCK_BYTES),)
+        step_kernel[grid](xp, xc, hc, g, out, bits, n, row, bits.numel(), 2.0**level, BLOCK=BIT_BLOCK_BYTES,
                           enable_fp_fusion=False)
     B.check_representable(out, level, block)
     return out, bits
@@ -118,8 +117,8 @@ def inverse_triton(x, x_next, hx, bits, gamma: torch.Tensor, level: int, block: 
     out = torch.empty_like(xc)
     n = xc.numel()
     if n:
-        grid = (triton.cdiv(bits.numel(), BLOCK_BYTES),)
-        inverse_kernel[grid](xc, xn, hc, g, bits, out, n, row, bits.numel(), 2.0**level, BLOCK=BLOCK_BYTES,
+        grid = (triton.cdiv(bits.numel(), BIT_BLOCK_BYTES),)
+        inverse_kernel[grid](xc, xn, hc, g, bits, out, n, row, bits.numel(), 2.0**level, BLOCK=BIT_BLOCK_BYTES,
                           enable_fp_fusion=False)
     return out
 

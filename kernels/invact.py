@@ -24,9 +24,8 @@ from approxbp.approximations.invact_forms import Form
 
 from . import ops
 from .guards import check_input, check_triton_device
+from .launch import BIT_BLOCK_BYTES
 from .relu_sum import _load_module, pack, table_file, unpack
-
-BLOCK_BYTES = 256
 
 
 class InvActSpec:
@@ -74,16 +73,16 @@ class InvActSpec:
         y = torch.empty_like(xc)
         packed = torch.empty(math.ceil(xc.numel() / 8), dtype=torch.uint8, device=x.device)
         if xc.numel():
-            grid = (triton.cdiv(packed.numel(), BLOCK_BYTES),)
-            self.module.forward_kernel[grid](xc, y, packed, xc.numel(), packed.numel(), BLOCK=BLOCK_BYTES)
+            grid = (triton.cdiv(packed.numel(), BIT_BLOCK_BYTES),)
+            self.module.forward_kernel[grid](xc, y, packed, xc.numel(), packed.numel(), BLOCK=BIT_BLOCK_BYTES)
         return y, packed
 
     def backward_triton(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         gc, yc = g.contiguous(), y.contiguous()
         out = torch.empty_like(gc)
         if gc.numel():
-            grid = (triton.cdiv(packed.numel(), BLOCK_BYTES),)
-            self.module.backward_kernel[grid](gc, yc, packed, out, gc.numel(), packed.numel(), BLOCK=BLOCK_BYTES)
+            grid = (triton.cdiv(packed.numel(), BIT_BLOCK_BYTES),)
+            self.module.backward_kernel[grid](gc, yc, packed, out, gc.numel(), packed.numel(), BLOCK=BIT_BLOCK_BYTES)
         return out
 
 

@@ -1,8 +1,8 @@
-"""Launch settings of the generated element-wise kernels: one home, used by the launchers and by the test that
-runs every kernel under the interpreter with exactly these settings.
+"""Launch settings of the element-wise kernels (generated ReLU-sum and InvAct, BDIA): one home, used by the
+launchers, so the tests that run every kernel under the interpreter run them with exactly these settings.
 
-No GPU has been lent to the sessions that chose these values, so they are starting points, not tuned results:
-``benchmarks/gpu_kernels.py`` sweeps ``NUM_WARPS_CANDIDATES`` on a GPU and reports the fraction of copy bandwidth.
+No GPU has been lent to the sessions that chose these values: they are starting points, not tuned results
+(``benchmarks/gpu_kernels.py`` reports each kernel's fraction of copy bandwidth on a GPU).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import torch
 
 #: Elements per program of the ReLU-sum kernels, for every k: also the span of one saved NaN byte.
 RELU_SUM_SPAN = 4096
-NUM_WARPS_CANDIDATES = (2, 4, 8)
+#: Bytes of packed bits per program of the InvAct and BDIA kernels (8 elements per byte: 2048 elements).
+BIT_BLOCK_BYTES = 256
 
 
 def relu_sum_words(storage_bits: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,10 +67,9 @@ def _table_for(module: nn.Module, activation, bits: int):
     return activation, None  # a table path: used for every recognised activation
 
 
-def _replacement(module: nn.Module, activation, bits: int):
-    """(new module, None) or (None, why not) for an activation-like module; (None, None) for anything else."""
-    from approxbp.approximations import tables as T
-
+def _replacement(module: nn.Module, activation, bits: int, family_of):
+    """(new module, None) or (None, why not) for an activation-like module; (None, None) for anything else.
+    ``family_of(table)`` gives a table's family (cached per patch_model call: each table file is read once)."""
     from .invact import InvActGELU, InvActivation, InvActSiLU
     from .relu_sum import ReGELU2, ReLUSumActivation, ReSiLU2
 
@@ -86,7 +86,7 @@ def _replacement(module: nn.Module, activation, bits: int):
              "invact/gelu-fast": InvActGELU, "invact/silu-fast": InvActSiLU}
     if isinstance(table, str) and table in named:  # the papers' modules by their own names
         return named[table](), None
-    family = (table if isinstance(table, dict) else T.load(T.resolve(table)))["family"]
+    family = table["family"] if isinstance(table, dict) else family_of(str(table))
     return (ReLUSumActivation(table) if family == "relu-sum" else InvActivation(table)), None
 
 
@@ -112,7 +112,10 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
     max(1, max|output|)) undoes the patch and raises."""
     if not (activation in ACTIVATIONS or isinstance(activation, dict) or _is_table(activation)):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, a table path or a mapping, got {activation!r}")
+    from approxbp.approximations import tables as T
+
     report, undo = PatchReport(), _Undo()
+    family_of = functools.cache(lambda table: T.load(T.resolve(table))["family"])
     before = _run_example(model, example_input)
     try:
         if norm:
@@ -120,7 +123,7 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
         if activation is not None:
             for parent_name, parent in list(model.named_modules()):
                 for child_name, child in list(parent.named_children()):
-                    new, why = _replacement(child, activation, bits)
+                    new, why = _replacement(child, activation, bits, family_of)
                     where = f"{parent_name + '.' if parent_name else ''}{child_name}"
                     if new is not None:
                         new.__dict__["replaced"] = child  # for unpatch (not a submodule: no state-dict keys)
