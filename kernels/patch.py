@@ -11,7 +11,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .norms import is_mergeable_norm, merge_norm
+from .norms import AffineInputLinear, is_mergeable_norm, merge_norm
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
 #: stays optional) → the registry activation whose tables replace them. nn.GELU is looked up with its
@@ -269,12 +269,33 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
             report.skipped.append(f"{name}: consumer(s) {tied} share their weight with another module (tied "
                                   "weights); merging would change that module too")
             continue
-        for c in consumers:
+        adapters = [c for c in consumers if _is_adapter(c)]
+        base = [c for c in consumers if c not in adapters]
+        if not base:
+            report.skipped.append(f"{name}: only adapter Linears ({adapters}) read it; nothing to merge into")
+            continue
+        norm = modules[name]
+        for c in base:
             undo.keep_linear(modules[c])
-        ms = merge_norm(modules[name], [modules[c] for c in consumers])
-        parent_name, _, child = name.rpartition(".")
-        undo.setattr(modules[parent_name] if parent_name else model, child, ms)
-        report.norms.append(f"{name} → {type(ms).__name__} merged into {consumers}")
+        ms = merge_norm(norm, [modules[c] for c in base])
+        _replace(model, modules, name, ms, undo)
+        alpha = norm.weight if norm.weight is not None else torch.ones(norm.normalized_shape)
+        for c in adapters:  # LoRA's lora_A: unchanged weight, reads z and applies α, β itself
+            wrapped = AffineInputLinear(modules[c], alpha, getattr(norm, "bias", None))
+            wrapped.__dict__["replaced"] = modules[c]
+            _replace(model, modules, c, wrapped, undo)
+        report.norms.append(f"{name} → {type(ms).__name__} merged into {base}"
+                            + (f"; adapters {adapters} apply its α, β to their input" if adapters else ""))
+
+
+def _is_adapter(name: str) -> bool:
+    """A LoRA adapter's down-projection (peft's ``…lora_A.<adapter>``): trainable, its weight must stay its own."""
+    return "lora_A" in name.split(".")
+
+
+def _replace(model: nn.Module, modules: dict, name: str, new: nn.Module, undo: _Undo) -> None:
+    parent_name, _, child = name.rpartition(".")
+    undo.setattr(modules[parent_name] if parent_name else model, child, new)
 
 
 def _consumers_by_fx(model: nn.Module) -> dict[str, tuple[list[str], set[str]]]:
@@ -299,8 +320,10 @@ class _ReadWatch(TorchDispatchMode):
         self.owner: dict[int, str] = {}  # storage pointer → norm name
         self.inside: str | None = None  # the nn.Linear currently running
         self.found: dict[str, tuple[list[str], set[str]]] = {}
+        self.keep: list[torch.Tensor] = []  # watched tensors stay alive, so that no storage pointer is reused
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
         for t in pytree.tree_leaves((args, kwargs or {})):
             name = self.owner.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
             if name is None:
@@ -309,9 +332,12 @@ class _ReadWatch(TorchDispatchMode):
             if self.inside is not None:
                 if self.inside not in linear:
                     linear.append(self.inside)
+            elif func.overloadpacket is torch.ops.aten._to_copy and isinstance(out, torch.Tensor):
+                self.owner[out.untyped_storage().data_ptr()] = name  # a dtype cast (peft's fp32 adapters):
+                self.keep.append(out)  # its readers read the norm's output too
             elif not func.is_view:
                 other.add(str(func.overloadpacket.__name__))
-        return func(*args, **(kwargs or {}))
+        return out
 
 
 def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[list[str], set[str]]]:

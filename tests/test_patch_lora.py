@@ -1,0 +1,141 @@
+"""patch_model with peft LoRA in both orders (issue 12, item 4): norms merge into the frozen base Linear only,
+the adapters keep their own weights and train, and the saved bytes per block match the memory table's
+frozen-linear column."""
+
+import copy
+
+import pytest
+import torch
+
+peft = pytest.importorskip("peft")  # in the [dev] extra, so CI always runs this file
+transformers = pytest.importorskip("transformers")
+from approxbp.kernels.blocks import ViTBlock, saved_per_token_per_d  # noqa: E402
+from approxbp.kernels.norms import AffineInputLinear, MSLayerNorm  # noqa: E402
+from approxbp.kernels.patch import patch_model, patched_state_dict  # noqa: E402
+from approxbp.kernels.saved import saved_bytes  # noqa: E402
+
+LORA = dict(r=4, target_modules=["q_proj", "v_proj"])
+
+
+def _vit():
+    """A tiny HF ViT in fp64 whose LayerNorms have random α, β (as a pretrained checkpoint's do)."""
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                 image_size=32, patch_size=8, num_labels=10, attn_implementation="eager",
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = transformers.ViTForImageClassification(cfg).double()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_()
+    return model, {"pixel_values": torch.randn(4, 3, 32, 32, dtype=torch.float64)}, torch.tensor([1, 2, 3, 4])
+
+
+def _lora(model):
+    model = peft.get_peft_model(model, peft.LoraConfig(**LORA))
+    with torch.no_grad():  # B = 0 at peft's init would hide what the adapters read
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    return model
+
+
+def _grads(model, x, labels):
+    model.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(**x).logits, labels).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_lora_then_patch_merges_into_the_base_linear_and_keeps_adapter_gradients_exact():
+    model, x, labels = _vit()
+    model = _lora(model)
+    ref = copy.deepcopy(model)
+    report = patch_model(model, activation=None, example_input=x)
+    assert len(report.norms) == 5 and not report.skipped and report.max_output_difference < 1e-12
+    assert "adapters" in report.norms[0] and "base_layer" in report.norms[0]
+    wrapped = [m for m in model.modules() if isinstance(m, AffineInputLinear)]
+    assert len(wrapped) == 4  # q and v of 2 layers
+    base = model.base_model.model.vit.layers[0].attention.q_proj.base_layer
+    assert not base.weight.requires_grad and base.weight.shape == (64, 64)
+    g, g_ref = _grads(model, x, labels), _grads(ref, x, labels)
+    assert sorted(g) == sorted(g_ref) and all("lora_" in n or "classifier" in n for n in g)
+    for name in g:  # the adapters see α⊙z + β exactly as before: same parameters, same gradients
+        assert torch.allclose(g[name], g_ref[name], rtol=1e-9, atol=1e-12), name
+    # the adapter state dict (what peft saves) is unchanged: same keys, same tensors
+    lora_keys = [k for k in model.state_dict() if "lora_" in k]
+    assert lora_keys == [k for k in ref.state_dict() if "lora_" in k]
+
+
+def test_lora_then_patch_state_dict_loads_into_the_stock_lora_model():
+    model, x, _ = _vit()
+    model = _lora(model)
+    stock = copy.deepcopy(model)
+    patch_model(model, activation="relu-sum", example_input=x)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_A" in n:
+                p.add_(torch.randn_like(p))  # as if trained
+    stock.load_state_dict(patched_state_dict(model), strict=True)
+    model.eval(), stock.eval()
+    with torch.no_grad():
+        assert torch.allclose(model(**x).logits, stock(**x).logits, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("order", ["lora-then-patch", "patch-then-lora"])
+def test_adapters_train_and_base_weights_stay_frozen(order):
+    model, x, labels = _vit()
+    if order == "patch-then-lora":
+        report = patch_model(model, activation="relu-sum", example_input=x)
+        model = _lora(model)
+    else:
+        model = _lora(model)
+        report = patch_model(model, activation="relu-sum", example_input=x)
+    assert len(report.norms) == 5 and len(report.activations) == 2
+    assert sum(isinstance(m, MSLayerNorm) for m in model.modules()) == 5
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(20):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(**x).logits, labels)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.75 * losses[0], losses
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if not p.requires_grad)
+
+
+@pytest.mark.parametrize("order", ["lora-then-patch", "patch-then-lora"])
+@pytest.mark.parametrize("adapter_fp32", [True, False])
+def test_lora_saving_per_block_matches_the_frozen_linear_column(order, adapter_fp32):
+    """Saved bytes per token·d (bf16 block, LoRA r=4 on q, v): exact LoRA − patched LoRA equals the memory table's
+    frozen column (baseline − ReGELU2 + MS-LN). With bf16 adapters it is 2 more: lora_A saves the LayerNorm's bf16
+    output in the exact block, while ours shares the MS-norm's z. (peft's default fp32 adapters save an fp32 copy
+    in both.)"""
+    kw = dict(d=64, hidden=256, heads=4)
+    cfg = peft.LoraConfig(r=4, target_modules=["q", "v"])
+
+    def build():
+        torch.manual_seed(0)
+        return ViTBlock(**kw).to(torch.bfloat16)
+
+    x = torch.randn(2, 197, 64, dtype=torch.bfloat16, requires_grad=True)
+    exact = peft.get_peft_model(build(), cfg, autocast_adapter_dtype=adapter_fp32)
+    if order == "patch-then-lora":
+        block = build()
+        patch_model(block, activation="relu-sum", example_input=x)
+        ours = peft.get_peft_model(block, cfg, autocast_adapter_dtype=adapter_fp32)
+    else:
+        ours = peft.get_peft_model(build(), cfg, autocast_adapter_dtype=adapter_fp32)
+        patch_model(ours, activation="relu-sum", example_input=x)
+
+    def per_token_d(model):
+        return saved_bytes(lambda: model(x), exclude=[*model.parameters(), *model.buffers()]) / x.numel()
+
+    column = (saved_per_token_per_d(ViTBlock, "baseline", frozen=True, **kw)
+              - saved_per_token_per_d(ViTBlock, "relu-sum", frozen=True, **kw))
+    saving = per_token_d(exact) - per_token_d(ours)
+    print(f"{order}, fp32 adapters {adapter_fp32}: saving {saving:.4f} bytes/token·d, frozen column {column:.4f}")
+    assert saving == pytest.approx(column + (0 if adapter_fp32 else 2), abs=1e-9)
