@@ -1,8 +1,14 @@
 """approxbp: fitted derivative approximations and generated Triton kernels for memory-saving backward passes.
 
-The layers are subpackages: ``approxbp.approximations`` (the mathematics and the tables), ``approxbp.fitting``
-(fits, reproduction, the CLI), ``approxbp.kernels`` (generated Triton kernels, custom ops and drop-ins) and
-``approxbp.data`` (the packaged coefficient tables). ``python -m approxbp`` runs the CLI.
+Layers, imports pointing one way only (``tests/test_architecture.py``):
+
+    approximations   the mathematics and the tables (imports neither of the others)
+    fitting          fits: ReLU-sum, InvAct, symbolic regression, the error atlas (imports approximations)
+    kernels          generated Triton kernels, custom ops, drop-ins, patch_model (imports approximations)
+    approxbp (top)   cli, reproduce, blocks (benchmark models), bdia_experiments (toy BDIA-GPT, analysis):
+                     may import all three
+
+``approxbp.data`` holds the packaged coefficient tables. ``python -m approxbp`` runs the CLI.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -1,5 +1,5 @@
 """``python -m approxbp …`` is ``approxbp …``."""
 
-from approxbp.fitting.cli import main
+from approxbp.cli import main
 
 raise SystemExit(main())

@@ -16,7 +16,7 @@ from functools import cached_property
 import numpy as np
 import sympy as sp
 
-from .activations import Phi, _softplus, numpy_namespace, select, sigmoid, stable_form, torch_namespace
+from .activations import Phi, _softplus, get_activation, numpy_namespace, select, sigmoid, stable_form, torch_namespace
 from .expressions import parse as parse_expression
 from .invact import InvertedActivation, check_branch
 
@@ -217,3 +217,29 @@ def newton_form(ia: InvertedActivation, branch: str, degree: int, steps: int = 1
         assignments.append((f"d{k}", df.subs(X, xk)))
         assignments.append((f"x{k + 1}", xk - (f.subs(X, xk) - y) * dk / (dk**2 + sp.Float(NEWTON_EPS**2))))
     return Form(df.subs(X, sp.Symbol(f"x{steps}")), {k.name: 0.0 for k in coeffs}, tuple(assignments))
+
+
+class TableBackward:
+    """q_s(y), the InvAct backward factor of one invact table (dx = dy · q_s(y); Inverted Activations §2): the one
+    home of its rule, which the Triton template in kernels/codegen prints again. y is first clamped to ≥ f(T)
+    (rounding may put it below). With a ``combined`` form, q = q(y, b) with b = 1 on the left branch. Otherwise
+    q = q_left(min(y, left_max)) on the left; on the right q = h′(y) beyond right_max (the tail rule) and
+    q_right(min(y, right_max)) below. Torch tensors in, float32 math (float64 stays float64)."""
+
+    def __init__(self, t: dict):
+        act = get_activation(t["expression"])
+        self.f_T, self.left_max, self.right_max = t["f_T"], t["left"]["domain"][1], t["right"]["domain"][1]
+        self._df = act.torch_fn(1)
+        self._q = {side: Form.from_table(t[side]).torch_fn() for side in ("left", "right")}
+        self._combined = (Form.from_table(t["combined"], ("y", "b")).torch_fn([sp.Symbol("b")])
+                          if "combined" in t else None)
+
+    def __call__(self, y, left):
+        """q for saved outputs ``y`` and branch flags ``left`` (bool, True where x < T)."""
+        import torch
+
+        y = y.to(torch.promote_types(y.dtype, torch.float32)).clamp_min(self.f_T)
+        if self._combined is not None:  # one evaluation for both branches
+            return self._combined(y, left.to(y.dtype))
+        right = torch.where(y > self.right_max, self._df(y), self._q["right"](y.clamp_max(self.right_max)))
+        return torch.where(left, self._q["left"](y.clamp_max(self.left_max)), right)

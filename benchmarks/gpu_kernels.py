@@ -164,7 +164,7 @@ def _measure(step, device, steps) -> tuple[int | None, float | None]:
 class GPT(nn.Module):
     def __init__(self, d=1024, blocks=8, vocab=32000):
         super().__init__()
-        from approxbp.kernels.blocks import GPTBlock
+        from approxbp.blocks import GPTBlock
 
         self.emb = nn.Embedding(vocab, d)
         self.blocks = nn.Sequential(*[GPTBlock(d=d, hidden=4 * d, heads=d // 64) for _ in range(blocks)])

@@ -2,7 +2,7 @@
 
     python benchmarks/memory_blocks.py [--out benchmarks/results/memory_blocks_cpu.json]
 
-Blocks (approxbp.kernels.blocks): ViT-B (d=768, MLP 3072, LayerNorm + GELU), LLaMA-style (d=1024, SwiGLU
+Blocks (approxbp.blocks): ViT-B (d=768, MLP 3072, LayerNorm + GELU), LLaMA-style (d=1024, SwiGLU
 2752, RMSNorm + SiLU) and a small GPT block (d=128, MLP 512, LayerNorm + GELU). Variants: exact (torch modules),
 ReLU-sum (ReGELU2/ReSiLU2 + MS-norms merged into their consumers) and InvAct (InvActGELU/InvActSiLU + the same
 MS-norms). Modes: ``bf16`` (bf16 weights, eager), ``autocast`` (fp32 weights under torch.autocast(bf16), eager),
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 from approxbp.approximations.files import write_atomic
-from approxbp.kernels.blocks import MODES, GPTBlock, LlamaBlock, ViTBlock, saved_per_token_per_d
+
+from approxbp.blocks import MODES, GPTBlock, LlamaBlock, ViTBlock, saved_per_token_per_d
 
 BLOCKS = (("vit-b", ViTBlock), ("llama-style", LlamaBlock), ("gpt-d128", GPTBlock))
 VARIANTS = ("baseline", "relu-sum", "invact")

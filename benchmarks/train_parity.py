@@ -20,12 +20,11 @@ import platform
 from pathlib import Path
 
 import torch
-from torch import nn
-from torch.nn import functional as F
-
 from approxbp.approximations.files import save_figure, write_atomic
 from approxbp.fitting.progress import progress
 from approxbp.kernels.patch import patch_model
+from torch import nn
+from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 #: label → patch_model arguments (None: the exact model, unpatched)
@@ -158,7 +157,8 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--out", type=Path, default=None, help="results JSON [benchmarks/results/train_parity_<device>.json]")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results JSON [benchmarks/results/train_parity_<device>.json]")
     p.add_argument("--figure", type=Path, default=ROOT / "docs" / "figures" / "train_parity.png")
     args = p.parse_args(argv)
     text = corpus()

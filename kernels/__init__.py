@@ -16,8 +16,8 @@ else:
     from .codegen import export, triton_source
     from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec, invact
     from .norms import MSLayerNorm, MSRMSNorm, merge_norm
-    from .patch import PatchReport, patch_model, patched_state_dict, unpatch
     from .packing import pack, unpack
+    from .patch import PatchReport, patch_model, patched_state_dict, unpatch
     from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, relu_sum
     from .saved import saved_bytes
 

@@ -48,8 +48,6 @@ class TritonPrinter(PythonCodePrinter):
             return f"tl.sqrt({self._print(base)})"
         if exp == -sp.Rational(1, 2):
             return f"(1.0 / tl.sqrt({self._print(base)}))"
-        if exp == sp.Rational(1, 2):
-            return f"tl.sqrt({self._print(base)})"
         if exp == -1:
             return f"(1.0 / {self.parenthesize(base, 100)})"
         if exp.is_Rational and exp.q == 2 and 0 < exp < 4:  # b^{n+1/2} = b^n·√b

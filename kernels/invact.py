@@ -15,18 +15,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import sympy as sp
 import torch
 import triton
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
-from approxbp.approximations.invact_forms import Form
+from approxbp.approximations.invact_forms import TableBackward
 
 from . import ops
 from .guards import check_input, check_triton_device
 from .launch import BIT_BLOCK_BYTES
+from .modules import generated_module, table_file
 from .packing import byte_codes, pack, unpack_into
-from .relu_sum import _load_module, table_file
 
 
 class InvActSpec:
@@ -41,12 +40,8 @@ class InvActSpec:
         self.table = t
         self.key = f"invact:{T.definition_sha256(t)}"
         self.T, self.f_T = t["turning_point"], t["f_T"]
-        self.left_max, self.right_max = t["left"]["domain"][1], t["right"]["domain"][1]
-        act = get_activation(t["expression"])
-        self._f, self._df = act.torch_fn(0), act.torch_fn(1)
-        self._q = {side: Form.from_table(t[side]).torch_fn() for side in ("left", "right")}
-        self._combined = (Form.from_table(t["combined"], ("y", "b")).torch_fn([sp.Symbol("b")])
-                          if "combined" in t else None)
+        self._f = get_activation(t["expression"]).torch_fn(0)
+        self.q = TableBackward(t)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xc = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 math; fp64 stays fp64
@@ -58,19 +53,13 @@ class InvActSpec:
 
     def backward(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         left = unpack_into(packed, byte_codes(1, y.device).bool(), y.numel()).view(y.shape)
-        yf = y.to(torch.promote_types(y.dtype, torch.float32)).clamp_min(self.f_T)  # rounding may put y below f(T)
-        if self._combined is not None:  # one evaluation for both branches (b = 1 on the left)
-            q = self._combined(yf, left.to(yf.dtype))
-        else:
-            right = torch.where(yf > self.right_max, self._df(yf), self._q["right"](yf.clamp_max(self.right_max)))
-            q = torch.where(left, self._q["left"](yf.clamp_max(self.left_max)), right)
+        q = self.q(y, left)
         return (g.to(q.dtype) * q).to(g.dtype)
-
 
     # -- the generated Triton kernels ----------------------------------------------------------
     @property
     def module(self):
-        return _load_module(str(self.path))
+        return generated_module(str(self.path))
 
     def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_triton_device(x)
@@ -93,8 +82,8 @@ class InvActSpec:
 
 def invact(x: torch.Tensor, spec: InvActSpec, use_triton: bool | None = None) -> torch.Tensor:
     """y = f(x) exactly; saves y and one branch bit per element; dx = dy · q_s(y). An autograd.Function in eager
-    mode, the custom op ``approxbp::invact_forward`` under dynamo (see ops). Under autocast a wider input gives y in the autocast dtype (ops.autocast_dtype),
-    so that the next Linear saves the same tensor."""
+    mode, the custom op ``approxbp::invact_forward`` under dynamo (see ops). Under autocast a wider input gives y
+    in the autocast dtype (ops.autocast_dtype), so that the next Linear saves the same tensor."""
     check_input(x, "InvActivation")
     return ops.invact(x, spec, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))
 

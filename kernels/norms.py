@@ -112,9 +112,10 @@ def ms_norm_backward_impl(dz, z, rstd, center: bool, use_triton: bool, dtype):
 
 
 def ms_norm(x: torch.Tensor, eps: float, center: bool, use_triton: bool | None = None) -> torch.Tensor:
-    """The MS-norm (an autograd.Function in eager mode, ``approxbp::ms_norm_forward`` under dynamo); saves z (the output, shared with the next
-    Linear) and σ⁻¹. Under autocast z is returned in the autocast dtype (ops.autocast_dtype): the consumer Linear
-    would cast it anyway and save its own copy, so sharing needs z in that dtype."""
+    """The MS-norm (an autograd.Function in eager mode, ``approxbp::ms_norm_forward`` under dynamo); saves z (the
+    output, shared with the next Linear) and σ⁻¹. Under autocast z is returned in the autocast dtype
+    (ops.autocast_dtype): the consumer Linear would cast it anyway and save its own copy, so sharing needs z in
+    that dtype."""
     check_input(x, "MSLayerNorm" if center else "MSRMSNorm")
     return ops.ms_norm(x, eps, center, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))
 

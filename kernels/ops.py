@@ -36,8 +36,10 @@ def attach(spec, use_triton: bool | None):
     """What a drop-in does once, at construction: register its spec, and import its generated Triton module now
     when it will run it (``use_triton=True``, or CUDA available), so that no forward pass touches files."""
     from .guards import check_triton_available
+    from .modules import ensure_generated
 
     check_triton_available(use_triton)
+    ensure_generated(spec.path)  # a user table's kernels are written here, at construction, if at all
     register(spec)
     if use_triton or (use_triton is None and torch.cuda.is_available()):
         spec.module  # noqa: B018 - the import itself is the point

@@ -16,12 +16,7 @@ either way). ±inf get the outermost levels, the ReLU-sum's own derivative there
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-import os
-import sys
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -30,9 +25,10 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 
 from . import ops
-from .codegen import GENERATED, module_name, storage_bits
+from .codegen import storage_bits
 from .guards import check_input, check_triton_device
 from .launch import RELU_SUM_SPAN, num_warps, relu_sum_words
+from .modules import generated_module, table_file
 from .packing import byte_codes, pack, unpack_into
 
 
@@ -67,7 +63,7 @@ class ReLUSumSpec:
 
     @property
     def module(self):
-        return _load_module(str(self.path))
+        return generated_module(str(self.path))
 
     nan_span = RELU_SUM_SPAN  # elements per forward program, and per saved NaN byte
 
@@ -119,46 +115,6 @@ class ReLUSumSpec:
             self.module.backward_kernel[grid](gc, packed, levels, nan, out, numel, packed.numel() // 4, WORDS=words,
                                               num_warps=num_warps(g.dtype))
         return out
-
-
-@cache
-def _load_module(table_path: str):
-    """Import the generated module of a table: packaged, or next to a user's table (``<folder>/_generated``),
-    generated there first when it is missing or stale (with a note on stderr). Called at module construction,
-    never during a forward pass."""
-    from .codegen import export, kernel_dir
-
-    path = Path(table_path)
-    name = module_name(path)
-    folder = kernel_dir(path)
-    want = T.definition_sha256(T.load(path))
-    if folder == GENERATED:
-        mod = importlib.import_module(f"approxbp.kernels.generated.{name}")
-    else:
-        target = folder / f"{name}.py"
-        if not target.is_file() or f"TABLE_SHA256 = {want!r}" not in target.read_text(encoding="utf-8"):
-            print(f"approxbp: generating Triton kernels for {path} into {folder}", file=sys.stderr)
-            export([path])
-        spec = importlib.util.spec_from_file_location(f"approxbp_user_kernels.{name}", target)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    if mod.TABLE_SHA256 != want:
-        raise RuntimeError(f"{mod.__file__} was generated from another version of {table_path}; "
-                           "run `approxbp export`")
-    return mod
-
-
-def table_file(table, family: str) -> Path:
-    """A table argument as a file: a path, a packaged name, or a table dict (validated, then written once to the
-    user cache, ``$XDG_CACHE_HOME/approxbp/tables``, named by its definition hash, so that its kernels have a home)."""
-    if not isinstance(table, dict):
-        return T.resolve(table, family)
-    t = T.validate(dict(table), "<table dict>")
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "approxbp" / "tables"
-    path = cache / f"{t['family']}-{T.definition_sha256(t)[:16]}.json"
-    if not path.is_file():
-        T.save(t, path)
-    return path
 
 
 def relu_sum(x: torch.Tensor, spec: ReLUSumSpec, use_triton: bool | None = None) -> torch.Tensor:

@@ -1,12 +1,14 @@
-"""BDIA analysis (fitting/bdia.py): Fig. 2's shape, zero error with side bits, memory, the toy GPT and the CLI."""
+"""BDIA analysis (approxbp/bdia_experiments.py): Fig. 2's shape, zero error with side bits, memory, the toy GPT
+and the CLI."""
 
 import json
 import math
 
 import pytest
 import torch
-from approxbp.fitting import bdia as F
-from approxbp.fitting.cli import main
+
+from approxbp import bdia_experiments as F
+from approxbp.cli import main
 
 
 def test_plain_reconstruction_error_doubles_per_block_and_quantised_is_zero():

@@ -1,6 +1,6 @@
 import json
 
-from approxbp.fitting.cli import main
+from approxbp.cli import main
 
 
 def test_fit_writes_a_valid_table(tmp_path, capsys):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from approxbp.approximations import tables as T
-from approxbp.fitting.cli import build_parser, main
+
+from approxbp.cli import build_parser, main
 
 ROOT = Path(__file__).parent.parent
 
@@ -169,7 +170,9 @@ def test_readme_commands_run_verbatim(tmp_path):
 
 
 def test_figures_into_a_new_folder_replots_and_never_retrains(tmp_path, monkeypatch, capsys):
-    from approxbp.fitting import atlas, bdia
+    from approxbp.fitting import atlas
+
+    from approxbp import bdia_experiments as bdia
 
     def no_training(**kw):
         raise AssertionError("figures retrained the toy GPT")
@@ -183,7 +186,7 @@ def test_figures_into_a_new_folder_replots_and_never_retrains(tmp_path, monkeypa
 
 
 def test_figure_commands_default_to_the_checkout_not_the_current_folder(tmp_path, monkeypatch):
-    from approxbp.fitting.cli import _figures_dir
+    from approxbp.cli import _figures_dir
 
     monkeypatch.chdir(tmp_path)
     assert _figures_dir(None) == ROOT.resolve() / "docs" / "figures"

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from approxbp.approximations import tables as T
 from approxbp.fitting import fit_relu_sum
-from approxbp.fitting.reproduce import PAPER_RELU_SUM, paper_table, reproduce_relu_sum
+
+from approxbp.reproduce import PAPER_RELU_SUM, paper_table, reproduce_relu_sum
 
 
 @pytest.fixture(scope="module")

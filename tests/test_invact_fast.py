@@ -62,7 +62,9 @@ def test_fast_is_the_default_and_its_kernel_matches_the_twin():
             m(xi).backward(g)
             grads.append(xi.grad)
         assert torch.equal(grads[0].isnan(), grads[1].isnan())
-        assert torch.allclose(grads[0].nan_to_num(), grads[1].nan_to_num(), atol=2e-5 * g.abs().max(), rtol=0)
+        # y itself is rounded differently (the twin's Φ is erfc-based, the kernel's 1 + erf), and q has a square-root
+        # singularity at f(T): there both are within the documented fp32 limit of 1e-4 (README), not of each other
+        assert torch.allclose(grads[0].nan_to_num(), grads[1].nan_to_num(), atol=1e-4 * g.abs().max(), rtol=0)
         exact = torch.func.grad(lambda v: torch.nn.functional.gelu(v).sum())(x.double()) if act == "gelu" else None
         if exact is not None:
             ok = ~x.isnan()

@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 import pytest
-from _accuracy import tolerance_ok
 import torch
+from _accuracy import tolerance_ok
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.kernels import InvActGELU, InvActivation, saved_bytes

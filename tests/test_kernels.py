@@ -4,17 +4,28 @@ import math
 
 import numpy as np
 import pytest
-from _accuracy import tolerance_ok as _tolerance_ok
 import torch
+from _accuracy import tolerance_ok as _tolerance_ok
 from approxbp.approximations import ReLUSum
 from approxbp.approximations import tables as T
 from approxbp.kernels import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, pack, saved_bytes, unpack
-from approxbp.kernels.codegen import GENERATED, module_name, render_relu_sum, storage_bits
+from approxbp.kernels.codegen import (
+    GENERATED,
+    HELPERS_MODULE,
+    module_name,
+    render_helpers,
+    render_relu_sum,
+    storage_bits,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
 TABLES = T.table_paths("relu-sum")
 IDS = [p.stem for p in TABLES]
+
+
+def test_committed_triton_helpers_are_what_codegen_renders():
+    assert HELPERS_MODULE.read_text() == render_helpers(), "run `approxbp export`"
 
 
 @pytest.mark.parametrize("path", TABLES, ids=IDS)

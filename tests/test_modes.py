@@ -7,8 +7,9 @@ import socket
 import pytest
 import torch
 from approxbp.kernels import patch_model
-from approxbp.kernels.blocks import GPTBlock, saved_per_token_per_d
 from torch import nn
+
+from approxbp.blocks import GPTBlock, saved_per_token_per_d
 
 
 def _gpt(n_blocks=2, d=32, seed=0):

@@ -4,7 +4,8 @@ import copy
 
 import pytest
 import torch
-from approxbp.kernels import MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2, blocks, patch_model
+from approxbp import blocks
+from approxbp.kernels import MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2, patch_model
 
 
 @pytest.mark.parametrize("cls,act,normcls", [(blocks.ViTBlock, ReGELU2, MSLayerNorm),

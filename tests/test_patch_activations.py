@@ -76,7 +76,7 @@ def test_a_patch_that_changes_the_output_is_undone():
 
 
 def _stock(seed=0):
-    from approxbp.kernels.blocks import GPTBlock
+    from approxbp.blocks import GPTBlock
 
     torch.manual_seed(seed)
     m = nn.Sequential(GPTBlock(d=16, hidden=32, heads=2), GPTBlock(d=16, hidden=32, heads=2), nn.LayerNorm(16),

@@ -9,10 +9,11 @@ import torch
 
 peft = pytest.importorskip("peft")  # in the [dev] extra, so CI always runs this file
 transformers = pytest.importorskip("transformers")
-from approxbp.kernels.blocks import ViTBlock, saved_per_token_per_d  # noqa: E402
 from approxbp.kernels.norms import AffineInputLinear, MSLayerNorm  # noqa: E402
 from approxbp.kernels.patch import patch_model, patched_state_dict  # noqa: E402
 from approxbp.kernels.saved import saved_bytes  # noqa: E402
+
+from approxbp.blocks import ViTBlock, saved_per_token_per_d  # noqa: E402
 
 LORA = dict(r=4, target_modules=["q_proj", "v_proj"])
 

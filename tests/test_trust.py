@@ -66,7 +66,7 @@ def test_invact_branch_payload_is_refused_without_running(tmp_path, monkeypatch,
         T.load(p)
     with pytest.raises(T.TableError):
         InvActivation(str(p))
-    r = subprocess.run([sys.executable, "-m", "approxbp.fitting.cli", "export", str(p), "--out-dir", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "approxbp.cli", "export", str(p), "--out-dir", str(tmp_path)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "left.expression" in r.stderr
     assert not (tmp_path / MARKER).exists()
@@ -81,7 +81,7 @@ def test_relu_sum_expression_payload_is_refused(tmp_path, monkeypatch):
     p = _write(tmp_path, t)
     with pytest.raises(T.TableError, match="expression"):
         ReLUSumActivation(p)
-    r = subprocess.run([sys.executable, "-m", "approxbp.fitting.cli", "fit", "relu-sum", "--activation",
+    r = subprocess.run([sys.executable, "-m", "approxbp.cli", "fit", "relu-sum", "--activation",
                         t["expression"], "--bits", "1"], capture_output=True, text=True)
     assert r.returncode == 2 and "not allowed" in r.stderr
     assert not (tmp_path / MARKER).exists()
@@ -152,7 +152,7 @@ def test_cli_out_is_checked_before_the_fit(tmp_path):
         ro.mkdir(mode=0o500)
         cases.append(([str(ro / "t.json")], "cannot write"))
     for out, msg in cases:
-        r = subprocess.run([sys.executable, "-m", "approxbp.fitting.cli", "fit", "relu-sum", "--activation", "gelu",
+        r = subprocess.run([sys.executable, "-m", "approxbp.cli", "fit", "relu-sum", "--activation", "gelu",
                             "--bits", "8", "--restarts", "64", "--out", *out], capture_output=True, text=True,
                            timeout=60)  # a k=8, 64-restart fit takes minutes: the refusal must come first
         assert r.returncode == 2 and msg in r.stderr, (out, r.stderr)
@@ -225,10 +225,33 @@ def test_refitting_an_unchanged_table_changes_no_bytes(tmp_path):
 
 
 def test_generated_kernels_record_the_definition_hash():
-    from approxbp.kernels.relu_sum import _load_module
+    from approxbp.kernels.modules import generated_module
 
     path = T.resolve("relu_sum/gelu-k2-primitive")
-    assert _load_module(str(path)).TABLE_SHA256 == T.definition_sha256(T.load(path))
+    assert generated_module(str(path)).TABLE_SHA256 == T.definition_sha256(T.load(path))
+
+
+def test_user_kernels_are_written_at_construction_never_in_a_forward(tmp_path):
+    """Issue 15: a user table's module is generated when the drop-in is built; a forward only imports, and a
+    missing module is an error that says what to run, not a silent write."""
+    import shutil
+
+    from approxbp.kernels import ReLUSumActivation
+
+    path = T.save(T.load("relu_sum/silu-k2-primitive"), tmp_path / "relu_sum" / "mine-k2-primitive.json")
+    ReLUSumActivation(str(path))  # CPU, twin path: the kernels are written all the same
+    folder = tmp_path / "relu_sum" / "_generated"
+    assert len(list(folder.glob("*.py"))) == 1
+    shutil.rmtree(folder)
+    m = ReLUSumActivation(str(path), use_triton=True)  # construction regenerates (and imports) it
+    assert folder.is_dir()
+    shutil.rmtree(folder)
+    from approxbp.kernels.modules import generated_module
+
+    generated_module.cache_clear()  # as in a fresh process that built the drop-in before the folder went
+    with pytest.raises(RuntimeError, match="approxbp export"):
+        m(torch.randn(8))
+    assert not folder.exists()
 
 
 # ---- 5. numerics -----------------------------------------------------------------------------------------

@@ -12,25 +12,6 @@ STORAGE_BITS = 2
 KNOTS = (-0.4340981381501809, -2.869580386616026e-16, 0.4340981381501806)
 LEVELS = (0.0, 0.32325894288716295, 0.6767410571128366, 1.0)
 
-@triton.jit
-def _tanh(z):
-    # |z| ≥ 0.3: sign(z)·(1 − e^{−2|z|})/(1 + e^{−2|z|}) (no overflow); |z| < 0.3: odd Taylor series to z^25
-    # (accurate in float64 too)
-    t = tl.exp(-2.0 * tl.abs(z))
-    r = (1.0 - t) / (1.0 + t)
-    z2 = z * z
-    p = z * (1.0 + z2 * (-0.3333333333333333 + z2 * (0.13333333333333333 + z2 * (-0.05396825396825397 + z2 * (0.021869488536155203 + z2 * (-0.008863235529902197 + z2 * (0.003592128036572481 + z2 * (-0.0014558343870513183 + z2 * (0.000590027440945586 + z2 * (-0.00023912911424355248 + z2 * (9.691537956929451e-05 + z2 * (-3.927832388331683e-05 + z2 * (1.5918905069328964e-05)))))))))))))
-    return tl.where(tl.abs(z) < 0.3, p, tl.where(z < 0.0, -r, r))
-
-
-@triton.jit
-def _softplus(z):
-    # log(1 + e^z) = max(z, 0) + log1p(e^{−|z|}); log1p(t) = log(u)·t/(u − 1) with u = 1 + t (exact to
-    # a few ulp, Goldberg's trick), = t when u rounds to 1
-    t = tl.exp(-tl.abs(z))
-    u = 1.0 + t
-    return tl.maximum(z, 0.0) + tl.where(u == 1.0, t, tl.log(u) * (t / (u - 1.0)))
-
 
 @triton.jit
 def activation(x):

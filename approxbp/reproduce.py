@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from approxbp.approximations import REGISTRY, ReLUSum, get_activation
 from approxbp.approximations import tables as T
-
-from .objective import ReluSumObjective, interval_for
-from .relu_sum import auto_method, fit_relu_sum, package_version
+from approxbp.fitting.objective import ReluSumObjective, interval_for
+from approxbp.fitting.relu_sum import auto_method, fit_relu_sum, package_version
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ INVACT_FORMS = {"gelu": ("paper", "released", "refit-l2", "refit-linf", "newton"
 
 def regenerate_invact(out: Path | None = None, seed: int = 0, sr_generations: int = 150) -> list[Path]:
     """Every committed invact table (published forms measured, refits, ours, and SR for GELU)."""
-    from .invact import fit_invact
+    from approxbp.fitting.invact import fit_invact
 
     root = Path(out) if out else T.data_dir()
     paths = []
@@ -122,7 +122,7 @@ def regenerate_invact(out: Path | None = None, seed: int = 0, sr_generations: in
 
 def reproduce_invact() -> dict[str, list[dict]]:
     """Measure the published GELU/SiLU forms and refit ours: activation → [published tables…, ours]."""
-    from .invact import fit_invact
+    from approxbp.fitting.invact import fit_invact
 
     return {act: [fit_invact(act, f) for f in INVACT_FORMS[act] if f in ("paper", "released", "newton")]
             for act in ("gelu", "silu")}

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .invact import InvActGELU, InvActSiLU
-from .norms import merge_norm
-from .relu_sum import ReGELU2, ReSiLU2
-from .saved import saved_bytes
+from approxbp.kernels.invact import InvActGELU, InvActSiLU
+from approxbp.kernels.norms import merge_norm
+from approxbp.kernels.relu_sum import ReGELU2, ReSiLU2
+from approxbp.kernels.saved import saved_bytes
 
 VARIANTS = ("baseline", "compiled", "relu-sum", "invact")
 

@@ -170,7 +170,7 @@ def _dispatch(args, argv) -> int:
     from approxbp.approximations import tables as T
     from approxbp.approximations.files import check_writable
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
-    from approxbp.fitting.reproduce import (
+    from approxbp.reproduce import (
         format_comparisons,
         format_invact_rows,
         regenerate_invact,
@@ -237,7 +237,7 @@ def _dispatch(args, argv) -> int:
             for p in problems:
                 print(f"  {p}")
             ok_inv = ok_inv and not problems
-        from approxbp.fitting.bdia import reproduce_row
+        from approxbp.bdia_experiments import reproduce_row
 
         b = reproduce_row(seed=args.seed)
         print(f"\nBDIA row (Fig. 2: K = {b['blocks']}, l = {b['level']}, fp32): max reconstruction error\n"
@@ -251,7 +251,7 @@ def _dispatch(args, argv) -> int:
               + (f"all {n_rows} rows match or beat the papers" if not failed else f"FAILED: {', '.join(failed)}"))
         return 0 if not failed else 1
     if args.command == "export":
-        from approxbp.kernels.codegen import export  # the CLI is the one layer that sees both sides
+        from approxbp.kernels.codegen import export  # the top layer (approxbp/) may use both sides
 
         written = export(args.tables or None, args.out_dir)
         for folder in sorted({str(p.parent) for p in written}):
@@ -276,7 +276,7 @@ def _dispatch(args, argv) -> int:
             f = plot_invact(act)
             written.append(args.out / f"invact_{act}.png")
             save_figure(f, written[-1], dpi=110)
-        from approxbp.fitting import bdia
+        from approxbp import bdia_experiments as bdia
 
         written += bdia.write_analysis(args.out, progress=False)
         committed = Path(__file__).resolve().parent.parent / "docs" / "figures" / "bdia_toy_gpt.json"
@@ -308,7 +308,8 @@ def _dispatch(args, argv) -> int:
         import json
 
         import torch
-        from approxbp.fitting import bdia
+
+        from approxbp import bdia_experiments as bdia
 
         out = _figures_dir(args.out)
         if args.action == "analyze":

@@ -13,6 +13,7 @@ import math
 import time
 
 import torch
+
 from approxbp.approximations import bdia as B
 from approxbp.approximations.files import save_figure, write_atomic
 
@@ -111,7 +112,7 @@ LEVELS = (-2, 0, 5, 9, 12)
 def analyze(blocks: int = 1000, levels=LEVELS, dtypes=(torch.float32, torch.float64), seed: int = 0,
             progress: bool = True) -> dict:
     """Everything `approxbp bdia analyze` writes: reconstruction (a, b), forward quantisation (c), memory (d)."""
-    from .progress import progress as tqdm
+    from approxbp.fitting.progress import progress as tqdm
 
     jobs = [(dt, None) for dt in dtypes] + [(dt, lv) for dt in dtypes for lv in levels]
     recon = {}
@@ -253,9 +254,8 @@ def train_toy_gpt(steps: int = 300, blocks: int = 6, d: int = 128, batch: int = 
     x_{k+1} with the forward's bit for bit and raises otherwise); every ``check_every`` steps the online
     gradients are also compared bitwise with ordinary autograd through the same quantised forward.
     """
+    from approxbp.fitting.progress import progress as tqdm
     from approxbp.kernels.saved import saved_bytes
-
-    from .progress import progress as tqdm
 
     text = arithmetic_corpus(6000, seed)
     data = torch.tensor([VOCAB.index(ch) for ch in text])

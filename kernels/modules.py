@@ -1,0 +1,72 @@
+"""Which generated Triton module serves a table, and the one place that writes a user's kernels.
+
+Packaged tables have their modules in the package (``kernels/generated/``). A user's table gets them in
+``<table folder>/_generated/``, written by ``approxbp export`` or, once, when a drop-in is constructed
+(:func:`ensure_generated`, with a note on stderr). The forward and backward passes only import
+(:func:`generated_module`): they never write files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from functools import cache
+from pathlib import Path
+
+from approxbp.approximations import tables as T
+
+from .codegen import GENERATED, export, kernel_dir, module_name
+
+
+def table_file(table, family: str) -> Path:
+    """A table argument as a file: a path, a packaged name, or a table dict (validated, then written once to the
+    user cache, ``$XDG_CACHE_HOME/approxbp/tables``, named by its definition hash, so that its kernels have a home)."""
+    if not isinstance(table, dict):
+        return T.resolve(table, family)
+    t = T.validate(dict(table), "<table dict>")
+    cache_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "approxbp" / "tables"
+    path = cache_dir / f"{t['family']}-{T.definition_sha256(t)[:16]}.json"
+    if not path.is_file():
+        T.save(t, path)
+    return path
+
+
+def _target(path: Path) -> tuple[Path, str]:
+    return kernel_dir(path) / f"{module_name(path)}.py", T.definition_sha256(T.load(path))
+
+
+def _current(target: Path, want: str) -> bool:
+    return target.is_file() and f"TABLE_SHA256 = {want!r}" in target.read_text(encoding="utf-8")
+
+
+def ensure_generated(table_path: str | Path) -> None:
+    """At drop-in construction: write a user table's module when it is missing or stale (packaged: nothing)."""
+    path = Path(table_path)
+    if kernel_dir(path) == GENERATED:
+        return
+    target, want = _target(path)
+    if not _current(target, want):
+        print(f"approxbp: generating Triton kernels for {path} into {target.parent}", file=sys.stderr)
+        export([path])
+
+
+@cache
+def generated_module(table_path: str):
+    """Import the generated module of a table (packaged, or the user's ``_generated/``); never writes."""
+    path = Path(table_path)
+    target, want = _target(path)
+    if kernel_dir(path) == GENERATED:
+        mod = importlib.import_module(f"approxbp.kernels.generated.{module_name(path)}")
+    elif not _current(target, want):
+        raise RuntimeError(f"{target} is missing or was generated from another version of {path}; run "
+                           f"`approxbp export {path}` (or construct the drop-in again, which generates it)")
+    else:
+        spec = importlib.util.spec_from_file_location(f"approxbp_user_kernels.{module_name(path)}", target)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    if mod.TABLE_SHA256 != want:
+        raise RuntimeError(f"{mod.__file__} was generated from another version of {table_path}; "
+                           "run `approxbp export`")
+    return mod

@@ -1,0 +1,93 @@
+"""The layers' import direction (issue 15): approximations ← fitting, approximations ← kernels, and the top layer
+(approxbp/: CLI, reproduction, experiments) above both. Read from the source (ast), so a lazy import inside a
+function counts too."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: layer folder → the approxbp subpackages it may import (besides itself)
+ALLOWED = {"approximations": {"data"}, "fitting": {"approximations", "data"},
+           "kernels": {"approximations", "data"}}
+TOP = {"cli", "reproduce", "blocks", "bdia_experiments", "__main__"}  # modules of the top-layer package folder
+LAYERS = {"approximations", "fitting", "kernels", "data"}
+
+
+def imported_layers(path: Path) -> set[str]:
+    """The approxbp layers (or top-layer modules) a source file imports, by absolute or bare name."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        if isinstance(node, ast.ImportFrom) and node.module == "approxbp":
+            names = [f"approxbp.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "approxbp" and len(parts) > 1:
+                found.add(parts[1])
+            elif parts[0] in LAYERS:  # the bare folder names
+                found.add(parts[0])
+    return found
+
+
+def _sources(layer: str):
+    return sorted(p for p in (ROOT / layer).rglob("*.py") if "generated" not in p.parts[-2:-1])
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_imports_point_one_way(layer):
+    wrong = {}
+    for path in _sources(layer):
+        bad = imported_layers(path) - ALLOWED[layer] - {layer}
+        if bad:
+            wrong[str(path.relative_to(ROOT))] = sorted(bad)
+    assert not wrong, f"imports against the layer direction: {wrong}"
+
+
+def test_generated_modules_import_only_triton_and_the_shared_helpers():
+    for path in (ROOT / "kernels" / "generated").glob("*.py"):
+        assert imported_layers(path) <= {"kernels"}, path
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from approxbp.kernels.ops import relu_sum\n    import approxbp.cli\n"
+                   "from approxbp import fitting\n")
+    assert imported_layers(bad) == {"kernels", "cli", "fitting"}
+
+
+def test_top_layer_modules_exist():
+    assert {p.stem for p in (ROOT / "approxbp").glob("*.py")} >= TOP
+
+
+TABLE_FIELDS = ("family", "activation", "expression", "source", "bits", "objective", "interval", "knots", "weights",
+                "levels", "loss", "constraint_residual", "metrics", "provenance", "created", "reference", "form",
+                "turning_point", "f_T", "left", "right", "combined")
+
+
+def table_subscripts(path: Path) -> list[str]:
+    """``x["field"]`` subscripts with a table field name, other than on dicts built in the same expression."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                and node.slice.value in TABLE_FIELDS):
+            where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+            hits.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+    return hits
+
+
+def test_tables_are_read_by_attribute_outside_the_tables_module():
+    """Issue 15: fields of a table are read as attributes of ReluSumTable / InvActTable; only
+    approximations/tables.py reads the JSON by key. (Result rows and metrics dicts use other keys.)"""
+    allowed = {ROOT / "approximations" / "tables.py"}
+    hits = [h for layer in ("approximations", "fitting", "kernels", "approxbp")
+            for p in _sources(layer) if p not in allowed for h in table_subscripts(p)]
+    assert not hits, hits
+
+
+def test_the_subscript_checker_sees_a_key_read(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(t):\n    return t['knots'], t.knots, t['other'], t[\"left\"]\n")
+    assert [h.split(" ", 1)[1] for h in table_subscripts(bad)] == ["t['knots']", "t['left']"]
