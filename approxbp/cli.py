@@ -133,20 +133,21 @@ def _figures_dir(out: Path | None) -> Path:
     raise ValueError("pass --out DIR: this approxbp is not a source checkout with docs/figures")
 
 
-def _summary(t: dict) -> str:
-    m = t["metrics"]
+def _summary(t) -> str:
+    """The one-screen summary of a fitted ReluSumTable."""
+    m = t.metrics
     lines = [
-        f"{t['family']} · {t['activation']} · k={t['bits']} · objective={t['objective']} · "
-        f"interval=[{t['interval'][0]:.6g}, {t['interval'][1]:.6g}]",
-        f"  expression  {t['expression']}",
-        f"  loss        {t['loss']:.15e}   (tail mass outside interval {m['tail_mass']:.2e})",
-        f"  knots       {_short(t['knots'], 8)}",
-        f"  weights     {_short(t['weights'], 8)}",
-        f"  levels      {_short(t['levels'], 6)}",
-        f"  constraints max(|Σw−1|, |Σw·c|) = {t['constraint_residual']:.2e}",
+        f"{t.family} · {t.activation} · k={t.bits} · objective={t.objective} · "
+        f"interval=[{t.interval[0]:.6g}, {t.interval[1]:.6g}]",
+        f"  expression  {t.expression}",
+        f"  loss        {t.loss:.15e}   (tail mass outside interval {m['tail_mass']:.2e})",
+        f"  knots       {_short(t.knots, 8)}",
+        f"  weights     {_short(t.weights, 8)}",
+        f"  levels      {_short(t.levels, 6)}",
+        f"  constraints max(|Σw−1|, |Σw·c|) = {t.constraint_residual:.2e}",
         f"  certificate |∇J|∞ = {m['grad_inf_norm']:.2e}, λ_min(∇²J) = {m.get('hessian_min_eig', float('nan')):.3e}",
-        f"  provenance  {t['provenance']['method']}, seed {t['provenance']['seed']}, "
-        f"{t['provenance']['restarts']} restarts, {t['provenance']['seconds']:.2f} s",
+        f"  provenance  {t.provenance['method']}, seed {t.provenance['seed']}, "
+        f"{t.provenance['restarts']} restarts, {t.provenance['seconds']:.2f} s",
     ]
     return "\n".join(lines)
 
@@ -199,18 +200,18 @@ def _dispatch(args, argv) -> int:
 
         table = fit_invact(args.activation, args.form, seed=args.seed, backend=args.backend,
                            sr_generations=args.sr_generations)
-        m = table["metrics"]
-        print(f"invact · {table['activation']} · form={table['form']} · T={table['turning_point']:.17g} "
-              f"· f(T)={table['f_T']:.17g}")
+        m = table.metrics
+        print(f"invact · {table.activation} · form={table.form} · T={table.turning_point:.17g} "
+              f"· f(T)={table.f_T:.17g}")
         for side in ("left", "right"):
-            q = textwrap.shorten(table[side]["expression"], 70, placeholder=" …")  # cut at a space, not mid-token
+            q = textwrap.shorten(getattr(table, side).expression, 70, placeholder=" …")  # cut at a space, not mid-token
             print(f"  {side:<5} L∞ {m[f'linf_{side}']:.3e}  L2 {m[f'l2_{side}']:.3e}  "
-                  f"{table[side]['operations']} operations  q = {q}")
+                  f"{getattr(table, side).operations} operations  q = {q}")
         for branch in [b for b in ("left", "right") if f"pareto_{b}" in m]:
             print(f"  Pareto front ({branch}; pick one with approxbp.fitting.symbolic.pick_form):")
             for i, e in enumerate(m[f"pareto_{branch}"]):
                 print(f"    [{i:2}] complexity {e['complexity']:3}  L∞ {e['linf']:.3e}  "
-                      f"{textwrap.shorten(e['expression'], 80, placeholder=' …')}")
+                      f"{textwrap.shorten(e['expression'], 80, placeholder=' …')}")  # Pareto entry, not a table
         if args.out:
             print(f"  wrote {T.save(table, args.out, overwrite=args.force)}")
         return 0
@@ -222,7 +223,7 @@ def _dispatch(args, argv) -> int:
         inv = reproduce_invact()
         print("\nInverted Activations rows: published forms vs ours (newton), per branch")
         print(format_invact_rows(inv))
-        ok_inv = all(t[-1]["metrics"][f"linf_{b}"] * 10 <= min(p["metrics"][f"linf_{b}"] for p in t[:-1])
+        ok_inv = all(t[-1].metrics[f"linf_{b}"] * 10 <= min(p.metrics[f"linf_{b}"] for p in t[:-1])
                      for t in inv.values() for b in ("left", "right"))
         if args.full:
             paths = regenerate_tables(args.out, seed=args.seed, restarts=args.restarts, workers=args.workers,
@@ -269,7 +270,8 @@ def _dispatch(args, argv) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         written = write_atlas(args.out)
         for act in ("gelu", "silu"):
-            f = plot_relu_sum(T.load(f"relu_sum/{act}-k2-primitive"), T.load(f"relu_sum/{act}-k2-primitive-paper"),
+            f = plot_relu_sum(T.load(f"relu_sum/{T.relu_sum_name(act, 2, 'primitive')}"),
+                              T.load(f"relu_sum/{T.relu_sum_name(act, 2, 'primitive', 'paper')}"),
                               x_range=(-6, 6) if act == "gelu" else (-10, 10))
             written.append(args.out / f"relu_sum_{act}_k2.png")
             save_figure(f, written[-1], dpi=110)
@@ -298,9 +300,9 @@ def _dispatch(args, argv) -> int:
         for act, entries in rows.items():
             print(f"{act}: L2 (N(0,1)-weighted) of the backward multiplier, per saved bit")
             for e in entries:
-                if e["family"] in ("fewbit-normal", "relu-sum-derivative") and e["bits"] <= 4 or \
-                        e["family"].startswith("invact"):
-                    print(f"  {e['label']:<40} {e['bits']} bit  L2 {e['l2_normal']:.3e}  L∞ {e['linf']:.3e}")
+                family, bits = e.get("family"), e.get("bits")  # atlas result rows, not tables
+                if family in ("fewbit-normal", "relu-sum-derivative") and bits <= 4 or family.startswith("invact"):
+                    print(f"  {e['label']:<40} {bits} bit  L2 {e['l2_normal']:.3e}  L∞ {e['linf']:.3e}")
         for p in written:
             print(f"wrote {p}")
         return 0
@@ -350,16 +352,16 @@ def _dispatch(args, argv) -> int:
                 print(f"INVALID {err}")
                 bad += 1
                 continue
-            if args.family and t["family"] != args.family:
+            if args.family and t.family != args.family:
                 continue
-            if t["family"] == "relu-sum":
-                extra = f"k={t['bits']} {t['objective']:<10} loss={t['loss']:.6e}"
+            if t.family == "relu-sum":
+                extra = f"k={t.bits} {t.objective:<10} loss={t.loss:.6e}"
             else:
-                m = t["metrics"]
-                extra = f"{t['form']:<10} L∞ left {m['linf_left']:.2e} right {m['linf_right']:.2e}"
+                m = t.metrics
+                extra = f"{t.form:<10} L∞ left {m['linf_left']:.2e} right {m['linf_right']:.2e}"
             inside = Path(p).resolve().is_relative_to(T.data_dir().resolve())
             shown = Path(p).resolve().relative_to(T.data_dir().resolve()) if inside else p
-            print(f"{shown!s:<48} {t['source']:<5} {extra}")
+            print(f"{shown!s:<48} {t.source:<5} {extra}")
         print(f"{len(paths)} tables, " + (f"{bad} invalid" if bad else "all valid"))
         return 2 if bad else 0
     raise AssertionError(args)

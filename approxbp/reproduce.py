@@ -39,13 +39,13 @@ PAPER_RELU_SUM = (
 )
 
 
-def paper_table(row: PaperReluSum) -> dict:
+def paper_table(row: PaperReluSum) -> T.ReluSumTable:
     """The published coefficients as a ``source: paper`` table, its loss measured by our objective."""
     act = get_activation(row.activation)
     A, B, tail, how = interval_for(act, row.objective)
     rs = ReLUSum([*row.a, 1.0 - sum(row.a)], row.c)
     loss = ReluSumObjective(act, 2, row.objective, (A, B)).loss(rs)
-    return {
+    return T.from_json({
         "schema": T.SCHEMA, "family": "relu-sum", "activation": act.name, "expression": act.expression,
         "created": _dt.date.today().isoformat(), "source": "paper", "reference": row.reference,
         "bits": 2, "objective": row.objective, "interval": [A, B],
@@ -54,7 +54,7 @@ def paper_table(row: PaperReluSum) -> dict:
         "metrics": {"tail_mass": tail, "interval_rule": how, "name_in_paper": row.label},
         "provenance": {"method": "published", "seed": None, "command": "approxbp reproduce --full",
                        "package_version": package_version(), "seconds": 0.0},
-    }
+    })
 
 
 @dataclass
@@ -65,7 +65,7 @@ class Comparison:
     bits: int
     paper: float
     ours: float
-    ours_table: dict
+    ours_table: T.ReluSumTable
 
     @property
     def relative_gap(self) -> float:
@@ -84,8 +84,8 @@ def reproduce_relu_sum(seed: int = 0, restarts: int = 4, workers: int | None = N
     for row in PAPER_RELU_SUM:
         ours = fit_relu_sum(row.activation, 2, row.objective, method="anneal", restarts=restarts, seed=seed,
                             workers=workers, progress=progress, command="approxbp reproduce").table
-        out.append(Comparison(row.label, row.activation, row.objective, 2, paper_table(row)["loss"],
-                              ours["loss"], ours))
+        out.append(Comparison(row.label, row.activation, row.objective, 2, paper_table(row).loss,
+                              ours.loss, ours))
     return out
 
 
@@ -95,8 +95,8 @@ def format_comparisons(rows: list[Comparison]) -> str:
     for r in rows:
         lines.append(f"{r.label:<10} {r.objective:<10} {r.paper:>22.15e} {r.ours:>22.15e} "
                      f"{r.relative_gap:>10.3e}  {'ours ≤ paper' if r.ok else 'WORSE THAN PAPER'}")
-        lines.append(f"{'':<10} knots ours  {np.array2string(np.array(r.ours_table['knots']), precision=6)}"
-                     f"  weights {np.array2string(np.array(r.ours_table['weights']), precision=6)}")
+        lines.append(f"{'':<10} knots ours  {np.array2string(np.array(r.ours_table.knots), precision=6)}"
+                     f"  weights {np.array2string(np.array(r.ours_table.weights), precision=6)}")
     lines.append("gap = (paper − ours)/paper on the same objective and interval (Approx-BP eqs. 45/46, 51/52, 63)")
     return "\n".join(lines)
 
@@ -115,7 +115,8 @@ def regenerate_invact(out: Path | None = None, seed: int = 0, sr_generations: in
     for act, forms in INVACT_FORMS.items():
         for form in forms:
             table = fit_invact(act, form, seed=seed, sr_generations=sr_generations)
-            table["provenance"]["command"] = f"approxbp fit invact --activation {act} --form {form} --seed {seed}"
+            table = table.with_provenance(command=f"approxbp fit invact --activation {act} --form {form} "
+                                                  f"--seed {seed}")
             paths.append(T.save(table, root / "invact" / f"{act}-{form}.json"))
     return paths
 
@@ -134,11 +135,11 @@ def format_invact_rows(rows: dict[str, list[dict]]) -> str:
     for act, tables in rows.items():
         published, ours = tables[:-1], tables[-1]
         for side in ("left", "right"):
-            best_pub = min(p["metrics"][f"linf_{side}"] for p in published)
+            best_pub = min(p.metrics[f"linf_{side}"] for p in published)
             for t in [*published, ours]:
-                m = t["metrics"]
+                m = t.metrics
                 gain = best_pub / m[f"linf_{side}"]
-                lines.append(f"{act:<10} {side:<6} {t['form']:<11} {m[f'linf_{side}']:>10.3e} {m[f'l2_{side}']:>10.3e}"
+                lines.append(f"{act:<10} {side:<6} {t.form:<11} {m[f'linf_{side}']:>10.3e} {m[f'l2_{side}']:>10.3e}"
                              f"  {gain:>7.0f}×  {t[side]['operations']}")
     lines.append("L∞ gain = best published L∞ / this form's L∞ on the same branch (Inverted Activations eqs. 5–8)")
     return "\n".join(lines)

@@ -59,7 +59,10 @@ class Form:
     def from_table(cls, branch: dict, variables: tuple[str, ...] = ("y",)) -> Form:
         """The form of one branch ({expression, coefficients, assignments?}) of an invact table; the table's
         ``combined`` form q(y, b) (b = 1 on the left branch) takes ``variables=("y", "b")``."""
-        return cls.parse(branch["expression"], branch["coefficients"], branch.get("assignments", ()), variables)
+        from .tables import Branch
+
+        b = branch if isinstance(branch, Branch) else Branch.from_json(branch)
+        return cls.parse(b.expression, b.coefficients, b.assignments, variables)
 
     def full(self) -> sp.Expr:
         """The expression with every assignment substituted (a shared DAG in memory; never print or walk
@@ -226,13 +229,13 @@ class TableBackward:
     q = q_left(min(y, left_max)) on the left; on the right q = h′(y) beyond right_max (the tail rule) and
     q_right(min(y, right_max)) below. Torch tensors in, float32 math (float64 stays float64)."""
 
-    def __init__(self, t: dict):
-        act = get_activation(t["expression"])
-        self.f_T, self.left_max, self.right_max = t["f_T"], t["left"]["domain"][1], t["right"]["domain"][1]
+    def __init__(self, t):
+        act = get_activation(t.expression)
+        self.f_T, self.left_max, self.right_max = t.f_T, t.left.domain[1], t.right.domain[1]
         self._df = act.torch_fn(1)
-        self._q = {side: Form.from_table(t[side]).torch_fn() for side in ("left", "right")}
-        self._combined = (Form.from_table(t["combined"], ("y", "b")).torch_fn([sp.Symbol("b")])
-                          if "combined" in t else None)
+        self._q_left, self._q_right = Form.from_table(t.left).torch_fn(), Form.from_table(t.right).torch_fn()
+        self._combined = (Form.from_table(t.combined, ("y", "b")).torch_fn([sp.Symbol("b")])
+                          if t.combined is not None else None)
 
     def __call__(self, y, left):
         """q for saved outputs ``y`` and branch flags ``left`` (bool, True where x < T)."""
@@ -241,5 +244,5 @@ class TableBackward:
         y = y.to(torch.promote_types(y.dtype, torch.float32)).clamp_min(self.f_T)
         if self._combined is not None:  # one evaluation for both branches
             return self._combined(y, left.to(y.dtype))
-        right = torch.where(y > self.right_max, self._df(y), self._q["right"](y.clamp_max(self.right_max)))
-        return torch.where(left, self._q["left"](y.clamp_max(self.left_max)), right)
+        right = torch.where(y > self.right_max, self._df(y), self._q_right(y.clamp_max(self.right_max)))
+        return torch.where(left, self._q_left(y.clamp_max(self.left_max)), right)

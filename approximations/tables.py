@@ -7,13 +7,16 @@ gives the same bytes.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,7 +72,10 @@ def _floats(t: dict, field: str, where: str, n: int | None = None) -> np.ndarray
 
 
 def validate(t: Any, where: str = "<table>") -> dict:
-    """Validate a table dict in place of use; return it unchanged or raise :class:`TableError`."""
+    """Validate a table's JSON object; return it unchanged or raise :class:`TableError`. (A typed table was
+    validated when it was built: its JSON is returned.)"""
+    if isinstance(t, _Table):
+        return t.to_json()
     if not isinstance(t, dict):
         raise TableError(f"{where}: a table is a JSON object, got {type(t).__name__}")
     schema = _need(t, "schema", str, where)
@@ -200,22 +206,24 @@ def _validate_relu_sum(t: dict, where: str) -> None:
         _fail(where, "constraint_residual", f"{actual:.3g} > {tol:g}: Σw=1, Σw·c=0 must hold")
 
 
-def dumps(t: dict) -> str:
+def dumps(t: Table | dict) -> str:
     """Canonical JSON text (sorted keys, floats by repr, trailing newline)."""
+    t = t._json if isinstance(t, _Table) else t
     return json.dumps(t, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def definition_sha256(t: dict) -> str:
+def definition_sha256(t: Table | dict) -> str:
     """sha256 of what a table *is* (coefficients, their definition, metrics), not when or how fast it was made:
     the canonical JSON without :data:`VOLATILE` fields. Generated kernels record this hash."""
+    t = t._json if isinstance(t, _Table) else t
     return hashlib.sha256(dumps({k: v for k, v in t.items() if k not in VOLATILE}).encode("utf-8")).hexdigest()
 
 
-def save(t: dict, path: str | Path, overwrite: bool = True) -> Path:
+def save(t: Table | dict, path: str | Path, overwrite: bool = True) -> Path:
     """Validate and write atomically. A file that already holds the same definition (it differs at most in
     ``created``/``provenance``) is left untouched, so refitting an unchanged table changes no bytes."""
     path = Path(path)
-    validate(t, str(path))
+    t = t.to_json() if isinstance(t, _Table) else validate(t, str(path))
     if path.is_file():
         if not overwrite:
             raise FileExistsError(f"{path} exists; pass --force (overwrite=True) to replace it")
@@ -242,14 +250,14 @@ def resolve(path: str | Path, family: str | None = None) -> Path:
     return p
 
 
-def load(path: str | Path) -> dict:
-    """Read and validate one table (a path, or ``family/name`` inside the packaged data)."""
+def load(path: str | Path) -> Table:
+    """Read, validate and type one table (a path, or ``family/name`` inside the packaged data)."""
     p = resolve(path)
     try:
         t = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise TableError(f"{p}: not valid JSON: {err}") from None
-    return validate(t, str(p))
+    return from_json(t, str(p))
 
 
 def sha256(path: str | Path) -> str:
@@ -267,3 +275,155 @@ def relu_sum_name(activation: str, bits: int, objective: str, source: str = "fit
     """Canonical file stem, e.g. ``gelu-k2-primitive`` or ``gelu-k2-primitive-paper``."""
     stem = f"{activation}-k{bits}-{objective}"
     return stem if source == "fit" else f"{stem}-paper"
+
+
+# ---- typed tables: the one place a table's fields are read by key ---------------------------------------------
+@dataclass(frozen=True)
+class Branch:
+    """One InvAct q form: an expression in y (and b, for the combined form), its coefficients, the named
+    intermediates assigned before it, the y-domain it was fitted on (None for the combined form) and its
+    operation count."""
+
+    expression: str
+    coefficients: dict
+    assignments: tuple = ()
+    domain: tuple | None = None
+    operations: int | None = None
+
+    @classmethod
+    def from_json(cls, d: dict) -> Branch:
+        return cls(d["expression"], dict(d["coefficients"]), tuple(tuple(a) for a in d.get("assignments", ())),
+                   tuple(d["domain"]) if "domain" in d else None, d.get("operations"))
+
+
+class _Table(Mapping):
+    """What both table types share. A table is built from its JSON by :func:`from_json` (validated there, and
+    nowhere else) and keeps that JSON for :meth:`to_json`, so files round-trip byte for byte. It is also a
+    read-only mapping of its JSON fields (``t["knots"]``, ``{**t}``) for notebooks and tests; library code reads
+    attributes."""
+
+    family: ClassVar[str]
+    folder: ClassVar[str]
+
+    def to_json(self) -> dict:
+        return copy.deepcopy(self._json)
+
+    def __getitem__(self, key: str):
+        """A read-only view of the JSON fields (notebooks, tests); library code uses the attributes."""
+        return self._json[key]
+
+    def __iter__(self):
+        return iter(self._json)
+
+    def __len__(self) -> int:
+        return len(self._json)
+
+    def __or__(self, other: dict) -> dict:
+        """``t | {"bits": 3}``: the JSON object with fields replaced (a dict, to validate or build again)."""
+        return {**self.to_json(), **other}
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Table) and self._json == other._json
+
+    __hash__ = None
+
+    @property
+    def sha256(self) -> str:
+        """:func:`definition_sha256` of this table."""
+        return definition_sha256(self._json)
+
+    @property
+    def file_name(self) -> str:
+        """The canonical packaged path, ``<folder>/<name>.json``."""
+        return f"{self.folder}/{self.name}.json"
+
+    def with_provenance(self, **changes):
+        """The same table with provenance fields changed (e.g. the command that regenerates it)."""
+        d = self.to_json()
+        d["provenance"].update(changes)
+        return from_json(d)
+
+
+@dataclass(frozen=True, eq=False)
+class ReluSumTable(_Table):
+    """A ReLU-sum table (Approx-BP eq. 13): h̃(x) = Σ w_i·ReLU(x − c_i), levels = [0, w₁, w₁+w₂, …]."""
+
+    family: ClassVar[str] = "relu-sum"
+    folder: ClassVar[str] = "relu_sum"
+    activation: str
+    expression: str
+    source: str
+    bits: int
+    objective: str
+    interval: tuple
+    knots: tuple
+    weights: tuple
+    levels: tuple
+    loss: float
+    constraint_residual: float
+    metrics: dict
+    provenance: dict
+    created: str
+    reference: str | None
+    _json: dict = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return relu_sum_name(self.activation, self.bits, self.objective, self.source)
+
+
+@dataclass(frozen=True, eq=False)
+class InvActTable(_Table):
+    """An inverted-activation table: T, f(T), the two branch forms q_left/q_right and, optionally, the combined
+    form q(y, b) (Inverted Activations §2)."""
+
+    family: ClassVar[str] = "invact"
+    folder: ClassVar[str] = "invact"
+    activation: str
+    expression: str
+    source: str
+    form: str
+    turning_point: float
+    f_T: float
+    left: Branch
+    right: Branch
+    combined: Branch | None
+    metrics: dict
+    provenance: dict
+    created: str
+    reference: str | None
+    _json: dict = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.activation}-{self.form}"
+
+
+Table = ReluSumTable | InvActTable
+
+
+def from_json(d: dict, where: str = "<table>") -> Table:
+    """Validate a table's JSON object and build its typed table: the one place tables are built."""
+    d = validate(copy.deepcopy(d), where)
+    cls = ReluSumTable if d["family"] == "relu-sum" else InvActTable
+    values = {}
+    for f in fields(cls):
+        if f.name == "_json":
+            continue
+        v = d.get(f.name)
+        if f.name in ("left", "right", "combined"):
+            v = None if v is None else Branch.from_json(v)
+        elif isinstance(v, list):
+            v = tuple(v)
+        values[f.name] = v
+    return cls(**values, _json=d)
+
+
+def as_table(t: Table | dict) -> Table:
+    """A typed table from a table or its JSON object (validated)."""
+    return t if isinstance(t, _Table) else from_json(t)
+
+
+def as_json(t: Table | dict) -> dict:
+    """The JSON object of a table or of a table dict (validated)."""
+    return t.to_json() if isinstance(t, _Table) else validate(t)

@@ -32,11 +32,11 @@ def main() -> None:
                 t = fit_relu_sum(act, k, objective, restarts=args.restarts, seed=0, workers=args.workers,
                                  progress=False).table
                 wall = time.perf_counter() - t0
-                rows.append({"activation": act, "objective": objective, "bits": k, "method": t["provenance"]["method"],
-                             "restarts": args.restarts, "wall_seconds": round(wall, 3), "loss": t["loss"],
-                             "grad_inf_norm": t["metrics"]["grad_inf_norm"],
-                             "hessian_min_eig": t["metrics"].get("hessian_min_eig")})
-                print(f"{act:<5} {objective:<10} k={k}  {wall:7.2f} s  loss {t['loss']:.6e}", flush=True)
+                rows.append({"activation": act, "objective": objective, "bits": k, "method": t.provenance["method"],
+                             "restarts": args.restarts, "wall_seconds": round(wall, 3), "loss": t.loss,
+                             "grad_inf_norm": t.metrics["grad_inf_norm"],
+                             "hessian_min_eig": t.metrics.get("hessian_min_eig")})
+                print(f"{act:<5} {objective:<10} k={k}  {wall:7.2f} s  loss {t.loss:.6e}", flush=True)
     result = {"benchmark": "relu-sum fit wall time", "device": "cpu",
               "machine": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "python": platform.python_version(),

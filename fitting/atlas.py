@@ -78,7 +78,7 @@ def atlas(activation: str) -> list[dict]:
                          **_errors(e)})
         for objective in ("primitive", "derivative"):
             t = _relu_sum_table(act, k, objective)
-            rs = ReLUSum(t["weights"], t["knots"])
+            rs = ReLUSum(t.weights, t.knots)
             rows.append({"family": f"relu-sum-{objective}", "bits": k,
                          "label": f"ReLU-sum k={k} ({objective})", **_errors(d - rs.derivative(X))})
     ia = InvertedActivation(act)
@@ -138,7 +138,7 @@ def plot_atlas(a: str, rows: list[dict] | None = None):
     for ax, metric, title in ((axes[0], "l2_normal", "L2 error, N(0,1)-weighted"),
                               (axes[1], "linf", "L∞ error on x ∈ [−8, 8]")):
         for fam, (color, style) in styles.items():
-            pts = [(r["bits"], r[metric]) for r in rows if r["family"] == fam]
+            pts = [(r.get("bits"), r[metric]) for r in rows if r.get("family") == fam]  # result rows
             if pts:
                 b, v = zip(*pts)
                 if len(pts) == 1:  # the 1-bit InvAct markers side by side, not on top of each other

@@ -22,8 +22,9 @@ LAW_FROM_BITS = 4
 QUICK_GELU_SCALE = 1.702
 
 
-def _losses(load: Callable[[str], dict], activation: str, objective: str) -> dict[int, float]:
-    return {k: load(f"relu_sum/{T.relu_sum_name(activation, k, objective)}")["loss"] for k in range(1, MAX_BITS + 1)}
+def _losses(load: Callable[[str], T.Table | dict], activation: str, objective: str) -> dict[int, float]:
+    return {k: T.as_table(load(f"relu_sum/{T.relu_sum_name(activation, k, objective)}")).loss
+            for k in range(1, MAX_BITS + 1)}
 
 
 def check_consistency(load: Callable[[str], dict] = T.load,

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 from approxbp.approximations import get_activation
+from approxbp.approximations import tables as T
 from approxbp.approximations.invact import InvertedActivation, check_branch
 from approxbp.approximations.invact_forms import (
     RIGHT_SPAN,
@@ -90,12 +91,13 @@ def fit_newton(ia: InvertedActivation, branch: str, degree: int = 4, steps: int 
 
 
 def invact_table(activation: str, left: Form, right: Form, form: str, source: str = "fit",
-                 reference: str | None = None, provenance: dict | None = None, extra: dict | None = None) -> dict:
-    """An ``approxbp.table/1`` invact table with measured metrics for both branches."""
+                 reference: str | None = None, provenance: dict | None = None, extra: dict | None = None,
+                 combined: Form | None = None) -> T.InvActTable:
+    """An invact table with measured metrics for both branches (and the ``combined`` q(y, b), if given)."""
     ia = InvertedActivation(get_activation(activation))
     linf_l, l2_l = branch_metrics(ia, left, "left")
     linf_r, l2_r = branch_metrics(ia, right, "right")
-    t = {
+    return T.from_json({
         "schema": SCHEMA, "family": "invact", "activation": ia.activation.name,
         "expression": ia.activation.expression, "created": _dt.date.today().isoformat(), "source": source,
         "form": form, "turning_point": ia.T, "f_T": ia.f_T, "variable": "y",
@@ -104,10 +106,10 @@ def invact_table(activation: str, left: Form, right: Form, form: str, source: st
         "metrics": {"linf_left": linf_l, "l2_left": l2_l, "linf_right": linf_r, "l2_right": l2_r, **(extra or {})},
         "provenance": {"method": form, "seed": None, "command": "approxbp.fitting.invact", "package_version":
                        package_version(), "seconds": 0.0, **(provenance or {})},
-    }
-    if reference:
-        t["reference"] = reference
-    return t
+        **({"reference": reference} if reference else {}),
+        **({"combined": {k: v for k, v in combined.to_json((ia.f_T, ia.f_T + 10.0)).items() if k != "domain"}}
+           if combined is not None else {}),
+    })
 
 
 #: Largest |h′(y) − f′(f⁻¹(y))| allowed beyond the right domain, where the drop-ins use q = h′(y).
@@ -183,8 +185,5 @@ def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
                           "in float64", "seed": seed}
         extra = {"pareto_left": lfront, "pareto_right": rfront}
     combined = (extra or {}).pop("_combined", None)
-    table = invact_table(act.name, left, right, form, provenance=prov, extra=extra)
-    if combined is not None:
-        table["combined"] = {k: v for k, v in combined.to_json((ia.f_T, ia.f_T + 10.0)).items() if k != "domain"}
-    table["provenance"]["seconds"] = round(time.perf_counter() - t0, 2)
-    return table
+    prov["seconds"] = round(time.perf_counter() - t0, 2)  # the fit itself; measuring the metrics comes after
+    return invact_table(act.name, left, right, form, provenance=prov, extra=extra, combined=combined)

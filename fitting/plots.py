@@ -13,23 +13,23 @@ def plot_relu_sum(table: dict, paper: dict | None = None, x_range=(-6.0, 6.0)):
     """h vs h̃ and h' vs the 2^k-level step derivative (Approx-BP Figs. 3, 7, 8, for any table)."""
     import matplotlib.pyplot as plt
 
-    act = get_activation(table["expression"])
+    act = get_activation(table.expression)
     x = np.linspace(*x_range, 4001)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    a.plot(x, act.f(x), "k", lw=2, label=f"{table['activation']} (forward, exact)")
-    b.plot(x, act.df(x), "k", lw=2, label=f"{table['activation']}′")
+    a.plot(x, act.f(x), "k", lw=2, label=f"{table.activation} (forward, exact)")
+    b.plot(x, act.df(x), "k", lw=2, label=f"{table.activation}′")
     for t, style, who in ((table, "C3", "ours"), (paper, "C0--", "paper")):
         if t is None:
             continue
-        rs = ReLUSum(t["weights"], t["knots"])
-        a.plot(x, rs(x), style, label=f"h̃ {who}, k={t['bits']} (loss {t['loss']:.3e})")
-        b.plot(x, rs.derivative(x), style, label=f"h̃′ {who}: {2 ** t['bits']} levels, used in backward")
+        rs = ReLUSum(t.weights, t.knots)
+        a.plot(x, rs(x), style, label=f"h̃ {who}, k={t.bits} (loss {t.loss:.3e})")
+        b.plot(x, rs.derivative(x), style, label=f"h̃′ {who}: {2 ** t.bits} levels, used in backward")
     for ax, ylabel in ((a, "activation h(x)"), (b, "derivative")):
         ax.set_xlabel("x")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"ReLU-sum approximation, {table['objective']} objective")
+    fig.suptitle(f"ReLU-sum approximation, {table.objective} objective")
     fig.tight_layout()
     return fig
 
@@ -37,7 +37,7 @@ def plot_relu_sum(table: dict, paper: dict | None = None, x_range=(-6.0, 6.0)):
 def relu_sum_error_vs_bits(activation: str, objective: str = "primitive") -> tuple[np.ndarray, np.ndarray]:
     """(k, loss) from the committed tables, k = 1..8."""
     ks = np.arange(1, 9)
-    return ks, np.array([T.load(f"relu_sum/{activation}-k{k}-{objective}")["loss"] for k in ks])
+    return ks, np.array([T.load(f"relu_sum/{T.relu_sum_name(activation, k, objective)}").loss for k in ks])
 
 
 def plot_invact(activation: str, forms=("paper", "released", "newton")):
@@ -56,10 +56,10 @@ def plot_invact(activation: str, forms=("paper", "released", "newton")):
                 t = T.load(f"invact/{activation}-{form}")
             except FileNotFoundError:
                 continue
-            b = t[side]
+            b = getattr(t, side)
             q = Form.from_table(b)(yv)
             axes[0, col].plot(yv, q, "--", label=f"{form}")
-            axes[1, col].semilogy(yv, np.abs(g - q) + 1e-18, label=f"{form} (L∞ {t['metrics'][f'linf_{side}']:.1e})")
+            axes[1, col].semilogy(yv, np.abs(g - q) + 1e-18, label=f"{form} (L∞ {t.metrics[f'linf_{side}']:.1e})")
         axes[0, col].set_title(f"{side} branch ({'x < T' if side == 'left' else 'x ≥ T'})")
         axes[1, col].set_xlabel("y = f(x)")
         axes[0, col].set_ylabel("f′(f⁻¹(y))")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from approxbp.approximations import Activation, get_activation
+from approxbp.approximations import tables as T
 from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tables import SCHEMA
 from scipy.optimize import OptimizeResult, dual_annealing, minimize
@@ -362,7 +363,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     loss = obj.loss(rs)
     losses = [float(r[1]) if r[3] is None else None for r in results]
     at_best = sum(v is not None and v <= loss * (1 + SAME_LOSS) + 1e-300 for v in losses)
-    table = {
+    table = T.from_json({
         "schema": SCHEMA, "family": "relu-sum", "activation": act.name, "expression": act.expression,
         "created": _dt.date.today().isoformat(), "source": "fit",
         "bits": bits, "objective": objective, "interval": [A, B],
@@ -376,7 +377,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
             "best_restart": best_restart, "command": command or "approxbp.fitting.fit_relu_sum(...)",
             "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3),
         },
-    }
+    })
     message = (f"{at_best} of {len(results)} restarts reached the best loss {loss:.6e}"
                + ("; only one did: run more restarts to trust this optimum" if at_best == 1 and obj.n > 1 else ""))
     return ReluSumFit(table=table, x=rs.knots, fun=loss, success=True, message=message, nfev=nfev,

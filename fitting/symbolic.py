@@ -128,9 +128,9 @@ def pick_form(table: dict, branch: str, index: int) -> Form:
     """Member ``index`` of a symbolic-regression table's Pareto front on ``branch`` (as printed by
     ``approxbp fit invact --form sr``), as a Form: ``.substituted()`` is its sympy expression, ``.latex()``
     its LaTeX, ``.torch_fn()`` a PyTorch callable. Put it in a table with ``approxbp.fitting.invact``."""
-    front = table["metrics"].get(f"pareto_{branch}")
+    front = table.metrics.get(f"pareto_{branch}")
     if front is None:
         raise ValueError(f"table has no Pareto front for the {branch} branch (only --form sr tables do)")
     if not 0 <= index < len(front):
         raise ValueError(f"index must be in 0..{len(front) - 1}, got {index}")
-    return Form.parse(front[index]["expression"])
+    return Form.parse(front[index]["expression"])  # a Pareto-front entry, not a table

@@ -265,25 +265,25 @@ def _level_body(levels: list[float], bits: int) -> str:
 
 def module_name(table_path: Path, family: str | None = None) -> str:
     """``<family>_<stem>`` as a Python name (``family`` is read from the table when not given)."""
-    family = family or T.load(table_path)["family"]
+    family = family or T.load(table_path).family
     return re.sub(r"\W", "_", f"{family}_{Path(table_path).stem}")
 
 
 def render_relu_sum(table_path: Path, t: dict | None = None) -> str:
     t = t or T.load(table_path)
-    if t["family"] != "relu-sum":
-        raise ValueError(f"{table_path}: export handles relu-sum tables, got family {t['family']!r}")
-    act = get_activation(t["expression"])
-    storage = storage_bits(t["bits"])
-    doc = (f"{t['activation']} with the k={t['bits']} ReLU-sum derivative ({t['objective']} objective): forward is "
+    if t.family != "relu-sum":
+        raise ValueError(f"{table_path}: export handles relu-sum tables, got family {t.family!r}")
+    act = get_activation(t.expression)
+    storage = storage_bits(t.bits)
+    doc = (f"{t.activation} with the k={t.bits} ReLU-sum derivative ({t.objective} objective): forward is "
            f"the exact activation plus one packed {storage}-bit code per element; backward is grad × LEVELS[code].\n"
            f"Table: {_relative(table_path)} (definition sha256 {T.definition_sha256(t)}).")
     return _import_helpers(RELU_SUM_TEMPLATE.format(
-        docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t["activation"],
-        expression=t["expression"],
-        bits=t["bits"], storage=storage, per_word=32 // storage, mask=(1 << storage) - 1,
-        knots=tuple(t["knots"]), levels=tuple(t["levels"]), helpers="{helpers}", source=triton_source(act.expr),
-        code_body=_code_body(t["knots"], t["bits"]), level_body=_level_body(t["levels"], t["bits"])))
+        docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t.activation,
+        expression=t.expression,
+        bits=t.bits, storage=storage, per_word=32 // storage, mask=(1 << storage) - 1,
+        knots=tuple(t.knots), levels=tuple(t.levels), helpers="{helpers}", source=triton_source(act.expr),
+        code_body=_code_body(t.knots, t.bits), level_body=_level_body(t.levels, t.bits)))
 
 
 INVACT_TEMPLATE = '''\
@@ -380,21 +380,21 @@ def _jit_body(branch: dict, variables: tuple[str, ...] = ("y",)) -> str:
 
 def render_invact(table_path: Path, t: dict | None = None) -> str:
     t = t or T.load(table_path)
-    if t["family"] != "invact":
-        raise ValueError(f"{table_path}: expected an invact table, got family {t['family']!r}")
-    act = get_activation(t["expression"])
-    doc = (f"{t['activation']} inverted activation ({t['form']} form): forward is the exact activation plus one "
+    if t.family != "invact":
+        raise ValueError(f"{table_path}: expected an invact table, got family {t.family!r}")
+    act = get_activation(t.expression)
+    doc = (f"{t.activation} inverted activation ({t.form} form): forward is the exact activation plus one "
            "packed branch bit s = [x < T] per element (8 per byte); backward is grad × q_s(y) from the saved output "
            f"y.\nTable: {_relative(table_path)} (definition sha256 {T.definition_sha256(t)}).")
     return _import_helpers(INVACT_TEMPLATE.format(
-        docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t["activation"],
-        expression=t["expression"], T=t["turning_point"], f_T=t["f_T"], left_max=t["left"]["domain"][1],
-        right_max=t["right"]["domain"][1], helpers="{helpers}", source=triton_source(act.expr),
-        grad_source=triton_source(act.derivative_expr(1)), left=_jit_body(t["left"]), right=_jit_body(t["right"]),
-        combined=(f"\n\n@triton.jit\ndef q_combined(y, b):\n{_jit_body(t['combined'], ('y', 'b'))}\n"
-                  if "combined" in t else ""),
-        select_q=(_COMBINED if "combined" in t else _BRANCHES.format(right_max=t["right"]["domain"][1],
-                                                                       left_max=t["left"]["domain"][1]))))
+        docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t.activation,
+        expression=t.expression, T=t.turning_point, f_T=t.f_T, left_max=t.left.domain[1],
+        right_max=t.right.domain[1], helpers="{helpers}", source=triton_source(act.expr),
+        grad_source=triton_source(act.derivative_expr(1)), left=_jit_body(t.left), right=_jit_body(t.right),
+        combined=(f"\n\n@triton.jit\ndef q_combined(y, b):\n{_jit_body(t.combined, ('y', 'b'))}\n"
+                  if t.combined is not None else ""),
+        select_q=(_COMBINED if t.combined is not None else _BRANCHES.format(right_max=t.right.domain[1],
+                                                                           left_max=t.left.domain[1]))))
 
 
 def _relative(table_path: Path) -> str:
@@ -408,7 +408,7 @@ def _relative(table_path: Path) -> str:
 def render(table_path: Path, t: dict | None = None) -> str:
     """The Triton module of any table (relu-sum or invact)."""
     t = t or T.load(table_path)
-    return (render_relu_sum if t["family"] == "relu-sum" else render_invact)(table_path, t)
+    return (render_relu_sum if t.family == "relu-sum" else render_invact)(table_path, t)
 
 
 def kernel_dir(table_path: Path) -> Path:
@@ -427,7 +427,7 @@ def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> lis
         written.append(HELPERS_MODULE)
     for p in tables or T.table_paths("relu-sum") + T.table_paths("invact"):
         t = T.load(p)
-        target = (Path(out_dir) if out_dir else kernel_dir(p)) / f"{module_name(p, t['family'])}.py"
+        target = (Path(out_dir) if out_dir else kernel_dir(p)) / f"{module_name(p, t.family)}.py"
         write_atomic(target, render(Path(p), t))
         written.append(target)
     return written

@@ -35,12 +35,12 @@ class InvActSpec:
         path = table_file(table, "invact")
         t = T.load(path)
         self.path = path
-        if t["family"] != "invact":
-            raise ValueError(f"{table}: expected an invact table, got {t['family']!r}")
+        if t.family != "invact":
+            raise ValueError(f"{table}: expected an invact table, got {t.family!r}")
         self.table = t
         self.key = f"invact:{T.definition_sha256(t)}"
-        self.T, self.f_T = t["turning_point"], t["f_T"]
-        self._f = get_activation(t["expression"]).torch_fn(0)
+        self.T, self.f_T = t.turning_point, t.f_T
+        self._f = get_activation(t.expression).torch_fn(0)
         self.q = TableBackward(t)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +99,7 @@ class InvActivation(torch.nn.Module):
         return invact(x, self.spec, self.use_triton)
 
     def extra_repr(self) -> str:
-        return f"table={self.spec.table['activation']}-{self.spec.table['form']}"
+        return f"table={self.spec.table.name}"
 
 
 class InvActGELU(InvActivation):

@@ -21,13 +21,14 @@ from .codegen import GENERATED, export, kernel_dir, module_name
 
 
 def table_file(table, family: str) -> Path:
-    """A table argument as a file: a path, a packaged name, or a table dict (validated, then written once to the
-    user cache, ``$XDG_CACHE_HOME/approxbp/tables``, named by its definition hash, so that its kernels have a home)."""
-    if not isinstance(table, dict):
+    """A table argument as a file: a path, a packaged name, or a table (typed, or its JSON object: validated, then
+    written once to the user cache, ``$XDG_CACHE_HOME/approxbp/tables``, named by its definition hash, so that its
+    kernels have a home)."""
+    if isinstance(table, str | Path):
         return T.resolve(table, family)
-    t = T.validate(dict(table), "<table dict>")
+    t = T.as_table(table)
     cache_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "approxbp" / "tables"
-    path = cache_dir / f"{t['family']}-{T.definition_sha256(t)[:16]}.json"
+    path = cache_dir / f"{t.family}-{t.sha256[:16]}.json"
     if not path.is_file():
         T.save(t, path)
     return path

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 import torch.utils._pytree as pytree
+from approxbp.approximations import tables as T
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -61,7 +62,7 @@ def _table_for(module: nn.Module, activation, bits: int):
     if name is None:
         return None, "no table family for this activation"
     if activation == "relu-sum":
-        return f"relu_sum/{name}-k{bits}-primitive", None
+        return f"relu_sum/{T.relu_sum_name(name, bits, 'primitive')}", None
     if activation == "invact":
         return f"invact/{name}-fast", None
     return activation, None  # a table path: used for every recognised activation
@@ -86,7 +87,8 @@ def _replacement(module: nn.Module, activation, bits: int, family_of):
              "invact/gelu-fast": InvActGELU, "invact/silu-fast": InvActSiLU}
     if isinstance(table, str) and table in named:  # the papers' modules by their own names
         return named[table](), None
-    family = table["family"] if isinstance(table, dict) else family_of(str(table))
+    typed = isinstance(table, dict | T.ReluSumTable | T.InvActTable)
+    family = T.as_table(table).family if typed else family_of(str(table))
     return (ReLUSumActivation(table) if family == "relu-sum" else InvActivation(table)), None
 
 
@@ -112,10 +114,9 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
     max(1, max|output|)) undoes the patch and raises."""
     if not (activation in ACTIVATIONS or isinstance(activation, dict) or _is_table(activation)):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, a table path or a mapping, got {activation!r}")
-    from approxbp.approximations import tables as T
 
     report, undo = PatchReport(), _Undo()
-    family_of = functools.cache(lambda table: T.load(T.resolve(table))["family"])
+    family_of = functools.cache(lambda table: T.load(T.resolve(table)).family)
     before = _run_example(model, example_input)
     try:
         if norm:
@@ -170,7 +171,6 @@ def patched_state_dict(model: nn.Module) -> dict:
 
 
 def _is_table(value) -> bool:
-    from approxbp.approximations import tables as T
 
     try:
         return isinstance(value, str | Path) and T.resolve(value).is_file()

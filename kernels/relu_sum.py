@@ -39,18 +39,18 @@ class ReLUSumSpec:
     def __init__(self, table: str | Path | dict):
         path = table_file(table, "relu-sum")
         t = T.load(path)
-        if t["family"] != "relu-sum":
-            raise ValueError(f"{path}: expected a relu-sum table, got {t['family']!r}")
+        if t.family != "relu-sum":
+            raise ValueError(f"{path}: expected a relu-sum table, got {t.family!r}")
         self.path, self.table = path, t
         self.key = f"relu-sum:{T.definition_sha256(t)}"
-        self.bits, self.storage = t["bits"], storage_bits(t["bits"])
-        self.knots64 = torch.tensor(t["knots"], dtype=torch.float64)
-        self.levels64 = torch.tensor(t["levels"], dtype=torch.float64)
-        self._f = get_activation(t["expression"]).torch_fn(0)
+        self.bits, self.storage = t.bits, storage_bits(t.bits)
+        self.knots64 = torch.tensor(t.knots, dtype=torch.float64)
+        self.levels64 = torch.tensor(t.levels, dtype=torch.float64)
+        self._f = get_activation(t.expression).torch_fn(0)
         self._dev: dict = {}
 
     def name(self) -> str:
-        return f"{self.table['activation']}-k{self.bits}-{self.table['objective']}"
+        return self.table.name  # the canonical stem: "-paper" tables say so
 
     def consts(self, device):
         """Knots and levels as float32 on ``device`` (codes compare in float32, as the kernel does), and the
@@ -142,11 +142,11 @@ class ReGELU2(ReLUSumActivation):
     """GELU forward, 2-bit ReLU-sum backward (Approx-BP §4.2). ``paper=True`` uses the printed coefficients."""
 
     def __init__(self, paper: bool = False, use_triton: bool | None = None):
-        super().__init__("gelu-k2-primitive" + ("-paper" if paper else ""), use_triton)
+        super().__init__(T.relu_sum_name("gelu", 2, "primitive", "paper" if paper else "fit"), use_triton)
 
 
 class ReSiLU2(ReLUSumActivation):
     """SiLU forward, 2-bit ReLU-sum backward (Approx-BP §4.2). ``paper=True`` uses the printed coefficients."""
 
     def __init__(self, paper: bool = False, use_triton: bool | None = None):
-        super().__init__("silu-k2-primitive" + ("-paper" if paper else ""), use_triton)
+        super().__init__(T.relu_sum_name("silu", 2, "primitive", "paper" if paper else "fit"), use_triton)

@@ -68,11 +68,13 @@ TABLE_FIELDS = ("family", "activation", "expression", "source", "bits", "objecti
 
 
 def table_subscripts(path: Path) -> list[str]:
-    """``x["field"]`` subscripts with a table field name, other than on dicts built in the same expression."""
-    hits = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    """``x["field"]`` subscripts with a table field name, except on lines marked ``# not a table`` (result rows,
+    Pareto-front entries: other dicts that happen to share a key)."""
+    hits, text = [], path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    for node in ast.walk(ast.parse(text)):
         if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
-                and node.slice.value in TABLE_FIELDS):
+                and node.slice.value in TABLE_FIELDS and "not a table" not in lines[node.lineno - 1]):
             where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
             hits.append(f"{where}:{node.lineno} {ast.unparse(node)}")
     return hits
@@ -89,5 +91,6 @@ def test_tables_are_read_by_attribute_outside_the_tables_module():
 
 def test_the_subscript_checker_sees_a_key_read(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f(t):\n    return t['knots'], t.knots, t['other'], t[\"left\"]\n")
+    bad.write_text("def f(t, e):\n    return t['knots'], t.knots, t['other'], t[\"left\"]\n"
+                   "def g(e):\n    return e['expression']  # not a table\n")
     assert [h.split(" ", 1)[1] for h in table_subscripts(bad)] == ["t['knots']", "t['left']"]

@@ -4,8 +4,9 @@ import copy
 
 import pytest
 import torch
-from approxbp import blocks
 from approxbp.kernels import MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2, patch_model
+
+from approxbp import blocks
 
 
 @pytest.mark.parametrize("cls,act,normcls", [(blocks.ViTBlock, ReGELU2, MSLayerNorm),
