@@ -43,15 +43,15 @@ class InvActSpec:
         self._f = get_activation(t.expression).torch_fn(0)
         self.q = TableBackward(t)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xc = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 math; fp64 stays fp64
         return self._f(xc).to(x.dtype), pack(xc < self.T, 1)
 
-    def forward_only(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_only_torch(self, x: torch.Tensor) -> torch.Tensor:
         """y = f(x) without branch bits (no gradient wanted): the twin's y, bit for bit."""
         return self._f(x.to(torch.promote_types(x.dtype, torch.float32))).to(x.dtype)
 
-    def backward(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    def backward_torch(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         left = unpack_into(packed, byte_codes(1, y.device).bool(), y.numel()).view(y.shape)
         q = self.q(y, left)
         return (g.to(q.dtype) * q).to(g.dtype)

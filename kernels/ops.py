@@ -102,7 +102,7 @@ relu_sum_forward.register_autograd(_relu_sum_grad, setup_context=_relu_sum_setup
 @torch.library.custom_op("approxbp::invact_forward", mutates_args=())
 def invact_forward(x: Tensor, key: str, use_triton: bool, out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
     spec = SPECS[key]
-    y, bits = (spec.forward_triton if use_triton else spec.forward)(x)
+    y, bits = (spec.forward_triton if use_triton else spec.forward_torch)(x)
     y = y.view(x.shape)
     return (y if out_dtype is None else y.to(out_dtype)), bits
 
@@ -117,7 +117,7 @@ def _(x, key, use_triton, out_dtype):
 def invact_backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: bool, dtype: torch.dtype) -> Tensor:
     spec = SPECS[key]
     g = g.to(dtype)
-    return (spec.backward_triton if use_triton else spec.backward)(g, y, bits).view(g.shape)
+    return (spec.backward_triton if use_triton else spec.backward_torch)(g, y, bits).view(g.shape)
 
 
 @invact_backward.register_fake
@@ -215,7 +215,7 @@ def relu_sum(x: Tensor, spec, use_triton: bool) -> Tensor:
 class _InvAct(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, spec, use_triton, out_dtype):
-        y, bits = (spec.forward_triton if use_triton else spec.forward)(x)
+        y, bits = (spec.forward_triton if use_triton else spec.forward_torch)(x)
         y = y.view(x.shape) if out_dtype is None else y.view(x.shape).to(out_dtype)
         ctx.save_for_backward(y, bits)
         ctx.spec, ctx.use_triton, ctx.dtype = spec, use_triton, x.dtype
@@ -225,7 +225,7 @@ class _InvAct(torch.autograd.Function):
     def backward(ctx, gy):
         y, bits = ctx.saved_tensors
         spec = ctx.spec
-        dx = (spec.backward_triton if ctx.use_triton else spec.backward)(gy.to(ctx.dtype), y, bits)
+        dx = (spec.backward_triton if ctx.use_triton else spec.backward_torch)(gy.to(ctx.dtype), y, bits)
         return dx.view(gy.shape), None, None, None
 
 
@@ -234,7 +234,7 @@ def invact(x: Tensor, spec, use_triton: bool, out_dtype: torch.dtype | None) -> 
     if torch.compiler.is_compiling():
         return invact_forward(x, spec.key, use_triton, out_dtype)[0]
     if not use_triton and not _needs_grad(x):
-        y = spec.forward_only(x)
+        y = spec.forward_only_torch(x)
         return y if out_dtype is None else y.to(out_dtype)
     return _InvAct.apply(x, spec, use_triton, out_dtype)
 

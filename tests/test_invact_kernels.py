@@ -31,14 +31,14 @@ def test_kernel_matches_twin_and_truth(path):
     spec = InvActSpec(str(path))
     x = torch.cat([torch.linspace(-12, 12, 8191), torch.tensor([spec.T, 0.0, -0.0])]).float()
     y1, b1 = spec.forward_triton(x)
-    y0, b0 = spec.forward(x)
+    y0, b0 = spec.forward_torch(x)
     assert torch.equal(b1, b0) and b1.numel() == math.ceil(x.numel() / 8)
     truth = torch.tensor(np.asarray(get_activation(spec.table["expression"]).f(x.double().numpy())))
     assert tolerance_ok(y1, y0, truth, x, spec.table["activation"], ulps=8)  # as good as torch in fp32
     g = torch.randn_like(x)
-    d64 = spec.backward(g.double(), *spec.forward(x.double()))
+    d64 = spec.backward_torch(g.double(), *spec.forward_torch(x.double()))
     e_kernel = (spec.backward_triton(g, y1, b1).double() - d64).abs().max()
-    e_twin = (spec.backward(g, y0, b0).double() - d64).abs().max()
+    e_twin = (spec.backward_torch(g, y0, b0).double() - d64).abs().max()
     # fp32 evaluation of the same fitted expression: near the turning point y's rounding dominates (README)
     assert e_kernel <= 3 * e_twin + 1e-4 * g.abs().max()
 
@@ -48,10 +48,10 @@ def test_float64_kernel_evaluates_the_form_in_float64(path):
     spec = InvActSpec(str(path))
     x = torch.linspace(-10, 10, 4001, dtype=torch.float64)
     y1, b1 = spec.forward_triton(x)
-    y0, b0 = spec.forward(x)
+    y0, b0 = spec.forward_torch(x)
     assert y1.dtype == torch.float64 and torch.allclose(y1, y0, rtol=1e-14, atol=1e-15)
     g = torch.randn_like(x)
-    assert torch.allclose(spec.backward_triton(g, y1, b1), spec.backward(g, y0, b0), rtol=1e-9, atol=1e-11)
+    assert torch.allclose(spec.backward_triton(g, y1, b1), spec.backward_torch(g, y0, b0), rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 2049])
@@ -110,12 +110,12 @@ def test_kernel_on_arbitrary_values_property(values, table):
     spec = InvActSpec(table)
     x = torch.tensor(values, dtype=torch.float32)
     y1, b1 = spec.forward_triton(x)
-    y0, b0 = spec.forward(x)
+    y0, b0 = spec.forward_torch(x)
     assert torch.equal(b1, b0)
     truth = torch.tensor(np.asarray(get_activation(spec.table["expression"]).f(x.double().numpy())))
     assert tolerance_ok(y1, y0, truth, x, spec.table["activation"], ulps=8)
     g = torch.ones_like(x)
-    d1, d0 = spec.backward_triton(g, y1, b1), spec.backward(g, y0, b0)
+    d1, d0 = spec.backward_triton(g, y1, b1), spec.backward_torch(g, y0, b0)
     assert torch.allclose(d1, d0, rtol=1e-5, atol=4e-3)
 
 
