@@ -296,6 +296,7 @@ class Branch:
                    tuple(d["domain"]) if "domain" in d else None, d.get("operations"))
 
 
+@dataclass(frozen=True, eq=False)
 class _Table(Mapping):
     """What both table types share. A table is built from its JSON by :func:`from_json` (validated there, and
     nowhere else) and keeps that JSON for :meth:`to_json`, so files round-trip byte for byte. It is also a
@@ -304,6 +305,14 @@ class _Table(Mapping):
 
     family: ClassVar[str]
     folder: ClassVar[str]
+    activation: str
+    expression: str
+    source: str
+    metrics: dict
+    provenance: dict
+    created: str
+    reference: str | None
+    _json: dict = field(repr=False)
 
     def to_json(self) -> dict:
         return copy.deepcopy(self._json)
@@ -350,9 +359,6 @@ class ReluSumTable(_Table):
 
     family: ClassVar[str] = "relu-sum"
     folder: ClassVar[str] = "relu_sum"
-    activation: str
-    expression: str
-    source: str
     bits: int
     objective: str
     interval: tuple
@@ -361,12 +367,6 @@ class ReluSumTable(_Table):
     levels: tuple
     loss: float
     constraint_residual: float
-    metrics: dict
-    provenance: dict
-    created: str
-    reference: str | None
-    _json: dict = field(repr=False)
-
     @property
     def name(self) -> str:
         return relu_sum_name(self.activation, self.bits, self.objective, self.source)
@@ -379,21 +379,12 @@ class InvActTable(_Table):
 
     family: ClassVar[str] = "invact"
     folder: ClassVar[str] = "invact"
-    activation: str
-    expression: str
-    source: str
     form: str
     turning_point: float
     f_T: float
     left: Branch
     right: Branch
     combined: Branch | None
-    metrics: dict
-    provenance: dict
-    created: str
-    reference: str | None
-    _json: dict = field(repr=False)
-
     @property
     def name(self) -> str:
         return f"{self.activation}-{self.form}"
