@@ -232,6 +232,22 @@ def numpy_namespace() -> list:
              "select": lambda c, a, b: np.where(np.asarray(c) > 0, a, b)}, "scipy", "numpy"]
 
 
+def _extremum(both, clamp):
+    """max/min of two arguments, NaN-propagating; a Python number stays a scalar (torch.as_tensor would round
+    it to float32 and change float64 results)."""
+    import torch
+
+    def pair(a, b):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            return both(a, b)
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            t, v = (a, b) if isinstance(a, torch.Tensor) else (b, a)
+            return clamp(t, v)
+        return max(a, b) if both is torch.maximum else min(a, b)
+
+    return pair
+
+
 def torch_namespace() -> dict:
     """Names for lambdifying into torch: tensors go to torch, python numbers (constants) to math."""
     import torch
@@ -247,8 +263,8 @@ def torch_namespace() -> dict:
                   "Phi": lambda u: 0.5 * torch.erfc(u * -math.sqrt(0.5)),
                   "sigmoid": torch.sigmoid, "Abs": abs, "pi": math.pi, "E": math.e,
                   "select": lambda c, a, b: torch.where(torch.as_tensor(c) > 0, a, b),
-                  "Max": lambda *a: functools.reduce(torch.maximum, map(torch.as_tensor, a)),
-                  "Min": lambda *a: functools.reduce(torch.minimum, map(torch.as_tensor, a))})
+                  "Max": lambda *a: functools.reduce(_extremum(torch.maximum, torch.clamp_min), a),
+                  "Min": lambda *a: functools.reduce(_extremum(torch.minimum, torch.clamp_max), a)})
     return names
 
 

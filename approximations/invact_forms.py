@@ -222,27 +222,38 @@ def newton_form(ia: InvertedActivation, branch: str, degree: int, steps: int = 1
     return Form(df.subs(X, sp.Symbol(f"x{steps}")), {k.name: 0.0 for k in coeffs}, tuple(assignments))
 
 
+#: The rule's opaque parts: each evaluator binds them (torch: the compiled forms and h′; Triton: the generated
+#: module's jit functions of these names).
+Q_LEFT, Q_RIGHT, Q_COMBINED, H_GRAD = (sp.Function(n) for n in ("q_left", "q_right", "q_combined", "activation_grad"))
+
+
+def backward_rule(t) -> sp.Expr:
+    """q_s(y) of an invact table as one sympy expression in y and b (b = 1 on the left branch, x < T), for
+    dx = dy · q_s(y) (Inverted Activations §2): the one home of the rule, which TableBackward lambdifies for torch
+    and kernels/codegen prints into Triton. y is first clamped to ≥ f(T) (rounding may put it below). With a
+    ``combined`` form q = q_combined(y, b). Otherwise q = q_left(min(y, left_max)) on the left; on the right
+    q = h′(y) beyond right_max (the tail rule) and q_right(min(y, right_max)) below."""
+    y, b = sp.symbols("y b")
+    yc = sp.Max(y, sp.Float(t.f_T, 17))
+    if t.combined is not None:
+        return Q_COMBINED(yc, b)
+    left_max, right_max = sp.Float(t.left.domain[1], 17), sp.Float(t.right.domain[1], 17)
+    return select(b, Q_LEFT(sp.Min(yc, left_max)), select(yc - right_max, H_GRAD(yc), Q_RIGHT(sp.Min(yc, right_max))))
+
+
 class TableBackward:
-    """q_s(y), the InvAct backward factor of one invact table (dx = dy · q_s(y); Inverted Activations §2): the one
-    home of its rule, which the Triton template in kernels/codegen prints again. y is first clamped to ≥ f(T)
-    (rounding may put it below). With a ``combined`` form, q = q(y, b) with b = 1 on the left branch. Otherwise
-    q = q_left(min(y, left_max)) on the left; on the right q = h′(y) beyond right_max (the tail rule) and
-    q_right(min(y, right_max)) below. Torch tensors in, float32 math (float64 stays float64)."""
+    """:func:`backward_rule` for torch tensors: q = rule(y, left) with y in float32 (float64 stays float64)."""
 
     def __init__(self, t):
-        act = get_activation(t.expression)
-        self.f_T, self.left_max, self.right_max = t.f_T, t.left.domain[1], t.right.domain[1]
-        self._df = act.torch_fn(1)
-        self._q_left, self._q_right = Form.from_table(t.left).torch_fn(), Form.from_table(t.right).torch_fn()
-        self._combined = (Form.from_table(t.combined, ("y", "b")).torch_fn([sp.Symbol("b")])
-                          if t.combined is not None else None)
+        parts = {"q_left": Form.from_table(t.left).torch_fn(), "q_right": Form.from_table(t.right).torch_fn(),
+                 "activation_grad": get_activation(t.expression).torch_fn(1)}
+        if t.combined is not None:
+            parts["q_combined"] = Form.from_table(t.combined, ("y", "b")).torch_fn([sp.Symbol("b")])
+        self._rule = sp.lambdify(sp.symbols("y b"), backward_rule(t), modules=[parts, torch_namespace()])
 
     def __call__(self, y, left):
         """q for saved outputs ``y`` and branch flags ``left`` (bool, True where x < T)."""
         import torch
 
-        y = y.to(torch.promote_types(y.dtype, torch.float32)).clamp_min(self.f_T)
-        if self._combined is not None:  # one evaluation for both branches
-            return self._combined(y, left.to(y.dtype))
-        right = torch.where(y > self.right_max, self._df(y), self._q_right(y.clamp_max(self.right_max)))
-        return torch.where(left, self._q_left(y.clamp_max(self.left_max)), right)
+        y = y.to(torch.promote_types(y.dtype, torch.float32))
+        return self._rule(y, left.to(y.dtype))

@@ -16,6 +16,7 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.activations import stable_form
 from approxbp.approximations.files import write_atomic
+from approxbp.approximations.invact_forms import backward_rule
 from sympy.printing.pycode import PythonCodePrinter
 
 GENERATED = Path(__file__).parent / "generated"
@@ -97,6 +98,8 @@ class TritonPrinter(PythonCodePrinter):
 
     def _print_Function(self, e):
         name = type(e).__name__
+        if name in ("q_left", "q_right", "q_combined", "activation_grad"):  # the module's own jit functions
+            return self._fn(name, e)
         if name in ("softplus", "_tanh"):
             return self._fn("_softplus" if name == "softplus" else name, e)
         raise ValueError(f"cannot lower {name} to Triton; supported: erf, exp, log, sqrt, tanh, softplus, powers")
@@ -349,21 +352,13 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     y = tl.load(y_ptr + offs, mask=inside, other=0.0)
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
-    y = tl.maximum(y, {f_T!r}, propagate_nan=tl.PropagateNan.ALL)  # rounding may put y below f(T)
-{select_q}
+    b = tl.where(left, 1.0, 0.0)
+    q = {rule}  # approximations.invact_forms.backward_rule
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
 '''
-
-
-_BRANCHES = """\
-    right = tl.where(y > {right_max!r}, activation_grad(y),
-                     q_right(tl.minimum(y, {right_max!r}, propagate_nan=tl.PropagateNan.ALL)))
-    q = tl.where(left, q_left(tl.minimum(y, {left_max!r}, propagate_nan=tl.PropagateNan.ALL)), right)"""
-_COMBINED = """\
-    q = q_combined(y, tl.where(left, 1.0, 0.0))  # one evaluation for both branches (the table's combined form)"""
 
 
 def _jit_body(branch: dict, variables: tuple[str, ...] = ("y",)) -> str:
@@ -393,8 +388,7 @@ def render_invact(table_path: Path, t: dict | None = None) -> str:
         grad_source=triton_source(act.derivative_expr(1)), left=_jit_body(t.left), right=_jit_body(t.right),
         combined=(f"\n\n@triton.jit\ndef q_combined(y, b):\n{_jit_body(t.combined, ('y', 'b'))}\n"
                   if t.combined is not None else ""),
-        select_q=(_COMBINED if t.combined is not None else _BRANCHES.format(right_max=t.right.domain[1],
-                                                                           left_max=t.left.domain[1]))))
+        rule=TritonPrinter().doprint(backward_rule(t))))
 
 
 def _relative(table_path: Path) -> str:

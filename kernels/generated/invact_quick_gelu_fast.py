@@ -80,8 +80,8 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     y = tl.load(y_ptr + offs, mask=inside, other=0.0)
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
-    y = tl.maximum(y, -0.16361018963635357, propagate_nan=tl.PropagateNan.ALL)  # rounding may put y below f(T)
-    q = q_combined(y, tl.where(left, 1.0, 0.0))  # one evaluation for both branches (the table's combined form)
+    b = tl.where(left, 1.0, 0.0)
+    q = q_combined(tl.maximum(-0.16361018963635357, y, propagate_nan=tl.PropagateNan.ALL), b)  # approximations.invact_forms.backward_rule
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)

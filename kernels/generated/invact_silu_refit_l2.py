@@ -60,10 +60,8 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     y = tl.load(y_ptr + offs, mask=inside, other=0.0)
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
-    y = tl.maximum(y, -0.2784645427610738, propagate_nan=tl.PropagateNan.ALL)  # rounding may put y below f(T)
-    right = tl.where(y > 9.721535457238927, activation_grad(y),
-                     q_right(tl.minimum(y, 9.721535457238927, propagate_nan=tl.PropagateNan.ALL)))
-    q = tl.where(left, q_left(tl.minimum(y, -0.0, propagate_nan=tl.PropagateNan.ALL)), right)
+    b = tl.where(left, 1.0, 0.0)
+    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL) - 9.721535457238927) > 0.0, activation_grad(tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.721535457238927, tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
