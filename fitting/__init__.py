@@ -1,6 +1,7 @@
-"""Fitting: objectives, optimisers and reproduction of the papers' solutions.
+"""Fitting: objectives, optimisers, symbolic regression, the fast InvAct fitter, the error atlas.
 
-Imports ``approximations``; never ``kernels`` (the CLI module is the one thin layer over both).
+Imports ``approximations``; never ``kernels`` (the top layer, ``approxbp/``: CLI, reproduction, experiments, uses
+both; tests/test_architecture.py holds the direction).
 """
 
 from .consistency import check_consistency
