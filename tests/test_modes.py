@@ -166,13 +166,18 @@ def test_distributed_gradients_equal_single_process(fsdp, tmp_path):
             pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
     x = torch.randn(4, 8, 32)
     ctx = mp.get_context("spawn")
-    port, out_file = _free_port(), tmp_path / "grads.pt"
-    procs = [ctx.Process(target=_ddp_worker, args=(r, 2, port, x, str(out_file), fsdp)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-        assert p.exitcode == 0
+    out_file = tmp_path / "grads.pt"
+    for attempt in range(2):  # gloo's rendezvous on a loaded 2-core machine has aborted (SIGABRT) once in ~10 runs
+        port = _free_port()
+        procs = [ctx.Process(target=_ddp_worker, args=(r, 2, port, x, str(out_file), fsdp)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        codes = [p.exitcode for p in procs]
+        if not (attempt == 0 and any(c is not None and c < 0 for c in codes)):  # retry a killed worker once only
+            break
+    assert codes == [0, 0], codes  # a Python error in a worker (exit code 1) is never retried
     grads = torch.load(out_file)
     single = _patched("relu-sum")
     single(x).square().mean().backward()
