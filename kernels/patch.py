@@ -255,6 +255,9 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
     modules = dict(model.named_modules())
     shared = _shared_parameters(model)
     for name, (consumers, other) in found.items():
+        if "merged_from" in modules[name].__dict__:  # merged by an earlier call: only new adapters to wrap
+            _wrap_new_adapters(model, modules, name, consumers, other, report, undo)
+            continue
         if other or not consumers:
             report.skipped.append(f"{name}: output feeds something other than Linear layers"
                                   + (f" ({', '.join(sorted(other))})" if other else ""))
@@ -279,13 +282,37 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
             undo.keep_linear(modules[c])
         ms = merge_norm(norm, [modules[c] for c in base])
         _replace(model, modules, name, ms, undo)
-        alpha = norm.weight if norm.weight is not None else torch.ones(norm.normalized_shape)
-        for c in adapters:  # LoRA's lora_A: unchanged weight, reads z and applies α, β itself
-            wrapped = AffineInputLinear(modules[c], alpha, getattr(norm, "bias", None))
-            wrapped.__dict__["replaced"] = modules[c]
-            _replace(model, modules, c, wrapped, undo)
+        _wrap_adapters(model, modules, norm, adapters, undo)
         report.norms.append(f"{name} → {type(ms).__name__} merged into {base}"
                             + (f"; adapters {adapters} apply its α, β to their input" if adapters else ""))
+
+
+def _wrap_new_adapters(model, modules, name, consumers, other, report, undo) -> None:
+    """Patch, then LoRA, then patch again: the adapters added since read the MS-norm's z; give them the norm's α, β
+    (as LoRA-then-patch does), so that they see the input they would see in the unpatched model."""
+    new = [c for c in consumers if _is_adapter(c) and not isinstance(modules[c], AffineInputLinear)]
+    if not new:
+        return
+    if other:
+        report.skipped.append(f"{name}: adapters {new} read it, but so does {sorted(other)}; left as they are")
+        return
+    norm = modules[name].__dict__["merged_from"][0]
+    _wrap_adapters(model, modules, norm, new, undo)
+    report.norms.append(f"{name} (merged before): adapters {new} now apply its α, β to their input")
+
+
+def _wrap_adapters(model, modules, norm, adapters, undo) -> None:
+    """LoRA's lora_A: unchanged weight, reads z and applies the norm's α, β itself (AffineInputLinear)."""
+    alpha = norm.weight if norm.weight is not None else torch.ones(norm.normalized_shape)
+    for c in adapters:
+        wrapped = AffineInputLinear(modules[c], alpha, getattr(norm, "bias", None))
+        wrapped.__dict__["replaced"] = modules[c]
+        _replace(model, modules, c, wrapped, undo)
+
+
+def _watched(module: nn.Module) -> bool:
+    """A norm to merge, or an MS-norm an earlier call merged (whose new adapter consumers may need wrapping)."""
+    return is_mergeable_norm(module) or "merged_from" in module.__dict__
 
 
 def _is_adapter(name: str) -> bool:
@@ -304,7 +331,7 @@ def _consumers_by_fx(model: nn.Module) -> dict[str, tuple[list[str], set[str]]]:
     modules = dict(model.named_modules())
     found = {}
     for node in graph.nodes:
-        if node.op != "call_module" or not is_mergeable_norm(modules[node.target]):
+        if node.op != "call_module" or not _watched(modules[node.target]):
             continue
         users = [u for u in node.users if not _shape_query(u)]
         linear = [u.target for u in users if u.op == "call_module" and isinstance(modules[u.target], nn.Linear)]
@@ -355,7 +382,7 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[l
         return lambda module, inputs: setattr(watch, "inside", name)
 
     for name, m in model.named_modules():
-        if is_mergeable_norm(m):
+        if _watched(m):
             handles.append(m.register_forward_hook(on_norm(name)))
         elif isinstance(m, nn.Linear):
             handles.append(m.register_forward_pre_hook(enter(name)))

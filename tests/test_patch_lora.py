@@ -140,3 +140,26 @@ def test_lora_saving_per_block_matches_the_frozen_linear_column(order, adapter_f
     saving = per_token_d(exact) - per_token_d(ours)
     print(f"{order}, fp32 adapters {adapter_fp32}: saving {saving:.4f} bytes/token·d, frozen column {column:.4f}")
     assert saving == pytest.approx(column + (0 if adapter_fp32 else 2), abs=1e-9)
+
+
+def test_patch_lora_patch_again_makes_the_adapters_exact():
+    """Patch, then LoRA, then patch again: the new adapters get the merged norms' α, β, so their gradients equal
+    those of LoRA on the unpatched model; a further call changes nothing."""
+    model, x, labels = _vit()
+    ref = _lora(copy.deepcopy(model))
+    patch_model(model, activation=None, example_input=x)
+    model = peft.get_peft_model(model, peft.LoraConfig(**LORA))  # B = 0: wrapping changes no output yet
+    report = patch_model(model, activation=None, example_input=x)
+    assert len(report.norms) == 2 and all("merged before" in n for n in report.norms), report  # ln_before × 2
+    with torch.no_grad():  # then the reference's adapter weights (B ≠ 0), as if trained
+        ref_params = dict(ref.named_parameters())
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.copy_(ref_params[n])
+    assert sum(isinstance(m, AffineInputLinear) for m in model.modules()) == 4
+    g, g_ref = _grads(model, x, labels), _grads(ref, x, labels)
+    assert sorted(g) == sorted(g_ref)
+    for name in g:
+        assert torch.allclose(g[name], g_ref[name], rtol=1e-9, atol=1e-12), name
+    again = patch_model(model, activation=None, example_input=x)
+    assert not again.norms and not again.skipped and again.max_output_difference == 0
