@@ -231,6 +231,8 @@ def vit_lora_rows(device, batch=64, steps=5) -> list[dict]:
                 patch_model(model, activation=variant, example_input={"pixel_values": pixels[:1].cpu()})
             lora = peft.LoraConfig(r=4, target_modules=["query", "value", "q_proj", "v_proj"])  # transformers 4 / 5
             model = peft.get_peft_model(model, lora)
+            if variant != "exact":  # the adapters get the merged norms' α, β: exact LoRA gradients (README)
+                patch_model(model, activation=None, example_input={"pixel_values": pixels[:1].cpu()})
             model = model.to(device, torch.float32 if mode == "autocast" else torch.bfloat16)
             px = pixels.to(torch.float32 if mode == "autocast" else torch.bfloat16)
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)

@@ -145,43 +145,12 @@ class MSRMSNorm(MSLayerNorm):
         return ms_norm(x, self.eps, False, self.use_triton)
 
 
-class _AffineInputLinear(torch.autograd.Function):
-    """y = (α⊙z + β)·Wᵀ + b that saves z, not α⊙z + β: ∂L/∂W = gᵀ·(α⊙z + β) is recomputed from z in the
-    backward, and ∂L/∂z = (g·W)⊙α. So an adapter reading a merged norm's output keeps sharing it."""
-
-    @staticmethod
-    def forward(ctx, z, alpha, beta, weight, bias):
-        dtype = ops.autocast_dtype(weight) or weight.dtype  # autocast: the Linear's own compute dtype
-        with torch.autocast(z.device.type, enabled=False):
-            x = _affine(z, alpha, beta, dtype)
-            y = nn.functional.linear(x, weight.to(dtype), None if bias is None else bias.to(dtype))
-        ctx.save_for_backward(z, alpha, beta, weight)
-        ctx.dtype, ctx.has_bias = dtype, bias is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        z, alpha, beta, weight = ctx.saved_tensors
-        g = g.to(ctx.dtype)
-        gz = ((g @ weight.to(ctx.dtype)) * alpha.to(ctx.dtype)).to(z.dtype) if ctx.needs_input_grad[0] else None
-        gw = gb = None
-        if ctx.needs_input_grad[3]:
-            x = _affine(z, alpha, beta, ctx.dtype)
-            gw = (g.reshape(-1, g.shape[-1]).mT @ x.reshape(-1, x.shape[-1])).to(weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[4]:
-            gb = g.reshape(-1, g.shape[-1]).sum(0)
-        return gz, None, None, gw, gb
-
-
-def _affine(z, alpha, beta, dtype):
-    x = z.to(dtype) * alpha.to(dtype)
-    return x if beta is None else x + beta.to(dtype)
-
-
 class AffineInputLinear(nn.Linear):
-    """A trainable adapter Linear (LoRA's ``lora_A``) that reads a merged norm's output z: it computes
-    Linear(α⊙z + β) with the norm's frozen α, β as non-persistent buffers, so its weight, its gradient and its
-    state-dict keys are those of the original Linear, and it saves z itself (shared with the MS-norm)."""
+    """A trainable adapter Linear (LoRA's ``lora_A``) that reads a merged norm's output z and computes
+    Linear(α⊙z + β) = z·(W·diag α)ᵀ + (W·β + b), with the norm's frozen α, β as non-persistent buffers. Its weight,
+    its gradient and its state-dict keys are those of the original Linear. It saves z itself (shared with the
+    MS-norm) and the small r×d product W·diag α, never α⊙z + β; plain ops, so no Python in the backward and
+    nothing for dynamo to break on."""
 
     def __init__(self, linear: nn.Linear, alpha: torch.Tensor, beta: torch.Tensor | None):
         nn.Module.__init__(self)
@@ -191,7 +160,9 @@ class AffineInputLinear(nn.Linear):
         self.register_buffer("beta", None if beta is None else beta.detach().clone(), persistent=False)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return _AffineInputLinear.apply(z, self.alpha, self.beta, self.weight, self.bias)
+        bias = self.bias if self.beta is None else self.weight @ self.beta.to(self.weight.dtype) + (
+            0.0 if self.bias is None else self.bias)
+        return nn.functional.linear(z, self.weight * self.alpha.to(self.weight.dtype), bias)
 
 
 # Hugging Face RMSNorms whose forward is weight · x/rms(x) (not Gemma's (1 + weight)); matched by class name so
