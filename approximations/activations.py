@@ -232,7 +232,7 @@ def numpy_namespace() -> list:
              "select": lambda c, a, b: np.where(np.asarray(c) > 0, a, b)}, "scipy", "numpy"]
 
 
-def _extremum(both, clamp):
+def _extremum(both, clamp, scalar):
     """max/min of two arguments, NaN-propagating; a Python number stays a scalar (torch.as_tensor would round
     it to float32 and change float64 results)."""
     import torch
@@ -243,7 +243,7 @@ def _extremum(both, clamp):
         if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
             t, v = (a, b) if isinstance(a, torch.Tensor) else (b, a)
             return clamp(t, v)
-        return max(a, b) if both is torch.maximum else min(a, b)
+        return scalar(a, b)
 
     return pair
 
@@ -263,8 +263,8 @@ def torch_namespace() -> dict:
                   "Phi": lambda u: 0.5 * torch.erfc(u * -math.sqrt(0.5)),
                   "sigmoid": torch.sigmoid, "Abs": abs, "pi": math.pi, "E": math.e,
                   "select": lambda c, a, b: torch.where(torch.as_tensor(c) > 0, a, b),
-                  "Max": lambda *a: functools.reduce(_extremum(torch.maximum, torch.clamp_min), a),
-                  "Min": lambda *a: functools.reduce(_extremum(torch.minimum, torch.clamp_max), a)})
+                  "Max": lambda *a: functools.reduce(_extremum(torch.maximum, torch.clamp_min, max), a),
+                  "Min": lambda *a: functools.reduce(_extremum(torch.minimum, torch.clamp_max, min), a)})
     return names
 
 

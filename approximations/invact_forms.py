@@ -122,9 +122,12 @@ class Form:
             total += int(sum(sp.count_ops(x) for _, x in subs) + sp.count_ops(reduced))
         return total
 
-    def to_json(self, domain) -> dict:
+    def to_json(self, domain=None) -> dict:
+        """The table branch object; ``domain`` is left out for the combined form, which covers every y."""
         out = {"expression": str(self.expression), "coefficients": dict(self.coefficients),
-               "domain": [float(domain[0]), float(domain[1])], "operations": self.operations()}
+               "operations": self.operations()}
+        if domain is not None:
+            out["domain"] = [float(domain[0]), float(domain[1])]
         if self.assignments:
             out["assignments"] = [[n, str(e)] for n, e in self.assignments]
         return out

@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
@@ -336,9 +337,9 @@ class _Table(Mapping):
 
     __hash__ = None
 
-    @property
+    @cached_property
     def sha256(self) -> str:
-        """:func:`definition_sha256` of this table."""
+        """:func:`definition_sha256` of this table (computed once)."""
         return definition_sha256(self._json)
 
     @property
@@ -414,7 +415,3 @@ def as_table(t: Table | dict) -> Table:
     """A typed table from a table or its JSON object (validated)."""
     return t if isinstance(t, _Table) else from_json(t)
 
-
-def as_json(t: Table | dict) -> dict:
-    """The JSON object of a table or of a table dict (validated)."""
-    return t.to_json() if isinstance(t, _Table) else validate(t)

@@ -27,36 +27,29 @@ PAIRS = [("GELU → ReGELU2", torch.nn.GELU, ReGELU2), ("SiLU → ReSiLU2", torc
          ("RMSNorm → MSRMSNorm", lambda: torch.nn.RMSNorm(8, elementwise_affine=False), lambda: MSRMSNorm(8))]
 
 
-def per_call_us(module, x, calls=500, repeats=7) -> float:
-    g = torch.ones_like(x)
-
-    def once():
-        y = module(x)
-        y.backward(g)
-
+def median_us(fn, calls=500, repeats=7) -> float:
+    """Median over ``repeats`` of the mean host time of ``calls`` calls of ``fn``, after 100 warm-up calls."""
     for _ in range(100):
-        once()
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(calls):
-            once()
+            fn()
         times.append((time.perf_counter() - t0) / calls * 1e6)
     return statistics.median(times)
 
 
-def forward_us(module, x, calls=500, repeats=7) -> float:
-    """Host time of a forward without grad (inference)."""
+def per_call_us(module, x) -> float:
+    """Forward + backward."""
+    g = torch.ones_like(x)
+    return median_us(lambda: module(x).backward(g))
+
+
+def forward_us(module, x) -> float:
+    """A forward without grad (inference)."""
     with torch.no_grad():
-        for _ in range(100):
-            module(x)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                module(x)
-            times.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(times)
+        return median_us(lambda: module(x))
 
 
 def entry_points_us(rounds=15, calls=200) -> dict:

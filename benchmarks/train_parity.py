@@ -163,7 +163,8 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     text = corpus()
     chars = sorted(set(text))
-    data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
+    index = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([index[c] for c in text], dtype=torch.long)
     split = int(0.9 * len(data))
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({platform.machine()})"
     result = {"device": device_name, "torch": torch.__version__, "corpus": "pydoc_data.topics",

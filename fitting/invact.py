@@ -107,8 +107,7 @@ def invact_table(activation: str, left: Form, right: Form, form: str, source: st
         "provenance": {"method": form, "seed": None, "command": "approxbp.fitting.invact", "package_version":
                        package_version(), "seconds": 0.0, **(provenance or {})},
         **({"reference": reference} if reference else {}),
-        **({"combined": {k: v for k, v in combined.to_json((ia.f_T, ia.f_T + 10.0)).items() if k != "domain"}}
-           if combined is not None else {}),
+        **({"combined": combined.to_json()} if combined is not None else {}),
     })
 
 

@@ -38,7 +38,7 @@ class InvActSpec:
         if t.family != "invact":
             raise ValueError(f"{table}: expected an invact table, got {t.family!r}")
         self.table = t
-        self.key = f"invact:{T.definition_sha256(t)}"
+        self.key = f"invact:{t.sha256}"
         self.T, self.f_T = t.turning_point, t.f_T
         self._f = get_activation(t.expression).torch_fn(0)
         self.q = TableBackward(t)
@@ -52,14 +52,15 @@ class InvActSpec:
         return self._f(x.to(torch.promote_types(x.dtype, torch.float32))).to(x.dtype)
 
     def backward_torch(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        left = unpack_into(packed, byte_codes(1, y.device).bool(), y.numel()).view(y.shape)
+        left = unpack_into(packed, byte_codes(1, y.device, torch.bool), y.numel()).view(y.shape)
         q = self.q(y, left)
         return (g.to(q.dtype) * q).to(g.dtype)
 
     # -- the generated Triton kernels ----------------------------------------------------------
     @property
     def module(self):
-        return generated_module(str(self.path))
+        """The generated Triton module (imported by attach() at construction when it will be used; cached)."""
+        return generated_module(str(self.path), self.table.sha256, self.table.family)
 
     def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_triton_device(x)

@@ -34,37 +34,38 @@ def table_file(table, family: str) -> Path:
     return path
 
 
-def _target(path: Path) -> tuple[Path, str]:
-    return kernel_dir(path) / f"{module_name(path)}.py", T.definition_sha256(T.load(path))
+def _target(path: Path, family: str) -> Path:
+    return kernel_dir(path) / f"{module_name(path, family)}.py"
 
 
 def _current(target: Path, want: str) -> bool:
     return target.is_file() and f"TABLE_SHA256 = {want!r}" in target.read_text(encoding="utf-8")
 
 
-def ensure_generated(table_path: str | Path) -> None:
+def ensure_generated(table_path: str | Path, table: T.Table) -> None:
     """At drop-in construction: write a user table's module when it is missing or stale (packaged: nothing)."""
     path = Path(table_path)
     if kernel_dir(path) == GENERATED:
         return
-    target, want = _target(path)
-    if not _current(target, want):
+    target = _target(path, table.family)
+    if not _current(target, table.sha256):
         print(f"approxbp: generating Triton kernels for {path} into {target.parent}", file=sys.stderr)
         export([path])
 
 
 @cache
-def generated_module(table_path: str):
-    """Import the generated module of a table (packaged, or the user's ``_generated/``); never writes."""
+def generated_module(table_path: str, want: str, family: str):
+    """Import the generated module of the table at ``table_path`` whose definition hash is ``want`` (packaged, or
+    the user's ``_generated/``); never writes."""
     path = Path(table_path)
-    target, want = _target(path)
+    target = _target(path, family)
     if kernel_dir(path) == GENERATED:
-        mod = importlib.import_module(f"approxbp.kernels.generated.{module_name(path)}")
+        mod = importlib.import_module(f"approxbp.kernels.generated.{target.stem}")
     elif not _current(target, want):
         raise RuntimeError(f"{target} is missing or was generated from another version of {path}; run "
                            f"`approxbp export {path}` (or construct the drop-in again, which generates it)")
     else:
-        spec = importlib.util.spec_from_file_location(f"approxbp_user_kernels.{module_name(path)}", target)
+        spec = importlib.util.spec_from_file_location(f"approxbp_user_kernels.{target.stem}", target)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     if mod.TABLE_SHA256 != want:

@@ -39,7 +39,7 @@ def attach(spec, use_triton: bool | None):
     from .modules import ensure_generated
 
     check_triton_available(use_triton)
-    ensure_generated(spec.path)  # a user table's kernels are written here, at construction, if at all
+    ensure_generated(spec.path, spec.table)  # a user table's kernels are written here, at construction, if at all
     register(spec)
     if use_triton or (use_triton is None and torch.cuda.is_available()):
         spec.module  # noqa: B018 - the import itself is the point
@@ -57,12 +57,31 @@ def autocast_dtype(x: Tensor) -> torch.dtype | None:
     return None
 
 
+# ---- the implementations both entry points call (the custom ops below, the eager Functions at the end) ------
+def _relu_sum_fwd(x, spec, use_triton):
+    y, packed, nan = (spec.forward_triton if use_triton else spec.forward_torch)(x)
+    return y.view(x.shape), packed, nan
+
+
+def _relu_sum_bwd(g, packed, nan, spec, use_triton):
+    return (spec.backward_triton if use_triton else spec.backward_torch)(g, packed, nan, g.numel()).view(g.shape)
+
+
+def _invact_fwd(x, spec, use_triton, out_dtype):
+    y, bits = (spec.forward_triton if use_triton else spec.forward_torch)(x)
+    y = y.view(x.shape)
+    return (y if out_dtype is None else y.to(out_dtype)), bits
+
+
+def _invact_bwd(g, y, bits, spec, use_triton, dtype):
+    g = g.to(dtype)
+    return (spec.backward_triton if use_triton else spec.backward_torch)(g, y, bits).view(g.shape)
+
+
 # ---- ReLU-sum ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("approxbp::relu_sum_forward", mutates_args=())
 def relu_sum_forward(x: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
-    spec = SPECS[key]
-    y, packed, nan = (spec.forward_triton if use_triton else spec.forward_torch)(x)
-    return y.view(x.shape), packed, nan
+    return _relu_sum_fwd(x, SPECS[key], use_triton)
 
 
 @relu_sum_forward.register_fake
@@ -76,8 +95,7 @@ def _(x, key, use_triton):
 
 @torch.library.custom_op("approxbp::relu_sum_backward", mutates_args=())
 def relu_sum_backward(g: Tensor, packed: Tensor, nan: Tensor, key: str, use_triton: bool) -> Tensor:
-    spec = SPECS[key]
-    return (spec.backward_triton if use_triton else spec.backward_torch)(g, packed, nan, g.numel()).view(g.shape)
+    return _relu_sum_bwd(g, packed, nan, SPECS[key], use_triton)
 
 
 @relu_sum_backward.register_fake
@@ -101,10 +119,7 @@ relu_sum_forward.register_autograd(_relu_sum_grad, setup_context=_relu_sum_setup
 # ---- inverted activations ---------------------------------------------------------------------------------
 @torch.library.custom_op("approxbp::invact_forward", mutates_args=())
 def invact_forward(x: Tensor, key: str, use_triton: bool, out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
-    spec = SPECS[key]
-    y, bits = (spec.forward_triton if use_triton else spec.forward_torch)(x)
-    y = y.view(x.shape)
-    return (y if out_dtype is None else y.to(out_dtype)), bits
+    return _invact_fwd(x, SPECS[key], use_triton, out_dtype)
 
 
 @invact_forward.register_fake
@@ -115,9 +130,7 @@ def _(x, key, use_triton, out_dtype):
 
 @torch.library.custom_op("approxbp::invact_backward", mutates_args=())
 def invact_backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: bool, dtype: torch.dtype) -> Tensor:
-    spec = SPECS[key]
-    g = g.to(dtype)
-    return (spec.backward_triton if use_triton else spec.backward_torch)(g, y, bits).view(g.shape)
+    return _invact_bwd(g, y, bits, SPECS[key], use_triton, dtype)
 
 
 @invact_backward.register_fake
@@ -190,17 +203,14 @@ def _needs_grad(x: Tensor) -> bool:
 class _ReluSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, spec, use_triton):
-        y, packed, nan = (spec.forward_triton if use_triton else spec.forward_torch)(x)
+        y, packed, nan = _relu_sum_fwd(x, spec, use_triton)
         ctx.save_for_backward(packed, nan)
         ctx.spec, ctx.use_triton = spec, use_triton
-        return y.view(x.shape)
+        return y
 
     @staticmethod
     def backward(ctx, gy):
-        packed, nan = ctx.saved_tensors
-        spec = ctx.spec
-        dx = (spec.backward_triton if ctx.use_triton else spec.backward_torch)(gy, packed, nan, gy.numel())
-        return dx.view(gy.shape), None, None
+        return _relu_sum_bwd(gy, *ctx.saved_tensors, ctx.spec, ctx.use_triton), None, None
 
 
 def relu_sum(x: Tensor, spec, use_triton: bool) -> Tensor:
@@ -215,18 +225,14 @@ def relu_sum(x: Tensor, spec, use_triton: bool) -> Tensor:
 class _InvAct(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, spec, use_triton, out_dtype):
-        y, bits = (spec.forward_triton if use_triton else spec.forward_torch)(x)
-        y = y.view(x.shape) if out_dtype is None else y.view(x.shape).to(out_dtype)
+        y, bits = _invact_fwd(x, spec, use_triton, out_dtype)
         ctx.save_for_backward(y, bits)
         ctx.spec, ctx.use_triton, ctx.dtype = spec, use_triton, x.dtype
         return y
 
     @staticmethod
     def backward(ctx, gy):
-        y, bits = ctx.saved_tensors
-        spec = ctx.spec
-        dx = (spec.backward_triton if ctx.use_triton else spec.backward_torch)(gy.to(ctx.dtype), y, bits)
-        return dx.view(gy.shape), None, None, None
+        return _invact_bwd(gy, *ctx.saved_tensors, ctx.spec, ctx.use_triton, ctx.dtype), None, None, None
 
 
 def invact(x: Tensor, spec, use_triton: bool, out_dtype: torch.dtype | None) -> Tensor:

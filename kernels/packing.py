@@ -19,10 +19,10 @@ def _place_values(bits: int, device: torch.device) -> torch.Tensor:
 
 
 @cache
-def byte_codes(bits: int, device: torch.device) -> torch.Tensor:
-    """[256, per] int64: row b holds the codes packed in byte value b."""
+def byte_codes(bits: int, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """[256, per]: row b holds the codes packed in byte value b (as ``dtype``, e.g. bool for branch bits)."""
     shifts = torch.arange(8 // bits, device=device) * bits
-    return (torch.arange(256, device=device)[:, None] >> shifts) & ((1 << bits) - 1)
+    return ((torch.arange(256, device=device)[:, None] >> shifts) & ((1 << bits) - 1)).to(dtype)
 
 
 def pack(codes: torch.Tensor, bits: int, nbytes: int | None = None) -> torch.Tensor:

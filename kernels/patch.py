@@ -369,11 +369,11 @@ class _ReadWatch(TorchDispatchMode):
 
 def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[list[str], set[str]]]:
     """{norm name: (consumer Linear names, other ops)} from one forward under :class:`_ReadWatch`."""
-    watch, keep, handles = _ReadWatch(), [], []
+    watch, handles = _ReadWatch(), []
 
     def on_norm(name):
         def hook(module, inputs, out):
-            keep.append(out)  # alive until the end, so its storage pointer is not reused
+            watch.keep.append(out)
             watch.owner[out.untyped_storage().data_ptr()] = name
             watch.found.setdefault(name, ([], set()))
         return hook

@@ -42,7 +42,7 @@ class ReLUSumSpec:
         if t.family != "relu-sum":
             raise ValueError(f"{path}: expected a relu-sum table, got {t.family!r}")
         self.path, self.table = path, t
-        self.key = f"relu-sum:{T.definition_sha256(t)}"
+        self.key = f"relu-sum:{t.sha256}"
         self.bits, self.storage = t.bits, storage_bits(t.bits)
         self.knots64 = torch.tensor(t.knots, dtype=torch.float64)
         self.levels64 = torch.tensor(t.levels, dtype=torch.float64)
@@ -63,7 +63,8 @@ class ReLUSumSpec:
 
     @property
     def module(self):
-        return generated_module(str(self.path))
+        """The generated Triton module (imported by attach() at construction when it will be used; cached)."""
+        return generated_module(str(self.path), self.table.sha256, self.table.family)
 
     nan_span = RELU_SUM_SPAN  # elements per forward program, and per saved NaN byte
 
