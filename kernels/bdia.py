@@ -96,14 +96,20 @@ def step_triton(x_prev, x, hx, gamma: torch.Tensor, level: int, block: int = 0):
         B.check_representable(v, level, block)
     xp, xc, hc = (t.contiguous() for t in (x_prev, x, hx.to(x.dtype)))
     g, row = _flat_gamma(gamma, xc)
+    out, bits = launch_step(xp, xc, hc, g, row, level)
+    B.check_representable(out, level, block)
+    return out, bits
+
+
+def launch_step(xp, xc, hc, g, row: int, level: int):
+    """The launch of :func:`step_kernel` on contiguous tensors (no checks): (out, packed side bits)."""
     out = torch.empty_like(xc)
     n = xc.numel()
-    bits = torch.empty(math.ceil(n / 8), dtype=torch.uint8, device=x.device)
+    bits = torch.empty(math.ceil(n / 8), dtype=torch.uint8, device=xc.device)
     if n:
         grid = (triton.cdiv(bits.numel(), BIT_BLOCK_BYTES),)
         step_kernel[grid](xp, xc, hc, g, out, bits, n, row, bits.numel(), 2.0**level, BLOCK=BIT_BLOCK_BYTES,
                           enable_fp_fusion=False)
-    B.check_representable(out, level, block)
     return out, bits
 
 
@@ -114,12 +120,17 @@ def inverse_triton(x, x_next, hx, bits, gamma: torch.Tensor, level: int, block: 
         B.check_representable(v, level, block)
     xc, xn, hc = (t.contiguous() for t in (x, x_next, hx.to(x.dtype)))
     g, row = _flat_gamma(gamma, xc)
+    return launch_inverse(xc, xn, hc, bits, g, row, level)
+
+
+def launch_inverse(xc, xn, hc, bits, g, row: int, level: int):
+    """The launch of :func:`inverse_kernel` on contiguous tensors (no checks)."""
     out = torch.empty_like(xc)
     n = xc.numel()
     if n:
         grid = (triton.cdiv(bits.numel(), BIT_BLOCK_BYTES),)
         inverse_kernel[grid](xc, xn, hc, g, bits, out, n, row, bits.numel(), 2.0**level, BLOCK=BIT_BLOCK_BYTES,
-                          enable_fp_fusion=False)
+                             enable_fp_fusion=False)
     return out
 
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 
 import torch
+
+#: True while ``approxbp cost`` captures launches on ``meta`` tensors (nothing runs, so any device will do).
+OFFLINE: ContextVar[bool] = ContextVar("approxbp_offline_capture", default=False)
 
 
 def check_input(x: torch.Tensor, who: str) -> None:
@@ -20,7 +24,7 @@ def _interpreting() -> bool:
 def check_triton_device(x: torch.Tensor) -> None:
     """Triton kernels need a CUDA tensor, or the interpreter (TRITON_INTERPRET=1) for a CPU one: say so in one
     line instead of Triton's "0 active drivers"."""
-    if not x.is_cuda and not _interpreting():
+    if not x.is_cuda and not _interpreting() and not OFFLINE.get():
         raise RuntimeError("use_triton=True on a CPU tensor needs the Triton interpreter: set TRITON_INTERPRET=1 "
                            "before triton is imported; on the CPU the default (use_triton=None) runs the PyTorch twin")
 

@@ -1,0 +1,338 @@
+"""Static GPU cost of the generated kernels, measured without a GPU (``approxbp cost``).
+
+Each kernel is launched by its own launcher on ``meta`` tensors; the launch is captured instead of run, and
+compiled offline for sm_90 with the Triton wheel's bundled ``ptxas`` (the same specialisation the JIT makes for
+16-byte aligned tensors and sizes divisible by 16). ``cuobjdump -sass`` gives the instructions.
+
+The model (one line): an element-wise kernel is memory-bound while its SASS instructions per element stay
+below the machine's issue rate over its bandwidth. H100 SXM: 132 SMs × 128 thread-instructions per clock ×
+~1.75 GHz ≈ 30e12/s over 2.87e12 B/s of measured copy bandwidth, i.e. **≈ 10.45 instructions per byte moved**.
+``ratio`` = (instructions/element) / (10.45 × bytes/element); under ~1 the kernel should run at copy speed.
+The kernels are loop-free, so the static count is the dynamic count of every thread (checked: a backward
+branch other than the closing ``BRA`` self-loop is reported). What the model leaves out: latency and
+occupancy (registers per thread), the SFU's lower throughput (16 MUFU per SM per clock, reported apart), and
+the tail of small grids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+#: Thread-instructions per second and copy bandwidth of an H100 SXM (see the module docstring).
+ISSUE_RATE, BANDWIDTH = 132 * 128 * 1.75e9, 2.87e12
+BUDGET = ISSUE_RATE / BANDWIDTH  # ≈ 10.45 SASS instructions per byte moved
+#: Elements per measured launch (divisible by every program span, so no partial programs).
+ELEMENTS = 1 << 24
+_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+          torch.uint8: "u8", torch.int8: "i8", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+@dataclass
+class Launch:
+    """One captured launch: the kernel, its arguments as the launcher passed them, and the grid."""
+
+    fn: object
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+
+@dataclass
+class KernelCost:
+    """The measured cost of one kernel launch (per element of the activation tensor)."""
+
+    name: str
+    dtype: str
+    instructions_per_element: float
+    mufu_per_element: float
+    bytes_per_element: float
+    ratio: float
+    registers: int
+    spill_instructions: int
+    widths: dict = field(default_factory=dict)  # tensor → widest global access in bits ("ld"/"st")
+    loops: bool = False
+
+    def row(self) -> str:
+        io = " ".join(f"{k}:{v}" for k, v in self.widths.items())
+        flag = "  (loop: static count)" if self.loops else ""
+        return (f"{self.name:<40} {self.dtype:<5} {self.instructions_per_element:7.1f} {self.mufu_per_element:5.2f} "
+                f"{self.bytes_per_element:5.2f} {self.ratio:6.2f} {self.registers:4d} {self.spill_instructions:3d}  "
+                f"{io}{flag}")
+
+
+HEADER = (f"{'kernel':<40} {'dtype':<5} {'instr/e':>7} {'mufu':>5} {'B/e':>5} {'ratio':>6} {'regs':>4} "
+          f"{'spl':>3}  widest access per tensor (bits)")
+
+
+@contextlib.contextmanager
+def capture():
+    """Within: ``kernel[grid](...)`` records a :class:`Launch` into the yielded list instead of running, and the
+    launchers accept tensors on any device (they are called with ``meta`` tensors)."""
+    from triton.runtime.jit import KernelInterface
+
+    from approxbp.kernels import guards
+
+    launches: list[Launch] = []
+    original = KernelInterface.__getitem__
+
+    def record(self, grid):
+        return lambda *args, **kwargs: launches.append(Launch(self, tuple(grid), args, kwargs))
+
+    KernelInterface.__getitem__ = record
+    token = guards.OFFLINE.set(True)
+    try:
+        yield launches
+    finally:
+        KernelInterface.__getitem__ = original
+        guards.OFFLINE.reset(token)
+
+
+def _specialise(launch: Launch):
+    """(signature, constexprs, attrs, options) as the JIT would specialise this call for aligned tensors."""
+    fn = launch.fn
+    options = {k: launch.kwargs[k] for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in launch.kwargs}
+    options.setdefault("num_warps", 4)
+    values = dict(zip(fn.arg_names, launch.args))
+    values.update({k: v for k, v in launch.kwargs.items() if k in fn.arg_names})
+    signature, constexprs, attrs = {}, {}, {}
+    for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
+        v = values[name]
+        if param.is_constexpr:
+            signature[name], constexprs[name] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            signature[name] = "*" + _TYPES[v.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, bool):
+            signature[name] = "i1"
+        elif isinstance(v, int):
+            if v == 1:  # the JIT specialises 1 to a constant
+                signature[name], constexprs[name] = "constexpr", 1
+                continue
+            signature[name] = "i32" if -(2**31) <= v < 2**31 else "i64"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}: cannot specialise argument {name}={v!r}")
+    return signature, constexprs, attrs, options
+
+
+def _tool(name: str) -> str:
+    import triton.backends.nvidia as nv
+
+    return str(Path(nv.__file__).parent / "bin" / name)
+
+
+def compile_sm90(launch: Launch, arch: int = 90):
+    """The compiled kernel (``.asm`` has ``ptx`` and ``cubin``) of a captured launch, for sm_<arch>."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if not hasattr(launch.fn, "arg_names") or type(launch.fn).__name__ == "InterpretedFunction":
+        raise RuntimeError("approxbp cost compiles for the GPU: unset TRITON_INTERPRET (the interpreter replaces "
+                           "the kernels)")
+    signature, constexprs, attrs, options = _specialise(launch)
+    src = ASTSource(launch.fn, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), signature
+
+
+_SASS = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
+
+
+def sass(cubin: bytes) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of every SASS instruction in ``cubin``."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return [(int(m[1], 16), m[3], m[4]) for m in map(_SASS.match, text.splitlines()) if m]
+
+
+def registers(cubin: bytes) -> int:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    m = re.search(r"REG:(\d+)", text)
+    return int(m[1]) if m else -1
+
+
+_PTX_PARAM = re.compile(r"ld\.param\.[bu]64\s+(%rd\d+),\s*\[\w+_param_(\d+)\]")
+_PTX_DEF = re.compile(r"^\s*(?:@!?%p\d+\s+)?[a-z][\w.]*\s+(%r[a-z]*\d+),\s*(.*);")
+_PTX_MEM = re.compile(r"(ld|st)\.global(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\s+(.*?);")
+
+
+def access_widths(ptx: str, signature: dict) -> dict[str, str]:
+    """For each tensor argument, its widest global load and store in bits, from the PTX: an address register is
+    traced back (through its defining instructions) to the ``ld.param`` of the pointer it derives from."""
+    pointers = [name for name, t in signature.items() if t != "constexpr"]  # params are numbered without constexprs
+    source: dict[str, set[str]] = {}
+    for line in ptx.splitlines():
+        if m := _PTX_PARAM.search(line):
+            name = pointers[int(m[2])]
+            source[m[1]] = {name} if signature[name].startswith("*") else set()
+        elif m := _PTX_DEF.match(line):
+            src = set().union(*(source.get(r, set()) for r in re.findall(r"%r[a-z]*\d+", m[2])))
+            if src:
+                source[m[1]] = source.get(m[1], set()) | src
+    widest: dict[str, dict[str, int]] = {}
+    for m in _PTX_MEM.finditer(ptx):
+        kind, vec, bits, operands = m[1], int(m[2] or 1), int(m[3]), m[4]
+        addr = re.search(r"\[\s*(%rd\d+)", operands)
+        for name in source.get(addr[1], {"?"}) if addr else {"?"}:
+            w = widest.setdefault(name, {})
+            w[kind] = max(w.get(kind, 0), vec * bits)
+    return {name: "/".join(f"{k}{v}" for k, v in sorted(w.items())) for name, w in widest.items()}
+
+
+def measure(name: str, launch: Launch, elements: int, dtype: str, arch: int = 90) -> KernelCost:
+    """Compile one captured launch and count what each element costs."""
+    kernel, signature = compile_sm90(launch, arch)
+    cubin = kernel.asm["cubin"]
+    code = sass(cubin)
+    body = [(a, op) for a, op, _ in code if op != "NOP"]
+    loops = any(op.startswith("BRA") and _target(code, a) not in (None, a) and _target(code, a) < a
+                for a, op in body)
+    if body and body[-1][1].startswith("BRA"):
+        body = body[:-1]  # the closing self-loop after EXIT
+    threads = 32 * kernel.metadata.num_warps
+    per_program = elements / launch.grid[0]
+    count = len(body) * threads / per_program
+    mufu = sum(op.startswith("MUFU") for _, op in body) * threads / per_program
+    moved = sum(v.numel() * v.element_size() for v in (*launch.args, *launch.kwargs.values())
+                if isinstance(v, torch.Tensor)) / elements
+    spills = sum(op.startswith(("LDL", "STL")) for _, op in body)
+    return KernelCost(name, dtype, round(count, 2), round(mufu, 3), round(moved, 3), round(count / (BUDGET * moved), 3),
+                      registers(cubin), spills, access_widths(kernel.asm["ptx"], signature), loops)
+
+
+def _target(code, address):
+    for a, op, rest in code:
+        if a == address and op.startswith("BRA"):
+            m = re.search(r"0x([0-9a-f]+)", rest)
+            return int(m[1], 16) if m else None
+    return None
+
+
+# -- the launches of each family -------------------------------------------------------------------------------
+def relu_sum_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
+    from approxbp.kernels.relu_sum import ReLUSumSpec
+
+    spec = ReLUSumSpec(table)
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    with capture() as launches:
+        _, packed, nan = spec.forward_triton(x)
+        spec.backward_triton(x, packed, nan, ELEMENTS)
+    return [(f"{spec.name()} fwd", launches[0], ELEMENTS), (f"{spec.name()} bwd", launches[1], ELEMENTS)]
+
+
+def invact_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
+    from approxbp.kernels.invact import InvActSpec
+
+    spec = InvActSpec(table)
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    with capture() as launches:
+        y, packed = spec.forward_triton(x)
+        spec.backward_triton(x, y, packed)
+    name = spec.table.name
+    return [(f"invact {name} fwd", launches[0], ELEMENTS), (f"invact {name} bwd", launches[1], ELEMENTS)]
+
+
+def norm_launches(dtype: torch.dtype, d: int = 4096) -> list[tuple[str, Launch, int]]:
+    from approxbp.kernels.norms import ms_norm_backward_impl, ms_norm_forward_impl
+
+    x = torch.empty(ELEMENTS // d, d, dtype=dtype, device="meta")
+    out = []
+    for center, label in ((True, "MS-LayerNorm"), (False, "MS-RMSNorm")):
+        with capture() as launches:
+            z, rstd = ms_norm_forward_impl(x, 1e-5, center, True, None)
+            ms_norm_backward_impl(x, z, rstd, center, True, dtype)
+        out += [(f"{label} d={d} fwd", launches[0], ELEMENTS), (f"{label} d={d} bwd", launches[1], ELEMENTS)]
+    return out
+
+
+def bdia_launches(dtype: torch.dtype, row: int = 4096) -> list[tuple[str, Launch, int]]:
+    from approxbp.kernels.bdia import launch_inverse, launch_step
+
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    g = torch.empty(ELEMENTS // row, dtype=dtype, device="meta")
+    with capture() as launches:
+        out, bits = launch_step(x, x, x, g, row, 9)
+        launch_inverse(x, x, x, bits, g, row, 9)
+    return [("BDIA step (eq. 21)", launches[0], ELEMENTS), ("BDIA inverse (eq. 24)", launches[1], ELEMENTS)]
+
+
+def reference_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
+    """Plain one-line Triton kernels of the exact GELU and SiLU (what torch's own element-wise kernels cost),
+    4096 elements per program and 4 warps, as the ReLU-sum kernels."""
+    import triton
+
+    from approxbp.kernels import reference
+
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    grid = (triton.cdiv(ELEMENTS, reference.BLOCK),)
+    out = []
+    for act in ("gelu", "silu"):
+        fwd, bwd = reference.KERNELS[act]
+        with capture() as launches:
+            fwd[grid](x, x, ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
+            bwd[grid](x, x, x, ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
+        out += [(f"torch-like {act} fwd", launches[0], ELEMENTS), (f"torch-like {act} bwd", launches[1], ELEMENTS)]
+    return out
+
+
+def default_tables() -> list[Path]:
+    """Every packaged relu-sum and invact table."""
+    from approxbp.approximations import tables as T
+
+    return T.table_paths("relu-sum") + T.table_paths("invact")
+
+
+def launches_for(tables: list[Path] | None, dtype: torch.dtype, extras: bool = True):
+    """(name, launch, elements) of every kernel to measure: the tables' kernels, then (``extras``) the MS-norms,
+    BDIA and the torch-like references."""
+    from approxbp.approximations import tables as T
+
+    todo = []
+    for p in tables if tables is not None else default_tables():
+        family = T.load(p).family
+        todo += (relu_sum_launches if family == "relu-sum" else invact_launches)(p, dtype)
+    if extras:
+        todo += norm_launches(dtype) + (bdia_launches(dtype) if dtype.is_floating_point else [])
+        todo += reference_launches(dtype)
+    return todo
+
+
+def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, extras: bool = True,
+        progress=None) -> list[KernelCost]:
+    """Measure every kernel (see :func:`launches_for`); ``progress(i, n, name)`` after each."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("approxbp cost compiles for the GPU: unset TRITON_INTERPRET (the interpreter replaces "
+                           "the kernels)")
+    todo = launches_for(tables, DTYPES[dtype], extras)
+    results = []
+    for i, (name, launch, elements) in enumerate(todo):
+        results.append(measure(name, launch, elements, dtype, arch))
+        if progress:
+            progress(i + 1, len(todo), name)
+    return results
+
+
+def as_json(results: list[KernelCost], arch: int) -> dict:
+    import triton
+
+    return {"model": {"issue_rate": ISSUE_RATE, "bandwidth": BANDWIDTH, "budget_instructions_per_byte": BUDGET,
+                      "arch": f"sm_{arch}", "triton": triton.__version__, "elements": ELEMENTS},
+            "kernels": [asdict(r) for r in results]}
