@@ -111,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
     _out(toy, "bdia_toy_gpt.json/.png")
     toy.add_argument("--no-progress", action="store_true", help="hide progress")
 
+    cst = add(sub, "cost", help="GPU cost of the generated kernels without a GPU: compile for sm_90 offline, count "
+              "SASS instructions per element against the H100 budget (≈ 10.45 per byte moved)")
+    cst.add_argument("tables", nargs="*", type=Path, help="relu-sum or invact tables (none: every packaged one, the "
+                     "MS-norms, BDIA and the torch-like GELU/SiLU)")
+    cst.add_argument("--arch", default="sm_90", help="the target, sm_NN")
+    cst.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "fp64"), help="the activation dtype")
+    cst.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    cst.add_argument("--no-progress", action="store_true", help="hide progress")
+
     tab = add(sub, "tables", help="list and validate coefficient tables (the packaged ones, or the files given)")
     tab.add_argument("files", nargs="*", type=Path, help="your own table files to validate (none: the packaged ones)")
     tab.add_argument("--family", default=None, choices=("relu-sum", "invact"), help="only this family")
@@ -342,6 +351,8 @@ def _dispatch(args, argv) -> int:
         for p in written:
             print(f"wrote {p}")
         return 0
+    if args.command == "cost":
+        return _cost(args, progress)
     if args.command == "tables":
         paths = args.files or T.table_paths(args.family)
         bad = 0
@@ -365,6 +376,35 @@ def _dispatch(args, argv) -> int:
         print(f"{len(paths)} tables, " + (f"{bad} invalid" if bad else "all valid"))
         return 2 if bad else 0
     raise AssertionError(args)
+
+
+def _cost(args, progress: bool) -> int:
+    """``approxbp cost``: one row per kernel, then the kernels over 0.9 of the budget."""
+    import re
+
+    import json
+
+    from approxbp import cost
+    from approxbp.approximations.files import write_atomic
+
+    m = re.fullmatch(r"sm_(\d+)", args.arch)
+    if not m:
+        raise ValueError(f"--arch {args.arch!r}: expected sm_NN, e.g. sm_90")
+    tell = (lambda i, n, name: print(f"[{i}/{n}] {name}", file=sys.stderr)) if progress else None
+    t0 = time.perf_counter()
+    results = cost.run(args.tables or None, args.dtype, int(m[1]), extras=not args.tables, progress=tell)
+    print(f"{args.arch}, {args.dtype}; budget {cost.BUDGET:.2f} SASS instructions per byte moved (H100); ratio = "
+          "instructions per element / (budget × bytes per element)")
+    print(cost.HEADER)
+    for r in results:
+        print(r.row())
+    over = [r.name for r in results if r.ratio > 0.9]
+    print(f"{len(results)} kernels in {time.perf_counter() - t0:.1f} s; {len(over)} above 0.9 of the budget"
+          + (f": {', '.join(over[:8])}{' …' if len(over) > 8 else ''}" if over else ""))
+    if args.json:
+        write_atomic(args.json, json.dumps(cost.as_json(results, int(m[1])), indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
 
 
 if __name__ == "__main__":

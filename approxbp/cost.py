@@ -101,6 +101,7 @@ def _specialise(launch: Launch):
     fn = launch.fn
     options = {k: launch.kwargs[k] for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in launch.kwargs}
     options.setdefault("num_warps", 4)
+    options.setdefault("enable_fp_fusion", True)  # the JIT's default (Triton 3.9 warns when it is left unset)
     values = dict(zip(fn.arg_names, launch.args))
     values.update({k: v for k, v in launch.kwargs.items() if k in fn.arg_names})
     signature, constexprs, attrs = {}, {}, {}
@@ -300,33 +301,49 @@ def default_tables() -> list[Path]:
     return T.table_paths("relu-sum") + T.table_paths("invact")
 
 
-def launches_for(tables: list[Path] | None, dtype: torch.dtype, extras: bool = True):
-    """(name, launch, elements) of every kernel to measure: the tables' kernels, then (``extras``) the MS-norms,
-    BDIA and the torch-like references."""
+def launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
+    """(name, launch, elements) of a table's kernels, or (``table=None``) of the MS-norms, BDIA and the
+    torch-like references."""
     from approxbp.approximations import tables as T
 
-    todo = []
-    for p in tables if tables is not None else default_tables():
-        family = T.load(p).family
-        todo += (relu_sum_launches if family == "relu-sum" else invact_launches)(p, dtype)
-    if extras:
-        todo += norm_launches(dtype) + (bdia_launches(dtype) if dtype.is_floating_point else [])
-        todo += reference_launches(dtype)
-    return todo
+    if table is None:
+        return norm_launches(dtype) + bdia_launches(dtype) + reference_launches(dtype)
+    return (relu_sum_launches if T.load(table).family == "relu-sum" else invact_launches)(table, dtype)
+
+
+def _measure_group(job) -> list[KernelCost]:
+    table, dtype, arch = job
+    return [measure(name, launch, elements, dtype, arch) for name, launch, elements in
+            launches_for(table, DTYPES[dtype])]
 
 
 def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, extras: bool = True,
-        progress=None) -> list[KernelCost]:
-    """Measure every kernel (see :func:`launches_for`); ``progress(i, n, name)`` after each."""
+        workers: int | None = None, progress=None) -> list[KernelCost]:
+    """Measure the kernels of ``tables`` (default: every packaged table) and, with ``extras``, the MS-norms, BDIA
+    and the torch-like references, in ``workers`` processes (default: all cores); ``progress(i, n, what)``."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("approxbp cost compiles for the GPU: unset TRITON_INTERPRET (the interpreter replaces "
                            "the kernels)")
-    todo = launches_for(tables, DTYPES[dtype], extras)
-    results = []
-    for i, (name, launch, elements) in enumerate(todo):
-        results.append(measure(name, launch, elements, dtype, arch))
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    jobs = [(p, dtype, arch) for p in (tables if tables is not None else default_tables())]
+    jobs += [(None, dtype, arch)] if extras else []
+    workers = workers or os.cpu_count() or 1
+    results: list[KernelCost] = []
+    if workers == 1 or len(jobs) == 1:
+        groups = map(_measure_group, jobs)
+    else:
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        groups = pool.map(_measure_group, jobs)
+    for i, (job, group) in enumerate(zip(jobs, groups)):
+        results += group
         if progress:
-            progress(i + 1, len(todo), name)
+            progress(i + 1, len(jobs), Path(job[0]).stem if job[0] else "MS-norms, BDIA, references")
+    if workers > 1 and len(jobs) > 1:
+        pool.shutdown()
     return results
 
 
