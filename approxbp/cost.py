@@ -6,7 +6,7 @@ compiled offline for sm_90 with the Triton wheel's bundled ``ptxas`` (the same s
 
 The model (one line): an element-wise kernel is memory-bound while its SASS instructions per element stay
 below the machine's issue rate over its bandwidth. H100 SXM: 132 SMs × 128 thread-instructions per clock ×
-~1.75 GHz ≈ 30e12/s over 2.87e12 B/s of measured copy bandwidth, i.e. **≈ 10.45 instructions per byte moved**.
+~1.75 GHz ≈ 3.0e13/s over 2.87e12 B/s of measured copy bandwidth, i.e. **≈ 10.45 instructions per byte moved**.
 ``ratio`` = (instructions/element) / (10.45 × bytes/element); under ~1 the kernel should run at copy speed.
 The kernels are loop-free, so the static count is the dynamic count of every thread (checked: a backward
 branch other than the closing ``BRA`` self-loop is reported). What the model leaves out: latency and
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-#: Thread-instructions per second and copy bandwidth of an H100 SXM (see the module docstring).
-ISSUE_RATE, BANDWIDTH = 132 * 128 * 1.75e9, 2.87e12
+#: Thread-instructions per second (132 SMs × 128 lanes × ~1.75 GHz ≈ 3.0e13) and measured copy bandwidth of an
+#: H100 SXM (see the module docstring).
+ISSUE_RATE, BANDWIDTH = 3.0e13, 2.87e12
 BUDGET = ISSUE_RATE / BANDWIDTH  # ≈ 10.45 SASS instructions per byte moved
 #: Elements per measured launch (divisible by every program span, so no partial programs).
 ELEMENTS = 1 << 24

@@ -42,27 +42,46 @@ def _byte_tile(BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rest_grid(x, h, g, scale):
-    """2^l·Q_l[(1−γ)x_k + (1+γ)h_k]: the x_k-term of eqs. 21 and 24 as a grid integer."""
-    return _round_half_even(((1.0 - g) * x + (1.0 + g) * h) * scale)
+def _wide(v):
+    """16-bit data is computed in fp32 (tl.floor has no 16-bit form); fp32 and fp64 stay."""
+    if v.dtype.primitive_bitwidth < 32:
+        v = v.to(tl.float32)
+    return v
+
+
+@triton.jit
+def _rnd(v, ty: tl.constexpr):
+    """v rounded to the storage dtype ``ty`` (round to nearest even), as torch's op in ``ty`` rounds it; kept wide
+    for the next op, so 16-bit results equal the twin's op for op."""
+    if ty.primitive_bitwidth < v.dtype.primitive_bitwidth:
+        v = v.to(ty, fp_downcast_rounding="rtne").to(v.dtype)
+    return v
+
+
+@triton.jit
+def _rest_grid(x, h, g, scale, ty: tl.constexpr):
+    """2^l·Q_l[(1−γ)x_k + (1+γ)h_k]: the x_k-term of eqs. 21 and 24 as a grid integer (each op rounded to ``ty``)."""
+    return _round_half_even(_rnd(_rnd((1.0 - g) * x, ty) + _rnd((1.0 + g) * h, ty), ty) * scale)
 
 
 @triton.jit
 def step_kernel(xp_ptr, x_ptr, h_ptr, gamma_ptr, out_ptr, bits_ptr, n_elem, row, n_bytes, scale,
                 BLOCK: tl.constexpr):
-    """Eq. 21: out = Q[γ(x_{k−1} + s/scale)] + Q[(1−γ)x_k + (1+γ)h], s = X_{k−1} odd; bits packed 8 per byte."""
+    """Eq. 21: out = Q[γ(x_{k−1} + s/scale)] + Q[(1−γ)x_k + (1+γ)h], s = X_{k−1} odd; bits packed 8 per byte.
+    Under the exactness bound every grid value is exact in the storage dtype; only the mix rounds."""
     byte, lane, offs = _byte_tile(BLOCK)
     inside = offs < n_elem
-    xp = tl.load(xp_ptr + offs, mask=inside, other=0.0)
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
-    h = tl.load(h_ptr + offs, mask=inside, other=0.0)
-    g = tl.load(gamma_ptr + offs // row, mask=inside, other=0.5)
+    ty: tl.constexpr = out_ptr.dtype.element_ty
+    xp = _wide(tl.load(xp_ptr + offs, mask=inside, other=0.0))
+    x = _wide(tl.load(x_ptr + offs, mask=inside, other=0.0))
+    h = _wide(tl.load(h_ptr + offs, mask=inside, other=0.0))
+    g = _wide(tl.load(gamma_ptr + offs // row, mask=inside, other=0.5))
     X = xp * scale  # an integer: x_{k−1} is on the 2^{-l} grid
     s = (X - 2.0 * tl.floor(0.5 * X)) == 1.0
     first = _round_half_even(g * (X + s.to(X.dtype)))
-    second = _rest_grid(x, h, g, scale)
-    tl.store(out_ptr + offs, first / scale + second / scale, mask=inside)
-    word = tl.sum(tl.where(inside & s, 1, 0).to(tl.int32) << lane[None, :], axis=1)
+    second = _rest_grid(x, h, g, scale, ty)
+    tl.store(out_ptr + offs, _rnd(first / scale + second / scale, ty).to(ty), mask=inside)
+    word = tl.sum(tl.where(inside & s, 1 << lane[None, :], 0), axis=1)
     tl.store(bits_ptr + byte, word.to(tl.uint8), mask=byte < n_bytes)
 
 
@@ -72,14 +91,15 @@ def inverse_kernel(x_ptr, xn_ptr, h_ptr, gamma_ptr, bits_ptr, out_ptr, n_elem, r
     """Eq. 24: out = x_{k+1}/γ − s/scale − Q[(1−γ)x_k + (1+γ)h]/γ."""
     byte, lane, offs = _byte_tile(BLOCK)
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
-    xn = tl.load(xn_ptr + offs, mask=inside, other=0.0)
-    h = tl.load(h_ptr + offs, mask=inside, other=0.0)
-    g = tl.load(gamma_ptr + offs // row, mask=inside, other=0.5)
+    ty: tl.constexpr = out_ptr.dtype.element_ty
+    x = _wide(tl.load(x_ptr + offs, mask=inside, other=0.0))
+    xn = _wide(tl.load(xn_ptr + offs, mask=inside, other=0.0))
+    h = _wide(tl.load(h_ptr + offs, mask=inside, other=0.0))
+    g = _wide(tl.load(gamma_ptr + offs // row, mask=inside, other=0.5))
     word = tl.load(bits_ptr + byte, mask=byte < n_bytes, other=0).to(tl.int32)
     s = ((word[:, None] >> lane[None, :]) & 1).to(x.dtype)
-    q = _rest_grid(x, h, g, scale) / scale
-    tl.store(out_ptr + offs, (xn - q) / g - s / scale, mask=inside)
+    q = _rest_grid(x, h, g, scale, ty) / scale
+    tl.store(out_ptr + offs, _rnd((xn - q) / g - s / scale, ty).to(ty), mask=inside)
 
 
 def _flat_gamma(gamma: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -7,6 +7,7 @@ and under ``TRITON_INTERPRET=1`` (``tl.math.erf``, ``tl.exp``, ``tl.log``, ``tl.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -96,13 +97,47 @@ class TritonPrinter(PythonCodePrinter):
             out = f"{name}({out}, {self._print(a)}, propagate_nan=tl.PropagateNan.ALL)"
         return out
 
+    def _print_sin(self, e):
+        return self._fn("tl.sin", e)
+
+    def _print_cos(self, e):
+        return self._fn("tl.cos", e)
+
+    def _print_erfc(self, e):  # 1 − erf: cancels for large arguments, as the kernels' Φ does (tl has no erfc)
+        return f"(1.0 - tl.math.erf({self._print(e.args[0])}))"
+
+    def _print_cosh(self, e):
+        u = self._print(e.args[0])
+        return f"(0.5 * (tl.exp({u}) + tl.exp(-({u}))))"
+
+    def _print_sinh(self, e):  # (e^u − e^−u)/2 cancels near 0: for |u| < 0.5 the odd series to u¹³ (error < 1e-15)
+        u = self._print(e.args[0])
+        z2 = f"({u}) * ({u})"
+        series = repr(1 / math.factorial(13))
+        for j in range(5, -1, -1):
+            series = f"{1 / math.factorial(2 * j + 1)!r} + {z2} * ({series})"
+        return f"tl.where(tl.abs({u}) < 0.5, ({u}) * ({series}), 0.5 * (tl.exp({u}) - tl.exp(-({u}))))"
+
     def _print_Function(self, e):
         name = type(e).__name__
         if name in ("q_left", "q_right", "q_combined", "activation_grad"):  # the module's own jit functions
             return self._fn(name, e)
         if name in ("softplus", "_tanh"):
             return self._fn("_softplus" if name == "softplus" else name, e)
-        raise ValueError(f"cannot lower {name} to Triton; supported: erf, exp, log, sqrt, tanh, softplus, powers")
+        return self._refuse(e)
+
+    def _refuse(self, e, *args, **kwargs):
+        raise ValueError(f"cannot lower {type(e).__name__} to Triton (export refuses it); supported: "
+                         f"{', '.join(TRITON_FUNCTIONS)} and powers")
+
+
+#: What the printer lowers; every other function sympy's Python printer knows (atan, …) is refused at export.
+TRITON_FUNCTIONS = ("erf", "erfc", "exp", "log", "sqrt", "tanh", "sinh", "cosh", "sin", "cos", "Abs", "Max", "Min",
+                    "Phi", "sigmoid", "softplus")
+for _name in PythonCodePrinter._kf:  # sympy's printer would print math.<name>(…), which fails at the first launch
+    if not hasattr(TritonPrinter, f"_print_{_name}") or getattr(TritonPrinter, f"_print_{_name}") is getattr(
+            PythonCodePrinter, f"_print_{_name}", None):
+        setattr(TritonPrinter, f"_print_{_name}", TritonPrinter._refuse)
 
 
 def lower(expr: sp.Expr) -> sp.Expr:
@@ -186,14 +221,15 @@ def activation(x):
 
 
 @triton.jit
-def _or(a, b):
-    return a | b
-
-
-@triton.jit
 def code_of(x, knots_ptr):
     # code = #{{i : c_i < x}} (left-continuous; NaN → top code, as torch.bucketize)
 {code_body}
+
+
+@triton.jit
+def packed_codes(x, lane, knots_ptr):
+    # the row's {per_row} codes packed little-end-first into one {row_bits}-bit integer (code j at bits {storage}·j)
+{pack_body}
 
 
 @triton.jit
@@ -202,33 +238,39 @@ def level_of(code, levels_ptr):
 
 
 @triton.jit
-def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_words, WORDS: tl.constexpr):
-    # a program covers WORDS int32 words of {per_word} codes each ({storage} bits, little-end-first: the same bytes
-    # as packing byte by byte), writes them as whole words, and one byte nan_ptr[program] = [a NaN among them]
-    word = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
-    lane = tl.arange(0, {per_word})
-    offs = word[:, None] * {per_word} + lane[None, :]
+def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows, ROWS: tl.constexpr):
+    # a program covers ROWS rows of 8 elements; each thread packs its own row's codes into one {row_bits}-bit integer
+    # (the same bytes as packing byte by byte), and writes one byte nan_ptr[program] = [a NaN among them]
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    lane = tl.arange(0, 8)
+    offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
-    code = tl.where(inside, code_of(x, knots_ptr), 0)  # padding lanes of the last word hold code 0
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(inside & (x != x), 1, 0)).to(tl.uint8))
-    packed = tl.reduce(code << (lane[None, :] * {storage}), 1, _or)
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + word, packed, mask=word < n_words)
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    if x.dtype != tl.float64:
+        x = x.to(tl.float32)
+    y = activation(x)
+    if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
+        y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+    tl.store(y_ptr + offs, y, mask=inside)
+    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
+    tl.store(packed_ptr.to(tl.pointer_type(tl.{row_type})) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
+    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
 
 
 @triton.jit
-def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_words, WORDS: tl.constexpr):
-    # WORDS must be the forward's: program p reads the NaN byte its forward twin wrote
-    word = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
-    lane = tl.arange(0, {per_word})
-    offs = word[:, None] * {per_word} + lane[None, :]
+def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_rows, ROWS: tl.constexpr):
+    # ROWS must be the forward's: program p reads the NaN byte its forward twin wrote
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    lane = tl.arange(0, 8)
+    offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    packed = tl.load(packed_ptr.to(tl.pointer_type(tl.int32)) + word, mask=word < n_words, other=0)
-    code = (packed[:, None] >> (lane[None, :] * {storage})) & {mask}
+    packed = tl.load(packed_ptr.to(tl.pointer_type(tl.{row_type})) + row, mask=row < n_rows, other=0)
+    code = ((packed[:, None] >> (lane[None, :] * {storage})) & {mask}).to(tl.int32)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
     dx = tl.where(tl.load(nan_ptr + tl.program_id(0)) != 0, float("nan"), g * level_of(code, levels_ptr))
-    tl.store(out_ptr + offs, dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
+        dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+    tl.store(out_ptr + offs, dx, mask=inside)
 '''
 
 
@@ -236,6 +278,9 @@ def storage_bits(bits: int) -> int:
     """Codes are stored at the next of 1, 2, 4, 8 bits so that they pack evenly into bytes."""
     return next(w for w in (1, 2, 4, 8) if w >= bits)
 
+
+#: The integer type of one row of 8 packed codes, by storage bits.
+ROW_TYPES = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 #: Up to this k, knots are compile-time comparisons and levels compile-time selects (2^k − 1 of each per
 #: element); above it the kernels read them from a small table (a k-step binary search, one gather).
@@ -256,6 +301,17 @@ def _code_body(knots: list[float], bits: int) -> str:
                       f"        probe = code + (1 << ({bits} - 1 - s))",
                       "        code = tl.where(x <= tl.load(knots_ptr + probe - 1), code, probe)",
                       "    return code"])
+
+
+def _pack_body(knots: list[float], bits: int, storage: int) -> str:
+    """Σ_j code_j·2^(storage·j) over the row. For k ≤ UNROLL_BITS every knot adds the lane's place value where
+    c_i < x (the shift is a per-register constant, so no code is ever formed); above, the searched codes shift."""
+    wide = ".to(tl.int64)" if storage == 8 else ""
+    if bits <= UNROLL_BITS:
+        lines = [f"    one = (1{wide} << (lane * {storage}))[None, :]"]
+        lines += [f"    word {'=' if i == 0 else '+='} tl.where(x <= {_f32(c)}, 0, one)" for i, c in enumerate(knots)]
+        return "\n".join([*lines, "    return tl.sum(word, axis=1)"])
+    return f"    return tl.sum(code_of(x, knots_ptr){wide} << (lane[None, :] * {storage}), axis=1)"
 
 
 def _level_body(levels: list[float], bits: int) -> str:
@@ -284,9 +340,10 @@ def render_relu_sum(table_path: Path, t: dict | None = None) -> str:
     return _import_helpers(RELU_SUM_TEMPLATE.format(
         docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t.activation,
         expression=t.expression,
-        bits=t.bits, storage=storage, per_word=32 // storage, mask=(1 << storage) - 1,
-        knots=tuple(t.knots), levels=tuple(t.levels), helpers="{helpers}", source=triton_source(act.expr),
-        code_body=_code_body(t.knots, t.bits), level_body=_level_body(t.levels, t.bits)))
+        bits=t.bits, storage=storage, per_row=8, row_bits=8 * storage, row_type=ROW_TYPES[storage],
+        mask=(1 << storage) - 1, knots=tuple(t.knots), levels=tuple(t.levels), helpers="{helpers}",
+        source=triton_source(act.expr), code_body=_code_body(t.knots, t.bits),
+        pack_body=_pack_body(t.knots, t.bits, storage), level_body=_level_body(t.levels, t.bits)))
 
 
 INVACT_TEMPLATE = '''\
@@ -337,7 +394,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
         x = x.to(tl.float32)
     tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     left = inside & (x < {T!r})
-    word = tl.sum(tl.where(left, 1, 0).to(tl.int32) << lane[None, :], axis=1)
+    word = tl.sum(tl.where(left, 1 << lane[None, :], 0), axis=1)  # the shift is a per-register constant
     tl.store(packed_ptr + byte, word.to(tl.uint8), mask=byte < n_bytes)
 
 

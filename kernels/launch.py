@@ -1,8 +1,8 @@
 """Launch settings of the element-wise kernels (generated ReLU-sum and InvAct, BDIA): one home, used by the
 launchers, so the tests that run every kernel under the interpreter run them with exactly these settings.
 
-No GPU has been lent to the sessions that chose these values: they are starting points, not tuned results
-(``benchmarks/gpu_kernels.py`` reports each kernel's fraction of copy bandwidth on a GPU).
+These are static (not autotuned): the NaN bytes need fixed program spans. ``approxbp cost`` compiles every kernel
+with them for sm_90; ``benchmarks/gpu_kernels.py`` measures them on a GPU.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ RELU_SUM_SPAN = 4096
 BIT_BLOCK_BYTES = 256
 
 
-def relu_sum_words(storage_bits: int) -> int:
-    """int32 words of codes per program (``WORDS`` of the generated kernels): RELU_SUM_SPAN codes."""
-    return RELU_SUM_SPAN * storage_bits // 32
+#: Rows of 8 elements per ReLU-sum program (``ROWS`` of the generated kernels); a thread packs whole rows.
+RELU_SUM_ROWS = RELU_SUM_SPAN // 8
 
 
 def num_warps(dtype: torch.dtype) -> int:

@@ -37,7 +37,8 @@ def _ms_norm_forward(x_ptr, z_ptr, rstd_ptr, rows, d, eps, CENTER: tl.constexpr,
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    if CENTER:
+    if CENTER:  # shifted by the row's first element first: a constant row centres to exactly 0 at any magnitude
+        x = tl.where(mask, x - tl.load(x_ptr + r * d, mask=r < rows, other=0.0).to(x.dtype)[:, None], 0.0)
         x = tl.where(mask, x - tl.sum(x, axis=1)[:, None] / d, 0.0)
     var = tl.sum(x * x, axis=1) / d
     rstd = 1.0 / tl.sqrt(var + eps)
@@ -83,7 +84,8 @@ def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtyp
                 xc, z, rstd, xc.shape[0], d, eps, CENTER=center, ROWS=rows_per, BLOCK_D=block_d)
         return z.view(x.shape), rstd.view(*x.shape[:-1], 1)
     xf = x.to(acc)
-    if center:
+    if center:  # shifted by the row's first element first (as the kernel): a constant row centres to exactly 0
+        xf = xf - xf[..., :1]
         xf = xf - xf.mean(-1, keepdim=True)
     var = xf.pow(2).mean(-1, keepdim=True)
     rstd = torch.rsqrt(var + eps)

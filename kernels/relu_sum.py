@@ -2,11 +2,12 @@
 
 CUDA tensors (or any tensor with ``use_triton=True``, e.g. on the CPU under ``TRITON_INTERPRET=1``)
 run the generated Triton kernels; other tensors run the pure-PyTorch twin below, which is also the
-test oracle. Both compute in float32 and store the output in the input's dtype.
+test oracle. Both compute in float32 (float64 input: float64) and store the output in the input's dtype; codes
+always compare in float32.
 
-Layout of the saved codes: element i's code sits at bits [s·(i mod 32/s), …) of little-endian int32 word
-⌊i·s/32⌋ (s = storage bits), i.e. codes are packed consecutively, little-end-first, into bytes, and the buffer is
-padded to whole 4-byte words (the kernels read and write words; :func:`pack` is the same bytes).
+Layout of the saved codes: codes are packed consecutively, little-end-first, into bytes (s = storage bits), so a
+row of 8 elements is one 8s-bit little-endian integer: each GPU thread packs whole rows in registers. The buffer
+is padded to whole rows and whole 4-byte words (:func:`pack` is the same bytes).
 
 NaN: the k-bit codes have no room for "not a number", so the forward also saves one byte per block of
 ``nan_span`` = 4096 elements (+0.02 % memory at k = 2) saying whether the block held a NaN; the backward
@@ -27,7 +28,7 @@ from approxbp.approximations import tables as T
 from . import ops
 from .codegen import storage_bits
 from .guards import check_input, check_triton_device
-from .launch import RELU_SUM_SPAN, num_warps, relu_sum_words
+from .launch import RELU_SUM_ROWS, RELU_SUM_SPAN, num_warps
 from .modules import generated_module, table_file
 from .packing import byte_codes, pack, unpack_into
 
@@ -69,8 +70,10 @@ class ReLUSumSpec:
     nan_span = RELU_SUM_SPAN  # elements per forward program, and per saved NaN byte
 
     def packed_bytes(self, numel: int) -> int:
-        """Bytes of the saved codes: whole int32 words."""
-        return 4 * math.ceil(numel * self.storage / 32)
+        """Bytes of the saved codes: whole rows of 8 codes (``storage`` bytes each), padded to whole 4-byte
+        words."""
+        row_bytes = max(4, self.storage)  # lcm(4, storage)
+        return row_bytes * math.ceil(numel * self.storage / (8 * row_bytes))
 
     # -- the pure-PyTorch twin -------------------------------------------------------------
     def forward_only_torch(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,11 +101,11 @@ class ReLUSumSpec:
         y = torch.empty_like(xc)
         n = xc.numel()
         packed = torch.empty(self.packed_bytes(n), dtype=torch.uint8, device=x.device)
-        words = relu_sum_words(self.storage)
-        grid = (triton.cdiv(packed.numel() // 4, words),)
+        rows = packed.numel() // self.storage  # 8 codes of `storage` bits per row
+        grid = (triton.cdiv(rows, RELU_SUM_ROWS),)
         nan = torch.empty(grid[0], dtype=torch.uint8, device=x.device)
         if n:
-            self.module.forward_kernel[grid](xc, y, packed, knots, nan, n, packed.numel() // 4, WORDS=words,
+            self.module.forward_kernel[grid](xc, y, packed, knots, nan, n, rows, ROWS=RELU_SUM_ROWS,
                                              num_warps=num_warps(x.dtype))
         return y, packed, nan
 
@@ -111,9 +114,9 @@ class ReLUSumSpec:
         gc = g.contiguous()
         out = torch.empty_like(gc)
         if numel:
-            words = relu_sum_words(self.storage)
-            grid = (triton.cdiv(packed.numel() // 4, words),)
-            self.module.backward_kernel[grid](gc, packed, levels, nan, out, numel, packed.numel() // 4, WORDS=words,
+            rows = packed.numel() // self.storage
+            grid = (triton.cdiv(rows, RELU_SUM_ROWS),)
+            self.module.backward_kernel[grid](gc, packed, levels, nan, out, numel, rows, ROWS=RELU_SUM_ROWS,
                                               num_warps=num_warps(g.dtype))
         return out
 

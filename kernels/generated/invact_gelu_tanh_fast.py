@@ -65,7 +65,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
         x = x.to(tl.float32)
     tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     left = inside & (x < -0.7524614220710163)
-    word = tl.sum(tl.where(left, 1, 0).to(tl.int32) << lane[None, :], axis=1)
+    word = tl.sum(tl.where(left, 1 << lane[None, :], 0), axis=1)  # the shift is a per-register constant
     tl.store(packed_ptr + byte, word.to(tl.uint8), mask=byte < n_bytes)
 
 

@@ -19,11 +19,6 @@ def activation(x):
 
 
 @triton.jit
-def _or(a, b):
-    return a | b
-
-
-@triton.jit
 def code_of(x, knots_ptr):
     # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
     code = tl.zeros(x.shape, dtype=tl.int32)
@@ -35,6 +30,20 @@ def code_of(x, knots_ptr):
     code = code + tl.where(x <= 0.7036000490188599, 0, 1)
     code = code + tl.where(x <= 2.5169456005096436, 0, 1)
     return code
+
+
+@triton.jit
+def packed_codes(x, lane, knots_ptr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
+    one = (1 << (lane * 4))[None, :]
+    word = tl.where(x <= -3.027218818664551, 0, one)
+    word += tl.where(x <= -2.1486752033233643, 0, one)
+    word += tl.where(x <= -0.759193480014801, 0, one)
+    word += tl.where(x <= -0.25161170959472656, 0, one)
+    word += tl.where(x <= 0.20614051818847656, 0, one)
+    word += tl.where(x <= 0.7036000490188599, 0, one)
+    word += tl.where(x <= 2.5169456005096436, 0, one)
+    return tl.sum(word, axis=1)
 
 
 @triton.jit
@@ -51,30 +60,36 @@ def level_of(code, levels_ptr):
 
 
 @triton.jit
-def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_words, WORDS: tl.constexpr):
-    # a program covers WORDS int32 words of 8 codes each (4 bits, little-end-first: the same bytes
-    # as packing byte by byte), writes them as whole words, and one byte nan_ptr[program] = [a NaN among them]
-    word = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
+def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows, ROWS: tl.constexpr):
+    # a program covers ROWS rows of 8 elements; each thread packs its own row's codes into one 32-bit integer
+    # (the same bytes as packing byte by byte), and writes one byte nan_ptr[program] = [a NaN among them]
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     lane = tl.arange(0, 8)
-    offs = word[:, None] * 8 + lane[None, :]
+    offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
-    code = tl.where(inside, code_of(x, knots_ptr), 0)  # padding lanes of the last word hold code 0
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(inside & (x != x), 1, 0)).to(tl.uint8))
-    packed = tl.reduce(code << (lane[None, :] * 4), 1, _or)
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + word, packed, mask=word < n_words)
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    if x.dtype != tl.float64:
+        x = x.to(tl.float32)
+    y = activation(x)
+    if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
+        y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+    tl.store(y_ptr + offs, y, mask=inside)
+    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
+    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
 
 
 @triton.jit
-def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_words, WORDS: tl.constexpr):
-    # WORDS must be the forward's: program p reads the NaN byte its forward twin wrote
-    word = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
+def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, n_rows, ROWS: tl.constexpr):
+    # ROWS must be the forward's: program p reads the NaN byte its forward twin wrote
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     lane = tl.arange(0, 8)
-    offs = word[:, None] * 8 + lane[None, :]
+    offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    packed = tl.load(packed_ptr.to(tl.pointer_type(tl.int32)) + word, mask=word < n_words, other=0)
-    code = (packed[:, None] >> (lane[None, :] * 4)) & 15
+    packed = tl.load(packed_ptr.to(tl.pointer_type(tl.int32)) + row, mask=row < n_rows, other=0)
+    code = ((packed[:, None] >> (lane[None, :] * 4)) & 15).to(tl.int32)
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
     dx = tl.where(tl.load(nan_ptr + tl.program_id(0)) != 0, float("nan"), g * level_of(code, levels_ptr))
-    tl.store(out_ptr + offs, dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
+        dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+    tl.store(out_ptr + offs, dx, mask=inside)

@@ -1,0 +1,97 @@
+"""``approxbp cost``: kernels compiled offline for sm_90 and their SASS counted (a subprocess without
+TRITON_INTERPRET, which would replace the kernels), and every family compiles in every dtype."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
+def _run(code: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_cost_compiles_one_kernel_of_each_family_and_counts_them(tmp_path):
+    out = tmp_path / "cost.json"
+    r = subprocess.run([sys.executable, "-m", "approxbp", "cost", "relu_sum/gelu-k2-primitive.json",
+                        "relu_sum/silu-k6-derivative.json", "invact/gelu-fast.json", "--json", str(out),
+                        "--no-progress"], env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = {k["name"]: k for k in json.loads(out.read_text())["kernels"]}
+    assert set(rows) == {"gelu-k2-primitive fwd", "gelu-k2-primitive bwd", "silu-k6-derivative fwd",
+                         "silu-k6-derivative bwd", "invact gelu-fast fwd", "invact gelu-fast bwd"}
+    for k in rows.values():  # measured from the SASS of this run: plausible, not stored numbers
+        assert 5 < k["instructions_per_element"] < 400 and k["registers"] > 0 and k["spill_instructions"] == 0
+        assert k["ratio"] == pytest.approx(k["instructions_per_element"] / (10.4530 * k["bytes_per_element"]),
+                                           abs=2e-3)
+    # bytes per element: 2 in, 2 out and the codes (2 bits) for a k = 2 bf16 forward
+    assert rows["gelu-k2-primitive fwd"]["bytes_per_element"] == pytest.approx(4.25, abs=1e-3)
+    assert rows["gelu-k2-primitive fwd"]["mufu_per_element"] >= 1  # erf's exp
+    # 128-bit loads and stores of the activation, rows of 8 two-bit codes written at least 16 bits wide
+    w = rows["gelu-k2-primitive fwd"]["widths"]
+    assert w["x_ptr"] == "ld128" and w["y_ptr"] == "st128" and int(w["packed_ptr"][2:]) >= 16
+    assert "gelu-k2-primitive fwd" in r.stdout and "ratio" in r.stdout
+
+
+def test_cost_refuses_the_interpreter():
+    r = subprocess.run([sys.executable, "-m", "approxbp", "cost", "relu_sum/gelu-k1-primitive.json"],
+                       env={**ENV, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "unset TRITON_INTERPRET" in r.stderr.splitlines()[-1]
+
+
+def test_every_family_compiles_for_sm90_in_every_dtype():
+    """The interpreter alone misses printer gaps and dtype errors that only the compiler sees."""
+    r = _run("""
+        from approxbp import cost
+        from approxbp.approximations import tables as T
+        done = []
+        for dtype in ("bf16", "fp16", "fp32", "fp64"):
+            dt = cost.DTYPES[dtype]
+            todo = (cost.relu_sum_launches(T.resolve("gelu_tanh-k3-derivative", "relu-sum"), dt)
+                    + cost.relu_sum_launches(T.resolve("mish-k5-primitive", "relu-sum"), dt)
+                    + cost.invact_launches(T.resolve("silu-fast", "invact"), dt)
+                    + cost.norm_launches(dt, 768) + cost.bdia_launches(dt))
+            for name, launch, n in todo:
+                cost.compile_sm90(launch)
+                done.append(f"{dtype} {name}")
+        print(len(done))
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split()[-1]) == 4 * 12
+
+
+def test_a_user_expression_exports_and_compiles_or_is_refused(tmp_path):
+    """sin, cos, sinh, cosh and erfc lower to Triton; atan has no Triton form and export says so."""
+    from approxbp.approximations import get_activation
+    from approxbp.kernels.codegen import triton_source
+
+    assert "tl.sin" in triton_source(get_activation("x*sigmoid(x + sin(x)/1000)").expr)
+    with pytest.raises(ValueError, match="cannot lower atan to Triton"):
+        triton_source(get_activation("x*sigmoid(atan(x))").expr)
+    r = _run(f"""
+        import json, shutil
+        from pathlib import Path
+        from approxbp import cost
+        from approxbp.approximations import tables as T
+        from approxbp.kernels.codegen import export
+        t = json.loads(T.resolve("silu-k2-primitive", "relu-sum").read_text())
+        out = []
+        for i, expr in enumerate(["x*sigmoid(x + sin(x)/1000)", "x*sigmoid(x*cosh(x/100) + sinh(x/100))",
+                                  "x*(1 - erfc(x)/2)*cos(x/1000)"]):
+            t.update(activation=expr, expression=expr)
+            p = Path({str(tmp_path)!r}) / f"user{{i}}-k2-primitive.json"
+            p.write_text(json.dumps(t))
+            export([p])
+            for name, launch, n in cost.relu_sum_launches(p, cost.DTYPES["bf16"]):
+                cost.compile_sm90(launch)
+                out.append(name)
+        print(len(out))
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-1] == "6"
