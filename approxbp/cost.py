@@ -325,12 +325,14 @@ def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, e
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from approxbp.approximations import tables as T
+
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("approxbp cost compiles for the GPU: unset TRITON_INTERPRET (the interpreter replaces "
                            "the kernels)")
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    jobs = [(p, dtype, arch) for p in (tables if tables is not None else default_tables())]
+    jobs = [(T.resolve(p), dtype, arch) for p in (tables if tables is not None else default_tables())]
     jobs += [(None, dtype, arch)] if extras else []
     workers = workers or os.cpu_count() or 1
     results: list[KernelCost] = []

@@ -119,7 +119,40 @@ def activation_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
         except ImportError:
             pass
         rows += _rows(name, impls, x, g, copy_bps)
+    _add_static_predictions(rows, dtype, copy_bps)
     return rows
+
+
+#: The table behind each of our implementations above (for the static prediction of ``approxbp cost``).
+TABLES = {"ReGELU2": "relu_sum/gelu-k2-primitive.json", "ReLU-sum k=4": "relu_sum/gelu-k4-primitive.json",
+          "InvActGELU": "invact/gelu-fast.json", "ReSiLU2": "relu_sum/silu-k2-primitive.json",
+          "InvActSiLU": "invact/silu-fast.json"}
+
+
+def _add_static_predictions(rows: list[dict], dtype, copy_bps: float) -> None:
+    """Beside each measured time, the static model's (``approxbp cost``: SASS instructions per element for sm_90):
+    n · max(bytes/element / measured copy bandwidth, instructions/element / issue rate). The ratio measured /
+    predicted calibrates the model."""
+    from approxbp import cost
+
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    for r in rows:
+        table = TABLES.get(r.get("impl"))
+        if table is None or "forward_s" not in r:
+            continue
+        try:
+            fwd, bwd = cost.run([table], name, extras=False, workers=1)
+        except Exception as err:  # noqa: BLE001 - the measurement stands without its prediction
+            r["static_error"] = f"{type(err).__name__}: {str(err)[:200]}"
+            continue
+        n = r["shape"][0] * r["shape"][1]
+        for key, k in (("forward", fwd), ("backward", bwd)):
+            predicted = n * max(k.bytes_per_element / copy_bps, k.instructions_per_element / cost.ISSUE_RATE)
+            r[f"{key}_static"] = {"instructions_per_element": k.instructions_per_element, "ratio": k.ratio,
+                                  "predicted_s": predicted}
+            if not SMOKE:
+                print(f"{r['impl']:<14} {key:<8} measured {r[f'{key}_s'] * 1e3:8.3f} ms   static prediction "
+                      f"{predicted * 1e3:8.3f} ms   ({k.instructions_per_element:.1f} instr/elem, ratio {k.ratio:.2f})")
 
 
 def norm_rows(rows_: int, d: int, dtype, device, copy_bps) -> list[dict]:

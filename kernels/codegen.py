@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import sympy as sp
+import torch
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
-from approxbp.approximations.activations import stable_form
+from approxbp.approximations.activations import _softplus, select, stable_form
 from approxbp.approximations.files import write_atomic
 from approxbp.approximations.invact_forms import backward_rule
 from sympy.printing.pycode import PythonCodePrinter
@@ -141,8 +142,16 @@ for _name in PythonCodePrinter._kf:  # sympy's printer would print math.<name>(�
 
 
 def lower(expr: sp.Expr) -> sp.Expr:
-    """The shared stable form (approximations.activations.stable_form), with tanh → _tanh."""
-    return stable_form(expr).replace(sp.tanh, _tanh)
+    """The shared stable form (approximations.activations.stable_form), then Mish's tanh(softplus(u)) → n/(n + 2)
+    with n = e^u(e^u + 2) (the same function: one exp and one division instead of exp, log, exp and two divisions;
+    no cancellation as u → −∞; 1 for u > 20, where it rounds to 1 and e^{2u} would overflow), and tanh → _tanh."""
+    u = sp.Wild("u")
+
+    def tanh_softplus(u):
+        n = sp.exp(u) * (sp.exp(u) + 2)
+        return select(u - 20, sp.Integer(1), n / (n + 2))
+
+    return stable_form(expr).replace(sp.tanh(_softplus(u)), tanh_softplus).replace(sp.tanh, _tanh)
 
 
 def triton_source(expr: sp.Expr) -> str:
@@ -221,14 +230,21 @@ def activation(x):
 
 
 @triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def code_of(x, knots_ptr):
     # code = #{{i : c_i < x}} (left-continuous; NaN → top code, as torch.bucketize)
 {code_body}
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's {per_row} codes packed little-end-first into one {row_bits}-bit integer (code j at bits {storage}·j)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's {per_row} codes packed little-end-first into one {row_bits}-bit integer (code j at bits {storage}·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
 {pack_body}
 
 
@@ -245,16 +261,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.{row_type})) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.{row_type})) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit
@@ -303,15 +322,52 @@ def _code_body(knots: list[float], bits: int) -> str:
                       "    return code"])
 
 
-def _pack_body(knots: list[float], bits: int, storage: int) -> str:
-    """Σ_j code_j·2^(storage·j) over the row. For k ≤ UNROLL_BITS every knot adds the lane's place value where
-    c_i < x (the shift is a per-register constant, so no code is ever formed); above, the searched codes shift."""
+def _round_down(v: float, dtype: torch.dtype) -> float:
+    """The largest value of ``dtype`` ≤ the float32 ``v`` (so x ≤ v ⇔ x ≤ result for every x of that dtype)."""
+    t = torch.tensor(v, dtype=torch.float32)
+    r = t.to(dtype)
+    if r.float() > t:
+        r = torch.nextafter(r, torch.tensor(float("-inf"), dtype=dtype))
+    return float(r)
+
+
+def _codes_for(knots: list[float], bits: int, storage: int, indent: str) -> list[str]:
+    """Lines that leave the packed row in ``word``. k ≤ 2: every knot adds the lane's place value where c_i < x (the
+    shift is a per-register constant, so no code is formed). k = 3, 4: a binary search whose thresholds are
+    compile-time selects on the bits found so far (k compares and 2^k − 1 − k selects instead of 2^k − 1
+    compares). NaN fails every x ≤ c and gets the top code, as torch.bucketize."""
     wide = ".to(tl.int64)" if storage == 8 else ""
-    if bits <= UNROLL_BITS:
-        lines = [f"    one = (1{wide} << (lane * {storage}))[None, :]"]
-        lines += [f"    word {'=' if i == 0 else '+='} tl.where(x <= {_f32(c)}, 0, one)" for i, c in enumerate(knots)]
-        return "\n".join([*lines, "    return tl.sum(word, axis=1)"])
-    return f"    return tl.sum(code_of(x, knots_ptr){wide} << (lane[None, :] * {storage}), axis=1)"
+    place = f"(lane * {storage})[None, :]"
+    if bits <= 2:
+        return [f"{indent}one = (1{wide} << {place})",
+                *[f"{indent}word {'=' if i == 0 else '+='} tl.where(x <= {c!r}, 0, one)" for i, c in enumerate(knots)]]
+
+    def threshold(step: int, j: int, prefix: int) -> str:  # knots[prefix + 2^(k−1−step) − 1], selected on bits < step
+        if j == step:
+            return repr(knots[prefix + (1 << (bits - 1 - step)) - 1])
+        hi = threshold(step, j + 1, prefix + (1 << (bits - 1 - j)))
+        return f"tl.where(le{j}, {threshold(step, j + 1, prefix)}, {hi})"
+
+    lines = []
+    for step in range(bits):
+        lines.append(f"{indent}le{step} = x <= {threshold(step, 0, 0)}")
+        bit = f"({1 << (bits - 1 - step)}{wide} << {place})"
+        lines.append(f"{indent}word {'=' if step == 0 else '+='} tl.where(le{step}, 0, {bit})")
+    return lines
+
+
+def _pack_body(knots: list[float], bits: int, storage: int) -> str:
+    """Σ_j code_j·2^(storage·j) over the row (:func:`_codes_for`; above UNROLL_BITS the searched codes shift)."""
+    if bits > UNROLL_BITS:
+        wide = ".to(tl.int64)" if storage == 8 else ""
+        return f"    return tl.sum(code_of(x, knots_ptr){wide} << (lane[None, :] * {storage}), axis=1)"
+    as_f32 = [float(np.float32(c)) for c in knots]
+    lines = ["    if DT == tl.bfloat16:", *_codes_for([_round_down(c, torch.bfloat16) for c in as_f32], bits, storage,
+                                                     " " * 8),
+             "    elif DT == tl.float16:", *_codes_for([_round_down(c, torch.float16) for c in as_f32], bits, storage,
+                                                      " " * 8),
+             "    else:", *_codes_for(as_f32, bits, storage, " " * 8)]
+    return "\n".join([*lines, "    return tl.sum(word, axis=1)"])
 
 
 def _level_body(levels: list[float], bits: int) -> str:

@@ -11,36 +11,35 @@ TURNING_POINT = -1.1924312145154952
 F_T = -0.30884341301725043
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.69115658698275
-from approxbp.kernels.triton_helpers import _softplus, _tanh
 
 
 @triton.jit
 def activation(x):
-    return x*_tanh(_softplus(x))
+    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
 
 
 @triton.jit
 def activation_grad(x):
     # h′, used beyond the fitted right domain (y > RIGHT_MAX), where f⁻¹(y) = y to within h's tail
-    return x*(1.0 - ((_tanh(_softplus(x))) * (_tanh(_softplus(x)))))*tl.sigmoid(x) + _tanh(_softplus(x))
+    return x*(1.0 - ((tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))) * (tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0)))))*tl.sigmoid(x) + tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
 
 
 @triton.jit
 def q_left(y):
     x0 = -1.211419529193967*tl.sqrt(-tl.log(tl.maximum(1e-30, -3.237886766729084*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.30884341301725043) - tl.sqrt(y + 0.30884341301725043)*(2.998117865828711*y - 6.940724134333703*tl.sqrt(y + 0.30884341301725043) + 1.288621956077952*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 3.6630687954722454)/(-1.4174502376512907*y - 1.2834733865364092*tl.sqrt(y + 0.30884341301725043) + 1.0031581397869709*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 0.5622298308216627) + 0.9780885594778027*tl.log(tl.maximum(1e-30, -3.237886766729084*y, propagate_nan=tl.PropagateNan.ALL)) - 1.1924312145154952
-    d0 = x0*(1.0 - ((_tanh(_softplus(x0))) * (_tanh(_softplus(x0)))))*tl.sigmoid(x0) + _tanh(_softplus(x0))
-    x1 = -d0*(x0*_tanh(_softplus(x0)) - y)/((d0 * d0) + 1e-10) + x0
-    d1 = x1*(1.0 - ((_tanh(_softplus(x1))) * (_tanh(_softplus(x1)))))*tl.sigmoid(x1) + _tanh(_softplus(x1))
-    x2 = -d1*(x1*_tanh(_softplus(x1)) - y)/((d1 * d1) + 1e-10) + x1
-    return x2*(1.0 - ((_tanh(_softplus(x2))) * (_tanh(_softplus(x2)))))*tl.sigmoid(x2) + _tanh(_softplus(x2))
+    d0 = x0*(1.0 - ((tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0))) * (tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)))))*tl.sigmoid(x0) + tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0))
+    x1 = -d0*(x0*tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)) - y)/((d0 * d0) + 1e-10) + x0
+    d1 = x1*(1.0 - ((tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0))) * (tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)))))*tl.sigmoid(x1) + tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0))
+    x2 = -d1*(x1*tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)) - y)/((d1 * d1) + 1e-10) + x1
+    return x2*(1.0 - ((tl.where((x2 - 20.0) > 0.0, 1.0, (tl.exp(x2) + 2.0)*tl.exp(x2)/((tl.exp(x2) + 2.0)*tl.exp(x2) + 2.0))) * (tl.where((x2 - 20.0) > 0.0, 1.0, (tl.exp(x2) + 2.0)*tl.exp(x2)/((tl.exp(x2) + 2.0)*tl.exp(x2) + 2.0)))))*tl.sigmoid(x2) + tl.where((x2 - 20.0) > 0.0, 1.0, (tl.exp(x2) + 2.0)*tl.exp(x2)/((tl.exp(x2) + 2.0)*tl.exp(x2) + 2.0))
 
 
 @triton.jit
 def q_right(y):
     x0 = tl.sqrt(y + 0.30884341301725043)*(0.7974669594883615*y - 1.6983885025600758*tl.sqrt(y + 0.30884341301725043) + 0.17836413692832612*((y + 0.30884341301725043) * (y + 0.30884341301725043)) - 0.24960490718586953*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 2.982154319022151)/(-0.48231232005662794*y + 0.06498965546190263*tl.sqrt(y + 0.30884341301725043) - 0.01577030462365702*((y + 0.30884341301725043) * (y + 0.30884341301725043)) + 0.30465111558947583*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 0.8510410169334426) - 1.1924312145154952
-    d0 = x0*(1.0 - ((_tanh(_softplus(x0))) * (_tanh(_softplus(x0)))))*tl.sigmoid(x0) + _tanh(_softplus(x0))
-    x1 = -d0*(x0*_tanh(_softplus(x0)) - y)/((d0 * d0) + 1e-10) + x0
-    return x1*(1.0 - ((_tanh(_softplus(x1))) * (_tanh(_softplus(x1)))))*tl.sigmoid(x1) + _tanh(_softplus(x1))
+    d0 = x0*(1.0 - ((tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0))) * (tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)))))*tl.sigmoid(x0) + tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0))
+    x1 = -d0*(x0*tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)) - y)/((d0 * d0) + 1e-10) + x0
+    return x1*(1.0 - ((tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0))) * (tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)))))*tl.sigmoid(x1) + tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0))
 
 
 @triton.jit

@@ -19,6 +19,11 @@ def activation(x):
 
 
 @triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def code_of(x, knots_ptr):
     # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
     code = tl.zeros(x.shape, dtype=tl.int32)
@@ -41,24 +46,37 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
-    one = (1 << (lane * 4))[None, :]
-    word = tl.where(x <= -3.2619760036468506, 0, one)
-    word += tl.where(x <= -2.482055425643921, 0, one)
-    word += tl.where(x <= -1.9298864603042603, 0, one)
-    word += tl.where(x <= -0.9955577254295349, 0, one)
-    word += tl.where(x <= -0.696372926235199, 0, one)
-    word += tl.where(x <= -0.4467734098434448, 0, one)
-    word += tl.where(x <= -0.21892133355140686, 0, one)
-    word += tl.where(x <= -1.6076795927508214e-12, 0, one)
-    word += tl.where(x <= 0.21892133355140686, 0, one)
-    word += tl.where(x <= 0.4467734098434448, 0, one)
-    word += tl.where(x <= 0.696372926235199, 0, one)
-    word += tl.where(x <= 0.9955577254295349, 0, one)
-    word += tl.where(x <= 1.9298864603042603, 0, one)
-    word += tl.where(x <= 2.482055425643921, 0, one)
-    word += tl.where(x <= 3.2619760036468506, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        le0 = x <= -1.6129320101754274e-12
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -0.99609375, 0.9921875)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -2.484375, -0.447265625), tl.where(le1, 0.4453125, 2.46875))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.265625, -1.9375), tl.where(le2, -0.69921875, -0.2197265625)), tl.where(le1, tl.where(le2, 0.21875, 0.6953125), tl.where(le2, 1.9296875, 3.25)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    elif DT == tl.float16:
+        le0 = x <= -5.960464477539063e-08
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -0.99560546875, 0.9951171875)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -2.482421875, -0.44677734375), tl.where(le1, 0.446533203125, 2.48046875))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.263671875, -1.9306640625), tl.where(le2, -0.69677734375, -0.218994140625)), tl.where(le1, tl.where(le2, 0.2188720703125, 0.6962890625), tl.where(le2, 1.9296875, 3.26171875)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    else:
+        le0 = x <= -1.6076795927508214e-12
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -0.9955577254295349, 0.9955577254295349)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -2.482055425643921, -0.4467734098434448), tl.where(le1, 0.4467734098434448, 2.482055425643921))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.2619760036468506, -1.9298864603042603), tl.where(le2, -0.696372926235199, -0.21892133355140686)), tl.where(le1, tl.where(le2, 0.21892133355140686, 0.696372926235199), tl.where(le2, 1.9298864603042603, 3.2619760036468506)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
     return tl.sum(word, axis=1)
 
 
@@ -91,16 +109,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

@@ -19,6 +19,11 @@ def activation(x):
 
 
 @triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def code_of(x, knots_ptr):
     # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
     code = tl.zeros(x.shape, dtype=tl.int32)
@@ -33,16 +38,31 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
-    one = (1 << (lane * 4))[None, :]
-    word = tl.where(x <= -2.512063980102539, 0, one)
-    word += tl.where(x <= -0.7067005038261414, 0, one)
-    word += tl.where(x <= -0.20736940205097198, 0, one)
-    word += tl.where(x <= 0.25158098340034485, 0, one)
-    word += tl.where(x <= 0.7608586549758911, 0, one)
-    word += tl.where(x <= 2.148846387863159, 0, one)
-    word += tl.where(x <= 2.997285842895508, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        le0 = x <= 0.25
+        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -0.70703125, 2.140625)
+        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -2.515625, -0.2080078125), tl.where(le1, 0.7578125, 2.984375))
+        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+    elif DT == tl.float16:
+        le0 = x <= 0.25146484375
+        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -0.70703125, 2.1484375)
+        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -2.513671875, -0.2073974609375), tl.where(le1, 0.7607421875, 2.99609375))
+        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+    else:
+        le0 = x <= 0.25158098340034485
+        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -0.7067005038261414, 2.148846387863159)
+        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -2.512063980102539, -0.20736940205097198), tl.where(le1, 0.7608586549758911, 2.997285842895508))
+        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
     return tl.sum(word, axis=1)
 
 
@@ -67,16 +87,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

@@ -19,6 +19,11 @@ def activation(x):
 
 
 @triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def code_of(x, knots_ptr):
     # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
     code = tl.zeros(x.shape, dtype=tl.int32)
@@ -41,24 +46,37 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
-    one = (1 << (lane * 4))[None, :]
-    word = tl.where(x <= -3.212562322616577, 0, one)
-    word += tl.where(x <= -2.4702260494232178, 0, one)
-    word += tl.where(x <= -1.9301574230194092, 0, one)
-    word += tl.where(x <= -0.999062716960907, 0, one)
-    word += tl.where(x <= -0.698375403881073, 0, one)
-    word += tl.where(x <= -0.44789695739746094, 0, one)
-    word += tl.where(x <= -0.21942982077598572, 0, one)
-    word += tl.where(x <= -6.560390251875159e-13, 0, one)
-    word += tl.where(x <= 0.21942982077598572, 0, one)
-    word += tl.where(x <= 0.44789695739746094, 0, one)
-    word += tl.where(x <= 0.698375403881073, 0, one)
-    word += tl.where(x <= 0.999062716960907, 0, one)
-    word += tl.where(x <= 1.9301574230194092, 0, one)
-    word += tl.where(x <= 2.4702260494232178, 0, one)
-    word += tl.where(x <= 3.212562322616577, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        le0 = x <= -6.572520305780927e-13
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -1.0, 0.99609375)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -2.484375, -0.44921875), tl.where(le1, 0.447265625, 2.46875))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.21875, -1.9375), tl.where(le2, -0.69921875, -0.2197265625)), tl.where(le1, tl.where(le2, 0.21875, 0.6953125), tl.where(le2, 1.9296875, 3.203125)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    elif DT == tl.float16:
+        le0 = x <= -5.960464477539063e-08
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -0.99951171875, 0.9990234375)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -2.470703125, -0.447998046875), tl.where(le1, 0.44775390625, 2.46875))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.212890625, -1.9306640625), tl.where(le2, -0.69873046875, -0.219482421875)), tl.where(le1, tl.where(le2, 0.2193603515625, 0.6982421875), tl.where(le2, 1.9296875, 3.2109375)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    else:
+        le0 = x <= -6.560390251875159e-13
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -0.999062716960907, 0.999062716960907)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -2.4702260494232178, -0.44789695739746094), tl.where(le1, 0.44789695739746094, 2.4702260494232178))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.212562322616577, -1.9301574230194092), tl.where(le2, -0.698375403881073, -0.21942982077598572)), tl.where(le1, tl.where(le2, 0.21942982077598572, 0.698375403881073), tl.where(le2, 1.9301574230194092, 3.212562322616577)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
     return tl.sum(word, axis=1)
 
 
@@ -91,16 +109,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

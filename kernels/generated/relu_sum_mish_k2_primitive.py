@@ -11,12 +11,16 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-5.666258736678032, -0.2098272525710408, 4.341481326424988)
 LEVELS = (0.0, -0.05698910068060348, 1.0222199547401059, 1.0)
-from approxbp.kernels.triton_helpers import _softplus, _tanh
 
 
 @triton.jit
 def activation(x):
-    return x*_tanh(_softplus(x))
+    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -30,12 +34,25 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 16-bit integer (code j at bits 2·j)
-    one = (1 << (lane * 2))[None, :]
-    word = tl.where(x <= -5.666258811950684, 0, one)
-    word += tl.where(x <= -0.20982725918293, 0, one)
-    word += tl.where(x <= 4.3414812088012695, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 16-bit integer (code j at bits 2·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        one = (1 << (lane * 2)[None, :])
+        word = tl.where(x <= -5.6875, 0, one)
+        word += tl.where(x <= -0.2099609375, 0, one)
+        word += tl.where(x <= 4.3125, 0, one)
+    elif DT == tl.float16:
+        one = (1 << (lane * 2)[None, :])
+        word = tl.where(x <= -5.66796875, 0, one)
+        word += tl.where(x <= -0.2098388671875, 0, one)
+        word += tl.where(x <= 4.33984375, 0, one)
+    else:
+        one = (1 << (lane * 2)[None, :])
+        word = tl.where(x <= -5.666258811950684, 0, one)
+        word += tl.where(x <= -0.20982725918293, 0, one)
+        word += tl.where(x <= 4.3414812088012695, 0, one)
     return tl.sum(word, axis=1)
 
 
@@ -56,16 +73,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int16)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int16)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

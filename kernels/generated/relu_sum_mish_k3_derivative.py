@@ -11,12 +11,16 @@ BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-4.5985138641507675, -1.1157044895807808, -0.5992566201789462, -0.19216128520088888, 0.19716954151388366, 0.6497439228428911, 2.7560532256597474)
 LEVELS = (0.0, -0.07881409668382415, 0.1150312809266522, 0.34848826932164434, 0.5973814090797298, 0.8412799452542191, 1.0520541024917005, 1.0)
-from approxbp.kernels.triton_helpers import _softplus, _tanh
 
 
 @triton.jit
 def activation(x):
-    return x*_tanh(_softplus(x))
+    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -34,16 +38,31 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
-    one = (1 << (lane * 4))[None, :]
-    word = tl.where(x <= -4.598514080047607, 0, one)
-    word += tl.where(x <= -1.1157045364379883, 0, one)
-    word += tl.where(x <= -0.5992566347122192, 0, one)
-    word += tl.where(x <= -0.19216129183769226, 0, one)
-    word += tl.where(x <= 0.19716954231262207, 0, one)
-    word += tl.where(x <= 0.649743914604187, 0, one)
-    word += tl.where(x <= 2.7560532093048096, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        le0 = x <= -0.1923828125
+        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -1.1171875, 0.6484375)
+        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -4.625, -0.6015625), tl.where(le1, 0.1962890625, 2.75))
+        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+    elif DT == tl.float16:
+        le0 = x <= -0.1922607421875
+        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -1.1162109375, 0.6494140625)
+        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -4.6015625, -0.599609375), tl.where(le1, 0.1971435546875, 2.755859375))
+        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+    else:
+        le0 = x <= -0.19216129183769226
+        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -1.1157045364379883, 0.649743914604187)
+        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -4.598514080047607, -0.5992566347122192), tl.where(le1, 0.19716954231262207, 2.7560532093048096))
+        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
     return tl.sum(word, axis=1)
 
 
@@ -68,16 +87,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

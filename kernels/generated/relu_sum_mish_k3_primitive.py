@@ -11,12 +11,16 @@ BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-6.608688806126851, -3.9089319665044666, -1.2085988459116805, -0.5356193609205396, 0.03228670732877967, 0.6312354204817484, 2.983732495634636)
 LEVELS = (0.0, -0.02408696027886211, -0.0955514127748256, 0.11270838202776423, 0.44007396588128334, 0.7967144658329214, 1.0643243274642717, 1.0)
-from approxbp.kernels.triton_helpers import _softplus, _tanh
 
 
 @triton.jit
 def activation(x):
-    return x*_tanh(_softplus(x))
+    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -34,16 +38,31 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
-    one = (1 << (lane * 4))[None, :]
-    word = tl.where(x <= -6.608688831329346, 0, one)
-    word += tl.where(x <= -3.9089319705963135, 0, one)
-    word += tl.where(x <= -1.2085988521575928, 0, one)
-    word += tl.where(x <= -0.5356193780899048, 0, one)
-    word += tl.where(x <= 0.03228670731186867, 0, one)
-    word += tl.where(x <= 0.6312354207038879, 0, one)
-    word += tl.where(x <= 2.9837324619293213, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        le0 = x <= -0.5390625
+        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -3.921875, 0.62890625)
+        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -6.625, -1.2109375), tl.where(le1, 0.0322265625, 2.96875))
+        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+    elif DT == tl.float16:
+        le0 = x <= -0.53564453125
+        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -3.91015625, 0.630859375)
+        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -6.609375, -1.208984375), tl.where(le1, 0.032257080078125, 2.982421875))
+        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+    else:
+        le0 = x <= -0.5356193780899048
+        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -3.9089319705963135, 0.6312354207038879)
+        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -6.608688831329346, -1.2085988521575928), tl.where(le1, 0.03228670731186867, 2.9837324619293213))
+        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
     return tl.sum(word, axis=1)
 
 
@@ -68,16 +87,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

@@ -11,12 +11,16 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-5.484278218445011, -3.6619644026032794, -1.44593555750423, -1.0860745505226341, -0.8174571020719437, -0.5914793592845852, -0.38857002625928205, -0.19777782755681544, -0.011218055523138135, 0.17847498631058248, 0.38044542774269824, 0.6100989781424273, 0.9057142544979726, 2.292800811352594, 3.158242399002372)
 LEVELS = (0.0, -0.03989399544462058, -0.09549960818884566, -0.01786566560741777, 0.07654342061415811, 0.18176121402101245, 0.2943321340041875, 0.41164742405003313, 0.5314147908941792, 0.6513819679604419, 0.7691029737190871, 0.881615374720029, 0.984762029300405, 1.0709476626822279, 1.030677136090743, 1.0)
-from approxbp.kernels.triton_helpers import _softplus, _tanh
 
 
 @triton.jit
 def activation(x):
-    return x*_tanh(_softplus(x))
+    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -42,24 +46,37 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
-    one = (1 << (lane * 4))[None, :]
-    word = tl.where(x <= -5.484278202056885, 0, one)
-    word += tl.where(x <= -3.6619644165039062, 0, one)
-    word += tl.where(x <= -1.445935606956482, 0, one)
-    word += tl.where(x <= -1.0860745906829834, 0, one)
-    word += tl.where(x <= -0.8174570798873901, 0, one)
-    word += tl.where(x <= -0.5914793610572815, 0, one)
-    word += tl.where(x <= -0.38857004046440125, 0, one)
-    word += tl.where(x <= -0.19777782261371613, 0, one)
-    word += tl.where(x <= -0.01121805515140295, 0, one)
-    word += tl.where(x <= 0.17847499251365662, 0, one)
-    word += tl.where(x <= 0.3804454207420349, 0, one)
-    word += tl.where(x <= 0.6100989580154419, 0, one)
-    word += tl.where(x <= 0.9057142734527588, 0, one)
-    word += tl.where(x <= 2.2928009033203125, 0, one)
-    word += tl.where(x <= 3.1582424640655518, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        le0 = x <= -0.1982421875
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -1.09375, 0.609375)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -3.671875, -0.59375), tl.where(le1, 0.177734375, 2.28125))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.5, -1.453125), tl.where(le2, -0.8203125, -0.388671875)), tl.where(le1, tl.where(le2, -0.01123046875, 0.37890625), tl.where(le2, 0.90234375, 3.15625)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    elif DT == tl.float16:
+        le0 = x <= -0.1978759765625
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -1.0869140625, 0.60986328125)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -3.662109375, -0.591796875), tl.where(le1, 0.178466796875, 2.291015625))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.484375, -1.4462890625), tl.where(le2, -0.81787109375, -0.388671875)), tl.where(le1, tl.where(le2, -0.01122283935546875, 0.38037109375), tl.where(le2, 0.9052734375, 3.158203125)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    else:
+        le0 = x <= -0.19777782261371613
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -1.0860745906829834, 0.6100989580154419)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -3.6619644165039062, -0.5914793610572815), tl.where(le1, 0.17847499251365662, 2.2928009033203125))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.484278202056885, -1.445935606956482), tl.where(le2, -0.8174570798873901, -0.38857004046440125)), tl.where(le1, tl.where(le2, -0.01121805515140295, 0.3804454207420349), tl.where(le2, 0.9057142734527588, 3.1582424640655518)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
     return tl.sum(word, axis=1)
 
 
@@ -92,16 +109,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

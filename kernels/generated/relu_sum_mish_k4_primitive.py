@@ -11,12 +11,16 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-8.304189185605251, -5.783852745179604, -4.341381310478564, -3.234061867967278, -1.5465124010149716, -1.0831958027043576, -0.7159695437581689, -0.39252457400265933, -0.08779607970324979, 0.21707315928981427, 0.5443211989710799, 0.9382263397695326, 2.1795636831069394, 2.9787169890088436, 4.277590423248686)
 LEVELS = (0.0, -0.0058423234266266446, -0.026177462900352135, -0.06183908033962392, -0.1052582213742986, -0.02768038891629708, 0.09812562939079182, 0.2604433176003052, 0.4463856752957752, 0.6407311885597937, 0.8256644939310537, 0.9806347179772646, 1.0802584614719313, 1.0379113196700391, 1.0089324168736598, 1.0)
-from approxbp.kernels.triton_helpers import _softplus, _tanh
 
 
 @triton.jit
 def activation(x):
-    return x*_tanh(_softplus(x))
+    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -42,24 +46,37 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
-    one = (1 << (lane * 4))[None, :]
-    word = tl.where(x <= -8.30418872833252, 0, one)
-    word += tl.where(x <= -5.783852577209473, 0, one)
-    word += tl.where(x <= -4.341381072998047, 0, one)
-    word += tl.where(x <= -3.2340619564056396, 0, one)
-    word += tl.where(x <= -1.5465123653411865, 0, one)
-    word += tl.where(x <= -1.0831958055496216, 0, one)
-    word += tl.where(x <= -0.7159695625305176, 0, one)
-    word += tl.where(x <= -0.3925245702266693, 0, one)
-    word += tl.where(x <= -0.08779607713222504, 0, one)
-    word += tl.where(x <= 0.21707315742969513, 0, one)
-    word += tl.where(x <= 0.5443211793899536, 0, one)
-    word += tl.where(x <= 0.9382263422012329, 0, one)
-    word += tl.where(x <= 2.1795637607574463, 0, one)
-    word += tl.where(x <= 2.978717088699341, 0, one)
-    word += tl.where(x <= 4.277590274810791, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        le0 = x <= -0.392578125
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -3.234375, 0.9375)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -5.8125, -1.0859375), tl.where(le1, 0.216796875, 2.96875))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -8.3125, -4.34375), tl.where(le2, -1.546875, -0.71875)), tl.where(le1, tl.where(le2, -0.087890625, 0.54296875), tl.where(le2, 2.171875, 4.25)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    elif DT == tl.float16:
+        le0 = x <= -0.392578125
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -3.234375, 0.93798828125)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -5.78515625, -1.083984375), tl.where(le1, 0.217041015625, 2.978515625))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -8.3046875, -4.34375), tl.where(le2, -1.546875, -0.71630859375)), tl.where(le1, tl.where(le2, -0.08782958984375, 0.5439453125), tl.where(le2, 2.177734375, 4.27734375)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    else:
+        le0 = x <= -0.3925245702266693
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -3.2340619564056396, 0.9382263422012329)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -5.783852577209473, -1.0831958055496216), tl.where(le1, 0.21707315742969513, 2.978717088699341))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -8.30418872833252, -4.341381072998047), tl.where(le2, -1.5465123653411865, -0.7159695625305176)), tl.where(le1, tl.where(le2, -0.08779607713222504, 0.5443211793899536), tl.where(le2, 2.1795637607574463, 4.277590274810791)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
     return tl.sum(word, axis=1)
 
 
@@ -92,16 +109,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

@@ -11,12 +11,16 @@ BITS = 5
 STORAGE_BITS = 8
 KNOTS = (-6.861696049138188, -5.259904787890079, -4.339678865418569, -3.6457674953067523, -3.0288345540704014, -1.6912263742800324, -1.4229181702128235, -1.2236350389018265, -1.0591238225146162, -0.9159581706394367, -0.7872056193748275, -0.6687057790831004, -0.5576975270133868, -0.45220130925221813, -0.3507005743882838, -0.25195835143319345, -0.1548996593581977, -0.05852598439341495, 0.038157761680992844, 0.1362187514248263, 0.23689084190316068, 0.34171440670392045, 0.45277336162633314, 0.5731516812608597, 0.7079513217092281, 0.8670805983146405, 1.0762126954372597, 2.008667416309738, 2.415781574061673, 2.906677522598843, 3.6996233458305383)
 LEVELS = (0.0, -0.012806197821047756, -0.031748188944068924, -0.054593851090484966, -0.07978336003908867, -0.1052327180718154, -0.07179099864659497, -0.031177982527436247, 0.014370333776889711, 0.06371865662680463, 0.11612382692175258, 0.1710311610175329, 0.22799092162950763, 0.28661649623072855, 0.34656034360077825, 0.4074984896607377, 0.4691193860245154, 0.5311149302941915, 0.5931722746670073, 0.654965338418626, 0.7161448806460307, 0.7763255566481216, 0.8350673125245325, 0.8918459887980964, 0.9460017603362663, 0.9966357884787708, 1.0423576434583985, 1.0803999406399243, 1.0566893711569296, 1.0337087560479745, 1.0139327753620355, 1.0)
-from approxbp.kernels.triton_helpers import _softplus, _tanh
 
 
 @triton.jit
 def activation(x):
-    return x*_tanh(_softplus(x))
+    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -30,8 +34,10 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 64-bit integer (code j at bits 8·j)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 64-bit integer (code j at bits 8·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     return tl.sum(code_of(x, knots_ptr).to(tl.int64) << (lane[None, :] * 8), axis=1)
 
 
@@ -48,16 +54,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int64)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int64)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

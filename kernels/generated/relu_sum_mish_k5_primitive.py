@@ -11,12 +11,16 @@ BITS = 5
 STORAGE_BITS = 8
 KNOTS = (-10.397434607198106, -7.978880289744312, -6.650272839116473, -5.7136428873083895, -4.9769581302129575, -4.357877878940486, -3.8109095882748814, -3.3033504212635205, -2.7970896493847066, -1.8037960358575118, -1.4895323234496787, -1.24017994272995, -1.0254211371190518, -0.8324599605764312, -0.6541718004406389, -0.48590673052434713, -0.3242468696926378, -0.16639701800769205, -0.00981245527847364, 0.14810007231971087, 0.31031706261042474, 0.48071245692505776, 0.6650825840708029, 0.8737816412917951, 1.1316049137388446, 1.9044005333391045, 2.2981218397121306, 2.7192060997334906, 3.2244935461057977, 3.915570324198976, 5.143936002668551)
 LEVELS = (0.0, -0.0009328743822429811, -0.004328348228463711, -0.010826449284168179, -0.020766153975440477, -0.03423217216477391, -0.051019474171364654, -0.07050475430853152, -0.09129643287828816, -0.10990318791325493, -0.08286512034799817, -0.03961212706743892, 0.017142938268188086, 0.08562106515620838, 0.16419726749825814, 0.25118151667983846, 0.34474062639289194, 0.4428666839091951, 0.5433655300928836, 0.6438548202836322, 0.7417653451126026, 0.8343385236831385, 0.9186064467432526, 0.9913180380722526, 1.048678545117099, 1.0851567424940307, 1.0633764994237709, 1.040864650093717, 1.0222089282479907, 1.0091467610562246, 1.0020132276930336, 1.0)
-from approxbp.kernels.triton_helpers import _softplus, _tanh
 
 
 @triton.jit
 def activation(x):
-    return x*_tanh(_softplus(x))
+    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -30,8 +34,10 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 64-bit integer (code j at bits 8·j)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 64-bit integer (code j at bits 8·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     return tl.sum(code_of(x, knots_ptr).to(tl.int64) << (lane[None, :] * 8), axis=1)
 
 
@@ -48,16 +54,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int64)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int64)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

@@ -19,6 +19,11 @@ def activation(x):
 
 
 @triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def code_of(x, knots_ptr):
     # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
     code = tl.zeros(x.shape, dtype=tl.int32)
@@ -41,24 +46,37 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
-    one = (1 << (lane * 4))[None, :]
-    word = tl.where(x <= -4.980426788330078, 0, one)
-    word += tl.where(x <= -3.505432605743408, 0, one)
-    word += tl.where(x <= -2.663174629211426, 0, one)
-    word += tl.where(x <= -2.018240213394165, 0, one)
-    word += tl.where(x <= -0.9046258330345154, 0, one)
-    word += tl.where(x <= -0.5503462553024292, 0, one)
-    word += tl.where(x <= -0.2634693682193756, 0, one)
-    word += tl.where(x <= -6.667397753692961e-13, 0, one)
-    word += tl.where(x <= 0.2634693682193756, 0, one)
-    word += tl.where(x <= 0.5503462553024292, 0, one)
-    word += tl.where(x <= 0.9046258330345154, 0, one)
-    word += tl.where(x <= 2.018240213394165, 0, one)
-    word += tl.where(x <= 2.663174629211426, 0, one)
-    word += tl.where(x <= 3.505432605743408, 0, one)
-    word += tl.where(x <= 4.980426788330078, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        le0 = x <= -6.679101716144942e-13
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -2.03125, 2.015625)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -3.515625, -0.55078125), tl.where(le1, 0.546875, 3.5))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.0, -2.671875), tl.where(le2, -0.90625, -0.263671875)), tl.where(le1, tl.where(le2, 0.26171875, 0.90234375), tl.where(le2, 2.65625, 4.96875)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    elif DT == tl.float16:
+        le0 = x <= -5.960464477539063e-08
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -2.01953125, 2.017578125)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -3.505859375, -0.55078125), tl.where(le1, 0.55029296875, 3.50390625))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -4.98046875, -2.6640625), tl.where(le2, -0.90478515625, -0.263671875)), tl.where(le1, tl.where(le2, 0.263427734375, 0.904296875), tl.where(le2, 2.662109375, 4.9765625)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    else:
+        le0 = x <= -6.667397753692961e-13
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -2.018240213394165, 2.018240213394165)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -3.505432605743408, -0.5503462553024292), tl.where(le1, 0.5503462553024292, 3.505432605743408))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -4.980426788330078, -2.663174629211426), tl.where(le2, -0.9046258330345154, -0.2634693682193756)), tl.where(le1, tl.where(le2, 0.2634693682193756, 0.9046258330345154), tl.where(le2, 2.663174629211426, 4.980426788330078)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
     return tl.sum(word, axis=1)
 
 
@@ -91,16 +109,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

@@ -19,6 +19,11 @@ def activation(x):
 
 
 @triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def code_of(x, knots_ptr):
     # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
     code = tl.zeros(x.shape, dtype=tl.int32)
@@ -41,24 +46,37 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
-    one = (1 << (lane * 4))[None, :]
-    word = tl.where(x <= -5.555009841918945, 0, one)
-    word += tl.where(x <= -3.8177552223205566, 0, one)
-    word += tl.where(x <= -1.5045431852340698, 0, one)
-    word += tl.where(x <= -1.084147334098816, 0, one)
-    word += tl.where(x <= -0.7653810977935791, 0, one)
-    word += tl.where(x <= -0.4918692708015442, 0, one)
-    word += tl.where(x <= -0.24104635417461395, 0, one)
-    word += tl.where(x <= 2.7218361512445125e-17, 0, one)
-    word += tl.where(x <= 0.24104635417461395, 0, one)
-    word += tl.where(x <= 0.4918692708015442, 0, one)
-    word += tl.where(x <= 0.7653810977935791, 0, one)
-    word += tl.where(x <= 1.084147334098816, 0, one)
-    word += tl.where(x <= 1.5045431852340698, 0, one)
-    word += tl.where(x <= 3.8177552223205566, 0, one)
-    word += tl.where(x <= 5.555009841918945, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        le0 = x <= 2.721347452938616e-17
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -1.0859375, 1.078125)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -3.828125, -0.4921875), tl.where(le1, 0.490234375, 3.8125))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.5625, -1.5078125), tl.where(le2, -0.765625, -0.2412109375)), tl.where(le1, tl.where(le2, 0.240234375, 0.76171875), tl.where(le2, 1.5, 5.53125)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    elif DT == tl.float16:
+        le0 = x <= 0.0
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -1.0849609375, 1.083984375)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -3.818359375, -0.491943359375), tl.where(le1, 0.49169921875, 3.81640625))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.55859375, -1.5048828125), tl.where(le2, -0.765625, -0.2410888671875)), tl.where(le1, tl.where(le2, 0.240966796875, 0.76513671875), tl.where(le2, 1.50390625, 5.5546875)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    else:
+        le0 = x <= 2.7218361512445125e-17
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -1.084147334098816, 1.084147334098816)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -3.8177552223205566, -0.4918692708015442), tl.where(le1, 0.4918692708015442, 3.8177552223205566))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.555009841918945, -1.5045431852340698), tl.where(le2, -0.7653810977935791, -0.24104635417461395)), tl.where(le1, tl.where(le2, 0.24104635417461395, 0.7653810977935791), tl.where(le2, 1.5045431852340698, 5.555009841918945)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
     return tl.sum(word, axis=1)
 
 
@@ -91,16 +109,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

@@ -19,6 +19,11 @@ def activation(x):
 
 
 @triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def code_of(x, knots_ptr):
     # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
     code = tl.zeros(x.shape, dtype=tl.int32)
@@ -41,24 +46,37 @@ def code_of(x, knots_ptr):
 
 
 @triton.jit
-def packed_codes(x, lane, knots_ptr):
-    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j)
-    one = (1 << (lane * 4))[None, :]
-    word = tl.where(x <= -8.476686477661133, 0, one)
-    word += tl.where(x <= -5.966246128082275, 0, one)
-    word += tl.where(x <= -4.5327229499816895, 0, one)
-    word += tl.where(x <= -3.435044765472412, 0, one)
-    word += tl.where(x <= -1.5396732091903687, 0, one)
-    word += tl.where(x <= -0.9366893172264099, 0, one)
-    word += tl.where(x <= -0.4484248459339142, 0, one)
-    word += tl.where(x <= -3.471666747481561e-12, 0, one)
-    word += tl.where(x <= 0.4484248459339142, 0, one)
-    word += tl.where(x <= 0.9366893172264099, 0, one)
-    word += tl.where(x <= 1.5396732091903687, 0, one)
-    word += tl.where(x <= 3.435044765472412, 0, one)
-    word += tl.where(x <= 4.5327229499816895, 0, one)
-    word += tl.where(x <= 5.966246128082275, 0, one)
-    word += tl.where(x <= 8.476686477661133, 0, one)
+def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
+    # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
+    # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
+    # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
+    if DT == tl.bfloat16:
+        le0 = x <= -3.481659405224491e-12
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -3.4375, 3.421875)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -5.96875, -0.9375), tl.where(le1, 0.93359375, 5.9375))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -8.5, -4.5625), tl.where(le2, -1.546875, -0.44921875)), tl.where(le1, tl.where(le2, 0.447265625, 1.5390625), tl.where(le2, 4.53125, 8.4375)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    elif DT == tl.float16:
+        le0 = x <= -5.960464477539063e-08
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -3.435546875, 3.43359375)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -5.96875, -0.93701171875), tl.where(le1, 0.9365234375, 5.96484375))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -8.484375, -4.53515625), tl.where(le2, -1.5400390625, -0.448486328125)), tl.where(le1, tl.where(le2, 0.4482421875, 1.5390625), tl.where(le2, 4.53125, 8.4765625)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+    else:
+        le0 = x <= -3.471666747481561e-12
+        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
+        le1 = x <= tl.where(le0, -3.435044765472412, 3.435044765472412)
+        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
+        le2 = x <= tl.where(le0, tl.where(le1, -5.966246128082275, -0.9366893172264099), tl.where(le1, 0.9366893172264099, 5.966246128082275))
+        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
+        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -8.476686477661133, -4.5327229499816895), tl.where(le2, -1.5396732091903687, -0.4484248459339142)), tl.where(le1, tl.where(le2, 0.4484248459339142, 1.5396732091903687), tl.where(le2, 4.5327229499816895, 8.476686477661133)))
+        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
     return tl.sum(word, axis=1)
 
 
@@ -91,16 +109,19 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     lane = tl.arange(0, 8)
     offs = row[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    raw = tl.load(x_ptr + offs, mask=inside, other=float("-inf"))  # padding lanes get code 0
+    x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     y = activation(x)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
-    xf = tl.where(inside, x.to(tl.float32), float("-inf"))  # codes compare in fp32; padding lanes hold code 0
-    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr), mask=row < n_rows)
-    tl.store(nan_ptr + tl.program_id(0), tl.max(tl.where(xf != xf, 1, 0)).to(tl.uint8))
+    xf = x.to(tl.float32)  # codes compare in fp32
+    tl.store(packed_ptr.to(tl.pointer_type(tl.int32)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
+             mask=row < n_rows)
+    nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
+    tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
 
 @triton.jit

@@ -1,0 +1,41 @@
+"""Static GPU cost of every generated kernel, without a GPU (``approxbp cost`` for bf16 and fp32, sm_90).
+
+    python benchmarks/kernel_cost.py [--out benchmarks/results]
+
+Writes ``kernel_cost_sm90.json``: per kernel SASS instructions, MUFU per element, bytes per element, the ratio to
+the H100 budget (≈ 10.45 instructions per byte moved), registers, spills and the widest access per tensor; and
+prints the kernels above 0.9 of the budget. The model and its limits: approxbp/cost.py and the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from approxbp import cost
+from approxbp.approximations.files import write_atomic
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the JSON")
+    p.add_argument("--dtype", nargs="*", default=["bf16", "fp32"], choices=list(cost.DTYPES))
+    args = p.parse_args()
+    result = {}
+    for dtype in args.dtype:
+        t0 = time.perf_counter()
+        rows = cost.run(dtype=dtype)
+        result[dtype] = cost.as_json(rows, 90)
+        over = [r for r in rows if r.ratio > 0.9]
+        print(f"{dtype}: {len(rows)} kernels in {time.perf_counter() - t0:.0f} s, {len(over)} above 0.9 of the budget")
+        for r in over:
+            print("  " + r.row())
+    path = write_atomic(args.out / "kernel_cost_sm90.json", json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
