@@ -380,9 +380,8 @@ def _dispatch(args, argv) -> int:
 
 def _cost(args, progress: bool) -> int:
     """``approxbp cost``: one row per kernel, then the kernels over 0.9 of the budget."""
-    import re
-
     import json
+    import re
 
     from approxbp import cost
     from approxbp.approximations.files import write_atomic

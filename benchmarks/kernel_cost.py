@@ -14,8 +14,9 @@ import json
 import time
 from pathlib import Path
 
-from approxbp import cost
 from approxbp.approximations.files import write_atomic
+
+from approxbp import cost
 
 
 def main() -> int:

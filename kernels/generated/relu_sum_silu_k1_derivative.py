@@ -72,8 +72,8 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
     xf = x.to(tl.float32)  # codes compare in fp32
-    tl.store(packed_ptr.to(tl.pointer_type(tl.uint8)) + row, packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty),
-             mask=row < n_rows)
+    packed = packed_codes(xf, lane, knots_ptr, x_ptr.dtype.element_ty)
+    tl.store(packed_ptr.to(tl.pointer_type(tl.uint8)) + row, packed, mask=row < n_rows)
     nan_max = tl.reduce(raw, None, _nan_max)  # NaN iff a NaN is among them (on the stored dtype: packed pairs)
     tl.store(nan_ptr + tl.program_id(0), (nan_max != nan_max).to(tl.uint8))
 
