@@ -331,6 +331,11 @@ def _round_down(v: float, dtype: torch.dtype) -> float:
     return float(r)
 
 
+def _round_up(v: float, dtype: torch.dtype) -> float:
+    """The smallest value of ``dtype`` ≥ the float32 ``v`` (so x < v ⇔ x < result for every x of that dtype)."""
+    return -_round_down(-v, dtype)
+
+
 def _codes_for(knots: list[float], bits: int, storage: int, indent: str) -> list[str]:
     """Lines that leave the packed row in ``word``. k ≤ 2: every knot adds the lane's place value where c_i < x (the
     shift is a per-register constant, so no code is formed). k = 3, 4: a binary search whose thresholds are
@@ -445,11 +450,17 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
     lane = tl.arange(0, 8)
     offs = byte[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    x = tl.load(x_ptr + offs, mask=inside, other=float("inf"))  # padding lanes: bit 0
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
-    left = inside & (x < {T!r})
+    # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        left = x < {T_bf16!r}
+    elif x_ptr.dtype.element_ty == tl.float16:
+        left = x < {T_fp16!r}
+    else:
+        left = x < {T!r}
     word = tl.sum(tl.where(left, 1 << lane[None, :], 0), axis=1)  # the shift is a per-register constant
     tl.store(packed_ptr + byte, word.to(tl.uint8), mask=byte < n_bytes)
 
@@ -496,7 +507,8 @@ def render_invact(table_path: Path, t: dict | None = None) -> str:
            f"y.\nTable: {_relative(table_path)} (definition sha256 {T.definition_sha256(t)}).")
     return _import_helpers(INVACT_TEMPLATE.format(
         docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t.activation,
-        expression=t.expression, T=t.turning_point, f_T=t.f_T, left_max=t.left.domain[1],
+        expression=t.expression, T=t.turning_point, T_bf16=_round_up(t.turning_point, torch.bfloat16),
+        T_fp16=_round_up(t.turning_point, torch.float16), f_T=t.f_T, left_max=t.left.domain[1],
         right_max=t.right.domain[1], helpers="{helpers}", source=triton_source(act.expr),
         grad_source=triton_source(act.derivative_expr(1)), left=_jit_body(t.left), right=_jit_body(t.right),
         combined=(f"\n\n@triton.jit\ndef q_combined(y, b):\n{_jit_body(t.combined, ('y', 'b'))}\n"

@@ -11,8 +11,8 @@ import torch
 
 #: Elements per program of the ReLU-sum kernels, for every k: also the span of one saved NaN byte.
 RELU_SUM_SPAN = 4096
-#: Bytes of packed bits per program of the InvAct and BDIA kernels (8 elements per byte: 2048 elements).
-BIT_BLOCK_BYTES = 256
+#: Bytes of packed bits per program of the InvAct and BDIA kernels (8 elements per byte: 4096 elements).
+BIT_BLOCK_BYTES = 512
 
 
 #: Rows of 8 elements per ReLU-sum program (``ROWS`` of the generated kernels); a thread packs whole rows.

@@ -40,11 +40,17 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
     lane = tl.arange(0, 8)
     offs = byte[:, None] * 8 + lane[None, :]
     inside = offs < n_elem
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    x = tl.load(x_ptr + offs, mask=inside, other=float("inf"))  # padding lanes: bit 0
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
     tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
-    left = inside & (x < -0.7517915246935645)
+    # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        left = x < -0.75
+    elif x_ptr.dtype.element_ty == tl.float16:
+        left = x < -0.75146484375
+    else:
+        left = x < -0.7517915246935645
     word = tl.sum(tl.where(left, 1 << lane[None, :], 0), axis=1)  # the shift is a per-register constant
     tl.store(packed_ptr + byte, word.to(tl.uint8), mask=byte < n_bytes)
 
