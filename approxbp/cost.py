@@ -306,10 +306,13 @@ def launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Laun
     """(name, launch, elements) of a table's kernels, or (``table=None``) of the MS-norms, BDIA and the
     torch-like references."""
     from approxbp.approximations import tables as T
+    from approxbp.kernels.modules import ensure_generated
 
     if table is None:
         return norm_launches(dtype) + bdia_launches(dtype) + reference_launches(dtype)
-    return (relu_sum_launches if T.load(table).family == "relu-sum" else invact_launches)(table, dtype)
+    t = T.load(table)
+    ensure_generated(table, t)  # a user's table: its module is written next to it first (as a drop-in would)
+    return (relu_sum_launches if t.family == "relu-sum" else invact_launches)(table, dtype)
 
 
 def _measure_group(job) -> list[KernelCost]:

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from approxbp.approximations import bdia as B
 
-from .launch import BIT_BLOCK_BYTES
+from .launch import BIT_BLOCK_BYTES, num_warps
 from .packing import pack, unpack
 
 
@@ -129,7 +129,7 @@ def launch_step(xp, xc, hc, g, row: int, level: int):
     if n:
         grid = (triton.cdiv(bits.numel(), BIT_BLOCK_BYTES),)
         step_kernel[grid](xp, xc, hc, g, out, bits, n, row, bits.numel(), 2.0**level, BLOCK=BIT_BLOCK_BYTES,
-                          enable_fp_fusion=False)
+                          num_warps=num_warps(xc.dtype), enable_fp_fusion=False)
     return out, bits
 
 
@@ -150,7 +150,7 @@ def launch_inverse(xc, xn, hc, bits, g, row: int, level: int):
     if n:
         grid = (triton.cdiv(bits.numel(), BIT_BLOCK_BYTES),)
         inverse_kernel[grid](xc, xn, hc, g, bits, out, n, row, bits.numel(), 2.0**level, BLOCK=BIT_BLOCK_BYTES,
-                             enable_fp_fusion=False)
+                             num_warps=num_warps(xc.dtype), enable_fp_fusion=False)
     return out
 
 

@@ -23,7 +23,7 @@ from approxbp.approximations.invact_forms import TableBackward
 
 from . import ops
 from .guards import check_input, check_triton_device
-from .launch import BIT_BLOCK_BYTES
+from .launch import BIT_BLOCK_BYTES, num_warps
 from .modules import generated_module, table_file
 from .packing import byte_codes, pack, unpack_into
 
@@ -69,7 +69,8 @@ class InvActSpec:
         packed = torch.empty(math.ceil(xc.numel() / 8), dtype=torch.uint8, device=x.device)
         if xc.numel():
             grid = (triton.cdiv(packed.numel(), BIT_BLOCK_BYTES),)
-            self.module.forward_kernel[grid](xc, y, packed, xc.numel(), packed.numel(), BLOCK=BIT_BLOCK_BYTES)
+            self.module.forward_kernel[grid](xc, y, packed, xc.numel(), packed.numel(), BLOCK=BIT_BLOCK_BYTES,
+                                             num_warps=num_warps(x.dtype))
         return y, packed
 
     def backward_triton(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
@@ -77,7 +78,8 @@ class InvActSpec:
         out = torch.empty_like(gc)
         if gc.numel():
             grid = (triton.cdiv(packed.numel(), BIT_BLOCK_BYTES),)
-            self.module.backward_kernel[grid](gc, yc, packed, out, gc.numel(), packed.numel(), BLOCK=BIT_BLOCK_BYTES)
+            self.module.backward_kernel[grid](gc, yc, packed, out, gc.numel(), packed.numel(), BLOCK=BIT_BLOCK_BYTES,
+                                              num_warps=num_warps(g.dtype))
         return out
 
 

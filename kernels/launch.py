@@ -20,5 +20,6 @@ RELU_SUM_ROWS = RELU_SUM_SPAN // 8
 
 
 def num_warps(dtype: torch.dtype) -> int:
-    """Warps per program: 4 for 16-bit data (4096 elements = 8 KiB), 8 for 32/64-bit."""
+    """Warps per program of every element-wise kernel (4096 elements): 4 for 16-bit data (32 elements, 64 bytes
+    per thread), 8 for 32/64-bit (16 per thread; 4 warps spill the InvAct backward's registers in fp32)."""
     return 4 if dtype.itemsize <= 2 else 8

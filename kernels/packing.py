@@ -1,7 +1,7 @@
 """Packing of small integer codes into bytes, the one home of the saved-code layout (twins and tests).
 
 Codes of ``bits`` ∈ {1, 2, 4, 8} bits sit little-end-first in bytes: code i is bits [bits·(i mod per), …) of
-byte ⌊i/per⌋, per = 8/bits. Read as little-endian int32 words this is also the Triton kernels' word layout.
+byte ⌊i/per⌋, per = 8/bits. A row of 8 codes read as one little-endian 8·bits-bit integer is the Triton kernels' layout.
 Unpacking indexes a 256-row table (byte value → its ``per`` codes), one gather instead of shifts and masks.
 """
 

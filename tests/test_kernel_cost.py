@@ -95,3 +95,17 @@ def test_a_user_expression_exports_and_compiles_or_is_refused(tmp_path):
     """)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[-1] == "6"
+
+
+def test_cost_of_a_users_new_table_before_training(tmp_path):
+    """A researcher who fits a new form sees its GPU cost: the module is generated next to the table first."""
+    import shutil
+
+    from approxbp.approximations import tables as T
+
+    table = tmp_path / "mine-k2-primitive.json"
+    shutil.copy(T.resolve("silu-k2-primitive", "relu-sum"), table)
+    r = subprocess.run([sys.executable, "-m", "approxbp", "cost", str(table), "--no-progress"], env=ENV,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "_generated").is_dir() and "silu-k2-primitive fwd" in r.stdout
