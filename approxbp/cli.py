@@ -19,6 +19,21 @@ from pathlib import Path
 import numpy as np
 
 
+def _int_in(lo: int, hi: int):
+    """An argparse type: an integer in [lo, hi], refused in one line otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} is outside {lo}…{hi}")
+        return v
+
+    return parse
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="root seed; restarts use independent child seeds")
     p.add_argument("--restarts", type=int, default=4, help="seeded restarts of the method (structured starts and "
@@ -96,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     bd = add(sub, "bdia", help="BDIA reversible stacks: error analysis and a toy BDIA-GPT")
     bds = bd.add_subparsers(dest="action", required=True)
     ana = add(bds, "analyze", help="reconstruction error vs block (Fig. 2/6), forward quantisation, memory")
-    ana.add_argument("--blocks", type=int, default=1000, help="K, the number of blocks")
-    ana.add_argument("--level", type=int, action="append", default=None,
+    ana.add_argument("--blocks", type=_int_in(2, 10**6), default=1000, help="K, the number of blocks (2…10⁶)")
+    ana.add_argument("--level", type=_int_in(-60, 60), action="append", default=None,
                      help="quantisation level l, repeatable (None: -2 0 5 9 12)")
     ana.add_argument("--dtype", choices=("float32", "float64"), action="append", default=None,
                      help="repeatable (None: both)")
@@ -105,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     _out(ana, "bdia_analysis.json/.png")
     ana.add_argument("--no-progress", action="store_true", help="hide progress")
     toy = add(bds, "train-toy", help="standard vs BDIA training of a 6-block GPT toy on the CPU (minutes)")
-    toy.add_argument("--steps", type=int, default=300, help="training steps per model")
-    toy.add_argument("--level", type=int, default=9, help="quantisation level l")
+    toy.add_argument("--steps", type=_int_in(1, 10**7), default=300, help="training steps per model")
+    toy.add_argument("--level", type=_int_in(-60, 60), default=9, help="quantisation level l (−60…60)")
     toy.add_argument("--seed", type=int, default=0, help="seed of data, init and γ")
     _out(toy, "bdia_toy_gpt.json/.png")
     toy.add_argument("--no-progress", action="store_true", help="hide progress")

@@ -120,11 +120,18 @@ def _parse(text: str) -> sp.Expr:
     return expr
 
 
+def _float_integers(e: sp.Expr) -> sp.Expr:
+    """Integers beyond 2^53 as float64 constants: numpy would otherwise see Python ints past int64 and fall back to
+    object arrays."""
+    big = {n: sp.Float(n, 17) for n in e.atoms(sp.Integer) if abs(n) > 2**53}
+    return e.xreplace(big) if big else e
+
+
 def _check_finite(text: str, expr: sp.Expr) -> None:
     """h and h′ must be finite on x ∈ [−30, 30] (catches 1/x, log(x), x/(x−1), …)."""
     grid = np.linspace(-30.0, 30.0, 6001)
     for order in (0, 1):
-        e = stable_form(sp.diff(expr, x, order) if order else expr)
+        e = _float_integers(stable_form(sp.diff(expr, x, order) if order else expr))
         with np.errstate(all="ignore"):
             v = np.broadcast_to(sp.lambdify(x, e, modules=numpy_namespace())(grid), grid.shape)
         bad = ~np.isfinite(v)
@@ -158,7 +165,7 @@ class Activation:
     def _numpy(self, order: int):
         key = f"np{order}"
         if key not in self._cache:
-            e = stable_form(self.derivative_expr(order) if order else self.expr)
+            e = _float_integers(stable_form(self.derivative_expr(order) if order else self.expr))
             fn = sp.lambdify(x, e, modules=numpy_namespace())
 
             def call(v, fn=fn):

@@ -36,9 +36,32 @@ class ExpressionError(ValueError):
     """An expression string outside the restricted grammar; the message names the text and the problem."""
 
 
+#: Largest |log2| of a number an expression may contain (float64 reaches 2^1024; beyond, evaluation overflows).
+MAX_NUMBER_BITS = 1100
+
+
+def _check_number(v: sp.Expr, text: str, what: str) -> sp.Expr:
+    """Numbers must stay within float64's range (``1e309`` or a 400-digit integer would overflow every
+    evaluator), without building the number first."""
+    if v.is_Number and v != 0 and abs(_log2_abs(v)) > MAX_NUMBER_BITS:
+        raise ExpressionError(f"{what} {text[:80]!r}: the number {str(v)[:24]}… is outside float64's range")
+    return v
+
+
+def _log2_abs(v: sp.Number) -> float:
+    if v.is_Integer:
+        return abs(int(v)).bit_length()
+    if v.is_Rational:
+        return abs(int(v.p)).bit_length() - abs(int(v.q)).bit_length()
+    return float(sp.log(abs(v), 2).evalf(5))
+
+
 def _power(base: sp.Expr, exponent: sp.Expr, text: str, what: str) -> sp.Expr:
-    if base.is_Number and exponent.is_Number and abs(exponent) > MAX_NUMERIC_EXPONENT:
-        raise ExpressionError(f"{what} {text!r}: numeric power with exponent {exponent} is too large")
+    if base.is_Number and exponent.is_Number:
+        if abs(exponent) > MAX_NUMERIC_EXPONENT:
+            raise ExpressionError(f"{what} {text!r}: numeric power with exponent {exponent} is too large")
+        if base != 0 and abs(float(exponent) * _log2_abs(base)) > MAX_NUMBER_BITS:  # before building it
+            raise ExpressionError(f"{what} {text[:80]!r}: a numeric power is outside float64's range")
     return base**exponent
 
 
@@ -47,10 +70,14 @@ def _literal(node: ast.Constant, text: str, what: str, exact: bool) -> sp.Expr:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise ExpressionError(f"{what} {text!r}: only numbers are allowed as literals, got {v!r}")
     if isinstance(v, int):
+        if v.bit_length() > MAX_NUMBER_BITS:
+            raise ExpressionError(f"{what} {text[:80]!r}: the integer {str(v)[:24]}… is outside float64's range")
         return sp.Integer(v)
+    if v == float("inf"):
+        raise ExpressionError(f"{what} {text[:80]!r}: a literal overflows float64")
     digits = ast.get_source_segment(text, node) or repr(v)
     digits = digits.replace("_", "")
-    return sp.Rational(digits) if exact else sp.Float(digits, max(15, len(digits)))
+    return _check_number(sp.Rational(digits) if exact else sp.Float(digits, max(15, len(digits))), text, what)
 
 
 def parse(text: str, names: dict[str, object], what: str = "expression", exact: bool = True) -> sp.Expr:
@@ -120,4 +147,9 @@ def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
         raise ExpressionError(f"{what} {text!r} is not an arithmetic expression")
     if expr.has(sp.zoo, sp.nan, sp.oo, -sp.oo):
         raise ExpressionError(f"{what} {text!r} is singular (it contains a division by zero or an infinity)")
+    if expr.has(sp.I) or any(not a.free_symbols and a.is_real is False for a in sp.preorder_traversal(expr)):
+        raise ExpressionError(f"{what} {text!r} is not real (a constant part is complex, e.g. sqrt or a fractional "
+                              "power of a negative number)")
+    for n in expr.atoms(sp.Number):
+        _check_number(n, text, what)
     return expr

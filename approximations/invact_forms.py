@@ -10,6 +10,7 @@ s = √(y − f(T))), L2 = (∫_D (g − q)² dy / |D|)^{1/2} (RMS over y).
 
 from __future__ import annotations
 
+import keyword
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -29,6 +30,12 @@ NEWTON_EPS = 1e-5
 GRID = 20001
 
 
+#: Names a form's coefficients and assignments may not take: the generated q functions see these (the Triton
+#: modules, the variables, the module's own functions); Python keywords and names starting with _ are refused too.
+RESERVED_NAMES = ("tl", "triton", "math", "y", "b", "activation", "activation_grad", "q_left", "q_right",
+                  "q_combined", "float", "int", "abs", "min", "max")
+
+
 @dataclass
 class Form:
     """q(y) = expression(y; coefficients), optionally after named intermediate assignments
@@ -46,8 +53,11 @@ class Form:
         coefficients = dict(coefficients or {})
         known = {**FORM_FUNCTIONS, "y": y, **{v: sp.Symbol(v) for v in variables if v != "y"}}
         for name in [*coefficients, *(n for n, _ in assignments)]:
-            if not isinstance(name, str) or not name.isidentifier() or name in known:
-                raise ValueError(f"form name {name!r} must be a new identifier (not y or a function name)")
+            if (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in known
+                    or name in RESERVED_NAMES or name.startswith("_")):
+                raise ValueError(f"form name {name!r} must be a new identifier: not a Python keyword, not y, b or "
+                                 f"a function name, not one the generated kernels use ({', '.join(RESERVED_NAMES)}) "
+                                 "and not starting with _")
         names = {**known, **{k: sp.Symbol(k) for k in coefficients}}  # 'beta', 'gamma' are names, not functions
         parsed = []
         for n, e in assignments:

@@ -167,13 +167,38 @@ def _validate_invact(t: dict, where: str) -> None:
         _need(c, "expression", str, f"{where} combined")
         _need(c, "coefficients", dict, f"{where} combined")
         try:
-            Form.from_table(c, ("y", "b"))
+            combined = Form.from_table(c, ("y", "b"))
         except ValueError as err:
             _fail(where, "combined.expression", str(err))
+        _check_combined(t, combined, where)
     for m in ("linf_left", "l2_left", "linf_right", "l2_right"):
         v = _need(t["metrics"], m, (int, float), f"{where} metrics")
         if not (math.isfinite(v) and v >= 0):
             _fail(where, f"metrics.{m}", f"must be finite and ≥ 0, got {v}")
+
+
+def _check_combined(t: dict, combined, where: str) -> None:
+    """The combined q(y, b) is what the backward evaluates: on each branch's domain it must be finite and equal the
+    branch form (b = 1 left, 0 right) to 1e-9, as every fitted table's does exactly."""
+    import numpy as np
+    import sympy as sp
+
+    from .activations import numpy_namespace
+    from .invact_forms import Form
+
+    run = combined.compile(numpy_namespace(), [sp.Symbol("b"), *map(sp.Symbol, combined.coefficients)])
+    for side, b in (("left", 1.0), ("right", 0.0)):
+        lo, hi = t[side]["domain"]
+        ys = np.linspace(lo, hi, 257)[1:-1]
+        with np.errstate(all="ignore"):
+            got = np.broadcast_to(np.asarray(run(ys, np.full_like(ys, b), *combined.coefficients.values()),
+                                             dtype=np.float64), ys.shape)
+        want = Form.from_table(t[side])(ys)
+        err = np.abs(got - want)
+        if not np.all(np.isfinite(got)) or not np.all(err <= 1e-9 * (1 + np.abs(want))):
+            bad = int(np.argmax(np.where(np.isfinite(got), err, np.inf)))
+            _fail(where, "combined", f"must equal the {side} form on its domain (b = {b:g}); at y = {ys[bad]:.6g} "
+                                     f"it gives {float(got[bad])!r}, the {side} form {float(want[bad])!r}")
 
 
 def _validate_relu_sum(t: dict, where: str) -> None:
@@ -228,10 +253,11 @@ def save(t: Table | dict, path: str | Path, overwrite: bool = True) -> Path:
     if path.is_file():
         if not overwrite:
             raise FileExistsError(f"{path} exists; pass --force (overwrite=True) to replace it")
-        try:
-            if definition_sha256(json.loads(path.read_text(encoding="utf-8"))) == definition_sha256(t):
+        try:  # kept only if it is a valid table with the same definition
+            old = json.loads(path.read_text(encoding="utf-8"))
+            if definition_sha256(validate(old, str(path))) == definition_sha256(t):
                 return path
-        except (ValueError, OSError):
+        except (ValueError, OSError, RecursionError):
             pass  # unreadable or invalid: replace it
     return write_atomic(path, dumps(t), overwrite=overwrite)
 
@@ -258,6 +284,10 @@ def load(path: str | Path) -> Table:
         t = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise TableError(f"{p}: not valid JSON: {err}") from None
+    except RecursionError:
+        raise TableError(f"{p}: JSON nested too deeply to be a table") from None
+    except UnicodeDecodeError as err:
+        raise TableError(f"{p}: not UTF-8 text: {err.reason}") from None
     return from_json(t, str(p))
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from approxbp.approximations import ReLUSum, get_activation
 from approxbp.approximations import tables as T
-from approxbp.approximations.files import save_figure, write_atomic
+from approxbp.approximations.files import safe_stem, save_figure, write_atomic
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import TableBackward
 
@@ -113,7 +113,7 @@ def write_atlas(out: Path, activations=("gelu", "silu")) -> list[Path]:
     write_atomic(paths[0], json.dumps({"x_range": [-8, 8], "points": X.size, "rows": data}, indent=1) + "\n")
     for a, rows in data.items():
         fig = plot_atlas(a, rows)
-        p = out / f"error_atlas_{a}.png"
+        p = out / f"error_atlas_{safe_stem(a)}.png"  # a may be a whole expression
         save_figure(fig, p, dpi=110)
         plt.close(fig)
         paths.append(p)

@@ -258,9 +258,11 @@ class BDIAStackFunction(torch.autograd.Function):
                 if k + 1 <= K - 1:  # block k+1 also reads x_k through its γ-term
                     outs.append(B.gamma_term(xk, s_k, B.per_sample(gammas[k], x), level))
                     gouts.append(a_next2)
-                got = torch.autograd.grad(outs, [xk, *params[k]], gouts, allow_unused=True)
-                param_grads[k] = got[1:]
-                a_next2, a_next = a_next, got[0]
+                trainable = [q for q in params[k] if q.requires_grad]  # frozen parameters get no gradient
+                got = iter(torch.autograd.grad(outs, [xk, *trainable], gouts, allow_unused=True))
+                a_k = next(got)
+                param_grads[k] = [next(got) if q.requires_grad else None for q in params[k]]
+                a_next2, a_next = a_next, a_k
                 x_next, x, s_k = x, x_prev, s_prev
         flat = [g for pg in param_grads for g in pg]
         return (a_next, None, None, None, None, None, None, *flat)

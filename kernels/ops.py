@@ -245,6 +245,12 @@ def invact(x: Tensor, spec, use_triton: bool, out_dtype: torch.dtype | None) -> 
     return _InvAct.apply(x, spec, use_triton, out_dtype)
 
 
+#: The MS-norms' backward saves σ⁻¹ as a constant, so a second derivative through it would be silently wrong.
+ONCE_DIFFERENTIABLE = ("MSLayerNorm/MSRMSNorm are once differentiable: their backward treats σ⁻¹ as a constant, so "
+                       "a second derivative (create_graph=True) through them would be wrong; use torch.nn.LayerNorm "
+                       "or RMSNorm (patch_model(..., norm=False)) for higher-order gradients")
+
+
 class _MSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, eps, center, use_triton, out_dtype):
@@ -258,6 +264,9 @@ class _MSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dz):
         from .norms import ms_norm_backward_impl
+
+        if torch.is_grad_enabled() and dz.requires_grad:  # create_graph=True: a second derivative is coming
+            raise RuntimeError(ONCE_DIFFERENTIABLE)
 
         z, rstd = ctx.saved_tensors
         return ms_norm_backward_impl(dz, z, rstd, ctx.center, ctx.use_triton, ctx.dtype), None, None, None, None

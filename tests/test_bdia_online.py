@@ -141,3 +141,21 @@ def test_unquantised_ablation_with_table3_gammas():
         for m in mods:
             z = z + m(z)  # eq. 11
         assert torch.allclose(st_(x), z)
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_frozen_block_parameters_get_no_gradient_and_the_rest_are_exact(use_triton):
+    """A frozen parameter (requires_grad=False) crashed the online backward; now it is skipped."""
+    torch.manual_seed(0)
+    mods = [Block(12) for _ in range(4)]
+    for m in mods[1:3]:
+        m.up.weight.requires_grad_(False)
+        m.ln.requires_grad_(False)
+    x = torch.randn(3, 4, 12)
+    ref = _run(K.BDIAStack(mods, level=9, online=False), x, seed=5)
+    got = _run(K.BDIAStack(mods, level=9, online=True, use_triton=use_triton), x, seed=5)
+    assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
+    for p, a, b in zip(K.BDIAStack(mods).parameters(), ref[2], got[2], strict=True):
+        assert (a is None) == (b is None) == (not p.requires_grad)
+        if a is not None:
+            assert torch.equal(a, b)

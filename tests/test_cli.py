@@ -22,3 +22,32 @@ def test_bad_input_exits_2_with_message(capsys):
 def test_tables_lists_and_validates(capsys):
     assert main(["tables", "--family", "relu-sum"]) == 0
     assert "all valid" in capsys.readouterr().out
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["bdia", "analyze", "--blocks", "0"], "outside 2…1000000"),
+    (["bdia", "analyze", "--level", "99999"], "outside -60…60"),
+    (["bdia", "train-toy", "--steps", "0"], "outside 1…10000000"),
+    (["fit", "relu-sum", "--activation", "x*1e309", "--bits", "2"], "overflows float64"),
+    (["fit", "relu-sum", "--activation", "x*" + "7" * 400, "--bits", "2"], "outside float64's range"),
+])
+def test_bad_arguments_are_one_line_errors(argv, msg, capsys):
+    try:
+        rc = main(argv)
+    except SystemExit as exit_:  # argparse
+        rc = exit_.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and msg in err[-1] and not any("Traceback" in line for line in err)
+
+
+def test_tables_reports_a_deep_json_file_and_checks_the_files_after_it(tmp_path, capsys):
+    from approxbp.approximations import tables as T
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    assert main(["tables", str(deep), str(T.resolve("gelu-k2-primitive", "relu-sum"))]) == 2
+    out = capsys.readouterr().out
+    assert "nested too deeply" in out and "gelu-k2-primitive" in out and "1 invalid" in out

@@ -139,3 +139,31 @@ def test_gradcheck_of_the_pure_torch_approximant():
     w, c = torch.tensor(rs.weights), torch.tensor(rs.knots)
     x = torch.tensor([-4.1, -2.2, -0.7, 0.4, 1.9, 3.3], dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: (torch.relu(v[:, None] - c) * w).sum(1), (x,))
+
+
+def test_a_template_slot_in_a_label_stays_text(tmp_path):
+    """A label holding "{helpers}" used to be replaced by an import line inside the generated module."""
+    from approxbp.kernels.codegen import render
+
+    t = T.load("relu_sum/mish-k2-primitive").to_json() | {"activation": "my {helpers} act"}
+    path = T.save(t, tmp_path / "mine-k2-primitive.json")
+    text = render(path)
+    compile(text, "m.py", "exec")
+    assert "ACTIVATION = 'my {helpers} act'" in text and text.count("from approxbp.kernels.triton_helpers") <= 1
+
+
+def test_user_module_names_do_not_collide(tmp_path):
+    from approxbp.kernels.codegen import module_name
+
+    a = T.save(T.load("relu_sum/silu-k2-primitive"), tmp_path / "a-b.json")
+    b = T.save(T.load("relu_sum/gelu-k2-primitive"), tmp_path / "a_b.json")
+    assert module_name(a) != module_name(b)
+    x = torch.linspace(-4, 4, 64)
+    ya = ReLUSumSpec(a)
+    yb = ReLUSumSpec(b)
+    from approxbp.kernels.modules import ensure_generated
+
+    ensure_generated(a, ya.table)
+    ensure_generated(b, yb.table)
+    assert torch.allclose(ya.forward_triton(x)[0], torch.nn.functional.silu(x), atol=1e-6)
+    assert torch.allclose(yb.forward_triton(x)[0], torch.nn.functional.gelu(x), atol=1e-6)

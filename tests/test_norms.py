@@ -102,3 +102,15 @@ def test_triton_norm_non_contiguous_and_nan():
     assert torch.isnan(z[2]).all() and torch.isfinite(z[0]).all()
     z.sum().backward()
     assert torch.isnan(x.grad[2]).all() and torch.isfinite(x.grad[0]).all()
+
+
+@pytest.mark.parametrize("cls", [MSLayerNorm, MSRMSNorm])
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_double_backward_is_refused_not_silently_wrong(cls, use_triton):
+    """σ⁻¹ is saved as a constant, so a Hessian-vector product through the norm would be off by 0.3–2: refused."""
+    x = torch.randn(3, 16, dtype=torch.float64, requires_grad=True)
+    z = cls(16, use_triton=use_triton)(x)
+    with pytest.raises(RuntimeError, match="once differentiable"):
+        torch.autograd.grad(z.pow(3).sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(cls(16, use_triton=use_triton)(x).pow(3).sum(), x)  # first order: as before
+    assert torch.isfinite(g).all()

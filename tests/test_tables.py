@@ -75,3 +75,20 @@ def test_writer_is_canonical(tmp_path):
     t = _good()
     a, b = T.save(t, tmp_path / "a.json"), T.save(json.loads(json.dumps(t)), tmp_path / "b.json")
     assert a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.parametrize("expression", ["sqrt(-1 - y*y)", "1e6", "b", "q_left_wrong*y"])
+def test_combined_invact_form_is_validated_against_its_branches(expression):
+    """The backward evaluates the combined q(y, b): it must equal the branch forms on their domains."""
+    t = json.loads(T.resolve("gelu-fast", "invact").read_text())
+    t["combined"]["expression"] = expression
+    with pytest.raises(T.TableError, match="combined"):
+        T.validate(t, "t")
+
+
+@pytest.mark.parametrize("name", ["None", "tl", "_tmp", "q_left", "b", "lambda"])
+def test_form_names_the_generated_code_uses_are_refused(name):
+    t = json.loads(T.resolve("silu-newton", "invact").read_text())
+    t["left"]["assignments"] = [[name, "y"], *t["left"].get("assignments", [])]
+    with pytest.raises(T.TableError, match="must be a new identifier"):
+        T.validate(t, "t")

@@ -1,0 +1,90 @@
+"""Atomic files (approximations/files.py) and table saving: nothing written in the wrong place, nothing lost."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from approxbp.approximations import tables as T
+from approxbp.approximations.files import check_writable, safe_stem, write_atomic
+
+
+def test_a_device_node_is_never_replaced(tmp_path):
+    dev = tmp_path / "null"
+    os.symlink("/dev/null", dev)
+    with pytest.raises(ValueError, match="not a regular file"):
+        check_writable(dev, overwrite=True)
+    with pytest.raises(ValueError, match="not a regular file"):
+        write_atomic(dev, "x")
+    assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+
+
+def test_a_dangling_symlink_is_refused_before_any_work(tmp_path):
+    link = tmp_path / "out.json"
+    os.symlink(tmp_path / "missing" / "target.json", link)
+    with pytest.raises(ValueError, match="dangling symbolic link"):
+        check_writable(link)
+
+
+def test_a_symlink_to_a_file_is_written_through(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    os.symlink(target, link)
+    write_atomic(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+
+
+def test_a_legal_long_name_can_be_written(tmp_path):
+    name = "t" * 245 + ".json"  # legal (≤ 255 bytes), but a temporary name built from it was not
+    check_writable(tmp_path / name)
+    write_atomic(tmp_path / name, "{}")
+    assert (tmp_path / name).read_text() == "{}"
+
+
+def test_a_write_killed_mid_way_leaves_no_temporary_file_behind(tmp_path):
+    """kill -9 during the write leaves the temporary file; the next write of the same target removes it."""
+    target = tmp_path / "big.bin"
+    code = textwrap.dedent(f"""
+        import os, signal
+        from approxbp.approximations import files
+        real = os.fsync
+        def die(fd):
+            os.kill(os.getpid(), signal.SIGKILL)
+        os.fsync = die
+        files.write_atomic({str(target)!r}, b"x" * 1_000_000)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL
+    assert list(tmp_path.glob(".big.bin.*.tmp")) and not target.exists()
+    write_atomic(target, b"ok")
+    assert target.read_bytes() == b"ok" and not list(tmp_path.glob(".big.bin.*"))
+
+
+def test_force_replaces_an_invalid_table_with_the_same_definition(tmp_path):
+    path = tmp_path / "t.json"
+    good = T.load("relu_sum/gelu-k2-primitive")
+    bad = dict(good.to_json())
+    bad["provenance"] = {"method": 5}  # the definition leaves provenance out: same definition, invalid file
+    assert T.definition_sha256(bad) == T.definition_sha256(good)
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError):
+        T.load(path)
+    T.save(good, path)
+    assert T.load(path).knots == good.knots
+
+
+def test_deeply_nested_json_is_one_clear_error(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 5000 + "]" * 5000)
+    with pytest.raises(T.TableError, match="nested too deeply"):
+        T.load(path)
+
+
+def test_file_stems_of_expressions_stay_in_their_folder():
+    assert safe_stem("gelu") == "gelu"
+    s = safe_stem("x*sigmoid(x)/1")
+    assert "/" not in s and s != safe_stem("x*sigmoid(x)*1") and s.startswith("x_sigmoid_x__1-")
