@@ -167,9 +167,104 @@ class AffineInputLinear(nn.Linear):
         return nn.functional.linear(z, self.weight * self.alpha.to(self.weight.dtype), bias)
 
 
+class _NormInputLinearFn(torch.autograd.Function):
+    """y = (α⊙z + β)·Wᵀ + b from the MS-norm's output z (W is (out, in); Conv1D passes Wᵀ's view). Saves z (the
+    tensor the MS-norm saves anyway) and references to W, α, β (parameters: no copies); u = α⊙z + β is recomputed
+    in the backward. Gradients are exact: dz = (dy·W)⊙α, dW = dyᵀ·u, db = Σ dy, dα = Σ (dy·W)⊙z, dβ = Σ dy·W."""
+
+    @staticmethod
+    def forward(ctx, z, weight, bias, alpha, beta):
+        u = z * alpha.to(z.dtype) if alpha is not None else z
+        u = u + beta.to(z.dtype) if beta is not None else u
+        ctx.save_for_backward(z, weight, alpha, beta)
+        ctx.has_bias = bias is not None
+        return nn.functional.linear(u, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):  # in dy's dtype (autocast's, when the forward's Linear ran under it)
+        z, weight, alpha, beta = ctx.saved_tensors
+        need_z, need_w, need_b, need_a, need_beta = ctx.needs_input_grad
+        du = dy.matmul(weight.to(dy.dtype))  # dL/du
+        rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+        dz = (du * alpha.to(du.dtype) if alpha is not None else du).to(z.dtype) if need_z else None
+        dw = db = da = dbeta = None
+        if need_w:
+            u = z * alpha.to(z.dtype) if alpha is not None else z
+            u = u + beta.to(z.dtype) if beta is not None else u
+            dw = rows(dy).t().matmul(rows(u).to(dy.dtype)).to(weight.dtype)
+        if need_b and ctx.has_bias:
+            db = rows(dy).sum(0).to(weight.dtype)
+        if need_a and alpha is not None:
+            da = (rows(du) * rows(z).to(du.dtype)).sum(0).to(alpha.dtype)
+        if need_beta and beta is not None:
+            dbeta = rows(du).sum(0).to(beta.dtype)
+        return dz, dw, db, da, dbeta
+
+
+class NormInputLinear(nn.Linear):
+    """A consumer Linear (or Hugging Face ``Conv1D``) of a norm whose affine α, β stay the model's own parameters:
+    it reads the MS-norm's z and computes Linear(α⊙z + β) exactly, saving only z (shared with the MS-norm).
+    Weight, bias and their state-dict keys are the original module's; α, β are read from the norm at every call,
+    so they train as in the stock model (:class:`_NormInputLinearFn`)."""
+
+    def __init__(self, linear: nn.Module, norm: nn.Module):
+        nn.Module.__init__(self)
+        self.transposed = type(linear).__name__ == "Conv1D"  # weight (in, out): y = x·W + b
+        self.in_features, self.out_features = ((linear.weight.shape[0], linear.weight.shape[1]) if self.transposed
+                                               else (linear.in_features, linear.out_features))
+        self.weight, self.bias = linear.weight, linear.bias  # the same Parameters: the optimiser sees no change
+        self.__dict__["norm"] = norm  # not a submodule: α, β keep their own (single) state-dict keys
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        norm = self.__dict__["norm"]
+        weight = self.weight.t() if self.transposed else self.weight
+        return _NormInputLinearFn.apply(z, weight, self.bias, norm.weight, getattr(norm, "bias", None))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", Conv1D" if self.transposed else "") + ", input α⊙z + β"
+
+
 # Hugging Face RMSNorms whose forward is weight · x/rms(x) (not Gemma's (1 + weight)); matched by class name so
 # that transformers stays optional
 HF_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
+
+
+def norm_dim_eps(norm: nn.Module) -> tuple[int, float]:
+    """(the normalised size, eps) of a mergeable norm; refuses norms over several trailing dimensions."""
+    if isinstance(norm, nn.LayerNorm | nn.RMSNorm):
+        shape = tuple(norm.normalized_shape) if isinstance(norm.normalized_shape, tuple | list) else (
+            norm.normalized_shape,)
+        if len(shape) != 1:
+            raise ValueError(f"MS-norms normalise over the last dimension only; {norm} normalises over {shape}")
+        dim, eps = shape[0], norm.eps
+    else:
+        dim, eps = norm.weight.shape[-1], getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    return dim, eps if eps is not None else torch.finfo(torch.float32).eps
+
+
+def keep_affine(norm: nn.Module, consumers: list[nn.Module]) -> tuple[MSLayerNorm, list[NormInputLinear]]:
+    """The non-reparameterising MS-norm (the default for trainable models): the norm becomes an MS-norm that
+    returns z and holds the norm's own α (``weight``) and β (``bias``) Parameters under their stock names, and
+    every consumer becomes a :class:`NormInputLinear` that applies them. The function computed, every gradient
+    and the state dict are the stock model's; z is saved once for the norm and all its consumers."""
+    if not is_mergeable_norm(norm):
+        raise TypeError(f"keep_affine handles nn.LayerNorm, nn.RMSNorm and {sorted(HF_RMS_NORMS)}, got {type(norm)}")
+    dim, eps = norm_dim_eps(norm)
+    for c in consumers:
+        if NormInputLinear(c, norm).in_features != dim:
+            raise ValueError(f"consumer {c} must read {dim} features")
+    ms = (MSLayerNorm if isinstance(norm, nn.LayerNorm) else MSRMSNorm)(dim, eps)
+    ms.weight = norm.weight  # Parameters (or None): the same objects, the same state-dict keys
+    if hasattr(norm, "bias"):
+        ms.bias = norm.bias
+    ms.__dict__["replaced"] = norm  # for unpatch: no arithmetic to undo
+    ms.__dict__["kept_affine"] = True
+    wrapped = []
+    for c in consumers:
+        w = NormInputLinear(c, ms)
+        w.__dict__["replaced"] = c
+        wrapped.append(w)
+    return ms, wrapped
 
 
 def is_mergeable_norm(module: nn.Module) -> bool:
@@ -185,15 +280,7 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
         raise ValueError("merge_norm needs at least one consumer nn.Linear")
     if not is_mergeable_norm(norm):
         raise TypeError(f"merge_norm handles nn.LayerNorm, nn.RMSNorm and {sorted(HF_RMS_NORMS)}, got {type(norm)}")
-    if isinstance(norm, nn.LayerNorm | nn.RMSNorm):
-        shape = tuple(norm.normalized_shape) if isinstance(norm.normalized_shape, tuple | list) else (
-            norm.normalized_shape,)
-        if len(shape) != 1:
-            raise ValueError(f"merge_norm merges norms over the last dimension only; {norm} normalises over "
-                             f"{shape}")
-        dim, eps = shape[0], norm.eps
-    else:
-        dim, eps = norm.weight.shape[-1], getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    dim, eps = norm_dim_eps(norm)
     for lin in consumers:
         if not isinstance(lin, nn.Linear) or lin.in_features != dim:
             raise ValueError(f"consumer {lin} must be an nn.Linear with in_features={dim}")
@@ -214,7 +301,6 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
             lin.bias = nn.Parameter(b, requires_grad=lin.weight.requires_grad)
         elif b is not None:
             lin.bias.copy_(b.to(lin.bias.dtype))
-    eps = eps if eps is not None else torch.finfo(torch.float32).eps
     cls = MSLayerNorm if isinstance(norm, nn.LayerNorm) else MSRMSNorm
     ms = cls(dim, eps)
     # what unmerge_norm needs (kept outside the module tree: no parameters, no state-dict keys)

@@ -12,7 +12,7 @@ from approxbp.approximations import tables as T
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .norms import AffineInputLinear, is_mergeable_norm, merge_norm
+from .norms import AffineInputLinear, NormInputLinear, is_mergeable_norm, keep_affine, merge_norm
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
 #: stays optional) → the registry activation whose tables replace them. nn.GELU is looked up with its
@@ -135,12 +135,18 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
                         report.skipped.append(f"{where} ({type(child).__name__}): {why}")
         if before is not None:
             after = _run_example(model, example_input)
-            report.max_output_difference = diff = float((after.double() - before.double()).abs().max())
-            tol = {torch.float64: 1e-6, torch.float32: 1e-3}.get(before.dtype, 5e-2)
-            scale = max(1.0, float(before.double().abs().max()))
-            if not diff <= tol * scale:
-                raise RuntimeError(f"patching changed the model's output by {diff:.3g} > {tol:g}·{scale:.3g} on the "
-                                   "example input; the model is restored")
+            if len(after) != len(before) or any(a.shape != b.shape for a, b in zip(after, before)):
+                raise RuntimeError("patching changed the structure of the model's outputs on the example input; the "
+                                   "model is restored")
+            report.max_output_difference = 0.0
+            for i, (a, b) in enumerate(zip(after, before)):  # every floating output: logits, hidden states, …
+                diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+                report.max_output_difference = max(report.max_output_difference, diff)
+                tol = {torch.float64: 1e-6, torch.float32: 1e-3}.get(b.dtype, 5e-2)
+                scale = max(1.0, float(b.double().abs().max())) if b.numel() else 1.0
+                if not diff <= tol * scale:
+                    raise RuntimeError(f"patching changed output {i} of the model by {diff:.3g} > {tol:g}·{scale:.3g} "
+                                       "on the example input; the model is restored")
     except BaseException:
         undo.rollback()
         raise
@@ -179,7 +185,8 @@ def _is_table(value) -> bool:
 
 
 def _run_example(model: nn.Module, example_input):
-    """The model's first floating-point output on ``example_input``, in eval mode without grad (None without)."""
+    """Every floating-point output of the model on ``example_input`` (tuples, dicts, ``ModelOutput`` fields,
+    hidden states), in eval mode without grad (None without an example)."""
     if example_input is None:
         return None
     training = model.training
@@ -191,8 +198,7 @@ def _run_example(model: nn.Module, example_input):
     finally:
         model.train(training)
     out = out.to_tuple() if hasattr(out, "to_tuple") else out
-    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    return leaves[0].clone() if leaves else None
+    return [t.detach().clone() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
 class _Undo:
@@ -258,6 +264,9 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
         if "merged_from" in modules[name].__dict__:  # merged by an earlier call: only new adapters to wrap
             _wrap_new_adapters(model, modules, name, consumers, other, report, undo)
             continue
+        if "kept_affine" in modules[name].__dict__:  # patched by an earlier call: wrap consumers added since
+            _wrap_new_consumers(model, modules, name, consumers, other, report, undo)
+            continue
         if other or not consumers:
             report.skipped.append(f"{name}: output feeds something other than Linear layers"
                                   + (f" ({', '.join(sorted(other))})" if other else ""))
@@ -265,6 +274,16 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
         shape = getattr(modules[name], "normalized_shape", (None,))
         if isinstance(shape, tuple | list) and len(shape) != 1:
             report.skipped.append(f"{name}: normalises over {tuple(shape)}, not the last dimension alone")
+            continue
+        if _trainable(modules[name], [modules[c] for c in consumers if not _is_adapter(c)]):
+            ms, wrapped = keep_affine(modules[name], [modules[c] for c in consumers])
+            _replace(model, modules, name, ms, undo)
+            for c, w in zip(consumers, wrapped):
+                _replace(model, modules, c, w, undo)
+            report.norms.append(f"{name} → {type(ms).__name__}, α, β kept and applied by {consumers}")
+            continue
+        if any(type(modules[c]).__name__ == "Conv1D" for c in consumers):
+            report.skipped.append(f"{name}: frozen, but a consumer is a Conv1D; merging folds into nn.Linear only")
             continue
         tied = [c for c in consumers if any(p.untyped_storage().data_ptr() in shared
                                             for p in modules[c].parameters(recurse=False))]
@@ -285,6 +304,29 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
         _wrap_adapters(model, modules, norm, adapters, undo)
         report.norms.append(f"{name} → {type(ms).__name__} merged into {base}"
                             + (f"; adapters {adapters} apply its α, β to their input" if adapters else ""))
+
+
+def _trainable(norm: nn.Module, consumers: list[nn.Module]) -> bool:
+    """Merging α, β into W (eq. 58) is exact only when nothing of it trains (LoRA/QLoRA's frozen base): otherwise
+    the optimiser would see W·diag α instead of W and α, and training would change."""
+    return any(p.requires_grad for m in (norm, *consumers) for p in m.parameters())
+
+
+def _wrap_new_consumers(model, modules, name, consumers, other, report, undo) -> None:
+    """Patch, then LoRA, then patch again: Linears that read the MS-norm's z since the first call (LoRA's adapters)
+    get its α, β too, so that they see the input they see in the stock model."""
+    ms = modules[name]
+    new = [c for c in consumers if not isinstance(modules[c], NormInputLinear)]
+    if not new:
+        return
+    if other:
+        report.skipped.append(f"{name}: {new} read it, but so does {sorted(other)}; left as they are")
+        return
+    for c in new:
+        w = NormInputLinear(modules[c], ms)
+        w.__dict__["replaced"] = modules[c]
+        _replace(model, modules, c, w, undo)
+    report.norms.append(f"{name} (patched before): {new} now apply its α, β to their input")
 
 
 def _wrap_new_adapters(model, modules, name, consumers, other, report, undo) -> None:
@@ -311,8 +353,13 @@ def _wrap_adapters(model, modules, norm, adapters, undo) -> None:
 
 
 def _watched(module: nn.Module) -> bool:
-    """A norm to merge, or an MS-norm an earlier call merged (whose new adapter consumers may need wrapping)."""
-    return is_mergeable_norm(module) or "merged_from" in module.__dict__
+    """A norm to patch, or an MS-norm an earlier call made (whose new consumers may need wrapping)."""
+    return is_mergeable_norm(module) or "merged_from" in module.__dict__ or "kept_affine" in module.__dict__
+
+
+def _is_consumer(module: nn.Module) -> bool:
+    """nn.Linear, or Hugging Face's Conv1D (GPT-2: a Linear with its weight stored transposed)."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 def _is_adapter(name: str) -> bool:
@@ -334,7 +381,7 @@ def _consumers_by_fx(model: nn.Module) -> dict[str, tuple[list[str], set[str]]]:
         if node.op != "call_module" or not _watched(modules[node.target]):
             continue
         users = [u for u in node.users if not _shape_query(u)]
-        linear = [u.target for u in users if u.op == "call_module" and isinstance(modules[u.target], nn.Linear)]
+        linear = [u.target for u in users if u.op == "call_module" and _is_consumer(modules[u.target])]
         found[node.target] = (linear, {str(u.target) for u in users if u.target not in linear})
     return found
 
@@ -384,7 +431,7 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[l
     for name, m in model.named_modules():
         if _watched(m):
             handles.append(m.register_forward_hook(on_norm(name)))
-        elif isinstance(m, nn.Linear):
+        elif _is_consumer(m):
             handles.append(m.register_forward_pre_hook(enter(name)))
             handles.append(m.register_forward_hook(lambda *a: setattr(watch, "inside", None)))
     try:

@@ -9,7 +9,7 @@ import torch
 
 peft = pytest.importorskip("peft")  # in the [dev] extra, so CI always runs this file
 transformers = pytest.importorskip("transformers")
-from approxbp.kernels.norms import AffineInputLinear, MSLayerNorm  # noqa: E402
+from approxbp.kernels.norms import AffineInputLinear, MSLayerNorm, NormInputLinear  # noqa: E402
 from approxbp.kernels.patch import patch_model, patched_state_dict  # noqa: E402
 from approxbp.kernels.saved import saved_bytes  # noqa: E402
 
@@ -148,20 +148,21 @@ def test_lora_saving_per_block_matches_the_frozen_linear_column(order, adapter_f
 
 
 def test_patch_lora_patch_again_makes_the_adapters_exact():
-    """Patch, then LoRA, then patch again: the new adapters get the merged norms' α, β, so their gradients equal
-    those of LoRA on the unpatched model; a further call changes nothing."""
+    """Patch, then LoRA, then patch again: the new adapters get the norms' α, β (kept as the model's parameters,
+    since the first patch saw a trainable model), so their gradients equal those of LoRA on the unpatched model;
+    a further call changes nothing."""
     model, x, labels = _vit()
     ref = _lora(copy.deepcopy(model))
     patch_model(model, activation=None, example_input=x)
     model = peft.get_peft_model(model, peft.LoraConfig(**LORA))  # B = 0: wrapping changes no output yet
     report = patch_model(model, activation=None, example_input=x)
-    assert len(report.norms) == 2 and all("merged before" in n for n in report.norms), report  # ln_before × 2
+    assert len(report.norms) == 2 and all("patched before" in n for n in report.norms), report  # ln_before × 2
     with torch.no_grad():  # then the reference's adapter weights (B ≠ 0), as if trained
         ref_params = dict(ref.named_parameters())
         for n, p in model.named_parameters():
             if "lora_" in n:
                 p.copy_(ref_params[n])
-    assert sum(isinstance(m, AffineInputLinear) for m in model.modules()) == 4
+    assert sum(isinstance(m, NormInputLinear) and "lora_A" in n for n, m in model.named_modules()) == 4
     g, g_ref = _grads(model, x, labels), _grads(ref, x, labels)
     assert sorted(g) == sorted(g_ref)
     for name in g:

@@ -114,7 +114,7 @@ def test_form_names_must_be_identifiers():
     with pytest.raises(ValueError, match="identifier"):
         Form.parse("y + a", {"os.system": 1.0})
     with pytest.raises(ExpressionError):
-        Form.parse("y + a", {"a": 1.0}, [["b", "os.system"]])
+        Form.parse("y + a", {"a": 1.0}, [["c", "os.system"]])
 
 
 # ---- 2. atomic writes --------------------------------------------------------------------------------------
@@ -338,7 +338,8 @@ def test_multi_dim_layernorm_is_skipped_not_broken():
     assert torch.equal(model(x), before)
 
 
-def test_patching_is_all_or_nothing(monkeypatch):
+@pytest.mark.parametrize("frozen", [True, False])  # merged into frozen consumers / α, β kept for trainable ones
+def test_patching_is_all_or_nothing(monkeypatch, frozen):
     from approxbp.kernels import patch as P
 
     torch.manual_seed(0)
@@ -348,6 +349,7 @@ def test_patching_is_all_or_nothing(monkeypatch):
         with torch.no_grad():
             ln.weight.normal_()
             ln.bias.normal_()
+    model.requires_grad_(not frozen)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     calls = []
 
@@ -357,8 +359,8 @@ def test_patching_is_all_or_nothing(monkeypatch):
             raise RuntimeError("injected failure")
         return real(norm, consumers)
 
-    real = P.merge_norm
-    monkeypatch.setattr(P, "merge_norm", flaky)
+    real = P.merge_norm if frozen else P.keep_affine
+    monkeypatch.setattr(P, "merge_norm" if frozen else "keep_affine", flaky)
     with pytest.raises(RuntimeError, match="injected"):
         patch_model(model)
     assert [type(m) for m in model] == [torch.nn.LayerNorm, torch.nn.Linear, torch.nn.GELU, torch.nn.LayerNorm,
@@ -387,9 +389,12 @@ def test_tied_consumer_weight_is_not_merged():
         m.ln_f.bias.normal_()
     ids = torch.randint(0, 11, (2, 5))
     before = m(ids)
-    report = patch_model(m, activation=None)
+    frozen = copy.deepcopy(m).requires_grad_(False)
+    report = patch_model(frozen, activation=None)  # merging into W would change the tied embedding too
     assert "tied weights" in str(report.skipped) and not report.norms
-    assert (m(ids) - before).abs().max() <= 1e-12
+    report = patch_model(m, activation=None)  # trainable: α, β are kept, W is untouched, so tying is no obstacle
+    assert len(report.norms) == 1 and m.lm_head.weight is m.wte.weight
+    assert (m(ids) - before).abs().max() <= 1e-12 and (frozen(ids) - before).abs().max() <= 1e-12
 
 
 # ---- BDIA --------------------------------------------------------------------------------------------------
