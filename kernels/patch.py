@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,8 +127,11 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
                 for child_name, child in list(parent.named_children()):
                     new, why = _replacement(child, activation, bits, family_of)
                     where = f"{parent_name + '.' if parent_name else ''}{child_name}"
+                    if new is not None and (mismatch := _computes_differently(child, new)):
+                        new, why = None, mismatch
                     if new is not None:
                         new.__dict__["replaced"] = child  # for unpatch (not a submodule: no state-dict keys)
+                        _move_hooks(child, new)
                         undo.setattr(parent, child_name, new)
                         report.activations.append(f"{where}: {type(child).__name__} → {type(new).__name__}"
                                                   f"({new.extra_repr()})")
@@ -153,6 +157,34 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
     return report
 
 
+def _computes_differently(old: nn.Module, new: nn.Module) -> str | None:
+    """Why ``new`` may not replace ``old`` (None when it may): both are run in float64 on a grid of [−8, 8] and must
+    agree to 1e-9, so that a table of another activation (a GELU table on a SiLU) is never swapped in silently."""
+    x = torch.linspace(-8, 8, 1601, dtype=torch.float64)
+    try:
+        with torch.no_grad():
+            want = copy.deepcopy(old).to(torch.float64).forward(x)  # forward(): the user's hooks do not fire
+            spec = getattr(new, "spec", None)
+            got = spec.forward_only_torch(x) if spec is not None else copy.deepcopy(new).to(torch.float64).forward(x)
+    except Exception as err:  # noqa: BLE001 - what cannot be checked is not swapped
+        return (f"could not be checked against the drop-in on a float64 vector ({type(err).__name__}: {err}); "
+                "not swapped")
+    diff = float((got - want).abs().max())
+    if not diff <= 1e-9 * max(1.0, float(want.abs().max())):
+        table = getattr(getattr(new, "spec", None), "table", None)
+        what = f"table {table.name!r} ({table.expression})" if table is not None else type(new).__name__
+        return f"{what} computes another function (max |difference| {diff:.3g} on [−8, 8]); not swapped"
+    return None
+
+
+def _move_hooks(old: nn.Module, new: nn.Module) -> None:
+    """Forward and backward hooks registered on the replaced module keep firing on its drop-in."""
+    for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                 "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
+        if hasattr(old, attr) and getattr(old, attr):
+            getattr(new, attr).update(getattr(old, attr))
+
+
 @torch.no_grad()
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`patch_model` in place: every drop-in goes back to the module it replaced and every MS-norm is
@@ -171,8 +203,6 @@ def unpatch(model: nn.Module) -> nn.Module:
 def patched_state_dict(model: nn.Module) -> dict:
     """The state dict of the stock architecture (norm weights back, consumers unmerged) for a patched model,
     which stays patched: ``Stock(...).load_state_dict(patched_state_dict(model))`` gives the same outputs."""
-    import copy
-
     return unpatch(copy.deepcopy(model)).state_dict()
 
 
@@ -198,7 +228,8 @@ def _run_example(model: nn.Module, example_input):
     finally:
         model.train(training)
     out = out.to_tuple() if hasattr(out, "to_tuple") else out
-    return [t.detach().clone() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    leaves = pytree.tree_leaves(out)
+    return [t.detach().clone() for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
 class _Undo:
@@ -373,17 +404,44 @@ def _replace(model: nn.Module, modules: dict, name: str, new: nn.Module, undo: _
 
 
 def _consumers_by_fx(model: nn.Module) -> dict[str, tuple[list[str], set[str]]]:
-    """{norm name: (consumer Linear names, other users)} from torch.fx.symbolic_trace."""
+    """{norm name: (consumer names, other users)} from torch.fx.symbolic_trace, over every call site of every norm.
+    A consumer that is also called on something else, or that reads two norms, is reported as another user: a
+    rewrite of it would change those calls too."""
     graph = torch.fx.symbolic_trace(model).graph
     modules = dict(model.named_modules())
-    found = {}
+    found: dict[str, tuple[list[str], set[str]]] = {}
+    reads: dict[str, list] = {}  # consumer → the norm (or None) each of its call sites reads
     for node in graph.nodes:
-        if node.op != "call_module" or not _watched(modules[node.target]):
+        if node.op != "call_module":
             continue
-        users = [u for u in node.users if not _shape_query(u)]
-        linear = [u.target for u in users if u.op == "call_module" and _is_consumer(modules[u.target])]
-        found[node.target] = (linear, {str(u.target) for u in users if u.target not in linear})
+        if _is_consumer(modules[node.target]):
+            src = node.args[0] if node.args else None
+            norm = src.target if getattr(src, "op", None) == "call_module" and _watched(modules[src.target]) else None
+            reads.setdefault(node.target, []).append(norm)
+        if not _watched(modules[node.target]):
+            continue
+        linear, other = found.setdefault(node.target, ([], set()))
+        for u in node.users:
+            if _shape_query(u):
+                continue
+            if u.op == "call_module" and _is_consumer(modules[u.target]) and u.args and u.args[0] is node:
+                if u.target not in linear:
+                    linear.append(u.target)
+            else:
+                other.add(str(u.target))
+    _account_call_sites(found, reads)
     return found
+
+
+def _account_call_sites(found: dict, reads: dict) -> None:
+    """Mark as another user every consumer whose call sites do not all read the same norm."""
+    for linear, other in found.values():
+        for c in linear:
+            sources = set(reads.get(c, []))
+            if None in sources:
+                other.add(f"{c} (also called on another input)")
+            elif len(sources) > 1:
+                other.add(f"{c} (reads {sorted(sources)})")
 
 
 class _ReadWatch(TorchDispatchMode):
@@ -395,6 +453,8 @@ class _ReadWatch(TorchDispatchMode):
         self.inside: str | None = None  # the nn.Linear currently running
         self.found: dict[str, tuple[list[str], set[str]]] = {}
         self.keep: list[torch.Tensor] = []  # watched tensors stay alive, so that no storage pointer is reused
+        self.read_now: set[str] = set()  # the norms the running consumer call has read
+        self.reads: dict[str, list] = {}  # consumer → the norm (or None) each of its calls read
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -404,6 +464,7 @@ class _ReadWatch(TorchDispatchMode):
                 continue
             linear, other = self.found[name]
             if self.inside is not None:
+                self.read_now.add(name)
                 if self.inside not in linear:
                     linear.append(self.inside)
             elif func.overloadpacket is torch.ops.aten._to_copy and isinstance(out, torch.Tensor):
@@ -426,14 +487,23 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[l
         return hook
 
     def enter(name):
-        return lambda module, inputs: setattr(watch, "inside", name)
+        def hook(module, inputs):
+            watch.inside = name
+            watch.read_now = set()
+        return hook
+
+    def leave(name):
+        def hook(module, inputs, out):
+            watch.inside = None
+            watch.reads.setdefault(name, []).extend(sorted(watch.read_now) or [None])
+        return hook
 
     for name, m in model.named_modules():
         if _watched(m):
             handles.append(m.register_forward_hook(on_norm(name)))
         elif _is_consumer(m):
             handles.append(m.register_forward_pre_hook(enter(name)))
-            handles.append(m.register_forward_hook(lambda *a: setattr(watch, "inside", None)))
+            handles.append(m.register_forward_hook(leave(name)))
     try:
         with torch.no_grad(), watch:
             if isinstance(example_input, dict):
@@ -445,4 +515,5 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[l
     finally:
         for h in handles:
             h.remove()
+    _account_call_sites(watch.found, watch.reads)
     return watch.found

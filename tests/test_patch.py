@@ -53,3 +53,60 @@ def test_untraceable_model_is_reported_not_broken():
 def test_bad_activation_choice():
     with pytest.raises(ValueError, match="activation must be one of"):
         patch_model(torch.nn.Linear(2, 2), activation="relu")
+
+
+class _TwiceNorm(torch.nn.Module):
+    """One LayerNorm called on two inputs; the second call's output feeds a non-Linear op."""
+
+    def __init__(self, untraceable=False):
+        super().__init__()
+        self.ln, self.a = torch.nn.LayerNorm(6), torch.nn.Linear(6, 6)
+        self.untraceable = untraceable
+
+    def forward(self, x):
+        if self.untraceable and bool(x.sum() > -1e9):  # data-dependent: fx cannot trace it
+            x = x + 0
+        return self.ln(2 * x).tanh() + self.a(self.ln(x))  # the last call site feeds only the Linear
+
+
+class _ReusedConsumer(_TwiceNorm):
+    """A consumer Linear also applied to a tensor that is not the norm's output."""
+
+    def forward(self, x):
+        if self.untraceable and bool(x.sum() > -1e9):
+            x = x + 0
+        return self.a(self.ln(x)) + self.a(x)
+
+
+class _TwoNormsOneLinear(_TwiceNorm):
+    """One Linear fed by two different norms."""
+
+    def __init__(self, untraceable=False):
+        super().__init__(untraceable)
+        self.ln2 = torch.nn.LayerNorm(6)
+
+    def forward(self, x):
+        if self.untraceable and bool(x.sum() > -1e9):
+            x = x + 0
+        return self.a(self.ln(x)) + self.a(self.ln2(x * 3))
+
+
+@pytest.mark.parametrize("cls", [_TwiceNorm, _ReusedConsumer, _TwoNormsOneLinear])
+@pytest.mark.parametrize("untraceable", [False, True], ids=["fx", "dispatch"])
+def test_every_call_site_is_accounted_for(cls, untraceable):
+    """A norm called twice, a consumer reused on another input, a Linear fed by two norms: rewriting them would
+    change the output (by 0.5–1.9 in fp64 before), so they are skipped with the reason, on both paths."""
+    torch.manual_seed(0)
+    m = cls(untraceable).double()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.LayerNorm):
+                mod.weight.normal_(1.0, 0.5)
+                mod.bias.normal_(0.0, 0.5)
+    x = torch.randn(3, 6, dtype=torch.float64)
+    before = m(x)
+    for frozen in (False, True):
+        mm = copy.deepcopy(m).requires_grad_(not frozen)
+        report = patch_model(mm, activation=None, example_input=x if untraceable else None)
+        assert not report.norms and report.skipped, report
+        assert torch.allclose(mm(x), before, rtol=1e-12, atol=1e-12)

@@ -70,9 +70,26 @@ def test_a_patch_that_changes_the_output_is_undone():
     m = _mlp(nn.GELU())
     x = torch.randn(3, 6, dtype=torch.float64)
     before = m(x)
-    with pytest.raises(RuntimeError, match="changed output 0 of the model"):
-        patch_model(m, activation={nn.GELU: Odd()}, norm=False, example_input=x)
+    report = patch_model(m, activation={nn.GELU: Odd()}, norm=False, example_input=x)  # checked before the swap
+    assert "computes another function" in report.skipped[0] and not report.activations
     assert isinstance(m[1], nn.GELU) and torch.equal(m(x), before)
+
+
+@pytest.mark.parametrize("table", ["relu_sum/gelu-k2-primitive", "invact/gelu-fast"])
+def test_a_table_of_another_activation_is_not_swapped_in(table):
+    m = _mlp(nn.SiLU())
+    report = patch_model(m, activation=table, norm=False)
+    assert isinstance(m[1], nn.SiLU) and "computes another function" in report.skipped[0], report
+
+
+def test_hooks_on_a_replaced_activation_keep_firing():
+    m = _mlp(nn.GELU())
+    seen = []
+    m[1].register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    m[1].register_forward_pre_hook(lambda mod, inp: seen.append("pre"))
+    patch_model(m, activation="relu-sum", norm=False)
+    m(torch.randn(3, 6, dtype=torch.float64))
+    assert type(m[1]).__name__ == "ReGELU2" and seen == ["pre", torch.Size([3, 6])]
 
 
 def _stock(seed=0):
