@@ -127,8 +127,37 @@ def _float_integers(e: sp.Expr) -> sp.Expr:
     return e.xreplace(big) if big else e
 
 
+def _singular_points(expr: sp.Expr) -> list[tuple[str, float]]:
+    """Real x where a denominator vanishes, a log's argument is ≤ 0 or a square root's is < 0, for every such
+    argument that is a rational function of x (exact: the real roots of its numerator, wherever they are, not only
+    on a sampling grid). Other arguments are left to the sampling in :func:`_check_finite`."""
+    found = []
+    for sub in sp.preorder_traversal(expr):
+        if isinstance(sub, sp.Pow) and sub.exp.is_negative:
+            arg, what = sub.base, "a denominator vanishes"
+        elif isinstance(sub, sp.log):
+            arg, what = sub.args[0], "a log's argument is 0"
+        elif isinstance(sub, sp.Pow) and sub.exp.is_Rational and sub.exp.q % 2 == 0:
+            arg, what = sub.base, "a square root's argument changes sign"
+        else:
+            continue
+        num, _ = sp.fraction(sp.together(arg))
+        if x not in num.free_symbols or not num.is_polynomial(x):
+            continue
+        try:
+            roots = [float(r) for r in sp.Poly(num, x).real_roots()]
+        except (sp.PolynomialError, NotImplementedError, ValueError):
+            continue
+        found += [(what, r) for r in roots]
+    return found
+
+
 def _check_finite(text: str, expr: sp.Expr) -> None:
-    """h and h′ must be finite on x ∈ [−30, 30] (catches 1/x, log(x), x/(x−1), …)."""
+    """h and h′ must be finite everywhere: exact real roots of every rational denominator, log and square-root
+    argument (any x, e.g. the pole of 1e-9/(x − 0.005) between grid points), then samples of h and h′ on
+    x ∈ [−30, 30] for the rest (1/x, log(x), x/(x−1), …)."""
+    for what, at in _singular_points(expr):
+        raise ValueError(f"activation expression {text!r} is singular: {what} at x = {at:.6g}")
     grid = np.linspace(-30.0, 30.0, 6001)
     for order in (0, 1):
         e = _float_integers(stable_form(sp.diff(expr, x, order) if order else expr))

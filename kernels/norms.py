@@ -305,7 +305,17 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
     ms = cls(dim, eps)
     # what unmerge_norm needs (kept outside the module tree: no parameters, no state-dict keys)
     ms.__dict__["merged_from"] = (norm, [m for m, _, _ in merged], created)
+    ms._register_state_dict_hook(_warn_merged_layout)
     return ms
+
+
+def _warn_merged_layout(module, state_dict, prefix, local_metadata) -> None:
+    """Saving a model whose norms are merged gives a state dict the stock class cannot load as it was trained."""
+    import warnings
+
+    warnings.warn(f"{prefix or 'a '}norm is merged into its frozen consumers (eq. 58): this state dict is not the "
+                  "stock layout (norm weights missing, consumer weights scaled); save "
+                  "approxbp.kernels.patched_state_dict(model), or unpatch(model) first", UserWarning, stacklevel=3)
 
 
 @torch.no_grad()

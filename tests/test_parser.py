@@ -29,3 +29,13 @@ def test_numbers_outside_float64_and_complex_constants_are_refused_at_once(text,
 def test_large_but_representable_numbers_still_parse_and_evaluate(text):
     act = get_activation(text)
     assert abs(float(act.f(1.0)) - get_activation("x*sigmoid(x)").f(1.0)) < 0.3
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("x*sigmoid(x) + 1e-9/(x-0.005)", "a denominator vanishes at x = 0.005"),  # between the grid's samples
+    ("x*sigmoid(x) + 1/(x**2 - 1e6)", "a denominator vanishes at x = -1000"),  # far outside [−30, 30]
+    ("x*sqrt(x - 100)", "square root"),
+])
+def test_singularities_are_found_exactly_not_by_sampling(text, msg):
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace("*", r"\*")):
+        get_activation(text)

@@ -169,3 +169,17 @@ def test_patch_lora_patch_again_makes_the_adapters_exact():
         assert torch.allclose(g[name], g_ref[name], rtol=1e-9, atol=1e-12), name
     again = patch_model(model, activation=None, example_input=x)
     assert not again.norms and not again.skipped and again.max_output_difference == 0
+
+
+def test_saving_a_merged_model_warns_and_patched_state_dict_is_the_stock_layout():
+    model, x, _ = _vit()
+    model.requires_grad_(False)  # frozen: the norms are merged (the paper's LoRA setting)
+    report = patch_model(model, activation=None, example_input=x)
+    assert report.norms and all("merged into" in n for n in report.norms), report
+    with pytest.warns(UserWarning, match="not the stock layout"):
+        model.state_dict()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        patched_state_dict(model)
