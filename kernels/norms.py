@@ -122,17 +122,23 @@ def ms_norm(x: torch.Tensor, eps: float, center: bool, use_triton: bool | None =
     return ops.ms_norm(x, eps, center, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))
 
 
+def _eps(eps: float | None, x: torch.Tensor) -> float:
+    return eps if eps is not None else float(torch.finfo(x.dtype).eps)
+
+
 class MSLayerNorm(nn.Module):
     """LayerNorm without affine whose backward needs only its output and σ⁻¹ (Algorithm 2)."""
 
-    def __init__(self, normalized_shape: int, eps: float = 1e-5, use_triton: bool | None = None):
+    def __init__(self, normalized_shape: int, eps: float | None = 1e-5, use_triton: bool | None = None):
         super().__init__()
-        self.normalized_shape, self.eps, self.use_triton = int(normalized_shape), float(eps), use_triton
+        # eps=None: the input dtype's machine epsilon at each call, as nn.RMSNorm(eps=None) does
+        self.normalized_shape, self.use_triton = int(normalized_shape), use_triton
+        self.eps = None if eps is None else float(eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.normalized_shape:
             raise ValueError(f"MSLayerNorm expects last dimension {self.normalized_shape}, got {tuple(x.shape)}")
-        return ms_norm(x, self.eps, True, self.use_triton)
+        return ms_norm(x, _eps(self.eps, x), True, self.use_triton)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
@@ -144,7 +150,7 @@ class MSRMSNorm(MSLayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.normalized_shape:
             raise ValueError(f"MSRMSNorm expects last dimension {self.normalized_shape}, got {tuple(x.shape)}")
-        return ms_norm(x, self.eps, False, self.use_triton)
+        return ms_norm(x, _eps(self.eps, x), False, self.use_triton)
 
 
 class AffineInputLinear(nn.Linear):
@@ -239,7 +245,7 @@ def norm_dim_eps(norm: nn.Module) -> tuple[int, float]:
         dim, eps = shape[0], norm.eps
     else:
         dim, eps = norm.weight.shape[-1], getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    return dim, eps if eps is not None else torch.finfo(torch.float32).eps
+    return dim, eps
 
 
 def keep_affine(norm: nn.Module, consumers: list[nn.Module]) -> tuple[MSLayerNorm, list[NormInputLinear]]:

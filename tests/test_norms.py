@@ -114,3 +114,33 @@ def test_double_backward_is_refused_not_silently_wrong(cls, use_triton):
         torch.autograd.grad(z.pow(3).sum(), x, create_graph=True)
     (g,) = torch.autograd.grad(cls(16, use_triton=use_triton)(x).pow(3).sum(), x)  # first order: as before
     assert torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("cls", [nn.LayerNorm, nn.RMSNorm])
+def test_kept_affine_saves_what_the_merge_saves_and_its_gradients_are_exact(cls):
+    """keep_affine: α, β stay trainable Parameters; q, k, v save only the shared z (4 + 4/768 bytes per element in
+    fp32, as the merged form) and every gradient equals autograd through the stock norm and Linears."""
+    from approxbp.kernels.norms import keep_affine
+
+    torch.manual_seed(0)
+    ln = cls(48).double()
+    qkv = [nn.Linear(48, 16).double() for _ in range(3)]
+    with torch.no_grad():
+        ln.weight.normal_()
+        if getattr(ln, "bias", None) is not None:
+            ln.bias.normal_()
+    x = torch.randn(5, 7, 48, dtype=torch.float64, requires_grad=True)
+    params = [p for m in (ln, *qkv) for p in m.parameters()]
+    stock = lambda: sum(m(ln(x)).sin().sum() for m in qkv)  # noqa: E731
+    ref = torch.autograd.grad(stock(), [x, *params])
+    ms, wrapped = keep_affine(ln, qkv)
+    def ours():
+        z = ms(x)
+        return sum(m(z).sin().sum() for m in wrapped)
+
+    got = torch.autograd.grad(ours(), [x, *params])
+    for a, b in zip(ref, got, strict=True):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+    sines = 3 * 5 * 7 * 16 * 8  # each sin saves its input
+    assert saved_bytes(ours, params) == 5 * 7 * 48 * 8 + 5 * 7 * 8 + sines  # z and σ⁻¹ (fp64), once for all three
+    assert [n for n, _ in ms.named_parameters()] == [n for n, _ in ln.named_parameters()]
