@@ -507,13 +507,18 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[l
     try:
         with torch.no_grad(), watch:
             if isinstance(example_input, dict):
-                model(**example_input)
+                out = model(**example_input)
             elif isinstance(example_input, tuple | list):
-                model(*example_input)
+                out = model(*example_input)
             else:
-                model(example_input)
+                out = model(example_input)
     finally:
         for h in handles:
             h.remove()
+    out = out.to_tuple() if hasattr(out, "to_tuple") else out
+    for t in pytree.tree_leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
+        name = watch.owner.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
+        if name is not None:
+            watch.found[name][1].add("returned as a model output")
     _account_call_sites(watch.found, watch.reads)
     return watch.found

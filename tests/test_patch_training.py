@@ -100,3 +100,42 @@ def test_state_dicts_round_trip_with_the_stock_class(build):
     other.eval()
     with torch.no_grad():
         assert torch.allclose(ours(**example).logits, other(**example).logits, rtol=1e-6, atol=1e-6)
+
+
+def test_a_norm_whose_output_is_returned_is_left_alone():
+    """With output_hidden_states the last hidden state is the final norm's output: patching it would change it
+    (by 1.8 before), so it is skipped with the reason and every returned tensor stays as it was."""
+    model, batch = _pretrained(_llama)
+    model.config.output_hidden_states = True
+    example = {"input_ids": batch["input_ids"]}
+    model.eval()
+    with torch.no_grad():
+        before = model(**example)
+    report = patch_model(model, activation="invact", example_input=example)
+    assert any("returned as a model output" in s for s in report.skipped), report
+    with torch.no_grad():
+        after = model(**example)
+    for a, b in zip(after.hidden_states, before.hidden_states, strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_bias_free_consumer_keeps_its_trained_function_through_unpatch():
+    """Falcon-style: a LayerNorm with bias feeding a Linear without one. Merging created a bias that unpatch then
+    dropped after training (0.07 off); the trainable path creates none."""
+    from approxbp.kernels import unpatch
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 4, bias=False)).double()
+    with torch.no_grad():
+        m[0].bias.normal_()
+    x = torch.randn(16, 8, dtype=torch.float64)
+    patch_model(m, activation=None)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    for _ in range(10):
+        opt.zero_grad()
+        m(x).pow(2).mean().backward()
+        opt.step()
+    trained = m(x).detach()
+    unpatch(m)
+    assert type(m[1]) is torch.nn.Linear and m[1].bias is None
+    assert torch.allclose(m(x), trained, rtol=1e-12, atol=1e-12)
