@@ -288,6 +288,11 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
             report.skipped.append(f"norm merging: model is not fx-traceable ({type(err).__name__}: "
                                   f"{str(err)[:80]}); pass example_input to find consumers by running it")
             return
+        branches = _data_dependent_branches(model, example_input)
+        if branches:
+            report.skipped.append(f"norm merging: the model branches on tensor values ({branches}); one run of "
+                                  "example_input sees only the branch it takes, so no norm rewrite can be proven")
+            return
         found = _consumers_by_dispatch(model, example_input)
     modules = dict(model.named_modules())
     shared = _shared_parameters(model)
@@ -431,6 +436,27 @@ def _consumers_by_fx(model: nn.Module) -> dict[str, tuple[list[str], set[str]]]:
                 other.add(str(u.target))
     _account_call_sites(found, reads)
     return found
+
+
+def _data_dependent_branches(model: nn.Module, example_input) -> str | None:
+    """Why the dispatch path cannot see every call site (None when it can): torch._dynamo traces one forward and
+    reports a graph break at Python control flow on a tensor's value (``if x.sum() > 0``), where another input
+    would run other code. Runs in eval mode without grad, with the RNG state restored."""
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            explain = torch._dynamo.explain(model)
+            args = example_input if isinstance(example_input, tuple | list) else (example_input,)
+            result = explain(**example_input) if isinstance(example_input, dict) else explain(*args)
+    except Exception as err:  # noqa: BLE001 - what cannot be checked is not rewritten
+        return f"could not check with torch._dynamo ({type(err).__name__}: {str(err)[:80]})"
+    finally:
+        model.train(training)
+    reasons = [str(r.reason) for r in result.break_reasons]
+    dependent = [r for r in reasons if any(k in r for k in ("generic_jump", "data-dependent", "data dependent",
+                                                            "Data-dependent", "item()", "__bool__"))]
+    return "; ".join(sorted(set(r[:80] for r in dependent))) or None
 
 
 def _account_call_sites(found: dict, reads: dict) -> None:

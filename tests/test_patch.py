@@ -64,8 +64,8 @@ class _TwiceNorm(torch.nn.Module):
         self.untraceable = untraceable
 
     def forward(self, x):
-        if self.untraceable and bool(x.sum() > -1e9):  # data-dependent: fx cannot trace it
-            x = x + 0
+        if self.untraceable:  # int() of a shape: fx cannot trace it (no data-dependent branch, dynamo can)
+            x = x * (int(x.shape[-1]) // 6)
         return self.ln(2 * x).tanh() + self.a(self.ln(x))  # the last call site feeds only the Linear
 
 
@@ -73,8 +73,8 @@ class _ReusedConsumer(_TwiceNorm):
     """A consumer Linear also applied to a tensor that is not the norm's output."""
 
     def forward(self, x):
-        if self.untraceable and bool(x.sum() > -1e9):
-            x = x + 0
+        if self.untraceable:
+            x = x * (int(x.shape[-1]) // 6)
         return self.a(self.ln(x)) + self.a(x)
 
 
@@ -86,8 +86,8 @@ class _TwoNormsOneLinear(_TwiceNorm):
         self.ln2 = torch.nn.LayerNorm(6)
 
     def forward(self, x):
-        if self.untraceable and bool(x.sum() > -1e9):
-            x = x + 0
+        if self.untraceable:
+            x = x * (int(x.shape[-1]) // 6)
         return self.a(self.ln(x)) + self.a(self.ln2(x * 3))
 
 
@@ -110,3 +110,29 @@ def test_every_call_site_is_accounted_for(cls, untraceable):
         report = patch_model(mm, activation=None, example_input=x if untraceable else None)
         assert not report.norms and report.skipped, report
         assert torch.allclose(mm(x), before, rtol=1e-12, atol=1e-12)
+
+
+def test_a_data_dependent_branch_stops_norm_rewrites_on_the_dispatch_path():
+    """The example takes one branch; the other reads the norm's output outside a Linear. One run cannot prove
+    the rewrite (it changed the other branch's output by 5.8 before), so norms are left alone, with the reason."""
+
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.lin = torch.nn.LayerNorm(4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            if x.sum() > 0:
+                return self.lin(self.ln(x))
+            return self.ln(x) * 2
+
+    torch.manual_seed(0)
+    m = Branchy().double()
+    with torch.no_grad():
+        m.ln.weight.normal_(1.0, 0.5)
+        m.ln.bias.normal_(0.0, 0.5)
+    pos, neg = torch.ones(2, 4, dtype=torch.float64), -torch.ones(2, 4, dtype=torch.float64) + 0.1 * torch.arange(4)
+    before = m(neg)
+    report = patch_model(m, activation=None, example_input=pos)
+    assert not report.norms and "branches on tensor values" in report.skipped[0], report
+    assert torch.equal(m(neg), before)
