@@ -225,12 +225,13 @@ def _log_normal(v):
     # m ∈ [√½, √2), log v = e·ln 2 + f·P(f), f = m − 1, P a degree-8 Chebyshev fit of log1p(f)/f (|error| < 6e-8
     # in fp32; libdevice's logf costs 26 SASS instructions, this 16); NaN stays NaN; fp64 uses tl.log
     if v.dtype == tl.float64:
-        return tl.log(v)
-    bits = v.to(tl.int32, bitcast=True)
-    e = (bits - 0x3F3504F3) >> 23
-    f = (bits - (e << 23)).to(tl.float32, bitcast=True) - 1.0
-    r = e.to(tl.float32) * 0.6931471805599453 + f * ({log_poly})
-    return tl.where(v != v, v, r)
+        r = tl.log(v)
+    else:
+        bits = v.to(tl.int32, bitcast=True)
+        e = (bits - 0x3F3504F3) >> 23
+        f = (bits - (e << 23)).to(tl.float32, bitcast=True) - 1.0
+        r = tl.where(v != v, v, e.to(tl.float32) * 0.6931471805599453 + f * ({log_poly}))
+    return r
 
 
 @triton.jit
