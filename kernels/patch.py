@@ -21,7 +21,7 @@ from .norms import AffineInputLinear, NormInputLinear, is_mergeable_norm, keep_a
 ACTIVATION_CLASSES = {
     "GELU": "gelu", "GELUActivation": "gelu",
     "GELU/tanh": "gelu_tanh", "NewGELUActivation": "gelu_tanh", "FastGELUActivation": "gelu_tanh",
-    "PytorchGELUTanh": "gelu_tanh", "GELUTanh": "gelu_tanh",
+    "PytorchGELUTanh": "gelu_tanh", "GELUTanh": "gelu_tanh", "AccurateGELUActivation": "gelu_tanh",
     "QuickGELUActivation": "quick_gelu",
     "SiLU": "silu", "SiLUActivation": "silu",
     "Mish": "mish", "MishActivation": "mish",
@@ -77,7 +77,7 @@ def _replacement(module: nn.Module, activation, bits: int, family_of):
 
     name = type(module).__name__
     mapped = isinstance(activation, dict) and (type(module) in activation or name in activation)
-    if name in OURS or not (mapped or any(f in name for f in ACTIVATION_LIKE)):
+    if name in OURS or not (mapped or any(f.lower() in name.lower() for f in ACTIVATION_LIKE)):
         return None, None
     table, why = _table_for(module, activation, bits)
     if table is None:

@@ -123,3 +123,13 @@ def test_patched_state_dict_loads_into_the_stock_model_and_unpatch_restores():
     assert "MSLayerNorm" not in str(model) and "InvAct" not in str(model)
     assert (model(x) - reference).abs().max() <= 1e-12
     assert model[3].bias is None  # a bias the merge had to create is gone again
+
+
+def test_accurate_gelu_is_swapped_and_hardswish_is_listed_as_skipped():
+    pytest.importorskip("transformers")
+    from transformers.activations import AccurateGELUActivation
+
+    m = nn.Sequential(nn.Linear(6, 6), AccurateGELUActivation(), nn.Linear(6, 6), nn.Hardswish()).double()
+    report = patch_model(m, activation="relu-sum", norm=False)
+    assert type(m[1]).__name__ == "ReLUSumActivation" and "gelu_tanh-k2-primitive" in report.activations[0]
+    assert any("Hardswish" in s and "no table family" in s for s in report.skipped), report
