@@ -28,7 +28,7 @@ SPECS: dict[str, object] = {}
 
 def register(spec) -> str:
     """Make ``spec`` (with a ``key`` attribute) reachable from the ops; returns its key."""
-    SPECS.setdefault(spec.key, spec)
+    SPECS[spec.key] = spec  # equal keys are equal definitions: the latest (whose module surely exists) serves
     return spec.key
 
 
@@ -89,7 +89,7 @@ def _(x, key, use_triton):
     spec = SPECS[key]
     n = x.numel()
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            x.new_empty((4 * ((n * spec.storage + 31) // 32),), dtype=torch.uint8),
+            x.new_empty((spec.packed_bytes(n),), dtype=torch.uint8),
             x.new_empty(((n + spec.nan_span - 1) // spec.nan_span,), dtype=torch.uint8))
 
 

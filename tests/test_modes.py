@@ -197,3 +197,20 @@ def test_kernels_folder_imported_by_its_bare_name_is_the_installed_package(monke
     monkeypatch.syspath_prepend(str(Path(approxbp.kernels.__file__).parent.parent))
     monkeypatch.delitem(sys.modules, "kernels", raising=False)
     assert importlib.import_module("kernels") is approxbp.kernels
+
+
+@pytest.mark.parametrize("name", ["gelu-k2-primitive", "gelu-k5-derivative", "silu-k3-primitive"])
+@pytest.mark.parametrize("n", [4, 9, 4097])
+def test_fake_relu_sum_forward_has_the_real_shapes(name, n):
+    """torch.compile plans with the fake kernel: its packed size must be the real one (whole rows, whole words)."""
+    from approxbp.approximations import tables as T
+    from approxbp.kernels import ops
+    from approxbp.kernels.relu_sum import ReLUSumSpec
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    spec = ReLUSumSpec(T.resolve(name, "relu-sum"))
+    key = ops.register(spec)
+    real = torch.ops.approxbp.relu_sum_forward(torch.randn(n), key, False)
+    with FakeTensorMode():
+        fake = torch.ops.approxbp.relu_sum_forward(torch.empty(n), key, False)
+    assert [t.shape for t in fake] == [t.shape for t in real]
