@@ -8,6 +8,7 @@ gives the same bytes.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import math
@@ -167,38 +168,48 @@ def _validate_invact(t: dict, where: str) -> None:
         _need(c, "expression", str, f"{where} combined")
         _need(c, "coefficients", dict, f"{where} combined")
         try:
-            combined = Form.from_table(c, ("y", "b"))
+            Form.from_table(c, ("y", "b"))
         except ValueError as err:
             _fail(where, "combined.expression", str(err))
-        _check_combined(t, combined, where)
+        _check_combined(t, where)
     for m in ("linf_left", "l2_left", "linf_right", "l2_right"):
         v = _need(t["metrics"], m, (int, float), f"{where} metrics")
         if not (math.isfinite(v) and v >= 0):
             _fail(where, f"metrics.{m}", f"must be finite and ≥ 0, got {v}")
 
 
-def _check_combined(t: dict, combined, where: str) -> None:
+def _check_combined(t: dict, where: str) -> None:
     """The combined q(y, b) is what the backward evaluates: on each branch's domain it must be finite and equal the
-    branch form (b = 1 left, 0 right) to 1e-9, as every fitted table's does exactly."""
-    import numpy as np
+    branch form (b = 1 left, 0 right) to 1e-9, as every fitted table's does exactly. Checked once per distinct
+    (combined, left, right) in a process: a table is loaded at every drop-in's construction."""
+    problem = _combined_problem(json.dumps([t["combined"], t["left"], t["right"]], sort_keys=True))
+    if problem:
+        _fail(where, "combined", problem)
+
+
+@functools.lru_cache(maxsize=256)
+def _combined_problem(forms: str) -> str | None:
     import sympy as sp
 
     from .activations import numpy_namespace
     from .invact_forms import Form
 
+    combined_json, *branches = json.loads(forms)
+    combined = Form.from_table(combined_json, ("y", "b"))
     run = combined.compile(numpy_namespace(), [sp.Symbol("b"), *map(sp.Symbol, combined.coefficients)])
-    for side, b in (("left", 1.0), ("right", 0.0)):
-        lo, hi = t[side]["domain"]
+    for side, b, branch in zip(("left", "right"), (1.0, 0.0), branches):
+        lo, hi = branch["domain"]
         ys = np.linspace(lo, hi, 257)[1:-1]
         with np.errstate(all="ignore"):
             got = np.broadcast_to(np.asarray(run(ys, np.full_like(ys, b), *combined.coefficients.values()),
                                              dtype=np.float64), ys.shape)
-        want = Form.from_table(t[side])(ys)
+        want = Form.from_table(branch)(ys)
         err = np.abs(got - want)
         if not np.all(np.isfinite(got)) or not np.all(err <= 1e-9 * (1 + np.abs(want))):
             bad = int(np.argmax(np.where(np.isfinite(got), err, np.inf)))
-            _fail(where, "combined", f"must equal the {side} form on its domain (b = {b:g}); at y = {ys[bad]:.6g} "
-                                     f"it gives {float(got[bad])!r}, the {side} form {float(want[bad])!r}")
+            return (f"must equal the {side} form on its domain (b = {b:g}); at y = {ys[bad]:.6g} it gives "
+                    f"{float(got[bad])!r}, the {side} form {float(want[bad])!r}")
+    return None
 
 
 def _validate_relu_sum(t: dict, where: str) -> None:
