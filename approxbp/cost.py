@@ -34,6 +34,8 @@ BUDGET = ISSUE_RATE / BANDWIDTH  # ≈ 10.45 SASS instructions per byte moved
 ELEMENTS = 1 << 24
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
           torch.uint8: "u8", torch.int8: "i8", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+NOT_UNDER_INTERPRETER = ("approxbp cost compiles for the GPU: unset TRITON_INTERPRET (the interpreter replaces the "
+                         "kernels)")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 
 
@@ -142,8 +144,7 @@ def compile_sm90(launch: Launch, arch: int = 90):
     from triton.compiler import ASTSource
 
     if not hasattr(launch.fn, "arg_names") or type(launch.fn).__name__ == "InterpretedFunction":
-        raise RuntimeError("approxbp cost compiles for the GPU: unset TRITON_INTERPRET (the interpreter replaces "
-                           "the kernels)")
+        raise RuntimeError(NOT_UNDER_INTERPRETER)
     signature, constexprs, attrs, options = _specialise(launch)
     src = ASTSource(launch.fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), signature
@@ -152,23 +153,16 @@ def compile_sm90(launch: Launch, arch: int = 90):
 _SASS = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
 
 
-def sass(cubin: bytes) -> list[tuple[int, str, str]]:
-    """(address, opcode, operands) of every SASS instruction in ``cubin``."""
+def disassemble(cubin: bytes) -> tuple[list[tuple[int, str, str]], int]:
+    """(address, opcode, operands) of every SASS instruction in ``cubin``, and its registers per thread: one
+    ``cuobjdump -res-usage -sass`` of one temporary file."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    return [(int(m[1], 16), m[3], m[4]) for m in map(_SASS.match, text.splitlines()) if m]
-
-
-def registers(cubin: bytes) -> int:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+        text = subprocess.run([_tool("cuobjdump"), "-res-usage", "-sass", f.name], capture_output=True, text=True,
                               check=True).stdout
-    m = re.search(r"REG:(\d+)", text)
-    return int(m[1]) if m else -1
+    regs = re.search(r"REG:(\d+)", text)
+    return [(int(m[1], 16), m[3], m[4]) for m in map(_SASS.match, text.splitlines()) if m], int(regs[1]) if regs else -1
 
 
 _PTX_PARAM = re.compile(r"ld\.param\.[bu]64\s+(%rd\d+),\s*\[\w+_param_(\d+)\]")
@@ -202,30 +196,20 @@ def access_widths(ptx: str, signature: dict) -> dict[str, str]:
 def measure(name: str, launch: Launch, elements: int, dtype: str, arch: int = 90) -> KernelCost:
     """Compile one captured launch and count what each element costs."""
     kernel, signature = compile_sm90(launch, arch)
-    cubin = kernel.asm["cubin"]
-    code = sass(cubin)
-    body = [(a, op) for a, op, _ in code if op != "NOP"]
-    loops = any(op.startswith("BRA") and _target(code, a) not in (None, a) and _target(code, a) < a
-                for a, op in body)
-    if body and body[-1][1].startswith("BRA"):
+    code, regs = disassemble(kernel.asm["cubin"])
+    branches = [(a, re.search(r"0x([0-9a-f]+)", rest)) for a, op, rest in code if op.startswith("BRA")]
+    loops = any(m and int(m[1], 16) < a for a, m in branches)  # a backward branch (the closing BRA targets itself)
+    body = [op for _, op, _ in code if op != "NOP"]
+    if body and body[-1].startswith("BRA"):
         body = body[:-1]  # the closing self-loop after EXIT
-    threads = 32 * kernel.metadata.num_warps
-    per_program = elements / launch.grid[0]
-    count = len(body) * threads / per_program
-    mufu = sum(op.startswith("MUFU") for _, op in body) * threads / per_program
+    per_thread = 32 * kernel.metadata.num_warps / (elements / launch.grid[0])  # threads per element
+    count = len(body) * per_thread
     moved = sum(v.numel() * v.element_size() for v in (*launch.args, *launch.kwargs.values())
                 if isinstance(v, torch.Tensor)) / elements
-    spills = sum(op.startswith(("LDL", "STL")) for _, op in body)
-    return KernelCost(name, dtype, round(count, 2), round(mufu, 3), round(moved, 3), round(count / (BUDGET * moved), 3),
-                      registers(cubin), spills, access_widths(kernel.asm["ptx"], signature), loops)
-
-
-def _target(code, address):
-    for a, op, rest in code:
-        if a == address and op.startswith("BRA"):
-            m = re.search(r"0x([0-9a-f]+)", rest)
-            return int(m[1], 16) if m else None
-    return None
+    return KernelCost(name, dtype, round(count, 2), round(sum(op.startswith("MUFU") for op in body) * per_thread, 3),
+                      round(moved, 3), round(count / (BUDGET * moved), 3), regs,
+                      sum(op.startswith(("LDL", "STL")) for op in body), access_widths(kernel.asm["ptx"], signature),
+                      loops)
 
 
 # -- the launches of each family -------------------------------------------------------------------------------
@@ -331,25 +315,20 @@ def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, e
     from approxbp.approximations import tables as T
 
     if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("approxbp cost compiles for the GPU: unset TRITON_INTERPRET (the interpreter replaces "
-                           "the kernels)")
+        raise RuntimeError(NOT_UNDER_INTERPRETER)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     jobs = [(T.resolve(p), dtype, arch) for p in (tables if tables is not None else default_tables())]
     jobs += [(None, dtype, arch)] if extras else []
-    workers = workers or os.cpu_count() or 1
+    workers = min(workers or os.cpu_count() or 1, len(jobs))
     results: list[KernelCost] = []
-    if workers == 1 or len(jobs) == 1:
-        groups = map(_measure_group, jobs)
-    else:
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-        groups = pool.map(_measure_group, jobs)
-    for i, (job, group) in enumerate(zip(jobs, groups)):
-        results += group
-        if progress:
-            progress(i + 1, len(jobs), Path(job[0]).stem if job[0] else "MS-norms, BDIA, references")
-    if workers > 1 and len(jobs) > 1:
-        pool.shutdown()
+    with contextlib.ExitStack() as stack:
+        groups = (map(_measure_group, jobs) if workers <= 1 else stack.enter_context(
+            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))).map(_measure_group, jobs))
+        for i, (job, group) in enumerate(zip(jobs, groups)):
+            results += group
+            if progress:
+                progress(i + 1, len(jobs), Path(job[0]).stem if job[0] else "MS-norms, BDIA, references")
     return results
 
 
