@@ -243,6 +243,9 @@ def _softplus(z):
     return tl.maximum(z, 0.0) + tl.where(u == 1.0, t, tl.log(u) * (t / (u - 1.0)))
 '''.replace("{series}", _tanh_series()).replace("{log_poly}", _log1p_over_f())
 
+#: The shared helpers' names, read off HELPERS (sorted, as the generated imports list them).
+HELPER_NAMES = tuple(sorted(re.findall(r"^def (\w+)\(", HELPERS, re.M)))
+
 #: The helpers' one home: generated modules import what they use from it (it is itself generated, from HELPERS).
 HELPERS_MODULE = Path(__file__).parent / "triton_helpers.py"
 
@@ -256,7 +259,7 @@ def render_helpers() -> str:
 def _import_helpers(*code: str) -> str:
     """The import of the shared helpers that the module's generated code calls (or nothing). Only code is searched,
     never labels or docstrings, which come from users."""
-    used = [h for h in ("_log_normal", "_softplus", "_tanh") if any(f"{h}(" in c for c in code)]
+    used = [h for h in HELPER_NAMES if any(f"{h}(" in c for c in code)]
     return f"from approxbp.kernels.triton_helpers import {', '.join(used)}\n" if used else ""
 
 RELU_SUM_TEMPLATE = '''\
@@ -285,13 +288,7 @@ def _nan_max(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
-@triton.jit
-def code_of(x, knots_ptr):
-    # code = #{{i : c_i < x}} (left-continuous; NaN → top code, as torch.bucketize)
-{code_body}
-
-
-@triton.jit
+{code_fn}@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's {per_row} codes packed little-end-first into one {row_bits}-bit integer (code j at bits {storage}·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
@@ -362,15 +359,19 @@ def _f32(v: float) -> str:
     return repr(float(np.float32(v)))
 
 
-def _code_body(knots: list[float], bits: int) -> str:
+def _code_fn(bits: int) -> str:
+    """Above UNROLL_BITS: ``code_of``, a k-step binary search over the knots read from a small table (k ≤ UNROLL_BITS
+    packs without forming codes, :func:`_codes_for`)."""
     if bits <= UNROLL_BITS:
-        terms = [f"    code = code + tl.where(x <= {_f32(c)}, 0, 1)" for c in knots]
-        return "\n".join(["    code = tl.zeros(x.shape, dtype=tl.int32)", *terms, "    return code"])
-    return "\n".join(["    code = tl.zeros(x.shape, dtype=tl.int32)",
+        return ""
+    return "\n".join(["@triton.jit",
+                      "def code_of(x, knots_ptr):",
+                      "    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)",
+                      "    code = tl.zeros(x.shape, dtype=tl.int32)",
                       f"    for s in tl.static_range({bits}):",
                       f"        probe = code + (1 << ({bits} - 1 - s))",
                       "        code = tl.where(x <= tl.load(knots_ptr + probe - 1), code, probe)",
-                      "    return code"])
+                      "    return code", "", "", ""])
 
 
 def _round_down(v: float, dtype: torch.dtype) -> float:
@@ -387,12 +388,27 @@ def _round_up(v: float, dtype: torch.dtype) -> float:
     return -_round_down(-v, dtype)
 
 
+def _by_storage_dtype(dtype_expr: str, lines_for, indent: str) -> list[str]:
+    """``if <dtype> == tl.bfloat16: … elif … tl.float16: … else: …`` (a compile-time branch), each body from
+    ``lines_for(dtype)`` (None for fp32/fp64): what 16-bit data compares against, rounded to its dtype."""
+    out = []
+    for head, dtype in ((f"if {dtype_expr} == tl.bfloat16:", torch.bfloat16),
+                        (f"elif {dtype_expr} == tl.float16:", torch.float16), ("else:", None)):
+        out += [indent + head, *lines_for(dtype)]
+    return out
+
+
+def _wide(storage: int) -> str:
+    """8-bit codes of a row of 8 fill 64 bits: their place values are int64."""
+    return ".to(tl.int64)" if storage == 8 else ""
+
+
 def _codes_for(knots: list[float], bits: int, storage: int, indent: str) -> list[str]:
     """Lines that leave the packed row in ``word``. k ≤ 2: every knot adds the lane's place value where c_i < x (the
     shift is a per-register constant, so no code is formed). k = 3, 4: a binary search whose thresholds are
     compile-time selects on the bits found so far (k compares and 2^k − 1 − k selects instead of 2^k − 1
     compares). NaN fails every x ≤ c and gets the top code, as torch.bucketize."""
-    wide = ".to(tl.int64)" if storage == 8 else ""
+    wide = _wide(storage)
     place = f"(lane * {storage})[None, :]"
     if bits <= 2:
         return [f"{indent}one = (1{wide} << {place})",
@@ -415,14 +431,10 @@ def _codes_for(knots: list[float], bits: int, storage: int, indent: str) -> list
 def _pack_body(knots: list[float], bits: int, storage: int) -> str:
     """Σ_j code_j·2^(storage·j) over the row (:func:`_codes_for`; above UNROLL_BITS the searched codes shift)."""
     if bits > UNROLL_BITS:
-        wide = ".to(tl.int64)" if storage == 8 else ""
-        return f"    return tl.sum(code_of(x, knots_ptr){wide} << (lane[None, :] * {storage}), axis=1)"
+        return f"    return tl.sum(code_of(x, knots_ptr){_wide(storage)} << (lane[None, :] * {storage}), axis=1)"
     as_f32 = [float(np.float32(c)) for c in knots]
-    lines = ["    if DT == tl.bfloat16:", *_codes_for([_round_down(c, torch.bfloat16) for c in as_f32], bits, storage,
-                                                     " " * 8),
-             "    elif DT == tl.float16:", *_codes_for([_round_down(c, torch.float16) for c in as_f32], bits, storage,
-                                                      " " * 8),
-             "    else:", *_codes_for(as_f32, bits, storage, " " * 8)]
+    lines = _by_storage_dtype("DT", lambda dt: _codes_for([_round_down(c, dt) for c in as_f32] if dt else as_f32,
+                                                          bits, storage, " " * 8), "    ")
     return "\n".join([*lines, "    return tl.sum(word, axis=1)"])
 
 
@@ -461,7 +473,7 @@ def render_relu_sum(table_path: Path, t: dict | None = None) -> str:
         expression=t.expression,
         bits=t.bits, storage=storage, per_row=8, row_bits=8 * storage, row_type=ROW_TYPES[storage],
         mask=(1 << storage) - 1, knots=tuple(t.knots), levels=tuple(t.levels), helpers=_import_helpers(source),
-        source=source, code_body=_code_body(t.knots, t.bits),
+        source=source, code_fn=_code_fn(t.bits),
         pack_body=_pack_body(t.knots, t.bits, storage), level_body=_level_body(t.levels, t.bits))
 
 
@@ -513,12 +525,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
         x = x.to(tl.float32)
     tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
-    if x_ptr.dtype.element_ty == tl.bfloat16:
-        left = x < {T_bf16!r}
-    elif x_ptr.dtype.element_ty == tl.float16:
-        left = x < {T_fp16!r}
-    else:
-        left = x < {T!r}
+{left_body}
     word = tl.sum(tl.where(left, 1 << lane[None, :], 0), axis=1)  # the shift is a per-register constant
     tl.store(packed_ptr + byte, word.to(tl.uint8), mask=byte < n_bytes)
 
@@ -570,8 +577,9 @@ def render_invact(table_path: Path, t: dict | None = None) -> str:
             "rule": TritonPrinter().doprint(backward_rule(t))}
     return INVACT_TEMPLATE.format(
         docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t.activation,
-        expression=t.expression, T=t.turning_point, T_bf16=_round_up(t.turning_point, torch.bfloat16),
-        T_fp16=_round_up(t.turning_point, torch.float16), f_T=t.f_T, left_max=t.left.domain[1],
+        expression=t.expression, T=t.turning_point, f_T=t.f_T, left_max=t.left.domain[1],
+        left_body="\n".join(_by_storage_dtype("x_ptr.dtype.element_ty", lambda dt: [
+            f"        left = x < {(_round_up(t.turning_point, dt) if dt else t.turning_point)!r}"], "    ")),
         right_max=t.right.domain[1], helpers=_import_helpers(*code.values()), **code)
 
 

@@ -24,20 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -2.4169464111328125, 0, 1)
-    code = code + tl.where(x <= -0.7100457549095154, 0, 1)
-    code = code + tl.where(x <= -0.3259190022945404, 0, 1)
-    code = code + tl.where(x <= 9.573882377406328e-17, 0, 1)
-    code = code + tl.where(x <= 0.3259190022945404, 0, 1)
-    code = code + tl.where(x <= 0.7100457549095154, 0, 1)
-    code = code + tl.where(x <= 2.4169464111328125, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

@@ -24,28 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -2.7072396278381348, 0, 1)
-    code = code + tl.where(x <= -2.0592100620269775, 0, 1)
-    code = code + tl.where(x <= -0.9312182664871216, 0, 1)
-    code = code + tl.where(x <= -0.683078408241272, 0, 1)
-    code = code + tl.where(x <= -0.48725977540016174, 0, 1)
-    code = code + tl.where(x <= -0.3151153326034546, 0, 1)
-    code = code + tl.where(x <= -0.1549600213766098, 0, 1)
-    code = code + tl.where(x <= 4.39507015715301e-15, 0, 1)
-    code = code + tl.where(x <= 0.1549600213766098, 0, 1)
-    code = code + tl.where(x <= 0.3151153326034546, 0, 1)
-    code = code + tl.where(x <= 0.48725977540016174, 0, 1)
-    code = code + tl.where(x <= 0.683078408241272, 0, 1)
-    code = code + tl.where(x <= 0.9312182664871216, 0, 1)
-    code = code + tl.where(x <= 2.0592100620269775, 0, 1)
-    code = code + tl.where(x <= 2.7072396278381348, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

@@ -24,28 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -3.2619760036468506, 0, 1)
-    code = code + tl.where(x <= -2.482055425643921, 0, 1)
-    code = code + tl.where(x <= -1.9298864603042603, 0, 1)
-    code = code + tl.where(x <= -0.9955577254295349, 0, 1)
-    code = code + tl.where(x <= -0.696372926235199, 0, 1)
-    code = code + tl.where(x <= -0.4467734098434448, 0, 1)
-    code = code + tl.where(x <= -0.21892133355140686, 0, 1)
-    code = code + tl.where(x <= -1.6076795927508214e-12, 0, 1)
-    code = code + tl.where(x <= 0.21892133355140686, 0, 1)
-    code = code + tl.where(x <= 0.4467734098434448, 0, 1)
-    code = code + tl.where(x <= 0.696372926235199, 0, 1)
-    code = code + tl.where(x <= 0.9955577254295349, 0, 1)
-    code = code + tl.where(x <= 1.9298864603042603, 0, 1)
-    code = code + tl.where(x <= 2.482055425643921, 0, 1)
-    code = code + tl.where(x <= 3.2619760036468506, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

@@ -24,28 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -2.703603744506836, 0, 1)
-    code = code + tl.where(x <= -2.0646328926086426, 0, 1)
-    code = code + tl.where(x <= -0.9331837296485901, 0, 1)
-    code = code + tl.where(x <= -0.6841394901275635, 0, 1)
-    code = code + tl.where(x <= -0.48785483837127686, 0, 1)
-    code = code + tl.where(x <= -0.3154360055923462, 0, 1)
-    code = code + tl.where(x <= -0.15510040521621704, 0, 1)
-    code = code + tl.where(x <= 3.318056753290853e-16, 0, 1)
-    code = code + tl.where(x <= 0.15510040521621704, 0, 1)
-    code = code + tl.where(x <= 0.3154360055923462, 0, 1)
-    code = code + tl.where(x <= 0.48785483837127686, 0, 1)
-    code = code + tl.where(x <= 0.6841394901275635, 0, 1)
-    code = code + tl.where(x <= 0.9331837296485901, 0, 1)
-    code = code + tl.where(x <= 2.0646328926086426, 0, 1)
-    code = code + tl.where(x <= 2.703603744506836, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

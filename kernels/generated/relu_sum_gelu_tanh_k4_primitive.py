@@ -24,28 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -3.212562322616577, 0, 1)
-    code = code + tl.where(x <= -2.4702260494232178, 0, 1)
-    code = code + tl.where(x <= -1.9301574230194092, 0, 1)
-    code = code + tl.where(x <= -0.999062716960907, 0, 1)
-    code = code + tl.where(x <= -0.698375403881073, 0, 1)
-    code = code + tl.where(x <= -0.44789695739746094, 0, 1)
-    code = code + tl.where(x <= -0.21942982077598572, 0, 1)
-    code = code + tl.where(x <= -6.560390251875159e-13, 0, 1)
-    code = code + tl.where(x <= 0.21942982077598572, 0, 1)
-    code = code + tl.where(x <= 0.44789695739746094, 0, 1)
-    code = code + tl.where(x <= 0.698375403881073, 0, 1)
-    code = code + tl.where(x <= 0.999062716960907, 0, 1)
-    code = code + tl.where(x <= 1.9301574230194092, 0, 1)
-    code = code + tl.where(x <= 2.4702260494232178, 0, 1)
-    code = code + tl.where(x <= 3.212562322616577, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

@@ -24,20 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -4.598514080047607, 0, 1)
-    code = code + tl.where(x <= -1.1157045364379883, 0, 1)
-    code = code + tl.where(x <= -0.5992566347122192, 0, 1)
-    code = code + tl.where(x <= -0.19216129183769226, 0, 1)
-    code = code + tl.where(x <= 0.19716954231262207, 0, 1)
-    code = code + tl.where(x <= 0.649743914604187, 0, 1)
-    code = code + tl.where(x <= 2.7560532093048096, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

@@ -24,20 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -6.608688831329346, 0, 1)
-    code = code + tl.where(x <= -3.9089319705963135, 0, 1)
-    code = code + tl.where(x <= -1.2085988521575928, 0, 1)
-    code = code + tl.where(x <= -0.5356193780899048, 0, 1)
-    code = code + tl.where(x <= 0.03228670731186867, 0, 1)
-    code = code + tl.where(x <= 0.6312354207038879, 0, 1)
-    code = code + tl.where(x <= 2.9837324619293213, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

@@ -24,28 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -5.484278202056885, 0, 1)
-    code = code + tl.where(x <= -3.6619644165039062, 0, 1)
-    code = code + tl.where(x <= -1.445935606956482, 0, 1)
-    code = code + tl.where(x <= -1.0860745906829834, 0, 1)
-    code = code + tl.where(x <= -0.8174570798873901, 0, 1)
-    code = code + tl.where(x <= -0.5914793610572815, 0, 1)
-    code = code + tl.where(x <= -0.38857004046440125, 0, 1)
-    code = code + tl.where(x <= -0.19777782261371613, 0, 1)
-    code = code + tl.where(x <= -0.01121805515140295, 0, 1)
-    code = code + tl.where(x <= 0.17847499251365662, 0, 1)
-    code = code + tl.where(x <= 0.3804454207420349, 0, 1)
-    code = code + tl.where(x <= 0.6100989580154419, 0, 1)
-    code = code + tl.where(x <= 0.9057142734527588, 0, 1)
-    code = code + tl.where(x <= 2.2928009033203125, 0, 1)
-    code = code + tl.where(x <= 3.1582424640655518, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

@@ -24,28 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -8.30418872833252, 0, 1)
-    code = code + tl.where(x <= -5.783852577209473, 0, 1)
-    code = code + tl.where(x <= -4.341381072998047, 0, 1)
-    code = code + tl.where(x <= -3.2340619564056396, 0, 1)
-    code = code + tl.where(x <= -1.5465123653411865, 0, 1)
-    code = code + tl.where(x <= -1.0831958055496216, 0, 1)
-    code = code + tl.where(x <= -0.7159695625305176, 0, 1)
-    code = code + tl.where(x <= -0.3925245702266693, 0, 1)
-    code = code + tl.where(x <= -0.08779607713222504, 0, 1)
-    code = code + tl.where(x <= 0.21707315742969513, 0, 1)
-    code = code + tl.where(x <= 0.5443211793899536, 0, 1)
-    code = code + tl.where(x <= 0.9382263422012329, 0, 1)
-    code = code + tl.where(x <= 2.1795637607574463, 0, 1)
-    code = code + tl.where(x <= 2.978717088699341, 0, 1)
-    code = code + tl.where(x <= 4.277590274810791, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

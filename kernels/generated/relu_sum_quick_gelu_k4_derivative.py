@@ -24,28 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -3.263813018798828, 0, 1)
-    code = code + tl.where(x <= -2.2430994510650635, 0, 1)
-    code = code + tl.where(x <= -0.8839854001998901, 0, 1)
-    code = code + tl.where(x <= -0.6369843482971191, 0, 1)
-    code = code + tl.where(x <= -0.4496951103210449, 0, 1)
-    code = code + tl.where(x <= -0.2889948785305023, 0, 1)
-    code = code + tl.where(x <= -0.14162535965442657, 0, 1)
-    code = code + tl.where(x <= 4.776287499460175e-16, 0, 1)
-    code = code + tl.where(x <= 0.14162535965442657, 0, 1)
-    code = code + tl.where(x <= 0.2889948785305023, 0, 1)
-    code = code + tl.where(x <= 0.4496951103210449, 0, 1)
-    code = code + tl.where(x <= 0.6369843482971191, 0, 1)
-    code = code + tl.where(x <= 0.8839854001998901, 0, 1)
-    code = code + tl.where(x <= 2.2430994510650635, 0, 1)
-    code = code + tl.where(x <= 3.263813018798828, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

@@ -24,28 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -4.980426788330078, 0, 1)
-    code = code + tl.where(x <= -3.505432605743408, 0, 1)
-    code = code + tl.where(x <= -2.663174629211426, 0, 1)
-    code = code + tl.where(x <= -2.018240213394165, 0, 1)
-    code = code + tl.where(x <= -0.9046258330345154, 0, 1)
-    code = code + tl.where(x <= -0.5503462553024292, 0, 1)
-    code = code + tl.where(x <= -0.2634693682193756, 0, 1)
-    code = code + tl.where(x <= -6.667397753692961e-13, 0, 1)
-    code = code + tl.where(x <= 0.2634693682193756, 0, 1)
-    code = code + tl.where(x <= 0.5503462553024292, 0, 1)
-    code = code + tl.where(x <= 0.9046258330345154, 0, 1)
-    code = code + tl.where(x <= 2.018240213394165, 0, 1)
-    code = code + tl.where(x <= 2.663174629211426, 0, 1)
-    code = code + tl.where(x <= 3.505432605743408, 0, 1)
-    code = code + tl.where(x <= 4.980426788330078, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

@@ -24,28 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -5.555009841918945, 0, 1)
-    code = code + tl.where(x <= -3.8177552223205566, 0, 1)
-    code = code + tl.where(x <= -1.5045431852340698, 0, 1)
-    code = code + tl.where(x <= -1.084147334098816, 0, 1)
-    code = code + tl.where(x <= -0.7653810977935791, 0, 1)
-    code = code + tl.where(x <= -0.4918692708015442, 0, 1)
-    code = code + tl.where(x <= -0.24104635417461395, 0, 1)
-    code = code + tl.where(x <= 2.7218361512445125e-17, 0, 1)
-    code = code + tl.where(x <= 0.24104635417461395, 0, 1)
-    code = code + tl.where(x <= 0.4918692708015442, 0, 1)
-    code = code + tl.where(x <= 0.7653810977935791, 0, 1)
-    code = code + tl.where(x <= 1.084147334098816, 0, 1)
-    code = code + tl.where(x <= 1.5045431852340698, 0, 1)
-    code = code + tl.where(x <= 3.8177552223205566, 0, 1)
-    code = code + tl.where(x <= 5.555009841918945, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which

@@ -24,28 +24,6 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def code_of(x, knots_ptr):
-    # code = #{i : c_i < x} (left-continuous; NaN → top code, as torch.bucketize)
-    code = tl.zeros(x.shape, dtype=tl.int32)
-    code = code + tl.where(x <= -8.476686477661133, 0, 1)
-    code = code + tl.where(x <= -5.966246128082275, 0, 1)
-    code = code + tl.where(x <= -4.5327229499816895, 0, 1)
-    code = code + tl.where(x <= -3.435044765472412, 0, 1)
-    code = code + tl.where(x <= -1.5396732091903687, 0, 1)
-    code = code + tl.where(x <= -0.9366893172264099, 0, 1)
-    code = code + tl.where(x <= -0.4484248459339142, 0, 1)
-    code = code + tl.where(x <= -3.471666747481561e-12, 0, 1)
-    code = code + tl.where(x <= 0.4484248459339142, 0, 1)
-    code = code + tl.where(x <= 0.9366893172264099, 0, 1)
-    code = code + tl.where(x <= 1.5396732091903687, 0, 1)
-    code = code + tl.where(x <= 3.435044765472412, 0, 1)
-    code = code + tl.where(x <= 4.5327229499816895, 0, 1)
-    code = code + tl.where(x <= 5.966246128082275, 0, 1)
-    code = code + tl.where(x <= 8.476686477661133, 0, 1)
-    return code
-
-
-@triton.jit
 def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # the row's 8 codes packed little-end-first into one 32-bit integer (code j at bits 4·j);
     # x is the input in fp32, DT its storage dtype: for 16-bit data each knot is rounded down to that dtype, which
