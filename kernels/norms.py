@@ -179,12 +179,16 @@ class _NormInputLinearFn(torch.autograd.Function):
     in the backward. Gradients are exact: dz = (dy·W)⊙α, dW = dyᵀ·u, db = Σ dy, dα = Σ (dy·W)⊙z, dβ = Σ dy·W."""
 
     @staticmethod
-    def forward(ctx, z, weight, bias, alpha, beta):
+    def _input(z, alpha, beta):
+        """u = α⊙z + β in z's dtype (α or β may be absent)."""
         u = z * alpha.to(z.dtype) if alpha is not None else z
-        u = u + beta.to(z.dtype) if beta is not None else u
+        return u + beta.to(z.dtype) if beta is not None else u
+
+    @staticmethod
+    def forward(ctx, z, weight, bias, alpha, beta):
         ctx.save_for_backward(z, weight, alpha, beta)
         ctx.has_bias = bias is not None
-        return nn.functional.linear(u, weight, bias)
+        return nn.functional.linear(_NormInputLinearFn._input(z, alpha, beta), weight, bias)
 
     @staticmethod
     def backward(ctx, dy):  # in dy's dtype (autocast's, when the forward's Linear ran under it)
@@ -194,10 +198,8 @@ class _NormInputLinearFn(torch.autograd.Function):
         rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
         dz = (du * alpha.to(du.dtype) if alpha is not None else du).to(z.dtype) if need_z else None
         dw = db = da = dbeta = None
-        if need_w:
-            u = z * alpha.to(z.dtype) if alpha is not None else z
-            u = u + beta.to(z.dtype) if beta is not None else u
-            dw = rows(dy).t().matmul(rows(u).to(dy.dtype)).to(weight.dtype)
+        if need_w:  # u recomputed, never saved
+            dw = rows(dy).t().matmul(rows(_NormInputLinearFn._input(z, alpha, beta)).to(dy.dtype)).to(weight.dtype)
         if need_b and ctx.has_bias:
             db = rows(dy).sum(0).to(weight.dtype)
         if need_a and alpha is not None:
@@ -256,20 +258,17 @@ def keep_affine(norm: nn.Module, consumers: list[nn.Module]) -> tuple[MSLayerNor
     if not is_mergeable_norm(norm):
         raise TypeError(f"keep_affine handles nn.LayerNorm, nn.RMSNorm and {sorted(HF_RMS_NORMS)}, got {type(norm)}")
     dim, eps = norm_dim_eps(norm)
-    for c in consumers:
-        if NormInputLinear(c, norm).in_features != dim:
-            raise ValueError(f"consumer {c} must read {dim} features")
     ms = (MSLayerNorm if isinstance(norm, nn.LayerNorm) else MSRMSNorm)(dim, eps)
+    wrapped = [NormInputLinear(c, ms) for c in consumers]
+    for c, w in zip(consumers, wrapped):
+        if w.in_features != dim:
+            raise ValueError(f"consumer {c} must read {dim} features")
+        w.__dict__["replaced"] = c
     ms.weight = norm.weight  # Parameters (or None): the same objects, the same state-dict keys
     if hasattr(norm, "bias"):
         ms.bias = norm.bias
     ms.__dict__["replaced"] = norm  # for unpatch: no arithmetic to undo
     ms.__dict__["kept_affine"] = True
-    wrapped = []
-    for c in consumers:
-        w = NormInputLinear(c, ms)
-        w.__dict__["replaced"] = c
-        wrapped.append(w)
     return ms, wrapped
 
 

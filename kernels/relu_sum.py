@@ -94,6 +94,12 @@ class ReLUSumSpec:
         return torch.where(block_nan, float("nan"), dx).to(g.dtype)
 
     # -- the Triton kernels --------------------------------------------------------------------
+    def _rows_grid(self, packed: torch.Tensor) -> tuple[int, tuple[int]]:
+        """Rows of 8 codes (``storage`` bytes each) in the packed buffer, and the grid over them: the forward's and
+        the backward's must agree, since program p's NaN byte covers its rows."""
+        rows = packed.numel() // self.storage
+        return rows, (triton.cdiv(rows, RELU_SUM_ROWS),)
+
     def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         check_triton_device(x)
         knots = self.consts(x.device)[0]
@@ -101,8 +107,7 @@ class ReLUSumSpec:
         y = torch.empty_like(xc)
         n = xc.numel()
         packed = torch.empty(self.packed_bytes(n), dtype=torch.uint8, device=x.device)
-        rows = packed.numel() // self.storage  # 8 codes of `storage` bits per row
-        grid = (triton.cdiv(rows, RELU_SUM_ROWS),)
+        rows, grid = self._rows_grid(packed)
         nan = torch.empty(grid[0], dtype=torch.uint8, device=x.device)
         if n:
             self.module.forward_kernel[grid](xc, y, packed, knots, nan, n, rows, ROWS=RELU_SUM_ROWS,
@@ -114,8 +119,7 @@ class ReLUSumSpec:
         gc = g.contiguous()
         out = torch.empty_like(gc)
         if numel:
-            rows = packed.numel() // self.storage
-            grid = (triton.cdiv(rows, RELU_SUM_ROWS),)
+            rows, grid = self._rows_grid(packed)
             self.module.backward_kernel[grid](gc, packed, levels, nan, out, numel, rows, ROWS=RELU_SUM_ROWS,
                                               num_warps=num_warps(g.dtype))
         return out
