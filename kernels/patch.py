@@ -116,7 +116,7 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
     if not (activation in ACTIVATIONS or isinstance(activation, dict) or _is_table(activation)):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, a table path or a mapping, got {activation!r}")
 
-    report, undo = PatchReport(), _Undo()
+    report, undo, checked = PatchReport(), _Undo(), {}
     family_of = functools.cache(lambda table: T.load(T.resolve(table)).family)
     before = _run_example(model, example_input)
     try:
@@ -127,7 +127,7 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
                 for child_name, child in list(parent.named_children()):
                     new, why = _replacement(child, activation, bits, family_of)
                     where = f"{parent_name + '.' if parent_name else ''}{child_name}"
-                    if new is not None and (mismatch := _computes_differently(child, new)):
+                    if new is not None and (mismatch := _computes_differently(child, new, checked)):
                         new, why = None, mismatch
                     if new is not None:
                         new.__dict__["replaced"] = child  # for unpatch (not a submodule: no state-dict keys)
@@ -157,22 +157,34 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
     return report
 
 
-def _computes_differently(old: nn.Module, new: nn.Module) -> str | None:
+def _computes_differently(old: nn.Module, new: nn.Module, checked: dict) -> str | None:
     """Why ``new`` may not replace ``old`` (None when it may): both are run in float64 on a grid of [−8, 8] and must
-    agree to 1e-9, so that a table of another activation (a GELU table on a SiLU) is never swapped in silently."""
+    agree to 1e-9, so that a table of another activation (a GELU table on a SiLU) is never swapped in silently.
+    ``checked`` remembers the verdict per (class, configuration, table) within one patch_model call."""
+    spec = getattr(new, "spec", None)
+    key = (type(old), old.extra_repr(), spec.key if spec is not None else id(new))
+    if key not in checked:
+        checked[key] = _compare_float64(old, new, spec)
+    return checked[key]
+
+
+def _compare_float64(old: nn.Module, new: nn.Module, spec) -> str | None:
     x = torch.linspace(-8, 8, 1601, dtype=torch.float64)
+
+    def in_float64(m: nn.Module) -> nn.Module:  # a module with state is copied, never converted in place
+        return copy.deepcopy(m).to(torch.float64) if any(True for _ in m.parameters()) or any(
+            True for _ in m.buffers()) else m
+
     try:
         with torch.no_grad():
-            want = copy.deepcopy(old).to(torch.float64).forward(x)  # forward(): the user's hooks do not fire
-            spec = getattr(new, "spec", None)
-            got = spec.forward_only_torch(x) if spec is not None else copy.deepcopy(new).to(torch.float64).forward(x)
+            want = in_float64(old).forward(x)  # forward(): the user's hooks do not fire
+            got = spec.forward_only_torch(x) if spec is not None else in_float64(new).forward(x)
     except Exception as err:  # noqa: BLE001 - what cannot be checked is not swapped
         return (f"could not be checked against the drop-in on a float64 vector ({type(err).__name__}: {err}); "
                 "not swapped")
     diff = float((got - want).abs().max())
     if not diff <= 1e-9 * max(1.0, float(want.abs().max())):
-        table = getattr(getattr(new, "spec", None), "table", None)
-        what = f"table {table.name!r} ({table.expression})" if table is not None else type(new).__name__
+        what = f"table {spec.table.name!r} ({spec.table.expression})" if spec is not None else type(new).__name__
         return f"{what} computes another function (max |difference| {diff:.3g} on [−8, 8]); not swapped"
     return None
 
@@ -214,6 +226,18 @@ def _is_table(value) -> bool:
         return False
 
 
+def _call(fn, example_input):
+    """``fn`` on ``example_input``: keyword arguments (a dict), positional ones (a tuple or list) or one tensor."""
+    if isinstance(example_input, dict):
+        return fn(**example_input)
+    return fn(*example_input) if isinstance(example_input, tuple | list) else fn(example_input)
+
+
+def _leaves(out) -> list:
+    """The tensors and other leaves of a model output (tuples, dicts, ``ModelOutput`` fields)."""
+    return pytree.tree_leaves(out.to_tuple() if hasattr(out, "to_tuple") else out)
+
+
 def _run_example(model: nn.Module, example_input):
     """Every floating-point output of the model on ``example_input`` (tuples, dicts, ``ModelOutput`` fields,
     hidden states), in eval mode without grad (None without an example)."""
@@ -223,13 +247,10 @@ def _run_example(model: nn.Module, example_input):
     model.eval()
     try:
         with torch.no_grad():
-            out = (model(**example_input) if isinstance(example_input, dict)
-                   else model(*example_input) if isinstance(example_input, tuple | list) else model(example_input))
+            out = _call(model, example_input)
     finally:
         model.train(training)
-    out = out.to_tuple() if hasattr(out, "to_tuple") else out
-    leaves = pytree.tree_leaves(out)
-    return [t.detach().clone() for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return [t.detach().clone() for t in _leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
 class _Undo:
@@ -446,9 +467,7 @@ def _data_dependent_branches(model: nn.Module, example_input) -> str | None:
     model.eval()
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            explain = torch._dynamo.explain(model)
-            args = example_input if isinstance(example_input, tuple | list) else (example_input,)
-            result = explain(**example_input) if isinstance(example_input, dict) else explain(*args)
+            result = _call(torch._dynamo.explain(model), example_input)
     except Exception as err:  # noqa: BLE001 - what cannot be checked is not rewritten
         return f"could not check with torch._dynamo ({type(err).__name__}: {str(err)[:80]})"
     finally:
@@ -532,17 +551,11 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[l
             handles.append(m.register_forward_hook(leave(name)))
     try:
         with torch.no_grad(), watch:
-            if isinstance(example_input, dict):
-                out = model(**example_input)
-            elif isinstance(example_input, tuple | list):
-                out = model(*example_input)
-            else:
-                out = model(example_input)
+            out = _call(model, example_input)
     finally:
         for h in handles:
             h.remove()
-    out = out.to_tuple() if hasattr(out, "to_tuple") else out
-    for t in pytree.tree_leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
+    for t in _leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
         name = watch.owner.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
         if name is not None:
             watch.found[name][1].add("returned as a model output")
