@@ -8,8 +8,10 @@ temporary file of a process killed mid-write is removed by the next write of the
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import re
 import tempfile
 from glob import escape as glob_escape
 from pathlib import Path
@@ -121,9 +123,6 @@ def safe_stem(label: str, limit: int = 80) -> str:
     """A file-name stem for a label that may be a whole expression (``x*sigmoid(x)/1``): characters outside
     ``[A-Za-z0-9_.+-]`` become ``_``; a changed or shortened label gets 8 hex digits of its sha256, so two labels
     never share a file."""
-    import hashlib
-    import re
-
     stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", label).lstrip(".")[:limit]
     return stem if stem == label else f"{stem}-{hashlib.sha256(label.encode()).hexdigest()[:8]}"
 
