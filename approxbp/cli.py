@@ -135,6 +135,17 @@ def build_parser() -> argparse.ArgumentParser:
     cst.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     cst.add_argument("--no-progress", action="store_true", help="hide progress")
 
+    cer = add(sub, "certify", help="rigorous error bounds (interval arithmetic, python-flint): InvAct forms' sup error "
+              "over each branch, ReLU-sum objectives and global optimality for k ≤ 2")
+    cer.add_argument("tables", nargs="*", type=Path, help="table paths (none: the packaged InvAct fast/newton tables "
+                     "and the gelu/silu ReLU-sum tables with k ≤ 2)")
+    cer.add_argument("--budget", type=float, default=120.0, help="seconds per certificate (a branch, or a B&B)")
+    cer.add_argument("--rtol", type=float, default=0.02,
+                     help="InvAct: refine until the bound is within this factor of the error attained")
+    cer.add_argument("--write", action="store_true", help="store the certificates in the tables' metrics "
+                     "(then run `approxbp export` for their kernels)")
+    cer.add_argument("--no-progress", action="store_true", help="hide progress")
+
     tab = add(sub, "tables", help="list and validate coefficient tables (the packaged ones, or the files given)")
     tab.add_argument("files", nargs="*", type=Path, help="your own table files to validate (none: the packaged ones)")
     tab.add_argument("--family", default=None, choices=("relu-sum", "invact"), help="only this family")
@@ -368,6 +379,8 @@ def _dispatch(args, argv) -> int:
         return 0
     if args.command == "cost":
         return _cost(args, progress)
+    if args.command == "certify":
+        return _certify(args, progress)
     if args.command == "tables":
         paths = args.files or T.table_paths(args.family)
         bad = 0
@@ -391,6 +404,31 @@ def _dispatch(args, argv) -> int:
         print(f"{len(paths)} tables, " + (f"{bad} invalid" if bad else "all valid"))
         return 2 if bad else 0
     raise AssertionError(args)
+
+
+def _certify(args, progress: bool) -> int:
+    """``approxbp certify``: one line per certificate; exit 1 when a claim fails."""
+    from approxbp.approximations import tables as T
+    from approxbp.fitting.certify import certifiable, certify_table
+
+    if not (args.budget > 0 and 0 < args.rtol < 10):
+        raise ValueError("--budget must be > 0 and --rtol in (0, 10)")
+    paths = args.tables or [p for p in T.table_paths() if certifiable(p)]
+    tell = (lambda msg: print(f"[certify] {msg}", file=sys.stderr, flush=True)) if progress else None
+    failed, t0 = [], time.perf_counter()
+    for path in paths:
+        t = T.load(path)
+        entry, lines, ok = certify_table(t, budget_s=args.budget, rtol=args.rtol, progress=tell)
+        print("\n".join(lines), flush=True)
+        if not ok:
+            failed.append(t.name)
+        if args.write:
+            T.save(t.with_metrics(certified=entry), path)
+    print(f"{len(paths)} tables in {time.perf_counter() - t0:.1f} s: "
+          + ("every certificate holds" if not failed else f"FAILED: {', '.join(failed)}"))
+    if args.write:
+        print("tables updated; regenerate their kernels with `approxbp export`")
+    return 1 if failed else 0
 
 
 def _cost(args, progress: bool) -> int:

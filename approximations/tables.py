@@ -103,7 +103,36 @@ def validate(t: Any, where: str = "<table>") -> dict:
         _validate_relu_sum(t, where)
     else:
         _validate_invact(t, where)
+    if "certified" in t["metrics"]:
+        _check_certified(t, where)
     return t
+
+
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_certified(t: dict, where: str) -> None:
+    """``metrics.certified`` (written by ``approxbp certify``): InvAct branches carry a rigorous bound ≥ the error
+    attained and ≥ the sampled L∞; ReLU-sum tables an objective enclosure that holds the recorded loss."""
+    c = _need(t["metrics"], "certified", dict, f"{where} metrics")
+    if t["family"] == "invact":
+        for side in ("left", "right"):
+            b = _need(c, side, dict, f"{where} metrics.certified")
+            for f in ("bound", "attained", "claim", "float32_evaluation"):
+                if not (_number(b.get(f)) and b[f] >= 0):
+                    _fail(where, f"metrics.certified.{side}.{f}", "must be a finite number ≥ 0")
+            sampled = t["metrics"][f"linf_{side}"]
+            if b["bound"] < max(b["attained"], sampled * (1 - 1e-9)):
+                _fail(where, f"metrics.certified.{side}.bound", f"{b['bound']!r} is below the error attained "
+                      f"({b['attained']!r}) or sampled ({sampled!r}): not a bound")
+        return
+    lo_hi = c.get("objective")
+    if not (isinstance(lo_hi, list) and len(lo_hi) == 2 and all(_number(v) for v in lo_hi)
+            and lo_hi[0] <= t["loss"] * (1 + 1e-12) and t["loss"] * (1 - 1e-12) <= lo_hi[1]):
+        _fail(where, "metrics.certified.objective", "must be [lower, upper] around the recorded loss")
+    if "global_gap" in c and not (_number(c["global_gap"]) and c["global_gap"] >= 0):
+        _fail(where, "metrics.certified.global_gap", "must be a finite number ≥ 0")
 
 
 def _check_expression(t: dict, where: str) -> None:
@@ -387,6 +416,12 @@ class _Table(Mapping):
     def file_name(self) -> str:
         """The canonical packaged path, ``<folder>/<name>.json``."""
         return f"{self.folder}/{self.name}.json"
+
+    def with_metrics(self, **changes):
+        """The same table with metrics added or replaced (e.g. ``certified``), validated again."""
+        d = self.to_json()
+        d["metrics"].update(changes)
+        return from_json(d)
 
     def with_provenance(self, **changes):
         """The same table with provenance fields changed (e.g. the command that regenerates it)."""

@@ -1,0 +1,693 @@
+"""Certified numerics: rigorous bounds by interval (ball) arithmetic, not samples (python-flint's Arb).
+
+InvAct (Inverted Activations §2, eq. 3). The kernel computes dx = dy·q_s(y) from the saved output y = f(x) and
+the branch bit s = [x < T]; exact is g(y) = f′(f⁻¹_s(y)). Parametrised by x, no inverse is needed:
+
+    err(x) = q_s(f(x)) − f′(x),   x ∈ [−2^128, T] (left, s = 1) and [T, 2^128] (right, s = 0),
+
+which covers every finite float32 output y (and every float64 y up to 3.4e38) of each branch, the table's forms,
+its clamps and its tail rule included (:func:`~approxbp.approximations.invact_forms.backward_rule`, the rule the
+kernels print), with every number of the rule rounded to float32 as the kernels write it. Adaptive
+subdivision of x (bisection, geometric for wide boxes) bounds |err| on each box by the mean-value form
+err(m) + err′(X)·(X − m) ∩ the direct enclosure, until the largest box bound is within ``rtol`` of the largest
+error found at a box midpoint (a rigorous lower bound), or the time budget ends.
+
+The float32 evaluation error of the kernel's formula is bounded separately, per y-box, by a running error
+analysis of the same expression (:mod:`.intervals`: IEEE rounding of +, −, ×, documented ulps of ÷, sqrt, exp, …,
+and the certified error of the kernels' ``_log_normal``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import sympy as sp
+from approxbp.approximations import get_activation
+from approxbp.approximations.activations import x as X_SYMBOL
+from approxbp.approximations.invact_forms import Form, backward_rule
+from approxbp.approximations.invact_forms import y as FORM_Y
+from approxbp.approximations.tables import InvActTable, as_table
+from flint import arb
+
+from . import intervals as iv
+from .intervals import Ball, Evaluator, box, float32, lower, number, upper
+
+#: |x| up to which InvAct certificates reach: f(2^128) exceeds float32's largest finite number.
+X_LIMIT = 2.0**128
+#: Stop refining once the certified bound is within this factor of the error actually attained.
+RTOL = 0.02
+
+
+@dataclass
+class Certificate:
+    """A rigorous bound ``bound`` ≥ sup |error| over ``domain``; ``attained`` ≤ that sup is the largest error at
+    a point (a rigorous lower bound), found at ``where``. ``claim`` is what the table states; ``passed`` iff
+    bound ≤ claim."""
+
+    what: str
+    domain: tuple[float, float]
+    bound: float
+    attained: float
+    where: float
+    claim: float
+    passed: bool
+    boxes: int
+    seconds: float
+    converged: bool
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "what"}
+
+
+# ---- adaptive subdivision ------------------------------------------------------------------------------------
+def _split(lo: float | arb, hi: float | arb) -> arb:
+    """Where to split [lo, hi]: geometric mean for a wide box of one sign, else the midpoint (exact)."""
+    lo, hi = arb(lo), arb(hi)
+    if lo > 0 and hi > 4 * lo:
+        return (lo * hi).sqrt().mid()
+    if hi < 0 and lo < 4 * hi:
+        return -(lo * hi).sqrt().mid()
+    return ((lo + hi) / 2).mid()
+
+
+def supremum(bound_on, pieces, rtol: float = RTOL, budget_s: float = 120.0, claim: float = math.inf,
+             what: str = "", max_boxes: int | None = None) -> Certificate:
+    """A certified sup |err| over the union of ``pieces`` [(lo, hi), …]. ``bound_on(lo, hi)`` returns
+    (upper bound of |err| on [lo, hi], lower bound of |err(m)| at a point m, m as a float).
+
+    Refines the box with the largest bound first; stops when that bound is ≤ (1 + rtol)·(largest attained), or
+    when ``budget_s`` is spent or ``max_boxes`` evaluated (``converged`` False; the bound stands, only looser)."""
+    start = time.perf_counter()
+    heap, best, where, count = [], 0.0, math.nan, 0
+
+    def push(lo, hi):
+        nonlocal best, where, count
+        up, low, m = bound_on(lo, hi)
+        count += 1
+        if low > best:
+            best, where = low, m
+        heapq.heappush(heap, (-up, count, lo, hi))
+
+    for lo, hi in pieces:
+        push(arb(lo), arb(hi))
+    converged = True
+    while heap:
+        up = -heap[0][0]
+        if up <= best * (1 + rtol) or up == 0.0:
+            break
+        if time.perf_counter() - start > budget_s or (max_boxes is not None and count >= max_boxes):
+            converged = False
+            break
+        _, _, lo, hi = heapq.heappop(heap)
+        mid = _split(lo, hi)
+        if not (lo < mid < hi):  # cannot split further
+            heapq.heappush(heap, (-up, 0, lo, hi))
+            converged = False
+            break
+        push(lo, mid)
+        push(mid, hi)
+    bound = -heap[0][0] if heap else 0.0
+    if best == 0.0 and heap:  # nothing attained to report (a rounding bound): where the bound is reached
+        where = float(_split(heap[0][2], heap[0][3]))
+    lo_all, hi_all = float(arb(pieces[0][0]).mid()), float(arb(pieces[-1][1]).mid())
+    return Certificate(what, (lo_all, hi_all), bound, best, where, claim, bound <= claim, count,
+                       round(time.perf_counter() - start, 2), converged)
+
+
+# ---- InvAct ------------------------------------------------------------------------------------------------
+def claim_of(t: InvActTable, branch: str) -> float:
+    """What a table claims for a branch: the fitter's tolerance (fast forms), else the sampled L∞ rounded up to
+    two significant digits (the precision the docs print)."""
+    tol = (t.metrics.get("fast") or {}).get("tolerance")
+    if tol is not None:
+        return float(tol)
+    v = float(t.metrics[f"linf_{branch}"])
+    if v == 0:
+        return 0.0
+    scale = 10.0 ** (math.floor(math.log10(v)) - 1)
+    return math.ceil(v / scale) * scale
+
+
+class InvactRule:
+    """The backward multiplier the kernels compute for one table and branch, on balls: backward_rule with the
+    table's forms, float32 constants (``rounded``), and the activation's derivative for the tail rule."""
+
+    def __init__(self, t: InvActTable, branch: str, rounded: bool = True, fp32: bool = False,
+                 log_error: tuple[float, float] = (0.0, 0.0)):
+        self.t, self.branch = t, branch
+        self.act = get_activation(t.expression)
+        const = float32 if rounded else number
+        forms = {"q_left": (Form.from_table(t.left), ()), "q_right": (Form.from_table(t.right), ())}
+        if t.combined is not None:
+            forms["q_combined"] = (Form.from_table(t.combined, ("y", "b")), (sp.Symbol("b"),))
+        calls = {name: self._form_call(form, extra) for name, (form, extra) in forms.items()}
+        calls["activation_grad"] = lambda a: self.kernel(self.act.derivative_expr(1), {X_SYMBOL: a})
+        self.kernel = Evaluator(calls, const, fp32=fp32, log_error=log_error)
+        self.truth = Evaluator()
+        y, b = sp.symbols("y b")
+        self.rule, self.y, self.b = backward_rule(t), y, b
+        self.b_value = 1 if branch == "left" else 0
+        self.f, self.df = self.act.expr, self.act.derivative_expr(1)
+
+    def _form_call(self, form: Form, extra):
+        const_symbols = {sp.Symbol(k): v for k, v in form.coefficients.items()}
+
+        def call(*args: Ball) -> Ball:
+            zero = arb(0) if self.kernel.fp32 else None
+            env = {FORM_Y: args[0], **dict(zip(extra, args[1:]))}
+            env.update({s: Ball(self.kernel.constant(v), arb(0), zero) for s, v in const_symbols.items()})
+            for name, value in form.assignments:
+                env[sp.Symbol(name)] = self.kernel(value, env)
+            return self.kernel(form.expression, env)
+
+        return call
+
+    def q(self, yb: Ball) -> Ball:
+        zero = arb(0) if self.kernel.fp32 else None
+        return self.kernel(self.rule, {self.y: yb, self.b: Ball(arb(self.b_value), arb(0), zero)})
+
+    def _activation(self, xb: Ball) -> tuple[Ball, Ball]:
+        return self.truth(self.f, {X_SYMBOL: xb}), self.truth(self.df, {X_SYMBOL: xb})
+
+    def bound_on(self, lo: arb, hi: arb):
+        """(upper bound of |err| on [lo, hi], |err| at the split point (a lower bound of the sup), that point).
+        f(X) and f′(X) enter centred, f(m) + f′(X)·(X − m): near T that keeps y − f(T) ≥ 0 tight (∝ (x − T)²),
+        where the plain enclosure would wrap to ±|X − T|."""
+        xs = box(lo, hi)
+        mid = _split(lo, hi)
+        f_m, df_m = self._activation(Ball(mid, None))
+        f_x, df_x = self._activation(Ball(xs, arb(1)))
+        y = Ball(_centred(f_x, f_m, xs, mid), f_x.d)
+        slope = Ball(_centred(df_x, df_m, xs, mid), df_x.d)
+        over, at = self.q(y), self.q(f_m)
+        err = Ball(over.v - slope.v, None if over.d is None or slope.d is None else over.d - slope.d)
+        err_m = Ball(at.v - df_m.v)
+        return upper(iv.enclosure(err_m, err, xs, mid)), lower(err_m.v), float(mid)
+
+
+def _centred(over: Ball, point: Ball, xs: arb, mid: arb) -> arb:
+    """f(X) ∩ (f(m) + f′(X)·(X − m))."""
+    if over.d is None or not over.d.is_finite():
+        return over.v
+    mv = point.v + over.d * (xs - mid)
+    return over.v.intersection(mv) if over.v.is_finite() else mv
+
+
+def _x_pieces(t: InvActTable, branch: str) -> list[tuple[float, float]]:
+    """The branch's x-range [−2^128, T] or [T, 2^128], pre-split at ±1 and ±16 (geometric splits take over)."""
+    T = t.turning_point
+    cuts = [c for c in (-16.0, -1.0, 0.0, 1.0, 16.0) if (c < T if branch == "left" else c > T)]
+    ends = [-X_LIMIT, *cuts, T] if branch == "left" else [T, *cuts, X_LIMIT]
+    return list(zip(ends[:-1], ends[1:]))
+
+
+def certify_invact_branch(t, branch: str, budget_s: float = 120.0, rtol: float = RTOL,
+                          rounded: bool = False) -> Certificate:
+    """Certified sup over x of |q_s(f(x)) − f′(x)| for one branch of an InvAct table, in real arithmetic with
+    the table's numbers (``rounded``: each number rounded to float32, as the kernels write it)."""
+    iv.setup()
+    t = as_table(t)
+    rule = InvactRule(t, branch, rounded=rounded)
+    return supremum(rule.bound_on, _x_pieces(t, branch), rtol, budget_s, claim_of(t, branch),
+                    f"{t.name} {branch}: |q(f(x)) − f′(x)|")
+
+
+def float32_error(t, branch: str, budget_s: float = 60.0, max_boxes: int = 3000) -> Certificate:
+    """A bound on |fl32(q_s(y)) − q_s(y)| over the branch's float32 outputs y: what rounding in the kernel adds
+    to the real-number error. Each y-box gets a running error bound of the rule's expression (intervals.py); the
+    worst boxes are bisected until ``max_boxes`` (no attained value exists to stop against)."""
+    iv.setup()
+    t = as_table(t)
+    rule = InvactRule(t, branch, fp32=True, log_error=log_helper_error())
+    top = float(np.finfo(np.float32).max)
+    lo, hi = (t.f_T, -1e-45) if branch == "left" else (t.f_T, top)
+    zero = arb(0)
+
+    def bound_on(a, b):
+        yb = rule.q(Ball(box(a, b), None, zero))
+        return upper(yb.e), 0.0, float(_split(a, b))
+
+    cuts = [c for c in (-0.01, -1e-4, -1e-8, 1.0, 16.0, 256.0) if lo < c < hi]
+    ends = [lo, *cuts, hi]
+    return supremum(bound_on, list(zip(ends[:-1], ends[1:])), budget_s=budget_s, max_boxes=max_boxes,
+                    what=f"{t.name} {branch}: float32 evaluation")
+
+
+# ---- the kernels' log helper ----------------------------------------------------------------------------------
+#: kernels/triton_helpers.py ``_log_normal``: log v = e·ln 2 + f·P(f), v = 2^e·(1 + f), f ∈ [√½ − 1, √2 − 1).
+LOG_HELPER_COEFFICIENTS = (1.0, -0.4999999403953552, 0.33333998918533325, -0.2500135600566864, 0.19962991774082184,
+                           -0.16583219170570374, 0.1490878164768219, -0.14196304976940155, 0.08632569015026093)
+LOG_HELPER_LN2 = 0.6931471805599453
+
+
+def log_helper_error(boxes: int = 2048) -> tuple[float, float]:
+    """(A, B) with |_log_normal(v) − log v| ≤ A + B·|log v| for every normal float32 v, rigorously: the fit error
+    of f·P(f) against log1p(f) (ball arithmetic, mean-value form on ``boxes`` boxes of f), a running bound of the
+    float32 Horner evaluation, and the rounded e·ln 2 (|e| ≤ (|log v| + ½ln 2)/ln 2) and final sum."""
+    iv.setup()
+    f = sp.Symbol("f")
+    poly = sp.Float(LOG_HELPER_COEFFICIENTS[-1], 17)
+    for c in reversed(LOG_HELPER_COEFFICIENTS[:-1]):
+        poly = sp.Float(c, 17) + f * poly
+    expr = f * poly
+    rounded, exact = Evaluator(constant=float32, fp32=True), Evaluator(constant=float32)
+    slope = sp.diff(expr, f) - 1 / (1 + f)  # (f·P − log1p)′
+    lo_f, hi_f = arb(0.5).sqrt() - 1, arb(2).sqrt() - 1
+    edges = [lo_f + (hi_f - lo_f) * k / boxes for k in range(boxes + 1)]
+    fit = rnd = mag = 0.0
+    for a, b in zip(edges[:-1], edges[1:]):
+        fb, m = a.union(b), ((a + b) / 2).mid()
+        p = rounded(expr, {f: Ball(fb, None, arb(0))})
+        err = (exact(expr, {f: Ball(m)}).v - (1 + m).log()) + exact(slope, {f: Ball(fb)}).v * (fb - m)
+        fit, rnd, mag = max(fit, upper(err)), max(rnd, upper(p.e)), max(mag, upper(p.v))
+    ln2_32, ln2 = float32(LOG_HELPER_LN2), arb(2).log()
+    per_e = abs(ln2_32 - ln2) + 2 * iv.U32 * ln2_32  # e·ln2 with the rounded constant, then rounded
+    A = arb(fit + rnd) + 2 * iv.U32 * arb(mag) + per_e * arb(0.5)  # |e| ≤ |log v|/ln2 + ½
+    B = per_e / ln2 + 2 * iv.U32 * (1 + 1 / ln2)  # the final sum rounded: 2u·(|e ln2| + |fP|)
+    return upper(A), upper(B)
+
+
+def certify_invact(t, budget_s: float = 120.0, rtol: float = RTOL, fp32: bool = True) -> dict:
+    """Both branches of an InvAct table: the real-number certificate and (``fp32``) the float32 evaluation
+    bound. Returns {"left": {...}, "right": {...}, "method": ...} for the table's metrics."""
+    out = {}
+    for branch in ("left", "right"):
+        cert = certify_invact_branch(t, branch, budget_s, rtol)
+        entry = cert.to_json()
+        if fp32:
+            f32 = float32_error(t, branch, budget_s=min(60.0, budget_s))
+            entry["float32_evaluation"] = f32.bound
+            entry["kernel_bound"] = cert.bound + f32.bound
+        out[branch] = entry
+    out["method"] = ("Arb ball arithmetic (python-flint): adaptive subdivision of x over [-2^128, T] and "
+                     "[T, 2^128], mean-value form; float32 evaluation by a running error bound")
+    return out
+
+
+# ---- ReLU-sum ---------------------------------------------------------------------------------------------
+def complex_function(expr: sp.Expr, var: sp.Symbol):
+    """z ↦ expr(z) on complex balls (acb), for Arb's rigorous integration. Functions with branch cuts are refused
+    (Arb would need their analyticity checked on every ball)."""
+    from flint import acb
+
+    def build(e):
+        if e == var:
+            return lambda z: z
+        if not e.free_symbols:
+            v = acb(_real_constant(e))
+            return lambda z: v
+        if isinstance(e, sp.Add | sp.Mul):
+            parts = [build(a) for a in e.args]
+            if isinstance(e, sp.Add):
+                return lambda z: sum((p(z) for p in parts[1:]), parts[0](z))
+
+            def product(z):
+                out = parts[0](z)
+                for p in parts[1:]:
+                    out = out * p(z)
+                return out
+
+            return product
+        if isinstance(e, sp.Pow) and e.exp.is_Integer:
+            base, n = build(e.base), int(e.exp)
+            return (lambda z: base(z) ** n) if n > 0 else (lambda z: 1 / base(z) ** -n)
+        name = type(e).__name__
+        if name in iv.BRANCH_CUT or name not in iv._UNARY or len(e.args) != 1:
+            raise ValueError(f"the certifier cannot integrate {e} rigorously (branch cut or unsupported function)")
+        f, inner = iv._UNARY[name][0], build(e.args[0])
+        return lambda z: f(inner(z))
+
+    return build(expr)
+
+
+def _real_constant(e: sp.Expr) -> arb:
+    """A constant sympy subexpression (numbers, π, e, √2, …) as a ball."""
+    ev = Evaluator()
+    return ev(e, {}).v
+
+
+def relu_sum_objective(t) -> arb:
+    """A rigorous enclosure of the table's objective E(w, c) = ∫_A^B (t − h̃)² with t = h (primitive, eq. 14) or
+    h′ (derivative, eq. 63), for the table's own numbers (knots and levels as stored): Arb's adaptive
+    Gauss–Legendre integration with error bounds, on each piece between knots (h̃ is linear there)."""
+    from flint import acb
+
+    iv.setup()
+    t = as_table(t)
+    act = get_activation(t.expression)
+    order = 0 if t.objective == "primitive" else 1
+    target = complex_function(act.derivative_expr(order) if order else act.expr, X_SYMBOL)
+    A, B = (arb(v) for v in t.interval)
+    knots = [arb(c) for c in t.knots]
+    levels = [arb(v) for v in t.levels]  # h̃′ on (−∞, c1), (c1, c2), …, (cn, ∞)
+    breaks = [A, *(c for c in knots if A < c < B), B]
+    total = arb(0)
+    for a, b in zip(breaks[:-1], breaks[1:]):
+        mid = (a + b) / 2
+        j = sum(1 for c in knots if c < mid)  # the segment's level index
+        slope = levels[j]
+        value = sum((levels[i + 1] - levels[i]) * (a - knots[i]).nonnegative_part() for i in range(len(knots))) \
+            if order == 0 else arb(0)  # h̃(a) = Σ w_i·ReLU(a − c_i), w_i = L_{i+1} − L_i
+
+        def integrand(z, analytic, a=a, value=value, slope=slope):
+            approx = acb(value) + acb(slope) * (z - a) if order == 0 else acb(slope)
+            r = target(z) - approx
+            return r * r
+
+        total += acb.integral(integrand, a, b, rel_tol=2.0 ** -80).real
+    return total
+
+
+@dataclass
+class OptimalityCertificate:
+    """Branch and bound over knot boxes: every feasible c has J(c) ≥ ``lower``; the table's J is ≤ ``value``;
+    ``gap`` = (value − lower)/value is the certified relative distance to the global optimum."""
+
+    table: str
+    value: float
+    lower: float
+    gap: float
+    target_gap: float
+    passed: bool
+    boxes: int
+    seconds: float
+    note: str
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "table"}
+
+
+#: Cells of the grid of rigorous ∫h′² values (the monotone lower bound loses at most two cells' mass per term).
+GRID_CELLS = 2048
+
+
+class DerivativeObjectiveK2:
+    """J(c₁, c₂, c₃) of the derivative objective (eq. 63) for k = 2, in closed form after variable projection
+    (levels L_j = Δh_j/d_j + μ with μ = (c₃ − h(c₃) + h(c₁))/(c₃ − c₁), which holds Σw·c = 0):
+
+        J = ∫_A^B h′² − 2(h(B) − h(c₃)) + (B − c₃) + (c₃ − h(c₃) + h(c₁))²/(c₃ − c₁) − Σ_{j=1,2} Δh_j²/d_j,
+
+    with Δh_j = h(c_{j+1}) − h(c_j), d_j = c_{j+1} − c_j. On boxes: Δh²/d = m²·d with the mean slope m ∈ h′(hull)
+    where d may vanish; the gradient (envelope theorem) gives the mean-value form where the box is ordered."""
+
+    def __init__(self, t):
+        iv.setup()
+        self.t = as_table(t)
+        act = get_activation(self.t.expression)
+        self.h, self.dh = act.expr, act.derivative_expr(1)
+        self.ev = Evaluator()
+        self.A, self.B = (arb(v) for v in self.t.interval)
+        from flint import acb
+
+        sq = complex_function(self.dh**2, X_SYMBOL)
+        sq1 = complex_function((self.dh - 1) ** 2, X_SYMBOL)
+        self.K = acb.integral(lambda z, _: sq(z), self.A, self.B, rel_tol=2.0**-90).real
+        self.hB = self._h(self.B)
+        # ∫h′² and ∫(h′ − 1)² from A to each grid point (rigorous, cumulative): monotone lower bounds of the terms
+        self.grid = [self.A + (self.B - self.A) * i / GRID_CELLS for i in range(GRID_CELLS + 1)]
+        self.P, self.Q = [arb(0)], [arb(0)]
+        for a, b in zip(self.grid[:-1], self.grid[1:]):
+            self.P.append(self.P[-1] + acb.integral(lambda z, _: sq(z), a, b, rel_tol=2.0**-60).real)
+            self.Q.append(self.Q[-1] + acb.integral(lambda z, _: sq1(z), a, b, rel_tol=2.0**-60).real)
+
+    def _cells(self, a: arb, b: arb) -> tuple[int, int] | None:
+        """Grid indices i ≤ j with [g_i, g_j] ⊆ [a, b], or None."""
+        scale = GRID_CELLS / float((self.B - self.A).mid())
+        i = max(0, math.ceil(float((a - self.A).upper()) * scale))
+        j = min(GRID_CELLS, math.floor(float((b - self.A).lower()) * scale))
+        while i <= GRID_CELLS and self.grid[i] < a:
+            i += 1
+        while j >= 0 and self.grid[j] > b:
+            j -= 1
+        return (i, j) if i < j else None
+
+    def monotone_lower(self, lo: list, hi: list) -> float:
+        """J = ∫_A^{c₁} h′² + V(c₁, c₂) + V(c₂, c₃) + μ²(c₃ − c₁) + ∫_{c₃}^B (h′ − 1)², each term ≥ 0, where
+        V(a, b) = ∫_a^b h′² − Δh²/(b − a) is the best constant fit's error, which grows with [a, b]. On a box each
+        term is bounded below by its value on the smallest segment the box allows (grid cells inside it)."""
+        c1lo, c1hi = lo[0], hi[0]
+        c2lo, c2hi = lo[0] + lo[1], hi[0] + hi[1]
+        c3lo, c3hi = c2lo + lo[2], c2hi + hi[2]
+        total = arb(0)
+        cells = self._cells(self.A, c1lo)
+        if cells:
+            total += self.P[cells[1]] - self.P[cells[0]]
+        cells = self._cells(c3hi, self.B)
+        if cells:
+            total += self.Q[cells[1]] - self.Q[cells[0]]
+        for a, b in ((c1hi, c2lo), (c2hi, c3lo)):
+            cells = self._cells(a, b) if a < b else None
+            if cells:
+                v = self.P[cells[1]] - self.P[cells[0]] - (self._h(b) - self._h(a)) ** 2 / (b - a)
+                total += arb(max(v.lower(), 0))
+        d13 = box(lo[1] + lo[2], hi[1] + hi[2])
+        num = self._u(box(c3lo, c3hi)) + self._h(box(c1lo, c1hi))
+        if d13.upper() > 0:
+            total += arb(iv._ipow(num, 2).lower() / d13.upper())
+        return float(total.lower())
+
+    def _h(self, c: arb) -> arb:
+        return self.ev(self.h, {X_SYMBOL: Ball(c)}).v
+
+    def _dh(self, c: arb) -> arb:
+        return self.ev(self.dh, {X_SYMBOL: Ball(c)}).v
+
+    def _u(self, c: arb) -> arb:
+        """c − h(c), in the mean-value form around the centre of c."""
+        m = c.mid()
+        direct = c - self._h(c)
+        mv = (m - self._h(m)) + (1 - self._dh(c)) * (c - m)
+        return direct.intersection(mv) if direct.overlaps(mv) else mv
+
+    def _secant(self, ca, d, ha, hb):
+        """(m, m²·d) for the segment [ca, ca + d]: m = Δh/d, enclosed by h′ on the hull where d may be 0."""
+        m = self._dh(box(ca.lower(), (ca + d).upper()))
+        if d.lower() > 0:
+            m = m.intersection((hb - ha) / d) if m.overlaps((hb - ha) / d) else (hb - ha) / d
+        return m, iv._ipow(m, 2) * d
+
+    def parts(self, c1, d1, d2):
+        """(J − μ-term, μ-term, m₁₂, m₂₃, μ, h′(c₁), h′(c₂), h′(c₃)) at knots c₁, c₂ = c₁ + d₁, c₃ = c₂ + d₂ (balls).
+        The μ-term (c₃ − h(c₃) + h(c₁))²/(d₁ + d₂) is given by its lower bound (upper end lower + 1) where
+        d₁ + d₂ may vanish, since only lower bounds are used there."""
+        c2 = c1 + d1
+        c3 = c2 + d2
+        h1, h2, h3 = self._h(c1), self._h(c2), self._h(c3)
+        m12, t12 = self._secant(c1, d1, h1, h2)
+        m23, t23 = self._secant(c2, d2, h2, h3)
+        u3 = self._u(c3)  # c₃ − h(c₃), centred: it cancels for large c₃
+        d13, num = d1 + d2, u3 + h1
+        if d13.lower() > 0:
+            mu = num / d13
+            mu_term = iv._ipow(num, 2) / d13
+        else:
+            mu = None
+            low = iv._ipow(num, 2).lower() / d13.upper() if d13.upper() > 0 else arb(0)
+            mu_term = box(low, low + 1)
+        rest = self.K + self.B - 2 * self.hB + c3 - 2 * u3 - t12 - t23  # = K − 2(h(B) − h₃) + (B − c₃) − …
+        return rest, mu_term, m12, m23, mu, c3
+
+    def gradient(self, c1, d1, d2):
+        """∇J in (c₁, d₁, d₂) by the envelope theorem; None where d₁ + d₂ may vanish (J → ∞ there)."""
+        _, _, m12, m23, mu, c3 = self.parts(c1, d1, d2)
+        if mu is None:
+            return None
+        g1, g2, g3 = self._dh(c1), self._dh(c1 + d1), self._dh(c3)
+        j1 = 2 * g1 * mu + mu * mu + 2 * m12 * g1 - m12 * m12
+        j2 = -(2 * m12 * g2 - m12 * m12) + (2 * m23 * g2 - m23 * m23)
+        j3 = 2 * g3 - 1 + 2 * (1 - g3) * mu - mu * mu - (2 * g3 * m23 - m23 * m23)
+        return j1 + j2 + j3, j2 + j3, j3  # ∂/∂c₁ moves every knot, ∂/∂d₁ moves c₂ and c₃, ∂/∂d₂ moves c₃
+
+    def value(self, c1, d1, d2) -> arb:
+        rest, mu_term, *_ = self.parts(c1, d1, d2)
+        return rest + mu_term
+
+    def hessian(self, X: list) -> list[list[arb]]:
+        """∇²J on a box with d₁, d₂ > 0, from the closed form (sympy derivatives evaluated on balls)."""
+        if not hasattr(self, "_hess"):
+            c1, d1, d2 = self._vars = sp.symbols("c1 d1 d2", real=True)
+            h = lambda v: self.h.subs(X_SYMBOL, v)  # noqa: E731
+            c2, c3 = c1 + d1, c1 + d1 + d2
+            expr = c3 - 2 * (c3 - h(c3)) + (c3 - h(c3) + h(c1)) ** 2 / (d1 + d2) \
+                - (h(c2) - h(c1)) ** 2 / d1 - (h(c3) - h(c2)) ** 2 / d2
+            v = self._vars
+            self._hess = [[sp.diff(expr, v[i], v[j]) for j in range(3)] for i in range(3)]
+        env = {s: Ball(x) for s, x in zip(self._vars, X)}
+        return [[self.ev(self._hess[i][j], env).v for j in range(3)] for i in range(3)]
+
+    def convex_lower(self, point: list, radius: float, piece: float = 1.5e-4) -> float | None:
+        """If ∇²J is positive definite on the box of half-width ``radius`` around ``point`` (on every sub-box of
+        half-width ≤ ``piece``, every matrix of its enclosure: λ_min(midpoint) − ‖radius matrix‖_F ≥ λ > 0), J is
+        strongly convex there with modulus λ, and J ≥ J(p) − |∇J(p)|²/(2λ) on the whole box. Returns that bound,
+        or None."""
+        n = max(1, math.ceil(radius / piece))
+        edges = [[arb(p) - radius + 2 * arb(radius) * k / n for k in range(n + 1)] for p in point]
+        if edges[1][0] <= 0 or edges[2][0] <= 0:
+            return None
+        lam = math.inf
+        for i in range(n):
+            for j in range(n):
+                for k in range(n):
+                    X = [box(edges[0][i], edges[0][i + 1]), box(edges[1][j], edges[1][j + 1]),
+                         box(edges[2][k], edges[2][k + 1])]
+                    H = self.hessian(X)
+                    mid = np.array([[float(H[r][c].mid()) for c in range(3)] for r in range(3)])
+                    rad = np.array([[float(H[r][c].rad()) + abs(float(H[r][c].mid())) * 1e-15 for c in range(3)]
+                                    for r in range(3)])
+                    lam = min(lam, float(np.linalg.eigvalsh((mid + mid.T) / 2)[0]) * (1 - 1e-9) - 1e-12
+                              - float(np.linalg.norm(rad)))
+                    if not lam > 0:
+                        return None
+        P = [arb(p) for p in point]
+        g = self.gradient(*P)
+        g2 = sum((iv._ipow(gi, 2) for gi in g), arb(0))
+        return float((self.value(*P) - g2 / (2 * lam)).lower())
+
+    def lower_bound(self, lo: list, hi: list) -> tuple[float, float]:
+        """(a lower bound of J over the box of (c₁, d₁, d₂), an upper bound of J at the box centre)."""
+        X = [box(a, b) for a, b in zip(lo, hi)]
+        rest, mu_term, *_ = self.parts(*X)
+        low = float((rest.lower() + mu_term.lower()).lower()) if rest.is_finite() else -math.inf
+        low = max(low, self.monotone_lower(lo, hi))
+        mid = [((a + b) / 2).mid() for a, b in zip(lo, hi)]
+        at = self.value(*mid)
+        g = self.gradient(*X)
+        if g is not None and at.is_finite():
+            mv = at + sum((gi * (xi - mi) for gi, xi, mi in zip(g, X, mid)), arb(0))
+            if mv.is_finite():
+                low = max(low, float(mv.lower()))
+        return low, float(at.upper()) if at.is_finite() else math.inf
+
+
+def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0) -> OptimalityCertificate:
+    """Global optimality of a k ≤ 2 table. k = 1: Σw = 1 and Σw·c = 0 leave one feasible point (w = 1, c = 0), so
+    the table is the optimum when it is that point. k = 2, derivative objective: branch and bound over knot boxes
+    in [A, B]³ (c₁ ≤ c₂ ≤ c₃): the box with the smallest lower bound is split along its widest side, boxes whose
+    lower bound exceeds the table's value are pruned; the certified gap is (value − smallest lower bound)/value."""
+    start = time.perf_counter()
+    t = as_table(t)
+    value = float(relu_sum_objective(t).upper())
+    if t.bits == 1:
+        ok = list(t.knots) == [0.0] and list(t.levels) == [0.0, 1.0]
+        return OptimalityCertificate(t.name, value, value if ok else -math.inf, 0.0 if ok else math.inf, target_gap,
+                                     ok, 0, round(time.perf_counter() - start, 2),
+                                     "k = 1: the constraints leave one feasible point, w = 1 at c = 0")
+    if t.bits != 2 or t.objective != "derivative":
+        raise ValueError(f"{t.name}: global certificates are implemented for k = 1 and for k = 2 with the derivative "
+                         "objective (the primitive objective's projection is a linear solve not yet enclosed)")
+    J = DerivativeObjectiveK2(t)  # boxes in (c₁, d₁, d₂): knots c₁ ≤ c₂ = c₁ + d₁ ≤ c₃ = c₂ + d₂, ordered by design
+    A, B = arb(t.interval[0]), arb(t.interval[1])
+    point = [t.knots[0], t.knots[1] - t.knots[0], t.knots[2] - t.knots[1]]
+    local, radius = None, 0.0
+    for r in (3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5):  # the largest box around the table where J is strictly convex
+        local = J.convex_lower(point, r)
+        if local is not None:
+            radius = r
+            break
+    inner = [(arb(p) - radius, arb(p) + radius) for p in point] if local is not None else None
+    heap, count, best = [], 0, value
+
+    def push(lo, hi):
+        nonlocal count, best
+        if lo[0] + lo[1] + lo[2] > B:  # c₃ beyond the interval
+            return
+        if inner and all(a >= ia and b <= ib for a, b, (ia, ib) in zip(lo, hi, inner)):
+            return  # inside the convex box: bounded below by the convexity certificate
+        low, at = J.lower_bound(lo, hi)
+        count += 1
+        best = min(best, at)
+        if low <= value * (1 + 1e-15):
+            heapq.heappush(heap, (low, count, lo, hi))
+
+    push([A, arb(0), arb(0)], [B, B - A, B - A])
+    note = "branch and bound over knot boxes (derivative objective, closed-form projection)"
+    if local is not None:
+        note += f"; strictly convex within ±{radius:g} of the table's knots (interval Hessian)"
+    while heap:
+        low = heap[0][0]
+        if value - low <= target_gap * value or time.perf_counter() - start > budget_s:
+            break
+        _, _, lo, hi = heapq.heappop(heap)
+        widths = [float((b - a).upper()) for a, b in zip(lo, hi)]
+        i = int(np.argmax(widths))
+        m = ((lo[i] + hi[i]) / 2).mid()
+        if not (lo[i] < m < hi[i]):
+            break
+        push(lo, [*hi[:i], m, *hi[i + 1:]])
+        push([*lo[:i], m, *lo[i + 1:]], hi)
+    lower_all = min(heap[0][0] if heap else value, local if local is not None else value)
+    if best < value * (1 - 1e-12):
+        note += f"; a better point exists: J = {best!r} < the table's {value!r}"
+    gap = max(0.0, (value - lower_all) / value)
+    passed = gap <= target_gap and best >= value * (1 - 1e-12)
+    return OptimalityCertificate(t.name, value, lower_all, gap, target_gap, passed, count,
+                                 round(time.perf_counter() - start, 2), note)
+
+
+# ---- one entry point per table ---------------------------------------------------------------------------
+#: Significant digits kept in a table's certified metrics (the bound is rounded up, the attained value down).
+DIGITS = 4
+
+
+def _round(v: float, up: bool) -> float:
+    if not math.isfinite(v) or v == 0:
+        return v
+    scale = 10.0 ** (math.floor(math.log10(abs(v))) - DIGITS + 1)
+    return (math.ceil if up else math.floor)(v / scale) * scale
+
+
+def certify_table(t, budget_s: float = 120.0, rtol: float = RTOL, progress=None) -> tuple[dict, list[str], bool]:
+    """Certify one table: (the ``metrics["certified"]`` entry, printable lines, whether every claim holds).
+
+    InvAct: per branch the certified sup of |q_s(f(x)) − f′(x)| (claim: the fitter's tolerance, or the sampled
+    L∞ to two digits) and the float32 evaluation bound. ReLU-sum: an enclosure of the objective (it must contain
+    the recorded loss to 1e-12 relative), and for k ≤ 2 the global optimality gap (target 1e-9)."""
+    t = as_table(t)
+    say = progress or (lambda msg: None)
+    lines, ok = [], True
+    if t.family == "invact":
+        entry = {}
+        for branch in ("left", "right"):
+            say(f"{t.name} {branch}")
+            cert = certify_invact_branch(t, branch, budget_s, rtol)
+            f32 = float32_error(t, branch, budget_s=min(60.0, budget_s))
+            entry[branch] = {"bound": _round(cert.bound, True), "attained": _round(cert.attained, False),
+                             "at_x": float(f"{cert.where:.6g}"), "claim": cert.claim,
+                             "float32_evaluation": _round(f32.bound, True)}
+            ok &= cert.passed
+            lines.append(f"{t.name:<22} {branch:<5} certified {cert.bound:.4e} (attained {cert.attained:.4e} at "
+                         f"x = {cert.where:.6g}; sampled {t.metrics[f'linf_{branch}']:.4e}) claim {cert.claim:.1e} "
+                         f"{'ok' if cert.passed else 'FAILED'}; float32 evaluation ≤ {f32.bound:.2e}; "
+                         f"{cert.boxes} boxes, {cert.seconds:.1f} s{'' if cert.converged else ' (budget reached)'}")
+        entry["method"] = ("Arb ball arithmetic (python-flint): adaptive subdivision of x over [-2^128, T] and "
+                           "[T, 2^128] with the mean-value form; float32 evaluation: running error bound")
+        return entry, lines, ok
+    say(t.name)
+    enclosure = relu_sum_objective(t)
+    consistent = bool(abs(enclosure - t.loss).upper() <= 1e-12 * abs(t.loss))
+    entry = {"objective": [float(enclosure.lower()), float(enclosure.upper())]}
+    ok &= consistent
+    lines.append(f"{t.name:<28} objective ∈ [{float(enclosure.lower()):.16e}, {float(enclosure.upper()):.16e}]; "
+                 f"recorded loss {t.loss:.16e} {'inside (1e-12)' if consistent else 'OUTSIDE: FAILED'}")
+    if t.bits == 1 or (t.bits == 2 and t.objective == "derivative"):
+        g = certify_relu_sum_global(t, budget_s=budget_s)
+        entry["global_gap"] = _round(g.gap, True)
+        ok &= g.passed
+        lines.append(f"{'':<28} global optimum: gap {g.gap:.2e} (target {g.target_gap:.0e}) "
+                     f"{'ok' if g.passed else 'NOT CERTIFIED'}; {g.boxes} boxes, {g.seconds:.1f} s; {g.note}")
+    return entry, lines, ok
+
+
+def certifiable(path) -> bool:
+    """The packaged tables ``approxbp certify`` runs on by default: InvAct fast and newton forms, and ReLU-sum
+    tables of gelu and silu with k ≤ 2 (fitted)."""
+    from approxbp.approximations.tables import load
+
+    t = load(path)
+    if t.family == "invact":
+        return t.form in ("fast", "newton")
+    return t.bits <= 2 and t.source == "fit" and t.activation in ("gelu", "silu")

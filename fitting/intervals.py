@@ -1,0 +1,395 @@
+"""Rigorous evaluation of the project's sympy expressions in ball arithmetic (Arb, through python-flint).
+
+:func:`evaluate` walks an expression once and returns, for a box X of its variable, a :class:`Ball`: an enclosure
+of the value over X, of the derivative over X (None where a ``select`` may jump inside X), and optionally of the
+float32 rounding error of a kernel that evaluates the same expression operation by operation
+(:data:`FP32_ULPS`). Nothing is sampled: every enclosure contains every value the real function takes on X.
+
+* Max, Min, Abs, select decide their branch when the balls allow it and take the union of both otherwise.
+* The value on a box is tightened by the mean-value form f(X) ⊂ f(m) + f′(X)·(X − m) (:func:`enclosure`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import sympy as sp
+from flint import arb, ctx
+
+#: Working precision (bits) of every ball: boxes near an InvAct turning point are 1e-30 wide.
+PRECISION = 160
+#: float32's unit roundoff.
+U32 = 2.0**-24
+#: Errors of the float32 primitives a generated kernel calls, in ulps (1 ulp ≤ 2u·|result|): IEEE add, sub, mul
+#: (0.5; a contracted FMA rounds once, within the bound for two roundings), Triton's div.full.f32 (2) and
+#: sqrt.approx.f32 (1, PTX ISA), and CUDA's single-precision maths library (CUDA C++ Programming Guide,
+#: "Mathematical Functions": expf 2, erff 2, erfcf 4, tanhf 2, sinf/cosf 2, sinhf/coshf 3, atanf 2). log is the
+#: kernels' ``_log_normal`` helper, bounded by :func:`log_helper_error` instead.
+FP32_ULPS = {"add": 0.5, "mul": 0.5, "div": 2.0, "sqrt": 1.0, "exp": 2.0, "erf": 2.0, "erfc": 4.0, "tanh": 2.0,
+             "sin": 2.0, "cos": 2.0, "sinh": 3.0, "cosh": 3.0, "atan": 2.0}
+
+
+def setup() -> None:
+    ctx.prec = PRECISION
+
+
+def number(v) -> arb:
+    """An exact ball for a Python or sympy number (rationals exactly; floats are dyadic, so exact too)."""
+    if isinstance(v, sp.Rational):
+        return arb(int(v.p)) / arb(int(v.q)) if v.q != 1 else arb(int(v.p))
+    if isinstance(v, sp.Float):
+        return arb(sp.Rational(v).p) / arb(sp.Rational(v).q)
+    return arb(v)
+
+
+def float32(v) -> arb:
+    """The float32 nearest to a number, exactly (what a Triton literal becomes beside float32 tensors)."""
+    return arb(float(np.float32(float(v))))
+
+
+def box(lo, hi) -> arb:
+    """The ball holding [lo, hi] (lo, hi exact)."""
+    return arb(lo).union(arb(hi))
+
+
+def upper(b: arb) -> float:
+    """An upper bound of |b| as a float (rounded up); inf for NaN balls."""
+    if not b.is_finite():
+        return math.inf
+    v = float(b.abs_upper())
+    return math.nextafter(v, math.inf) if v else 0.0
+
+
+def lower(b: arb) -> float:
+    """A lower bound of |b| as a float (rounded down)."""
+    if not b.is_finite():
+        return 0.0
+    v = float(b.abs_lower())
+    return math.nextafter(v, 0.0) if v else 0.0
+
+
+@dataclass
+class Ball:
+    """Value enclosure ``v``, derivative enclosure ``d`` (None: unknown or discontinuous), float32 error bound ``e``
+    (an upper bound of |computed − exact|, as a ball ≥ 0; None when not tracked)."""
+
+    v: arb
+    d: arb | None = None
+    e: arb | None = None
+
+
+def _nonneg(b: arb) -> arb:
+    """A ball known to be ≥ 0 whose representation dips below 0 by rounding only (``box`` of a Max)."""
+    lo = b.lower()
+    if lo < 0 and -lo <= arb(2) ** -(PRECISION - 40) * (1 + abs(b.upper())):
+        return b.nonnegative_part()
+    return b
+
+
+def _extreme(args: list[Ball], largest: bool) -> Ball:
+    """Max/Min: a decided argument, else the interval [max lower, max upper] (derivative: the union, valid for
+    the mean-value form since max is Lipschitz and piecewise one of its arguments)."""
+    key = (lambda b: b.v.lower()) if largest else (lambda b: -b.v.upper())
+    best = max(args, key=key)
+    if all(best is b or (best.v >= b.v if largest else best.v <= b.v) for b in args):
+        return best
+    los = [b.v.lower() for b in args]
+    his = [b.v.upper() for b in args]
+    lo, hi = (max(los), max(his)) if largest else (min(los), min(his))
+    v = box(lo, hi)
+    v = _nonneg(v) if lo >= 0 else v
+    d = None if any(b.d is None for b in args) else _union(*(b.d for b in args))
+    e = None if any(b.e is None for b in args) else _max(*(b.e for b in args))
+    return Ball(v, d, e)
+
+
+def _union(*balls: arb) -> arb:
+    out = balls[0]
+    for b in balls[1:]:
+        out = out.union(b)
+    return out
+
+
+def _max(*balls: arb) -> arb:
+    return arb(max(b.upper() for b in balls))
+
+
+def _ipow(v: arb, n: int) -> arb:
+    """v**n for an integer n, tight for balls containing 0 (even n gives a ball ≥ 0)."""
+    if n == 0:
+        return arb(1)
+    if n < 0:
+        return 1 / _ipow(v, -n)
+    if v.lower() >= 0 or v.upper() <= 0:
+        return box(v.lower() ** n, v.upper() ** n)
+    lo, hi = v.lower() ** n, v.upper() ** n
+    return _nonneg(box(0, max(lo, hi))) if n % 2 == 0 else box(lo, hi)
+
+
+def _rounding(ulps: float, magnitude: arb) -> arb:
+    """The rounding error bound ulps·2u·|value| (an ulp is at most 2u relative to the result)."""
+    return arb(ulps * 2 * U32) * arb(magnitude.abs_upper())
+
+
+class Evaluator:
+    """Evaluate sympy expressions on balls. ``calls`` maps names of undefined functions (q_left, …) to Python
+    callables on Balls; ``constant`` maps a number node to its ball (exact, or rounded to float32 as a kernel
+    writes it); ``fp32`` tracks the float32 running error bound."""
+
+    def __init__(self, calls=None, constant=number, fp32: bool = False, log_error: tuple[float, float] = (0.0, 0.0)):
+        self.calls = dict(calls or {})
+        self.constant = constant
+        self.fp32 = fp32
+        self.log_error = tuple(arb(v) for v in log_error)  # |log error| ≤ A + B·|log v|
+
+    def __call__(self, expr: sp.Expr, env: dict[sp.Symbol, Ball]) -> Ball:
+        tape = self._tapes.get(expr)
+        if tape is None:
+            tape = self._tapes[expr] = self._compile(expr)
+        vals: list[Ball] = []
+        for step in tape:
+            vals.append(step(vals, env))
+        return vals[-1]
+
+    @property
+    def _tapes(self) -> dict:
+        if "_tape_cache" not in self.__dict__:
+            self.__dict__["_tape_cache"] = {}
+        return self.__dict__["_tape_cache"]
+
+    # ---- compiling an expression into a tape: one step per distinct node, in dependency order ---------
+    def _compile(self, expr: sp.Expr) -> list:
+        index: dict = {}
+        tape: list = []
+
+        def emit(step) -> int:
+            tape.append(step)
+            return len(tape) - 1
+
+        def node(e) -> int:
+            if e in index:
+                return index[e]
+            index[e] = i = emit(self._step(e, node))
+            return i
+
+        node(expr)
+        return tape
+
+    def _step(self, e, node):
+        """The step computing node ``e`` from the values of its arguments (compiled first, through ``node``)."""
+        if e.is_Symbol:
+            def symbol(vals, env, e=e):
+                if e not in env:
+                    raise ValueError(f"no value for symbol {e}")
+                return env[e]
+            return symbol
+        if e.is_Number or e in (sp.pi, sp.E):
+            v = self.constant(e) if e.is_Number else (arb.pi() if e == sp.pi else arb(1).exp())
+            ball = Ball(v, arb(0), self._zero_error())
+            return lambda vals, env: ball
+        if isinstance(e, sp.Pow):
+            return self._pow_step(e, node)
+        if isinstance(e, sp.Mul):
+            num = [node(a) for a in e.args if not _is_reciprocal(a)]
+            den = [node(a.base) for a in e.args if _is_reciprocal(a)]
+            one = Ball(arb(1), arb(0), self._zero_error())
+
+            def product(vals, env):  # factors b**-1 become one division (what the GPU rounds once)
+                out = self._fold([vals[i] for i in num], self._mul) if num else one
+                for i in den:
+                    out = self._div(out, vals[i])
+                return out
+            return product
+        args = [node(a) for a in e.args]
+        if isinstance(e, sp.Add):
+            return lambda vals, env: self._fold([vals[i] for i in args], self._add)
+        name = type(e).__name__
+        if name in ("Max", "Min"):
+            return lambda vals, env: _extreme([vals[i] for i in args], name == "Max")
+        if name == "Abs":
+            return lambda vals, env: _extreme([vals[args[0]], self._neg(vals[args[0]])], True)
+        if name == "select":
+            return lambda vals, env: self._select(*(vals[i] for i in args))
+        if name in self.calls:
+            fn = self.calls[name]
+            return lambda vals, env: fn(*(vals[i] for i in args))
+        if name not in _UNARY:
+            raise ValueError(f"function {name!r} is not supported by the certifier")
+        return lambda vals, env: self._unary(name, vals[args[0]])
+
+    def _zero_error(self):
+        return arb(0) if self.fp32 else None
+
+    def _fold(self, args, op):
+        out = args[0]
+        for a in args[1:]:
+            out = op(out, a)
+        return out
+
+    def _add(self, a: Ball, b: Ball) -> Ball:
+        v = a.v + b.v
+        d = None if a.d is None or b.d is None else a.d + b.d
+        e = None
+        if self.fp32:
+            spread = a.e + b.e
+            e = spread + _rounding(FP32_ULPS["add"], abs(v) + spread)
+        return Ball(v, d, e)
+
+    def _neg(self, a: Ball) -> Ball:
+        return Ball(-a.v, None if a.d is None else -a.d, a.e)
+
+    def _mul(self, a: Ball, b: Ball) -> Ball:
+        v = a.v * b.v
+        d = None if a.d is None or b.d is None else a.d * b.v + a.v * b.d
+        e = None
+        if self.fp32:
+            exact_scale = a.v.is_exact() and _is_pow2(a.v) or b.v.is_exact() and _is_pow2(b.v)
+            if a.e.is_zero() and b.e.is_zero() and exact_scale:
+                return Ball(v, d, arb(0))  # multiplying by ±2^k (a sign flip) is exact
+            spread = arb(abs(a.v).upper()) * b.e + arb(abs(b.v).upper()) * a.e + a.e * b.e
+            e = spread + _rounding(FP32_ULPS["mul"], abs(v) + spread)
+        return Ball(v, d, e)
+
+    def _div(self, a: Ball, b: Ball) -> Ball:
+        v = a.v / b.v
+        d = None if a.d is None or b.d is None else (a.d * b.v - a.v * b.d) / (b.v * b.v)
+        e = None
+        if self.fp32:
+            lo = arb(abs(b.v).lower()) - b.e  # |computed denominator| ≥ |b| − e_b
+            spread = (a.e + arb(abs(v).upper()) * b.e) / lo if lo > 0 else arb("inf")
+            e = spread + _rounding(FP32_ULPS["div"], abs(v) + spread)
+        return Ball(v, d, e)
+
+    def _pow_step(self, e, node):
+        i, n = node(e.base), e.exp
+        one = Ball(arb(1), arb(0), self._zero_error())
+        if n == -1:
+            return lambda vals, env: self._div(one, vals[i])
+        if n.is_Integer:
+            k = abs(int(n))
+            if self.fp32:
+                power = lambda vals: self._fold([vals[i]] * k, self._mul)  # noqa: E731
+            else:
+                power = lambda vals: self._ipow_ball(vals[i], k)  # noqa: E731
+            return (lambda vals, env: power(vals)) if n > 0 else (lambda vals, env: self._div(one, power(vals)))
+        if n.is_Rational and n.q == 2:  # b^(p/2) = sqrt(b)^p
+            p = int(n.p)
+
+            def half(vals, env):
+                root = self._unary("sqrt", vals[i])
+                power = self._fold([root] * abs(p), self._mul)
+                return power if p > 0 else self._div(one, power)
+            return half
+        raise ValueError(f"power {e} is not supported by the certifier (integer and half-integer exponents only)")
+
+    def _ipow_ball(self, a: Ball, n: int) -> Ball:
+        v = _ipow(a.v, n)
+        d = None if a.d is None else arb(n) * _ipow(a.v, n - 1) * a.d
+        return Ball(v, d, None)
+
+    def _select(self, c: Ball, a: Ball, b: Ball) -> Ball:
+        """select(c, a, b) = a where c > 0 else b. Undecided: the union of both, no derivative; in float32 the
+        computed c may fall on the other side, so the error also covers the jump |a − b|."""
+        margin = c.e if self.fp32 else arb(0)
+        if c.v.lower() > margin:
+            return a
+        if c.v.upper() <= -margin:
+            return b
+        v = a.v.union(b.v)
+        e = None
+        if self.fp32:
+            e = _max(a.e, b.e) + arb(abs(a.v - b.v).upper())
+        return Ball(v, None, e)
+
+    # ---- elementary functions --------------------------------------------------------------------
+    def _unary(self, name: str, a: Ball) -> Ball:
+        if name not in _UNARY:
+            raise ValueError(f"function {name!r} is not supported by the certifier")
+        f, df = _UNARY[name]
+        x = _nonneg(a.v) if name in ("sqrt", "log") else a.v
+        v = f(x)
+        d = None if a.d is None else df(x) * a.d
+        e = None
+        if self.fp32:
+            wide = _nonneg(x + arb(0, a.e.upper())) if name in ("sqrt", "log") else x + arb(0, a.e.upper())
+            spread = arb(abs(df(wide)).upper()) * a.e  # mean-value bound of the propagated input error
+            if name == "sqrt":  # |√(v + e) − √v| ≤ √e also holds where √'s slope is unbounded (v → 0)
+                spread = arb(min(spread.upper(), a.e.sqrt().upper())) if spread.is_finite() else a.e.sqrt()
+            if name == "log":
+                e = spread + self.log_error[0] + self.log_error[1] * arb(abs(f(wide)).upper())
+            elif name in ("Phi", "sigmoid", "softplus"):
+                e = spread + _rounding(_COMPOSITE_ULPS[name], abs(f(wide)))
+            else:
+                e = spread + _rounding(FP32_ULPS[name], abs(f(wide)))
+            if name == "exp":  # tl.exp computes 2^(x·log2 e): the rounded product scales the error by |x|
+                e += arb(abs(v).upper()) * arb(abs(x).upper()) * arb(2 * U32)
+        return Ball(v, d, e)
+
+
+def _is_pow2(v: arb) -> bool:
+    m = abs(float(v.mid()))
+    return m > 0 and math.frexp(m)[0] == 0.5
+
+
+def _is_reciprocal(a) -> bool:
+    return isinstance(a, sp.Pow) and a.exp == -1
+
+
+def _phi(z):
+    return (-(z * z) / 2).exp() / (2 * arb.pi()).sqrt()
+
+
+def _Phi(z):  # noqa: N802
+    return (-z / arb(2).sqrt()).erfc() / 2
+
+
+def _sigmoid(z):
+    return 1 / (1 + (-z).exp())
+
+
+def _softplus(z):
+    if isinstance(z, arb):
+        return z.exp().log1p() if z.upper() < 0 else z + (-z).exp().log1p()
+    return (1 + z.exp()).log()
+
+
+#: name → (f, f′), written with methods so that arb (real balls) and acb (complex balls, for Arb's integration)
+#: both evaluate them.
+_UNARY = {
+    "exp": (lambda z: z.exp(), lambda z: z.exp()),
+    "log": (lambda z: z.log(), lambda z: 1 / z),
+    "sqrt": (lambda z: z.sqrt(), lambda z: 1 / (2 * z.sqrt())),
+    "erf": (lambda z: z.erf(), lambda z: 2 * (-(z * z)).exp() / arb.pi().sqrt()),
+    "erfc": (lambda z: z.erfc(), lambda z: -2 * (-(z * z)).exp() / arb.pi().sqrt()),
+    "tanh": (lambda z: z.tanh(), lambda z: 1 - z.tanh() ** 2),
+    "sinh": (lambda z: z.sinh(), lambda z: z.cosh()),
+    "cosh": (lambda z: z.cosh(), lambda z: z.sinh()),
+    "sin": (lambda z: z.sin(), lambda z: z.cos()),
+    "cos": (lambda z: z.cos(), lambda z: -z.sin()),
+    "atan": (lambda z: z.atan(), lambda z: 1 / (1 + z * z)),
+    "Phi": (_Phi, _phi),
+    "sigmoid": (_sigmoid, lambda z: _sigmoid(z) * _sigmoid(-z)),
+    "softplus": (_softplus, _sigmoid),
+}
+#: Functions with a branch cut: Arb's integration needs them checked for analyticity (refused there).
+BRANCH_CUT = ("log", "sqrt", "softplus")
+#: Composite primitives, in ulps of their result: Φ = erfc(−z/√2)/2 (erfc 4 + the scaling), σ = 1/(1 + e^{−z})
+#: (exp 2, add, div 2), softplus (the helper's max + log1p trick, bounded loosely).
+_COMPOSITE_ULPS = {"Phi": 6.0, "sigmoid": 5.0, "softplus": 8.0}
+
+
+def enclosure(point: Ball, over: Ball, x_box: arb, x_mid: arb) -> arb:
+    """The value on a box: the direct enclosure ``over.v`` intersected with the mean-value form
+    f(m) + f′(X)·(X − m) where the derivative is known."""
+    v = over.v
+    if over.d is not None and over.d.is_finite() and point.v.is_finite():
+        mv = point.v + over.d * (x_box - x_mid)
+        if not v.is_finite():
+            return mv
+        try:
+            return v.intersection(mv)
+        except ValueError:  # disjoint can only mean an evaluation bug
+            raise ArithmeticError("the direct and mean-value enclosures are disjoint") from None
+    return v

@@ -1,0 +1,190 @@
+"""Certified numerics (fitting/certify.py, fitting/intervals.py): every bound must hold against independent
+references (mpmath at 50 digits, scipy quad, a float32 emulation), and a wrong table must fail its claim."""
+
+import importlib
+import json
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import sympy as sp
+from approxbp.approximations import get_activation
+from approxbp.approximations.activations import x as X
+from approxbp.approximations.invact import InvertedActivation
+from approxbp.approximations.invact_forms import Form
+from approxbp.approximations.tables import TableError, data_dir, from_json, load
+from approxbp.fitting.objective import ReluSumObjective
+from flint import arb
+
+from approxbp.cli import main
+
+C = importlib.import_module("approxbp.fitting.certify")
+iv = importlib.import_module("approxbp.fitting.intervals")
+
+INVACT = data_dir() / "invact"
+RELU = data_dir() / "relu_sum"
+
+
+@pytest.mark.parametrize("name", ["gelu", "silu", "mish", "gelu_tanh"])
+def test_ball_evaluation_encloses_mpmath_values_and_slopes(name):
+    iv.setup()
+    act = get_activation(name)
+    ev = iv.Evaluator()
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        lo = rng.uniform(-12, 12)
+        hi = lo + 10 ** rng.uniform(-6, 0.5)
+        ball = ev(act.expr, {X: iv.Ball(iv.box(lo, hi), arb(1))})
+        for v in np.linspace(lo, hi, 5):
+            with mpmath.workdps(40):
+                f, df = act.mp(v, 0, None), act.mp(v, 1, None)
+            for got, ref in ((ball.v, f), (ball.d, df)):  # the reference to 1e-30 (its printed digits)
+                assert got.overlaps(arb(mpmath.nstr(ref, 35), 1e-30 * max(1.0, abs(float(ref))))), (name, lo, v)
+
+
+def _log_normal_float32(v: np.ndarray) -> np.ndarray:
+    """kernels/triton_helpers.py _log_normal, operation by operation in numpy float32 (no FMA)."""
+    v = v.astype(np.float32)
+    bits = v.view(np.int32)
+    e = (bits - np.int32(0x3F3504F3)) >> 23
+    f = (bits - (e << 23)).view(np.float32) - np.float32(1.0)
+    p = np.float32(C.LOG_HELPER_COEFFICIENTS[-1])
+    for c in reversed(C.LOG_HELPER_COEFFICIENTS[:-1]):
+        p = np.float32(c) + f * p
+    return e.astype(np.float32) * np.float32(C.LOG_HELPER_LN2) + f * p
+
+
+def test_log_helper_bound_holds_for_an_emulation():
+    A, B = C.log_helper_error()
+    rng = np.random.default_rng(1)
+    v = np.exp(rng.uniform(-87, 88, 200_000)).astype(np.float32)
+    v = v[np.isfinite(v) & (v > np.finfo(np.float32).tiny)]
+    exact = np.log(v.astype(np.float64))
+    err = np.abs(_log_normal_float32(v).astype(np.float64) - exact)
+    assert np.all(err <= A + B * np.abs(exact)), float(np.max(err - (A + B * np.abs(exact))))
+    assert A < 1e-6 and B < 1e-6  # a bound worth having
+
+
+def test_invact_certificate_is_a_bound_and_meets_the_claim():
+    t = load(INVACT / "gelu-fast.json")
+    cert = C.certify_invact_branch(t, "right", budget_s=120, rtol=0.5)
+    assert cert.passed and cert.bound <= 1e-6
+    assert cert.bound >= t.metrics["linf_right"]  # never below the sampled maximum
+    # never below the error found by 50-digit root finding, near the attained point and elsewhere
+    ia = InvertedActivation(get_activation("gelu"))
+    q = Form.from_table(t.right)
+    xs = np.concatenate([cert.where + np.linspace(-1e-3, 1e-3, 11), np.linspace(t.turning_point, 8, 40)[1:]])
+    for xv in xs:
+        yv = float(ia.activation.f(xv))
+        if yv > t.right.domain[1]:
+            continue
+        err = abs(float(q(np.array([yv]))[0]) - float(ia.g_mp(yv, "right")))
+        assert err <= cert.bound, (xv, err, cert.bound)
+
+
+def _perturbed(path, scale=1 + 1e-4):
+    d = json.loads(path.read_text())
+    for part in ("left", "right", "combined"):
+        if part in d:
+            d[part]["coefficients"]["p0"] *= scale
+    d["metrics"].pop("certified", None)
+    return d
+
+
+def test_a_perturbed_invact_table_fails_its_claim():
+    t = from_json(_perturbed(INVACT / "gelu-fast.json"))
+    cert = C.certify_invact_branch(t, "left", budget_s=60, rtol=0.5)
+    assert not cert.passed
+    assert cert.attained > 1e-6  # a rigorous witness of the violation, not only a loose bound
+
+
+def test_float32_evaluation_bound_covers_a_float32_emulation():
+    """The running error bound of the fast form must exceed what float32 evaluation (numpy, no FMA) deviates
+    from the same form in float64."""
+    t = load(INVACT / "gelu-fast.json")
+    f32 = C.float32_error(t, "right", budget_s=20, max_boxes=400)
+    form = Form.from_table(t.right)
+    y32 = np.linspace(t.f_T, 8.0, 3001).astype(np.float32)
+    fn = sp.lambdify([sp.Symbol("y", real=True), *[sp.Symbol(k) for k in form.coefficients]],
+                     form.full(), modules=[{"Max": np.maximum, "select": lambda c, a, b: np.where(c > 0, a, b)},
+                                           "numpy"])
+    with np.errstate(all="ignore"):
+        lo = fn(y32, *[np.float32(v) for v in form.coefficients.values()]).astype(np.float64)
+        hi = form(y32.astype(np.float64))
+    assert np.all(np.abs(lo - hi) <= f32.bound + 1e-12)
+
+
+@pytest.mark.parametrize("name", ["gelu-k2-derivative", "silu-k2-primitive", "gelu_tanh-k3-derivative"])
+def test_relu_sum_objective_enclosure_matches_the_table_and_scipy(name):
+    from scipy.integrate import quad
+
+    t = load(RELU / f"{name}.json")
+    enc = C.relu_sum_objective(t)
+    assert abs(enc - t.loss).upper() <= 1e-12 * t.loss
+    act = get_activation(t.expression)
+    knots, levels = np.array(t.knots), np.array(t.levels)
+    target = act.f if t.objective == "primitive" else act.df
+
+    def approx(v):
+        if t.objective == "derivative":
+            return levels[np.searchsorted(knots, v)]
+        return float(np.sum(np.diff(levels) * np.maximum(v - knots, 0)))
+
+    breaks = [t.interval[0], *knots, t.interval[1]]
+    ref = sum(quad(lambda v: (float(target(v)) - approx(v)) ** 2, a, b, epsabs=1e-15, epsrel=1e-13)[0]
+              for a, b in zip(breaks[:-1], breaks[1:]))
+    assert abs(float(enc.mid()) - ref) <= 1e-11 * ref
+
+
+def test_k1_is_the_only_feasible_point():
+    cert = C.certify_relu_sum_global(load(RELU / "gelu-k1-derivative.json"))
+    assert cert.passed and cert.gap == 0.0
+
+
+def test_k2_closed_form_equals_the_fitting_objective():
+    t = load(RELU / "silu-k2-derivative.json")
+    J = C.DerivativeObjectiveK2(t)
+    obj = ReluSumObjective(get_activation("silu"), 2, "derivative", t.interval)
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        c = np.sort(rng.uniform(-4, 4, 3))
+        val = J.value(arb(c[0]), arb(c[1] - c[0]), arb(c[2] - c[1]))
+        assert abs(float(val.mid()) - obj(c)[0]) <= 1e-9 * obj(c)[0]
+
+
+def test_k2_branch_and_bound_lower_bound_holds_everywhere():
+    t = load(RELU / "gelu-k2-derivative.json")
+    cert = C.certify_relu_sum_global(t, budget_s=20)
+    assert cert.lower <= cert.value and cert.gap >= 0
+    obj = ReluSumObjective(get_activation("gelu"), 2, "derivative", t.interval)
+    rng = np.random.default_rng(3)
+    samples = [obj(np.sort(rng.uniform(*t.interval, 3)))[0] for _ in range(200)]
+    samples += [obj(np.array(t.knots) + rng.normal(0, 1e-3, 3))[0] for _ in range(50)]
+    assert min(samples) >= cert.lower
+    J = C.DerivativeObjectiveK2(t)  # box lower bounds hold at points of the box
+    for _ in range(50):
+        lo = [arb(rng.uniform(-3, 0)), arb(rng.uniform(0, 1)), arb(rng.uniform(0, 1))]
+        w = 10 ** rng.uniform(-4, -1)
+        hi = [a + w for a in lo]
+        low, _ = J.lower_bound(lo, hi)
+        c1, d1, d2 = (float(a.mid()) + w * rng.uniform() for a in lo)
+        assert obj(np.array([c1, c1 + d1, c1 + d1 + d2]))[0] >= low
+
+
+def test_cli_certifies_and_fails_a_wrong_table(tmp_path, capsys):
+    assert main(["certify", str(RELU / "gelu-k1-derivative.json"), "--no-progress"]) == 0
+    assert "gap 0.00e+00" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_perturbed(INVACT / "silu-fast.json", 1 + 1e-3)))
+    assert main(["certify", str(bad), "--budget", "20", "--rtol", "0.5", "--no-progress"]) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_tables_refuse_a_certified_bound_below_the_sampled_error():
+    d = json.loads((INVACT / "gelu-fast.json").read_text())
+    d["metrics"]["certified"] = {s: {"bound": 1e-9, "attained": 1e-9, "claim": 1e-6, "float32_evaluation": 0.0}
+                                 for s in ("left", "right")}
+    with pytest.raises(TableError, match="not a bound"):
+        from_json(d)
+    assert math.isfinite(load(INVACT / "gelu-fast.json").metrics["linf_left"])
