@@ -120,8 +120,9 @@ def _check_certified(t: dict, where: str) -> None:
         for side in ("left", "right"):
             b = _need(c, side, dict, f"{where} metrics.certified")
             for f in ("bound", "attained", "claim", "float32_evaluation"):
-                if not (_number(b.get(f)) and b[f] >= 0):
-                    _fail(where, f"metrics.certified.{side}.{f}", "must be a finite number ≥ 0")
+                if not (_number(b.get(f)) and b[f] >= 0) and not (f == "float32_evaluation" and b.get(f) is None):
+                    _fail(where, f"metrics.certified.{side}.{f}", "must be a finite number ≥ 0"
+                          + (" (or null: no finite bound)" if f == "float32_evaluation" else ""))
             sampled = t["metrics"][f"linf_{side}"]
             if b["bound"] < max(b["attained"], sampled * (1 - 1e-9)):
                 _fail(where, f"metrics.certified.{side}.bound", f"{b['bound']!r} is below the error attained "

@@ -337,38 +337,59 @@ def _is_reciprocal(a) -> bool:
     return isinstance(a, sp.Pow) and a.exp == -1
 
 
+def _mono(fn, z, increasing: bool = True):
+    """fn on a real ball by its endpoints (fn monotone): ball arithmetic alone turns exp on [0.75, 33] into a ball
+    that contains negative numbers. Complex balls (Arb's integration) are evaluated directly."""
+    if not isinstance(z, arb) or z.is_exact() or not z.is_finite():
+        return fn(z)
+    a, b = fn(z.lower()), fn(z.upper())
+    return box(a.lower(), b.upper()) if increasing else box(b.lower(), a.upper())
+
+
+def _exp(z):
+    return _mono(lambda u: u.exp(), z)
+
+
 def _phi(z):
-    return (-(z * z) / 2).exp() / (2 * arb.pi()).sqrt()
+    return _exp(-_square(z) / 2) / (2 * arb.pi()).sqrt()
+
+
+def _square(z):
+    return _ipow(z, 2) if isinstance(z, arb) else z * z
 
 
 def _Phi(z):  # noqa: N802
-    return (-z / arb(2).sqrt()).erfc() / 2
+    return _mono(lambda u: (-u / arb(2).sqrt()).erfc() / 2, z)
 
 
 def _sigmoid(z):
-    return 1 / (1 + (-z).exp())
+    return _mono(lambda u: 1 / (1 + (-u).exp()), z)
 
 
 def _softplus(z):
     if isinstance(z, arb):
-        return z.exp().log1p() if z.upper() < 0 else z + (-z).exp().log1p()
+        return _mono(lambda u: u.exp().log1p() if u < 0 else u + (-u).exp().log1p(), z)
     return (1 + z.exp()).log()
 
 
+def _tanh(z):
+    return _mono(lambda u: u.tanh(), z)
+
+
 #: name → (f, f′), written with methods so that arb (real balls) and acb (complex balls, for Arb's integration)
-#: both evaluate them.
+#: both evaluate them; monotone functions of real balls go through their endpoints (_mono).
 _UNARY = {
-    "exp": (lambda z: z.exp(), lambda z: z.exp()),
-    "log": (lambda z: z.log(), lambda z: 1 / z),
-    "sqrt": (lambda z: z.sqrt(), lambda z: 1 / (2 * z.sqrt())),
-    "erf": (lambda z: z.erf(), lambda z: 2 * (-(z * z)).exp() / arb.pi().sqrt()),
-    "erfc": (lambda z: z.erfc(), lambda z: -2 * (-(z * z)).exp() / arb.pi().sqrt()),
-    "tanh": (lambda z: z.tanh(), lambda z: 1 - z.tanh() ** 2),
-    "sinh": (lambda z: z.sinh(), lambda z: z.cosh()),
-    "cosh": (lambda z: z.cosh(), lambda z: z.sinh()),
+    "exp": (_exp, _exp),
+    "log": (lambda z: _mono(lambda u: u.log(), z), lambda z: 1 / z),
+    "sqrt": (lambda z: _mono(lambda u: u.sqrt(), z), lambda z: 1 / (2 * _mono(lambda u: u.sqrt(), z))),
+    "erf": (lambda z: _mono(lambda u: u.erf(), z), lambda z: 2 * _exp(-_square(z)) / arb.pi().sqrt()),
+    "erfc": (lambda z: _mono(lambda u: u.erfc(), z, False), lambda z: -2 * _exp(-_square(z)) / arb.pi().sqrt()),
+    "tanh": (_tanh, lambda z: 1 - _square(_tanh(z))),
+    "sinh": (lambda z: _mono(lambda u: u.sinh(), z), lambda z: z.cosh()),
+    "cosh": (lambda z: z.cosh(), lambda z: _mono(lambda u: u.sinh(), z)),
     "sin": (lambda z: z.sin(), lambda z: z.cos()),
     "cos": (lambda z: z.cos(), lambda z: -z.sin()),
-    "atan": (lambda z: z.atan(), lambda z: 1 / (1 + z * z)),
+    "atan": (lambda z: _mono(lambda u: u.atan(), z), lambda z: 1 / (1 + _square(z))),
     "Phi": (_Phi, _phi),
     "sigmoid": (_sigmoid, lambda z: _sigmoid(z) * _sigmoid(-z)),
     "softplus": (_softplus, _sigmoid),
