@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     fam = fit.add_subparsers(dest="family", required=True)
     rs = add(fam, "relu-sum", help="sum of 2^k−1 ReLUs (Approx-BP eq. 13)")
     rs.add_argument("--activation", required=True, help="registry name or an expression in x")
+    rs.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
+                    "None: the expression itself")
     rs.add_argument("--bits", type=int, required=True, help="k: 2^k−1 ReLUs, k-bit codes (1..8)")
     rs.add_argument("--objective", choices=("primitive", "derivative"), default="primitive",
                     help="primitive: ∫(h−h̃)² (eq. 14); derivative: ∫(h'−h̃')² (eq. 63)")
@@ -73,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     inv = add(fam, "invact", help="f'∘f⁻¹ for inverted activations (Inverted Activations §2)")
     inv.add_argument("--activation", required=True, help="registry name or an expression in x")
+    inv.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
+                     "None: the expression itself")
     inv.add_argument("--form", default="fast",
                      choices=("paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast"),
                      help="fast: ours for kernels (≤ 1e-6, one √ and one log); newton: ours, the accuracy "
@@ -208,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args, argv) -> int:
     from approxbp.approximations import tables as T
+    from approxbp.approximations.activations import named_activation
     from approxbp.approximations.files import check_writable
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
     from approxbp.reproduce import (
@@ -223,7 +228,8 @@ def _dispatch(args, argv) -> int:
     if args.command == "fit" and args.out is not None:  # fail now, not after a long fit
         check_writable(args.out, overwrite=args.force)
     if args.command == "fit" and args.family == "relu-sum":
-        fit = fit_relu_sum(args.activation, args.bits, args.objective, method=args.method, restarts=args.restarts,
+        fit = fit_relu_sum(named_activation(args.activation, args.name), args.bits, args.objective,
+                           method=args.method, restarts=args.restarts,
                            seed=args.seed, workers=args.workers, progress=progress, command=cli_command(argv))
         table = fit.table
         print(_summary(table))
@@ -237,7 +243,8 @@ def _dispatch(args, argv) -> int:
     if args.command == "fit" and args.family == "invact":
         from approxbp.fitting.invact import fit_invact
 
-        table = fit_invact(args.activation, args.form, seed=args.seed, backend=args.backend,
+        table = fit_invact(named_activation(args.activation, args.name), args.form, seed=args.seed,
+                           backend=args.backend,
                            sr_generations=args.sr_generations)
         m = table.metrics
         print(f"invact · {table.activation} · form={table.form} · T={table.turning_point:.17g} "

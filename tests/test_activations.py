@@ -67,3 +67,23 @@ def test_relu_sum_asymptotics_refusal(text):
 @pytest.mark.parametrize("name", NAMES)
 def test_registry_has_relu_sum_asymptotics(name):
     get_activation(name).check_relu_sum_asymptotics()
+
+
+def test_a_custom_activation_gets_a_name_and_keeps_its_expression(tmp_path):
+    from approxbp.approximations.activations import named_activation
+    from approxbp.approximations.tables import load
+    from approxbp.cli import main
+
+    act = named_activation("x*sigmoid(1.5*x)", "swish1.5")
+    assert act.name == "swish1.5" and act.expr == get_activation("x*sigmoid(1.5*x)").expr
+    assert named_activation("x*Phi(x)", "gelu").name == "gelu"  # the registry's own function may keep its name
+    with pytest.raises(ValueError, match="registry"):
+        named_activation("x*sigmoid(1.5*x)", "silu")
+    for bad in ("bad name", "1x", "a/b", "x" * 65):
+        with pytest.raises(ValueError, match="must match"):
+            named_activation("x*sigmoid(x)", bad)
+    out = tmp_path / "swish.json"
+    assert main(["fit", "relu-sum", "--activation", "x*sigmoid(1.5*x)", "--name", "swish1.5", "--bits", "1",
+                 "--restarts", "1", "--workers", "1", "--no-progress", "--out", str(out)]) == 0
+    t = load(out)
+    assert t.activation == "swish1.5" and t.name == "swish1.5-k1-primitive"
