@@ -70,6 +70,11 @@ _ALLOWED_FUNCTIONS = {
     )
 }
 _ALLOWED_FUNCTIONS.update({"pi": sp.pi, "E": sp.E, "abs": sp.Abs, "x": x, "Phi": Phi, "sigmoid": sigmoid})
+#: Written as their elementary forms (HF writes Mish as x·tanh(softplus(x))); ``stable_form`` turns log(1 + e^u) back
+#: into a softplus that no evaluator overflows. log1p and expm1 are exact as log(1 + u) and e^u − 1; the float64
+#: evaluators then lose relative (not absolute) accuracy for |u| < 1e-8.
+_ALLOWED_FUNCTIONS.update({"softplus": lambda u: sp.log(1 + sp.exp(u)), "log1p": lambda u: sp.log(1 + u),
+                           "expm1": lambda u: sp.exp(u) - 1})
 
 
 _softplus = sp.Function("softplus")
@@ -319,7 +324,8 @@ def get_activation(name_or_expr: str | Activation) -> Activation:
             "or pass an expression in x, e.g. 'x*tanh(log(1+exp(x)))'"
         )
     text = name_or_expr.strip()
-    if isinstance(_ALLOWED_FUNCTIONS.get(text), sp.FunctionClass):  # a bare function name: f(x)
+    fn = _ALLOWED_FUNCTIONS.get(text)
+    if callable(fn) and not isinstance(fn, sp.Basic):  # a bare function name: f(x)
         text = f"{text}(x)"
     return Activation(name_or_expr.strip(), _parse(text))
 

@@ -87,3 +87,12 @@ def test_a_custom_activation_gets_a_name_and_keeps_its_expression(tmp_path):
                  "--restarts", "1", "--workers", "1", "--no-progress", "--out", str(out)]) == 0
     t = load(out)
     assert t.activation == "swish1.5" and t.name == "swish1.5-k1-primitive"
+
+
+def test_softplus_log1p_expm1_are_in_the_grammar():
+    assert get_activation("x*tanh(softplus(x))").expr == get_activation("mish").expr  # HF writes Mish this way
+    assert get_activation("softplus").expr == get_activation("log(1 + exp(x))").expr
+    assert get_activation("x*log1p(x*x)").expr == get_activation("x*log(1 + x**2)").expr
+    v = np.array([-3.0, 0.5, 4.0])
+    np.testing.assert_allclose(get_activation("x*expm1(-x*x)").f(v), v * np.expm1(-v * v), rtol=1e-15)
+    assert get_activation("x*tanh(softplus(x))").f(np.array([800.0]))[0] == 800.0  # no overflow
