@@ -581,9 +581,12 @@ class DerivativeObjectiveK2:
 
 def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0) -> OptimalityCertificate:
     """Global optimality of a k ≤ 2 table. k = 1: Σw = 1 and Σw·c = 0 leave one feasible point (w = 1, c = 0), so
-    the table is the optimum when it is that point. k = 2, derivative objective: branch and bound over knot boxes
-    in [A, B]³ (c₁ ≤ c₂ ≤ c₃): the box with the smallest lower bound is split along its widest side, boxes whose
-    lower bound exceeds the table's value are pruned; the certified gap is (value − smallest lower bound)/value."""
+    the table is the optimum when it is that point. k = 2, derivative objective: branch and bound over boxes of
+    (c₁, d₁, d₂) (c₂ = c₁ + d₁, c₃ = c₂ + d₂): the box with the smallest lower bound
+    (:meth:`DerivativeObjectiveK2.lower_bound`: monotone terms, mean-value and second-order forms) is split along its
+    widest side, boxes whose lower bound exceeds the table's value are pruned. Around the table's knots the largest
+    box on which an interval Hessian proves J strictly convex is bounded by strong convexity instead. The certified
+    gap is (value − smallest lower bound)/value."""
     start = time.perf_counter()
     t = as_table(t)
     value = float(relu_sum_objective(t).upper())
