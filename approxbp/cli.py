@@ -419,46 +419,45 @@ def _dispatch(args, argv) -> int:
     raise AssertionError(args)
 
 
-def _certify_regenerated(paths, progress: bool) -> bool:
-    """``reproduce --full``: certify the regenerated tables ``approxbp certify`` covers, store the certificates in
-    them, print one line each; False if a claim fails."""
+def _certify_tables(paths, progress: bool, write: bool, only_default: bool = False, **options) -> dict[str, bool]:
+    """Certify each table (read once), print its lines, store the certificate when ``write``; ``only_default``
+    skips the tables ``approxbp certify`` leaves out by default. Returns name → whether its claims hold."""
     from approxbp.approximations import tables as T
     from approxbp.fitting.certify import certifiable, certify_table
 
-    print("\ncertificates (approxbp certify: rigorous bounds by interval arithmetic)")
     tell = (lambda msg: print(f"[certify] {msg}", file=sys.stderr, flush=True)) if progress else None
-    ok = True
+    held = {}
     for path in paths:
-        if certifiable(path):
-            t = T.load(path)
-            entry, lines, passed = certify_table(t, progress=tell)
-            print("\n".join(lines), flush=True)
-            if entry is not None:
-                T.save(t.with_metrics(certified=entry), path)
-            ok &= passed
-    return ok
+        t = T.load(path)
+        if only_default and not certifiable(t):
+            continue
+        entry, lines, held[t.name] = certify_table(t, progress=tell, **options)
+        print("\n".join(lines), flush=True)
+        if write and entry is not None:
+            T.save(t.with_metrics(certified=entry), path)
+    return held
+
+
+def _certify_regenerated(paths, progress: bool) -> bool:
+    """``reproduce --full``: certify the regenerated tables ``approxbp certify`` covers and store the
+    certificates in them; False if a claim fails."""
+    print("\ncertificates (approxbp certify: rigorous bounds by interval arithmetic)")
+    return all(_certify_tables(paths, progress, write=True, only_default=True).values())
 
 
 def _certify(args, progress: bool) -> int:
     """``approxbp certify``: one line per certificate; exit 1 when a claim fails."""
     from approxbp.approximations import tables as T
-    from approxbp.fitting.certify import certifiable, certify_table
 
     if not (args.budget > 0 and 0 < args.rtol < 10):
         raise ValueError("--budget must be > 0 and --rtol in (0, 10)")
-    paths = args.tables or [p for p in T.table_paths() if certifiable(p)]
-    tell = (lambda msg: print(f"[certify] {msg}", file=sys.stderr, flush=True)) if progress else None
-    failed, t0 = [], time.perf_counter()
-    for path in paths:
-        t = T.load(path)
-        entry, lines, ok = certify_table(t, budget_s=args.budget, rtol=args.rtol, progress=tell,
-                                         rounded=args.kernel_constants)
-        print("\n".join(lines), flush=True)
-        if not ok:
-            failed.append(t.name)
-        if args.write and entry is not None and not args.kernel_constants:
-            T.save(t.with_metrics(certified=entry), path)
-    print(f"{len(paths)} tables in {time.perf_counter() - t0:.1f} s: "
+    t0 = time.perf_counter()
+    paths = args.tables or T.table_paths()
+    held = _certify_tables(paths, progress, write=args.write and not args.kernel_constants,
+                           only_default=not args.tables, budget_s=args.budget, rtol=args.rtol,
+                           rounded=args.kernel_constants)
+    failed = [name for name, ok in held.items() if not ok]
+    print(f"{len(held)} tables in {time.perf_counter() - t0:.1f} s: "
           + ("every certificate holds" if not failed else f"FAILED: {', '.join(failed)}"))
     if args.write:
         print("tables updated; regenerate their kernels with `approxbp export`")

@@ -17,6 +17,7 @@ import scipy.special
 import sympy as sp
 
 from .expressions import parse as parse_expression
+from .files import SAFE_NAME
 
 x = sp.Symbol("x", real=True)
 
@@ -330,22 +331,16 @@ def get_activation(name_or_expr: str | Activation) -> Activation:
     return Activation(name_or_expr.strip(), _parse(text))
 
 
-#: Names a user may give an activation (they end up in table names, file names and module names).
-NAME_PATTERN = r"[A-Za-z][A-Za-z0-9_.+\-]{0,63}"
-
-
 def named_activation(activation: str, name: str | None = None) -> Activation:
     """``activation`` (a registry name or an expression) under the label ``name``, for tables, reports and file
     names: ``named_activation("x*sigmoid(1.5*x)", "swish1.5")``. A registry name is refused as a label for a
-    different function."""
-    import re
-
+    different function. The name must be a :data:`~.files.SAFE_NAME` that starts with a letter."""
     act = get_activation(activation)
     if name is None:
         return act
-    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
-        raise ValueError(f"activation name {name!r} must match {NAME_PATTERN} (a letter, then letters, digits, "
-                         "_ . + -; at most 64 characters)")
+    if not isinstance(name, str) or not (SAFE_NAME.fullmatch(name) and name[0].isalpha()):
+        raise ValueError(f"activation name {name!r} must match {SAFE_NAME.pattern} and start with a letter "
+                         "(letters, digits, _ . + -; at most 64 characters)")
     registered = REGISTRY.get(name.lower())
     if registered is not None and _parse(registered) != act.expr:
         raise ValueError(f"{name!r} is the registry's {registered}, not {act.expression}; choose another name")

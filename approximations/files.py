@@ -119,11 +119,17 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+#: Characters of names that end up in file names, module names and generated code (table forms, activation labels).
+NAME_CHARACTERS = r"A-Za-z0-9_.+\-"
+#: Such a name, whole.
+SAFE_NAME = re.compile(rf"[{NAME_CHARACTERS}]{{1,64}}")
+
+
 def safe_stem(label: str, limit: int = 80) -> str:
     """A file-name stem for a label that may be a whole expression (``x*sigmoid(x)/1``): characters outside
     ``[A-Za-z0-9_.+-]`` become ``_``; a changed or shortened label gets 8 hex digits of its sha256, so two labels
     never share a file."""
-    stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", label).lstrip(".")[:limit]
+    stem = re.sub(rf"[^{NAME_CHARACTERS}]", "_", label).lstrip(".")[:limit]
     return stem if stem == label else f"{stem}-{hashlib.sha256(label.encode()).hexdigest()[:8]}"
 
 

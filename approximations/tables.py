@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
@@ -22,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .files import write_atomic
+from .files import SAFE_NAME, write_atomic
 from .relu_sum import MAX_BITS
 
 SCHEMA = "approxbp.table/1"
@@ -36,8 +35,6 @@ CONSTRAINT_TOL = 1e-12
 PAPER_CONSTRAINT_TOL = 1e-3
 #: Fields that describe how and when a table was made, not what it is: left out of :func:`definition_sha256`.
 VOLATILE = ("created", "provenance")
-#: Names that end up in file names, module names and generated code.
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_.+\-]{1,64}")
 
 
 class TableError(ValueError):
@@ -160,8 +157,8 @@ def _validate_invact(t: dict, where: str) -> None:
     from .invact_forms import Form
 
     form = _need(t, "form", str, where)
-    if not _SAFE_NAME.fullmatch(form):
-        _fail(where, "form", f"must match {_SAFE_NAME.pattern}, got {form!r}")
+    if not SAFE_NAME.fullmatch(form):
+        _fail(where, "form", f"must match {SAFE_NAME.pattern}, got {form!r}")
     for f in ("turning_point", "f_T"):
         v = _need(t, f, (int, float), where)
         if not math.isfinite(v):

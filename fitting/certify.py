@@ -20,6 +20,7 @@ and the certified error of the kernels' ``_log_normal``).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import time
@@ -138,8 +139,7 @@ class InvactRule:
 
     def __init__(self, t: InvActTable, branch: str, rounded: bool = True, fp32: bool = False,
                  log_error: tuple[float, float] = (0.0, 0.0)):
-        self.t, self.branch = t, branch
-        self.act = get_activation(t.expression)
+        act = get_activation(t.expression)
         const = float32 if rounded else number
         forms = {"q_left": (Form.from_table(t.left), ()), "q_right": (Form.from_table(t.right), ())}
         if t.combined is not None:
@@ -148,19 +148,22 @@ class InvactRule:
         calls["activation_grad"] = lambda a: self.kernel(self.df, {X_SYMBOL: a})
         self.kernel = Evaluator(calls, const, fp32=fp32, log_error=log_error)
         self.truth = Evaluator()
-        y, b = sp.symbols("y b")
-        self.rule, self.y, self.b = backward_rule(t), y, b
-        self.b_value = 1 if branch == "left" else 0
+        self.rule, self.y = backward_rule(t), sp.Symbol("y")
+        self.flag = {sp.Symbol("b"): self._constant(1 if branch == "left" else 0)}
         # the evaluators' rewrites (softplus, σ): e^x/(1 + e^x) on [21142, 21170] is a ball of width e^28
-        self.f, self.df = stable_form(self.act.expr), stable_form(self.act.derivative_expr(1))
+        self.f, self.df = stable_form(act.expr), stable_form(act.derivative_expr(1))
+
+    def _constant(self, v) -> Ball:
+        return Ball(self.kernel.constant(v), arb(0), arb(0) if self.kernel.fp32 else None)
 
     def _form_call(self, form: Form, extra):
-        const_symbols = {sp.Symbol(k): v for k, v in form.coefficients.items()}
+        coefficients = None  # balls of the form's numbers, made on the first call (the kernel evaluator exists then)
 
         def call(*args: Ball) -> Ball:
-            zero = arb(0) if self.kernel.fp32 else None
-            env = {FORM_Y: args[0], **dict(zip(extra, args[1:]))}
-            env.update({s: Ball(self.kernel.constant(v), arb(0), zero) for s, v in const_symbols.items()})
+            nonlocal coefficients
+            if coefficients is None:
+                coefficients = {sp.Symbol(k): self._constant(v) for k, v in form.coefficients.items()}
+            env = {FORM_Y: args[0], **dict(zip(extra, args[1:])), **coefficients}
             for name, value in form.assignments:
                 env[sp.Symbol(name)] = self.kernel(value, env)
             return self.kernel(form.expression, env)
@@ -168,8 +171,7 @@ class InvactRule:
         return call
 
     def q(self, yb: Ball) -> Ball:
-        zero = arb(0) if self.kernel.fp32 else None
-        return self.kernel(self.rule, {self.y: yb, self.b: Ball(arb(self.b_value), arb(0), zero)})
+        return self.kernel(self.rule, {self.y: yb, **self.flag})
 
     def _activation(self, xb: Ball) -> tuple[Ball, Ball]:
         return self.truth(self.f, {X_SYMBOL: xb}), self.truth(self.df, {X_SYMBOL: xb})
@@ -182,20 +184,12 @@ class InvactRule:
         mid = _split(lo, hi)
         f_m, df_m = self._activation(Ball(mid, None))
         f_x, df_x = self._activation(Ball(xs, arb(1)))
-        y = Ball(_centred(f_x, f_m, xs, mid), f_x.d)
-        slope = Ball(_centred(df_x, df_m, xs, mid), df_x.d)
+        y = Ball(iv.enclosure(f_m, f_x, xs, mid), f_x.d)
+        slope = Ball(iv.enclosure(df_m, df_x, xs, mid), df_x.d)
         over, at = self.q(y), self.q(f_m)
         err = Ball(over.v - slope.v, None if over.d is None or slope.d is None else over.d - slope.d)
         err_m = Ball(at.v - df_m.v)
         return upper(iv.enclosure(err_m, err, xs, mid)), lower(err_m.v), float(mid)
-
-
-def _centred(over: Ball, point: Ball, xs: arb, mid: arb) -> arb:
-    """f(X) ∩ (f(m) + f′(X)·(X − m))."""
-    if over.d is None or not over.d.is_finite():
-        return over.v
-    mv = point.v + over.d * (xs - mid)
-    return over.v.intersection(mv) if over.v.is_finite() else mv
 
 
 def _x_pieces(t: InvActTable, branch: str) -> list[tuple[float, float]]:
@@ -245,6 +239,7 @@ LOG_HELPER_COEFFICIENTS = (1.0, -0.4999999403953552, 0.33333998918533325, -0.250
 LOG_HELPER_LN2 = 0.6931471805599453
 
 
+@functools.cache
 def log_helper_error(boxes: int = 2048) -> tuple[float, float]:
     """(A, B) with |_log_normal(v) − log v| ≤ A + B·|log v| for every normal float32 v, rigorously: the fit error
     of f·P(f) against log1p(f) (ball arithmetic, mean-value form on ``boxes`` boxes of f), a running bound of the
@@ -274,44 +269,15 @@ def log_helper_error(boxes: int = 2048) -> tuple[float, float]:
 
 # ---- ReLU-sum ---------------------------------------------------------------------------------------------
 def complex_function(expr: sp.Expr, var: sp.Symbol):
-    """z ↦ expr(z) on complex balls (acb), for Arb's rigorous integration. Functions with branch cuts are refused
-    (Arb would need their analyticity checked on every ball)."""
-    from flint import acb
-
-    def build(e):
-        if e == var:
-            return lambda z: z
-        if not e.free_symbols:
-            v = acb(_real_constant(e))
-            return lambda z: v
-        if isinstance(e, sp.Add | sp.Mul):
-            parts = [build(a) for a in e.args]
-            if isinstance(e, sp.Add):
-                return lambda z: sum((p(z) for p in parts[1:]), parts[0](z))
-
-            def product(z):
-                out = parts[0](z)
-                for p in parts[1:]:
-                    out = out * p(z)
-                return out
-
-            return product
-        if isinstance(e, sp.Pow) and e.exp.is_Integer:
-            base, n = build(e.base), int(e.exp)
-            return (lambda z: base(z) ** n) if n > 0 else (lambda z: 1 / base(z) ** -n)
+    """z ↦ expr(z) on complex balls (acb), for Arb's rigorous integration: the same :class:`~.intervals.Evaluator`.
+    Functions with branch cuts or kinks are refused (Arb would need their analyticity checked on every ball)."""
+    for e in sp.preorder_traversal(expr):
         name = type(e).__name__
-        if name in iv.BRANCH_CUT or name not in iv._UNARY or len(e.args) != 1:
-            raise ValueError(f"the certifier cannot integrate {e} rigorously (branch cut or unsupported function)")
-        f, inner = iv._UNARY[name][0], build(e.args[0])
-        return lambda z: f(inner(z))
-
-    return build(expr)
-
-
-def _real_constant(e: sp.Expr) -> arb:
-    """A constant sympy subexpression (numbers, π, e, √2, …) as a ball."""
+        kink = name in (*iv.BRANCH_CUT, "Max", "Min", "Abs", "select")
+        if (kink or isinstance(e, sp.Pow) and not e.exp.is_Integer) and e.free_symbols:
+            raise ValueError(f"the certifier cannot integrate {e} rigorously (a branch cut or a kink)")
     ev = Evaluator()
-    return ev(e, {}).v
+    return lambda z: ev(expr, {var: Ball(z)}).v
 
 
 def relu_sum_objective(t) -> arb:
@@ -446,9 +412,7 @@ class DerivativeObjectiveK2:
     def _u(self, c: arb) -> arb:
         """c − h(c), in the mean-value form around the centre of c."""
         m = c.mid()
-        direct = c - self._h(c)
-        mv = (m - self._h(m)) + (1 - self._dh(c)) * (c - m)
-        return direct.intersection(mv) if direct.overlaps(mv) else mv
+        return iv.enclosure(Ball(m - self._h(m)), Ball(c - self._h(c), 1 - self._dh(c)), c, m)
 
     def _secant(self, ca, d, ha, hb):
         """(m, m²·d) for the segment [ca, ca + d]: m = Δh/d, enclosed by h′ on the hull where d may be 0."""
@@ -478,9 +442,10 @@ class DerivativeObjectiveK2:
         rest = self.K + self.B - 2 * self.hB + c3 - 2 * u3 - t12 - t23  # = K − 2(h(B) − h₃) + (B − c₃) − …
         return rest, mu_term, m12, m23, mu, c3
 
-    def gradient(self, c1, d1, d2):
-        """∇J in (c₁, d₁, d₂) by the envelope theorem; None where d₁ + d₂ may vanish (J → ∞ there)."""
-        _, _, m12, m23, mu, c3 = self.parts(c1, d1, d2)
+    def gradient(self, c1, d1, d2, parts=None):
+        """∇J in (c₁, d₁, d₂) by the envelope theorem (``parts``: :meth:`parts` of the same point, if already
+        computed); None where d₁ + d₂ may vanish (J → ∞ there)."""
+        _, _, m12, m23, mu, c3 = parts or self.parts(c1, d1, d2)
         if mu is None:
             return None
         g1, g2, g3 = self._dh(c1), self._dh(c1 + d1), self._dh(c3)
@@ -540,31 +505,34 @@ class DerivativeObjectiveK2:
                     if not lam > 0:
                         return None
         P = [arb(p) for p in point]
-        g = self.gradient(*P)
-        g2 = sum((iv._ipow(gi, 2) for gi in g), arb(0))
-        return float((self.value(*P) - g2 / (2 * lam)).lower())
+        parts = self.parts(*P)
+        g2 = sum((iv._ipow(gi, 2) for gi in self.gradient(*P, parts=parts)), arb(0))
+        return float((parts[0] + parts[1] - g2 / (2 * lam)).lower())
 
     def lower_bound(self, lo: list, hi: list) -> tuple[float, float]:
         """(a lower bound of J over the box of (c₁, d₁, d₂), an upper bound of J at the box centre)."""
         X = [box(a, b) for a, b in zip(lo, hi)]
-        rest, mu_term, *_ = self.parts(*X)
+        over = self.parts(*X)
+        rest, mu_term = over[:2]
         low = float((rest.lower() + mu_term.lower()).lower()) if rest.is_finite() else -math.inf
         low = max(low, self.monotone_lower(lo, hi))
         mid = [((a + b) / 2).mid() for a, b in zip(lo, hi)]
-        at = self.value(*mid)
-        g = self.gradient(*X)
+        centre = self.parts(*mid)
+        at = centre[0] + centre[1]
+        g = self.gradient(*X, parts=over)
         if g is not None and at.is_finite():
             mv = at + sum((gi * (xi - mi) for gi, xi, mi in zip(g, X, mid)), arb(0))
             if mv.is_finite():
                 low = max(low, float(mv.lower()))
             if max(float(x.rad()) for x in X) < TAYLOR_WIDTH and low < self.cutoff:
-                low = max(low, self._taylor_lower(X, mid, at))
+                low = max(low, self._taylor_lower(X, mid, at, centre))
         return low, float(at.upper()) if at.is_finite() else math.inf
 
-    def _taylor_lower(self, X, mid, at) -> float:
-        """J(m) + ∇J(m)·Δ + ½ΔᵀH(X)Δ with Δ = X − m: the gradient at the centre is a point value, so the bound
-        loses only O(|X|²·‖H‖) (the mean-value form loses the much wider ∇J(X)'s spread times |X|)."""
-        g = self.gradient(*[Ball(m).v for m in mid])
+    def _taylor_lower(self, X, mid, at, centre) -> float:
+        """J(m) + ∇J(m)·Δ + ½ΔᵀH(X)Δ with Δ = X − m (``centre``: :meth:`parts` at m): the gradient at the centre is
+        a point value, so the bound loses only O(|X|²·‖H‖) (the mean-value form loses the much wider ∇J(X)'s spread
+        times |X|)."""
+        g = self.gradient(*mid, parts=centre)
         if g is None:
             return -math.inf
         H = self.hessian(X)
@@ -712,14 +680,12 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
     return entry, lines, ok
 
 
-def certifiable(path) -> bool:
+def certifiable(t) -> bool:
     """The packaged tables ``approxbp certify`` runs on by default: the InvAct ``fast`` forms (the kernels'
     default) and the fitted ReLU-sum tables of gelu and silu with k ≤ 2. The ``newton`` forms are not among them:
     Arb's enclosure of two damped Newton steps tightens too slowly (after 300 s per branch, gelu-newton's bounds
     were 3.6 on the left and 2.8e-7 on the right, against 1.9e-6 and 4.0e-8 attained)."""
-    from approxbp.approximations.tables import load
-
-    t = load(path)
+    t = as_table(t)
     if t.family == "invact":
         return t.form == "fast"
     return t.bits <= 2 and t.source == "fit" and t.activation in ("gelu", "silu")

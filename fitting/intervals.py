@@ -1,6 +1,6 @@
 """Rigorous evaluation of the project's sympy expressions in ball arithmetic (Arb, through python-flint).
 
-:func:`evaluate` walks an expression once and returns, for a box X of its variable, a :class:`Ball`: an enclosure
+:class:`Evaluator` compiles an expression once and returns, for a box X of its variable, a :class:`Ball`: an enclosure
 of the value over X, of the derivative over X (None where a ``select`` may jump inside X), and optionally of the
 float32 rounding error of a kernel that evaluates the same expression operation by operation
 (:data:`FP32_ULPS`). Nothing is sampled: every enclosure contains every value the real function takes on X.
@@ -25,10 +25,13 @@ U32 = 2.0**-24
 #: Errors of the float32 primitives a generated kernel calls, in ulps (1 ulp ≤ 2u·|result|): IEEE add, sub, mul
 #: (0.5; a contracted FMA rounds once, within the bound for two roundings), Triton's div.full.f32 (2) and
 #: sqrt.approx.f32 (1, PTX ISA), and CUDA's single-precision maths library (CUDA C++ Programming Guide,
-#: "Mathematical Functions": expf 2, erff 2, erfcf 4, tanhf 2, sinf/cosf 2, sinhf/coshf 3, atanf 2). log is the
-#: kernels' ``_log_normal`` helper, bounded by :func:`log_helper_error` instead.
+#: "Mathematical Functions": expf 2, erff 2, erfcf 4, tanhf 2, sinf/cosf 2, sinhf/coshf 3, atanf 2); the composite
+#: Φ = erfc(−z/√2)/2 (erfc 4 + the scaling), σ = 1/(1 + e^{−z}) (exp 2, add, div 2) and softplus (the helper's
+#: max + log1p trick, bounded loosely). log is the kernels' ``_log_normal`` helper, bounded by
+#: ``certify.log_helper_error`` instead.
 FP32_ULPS = {"add": 0.5, "mul": 0.5, "div": 2.0, "sqrt": 1.0, "exp": 2.0, "erf": 2.0, "erfc": 4.0, "tanh": 2.0,
-             "sin": 2.0, "cos": 2.0, "sinh": 3.0, "cosh": 3.0, "atan": 2.0}
+             "sin": 2.0, "cos": 2.0, "sinh": 3.0, "cosh": 3.0, "atan": 2.0, "Phi": 6.0, "sigmoid": 5.0,
+             "softplus": 8.0}
 
 
 def setup() -> None:
@@ -37,10 +40,9 @@ def setup() -> None:
 
 def number(v) -> arb:
     """An exact ball for a Python or sympy number (rationals exactly; floats are dyadic, so exact too)."""
-    if isinstance(v, sp.Rational):
-        return arb(int(v.p)) / arb(int(v.q)) if v.q != 1 else arb(int(v.p))
-    if isinstance(v, sp.Float):
-        return arb(sp.Rational(v).p) / arb(sp.Rational(v).q)
+    if isinstance(v, sp.Rational | sp.Float):
+        r = sp.Rational(v)
+        return arb(int(r.p)) / arb(int(r.q)) if r.q != 1 else arb(int(r.p))
     return arb(v)
 
 
@@ -117,7 +119,9 @@ def _max(*balls: arb) -> arb:
 
 
 def _ipow(v: arb, n: int) -> arb:
-    """v**n for an integer n, tight for balls containing 0 (even n gives a ball ≥ 0)."""
+    """v**n for an integer n, tight for balls containing 0 (even n gives a ball ≥ 0); complex balls directly."""
+    if not isinstance(v, arb):
+        return v**n
     if n == 0:
         return arb(1)
     if n < 0:
@@ -143,8 +147,10 @@ class Evaluator:
         self.constant = constant
         self.fp32 = fp32
         self.log_error = tuple(arb(v) for v in log_error)  # |log error| ≤ A + B·|log v|
+        self._tapes: dict = {}
 
     def __call__(self, expr: sp.Expr, env: dict[sp.Symbol, Ball]) -> Ball:
+        """The value (and derivative, error) of ``expr`` with its symbols bound by ``env``; arb or acb balls."""
         tape = self._tapes.get(expr)
         if tape is None:
             tape = self._tapes[expr] = self._compile(expr)
@@ -152,12 +158,6 @@ class Evaluator:
         for step in tape:
             vals.append(step(vals, env))
         return vals[-1]
-
-    @property
-    def _tapes(self) -> dict:
-        if "_tape_cache" not in self.__dict__:
-            self.__dict__["_tape_cache"] = {}
-        return self.__dict__["_tape_cache"]
 
     # ---- compiling an expression into a tape: one step per distinct node, in dependency order ---------
     def _compile(self, expr: sp.Expr) -> list:
@@ -305,8 +305,6 @@ class Evaluator:
 
     # ---- elementary functions --------------------------------------------------------------------
     def _unary(self, name: str, a: Ball) -> Ball:
-        if name not in _UNARY:
-            raise ValueError(f"function {name!r} is not supported by the certifier")
         f, df = _UNARY[name]
         x = _nonneg(a.v) if name in ("sqrt", "log") else a.v
         v = f(x)
@@ -319,8 +317,6 @@ class Evaluator:
                 spread = arb(min(spread.upper(), a.e.sqrt().upper())) if spread.is_finite() else a.e.sqrt()
             if name == "log":
                 e = spread + self.log_error[0] + self.log_error[1] * arb(abs(f(wide)).upper())
-            elif name in ("Phi", "sigmoid", "softplus"):
-                e = spread + _rounding(_COMPOSITE_ULPS[name], abs(f(wide)))
             else:
                 e = spread + _rounding(FP32_ULPS[name], abs(f(wide)))
             if name == "exp":  # tl.exp computes 2^(x·log2 e): the rounded product scales the error by |x|
@@ -396,9 +392,6 @@ _UNARY = {
 }
 #: Functions with a branch cut: Arb's integration needs them checked for analyticity (refused there).
 BRANCH_CUT = ("log", "sqrt", "softplus")
-#: Composite primitives, in ulps of their result: Φ = erfc(−z/√2)/2 (erfc 4 + the scaling), σ = 1/(1 + e^{−z})
-#: (exp 2, add, div 2), softplus (the helper's max + log1p trick, bounded loosely).
-_COMPOSITE_ULPS = {"Phi": 6.0, "sigmoid": 5.0, "softplus": 8.0}
 
 
 def enclosure(point: Ball, over: Ball, x_box: arb, x_mid: arb) -> arb:

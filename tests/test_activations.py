@@ -72,6 +72,7 @@ def test_registry_has_relu_sum_asymptotics(name):
 def test_a_custom_activation_gets_a_name_and_keeps_its_expression(tmp_path):
     from approxbp.approximations.activations import named_activation
     from approxbp.approximations.tables import load
+
     from approxbp.cli import main
 
     act = named_activation("x*sigmoid(1.5*x)", "swish1.5")
