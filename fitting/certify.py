@@ -31,6 +31,7 @@ import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as X_SYMBOL
+from approxbp.approximations.elementary import LN2, log1p_over_f
 from approxbp.approximations.invact_forms import Form, backward_rule
 from approxbp.approximations.invact_forms import y as FORM_Y
 from approxbp.approximations.tables import InvActTable, as_table
@@ -233,21 +234,17 @@ def float32_error(t, branch: str, budget_s: float = 60.0, max_boxes: int = 3000)
 
 
 # ---- the kernels' log helper ----------------------------------------------------------------------------------
-#: kernels/triton_helpers.py ``_log_normal``: log v = e·ln 2 + f·P(f), v = 2^e·(1 + f), f ∈ [√½ − 1, √2 − 1).
-LOG_HELPER_COEFFICIENTS = (1.0, -0.4999999403953552, 0.33333998918533325, -0.2500135600566864, 0.19962991774082184,
-                           -0.16583219170570374, 0.1490878164768219, -0.14196304976940155, 0.08632569015026093)
-LOG_HELPER_LN2 = 0.6931471805599453
-
-
 @functools.cache
 def log_helper_error(boxes: int = 2048) -> tuple[float, float]:
-    """(A, B) with |_log_normal(v) − log v| ≤ A + B·|log v| for every normal float32 v, rigorously: the fit error
-    of f·P(f) against log1p(f) (ball arithmetic, mean-value form on ``boxes`` boxes of f), a running bound of the
+    """(A, B) with |_log_normal(v) − log v| ≤ A + B·|log v| for every normal float32 v: the kernels' log helper
+    e·ln 2 + f·P(f), P from :func:`~approxbp.approximations.elementary.log1p_over_f`. Rigorously: the fit error of
+    f·P(f) against log1p(f) (ball arithmetic, mean-value form on ``boxes`` boxes of f), a running bound of the
     float32 Horner evaluation, and the rounded e·ln 2 (|e| ≤ (|log v| + ½ln 2)/ln 2) and final sum."""
     iv.setup()
     f = sp.Symbol("f")
-    poly = sp.Float(LOG_HELPER_COEFFICIENTS[-1], 17)
-    for c in reversed(LOG_HELPER_COEFFICIENTS[:-1]):
+    coefficients = log1p_over_f()
+    poly = sp.Float(coefficients[-1], 17)
+    for c in reversed(coefficients[:-1]):
         poly = sp.Float(c, 17) + f * poly
     expr = f * poly
     rounded, exact = Evaluator(constant=float32, fp32=True), Evaluator(constant=float32)
@@ -260,7 +257,7 @@ def log_helper_error(boxes: int = 2048) -> tuple[float, float]:
         p = rounded(expr, {f: Ball(fb, None, arb(0))})
         err = (exact(expr, {f: Ball(m)}).v - (1 + m).log()) + exact(slope, {f: Ball(fb)}).v * (fb - m)
         fit, rnd, mag = max(fit, upper(err)), max(rnd, upper(p.e)), max(mag, upper(p.v))
-    ln2_32, ln2 = float32(LOG_HELPER_LN2), arb(2).log()
+    ln2_32, ln2 = float32(LN2), arb(2).log()
     per_e = abs(ln2_32 - ln2) + 2 * iv.U32 * ln2_32  # e·ln2 with the rounded constant, then rounded
     A = arb(fit + rnd) + 2 * iv.U32 * arb(mag) + per_e * arb(0.5)  # |e| ≤ |log v|/ln2 + ½
     B = per_e / ln2 + 2 * iv.U32 * (1 + 1 / ln2)  # the final sum rounded: 2u·(|e ln2| + |fP|)

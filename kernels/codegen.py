@@ -18,6 +18,7 @@ import torch
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.activations import _softplus, select, stable_form
+from approxbp.approximations.elementary import LN2, log1p_over_f
 from approxbp.approximations.files import write_atomic
 from approxbp.approximations.invact_forms import backward_rule
 from sympy.printing.pycode import PythonCodePrinter
@@ -184,23 +185,10 @@ def _tanh_series(terms: int = 13) -> str:
     return body
 
 
-def _log1p_over_f(degree: int = 8) -> str:
-    """Horner form in f of a degree-``degree`` Chebyshev least-squares fit of log1p(f)/f on f ∈ [√½ − 1, √2 − 1]
-    (20001 points), coefficients rounded to fp32: log1p(f) = f·P(f) with |error| < 6e-8 in fp32 evaluation."""
-    from numpy.polynomial import chebyshev as C
-    from numpy.polynomial import polynomial as P
-
-    lo, hi = np.sqrt(0.5) - 1, np.sqrt(2) - 1
-    f = np.linspace(lo, hi, 20001)
-    g = np.ones_like(f)
-    g[f != 0] = np.log1p(f[f != 0]) / f[f != 0]
-    in_t = C.cheb2poly(C.chebfit((2 * f - (lo + hi)) / (hi - lo), g, degree))  # monomials in t = a·f + b
-    a, b = 2 / (hi - lo), -(lo + hi) / (hi - lo)
-    in_f = np.zeros(degree + 1)
-    for k, c in enumerate(in_t):
-        term = P.polypow([b, a], k)
-        in_f[:len(term)] += c * term
-    coeffs = [float(np.float32(c)) for c in in_f]
+def _log1p_over_f() -> str:
+    """Horner form in f of :func:`~approxbp.approximations.elementary.log1p_over_f` (log1p(f) = f·P(f), |error| < 6e-8
+    in fp32 evaluation)."""
+    coeffs = log1p_over_f()
     body = repr(coeffs[-1])
     for c in reversed(coeffs[:-1]):
         body = f"{c!r} + f * ({body})"
@@ -230,7 +218,7 @@ def _log_normal(v):
         bits = v.to(tl.int32, bitcast=True)
         e = (bits - 0x3F3504F3) >> 23
         f = (bits - (e << 23)).to(tl.float32, bitcast=True) - 1.0
-        r = tl.where(v != v, v, e.to(tl.float32) * 0.6931471805599453 + f * ({log_poly}))
+        r = tl.where(v != v, v, e.to(tl.float32) * {ln2} + f * ({log_poly}))
     return r
 
 
@@ -241,7 +229,7 @@ def _softplus(z):
     t = tl.exp(-tl.abs(z))
     u = 1.0 + t
     return tl.maximum(z, 0.0) + tl.where(u == 1.0, t, tl.log(u) * (t / (u - 1.0)))
-'''.replace("{series}", _tanh_series()).replace("{log_poly}", _log1p_over_f())
+'''.replace("{series}", _tanh_series()).replace("{log_poly}", _log1p_over_f()).replace("{ln2}", repr(LN2))
 
 #: The shared helpers' names, read off HELPERS (sorted, as the generated imports list them).
 HELPER_NAMES = tuple(sorted(re.findall(r"^def (\w+)\(", HELPERS, re.M)))

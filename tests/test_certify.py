@@ -11,6 +11,7 @@ import pytest
 import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations.activations import x as X
+from approxbp.approximations.elementary import LN2, log1p_over_f
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import Form
 from approxbp.approximations.tables import TableError, data_dir, from_json, load
@@ -49,10 +50,11 @@ def _log_normal_float32(v: np.ndarray) -> np.ndarray:
     bits = v.view(np.int32)
     e = (bits - np.int32(0x3F3504F3)) >> 23
     f = (bits - (e << 23)).view(np.float32) - np.float32(1.0)
-    p = np.float32(C.LOG_HELPER_COEFFICIENTS[-1])
-    for c in reversed(C.LOG_HELPER_COEFFICIENTS[:-1]):
+    coefficients = log1p_over_f()
+    p = np.float32(coefficients[-1])
+    for c in reversed(coefficients[:-1]):
         p = np.float32(c) + f * p
-    return e.astype(np.float32) * np.float32(C.LOG_HELPER_LN2) + f * p
+    return e.astype(np.float32) * np.float32(LN2) + f * p
 
 
 def test_log_helper_bound_holds_for_an_emulation():
