@@ -15,12 +15,11 @@ error found at a box midpoint (a rigorous lower bound), or the time budget ends.
 
 The float32 evaluation error of the kernel's formula is bounded separately, per y-box, by a running error
 analysis of the same expression (:mod:`.intervals`: IEEE rounding of +, −, ×, documented ulps of ÷, sqrt, exp, …,
-and the certified error of the kernels' ``_log_normal``).
+and the kernels' ``_log``: lg2.approx's stated absolute error, :func:`log_error`).
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 import math
 import time
@@ -31,7 +30,7 @@ import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as X_SYMBOL
-from approxbp.approximations.elementary import LN2, log1p_over_f
+from approxbp.approximations.elementary import LG2_ABS_ERROR, LN2
 from approxbp.approximations.invact_forms import Form, backward_rule
 from approxbp.approximations.invact_forms import y as FORM_Y
 from approxbp.approximations.tables import InvActTable, as_table
@@ -218,7 +217,7 @@ def float32_error(t, branch: str, budget_s: float = 60.0, max_boxes: int = 3000)
     worst boxes are bisected until ``max_boxes`` (no attained value exists to stop against)."""
     iv.setup()
     t = as_table(t)
-    rule = InvactRule(t, branch, fp32=True, log_error=log_helper_error())
+    rule = InvactRule(t, branch, fp32=True, log_error=log_error())
     top = float(np.finfo(np.float32).max)
     lo, hi = (t.f_T, -1e-45) if branch == "left" else (t.f_T, top)
     zero = arb(0)
@@ -233,35 +232,15 @@ def float32_error(t, branch: str, budget_s: float = 60.0, max_boxes: int = 3000)
                     what=f"{t.name} {branch}: float32 evaluation")
 
 
-# ---- the kernels' log helper ----------------------------------------------------------------------------------
-@functools.cache
-def log_helper_error(boxes: int = 2048) -> tuple[float, float]:
-    """(A, B) with |_log_normal(v) − log v| ≤ A + B·|log v| for every normal float32 v: the kernels' log helper
-    e·ln 2 + f·P(f), P from :func:`~approxbp.approximations.elementary.log1p_over_f`. Rigorously: the fit error of
-    f·P(f) against log1p(f) (ball arithmetic, mean-value form on ``boxes`` boxes of f), a running bound of the
-    float32 Horner evaluation, and the rounded e·ln 2 (|e| ≤ (|log v| + ½ln 2)/ln 2) and final sum."""
+# ---- the kernels' log ------------------------------------------------------------------------------------------
+def log_error() -> tuple[float, float]:
+    """(A, B) with |_log(v) − log v| ≤ A + B·|log v| for positive float32 v: the kernels' log is fl(L·c), L =
+    lg2.approx(v) = log2 v + δ with |δ| ≤ Δ (elementary.LG2_ABS_ERROR), c = float32(ln 2). Then
+    |fl(L·c) − log v| ≤ |log2 v|·|c − ln 2| + Δ·c + (|log2 v| + Δ)·c·u, so A = Δ·c·(1 + u) and
+    B = (|c − ln 2| + c·u)/ln 2."""
     iv.setup()
-    f = sp.Symbol("f")
-    coefficients = log1p_over_f()
-    poly = sp.Float(coefficients[-1], 17)
-    for c in reversed(coefficients[:-1]):
-        poly = sp.Float(c, 17) + f * poly
-    expr = f * poly
-    rounded, exact = Evaluator(constant=float32, fp32=True), Evaluator(constant=float32)
-    slope = sp.diff(expr, f) - 1 / (1 + f)  # (f·P − log1p)′
-    lo_f, hi_f = arb(0.5).sqrt() - 1, arb(2).sqrt() - 1
-    edges = [lo_f + (hi_f - lo_f) * k / boxes for k in range(boxes + 1)]
-    fit = rnd = mag = 0.0
-    for a, b in zip(edges[:-1], edges[1:]):
-        fb, m = a.union(b), ((a + b) / 2).mid()
-        p = rounded(expr, {f: Ball(fb, None, arb(0))})
-        err = (exact(expr, {f: Ball(m)}).v - (1 + m).log()) + exact(slope, {f: Ball(fb)}).v * (fb - m)
-        fit, rnd, mag = max(fit, upper(err)), max(rnd, upper(p.e)), max(mag, upper(p.v))
-    ln2_32, ln2 = float32(LN2), arb(2).log()
-    per_e = abs(ln2_32 - ln2) + 2 * iv.U32 * ln2_32  # e·ln2 with the rounded constant, then rounded
-    A = arb(fit + rnd) + 2 * iv.U32 * arb(mag) + per_e * arb(0.5)  # |e| ≤ |log v|/ln2 + ½
-    B = per_e / ln2 + 2 * iv.U32 * (1 + 1 / ln2)  # the final sum rounded: 2u·(|e ln2| + |fP|)
-    return upper(A), upper(B)
+    c, ln2, u = float32(LN2), arb(2).log(), arb(iv.U32)
+    return upper(arb(LG2_ABS_ERROR) * c * (1 + u)), upper((abs(c - ln2) + c * u) / ln2)
 
 
 # ---- ReLU-sum ---------------------------------------------------------------------------------------------

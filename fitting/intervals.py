@@ -27,8 +27,8 @@ U32 = 2.0**-24
 #: sqrt.approx.f32 (1, PTX ISA), and CUDA's single-precision maths library (CUDA C++ Programming Guide,
 #: "Mathematical Functions": expf 2, erff 2, erfcf 4, tanhf 2, sinf/cosf 2, sinhf/coshf 3, atanf 2); the composite
 #: Φ = erfc(−z/√2)/2 (erfc 4 + the scaling), σ = 1/(1 + e^{−z}) (exp 2, add, div 2) and softplus (the helper's
-#: max + log1p trick, bounded loosely). log is the kernels' ``_log_normal`` helper, bounded by
-#: ``certify.log_helper_error`` instead.
+#: max + log1p trick, bounded loosely). log is the kernels' ``_log`` (MUFU.LG2), bounded by ``certify.log_error``
+#: instead. Triton's ``/`` (div.full, 2 ulp) and the kernels' ``_rcp`` times a product (1 + ½ ulp) share "div".
 FP32_ULPS = {"add": 0.5, "mul": 0.5, "div": 2.0, "sqrt": 1.0, "exp": 2.0, "erf": 2.0, "erfc": 4.0, "tanh": 2.0,
              "sin": 2.0, "cos": 2.0, "sinh": 3.0, "cosh": 3.0, "atan": 2.0, "Phi": 6.0, "sigmoid": 5.0,
              "softplus": 8.0}

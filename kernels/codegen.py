@@ -2,7 +2,9 @@
 
 A small sympy→Triton printer lowers the activation's expression to operations that run both compiled
 and under ``TRITON_INTERPRET=1`` (``tl.math.erf``, ``tl.exp``, ``tl.log``, ``tl.sqrt``): ``tanh`` and
-``log(1 + exp(u))`` become overflow-safe exp/log forms, constants keep full float64 digits.
+``log(1 + exp(u))`` become overflow-safe exp/log forms, constants keep full float64 digits. Compiled float32
+code divides by one MUFU.RCP (``_rcp``; Triton's ``/`` is div.full.f32, 9 SASS instructions), takes a clamped
+log by MUFU.LG2 (``_log``), and for 16-bit data evaluates Φ without erf (``_phi``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,7 @@ import torch
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.activations import _softplus, select, stable_form
-from approxbp.approximations.elementary import LN2, log1p_over_f
+from approxbp.approximations.elementary import LN2, LOG2E, PHI_TAIL_P, phi_tail
 from approxbp.approximations.files import write_atomic
 from approxbp.approximations.invact_forms import backward_rule
 from sympy.printing.pycode import PythonCodePrinter
@@ -26,10 +29,17 @@ from sympy.printing.pycode import PythonCodePrinter
 GENERATED = Path(__file__).parent / "generated"
 
 _tanh = sp.Function("_tanh")
+_rcp = sp.Function("_rcp")  # 1/u (helpers: one MUFU.RCP in compiled float32)
+_rsqrt = sp.Function("_rsqrt")  # 1/√u
 
 
 class TritonPrinter(PythonCodePrinter):
-    """Prints a sympy expression in ``x`` as a Triton (tl.*) expression."""
+    """Prints a sympy expression in ``x`` as a Triton (tl.*) expression. ``lowp``: Φ prints as ``_phi(u, LOWP)``
+    (the enclosing jit function has a ``LOWP`` constexpr: 16-bit data)."""
+
+    def __init__(self, lowp: bool = False):
+        super().__init__()
+        self.lowp = lowp
 
     def _print_Float(self, e):
         return repr(float(e))
@@ -51,29 +61,30 @@ class TritonPrinter(PythonCodePrinter):
             exp = sp.Rational(int(2 * exp), 2)
         if exp == sp.Rational(1, 2):
             return f"tl.sqrt({self._print(base)})"
-        if exp == -sp.Rational(1, 2):
-            return f"(1.0 / tl.sqrt({self._print(base)}))"
-        if exp == -1:
-            return f"(1.0 / {self.parenthesize(base, 100)})"
         if exp.is_Rational and exp.q == 2 and 0 < exp < 4:  # b^{n+1/2} = b^n·√b
             return " * ".join([f"tl.sqrt({self._print(base)})"] + [self.parenthesize(base, 100)] * int(exp))
-        if exp.is_Integer and 1 < abs(int(exp)) <= 4:
-            prod = " * ".join([self.parenthesize(base, 100)] * abs(int(exp)))
-            return f"({prod})" if exp > 0 else f"(1.0 / ({prod}))"
-        return f"tl.exp({self._print(exp)} * tl.log({self._print(base)}))"
+        if exp.is_Integer and 1 < int(exp) <= 4:
+            return "(" + " * ".join([self.parenthesize(base, 100)] * int(exp)) + ")"
+        return f"tl.exp({self._print(exp)} * tl.log({self._print(base)}))"  # negative powers: see reciprocals()
 
     def _fn(self, name, e):
         return f"{name}({', '.join(self._print(a) for a in e.args)})"
 
     def _print_Phi(self, e):  # Φ(z) = (1 + erf(z/√2))/2; tl has no erfc
+        if self.lowp:
+            return f"_phi({self._print(e.args[0])}, LOWP)"
         return f"(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * ({self._print(e.args[0])}))))"
 
-    def _print_sigmoid(self, e):
-        return self._fn("tl.sigmoid", e)
+    def _print_sigmoid(self, e):  # 1/(1 + e^{−u}): e^{−u} = inf gives 0
+        return f"_rcp(1.0 + tl.exp(-({self._print(e.args[0])})))"
 
     def _print_select(self, e):
-        c, a, b = (self._print(v) for v in e.args)
-        return f"tl.where(({c}) > 0.0, {a}, {b})"
+        # u + c > 0 as u > −c (one add fewer): the same test in floating point, since a sum of two floats rounds to
+        # zero only when it is exactly zero
+        cond, a, b = e.args
+        c = next((t for t in cond.args if t.is_Number), None) if cond.is_Add else None
+        test = f"({self._print(cond - c)}) > {-float(c)!r}" if c is not None else f"({self._print(cond)}) > 0.0"
+        return f"tl.where({test}, {self._print(a)}, {self._print(b)})"
 
     def _print_erf(self, e):
         return self._fn("tl.math.erf", e)
@@ -89,7 +100,8 @@ class TritonPrinter(PythonCodePrinter):
 
     def _print_Max(self, e):
         # max(w₀, log(max(c, u))) = log(max(u, e^w₀)) when e^w₀ ≥ c: a clamped log (the fast InvAct tail) runs
-        # on the cheap _log_normal, valid because its argument is a normal positive number
+        # on the cheap _log (MUFU.LG2: absolute error, and flushes subnormals), valid because its argument is a normal
+        # positive number below 1/e … or any: |log| ≥ |w₀| keeps the absolute error relatively small
         if len(e.args) == 2:
             w0 = next((a for a in e.args if a.is_Number), None)
             lg = next((a for a in e.args if isinstance(a, sp.log)), None)
@@ -99,7 +111,7 @@ class TritonPrinter(PythonCodePrinter):
                 u = next((a for a in inner.args if not a.is_Number), None)
                 floor = math.exp(float(w0))
                 if c is not None and u is not None and floor >= max(float(c), 2.0**-125):
-                    return (f"_log_normal(tl.maximum({self._print(u)}, {floor!r}, "
+                    return (f"_log(tl.maximum({self._print(u)}, {floor!r}, "
                             "propagate_nan=tl.PropagateNan.ALL))")
         return self._nest("tl.maximum", e.args)
 
@@ -138,8 +150,8 @@ class TritonPrinter(PythonCodePrinter):
         name = type(e).__name__
         if name in ("q_left", "q_right", "q_combined", "activation_grad"):  # the module's own jit functions
             return self._fn(name, e)
-        if name in ("softplus", "_tanh"):
-            return self._fn("_softplus" if name == "softplus" else name, e)
+        if name in ("softplus", "_tanh", "_rcp", "_rsqrt"):
+            return self._fn({"softplus": "_softplus", "_rsqrt": "tl.math.rsqrt"}.get(name, name), e)
         return self._refuse(e)
 
     def _refuse(self, e, *args, **kwargs):
@@ -169,9 +181,23 @@ def lower(expr: sp.Expr) -> sp.Expr:
     return stable_form(expr).replace(sp.tanh(_softplus(u)), tanh_softplus).replace(sp.tanh, _tanh)
 
 
-def triton_source(expr: sp.Expr) -> str:
-    """The Triton source of ``expr`` (a sympy expression in x)."""
-    return TritonPrinter().doprint(lower(expr).evalf(17))
+def reciprocals(expr: sp.Expr) -> sp.Expr:
+    """Negative powers as the helpers' reciprocals: b^−n → _rcp(bⁿ) (n = 1 … 4), b^−½ → _rsqrt(b). Applied after
+    evalf (where exponents are floats); other negative powers stay exp(p·log b)."""
+    def fast(e):
+        p = float(e.exp)
+        if p == -0.5:
+            return _rsqrt(e.base)
+        if p.is_integer() and -4 <= p <= -1:
+            return _rcp(e.base ** int(-p))
+        return e
+
+    return expr.replace(lambda e: e.is_Pow and e.exp.is_number and float(e.exp) < 0, fast)
+
+
+def triton_source(expr: sp.Expr, lowp: bool = False) -> str:
+    """The Triton source of ``expr`` (a sympy expression in x); ``lowp``: Φ as the 16-bit-data ``_phi``."""
+    return TritonPrinter(lowp).doprint(reciprocals(lower(expr).evalf(17)))
 
 
 def _tanh_series(terms: int = 13) -> str:
@@ -185,63 +211,99 @@ def _tanh_series(terms: int = 13) -> str:
     return body
 
 
-def _log1p_over_f() -> str:
-    """Horner form in f of :func:`~approxbp.approximations.elementary.log1p_over_f` (log1p(f) = f·P(f), |error| < 6e-8
-    in fp32 evaluation)."""
-    coeffs = log1p_over_f()
+def _horner(coeffs: tuple[float, ...], var: str) -> str:
     body = repr(coeffs[-1])
     for c in reversed(coeffs[:-1]):
-        body = f"{c!r} + f * ({body})"
+        body = f"{c!r} + {var} * ({body})"
     return body
 
 
-HELPERS = '''
+HELPERS_TEMPLATE = '''
+#: Compiled (not interpreted): the float32 primitives below are PTX approximations; the interpreter has no inline asm.
+_COMPILED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
+@triton.jit
+def _rcp(v):
+    # 1/v; compiled float32: rcp.approx.ftz.f32, one MUFU.RCP (≤ 1 ulp, PTX ISA; Triton's `/` is div.full.f32, 9 SASS
+    # instructions); fp64 and the interpreter divide
+    if v.dtype == tl.float32 and _COMPILED:
+        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    else:
+        r = 1.0 / v
+    return r
+
+
+@triton.jit
+def _log(v):
+    # log(v) for a clamped positive argument (the printer's clamped log); compiled float32: lg2.approx.ftz.f32 · ln 2,
+    # one MUFU.LG2 (absolute error ≤ 2^-22.6 in log2, PTX ISA; libdevice's logf is 26 SASS instructions); NaN stays
+    # NaN; fp64 and the interpreter use tl.log
+    if v.dtype == tl.float32 and _COMPILED:
+        r = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True,
+                                      pack=1) * {ln2}
+    else:
+        r = tl.log(v)
+    return r
+
+
+@triton.jit
+def _phi(u, LOWP: tl.constexpr):
+    # Φ(u) = (1 + erf(u/√2))/2 (its left tail cancels, as F.gelu's does). LOWP (16-bit data): Φ(−|u|) =
+    # t·2^(P(t) − u²·log2(e)/2), t = 1/(1 + p|u|) (approximations.elementary.phi_tail; relative error < 6e-6 in
+    # float32, 1e-7 where |u| < 4, no cancellation): every bf16 GELU correctly rounded, 18 SASS instructions to erf's 30
+    if LOWP:
+        t = _rcp(1.0 + {phi_p} * tl.abs(u))
+        q = t * tl.exp2({phi_poly} - u * u * {half_log2e})
+        r = tl.where(u < 0.0, q, 1.0 - q)
+    else:
+        r = 0.5 * (1.0 + tl.math.erf(0.7071067811865476 * u))
+    return r
+
+
 @triton.jit
 def _tanh(z):
     # |z| ≥ 0.3: sign(z)·(1 − e^{−2|z|})/(1 + e^{−2|z|}) (no overflow); |z| < 0.3: odd Taylor series to z^25
     # (accurate in float64 too)
     t = tl.exp(-2.0 * tl.abs(z))
-    r = (1.0 - t) / (1.0 + t)
+    r = (1.0 - t) * _rcp(1.0 + t)
     z2 = z * z
     p = z * ({series})
     return tl.where(tl.abs(z) < 0.3, p, tl.where(z < 0.0, -r, r))
 
 
 @triton.jit
-def _log_normal(v):
-    # log(v) for normal positive fp32 v (the printer only uses it where the argument is clamped to one): v = 2^e·m,
-    # m ∈ [√½, √2), log v = e·ln 2 + f·P(f), f = m − 1, P a degree-8 Chebyshev fit of log1p(f)/f (|error| < 6e-8
-    # in fp32; libdevice's logf costs 26 SASS instructions, this 16); NaN stays NaN; fp64 uses tl.log
-    if v.dtype == tl.float64:
-        r = tl.log(v)
-    else:
-        bits = v.to(tl.int32, bitcast=True)
-        e = (bits - 0x3F3504F3) >> 23
-        f = (bits - (e << 23)).to(tl.float32, bitcast=True) - 1.0
-        r = tl.where(v != v, v, e.to(tl.float32) * {ln2} + f * ({log_poly}))
-    return r
-
-
-@triton.jit
 def _softplus(z):
     # log(1 + e^z) = max(z, 0) + log1p(e^{−|z|}); log1p(t) = log(u)·t/(u − 1) with u = 1 + t (exact to
-    # a few ulp, Goldberg's trick), = t when u rounds to 1
+    # a few ulp, Goldberg's trick: it needs libdevice's relative accuracy of log near 1), = t when u rounds to 1
     t = tl.exp(-tl.abs(z))
     u = 1.0 + t
-    return tl.maximum(z, 0.0) + tl.where(u == 1.0, t, tl.log(u) * (t / (u - 1.0)))
-'''.replace("{series}", _tanh_series()).replace("{log_poly}", _log1p_over_f()).replace("{ln2}", repr(LN2))
+    return tl.maximum(z, 0.0) + tl.where(u == 1.0, t, tl.log(u) * (t * _rcp(u - 1.0)))
+'''
 
-#: The shared helpers' names, read off HELPERS (sorted, as the generated imports list them).
-HELPER_NAMES = tuple(sorted(re.findall(r"^def (\w+)\(", HELPERS, re.M)))
 
-#: The helpers' one home: generated modules import what they use from it (it is itself generated, from HELPERS).
+@cache
+def helpers_source() -> str:
+    """The shared helpers' Triton code (the Φ-tail fit runs once, on first use: export time, not import time)."""
+    return (HELPERS_TEMPLATE.replace("{series}", _tanh_series()).replace("{ln2}", repr(LN2))
+            .replace("{phi_p}", repr(PHI_TAIL_P)).replace("{phi_poly}", _horner(phi_tail(), "t"))
+            .replace("{half_log2e}", repr(LOG2E / 2)))
+
+
+#: The shared helpers' names, read off HELPERS_TEMPLATE (sorted, as the generated imports list them).
+HELPER_NAMES = tuple(sorted(re.findall(r"^def (\w+)\(", HELPERS_TEMPLATE, re.M)))
+
+#: The helpers' one home: generated modules import what they use from it (itself generated, from HELPERS_TEMPLATE).
 HELPERS_MODULE = Path(__file__).parent / "triton_helpers.py"
 
 
 def render_helpers() -> str:
-    return ("# Generated by approxbp.kernels.codegen (HELPERS); DO NOT EDIT: regenerate with `approxbp export`.\n"
-            '"""Overflow-safe tanh and softplus for the generated Triton modules, which import what they use."""\n'
-            "import triton\nimport triton.language as tl\n" + HELPERS)
+    return ("# Generated by approxbp.kernels.codegen (HELPERS_TEMPLATE); DO NOT EDIT: regenerate with "
+            "`approxbp export`.\n"
+            '"""Float32 primitives and overflow-safe tanh, softplus for the generated Triton modules, which import '
+            'what they use."""\n'
+            "import os\n\nimport triton\nimport triton.language as tl\n" + helpers_source())
 
 
 def _import_helpers(*code: str) -> str:
@@ -267,7 +329,8 @@ LEVELS = {levels!r}
 {helpers}
 
 @triton.jit
-def activation(x):
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
     return {source}
 
 
@@ -301,7 +364,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
@@ -391,28 +454,53 @@ def _wide(storage: int) -> str:
     return ".to(tl.int64)" if storage == 8 else ""
 
 
-def _codes_for(knots: list[float], bits: int, storage: int, indent: str) -> list[str]:
+def _tagged(t: float, tag: int, dtype: torch.dtype) -> float:
+    """A float32 threshold that compares like ``t`` against every value of the 16-bit ``dtype`` (x ≤ result ⇔ x ≤ t)
+    and carries ``tag`` in its low mantissa bits, which 16-bit values never reach: a value of [t, next value of
+    dtype above t). For t < 0 that is −(m′ | tag) with m′ the magnitude of the next value up."""
+    if tag == 0:
+        return t
+    t16 = torch.tensor(t, dtype=dtype)
+    up = float(torch.nextafter(t16, torch.tensor(float("inf"), dtype=dtype)))
+    base = 0.0 if t == 0 else (t if t > 0 else up)
+    bits = int(np.array([abs(base)], dtype=np.float32).view(np.uint32)[0]) | tag
+    tagged = float(np.array([bits], dtype=np.uint32).view(np.float32)[0]) * (1.0 if t >= 0 else -1.0)
+    if not (t <= tagged < up and int(np.array([abs(tagged)], dtype=np.float32).view(np.uint32)[0]) & tag == tag):
+        raise AssertionError(f"cannot tag the threshold {t!r} of {dtype} with {tag}")
+    return tagged
+
+
+def _codes_for(knots: list[float], bits: int, storage: int, indent: str, dtype: torch.dtype | None) -> list[str]:
     """Lines that leave the packed row in ``word``. k ≤ 2: every knot adds the lane's place value where c_i < x (the
     shift is a per-register constant, so no code is formed). k = 3, 4: a binary search whose thresholds are
     compile-time selects on the bits found so far (k compares and 2^k − 1 − k selects instead of 2^k − 1
-    compares). NaN fails every x ≤ c and gets the top code, as torch.bucketize."""
+    compares). For 16-bit data (``dtype``) the last step's threshold carries its leaf's code in its low mantissa
+    bits (:func:`_tagged`), so the code is those bits plus the last compare instead of k selects and adds. NaN fails
+    every x ≤ c and gets the top code, as torch.bucketize."""
     wide = _wide(storage)
     place = f"(lane * {storage})[None, :]"
     if bits <= 2:
         return [f"{indent}one = (1{wide} << {place})",
                 *[f"{indent}word {'=' if i == 0 else '+='} tl.where(x <= {c!r}, 0, one)" for i, c in enumerate(knots)]]
+    last = bits - 1
 
     def threshold(step: int, j: int, prefix: int) -> str:  # knots[prefix + 2^(k−1−step) − 1], selected on bits < step
         if j == step:
-            return repr(knots[prefix + (1 << (bits - 1 - step)) - 1])
+            c = knots[prefix + (1 << (bits - 1 - step)) - 1]
+            return repr(_tagged(c, prefix, dtype) if dtype is not None and step == last else c)
         hi = threshold(step, j + 1, prefix + (1 << (bits - 1 - j)))
         return f"tl.where(le{j}, {threshold(step, j + 1, prefix)}, {hi})"
 
     lines = []
-    for step in range(bits):
+    for step in range(bits if dtype is None else last):
         lines.append(f"{indent}le{step} = x <= {threshold(step, 0, 0)}")
         bit = f"({1 << (bits - 1 - step)}{wide} << {place})"
-        lines.append(f"{indent}word {'=' if step == 0 else '+='} tl.where(le{step}, 0, {bit})")
+        if dtype is None:
+            lines.append(f"{indent}word {'=' if step == 0 else '+='} tl.where(le{step}, 0, {bit})")
+    if dtype is not None:
+        lines += [f"{indent}t = {threshold(last, 0, 0)}  # tagged with its leaf's code",
+                  f"{indent}code = (t.to(tl.int32, bitcast=True) & {(1 << bits) - 2}) | tl.where(x <= t, 0, 1)",
+                  f"{indent}word = code{wide} << {place}"]
     return lines
 
 
@@ -422,7 +510,7 @@ def _pack_body(knots: list[float], bits: int, storage: int) -> str:
         return f"    return tl.sum(code_of(x, knots_ptr){_wide(storage)} << (lane[None, :] * {storage}), axis=1)"
     as_f32 = [float(np.float32(c)) for c in knots]
     lines = _by_storage_dtype("DT", lambda dt: _codes_for([_round_down(c, dt) for c in as_f32] if dt else as_f32,
-                                                          bits, storage, " " * 8), "    ")
+                                                          bits, storage, " " * 8, dt), "    ")
     return "\n".join([*lines, "    return tl.sum(word, axis=1)"])
 
 
@@ -455,7 +543,7 @@ def render_relu_sum(table_path: Path, t: dict | None = None) -> str:
     doc = (f"{t.activation} with the k={t.bits} ReLU-sum derivative ({t.objective} objective): forward is "
            f"the exact activation plus one packed {storage}-bit code per element; backward is grad × LEVELS[code].\n"
            f"Table: {_relative(table_path)} (definition sha256 {T.definition_sha256(t)}).")
-    source = triton_source(act.expr)
+    source = triton_source(act.expr, lowp=True)
     return RELU_SUM_TEMPLATE.format(
         docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t.activation,
         expression=t.expression,
@@ -482,7 +570,8 @@ RIGHT_MAX = {right_max!r}
 {helpers}
 
 @triton.jit
-def activation(x):
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
     return {source}
 
 
@@ -511,7 +600,8 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
     x = tl.load(x_ptr + offs, mask=inside, other=float("inf"))  # padding lanes: bit 0
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
 {left_body}
     word = tl.sum(tl.where(left, 1 << lane[None, :], 0), axis=1)  # the shift is a per-register constant
@@ -545,7 +635,7 @@ def _jit_body(branch: dict, variables: tuple[str, ...] = ("y",)) -> str:
     form = Form.from_table(branch, variables)
     values = {sp.Symbol(k): sp.Float(v, 17) for k, v in form.coefficients.items()}
     printer = TritonPrinter()
-    code = lambda e: printer.doprint(lower(e.xreplace(values)).evalf(17))  # noqa: E731
+    code = lambda e: printer.doprint(reciprocals(lower(e.xreplace(values)).evalf(17)))  # noqa: E731
     lines = [f"    {name} = {code(value)}" for name, value in form.assignments]
     return "\n".join([*lines, f"    return {code(form.expression)}"])
 
@@ -558,11 +648,11 @@ def render_invact(table_path: Path, t: dict | None = None) -> str:
     doc = (f"{t.activation} inverted activation ({t.form} form): forward is the exact activation plus one "
            "packed branch bit s = [x < T] per element (8 per byte); backward is grad × q_s(y) from the saved output "
            f"y.\nTable: {_relative(table_path)} (definition sha256 {T.definition_sha256(t)}).")
-    code = {"source": triton_source(act.expr), "grad_source": triton_source(act.derivative_expr(1)),
+    code = {"source": triton_source(act.expr, lowp=True), "grad_source": triton_source(act.derivative_expr(1)),
             "left": _jit_body(t.left), "right": _jit_body(t.right),
             "combined": (f"\n\n@triton.jit\ndef q_combined(y, b):\n{_jit_body(t.combined, ('y', 'b'))}\n"
                          if t.combined is not None else ""),
-            "rule": TritonPrinter().doprint(backward_rule(t))}
+            "rule": TritonPrinter().doprint(reciprocals(backward_rule(t)))}
     return INVACT_TEMPLATE.format(
         docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t.activation,
         expression=t.expression, T=t.turning_point, f_T=t.f_T, left_max=t.left.domain[1],

@@ -11,7 +11,7 @@ import pytest
 import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations.activations import x as X
-from approxbp.approximations.elementary import LN2, log1p_over_f
+from approxbp.approximations.elementary import LG2_ABS_ERROR, LN2
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import Form
 from approxbp.approximations.tables import TableError, data_dir, from_json, load
@@ -44,28 +44,13 @@ def test_ball_evaluation_encloses_mpmath_values_and_slopes(name):
                 assert got.overlaps(arb(mpmath.nstr(ref, 35), 1e-30 * max(1.0, abs(float(ref))))), (name, lo, v)
 
 
-def _log_normal_float32(v: np.ndarray) -> np.ndarray:
-    """kernels/triton_helpers.py _log_normal, operation by operation in numpy float32 (no FMA)."""
-    v = v.astype(np.float32)
-    bits = v.view(np.int32)
-    e = (bits - np.int32(0x3F3504F3)) >> 23
-    f = (bits - (e << 23)).view(np.float32) - np.float32(1.0)
-    coefficients = log1p_over_f()
-    p = np.float32(coefficients[-1])
-    for c in reversed(coefficients[:-1]):
-        p = np.float32(c) + f * p
-    return e.astype(np.float32) * np.float32(LN2) + f * p
-
-
-def test_log_helper_bound_holds_for_an_emulation():
-    A, B = C.log_helper_error()
-    rng = np.random.default_rng(1)
-    v = np.exp(rng.uniform(-87, 88, 200_000)).astype(np.float32)
-    v = v[np.isfinite(v) & (v > np.finfo(np.float32).tiny)]
-    exact = np.log(v.astype(np.float64))
-    err = np.abs(_log_normal_float32(v).astype(np.float64) - exact)
-    assert np.all(err <= A + B * np.abs(exact)), float(np.max(err - (A + B * np.abs(exact))))
-    assert A < 1e-6 and B < 1e-6  # a bound worth having
+def test_log_error_bound_covers_the_stated_lg2_error():
+    """The kernels' log is lg2.approx(v)·float32(ln 2): at |log v| = 0 the bound is lg2's absolute error times ln 2,
+    and it grows by the rounded constant's relative error (2.2e-8) plus one rounding per unit of |log v|."""
+    A, B = C.log_error()
+    assert LG2_ABS_ERROR * LN2 <= A <= 1.0001 * LG2_ABS_ERROR * LN2
+    c = float(np.float32(LN2))
+    assert B == pytest.approx((abs(c - LN2) + 2.0**-24 * c) / LN2, rel=1e-9) and B < 1e-7
 
 
 def test_invact_certificate_is_a_bound_and_meets_the_claim():

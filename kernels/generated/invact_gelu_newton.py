@@ -11,11 +11,13 @@ TURNING_POINT = -0.7517915246935645
 F_T = -0.16997120747990366
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.830028792520096
+from approxbp.kernels.triton_helpers import _phi, _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x))))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_phi(x, LOWP)
 
 
 @triton.jit
@@ -26,19 +28,19 @@ def activation_grad(x):
 
 @triton.jit
 def q_left(y):
-    x0 = 0.606539225142254*tl.sqrt(-tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 5.883349390915128*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.16997120747990366) - tl.sqrt(y + 0.16997120747990366)*(20.237087764447647*y - 11.857385836582017*tl.sqrt(y + 0.16997120747990366) - 10.024725508146894*tl.sqrt(y + 0.16997120747990366) * (y + 0.16997120747990366) + 5.59166071613032)/(12.049809027886887*y - 6.087034653141741*tl.sqrt(y + 0.16997120747990366) - 7.683757147874559*tl.sqrt(y + 0.16997120747990366) * (y + 0.16997120747990366) + 3.048120590372178) + 0.2832315948297254*tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 5.883349390915128*y, propagate_nan=tl.PropagateNan.ALL)) - 0.7517915246935645
+    x0 = 0.606539225142254*tl.sqrt(-tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 5.883349390915128*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.16997120747990366) - tl.sqrt(y + 0.16997120747990366)*(20.237087764447647*y - 11.857385836582017*tl.sqrt(y + 0.16997120747990366) - 10.024725508146894*tl.sqrt(y + 0.16997120747990366) * (y + 0.16997120747990366) + 5.59166071613032)*_rcp(12.049809027886887*y - 6.087034653141741*tl.sqrt(y + 0.16997120747990366) - 7.683757147874559*tl.sqrt(y + 0.16997120747990366) * (y + 0.16997120747990366) + 3.048120590372178) + 0.2832315948297254*tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 5.883349390915128*y, propagate_nan=tl.PropagateNan.ALL)) - 0.7517915246935645
     d0 = 0.3989422804014327*x0*tl.exp(-0.5*(x0 * x0)) + (0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x0))))
-    x1 = -d0*(x0*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x0)))) - y)/((d0 * d0) + 1e-10) + x0
+    x1 = -d0*(x0*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x0)))) - y)*_rcp((d0 * d0) + 1e-10) + x0
     d1 = 0.3989422804014327*x1*tl.exp(-0.5*(x1 * x1)) + (0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x1))))
-    x2 = -d1*(x1*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x1)))) - y)/((d1 * d1) + 1e-10) + x1
+    x2 = -d1*(x1*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x1)))) - y)*_rcp((d1 * d1) + 1e-10) + x1
     return 0.3989422804014327*x2*tl.exp(-0.5*(x2 * x2)) + (0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x2))))
 
 
 @triton.jit
 def q_right(y):
-    x0 = tl.sqrt(y + 0.16997120747990366)*(0.6618062435482636*y - 1.4390370177405207*tl.sqrt(y + 0.16997120747990366) + 0.2200200235779383*((y + 0.16997120747990366) * (y + 0.16997120747990366)) - 0.3276320297841539*tl.sqrt(y + 0.16997120747990366) * (y + 0.16997120747990366) + 2.262983302481746)/(-0.5566823992198532*y - 0.05599406581497171*tl.sqrt(y + 0.16997120747990366) - 0.018392784021741528*((y + 0.16997120747990366) * (y + 0.16997120747990366)) + 0.35796263788914573*tl.sqrt(y + 0.16997120747990366) * (y + 0.16997120747990366) + 0.9053800204217918) - 0.7517915246935645
+    x0 = tl.sqrt(y + 0.16997120747990366)*(0.6618062435482636*y - 1.4390370177405207*tl.sqrt(y + 0.16997120747990366) + 0.2200200235779383*((y + 0.16997120747990366) * (y + 0.16997120747990366)) - 0.3276320297841539*tl.sqrt(y + 0.16997120747990366) * (y + 0.16997120747990366) + 2.262983302481746)*_rcp(-0.5566823992198532*y - 0.05599406581497171*tl.sqrt(y + 0.16997120747990366) - 0.018392784021741528*((y + 0.16997120747990366) * (y + 0.16997120747990366)) + 0.35796263788914573*tl.sqrt(y + 0.16997120747990366) * (y + 0.16997120747990366) + 0.9053800204217918) - 0.7517915246935645
     d0 = 0.3989422804014327*x0*tl.exp(-0.5*(x0 * x0)) + (0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x0))))
-    x1 = -d0*(x0*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x0)))) - y)/((d0 * d0) + 1e-10) + x0
+    x1 = -d0*(x0*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x0)))) - y)*_rcp((d0 * d0) + 1e-10) + x0
     return 0.3989422804014327*x1*tl.exp(-0.5*(x1 * x1)) + (0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x1))))
 
 
@@ -51,7 +53,8 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
     x = tl.load(x_ptr + offs, mask=inside, other=float("inf"))  # padding lanes: bit 0
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
     if x_ptr.dtype.element_ty == tl.bfloat16:
         left = x < -0.75
@@ -75,7 +78,7 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     b = tl.where(left, 1.0, 0.0)
-    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL) - 9.830028792520096) > 0.0, activation_grad(tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.830028792520096, tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
+    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL)) > 9.830028792520096, activation_grad(tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.830028792520096, tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)

@@ -11,11 +11,13 @@ TURNING_POINT = -0.7517915246935645
 F_T = -0.16997120747990366
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.830028792520096
+from approxbp.kernels.triton_helpers import _phi
 
 
 @triton.jit
-def activation(x):
-    return x*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x))))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_phi(x, LOWP)
 
 
 @triton.jit
@@ -43,7 +45,8 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
     x = tl.load(x_ptr + offs, mask=inside, other=float("inf"))  # padding lanes: bit 0
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
     if x_ptr.dtype.element_ty == tl.bfloat16:
         left = x < -0.75
@@ -67,7 +70,7 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     b = tl.where(left, 1.0, 0.0)
-    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL) - 9.830028792520096) > 0.0, activation_grad(tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.830028792520096, tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
+    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL)) > 9.830028792520096, activation_grad(tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.830028792520096, tl.maximum(-0.16997120747990366, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)

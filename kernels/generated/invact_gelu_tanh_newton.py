@@ -11,35 +11,37 @@ TURNING_POINT = -0.7524614220710163
 F_T = -0.17004075057125406
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.829959249428747
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)/tl.sqrt(3.141592653589793))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)*tl.math.rsqrt(3.141592653589793))))
 
 
 @triton.jit
 def activation_grad(x):
     # h′, used beyond the fitted right domain (y > RIGHT_MAX), where f⁻¹(y) = y to within h's tail
-    return 1.5957691216057308*x*(0.134145*(x * x) + 1.0)*tl.sigmoid(-2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)/tl.sqrt(3.141592653589793))*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)/tl.sqrt(3.141592653589793)) + tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)/tl.sqrt(3.141592653589793))
+    return 1.5957691216057308*x*(0.134145*(x * x) + 1.0)*_rcp(1.0 + tl.exp(-(-2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)*tl.math.rsqrt(3.141592653589793))))*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)*tl.math.rsqrt(3.141592653589793)))) + _rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)*tl.math.rsqrt(3.141592653589793))))
 
 
 @triton.jit
 def q_left(y):
-    x0 = 0.5319045046092619*tl.sqrt(-tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 5.880943224729879*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.17004075057125406) - tl.sqrt(y + 0.17004075057125406)*(20.186344719610553*y - 11.847011328050911*tl.sqrt(y + 0.17004075057125406) - 10.00121889032382*tl.sqrt(y + 0.17004075057125406) * (y + 0.17004075057125406) + 5.587302935517444)/(12.047961010202515*y - 6.084650169978937*tl.sqrt(y + 0.17004075057125406) - 7.692840761643076*tl.sqrt(y + 0.17004075057125406) * (y + 0.17004075057125406) + 3.04864433302804) + 0.24843268591572745*tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 5.880943224729879*y, propagate_nan=tl.PropagateNan.ALL)) - 0.7524614220710163
-    d0 = 1.5957691216057308*x0*(0.134145*(x0 * x0) + 1.0)*tl.sigmoid(-2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)/tl.sqrt(3.141592653589793))*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)/tl.sqrt(3.141592653589793)) + tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)/tl.sqrt(3.141592653589793))
-    x1 = -d0*(x0*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)/tl.sqrt(3.141592653589793)) - y)/((d0 * d0) + 1e-10) + x0
-    d1 = 1.5957691216057308*x1*(0.134145*(x1 * x1) + 1.0)*tl.sigmoid(-2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)/tl.sqrt(3.141592653589793))*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)/tl.sqrt(3.141592653589793)) + tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)/tl.sqrt(3.141592653589793))
-    x2 = -d1*(x1*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)/tl.sqrt(3.141592653589793)) - y)/((d1 * d1) + 1e-10) + x1
-    return 1.5957691216057308*x2*(0.134145*(x2 * x2) + 1.0)*tl.sigmoid(-2.0*tl.sqrt(2.0)*((0.044715)*(x2 * x2 * x2) + x2)/tl.sqrt(3.141592653589793))*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x2 * x2 * x2) + x2)/tl.sqrt(3.141592653589793)) + tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x2 * x2 * x2) + x2)/tl.sqrt(3.141592653589793))
+    x0 = 0.5319045046092619*tl.sqrt(-tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 5.880943224729879*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.17004075057125406) - tl.sqrt(y + 0.17004075057125406)*(20.186344719610553*y - 11.847011328050911*tl.sqrt(y + 0.17004075057125406) - 10.00121889032382*tl.sqrt(y + 0.17004075057125406) * (y + 0.17004075057125406) + 5.587302935517444)*_rcp(12.047961010202515*y - 6.084650169978937*tl.sqrt(y + 0.17004075057125406) - 7.692840761643076*tl.sqrt(y + 0.17004075057125406) * (y + 0.17004075057125406) + 3.04864433302804) + 0.24843268591572745*tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 5.880943224729879*y, propagate_nan=tl.PropagateNan.ALL)) - 0.7524614220710163
+    d0 = 1.5957691216057308*x0*(0.134145*(x0 * x0) + 1.0)*_rcp(1.0 + tl.exp(-(-2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)*tl.math.rsqrt(3.141592653589793))))*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)*tl.math.rsqrt(3.141592653589793)))) + _rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)*tl.math.rsqrt(3.141592653589793))))
+    x1 = -d0*(x0*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)*tl.math.rsqrt(3.141592653589793)))) - y)*_rcp((d0 * d0) + 1e-10) + x0
+    d1 = 1.5957691216057308*x1*(0.134145*(x1 * x1) + 1.0)*_rcp(1.0 + tl.exp(-(-2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)*tl.math.rsqrt(3.141592653589793))))*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)*tl.math.rsqrt(3.141592653589793)))) + _rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)*tl.math.rsqrt(3.141592653589793))))
+    x2 = -d1*(x1*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)*tl.math.rsqrt(3.141592653589793)))) - y)*_rcp((d1 * d1) + 1e-10) + x1
+    return 1.5957691216057308*x2*(0.134145*(x2 * x2) + 1.0)*_rcp(1.0 + tl.exp(-(-2.0*tl.sqrt(2.0)*((0.044715)*(x2 * x2 * x2) + x2)*tl.math.rsqrt(3.141592653589793))))*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x2 * x2 * x2) + x2)*tl.math.rsqrt(3.141592653589793)))) + _rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x2 * x2 * x2) + x2)*tl.math.rsqrt(3.141592653589793))))
 
 
 @triton.jit
 def q_right(y):
-    x0 = tl.sqrt(y + 0.17004075057125406)*(0.6589525703532809*y - 1.4417373446995037*tl.sqrt(y + 0.17004075057125406) + 0.21587812680158439*((y + 0.17004075057125406) * (y + 0.17004075057125406)) - 0.32554382509036783*tl.sqrt(y + 0.17004075057125406) * (y + 0.17004075057125406) + 2.265264175447954)/(-0.5574879268492569*y - 0.05515894518229307*tl.sqrt(y + 0.17004075057125406) - 0.018529248905135434*((y + 0.17004075057125406) * (y + 0.17004075057125406)) + 0.35494215586383643*tl.sqrt(y + 0.17004075057125406) * (y + 0.17004075057125406) + 0.90520433448414) - 0.7524614220710163
-    d0 = 1.5957691216057308*x0*(0.134145*(x0 * x0) + 1.0)*tl.sigmoid(-2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)/tl.sqrt(3.141592653589793))*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)/tl.sqrt(3.141592653589793)) + tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)/tl.sqrt(3.141592653589793))
-    x1 = -d0*(x0*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)/tl.sqrt(3.141592653589793)) - y)/((d0 * d0) + 1e-10) + x0
-    return 1.5957691216057308*x1*(0.134145*(x1 * x1) + 1.0)*tl.sigmoid(-2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)/tl.sqrt(3.141592653589793))*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)/tl.sqrt(3.141592653589793)) + tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)/tl.sqrt(3.141592653589793))
+    x0 = tl.sqrt(y + 0.17004075057125406)*(0.6589525703532809*y - 1.4417373446995037*tl.sqrt(y + 0.17004075057125406) + 0.21587812680158439*((y + 0.17004075057125406) * (y + 0.17004075057125406)) - 0.32554382509036783*tl.sqrt(y + 0.17004075057125406) * (y + 0.17004075057125406) + 2.265264175447954)*_rcp(-0.5574879268492569*y - 0.05515894518229307*tl.sqrt(y + 0.17004075057125406) - 0.018529248905135434*((y + 0.17004075057125406) * (y + 0.17004075057125406)) + 0.35494215586383643*tl.sqrt(y + 0.17004075057125406) * (y + 0.17004075057125406) + 0.90520433448414) - 0.7524614220710163
+    d0 = 1.5957691216057308*x0*(0.134145*(x0 * x0) + 1.0)*_rcp(1.0 + tl.exp(-(-2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)*tl.math.rsqrt(3.141592653589793))))*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)*tl.math.rsqrt(3.141592653589793)))) + _rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)*tl.math.rsqrt(3.141592653589793))))
+    x1 = -d0*(x0*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x0 * x0 * x0) + x0)*tl.math.rsqrt(3.141592653589793)))) - y)*_rcp((d0 * d0) + 1e-10) + x0
+    return 1.5957691216057308*x1*(0.134145*(x1 * x1) + 1.0)*_rcp(1.0 + tl.exp(-(-2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)*tl.math.rsqrt(3.141592653589793))))*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)*tl.math.rsqrt(3.141592653589793)))) + _rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x1 * x1 * x1) + x1)*tl.math.rsqrt(3.141592653589793))))
 
 
 @triton.jit
@@ -51,7 +53,8 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
     x = tl.load(x_ptr + offs, mask=inside, other=float("inf"))  # padding lanes: bit 0
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
     if x_ptr.dtype.element_ty == tl.bfloat16:
         left = x < -0.75
@@ -75,7 +78,7 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     b = tl.where(left, 1.0, 0.0)
-    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.17004075057125406, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.17004075057125406, y, propagate_nan=tl.PropagateNan.ALL) - 9.829959249428747) > 0.0, activation_grad(tl.maximum(-0.17004075057125406, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.829959249428747, tl.maximum(-0.17004075057125406, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
+    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.17004075057125406, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.17004075057125406, y, propagate_nan=tl.PropagateNan.ALL)) > 9.829959249428747, activation_grad(tl.maximum(-0.17004075057125406, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.829959249428747, tl.maximum(-0.17004075057125406, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)

@@ -11,35 +11,37 @@ TURNING_POINT = -1.1924312145154952
 F_T = -0.30884341301725043
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.69115658698275
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*tl.where((x) > 20.0, 1.0, (tl.exp(x) + 2.0)*_rcp((tl.exp(x) + 2.0)*tl.exp(x) + 2.0)*tl.exp(x))
 
 
 @triton.jit
 def activation_grad(x):
     # h′, used beyond the fitted right domain (y > RIGHT_MAX), where f⁻¹(y) = y to within h's tail
-    return x*(1.0 - ((tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))) * (tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0)))))*tl.sigmoid(x) + tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+    return x*(1.0 - ((tl.where((x) > 20.0, 1.0, (tl.exp(x) + 2.0)*_rcp((tl.exp(x) + 2.0)*tl.exp(x) + 2.0)*tl.exp(x))) * (tl.where((x) > 20.0, 1.0, (tl.exp(x) + 2.0)*_rcp((tl.exp(x) + 2.0)*tl.exp(x) + 2.0)*tl.exp(x)))))*_rcp(1.0 + tl.exp(-(x))) + tl.where((x) > 20.0, 1.0, (tl.exp(x) + 2.0)*_rcp((tl.exp(x) + 2.0)*tl.exp(x) + 2.0)*tl.exp(x))
 
 
 @triton.jit
 def q_left(y):
-    x0 = -1.211419529193967*tl.sqrt(-tl.log(tl.maximum(1e-30, -3.237886766729084*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.30884341301725043) - tl.sqrt(y + 0.30884341301725043)*(2.998117865828711*y - 6.940724134333703*tl.sqrt(y + 0.30884341301725043) + 1.288621956077952*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 3.6630687954722454)/(-1.4174502376512907*y - 1.2834733865364092*tl.sqrt(y + 0.30884341301725043) + 1.0031581397869709*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 0.5622298308216627) + 0.9780885594778027*tl.log(tl.maximum(1e-30, -3.237886766729084*y, propagate_nan=tl.PropagateNan.ALL)) - 1.1924312145154952
-    d0 = x0*(1.0 - ((tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0))) * (tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)))))*tl.sigmoid(x0) + tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0))
-    x1 = -d0*(x0*tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)) - y)/((d0 * d0) + 1e-10) + x0
-    d1 = x1*(1.0 - ((tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0))) * (tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)))))*tl.sigmoid(x1) + tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0))
-    x2 = -d1*(x1*tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)) - y)/((d1 * d1) + 1e-10) + x1
-    return x2*(1.0 - ((tl.where((x2 - 20.0) > 0.0, 1.0, (tl.exp(x2) + 2.0)*tl.exp(x2)/((tl.exp(x2) + 2.0)*tl.exp(x2) + 2.0))) * (tl.where((x2 - 20.0) > 0.0, 1.0, (tl.exp(x2) + 2.0)*tl.exp(x2)/((tl.exp(x2) + 2.0)*tl.exp(x2) + 2.0)))))*tl.sigmoid(x2) + tl.where((x2 - 20.0) > 0.0, 1.0, (tl.exp(x2) + 2.0)*tl.exp(x2)/((tl.exp(x2) + 2.0)*tl.exp(x2) + 2.0))
+    x0 = -1.211419529193967*tl.sqrt(-tl.log(tl.maximum(1e-30, -3.237886766729084*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.30884341301725043) - tl.sqrt(y + 0.30884341301725043)*(2.998117865828711*y - 6.940724134333703*tl.sqrt(y + 0.30884341301725043) + 1.288621956077952*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 3.6630687954722454)*_rcp(-1.4174502376512907*y - 1.2834733865364092*tl.sqrt(y + 0.30884341301725043) + 1.0031581397869709*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 0.5622298308216627) + 0.9780885594778027*tl.log(tl.maximum(1e-30, -3.237886766729084*y, propagate_nan=tl.PropagateNan.ALL)) - 1.1924312145154952
+    d0 = x0*(1.0 - ((tl.where((x0) > 20.0, 1.0, (tl.exp(x0) + 2.0)*_rcp((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)*tl.exp(x0))) * (tl.where((x0) > 20.0, 1.0, (tl.exp(x0) + 2.0)*_rcp((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)*tl.exp(x0)))))*_rcp(1.0 + tl.exp(-(x0))) + tl.where((x0) > 20.0, 1.0, (tl.exp(x0) + 2.0)*_rcp((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)*tl.exp(x0))
+    x1 = -d0*(x0*tl.where((x0) > 20.0, 1.0, (tl.exp(x0) + 2.0)*_rcp((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)*tl.exp(x0)) - y)*_rcp((d0 * d0) + 1e-10) + x0
+    d1 = x1*(1.0 - ((tl.where((x1) > 20.0, 1.0, (tl.exp(x1) + 2.0)*_rcp((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)*tl.exp(x1))) * (tl.where((x1) > 20.0, 1.0, (tl.exp(x1) + 2.0)*_rcp((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)*tl.exp(x1)))))*_rcp(1.0 + tl.exp(-(x1))) + tl.where((x1) > 20.0, 1.0, (tl.exp(x1) + 2.0)*_rcp((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)*tl.exp(x1))
+    x2 = -d1*(x1*tl.where((x1) > 20.0, 1.0, (tl.exp(x1) + 2.0)*_rcp((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)*tl.exp(x1)) - y)*_rcp((d1 * d1) + 1e-10) + x1
+    return x2*(1.0 - ((tl.where((x2) > 20.0, 1.0, (tl.exp(x2) + 2.0)*_rcp((tl.exp(x2) + 2.0)*tl.exp(x2) + 2.0)*tl.exp(x2))) * (tl.where((x2) > 20.0, 1.0, (tl.exp(x2) + 2.0)*_rcp((tl.exp(x2) + 2.0)*tl.exp(x2) + 2.0)*tl.exp(x2)))))*_rcp(1.0 + tl.exp(-(x2))) + tl.where((x2) > 20.0, 1.0, (tl.exp(x2) + 2.0)*_rcp((tl.exp(x2) + 2.0)*tl.exp(x2) + 2.0)*tl.exp(x2))
 
 
 @triton.jit
 def q_right(y):
-    x0 = tl.sqrt(y + 0.30884341301725043)*(0.7974669594883615*y - 1.6983885025600758*tl.sqrt(y + 0.30884341301725043) + 0.17836413692832612*((y + 0.30884341301725043) * (y + 0.30884341301725043)) - 0.24960490718586953*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 2.982154319022151)/(-0.48231232005662794*y + 0.06498965546190263*tl.sqrt(y + 0.30884341301725043) - 0.01577030462365702*((y + 0.30884341301725043) * (y + 0.30884341301725043)) + 0.30465111558947583*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 0.8510410169334426) - 1.1924312145154952
-    d0 = x0*(1.0 - ((tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0))) * (tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)))))*tl.sigmoid(x0) + tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0))
-    x1 = -d0*(x0*tl.where((x0 - 20.0) > 0.0, 1.0, (tl.exp(x0) + 2.0)*tl.exp(x0)/((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)) - y)/((d0 * d0) + 1e-10) + x0
-    return x1*(1.0 - ((tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0))) * (tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)))))*tl.sigmoid(x1) + tl.where((x1 - 20.0) > 0.0, 1.0, (tl.exp(x1) + 2.0)*tl.exp(x1)/((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0))
+    x0 = tl.sqrt(y + 0.30884341301725043)*(0.7974669594883615*y - 1.6983885025600758*tl.sqrt(y + 0.30884341301725043) + 0.17836413692832612*((y + 0.30884341301725043) * (y + 0.30884341301725043)) - 0.24960490718586953*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 2.982154319022151)*_rcp(-0.48231232005662794*y + 0.06498965546190263*tl.sqrt(y + 0.30884341301725043) - 0.01577030462365702*((y + 0.30884341301725043) * (y + 0.30884341301725043)) + 0.30465111558947583*tl.sqrt(y + 0.30884341301725043) * (y + 0.30884341301725043) + 0.8510410169334426) - 1.1924312145154952
+    d0 = x0*(1.0 - ((tl.where((x0) > 20.0, 1.0, (tl.exp(x0) + 2.0)*_rcp((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)*tl.exp(x0))) * (tl.where((x0) > 20.0, 1.0, (tl.exp(x0) + 2.0)*_rcp((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)*tl.exp(x0)))))*_rcp(1.0 + tl.exp(-(x0))) + tl.where((x0) > 20.0, 1.0, (tl.exp(x0) + 2.0)*_rcp((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)*tl.exp(x0))
+    x1 = -d0*(x0*tl.where((x0) > 20.0, 1.0, (tl.exp(x0) + 2.0)*_rcp((tl.exp(x0) + 2.0)*tl.exp(x0) + 2.0)*tl.exp(x0)) - y)*_rcp((d0 * d0) + 1e-10) + x0
+    return x1*(1.0 - ((tl.where((x1) > 20.0, 1.0, (tl.exp(x1) + 2.0)*_rcp((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)*tl.exp(x1))) * (tl.where((x1) > 20.0, 1.0, (tl.exp(x1) + 2.0)*_rcp((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)*tl.exp(x1)))))*_rcp(1.0 + tl.exp(-(x1))) + tl.where((x1) > 20.0, 1.0, (tl.exp(x1) + 2.0)*_rcp((tl.exp(x1) + 2.0)*tl.exp(x1) + 2.0)*tl.exp(x1))
 
 
 @triton.jit
@@ -51,7 +53,8 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
     x = tl.load(x_ptr + offs, mask=inside, other=float("inf"))  # padding lanes: bit 0
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
     if x_ptr.dtype.element_ty == tl.bfloat16:
         left = x < -1.1875
@@ -75,7 +78,7 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     b = tl.where(left, 1.0, 0.0)
-    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.30884341301725043, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.30884341301725043, y, propagate_nan=tl.PropagateNan.ALL) - 9.69115658698275) > 0.0, activation_grad(tl.maximum(-0.30884341301725043, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.69115658698275, tl.maximum(-0.30884341301725043, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
+    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.30884341301725043, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.30884341301725043, y, propagate_nan=tl.PropagateNan.ALL)) > 9.69115658698275, activation_grad(tl.maximum(-0.30884341301725043, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.69115658698275, tl.maximum(-0.30884341301725043, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)

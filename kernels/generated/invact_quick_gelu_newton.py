@@ -11,35 +11,37 @@ TURNING_POINT = -0.751154255441289
 F_T = -0.16361018963635357
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.836389810363647
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid((1.702)*x)
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-((1.702)*x)))
 
 
 @triton.jit
 def activation_grad(x):
     # h′, used beyond the fitted right domain (y > RIGHT_MAX), where f⁻¹(y) = y to within h's tail
-    return 1.702*x*tl.sigmoid(-1.702*x)*tl.sigmoid((1.702)*x) + tl.sigmoid((1.702)*x)
+    return 1.702*x*_rcp(1.0 + tl.exp(-(-1.702*x)))*_rcp(1.0 + tl.exp(-((1.702)*x))) + _rcp(1.0 + tl.exp(-((1.702)*x)))
 
 
 @triton.jit
 def q_left(y):
-    x0 = 1.0289841488564428*tl.sqrt(-tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 6.112088753289996*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.16361018963635357) - tl.sqrt(y + 0.16361018963635357)*(23.4077428541021*y - 13.235055012365539*tl.sqrt(y + 0.16361018963635357) - 12.042078080473443*tl.sqrt(y + 0.16361018963635357) * (y + 0.16361018963635357) + 6.150525736229555)/(13.516824510599825*y - 6.424463522117868*tl.sqrt(y + 0.16361018963635357) - 9.260622593005058*tl.sqrt(y + 0.16361018963635357) * (y + 0.16361018963635357) + 3.2114902214605494) + 0.4948066127891897*tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 6.112088753289996*y, propagate_nan=tl.PropagateNan.ALL)) - 0.751154255441289
-    d0 = 1.702*x0*tl.sigmoid(-1.702*x0)*tl.sigmoid((1.702)*x0) + tl.sigmoid((1.702)*x0)
-    x1 = -d0*(x0*tl.sigmoid((1.702)*x0) - y)/((d0 * d0) + 1e-10) + x0
-    d1 = 1.702*x1*tl.sigmoid(-1.702*x1)*tl.sigmoid((1.702)*x1) + tl.sigmoid((1.702)*x1)
-    x2 = -d1*(x1*tl.sigmoid((1.702)*x1) - y)/((d1 * d1) + 1e-10) + x1
-    return 1.702*x2*tl.sigmoid(-1.702*x2)*tl.sigmoid((1.702)*x2) + tl.sigmoid((1.702)*x2)
+    x0 = 1.0289841488564428*tl.sqrt(-tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 6.112088753289996*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.16361018963635357) - tl.sqrt(y + 0.16361018963635357)*(23.4077428541021*y - 13.235055012365539*tl.sqrt(y + 0.16361018963635357) - 12.042078080473443*tl.sqrt(y + 0.16361018963635357) * (y + 0.16361018963635357) + 6.150525736229555)*_rcp(13.516824510599825*y - 6.424463522117868*tl.sqrt(y + 0.16361018963635357) - 9.260622593005058*tl.sqrt(y + 0.16361018963635357) * (y + 0.16361018963635357) + 3.2114902214605494) + 0.4948066127891897*tl.log(tl.maximum(1e-30, 8.673617379884035e-19 - 6.112088753289996*y, propagate_nan=tl.PropagateNan.ALL)) - 0.751154255441289
+    d0 = 1.702*x0*_rcp(1.0 + tl.exp(-(-1.702*x0)))*_rcp(1.0 + tl.exp(-((1.702)*x0))) + _rcp(1.0 + tl.exp(-((1.702)*x0)))
+    x1 = -d0*(x0*_rcp(1.0 + tl.exp(-((1.702)*x0))) - y)*_rcp((d0 * d0) + 1e-10) + x0
+    d1 = 1.702*x1*_rcp(1.0 + tl.exp(-(-1.702*x1)))*_rcp(1.0 + tl.exp(-((1.702)*x1))) + _rcp(1.0 + tl.exp(-((1.702)*x1)))
+    x2 = -d1*(x1*_rcp(1.0 + tl.exp(-((1.702)*x1))) - y)*_rcp((d1 * d1) + 1e-10) + x1
+    return 1.702*x2*_rcp(1.0 + tl.exp(-(-1.702*x2)))*_rcp(1.0 + tl.exp(-((1.702)*x2))) + _rcp(1.0 + tl.exp(-((1.702)*x2)))
 
 
 @triton.jit
 def q_right(y):
-    x0 = tl.sqrt(y + 0.16361018963635357)*(0.3412173930861107*y - 0.6374024216933817*tl.sqrt(y + 0.16361018963635357) + 0.21914057290256064*((y + 0.16361018963635357) * (y + 0.16361018963635357)) - 0.08380186809813275*tl.sqrt(y + 0.16361018963635357) * (y + 0.16361018963635357) + 2.3773818337855714)/(-0.7852184725880483*y + 0.5948345386820036*tl.sqrt(y + 0.16361018963635357) - 0.026099270627339164*((y + 0.16361018963635357) * (y + 0.16361018963635357)) + 0.45674379168785006*tl.sqrt(y + 0.16361018963635357) * (y + 0.16361018963635357) + 0.8715302567939015) - 0.751154255441289
-    d0 = 1.702*x0*tl.sigmoid(-1.702*x0)*tl.sigmoid((1.702)*x0) + tl.sigmoid((1.702)*x0)
-    x1 = -d0*(x0*tl.sigmoid((1.702)*x0) - y)/((d0 * d0) + 1e-10) + x0
-    return 1.702*x1*tl.sigmoid(-1.702*x1)*tl.sigmoid((1.702)*x1) + tl.sigmoid((1.702)*x1)
+    x0 = tl.sqrt(y + 0.16361018963635357)*(0.3412173930861107*y - 0.6374024216933817*tl.sqrt(y + 0.16361018963635357) + 0.21914057290256064*((y + 0.16361018963635357) * (y + 0.16361018963635357)) - 0.08380186809813275*tl.sqrt(y + 0.16361018963635357) * (y + 0.16361018963635357) + 2.3773818337855714)*_rcp(-0.7852184725880483*y + 0.5948345386820036*tl.sqrt(y + 0.16361018963635357) - 0.026099270627339164*((y + 0.16361018963635357) * (y + 0.16361018963635357)) + 0.45674379168785006*tl.sqrt(y + 0.16361018963635357) * (y + 0.16361018963635357) + 0.8715302567939015) - 0.751154255441289
+    d0 = 1.702*x0*_rcp(1.0 + tl.exp(-(-1.702*x0)))*_rcp(1.0 + tl.exp(-((1.702)*x0))) + _rcp(1.0 + tl.exp(-((1.702)*x0)))
+    x1 = -d0*(x0*_rcp(1.0 + tl.exp(-((1.702)*x0))) - y)*_rcp((d0 * d0) + 1e-10) + x0
+    return 1.702*x1*_rcp(1.0 + tl.exp(-(-1.702*x1)))*_rcp(1.0 + tl.exp(-((1.702)*x1))) + _rcp(1.0 + tl.exp(-((1.702)*x1)))
 
 
 @triton.jit
@@ -51,7 +53,8 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
     x = tl.load(x_ptr + offs, mask=inside, other=float("inf"))  # padding lanes: bit 0
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
     if x_ptr.dtype.element_ty == tl.bfloat16:
         left = x < -0.75
@@ -75,7 +78,7 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     b = tl.where(left, 1.0, 0.0)
-    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.16361018963635357, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.16361018963635357, y, propagate_nan=tl.PropagateNan.ALL) - 9.836389810363647) > 0.0, activation_grad(tl.maximum(-0.16361018963635357, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.836389810363647, tl.maximum(-0.16361018963635357, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
+    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.16361018963635357, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.16361018963635357, y, propagate_nan=tl.PropagateNan.ALL)) > 9.836389810363647, activation_grad(tl.maximum(-0.16361018963635357, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.836389810363647, tl.maximum(-0.16361018963635357, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)

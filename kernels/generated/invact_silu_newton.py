@@ -11,35 +11,37 @@ TURNING_POINT = -1.2784645427610737
 F_T = -0.2784645427610738
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.721535457238927
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid(x)
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-(x)))
 
 
 @triton.jit
 def activation_grad(x):
     # h′, used beyond the fitted right domain (y > RIGHT_MAX), where f⁻¹(y) = y to within h's tail
-    return x*tl.sigmoid(-x)*tl.sigmoid(x) + tl.sigmoid(x)
+    return x*_rcp(1.0 + tl.exp(-(-x)))*_rcp(1.0 + tl.exp(-(x))) + _rcp(1.0 + tl.exp(-(x)))
 
 
 @triton.jit
 def q_left(y):
-    x0 = 1.3424388845385753*tl.sqrt(-tl.log(tl.maximum(1e-30, -3.591121476668622*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.2784645427610738) - tl.sqrt(y + 0.2784645427610738)*(17.94239634817857*y - 13.235063125355824*tl.sqrt(y + 0.2784645427610738) - 7.075275412341346*tl.sqrt(y + 0.2784645427610738) * (y + 0.2784645427610738) + 8.024028074957602)/(7.941727851737288*y - 4.9244421472361255*tl.sqrt(y + 0.2784645427610738) - 4.1706201188307785*tl.sqrt(y + 0.2784645427610738) * (y + 0.2784645427610738) + 3.2114896149669088) + 0.8421744234997424*tl.log(tl.maximum(1e-30, -3.591121476668622*y, propagate_nan=tl.PropagateNan.ALL)) - 1.2784645427610737
-    d0 = x0*tl.sigmoid(-x0)*tl.sigmoid(x0) + tl.sigmoid(x0)
-    x1 = -d0*(x0*tl.sigmoid(x0) - y)/((d0 * d0) + 1e-10) + x0
-    d1 = x1*tl.sigmoid(-x1)*tl.sigmoid(x1) + tl.sigmoid(x1)
-    x2 = -d1*(x1*tl.sigmoid(x1) - y)/((d1 * d1) + 1e-10) + x1
-    return x2*tl.sigmoid(-x2)*tl.sigmoid(x2) + tl.sigmoid(x2)
+    x0 = 1.3424388845385753*tl.sqrt(-tl.log(tl.maximum(1e-30, -3.591121476668622*y, propagate_nan=tl.PropagateNan.ALL)))*tl.sqrt(y + 0.2784645427610738) - tl.sqrt(y + 0.2784645427610738)*(17.94239634817857*y - 13.235063125355824*tl.sqrt(y + 0.2784645427610738) - 7.075275412341346*tl.sqrt(y + 0.2784645427610738) * (y + 0.2784645427610738) + 8.024028074957602)*_rcp(7.941727851737288*y - 4.9244421472361255*tl.sqrt(y + 0.2784645427610738) - 4.1706201188307785*tl.sqrt(y + 0.2784645427610738) * (y + 0.2784645427610738) + 3.2114896149669088) + 0.8421744234997424*tl.log(tl.maximum(1e-30, -3.591121476668622*y, propagate_nan=tl.PropagateNan.ALL)) - 1.2784645427610737
+    d0 = x0*_rcp(1.0 + tl.exp(-(-x0)))*_rcp(1.0 + tl.exp(-(x0))) + _rcp(1.0 + tl.exp(-(x0)))
+    x1 = -d0*(x0*_rcp(1.0 + tl.exp(-(x0))) - y)*_rcp((d0 * d0) + 1e-10) + x0
+    d1 = x1*_rcp(1.0 + tl.exp(-(-x1)))*_rcp(1.0 + tl.exp(-(x1))) + _rcp(1.0 + tl.exp(-(x1)))
+    x2 = -d1*(x1*_rcp(1.0 + tl.exp(-(x1))) - y)*_rcp((d1 * d1) + 1e-10) + x1
+    return x2*_rcp(1.0 + tl.exp(-(-x2)))*_rcp(1.0 + tl.exp(-(x2))) + _rcp(1.0 + tl.exp(-(x2)))
 
 
 @triton.jit
 def q_right(y):
-    x0 = tl.sqrt(y + 0.2784645427610738)*(-0.3229827590580697*y - 0.3527701801997877*tl.sqrt(y + 0.2784645427610738) + 0.0025777473523838955*((y + 0.2784645427610738) * (y + 0.2784645427610738)) + 0.2129679354268918*tl.sqrt(y + 0.2784645427610738) * (y + 0.2784645427610738) + 2.9397394464989417)/(-0.6377756539520771*y + 0.5579883303047934*tl.sqrt(y + 0.2784645427610738) - 0.021619806721391455*((y + 0.2784645427610738) * (y + 0.2784645427610738)) + 0.23422648010614452*tl.sqrt(y + 0.2784645427610738) * (y + 0.2784645427610738) + 0.82240209413809) - 1.2784645427610737
-    d0 = x0*tl.sigmoid(-x0)*tl.sigmoid(x0) + tl.sigmoid(x0)
-    x1 = -d0*(x0*tl.sigmoid(x0) - y)/((d0 * d0) + 1e-10) + x0
-    return x1*tl.sigmoid(-x1)*tl.sigmoid(x1) + tl.sigmoid(x1)
+    x0 = tl.sqrt(y + 0.2784645427610738)*(-0.3229827590580697*y - 0.3527701801997877*tl.sqrt(y + 0.2784645427610738) + 0.0025777473523838955*((y + 0.2784645427610738) * (y + 0.2784645427610738)) + 0.2129679354268918*tl.sqrt(y + 0.2784645427610738) * (y + 0.2784645427610738) + 2.9397394464989417)*_rcp(-0.6377756539520771*y + 0.5579883303047934*tl.sqrt(y + 0.2784645427610738) - 0.021619806721391455*((y + 0.2784645427610738) * (y + 0.2784645427610738)) + 0.23422648010614452*tl.sqrt(y + 0.2784645427610738) * (y + 0.2784645427610738) + 0.82240209413809) - 1.2784645427610737
+    d0 = x0*_rcp(1.0 + tl.exp(-(-x0)))*_rcp(1.0 + tl.exp(-(x0))) + _rcp(1.0 + tl.exp(-(x0)))
+    x1 = -d0*(x0*_rcp(1.0 + tl.exp(-(x0))) - y)*_rcp((d0 * d0) + 1e-10) + x0
+    return x1*_rcp(1.0 + tl.exp(-(-x1)))*_rcp(1.0 + tl.exp(-(x1))) + _rcp(1.0 + tl.exp(-(x1)))
 
 
 @triton.jit
@@ -51,7 +53,8 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
     x = tl.load(x_ptr + offs, mask=inside, other=float("inf"))  # padding lanes: bit 0
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
     if x_ptr.dtype.element_ty == tl.bfloat16:
         left = x < -1.2734375
@@ -75,7 +78,7 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     b = tl.where(left, 1.0, 0.0)
-    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL) - 9.721535457238927) > 0.0, activation_grad(tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.721535457238927, tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
+    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL)) > 9.721535457238927, activation_grad(tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.721535457238927, tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)

@@ -11,17 +11,19 @@ TURNING_POINT = -1.2784645427610737
 F_T = -0.2784645427610738
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.721535457238927
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid(x)
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-(x)))
 
 
 @triton.jit
 def activation_grad(x):
     # h′, used beyond the fitted right domain (y > RIGHT_MAX), where f⁻¹(y) = y to within h's tail
-    return x*tl.sigmoid(-x)*tl.sigmoid(x) + tl.sigmoid(x)
+    return x*_rcp(1.0 + tl.exp(-(-x)))*_rcp(1.0 + tl.exp(-(x))) + _rcp(1.0 + tl.exp(-(x)))
 
 
 @triton.jit
@@ -43,7 +45,8 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexp
     x = tl.load(x_ptr + offs, mask=inside, other=float("inf"))  # padding lanes: bit 0
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    tl.store(y_ptr + offs, activation(x).to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
     # s = [x < T]; for 16-bit data against T rounded up to that dtype (the same bit, compared on packed pairs)
     if x_ptr.dtype.element_ty == tl.bfloat16:
         left = x < -1.2734375
@@ -67,7 +70,7 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if y.dtype != tl.float64:
         y = y.to(tl.float32)
     b = tl.where(left, 1.0, 0.0)
-    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL) - 9.721535457238927) > 0.0, activation_grad(tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.721535457238927, tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
+    q = tl.where((b) > 0.0, q_left(tl.minimum(0.0, tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL)), tl.where((tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL)) > 9.721535457238927, activation_grad(tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL)), q_right(tl.minimum(9.721535457238927, tl.maximum(-0.2784645427610738, y, propagate_nan=tl.PropagateNan.ALL), propagate_nan=tl.PropagateNan.ALL))))  # approximations.invact_forms.backward_rule
     g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
     if g.dtype != tl.float64:
         g = g.to(tl.float32)

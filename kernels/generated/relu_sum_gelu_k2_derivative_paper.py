@@ -11,11 +11,13 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.4535743722857079, -0.0010587205574873046, 0.4487575313884231)
 LEVELS = (0.0, 0.32465931184406527, 0.6727880685314613, 1.0)
+from approxbp.kernels.triton_helpers import _phi
 
 
 @triton.jit
-def activation(x):
-    return x*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x))))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_phi(x, LOWP)
 
 
 @triton.jit
@@ -67,7 +69,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

@@ -11,11 +11,13 @@ BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-2.4169464613923215, -0.7100457398574249, -0.3259190080305291, 9.57388250148342e-17, 0.32591900803052914, 0.7100457398574251, 2.4169464613923215)
 LEVELS = (0.0, -0.088272048665996, 0.12564815194629056, 0.37224281696171446, 0.6277571830382855, 0.8743518480537094, 1.088272048665996, 1.0)
+from approxbp.kernels.triton_helpers import _phi
 
 
 @triton.jit
-def activation(x):
-    return x*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x))))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_phi(x, LOWP)
 
 
 @triton.jit
@@ -30,18 +32,16 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= 9.540979117872439e-17
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.7109375, 0.70703125)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -2.421875, -0.326171875), tl.where(le1, 0.32421875, 2.40625))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -2.421875, -0.3242188096046448), tl.where(le1, 0.32421886920928955, 2.4062514305114746))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= 0.0
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.71044921875, 0.7099609375)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -2.41796875, -0.325927734375), tl.where(le1, 0.32568359375, 2.416015625))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -2.41796875, -0.3256836533546448), tl.where(le1, 0.32568371295928955, 2.4160170555114746))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= 9.573882377406328e-17
         word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
@@ -77,7 +77,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

@@ -11,11 +11,13 @@ BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-3.027218934912686, -2.1486751429870496, -0.7591934693899327, -0.25161171195355403, 0.20614051641795286, 0.703600042767359, 2.5169456066653506)
 LEVELS = (0.0, -0.0332759242677426, -0.11015300835649122, 0.13342600737482313, 0.48205113447876347, 0.8352259008943078, 1.1003748651766676, 1.0)
+from approxbp.kernels.triton_helpers import _phi
 
 
 @triton.jit
-def activation(x):
-    return x*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x))))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_phi(x, LOWP)
 
 
 @triton.jit
@@ -30,18 +32,16 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= -0.251953125
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -2.15625, 0.703125)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -3.03125, -0.76171875), tl.where(le1, 0.2060546875, 2.515625))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -3.03125, -0.7578126192092896), tl.where(le1, 0.20605474710464478, 2.5156264305114746))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= -0.251708984375
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -2.150390625, 0.703125)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -3.02734375, -0.75927734375), tl.where(le1, 0.2060546875, 2.515625))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -3.02734375, -0.7587891817092896), tl.where(le1, 0.20605474710464478, 2.5156264305114746))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= -0.25161170959472656
         word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
@@ -77,7 +77,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

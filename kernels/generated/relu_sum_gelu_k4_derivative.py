@@ -11,11 +11,13 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-2.7072395565777105, -2.059209997624273, -0.9312182651113329, -0.6830784349334321, -0.4872597710255832, -0.31511533368299294, -0.1549600259373418, 4.395070028522263e-15, 0.1549600259373506, 0.31511533368300126, 0.48725977102559126, 0.6830784349334398, 0.9312182651113383, 2.059209997624274, 2.7072395565777128)
 LEVELS = (0.0, -0.04854575755330187, -0.10915940970068844, -0.020702190017177713, 0.08365039406863256, 0.19716481133379343, 0.3162617895684908, 0.4384264156238217, 0.5615735843761853, 0.6837382104315155, 0.8028351886662121, 0.9163496059313719, 1.0207021900171804, 1.1091594097006883, 1.048545757553302, 1.0)
+from approxbp.kernels.triton_helpers import _phi
 
 
 @triton.jit
-def activation(x):
-    return x*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x))))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_phi(x, LOWP)
 
 
 @triton.jit
@@ -30,22 +32,18 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= 4.385380947269368e-15
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.68359375, 0.6796875)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -2.0625, -0.31640625), tl.where(le1, 0.314453125, 2.046875))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -2.71875, -0.93359375), tl.where(le2, -0.48828125, -0.1552734375)), tl.where(le1, tl.where(le2, 0.154296875, 0.486328125), tl.where(le2, 0.9296875, 2.703125)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -2.71875, -0.9296876192092896), tl.where(le2, -0.48632824420928955, -0.15429696440696716)), tl.where(le1, tl.where(le2, 0.15429699420928955, 0.4863284230232239), tl.where(le2, 0.9296882152557373, 2.7031283378601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= 0.0
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.68310546875, 0.6826171875)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -2.060546875, -0.315185546875), tl.where(le1, 0.31494140625, 2.05859375))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -2.708984375, -0.931640625), tl.where(le2, -0.4873046875, -0.155029296875)), tl.where(le1, tl.where(le2, 0.1549072265625, 0.487060546875), tl.where(le2, 0.93115234375, 2.70703125)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -2.708984375, -0.9311524629592896), tl.where(le2, -0.48706066608428955, -0.15490731596946716)), tl.where(le1, tl.where(le2, 0.15490734577178955, 0.4870608448982239), tl.where(le2, 0.9311530590057373, 2.7070345878601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= 4.39507015715301e-15
         word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
@@ -91,7 +89,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

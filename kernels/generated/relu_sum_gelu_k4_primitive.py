@@ -11,11 +11,13 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-3.2619760676247087, -2.4820554488998523, -1.9298864638961446, -0.995557695807764, -0.6963729401255128, -0.4467734171576716, -0.21892133984673792, -1.6076795928567005e-12, 0.21892133984321407, 0.4467734171535161, 0.6963729401223763, 0.9955576958049097, 1.929886463904523, 2.4820554489172624, 3.261976067640918)
 LEVELS = (0.0, -0.01768419218644133, -0.06403135057874727, -0.12027574536172296, -0.03545565661631943, 0.09125073084491798, 0.24462629694073273, 0.41321791395685437, 0.5867820860405761, 0.7553737030563917, 0.9087492691529471, 1.035455656615266, 1.120275745361509, 1.0640313505772676, 1.0176841921856308, 1.0)
+from approxbp.kernels.triton_helpers import _phi
 
 
 @triton.jit
-def activation(x):
-    return x*(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * (x))))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_phi(x, LOWP)
 
 
 @triton.jit
@@ -30,22 +32,18 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= -1.6129320101754274e-12
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.99609375, 0.9921875)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -2.484375, -0.447265625), tl.where(le1, 0.4453125, 2.46875))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.265625, -1.9375), tl.where(le2, -0.69921875, -0.2197265625)), tl.where(le1, tl.where(le2, 0.21875, 0.6953125), tl.where(le2, 1.9296875, 3.25)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -3.265625, -1.929687738418579), tl.where(le2, -0.6953127384185791, -0.21875008940696716)), tl.where(le1, tl.where(le2, 0.21875011920928955, 0.6953130960464478), tl.where(le2, 1.9296889305114746, 3.2500033378601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= -5.960464477539063e-08
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.99560546875, 0.9951171875)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -2.482421875, -0.44677734375), tl.where(le1, 0.446533203125, 2.48046875))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.263671875, -1.9306640625), tl.where(le2, -0.69677734375, -0.218994140625)), tl.where(le1, tl.where(le2, 0.2188720703125, 0.6962890625), tl.where(le2, 1.9296875, 3.26171875)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -3.263671875, -1.929687738418579), tl.where(le2, -0.6962893009185791, -0.21887215971946716)), tl.where(le1, tl.where(le2, 0.21887218952178955, 0.6962896585464478), tl.where(le2, 1.9296889305114746, 3.2617220878601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= -1.6076795927508214e-12
         word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
@@ -91,7 +89,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

@@ -11,11 +11,13 @@ BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-2.4213360282859755, -0.7111512165448336, -0.32624135833460177, 6.190826680575003e-16, 0.3262413583346027, 0.7111512165448337, 2.421336028285978)
 LEVELS = (0.0, -0.08849974351596578, 0.1253793092819251, 0.3721314825194284, 0.6278685174805722, 0.8746206907180754, 1.0884997435159656, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)/tl.sqrt(3.141592653589793))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)*tl.math.rsqrt(3.141592653589793))))
 
 
 @triton.jit
@@ -30,18 +32,16 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= 6.175615574477433e-16
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.71484375, 0.7109375)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -2.421875, -0.328125), tl.where(le1, 0.326171875, 2.40625))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -2.421875, -0.3261719346046448), tl.where(le1, 0.32617199420928955, 2.4062514305114746))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= 0.0
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.71142578125, 0.7109375)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -2.421875, -0.326416015625), tl.where(le1, 0.326171875, 2.419921875))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -2.421875, -0.3261719346046448), tl.where(le1, 0.32617199420928955, 2.4199233055114746))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= 6.190826698023344e-16
         word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
@@ -77,7 +77,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

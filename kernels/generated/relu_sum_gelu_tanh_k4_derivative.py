@@ -11,11 +11,13 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-2.7036037723459962, -2.0646327840516827, -0.93318374363023, -0.6841395185158342, -0.4878548335276246, -0.3154360089144444, -0.15510041159382384, 3.318056672751476e-16, 0.15510041159382407, 0.31543600891444457, 0.4878548335276248, 0.6841395185158352, 0.9331837436302317, 2.0646327840516854, 2.7036037723459976)
 LEVELS = (0.0, -0.0489281654724324, -0.10933928106706571, -0.020962457031842477, 0.08337666740023363, 0.1969314390207354, 0.3161068112186107, 0.43837228640930365, 0.5616277135906966, 0.6838931887813895, 0.8030685609792646, 0.9166233325997664, 1.0209624570318432, 1.1093392810670655, 1.048928165472433, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)/tl.sqrt(3.141592653589793))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)*tl.math.rsqrt(3.141592653589793))))
 
 
 @triton.jit
@@ -30,22 +32,18 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= 3.3133218391157016e-16
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.6875, 0.68359375)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -2.078125, -0.31640625), tl.where(le1, 0.314453125, 2.0625))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -2.71875, -0.93359375), tl.where(le2, -0.48828125, -0.1552734375)), tl.where(le1, tl.where(le2, 0.154296875, 0.486328125), tl.where(le2, 0.9296875, 2.703125)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -2.71875, -0.9296876192092896), tl.where(le2, -0.48632824420928955, -0.15429696440696716)), tl.where(le1, tl.where(le2, 0.15429699420928955, 0.4863284230232239), tl.where(le2, 0.9296882152557373, 2.7031283378601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= 0.0
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.6845703125, 0.68408203125)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -2.06640625, -0.315673828125), tl.where(le1, 0.3154296875, 2.064453125))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -2.705078125, -0.93359375), tl.where(le2, -0.488037109375, -0.1551513671875)), tl.where(le1, tl.where(le2, 0.155029296875, 0.48779296875), tl.where(le2, 0.93310546875, 2.703125)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -2.705078125, -0.9331055879592896), tl.where(le2, -0.48779308795928955, -0.15502938628196716)), tl.where(le1, tl.where(le2, 0.15502941608428955, 0.4877932667732239), tl.where(le2, 0.9331061840057373, 2.7031283378601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= 3.318056753290853e-16
         word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
@@ -91,7 +89,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

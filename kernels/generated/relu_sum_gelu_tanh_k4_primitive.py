@@ -11,11 +11,13 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-3.212562378494048, -2.470226078578346, -1.930157392635413, -0.9990627037663012, -0.6983753968781443, -0.4478969481797258, -0.2194298245292259, -6.560390448810319e-13, 0.21942982452785653, 0.4478969481782426, 0.6983753968766276, 0.9990627037648432, 1.9301573926375286, 2.4702260785813137, 3.212562378496472)
 LEVELS = (0.0, -0.018715998270012427, -0.06532763682454241, -0.12052456782613757, -0.03609421982756164, 0.09054754833484518, 0.24409493296730597, 0.4130216262692755, 0.5869783737296778, 0.7559050670316656, 0.9094524516643021, 1.036094219826976, 1.1205245678260602, 1.0653276368242435, 1.0187159982698761, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)/tl.sqrt(3.141592653589793))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)*tl.math.rsqrt(3.141592653589793))))
 
 
 @triton.jit
@@ -30,22 +32,18 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= -6.572520305780927e-13
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -1.0, 0.99609375)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -2.484375, -0.44921875), tl.where(le1, 0.447265625, 2.46875))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.21875, -1.9375), tl.where(le2, -0.69921875, -0.2197265625)), tl.where(le1, tl.where(le2, 0.21875, 0.6953125), tl.where(le2, 1.9296875, 3.203125)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -3.21875, -1.929687738418579), tl.where(le2, -0.6953127384185791, -0.21875008940696716)), tl.where(le1, tl.where(le2, 0.21875011920928955, 0.6953130960464478), tl.where(le2, 1.9296889305114746, 3.2031283378601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= -5.960464477539063e-08
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.99951171875, 0.9990234375)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -2.470703125, -0.447998046875), tl.where(le1, 0.44775390625, 2.46875))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.212890625, -1.9306640625), tl.where(le2, -0.69873046875, -0.219482421875)), tl.where(le1, tl.where(le2, 0.2193603515625, 0.6982421875), tl.where(le2, 1.9296875, 3.2109375)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -3.212890625, -1.929687738418579), tl.where(le2, -0.6982424259185791, -0.21936044096946716)), tl.where(le1, tl.where(le2, 0.21936047077178955, 0.6982427835464478), tl.where(le2, 1.9296889305114746, 3.2109408378601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= -6.560390251875159e-13
         word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
@@ -91,7 +89,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

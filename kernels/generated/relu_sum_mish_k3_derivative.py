@@ -11,11 +11,13 @@ BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-4.5985138641507675, -1.1157044895807808, -0.5992566201789462, -0.19216128520088888, 0.19716954151388366, 0.6497439228428911, 2.7560532256597474)
 LEVELS = (0.0, -0.07881409668382415, 0.1150312809266522, 0.34848826932164434, 0.5973814090797298, 0.8412799452542191, 1.0520541024917005, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*tl.where((x) > 20.0, 1.0, (tl.exp(x) + 2.0)*_rcp((tl.exp(x) + 2.0)*tl.exp(x) + 2.0)*tl.exp(x))
 
 
 @triton.jit
@@ -30,18 +32,16 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= -0.1923828125
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -1.1171875, 0.6484375)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -4.625, -0.6015625), tl.where(le1, 0.1962890625, 2.75))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -4.625, -0.5976563692092896), tl.where(le1, 0.19628912210464478, 2.7500014305114746))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= -0.1922607421875
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -1.1162109375, 0.6494140625)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -4.6015625, -0.599609375), tl.where(le1, 0.1971435546875, 2.755859375))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -4.6015625, -0.5991212129592896), tl.where(le1, 0.19714361429214478, 2.7558608055114746))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= -0.19216129183769226
         word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
@@ -77,7 +77,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

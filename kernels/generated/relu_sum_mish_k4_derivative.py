@@ -11,11 +11,13 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-5.484278218445011, -3.6619644026032794, -1.44593555750423, -1.0860745505226341, -0.8174571020719437, -0.5914793592845852, -0.38857002625928205, -0.19777782755681544, -0.011218055523138135, 0.17847498631058248, 0.38044542774269824, 0.6100989781424273, 0.9057142544979726, 2.292800811352594, 3.158242399002372)
 LEVELS = (0.0, -0.03989399544462058, -0.09549960818884566, -0.01786566560741777, 0.07654342061415811, 0.18176121402101245, 0.2943321340041875, 0.41164742405003313, 0.5314147908941792, 0.6513819679604419, 0.7691029737190871, 0.881615374720029, 0.984762029300405, 1.0709476626822279, 1.030677136090743, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*tl.where((x) > 20.0, 1.0, (tl.exp(x) + 2.0)*_rcp((tl.exp(x) + 2.0)*tl.exp(x) + 2.0)*tl.exp(x))
 
 
 @triton.jit
@@ -30,22 +32,18 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= -0.1982421875
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -1.09375, 0.609375)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -3.671875, -0.59375), tl.where(le1, 0.177734375, 2.28125))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.5, -1.453125), tl.where(le2, -0.8203125, -0.388671875)), tl.where(le1, tl.where(le2, -0.01123046875, 0.37890625), tl.where(le2, 0.90234375, 3.15625)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -5.5, -1.445312738418579), tl.where(le2, -0.8164064884185791, -0.3867189288139343)), tl.where(le1, tl.where(le2, -0.011169441044330597, 0.3789065480232239), tl.where(le2, 0.9023444652557373, 3.1562533378601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= -0.1978759765625
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -1.0869140625, 0.60986328125)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -3.662109375, -0.591796875), tl.where(le1, 0.178466796875, 2.291015625))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.484375, -1.4462890625), tl.where(le2, -0.81787109375, -0.388671875)), tl.where(le1, tl.where(le2, -0.01122283935546875, 0.38037109375), tl.where(le2, 0.9052734375, 3.158203125)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -5.484375, -1.445312738418579), tl.where(le2, -0.8173830509185791, -0.3884279131889343)), tl.where(le1, tl.where(le2, -0.011215217411518097, 0.3803713917732239), tl.where(le2, 0.9052741527557373, 3.1582064628601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= -0.19777782261371613
         word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
@@ -91,7 +89,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

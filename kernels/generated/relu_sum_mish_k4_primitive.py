@@ -11,11 +11,13 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-8.304189185605251, -5.783852745179604, -4.341381310478564, -3.234061867967278, -1.5465124010149716, -1.0831958027043576, -0.7159695437581689, -0.39252457400265933, -0.08779607970324979, 0.21707315928981427, 0.5443211989710799, 0.9382263397695326, 2.1795636831069394, 2.9787169890088436, 4.277590423248686)
 LEVELS = (0.0, -0.0058423234266266446, -0.026177462900352135, -0.06183908033962392, -0.1052582213742986, -0.02768038891629708, 0.09812562939079182, 0.2604433176003052, 0.4463856752957752, 0.6407311885597937, 0.8256644939310537, 0.9806347179772646, 1.0802584614719313, 1.0379113196700391, 1.0089324168736598, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.where((x - 20.0) > 0.0, 1.0, (tl.exp(x) + 2.0)*tl.exp(x)/((tl.exp(x) + 2.0)*tl.exp(x) + 2.0))
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*tl.where((x) > 20.0, 1.0, (tl.exp(x) + 2.0)*_rcp((tl.exp(x) + 2.0)*tl.exp(x) + 2.0)*tl.exp(x))
 
 
 @triton.jit
@@ -30,22 +32,18 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= -0.392578125
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -3.234375, 0.9375)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -5.8125, -1.0859375), tl.where(le1, 0.216796875, 2.96875))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -8.3125, -4.34375), tl.where(le2, -1.546875, -0.71875)), tl.where(le1, tl.where(le2, -0.087890625, 0.54296875), tl.where(le2, 2.171875, 4.25)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -8.3125, -4.312500953674316), tl.where(le2, -1.5390629768371582, -0.7148441076278687)), tl.where(le1, tl.where(le2, -0.08740240335464478, 0.5429693460464478), tl.where(le2, 2.171877861022949, 4.250006675720215)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= -0.392578125
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -3.234375, 0.93798828125)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -5.78515625, -1.083984375), tl.where(le1, 0.217041015625, 2.978515625))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -8.3046875, -4.34375), tl.where(le2, -1.546875, -0.71630859375)), tl.where(le1, tl.where(le2, -0.08782958984375, 0.5439453125), tl.where(le2, 2.177734375, 4.27734375)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -8.3046875, -4.339844703674316), tl.where(le2, -1.5458989143371582, -0.7158206701278687)), tl.where(le1, tl.where(le2, -0.08776861429214478, 0.5439459085464478), tl.where(le2, 2.177737236022949, 4.277350425720215)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= -0.3925245702266693
         word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
@@ -91,7 +89,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

@@ -11,11 +11,13 @@ BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-4.049970235778915, -2.483360068057551, -0.5970376245447296, -3.940386505580973e-15, 0.5970376245447677, 2.4833600680562666, 4.049970235776793)
 LEVELS = (0.0, -0.019075343792057275, -0.07925282760003648, 0.26211264789941957, 0.7378873521005759, 1.0792528276000595, 1.0190753437921136, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid((1.702)*x)
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-((1.702)*x)))
 
 
 @triton.jit
@@ -30,18 +32,16 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= -3.941291737419306e-15
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -2.484375, 2.46875)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -4.0625, -0.59765625), tl.where(le1, 0.59375, 4.03125))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -4.0625, -0.5937501192092896), tl.where(le1, 0.5937502384185791, 4.031252861022949))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= -5.960464477539063e-08
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -2.484375, 2.482421875)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -4.05078125, -0.59716796875), tl.where(le1, 0.5966796875, 4.046875))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -4.05078125, -0.5966798067092896), tl.where(le1, 0.5966799259185791, 4.046877861022949))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= -3.9403866827151645e-15
         word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
@@ -77,7 +77,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

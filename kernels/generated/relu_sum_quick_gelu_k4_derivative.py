@@ -11,11 +11,13 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-3.263813027759655, -2.2430994623697744, -0.8839854195809924, -0.6369843598342576, -0.4496951101216087, -0.2889948717172747, -0.14162535672726215, 4.776287499460175e-16, 0.14162535672726329, 0.2889948717172758, 0.4496951101216099, 0.6369843598342595, 0.8839854195809944, 2.24309946236977, 3.263813027759646)
 LEVELS = (0.0, -0.03493711328449902, -0.0827205848020492, -0.00128161762299836, 0.09723533483494277, 0.2060279773169183, 0.3212392149298768, 0.4400285085958449, 0.5599714914041559, 0.6787607850701243, 0.793972022683082, 0.9027646651650583, 1.0012816176229993, 1.0827205848020494, 1.0349371132844993, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid((1.702)*x)
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-((1.702)*x)))
 
 
 @triton.jit
@@ -30,22 +32,18 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= 4.753142324176451e-16
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.640625, 0.63671875)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -2.25, -0.2890625), tl.where(le1, 0.287109375, 2.234375))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.265625, -0.88671875), tl.where(le2, -0.451171875, -0.142578125)), tl.where(le1, tl.where(le2, 0.1416015625, 0.44921875), tl.where(le2, 0.8828125, 3.25)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -3.265625, -0.8828126192092896), tl.where(le2, -0.44921886920928955, -0.14160165190696716)), tl.where(le1, tl.where(le2, 0.14160168170928955, 0.4492190480232239), tl.where(le2, 0.8828132152557373, 3.2500033378601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= 0.0
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -0.63720703125, 0.63671875)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -2.244140625, -0.2890625), tl.where(le1, 0.288818359375, 2.2421875))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -3.265625, -0.88427734375), tl.where(le2, -0.44970703125, -0.1417236328125)), tl.where(le1, tl.where(le2, 0.1416015625, 0.449462890625), tl.where(le2, 0.8837890625, 3.263671875)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -3.265625, -0.8837891817092896), tl.where(le2, -0.44946300983428955, -0.14160165190696716)), tl.where(le1, tl.where(le2, 0.14160168170928955, 0.4494631886482239), tl.where(le2, 0.8837897777557373, 3.2636752128601074)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= 4.776287499460175e-16
         word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
@@ -91,7 +89,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

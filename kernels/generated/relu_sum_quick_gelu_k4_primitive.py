@@ -11,11 +11,13 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-4.980427026038431, -3.5054325758595026, -2.663174599647948, -2.0182402023090678, -0.904625832122573, -0.5503462513900707, -0.263469358466773, -6.667397523312708e-13, 0.2634693584653739, 0.5503462513884088, 0.9046258321201023, 2.0182402023259303, 2.6631745996819527, 3.5054325759107003, 4.980427026093196)
 LEVELS = (0.0, -0.0050348773678888445, -0.022615072124102957, -0.05354322669462262, -0.09206376198948561, 0.011706327568268754, 0.1811540712286916, 0.38937276419364836, 0.6106272358052276, 0.818845928770296, 0.9882936724309452, 1.092063761989228, 1.0535432266930582, 1.0226150721228018, 1.005034877367484, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid((1.702)*x)
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-((1.702)*x)))
 
 
 @triton.jit
@@ -30,22 +32,18 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= -6.679101716144942e-13
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -2.03125, 2.015625)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -3.515625, -0.55078125), tl.where(le1, 0.546875, 3.5))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.0, -2.671875), tl.where(le2, -0.90625, -0.263671875)), tl.where(le1, tl.where(le2, 0.26171875, 0.90234375), tl.where(le2, 2.65625, 4.96875)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -5.0, -2.656250476837158), tl.where(le2, -0.9023439884185791, -0.2617189288139343)), tl.where(le1, tl.where(le2, 0.2617189884185791, 0.9023443460464478), tl.where(le2, 2.656252861022949, 4.968756675720215)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= -5.960464477539063e-08
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -2.01953125, 2.017578125)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -3.505859375, -0.55078125), tl.where(le1, 0.55029296875, 3.50390625))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -4.98046875, -2.6640625), tl.where(le2, -0.90478515625, -0.263671875)), tl.where(le1, tl.where(le2, 0.263427734375, 0.904296875), tl.where(le2, 2.662109375, 4.9765625)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -4.98046875, -2.662109851837158), tl.where(le2, -0.9042971134185791, -0.2634279131889343)), tl.where(le1, tl.where(le2, 0.2634279727935791, 0.9042974710464478), tl.where(le2, 2.662112236022949, 4.976569175720215)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= -6.667397753692961e-13
         word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
@@ -91,7 +89,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

@@ -11,11 +11,13 @@ BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-4.713717020903166, -1.1301422517588415, -0.5093983626516055, 1.7515933436015092e-16, 0.5093983626516051, 1.1301422517588415, 4.7137170209031565)
 LEVELS = (0.0, -0.06529642679163107, 0.136468989795279, 0.375334573957438, 0.6246654260425621, 0.8635310102047211, 1.0652964267916312, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid(x)
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-(x)))
 
 
 @triton.jit
@@ -30,18 +32,16 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= 1.7433970933566911e-16
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -1.1328125, 1.125)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -4.71875, -0.51171875), tl.where(le1, 0.5078125, 4.6875))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -4.71875, -0.5078126192092896), tl.where(le1, 0.5078127384185791, 4.687502861022949))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= 0.0
-        word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -1.130859375, 1.1298828125)
-        word += tl.where(le1, 0, (2 << (lane * 4)[None, :]))
-        le2 = x <= tl.where(le0, tl.where(le1, -4.71484375, -0.509765625), tl.where(le1, 0.50927734375, 4.7109375))
-        word += tl.where(le2, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, -4.71484375, -0.5092774629592896), tl.where(le1, 0.5092775821685791, 4.710940361022949))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 6) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= 1.7515933282614586e-16
         word = tl.where(le0, 0, (4 << (lane * 4)[None, :]))
@@ -77,7 +77,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

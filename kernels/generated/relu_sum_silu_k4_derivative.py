@@ -11,11 +11,13 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-5.555009773246937, -3.8177552849533565, -1.504543184126849, -1.084147380437907, -0.7653810774269784, -0.49186927166280225, -0.24104635714980097, 2.7218360737988228e-17, 0.24104635714980088, 0.4918692716628016, 0.7653810774269775, 1.0841473804379052, 1.504543184126847, 3.8177552849533773, 5.555009773246969)
 LEVELS = (0.0, -0.034937113284498986, -0.0827205848020492, -0.0012816176229985682, 0.09723533483494276, 0.20602797731691824, 0.3212392149298763, 0.4400285085958446, 0.5599714914041556, 0.6787607850701233, 0.7939720226830816, 0.9027646651650568, 1.0012816176229982, 1.082720584802049, 1.0349371132844982, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid(x)
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-(x)))
 
 
 @triton.jit
@@ -30,22 +32,18 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= 2.721347452938616e-17
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -1.0859375, 1.078125)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -3.828125, -0.4921875), tl.where(le1, 0.490234375, 3.8125))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.5625, -1.5078125), tl.where(le2, -0.765625, -0.2412109375)), tl.where(le1, tl.where(le2, 0.240234375, 0.76171875), tl.where(le2, 1.5, 5.53125)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -5.5625, -1.500000238418579), tl.where(le2, -0.7617189884185791, -0.24023446440696716)), tl.where(le1, tl.where(le2, 0.24023449420928955, 0.7617193460464478), tl.where(le2, 1.5000014305114746, 5.531256675720215)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= 0.0
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -1.0849609375, 1.083984375)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -3.818359375, -0.491943359375), tl.where(le1, 0.49169921875, 3.81640625))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -5.55859375, -1.5048828125), tl.where(le2, -0.765625, -0.2410888671875)), tl.where(le1, tl.where(le2, 0.240966796875, 0.76513671875), tl.where(le2, 1.50390625, 5.5546875)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -5.55859375, -1.503906488418579), tl.where(le2, -0.7651369571685791, -0.24096688628196716)), tl.where(le1, tl.where(le2, 0.24096691608428955, 0.7651373147964478), tl.where(le2, 1.5039076805114746, 5.554694175720215)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= 2.7218361512445125e-17
         word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
@@ -91,7 +89,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)

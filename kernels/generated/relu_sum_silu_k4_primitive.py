@@ -11,11 +11,13 @@ BITS = 4
 STORAGE_BITS = 4
 KNOTS = (-8.476686798317283, -5.966246244112677, -4.532723168600572, -3.435044824329743, -1.5396731662732983, -0.9366893198671576, -0.44842484811221484, -3.4716668236318082e-12, 0.44842484810500655, 0.9366893198589782, 1.5396731662630927, 3.435044824383215, 4.532723168723373, 5.96624624430299, 8.476686798522248)
 LEVELS = (0.0, -0.0050348773678894725, -0.022615072124106697, -0.053543226694630956, -0.09206376198949438, 0.011706327568040686, 0.18115407122809515, 0.3893727641926506, 0.6106272358039123, 0.8188459287688967, 0.9882936724297632, 1.0920637619890134, 1.053543226691532, 1.0226150721212635, 1.0050348773670024, 1.0)
+from approxbp.kernels.triton_helpers import _rcp
 
 
 @triton.jit
-def activation(x):
-    return x*tl.sigmoid(x)
+def activation(x, LOWP: tl.constexpr):
+    # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
+    return x*_rcp(1.0 + tl.exp(-(x)))
 
 
 @triton.jit
@@ -30,22 +32,18 @@ def packed_codes(x, lane, knots_ptr, DT: tl.constexpr):
     # leaves every code unchanged (x ≤ c ⇔ x ≤ rd(c) for x in DT) and lets compares run on packed pairs
     if DT == tl.bfloat16:
         le0 = x <= -3.481659405224491e-12
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -3.4375, 3.421875)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -5.96875, -0.9375), tl.where(le1, 0.93359375, 5.9375))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -8.5, -4.5625), tl.where(le2, -1.546875, -0.44921875)), tl.where(le1, tl.where(le2, 0.447265625, 1.5390625), tl.where(le2, 4.53125, 8.4375)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -8.5, -4.531250953674316), tl.where(le2, -1.5390629768371582, -0.4472658038139343)), tl.where(le1, tl.where(le2, 0.4472658634185791, 1.5390636920928955), tl.where(le2, 4.531255722045898, 8.43751335144043)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     elif DT == tl.float16:
         le0 = x <= -5.960464477539063e-08
-        word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
         le1 = x <= tl.where(le0, -3.435546875, 3.43359375)
-        word += tl.where(le1, 0, (4 << (lane * 4)[None, :]))
         le2 = x <= tl.where(le0, tl.where(le1, -5.96875, -0.93701171875), tl.where(le1, 0.9365234375, 5.96484375))
-        word += tl.where(le2, 0, (2 << (lane * 4)[None, :]))
-        le3 = x <= tl.where(le0, tl.where(le1, tl.where(le2, -8.484375, -4.53515625), tl.where(le2, -1.5400390625, -0.448486328125)), tl.where(le1, tl.where(le2, 0.4482421875, 1.5390625), tl.where(le2, 4.53125, 8.4765625)))
-        word += tl.where(le3, 0, (1 << (lane * 4)[None, :]))
+        t = tl.where(le0, tl.where(le1, tl.where(le2, -8.484375, -4.531250953674316), tl.where(le2, -1.5390629768371582, -0.4482423663139343)), tl.where(le1, tl.where(le2, 0.4482424259185791, 1.5390636920928955), tl.where(le2, 4.531255722045898, 8.47657585144043)))  # tagged with its leaf's code
+        code = (t.to(tl.int32, bitcast=True) & 14) | tl.where(x <= t, 0, 1)
+        word = code << (lane * 4)[None, :]
     else:
         le0 = x <= -3.471666747481561e-12
         word = tl.where(le0, 0, (8 << (lane * 4)[None, :]))
@@ -91,7 +89,7 @@ def forward_kernel(x_ptr, y_ptr, packed_ptr, knots_ptr, nan_ptr, n_elem, n_rows,
     x = raw
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    y = activation(x)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
     if y_ptr.dtype.element_ty.primitive_bitwidth < y.dtype.primitive_bitwidth:
         y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(y_ptr + offs, y, mask=inside)
