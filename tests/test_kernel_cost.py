@@ -1,6 +1,7 @@
 """``approxbp cost``: kernels compiled offline for sm_90 and their SASS counted (a subprocess without
 TRITON_INTERPRET, which would replace the kernels), and every family compiles in every dtype."""
 
+import ast
 import json
 import os
 import subprocess
@@ -109,3 +110,31 @@ def test_cost_of_a_users_new_table_before_training(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "_generated").is_dir() and "silu-k2-primitive fwd" in r.stdout
+
+
+def test_compiled_float32_primitives_are_single_mufu_instructions():
+    """Compiled (not interpreted), the helpers print one MUFU each: _rcp → RCP (no div.full), _log → LG2 (no
+    libdevice logf), the 16-bit Φ → RCP and EX2 (no erf); fp64 keeps the exact operations."""
+    r = _run("""
+        import collections
+        from approxbp import cost
+        from approxbp.approximations import tables as T
+        out = {}
+        for table, family, dtype in (("gelu-fast", "invact", "bf16"), ("gelu-k2-derivative", "relu-sum", "bf16"),
+                                     ("gelu-fast", "invact", "fp64")):
+            launches = (cost.invact_launches if family == "invact" else cost.relu_sum_launches)(
+                T.resolve(table, family), cost.DTYPES[dtype])
+            for name, launch, n in launches:
+                kernel, _ = cost.compile_sm90(launch)
+                sass, _ = cost.disassemble(kernel.asm["cubin"])
+                ptx = kernel.asm["ptx"]
+                out[f"{name} {dtype}"] = (sorted(set(op for _, op, _ in sass if op.startswith("MUFU"))),
+                                          "div.full" in ptx, "div.rn" in ptx or "div.rnd" in ptx)
+        print(repr(out))
+    """)
+    assert r.returncode == 0, r.stderr
+    got = ast.literal_eval(r.stdout.strip().splitlines()[-1])
+    assert got["invact gelu-fast bwd bf16"][0] == ["MUFU.LG2", "MUFU.RCP", "MUFU.SQRT"], got
+    assert not got["invact gelu-fast bwd bf16"][1]
+    assert got["gelu-k2-derivative fwd bf16"][0] == ["MUFU.EX2", "MUFU.RCP"], got  # the 16-bit Φ, no erf
+    assert not any(op in ("MUFU.RCP", "MUFU.LG2") for op in got["invact gelu-fast bwd fp64"][0])
