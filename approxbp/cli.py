@@ -139,6 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
     cst.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     cst.add_argument("--no-progress", action="store_true", help="hide progress")
 
+    pln = add(sub, "plan", help="a training step's memory measured on fake tensors (no hardware, no weights) and a "
+              "replacement per layer: exact, ReLU-sum k = 1…4, InvAct, MS-norms, chosen under --budget")
+    pln.add_argument("model", help="a Hugging Face config JSON file, a model type with sizes "
+                     "(llama:hidden=4096,layers=32,heads=32,intermediate=11008,vocab=32000), or "
+                     "module:package.module:factory")
+    pln.add_argument("--batch", type=int, default=1, help="batch size")
+    pln.add_argument("--seq", type=int, default=512, help="sequence length (text models)")
+    pln.add_argument("--mode", default="bf16", choices=("bf16", "autocast", "lora"),
+                     help="bf16 weights; fp32 weights under bf16 autocast; frozen bf16 weights with LoRA adapters")
+    pln.add_argument("--lora-r", type=int, default=8, help="LoRA rank in --mode lora")
+    pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")
+    pln.add_argument("--out", type=Path, default=None, help="write the plan as JSON here (patch_model(plan=…))")
+    pln.add_argument("--figure", type=Path, default=None, help="write the memory figure (PNG) here")
+    pln.add_argument("--no-progress", action="store_true", help="hide progress")
+
     cer = add(sub, "certify", help="rigorous error bounds (interval arithmetic, python-flint): InvAct forms' sup error "
               "over each branch, ReLU-sum objectives and global optimality for k ≤ 2")
     cer.add_argument("tables", nargs="*", type=Path, help="table paths (none: the packaged InvAct fast/newton tables "
@@ -394,6 +409,8 @@ def _dispatch(args, argv) -> int:
         return _cost(args, progress)
     if args.command == "certify":
         return _certify(args, progress)
+    if args.command == "plan":
+        return _plan(args, progress)
     if args.command == "tables":
         paths = args.files or T.table_paths(args.family)
         bad = 0
@@ -462,6 +479,28 @@ def _certify(args, progress: bool) -> int:
     if args.write:
         print("tables updated; regenerate their kernels with `approxbp export`")
     return 1 if failed else 0
+
+
+def _plan(args, progress: bool) -> int:
+    """``approxbp plan``: the step's memory before and after, the choice per layer, the options measured."""
+    from approxbp import plan as P
+    from approxbp.approximations.files import write_atomic
+
+    for name in ("batch", "seq", "lora_r"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    tell = (lambda msg: print(f"[plan] {msg}", file=sys.stderr, flush=True)) if progress else None
+    t0 = time.perf_counter()
+    budget = P.parse_size(args.budget) if args.budget else None
+    result = P.plan(args.model, args.batch, args.seq, args.mode, budget, args.lora_r, progress=tell)
+    print(P.report(result))
+    print(f"planned in {time.perf_counter() - t0:.1f} s on fake tensors")
+    if args.out:
+        write_atomic(args.out, result.to_json() + "\n")
+        print(f"wrote {args.out}")
+    if args.figure:
+        print(f"wrote {P.figure(result, args.figure)}")
+    return 0
 
 
 def _cost(args, progress: bool) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,12 +95,14 @@ def _replacement(module: nn.Module, activation, bits: int, family_of):
 
 
 def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, example_input=None,
-                bits: int = 2) -> PatchReport:
+                bits: int = 2, plan=None, check: bool = True) -> PatchReport:
     """In place: replace every activation in :data:`ACTIVATION_CLASSES` (nn.GELU both ways, nn.SiLU, nn.Mish and
     the Hugging Face GELU/NewGELU/FastGELU/QuickGELU/SiLU/Mish classes) by its drop-in: ``activation='relu-sum'``
     (the k = ``bits`` primitive ReLU-sum table of that activation), ``'invact'`` (its fast invact table), a table
     path (used for every recognised activation), or a mapping {module class or class name: table path, table
-    dict or module}; ``None`` swaps nothing. Activation-like modules that are not replaced are listed in
+    dict or module, or a module path: table or "exact"}; ``None`` swaps nothing. ``plan``: an ``approxbp plan``
+    JSON file or its dict; its per-layer choices and MS-norm decision replace ``activation`` and ``norm``.
+    Activation-like modules that are not replaced are listed in
     ``skipped`` with the reason. With ``norm=True`` merge every
     LayerNorm/RMSNorm whose outputs feed only Linear layers into them (eq. 58) and replace it by its
     MS-norm. Consumers are found with torch.fx; models fx cannot trace (e.g. Hugging Face ones) need an
@@ -112,21 +115,31 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
 
     With ``example_input`` the model is run (eval mode, no grad) before and after; the report gets the max
     output difference, and a difference above a dtype-aware tolerance (fp64 1e-6, fp32 1e-3, 16-bit 5e-2, times
-    max(1, max|output|)) undoes the patch and raises."""
+    max(1, max|output|)) undoes the patch and raises; ``check=False`` skips that comparison (the planner patches
+    fake tensors, which have no values)."""
+    if plan is not None:
+        plan = plan if isinstance(plan, dict) else json.loads(Path(plan).read_text())
+        activation = {path: T.resolve(layer["table"]) if layer.get("table") else "exact"
+                      for path, layer in plan["layers"].items()}
+        norm = bool(plan["ms_norm"]["chosen"])
     if not (activation in ACTIVATIONS or isinstance(activation, dict) or _is_table(activation)):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, a table path or a mapping, got {activation!r}")
 
     report, undo, checked = PatchReport(), _Undo(), {}
     family_of = functools.cache(lambda table: T.load(T.resolve(table)).family)
-    before = _run_example(model, example_input)
+    before = _run_example(model, example_input) if check else None
     try:
         if norm:
             _merge_norms(model, report, undo, example_input)
         if activation is not None:
             for parent_name, parent in list(model.named_modules()):
                 for child_name, child in list(parent.named_children()):
-                    new, why = _replacement(child, activation, bits, family_of)
                     where = f"{parent_name + '.' if parent_name else ''}{child_name}"
+                    chosen = activation.get(where) if isinstance(activation, dict) else None
+                    if chosen == "exact":
+                        report.skipped.append(f"{where} ({type(child).__name__}): exact by choice")
+                        continue
+                    new, why = _replacement(child, chosen or activation, bits, family_of)
                     if new is not None and (mismatch := _computes_differently(child, new, checked)):
                         new, why = None, mismatch
                     if new is not None:
@@ -162,9 +175,12 @@ def _computes_differently(old: nn.Module, new: nn.Module, checked: dict) -> str 
     agree to 1e-9, so that a table of another activation (a GELU table on a SiLU) is never swapped in silently.
     ``checked`` remembers the verdict per (class, configuration, table) within one patch_model call."""
     spec = getattr(new, "spec", None)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     key = (type(old), old.extra_repr(), spec.key if spec is not None else id(new))
     if key not in checked:
-        checked[key] = _compare_float64(old, new, spec)
+        with unset_fake_temporarily():  # real numbers even when the model is being planned on fake tensors
+            checked[key] = _compare_float64(old, new, spec)
     return checked[key]
 
 
@@ -289,7 +305,7 @@ def _shared_parameters(model: nn.Module) -> set[int]:
     """Storage pointers of parameters reachable under more than one name (tied weights)."""
     names: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
-        ptr = p.untyped_storage().data_ptr()
+        ptr = p.untyped_storage()._cdata
         names[ptr] = names.get(ptr, 0) + 1
     return {ptr for ptr, n in names.items() if n > 1}
 
@@ -342,7 +358,7 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
         if any(type(modules[c]).__name__ == "Conv1D" for c in consumers):
             report.skipped.append(f"{name}: frozen, but a consumer is a Conv1D; merging folds into nn.Linear only")
             continue
-        tied = [c for c in consumers if any(p.untyped_storage().data_ptr() in shared
+        tied = [c for c in consumers if any(p.untyped_storage()._cdata in shared
                                             for p in modules[c].parameters(recurse=False))]
         if tied:
             report.skipped.append(f"{name}: consumer(s) {tied} share their weight with another module (tied "
@@ -489,6 +505,11 @@ def _account_call_sites(found: dict, reads: dict) -> None:
                 other.add(f"{c} (reads {sorted(sources)})")
 
 
+#: Ops that read a tensor's metadata, not its values (fake tensors answer ``.device`` through dispatch).
+_METADATA = {torch.ops.prim.device, torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_numel,
+             torch.ops.aten.sym_storage_offset, torch.ops.aten.is_contiguous}
+
+
 class _ReadWatch(TorchDispatchMode):
     """Records, for each watched storage, the Linear modules whose ops read it and any other (non-view) op."""
 
@@ -504,7 +525,7 @@ class _ReadWatch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in pytree.tree_leaves((args, kwargs or {})):
-            name = self.owner.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
+            name = self.owner.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
             if name is None:
                 continue
             linear, other = self.found[name]
@@ -513,9 +534,9 @@ class _ReadWatch(TorchDispatchMode):
                 if self.inside not in linear:
                     linear.append(self.inside)
             elif func.overloadpacket is torch.ops.aten._to_copy and isinstance(out, torch.Tensor):
-                self.owner[out.untyped_storage().data_ptr()] = name  # a dtype cast (peft's fp32 adapters):
+                self.owner[out.untyped_storage()._cdata] = name  # a dtype cast (peft's fp32 adapters):
                 self.keep.append(out)  # its readers read the norm's output too
-            elif not func.is_view:
+            elif not func.is_view and func.overloadpacket not in _METADATA:
                 other.add(str(func.overloadpacket.__name__))
         return out
 
@@ -527,7 +548,7 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[l
     def on_norm(name):
         def hook(module, inputs, out):
             watch.keep.append(out)
-            watch.owner[out.untyped_storage().data_ptr()] = name
+            watch.owner[out.untyped_storage()._cdata] = name
             watch.found.setdefault(name, ([], set()))
         return hook
 
@@ -556,7 +577,7 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[l
         for h in handles:
             h.remove()
     for t in _leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
-        name = watch.owner.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
+        name = watch.owner.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
         if name is not None:
             watch.found[name][1].add("returned as a model output")
     _account_call_sites(watch.found, watch.reads)

@@ -1,0 +1,93 @@
+"""approxbp plan: a step's memory on fake tensors equals the same measurement on real tensors, in every mode;
+the chosen plan applies through patch_model(plan=…) and saves what it said; the knapsack is optimal."""
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from approxbp.kernels.patch import patch_model  # noqa: E402
+
+from approxbp import plan as P  # noqa: E402
+
+LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
+GPT2 = "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100,n_positions=64"
+
+
+@pytest.mark.parametrize("model", [LLAMA, GPT2])
+@pytest.mark.parametrize("mode", ["bf16", "autocast", "lora"])
+def test_fake_tensors_predict_the_real_measurement_exactly(model, mode):
+    fake = P.plan(model, batch=2, seq=16, mode=mode)
+    real = P.plan(model, batch=2, seq=16, mode=mode, fake=False)
+    assert fake.before == real.before and fake.after == real.after
+    assert fake.options == real.options and fake.ms_norm == real.ms_norm
+    assert fake.before["activations"] > fake.after["activations"] > 0  # something was saved
+    act = next(iter(fake.options.values()))
+    assert act["invact"]["error"] < 1e-6 < act["relu-sum-k4"]["error"] < act["relu-sum-k2"]["error"]
+
+
+def test_a_plan_applies_through_patch_model_and_saves_what_it_said(tmp_path):
+    budget = P.plan(LLAMA, batch=2, seq=16, mode="bf16").before["peak"] - 20_000
+    chosen = P.plan(LLAMA, batch=2, seq=16, mode="bf16", budget=budget)
+    assert chosen.after["peak"] <= budget
+    path = tmp_path / "plan.json"
+    path.write_text(chosen.to_json())
+    with P.weights_for("bf16"):
+        torch.manual_seed(0)
+        model, inputs = P.model_spec(LLAMA)()
+        model = P.prepare(model, "bf16")
+    x = {k: v for k, v in inputs(2, 16).items()}
+    report = patch_model(model, plan=path, example_input=x)
+    assert len(report.norms) == (4 if chosen.ms_norm["chosen"] else 0) + (1 if chosen.ms_norm["chosen"] else 0)
+    assert P.measure(model, x, "bf16").activations == chosen.after["activations"]
+
+
+def test_the_knapsack_is_the_least_error_choice_that_fits():
+    layers = {f"l{i}": "act" for i in range(4)}
+    options = {"act": {"exact": {"saving_per_layer": 0, "error": 0.0},
+                       "a": {"saving_per_layer": 30, "error": 0.3},
+                       "b": {"saving_per_layer": 50, "error": 1.0},
+                       "c": {"saving_per_layer": 20, "error": 0.05}}}
+    for need in (0, 20, 45, 90, 130, 170, 200):
+        got = P._choose(layers, options, 15, 1000, 1000 - need)
+        saving = sum(options["act"][o]["saving_per_layer"] for p, o in got.items() if p != "__ms_norm__")
+        saving += 15 if got["__ms_norm__"] == "on" else 0
+        error = sum(options["act"][o]["error"] for p, o in got.items() if p != "__ms_norm__")
+        best = min(sum(options["act"][o]["error"] for o in combo)
+                   for combo in itertools.product(options["act"], repeat=4) for ms in (0, 15)
+                   if sum(options["act"][o]["saving_per_layer"] for o in combo) + ms >= need)
+        assert saving >= need and error == pytest.approx(best), (need, got)
+    with pytest.raises(ValueError, match="options save at most"):
+        P._choose(layers, options, 15, 1000, 700)
+
+
+@pytest.mark.parametrize("text, message", [("llama:hidden", "expected key=value"), ("nope.json", "No such file"),
+                                           ("llama:hidden=64,layers=x", "Expecting value")])
+def test_bad_model_specs_are_refused(text, message):
+    with pytest.raises((ValueError, OSError), match=message):
+        P.model_spec(text)
+
+
+def test_sizes_parse_and_print():
+    assert P.parse_size("24GiB") == 24 * 2**30 and P.parse_size("512 MiB") == 2**29 and P.parse_size("1e9") == 10**9
+    assert P.size(3 * 2**30) == "3.00 GiB" and P.size(640) == "640 B"
+    with pytest.raises(ValueError, match="expected a number"):
+        P.parse_size("12 parsecs")
+
+
+def test_cli_writes_the_plan_and_its_figure(tmp_path):
+    out, fig = tmp_path / "plan.json", tmp_path / "plan.png"
+    r = subprocess.run([sys.executable, "-m", "approxbp", "plan", LLAMA, "--batch", "2", "--seq", "16",
+                        "--mode", "lora", "--out", str(out), "--figure", str(fig), "--no-progress"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["after"]["peak"] <= data["before"]["peak"] and fig.stat().st_size > 10_000
+    assert "planned" in r.stdout and "choice:" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "approxbp", "plan", LLAMA, "--budget", "1KiB", "--no-progress"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "no assignment fits" in bad.stderr
