@@ -146,10 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "module:package.module:factory")
     pln.add_argument("--batch", type=int, default=1, help="batch size")
     pln.add_argument("--seq", type=int, default=512, help="sequence length (text models)")
-    pln.add_argument("--mode", default="bf16", choices=("bf16", "autocast", "lora"),
-                     help="bf16 weights; fp32 weights under bf16 autocast; frozen bf16 weights with LoRA adapters")
+    pln.add_argument("--mode", default="bf16", choices=("bf16", "autocast", "lora", "compile"),
+                     help="bf16 weights; fp32 weights under bf16 autocast; frozen bf16 weights with LoRA adapters; "
+                     "bf16 under torch.compile (inductor's partitioner)")
     pln.add_argument("--lora-r", type=int, default=8, help="LoRA rank in --mode lora")
     pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")
+    pln.add_argument("--maximize", choices=("batch", "seq_len"), default=None,
+                     help="find the largest batch or sequence length that fits --budget (the plan is for it)")
     pln.add_argument("--out", type=Path, default=None, help="write the plan as JSON here (patch_model(plan=…))")
     pln.add_argument("--figure", type=Path, default=None, help="write the memory figure (PNG) here")
     pln.add_argument("--no-progress", action="store_true", help="hide progress")
@@ -492,7 +495,14 @@ def _plan(args, progress: bool) -> int:
     tell = (lambda msg: print(f"[plan] {msg}", file=sys.stderr, flush=True)) if progress else None
     t0 = time.perf_counter()
     budget = P.parse_size(args.budget) if args.budget else None
-    result = P.plan(args.model, args.batch, args.seq, args.mode, budget, args.lora_r, progress=tell)
+    if args.maximize:
+        if budget is None:
+            raise ValueError("--maximize needs --budget")
+        best, result = P.maximize(args.model, args.maximize, args.batch, args.seq, args.mode, budget, args.lora_r,
+                                  progress=tell)
+        print(f"largest {args.maximize} that fits {P.size(budget)}: {best}")
+    else:
+        result = P.plan(args.model, args.batch, args.seq, args.mode, budget, args.lora_r, progress=tell)
     print(P.report(result))
     print(f"planned in {time.perf_counter() - t0:.1f} s on fake tensors")
     if args.out:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-MODES = ("bf16", "autocast", "lora")
+MODES = ("bf16", "autocast", "lora", "compile")
 OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact")
 #: Short keys of ``llama:hidden=4096,layers=32,…`` → Hugging Face config fields.
 CONFIG_KEYS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
@@ -152,9 +152,14 @@ def _loss_of(out) -> torch.Tensor:
 
 def measure(model: nn.Module, inputs: dict, mode: str) -> StepMemory:
     """One training step's memory (forward with the saved-tensor hooks; the backward is not needed for what is
-    saved). ``mode`` is applied by :func:`prepare` before; ``autocast`` runs the forward under bf16 autocast."""
+    saved). ``mode`` is applied by :func:`prepare` before; ``autocast`` runs the forward under bf16 autocast,
+    ``compile`` under torch.compile with inductor's partitioner (what it saves is charged to the model as a whole:
+    module hooks do not fire inside a compiled graph)."""
     saved: dict[str, int] = {}
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
+    if mode == "compile":  # inductor's min-cut partitioner without its code generation: the same saved tensors
+        torch._dynamo.reset()  # a fresh cache per model: a recompile limit would silently fall back to eager
+        model.compile(backend="aot_eager_decomp_partition")  # in place: the module hooks fire once, outside
     with _charged(model, saved), ctx:
         out = model(**inputs)
     _loss_of(out)  # a loss exists (the step is a training step)
@@ -198,9 +203,9 @@ class LoRALinear(nn.Module):
 
 
 def prepare(model: nn.Module, mode: str, lora_r: int = 8) -> nn.Module:
-    """The training mode, on a model built under :func:`weights_for`: ``bf16`` (bf16 weights, all trainable),
-    ``autocast`` (fp32 weights, bf16 compute), ``lora`` (bf16 weights frozen, rank-``lora_r`` adapters on the
-    attention query and value projections, :data:`LORA_TARGETS`)."""
+    """The training mode, on a model built under :func:`weights_for`: ``bf16`` (bf16 weights, all trainable; also
+    ``compile``), ``autocast`` (fp32 weights, bf16 compute), ``lora`` (bf16 weights frozen, rank-``lora_r``
+    adapters on the attention query and value projections, :data:`LORA_TARGETS`)."""
     if mode == "lora":
         model.requires_grad_(False)
         adapted = 0
@@ -349,16 +354,15 @@ def _summary(m: StepMemory) -> dict:
             "activations": m.activations, "peak": m.peak, "activations_by_kind": m.by_kind()}
 
 
-def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = None, lora_r: int = 8,
-         fake: bool = True, progress=None) -> Plan:
-    """Measure the exact model and each option, then choose (see the module docstring)."""
+def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True):
+    """run(batch, seq, assignment, ms_norm) → the :class:`StepMemory` of one step of the model (built afresh,
+    on fake tensors unless ``fake=False``) with those replacements; and layers() → its activation layers."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    say = progress or (lambda msg: None)
     build = model_spec(model_text)
     scope = (lambda: FakeTensorMode(allow_non_fake_inputs=True)) if fake else contextlib.nullcontext
 
-    def run(assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
+    def run(batch: int, seq: int, assignment: dict[str, str] | None = None, ms_norm: bool = False) -> StepMemory:
         with scope():
             torch.manual_seed(0)
             with weights_for(mode), _no_init() if fake else contextlib.nullcontext():
@@ -371,10 +375,25 @@ def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = 
                 apply(model, assignment or {}, ms_norm, inputs)
             return measure(model, inputs, mode)
 
+    def layers() -> dict[str, str]:
+        with scope(), weights_for(mode), _no_init() if fake else contextlib.nullcontext():
+            return activation_layers(build()[0])
+
+    return run, layers
+
+
+def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = None, lora_r: int = 8,
+         fake: bool = True, progress=None) -> Plan:
+    """Measure the exact model and each option, then choose (see the module docstring)."""
+    say = progress or (lambda msg: None)
+    step, layers_of = stepper(model_text, mode, lora_r, fake)
+
+    def run(assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
+        return step(batch, seq, assignment, ms_norm)
+
     say("exact model")
     base = run(None, False)
-    with scope(), weights_for(mode), _no_init() if fake else contextlib.nullcontext():
-        layers = activation_layers(build()[0])
+    layers = layers_of()
     counts: dict[str, int] = {}
     for act in layers.values():
         counts[act] = counts.get(act, 0) + 1
@@ -407,6 +426,41 @@ def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = 
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                      **options[layers[p]][o]} for p, o in choice.items()},
                 options, ms, estimate)
+
+
+#: --maximize seq_len searches multiples of this many tokens.
+SEQ_GRAIN = 64
+
+
+def maximize(model_text: str, what: str, batch: int, seq: int, mode: str, budget: int, lora_r: int = 8,
+             progress=None) -> tuple[int, Plan]:
+    """The largest ``what`` (``batch`` or ``seq_len``) whose step fits ``budget`` with the most-saving replacements
+    (chosen at the given sizes), by doubling then bisection (sequence lengths in multiples of :data:`SEQ_GRAIN`),
+    one fake step per probe; then the least-error plan at that size."""
+    if what not in ("batch", "seq_len"):
+        raise ValueError(f"--maximize {what!r}: expected batch or seq_len")
+    say = progress or (lambda msg: None)
+    first = plan(model_text, batch, seq, mode, None, lora_r, progress=progress)
+    step, _ = stepper(model_text, mode, lora_r)
+    assignment = {p: layer["option"] for p, layer in first.layers.items()}
+
+    def fits(v: int) -> bool:
+        b, n = (v, seq) if what == "batch" else (batch, v)
+        peak = step(b, n, assignment, first.ms_norm["chosen"]).peak
+        say(f"{what} = {v}: peak {size(peak)}")
+        return peak <= budget
+
+    grain = 1 if what == "batch" else SEQ_GRAIN
+    lo, hi = 0, max(grain, (batch if what == "batch" else seq) // grain * grain)
+    while fits(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > grain:
+        mid = (lo + hi) // 2 // grain * grain
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    if lo == 0:
+        raise ValueError(f"even {what} = 1 does not fit {size(budget)} with every saving applied")
+    b, n = (lo, seq) if what == "batch" else (batch, lo)
+    return lo, plan(model_text, b, n, mode, budget, lora_r, progress=progress)
 
 
 def _choose(layers: dict[str, str], options: dict[str, dict], ms_saving: int, peak: int,
