@@ -528,7 +528,7 @@ def report(p: Plan) -> str:
                  f"{'chosen' if p.ms_norm['chosen'] else 'not chosen'}")
     chosen: dict[str, list[str]] = {}
     for path, layer in sorted(p.layers.items()):
-        chosen.setdefault(f"{layer['activation']} → {layer['option']}", []).append(path)
+        chosen.setdefault(f"{layer['activation']} → {layer['option']}", []).append(path)  # not a table
     lines.append("choice:")
     lines += [f"  {what}: {len(paths)} layers ({paths[0]}{', …' if len(paths) > 1 else ''})"
               for what, paths in chosen.items()]
