@@ -52,6 +52,16 @@ class StepMemory:
     optimizer: int
     saved: dict[str, int] = field(default_factory=dict)  # module path → saved bytes charged to it
     kinds: dict[str, str] = field(default_factory=dict)  # module path → its class name
+    block: str | None = None  # the first of the model's repeated blocks (a ModuleList's entry 0)
+    block_input: int = 0  # elements of that block's input hidden state, b·n·c
+
+    @property
+    def block_units(self) -> float | None:
+        """The first block's saved bytes in units of a 16-bit [b, n, c] tensor (Approx-BP App. B, Figs. 5–6)."""
+        if self.block is None or not self.block_input:
+            return None
+        mine = sum(b for path, b in self.saved.items() if path == self.block or path.startswith(self.block + "."))
+        return mine / (2 * self.block_input)
 
     @property
     def activations(self) -> int:
@@ -160,13 +170,34 @@ def measure(model: nn.Module, inputs: dict, mode: str) -> StepMemory:
     if mode == "compile":  # inductor's min-cut partitioner without its code generation: the same saved tensors
         torch._dynamo.reset()  # a fresh cache per model: a recompile limit would silently fall back to eager
         model.compile(backend="aot_eager_decomp_partition")  # in place: the module hooks fire once, outside
-    with _charged(model, saved), ctx:
-        out = model(**inputs)
+    block = first_block(model)
+    seen_input: list[int] = []
+    hook = None
+    if block is not None:
+        def grab(module, args, kwargs):
+            x = args[0] if args else kwargs.get("hidden_states")
+            if isinstance(x, torch.Tensor) and not seen_input:
+                seen_input.append(x.numel())
+        hook = dict(model.named_modules())[block].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with _charged(model, saved), ctx:
+            out = model(**inputs)
+    finally:
+        if hook is not None:
+            hook.remove()
     _loss_of(out)  # a loss exists (the step is a training step)
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     kinds = {n: type(m).__name__ for n, m in model.named_modules()}
-    return StepMemory(total, trainable, 2 * trainable, saved, kinds)
+    return StepMemory(total, trainable, 2 * trainable, saved, kinds, block, seen_input[0] if seen_input else 0)
+
+
+def first_block(model: nn.Module) -> str | None:
+    """The path of entry 0 of the first ModuleList of two or more identical-typed modules (a model's blocks)."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) > 1 and len({type(c) for c in m}) == 1:
+            return f"{name}.0"
+    return None
 
 
 @contextlib.contextmanager
@@ -350,8 +381,10 @@ class Plan:
 
 
 def _summary(m: StepMemory) -> dict:
+    units = m.block_units
     return {"parameters": m.parameters, "gradients": m.gradients, "optimizer": m.optimizer,
-            "activations": m.activations, "peak": m.peak, "activations_by_kind": m.by_kind()}
+            "activations": m.activations, "peak": m.peak, "activations_by_kind": m.by_kind(),
+            "block": m.block, "block_units": None if units is None else round(units, 4)}
 
 
 def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True):
@@ -519,6 +552,9 @@ def report(p: Plan) -> str:
     for kind in sorted(set(p.before["activations_by_kind"]) | set(p.after["activations_by_kind"])):
         lines.append(f"    {kind:<24}{size(p.before['activations_by_kind'].get(kind, 0)):>12}"
                      f"{size(p.after['activations_by_kind'].get(kind, 0)):>12}")
+    if p.before.get("block_units") is not None and p.after.get("block_units") is not None:
+        lines.append(f"  {'one block, App. B units':<26}{p.before['block_units']:>12.3f}{p.after['block_units']:>12.3f}"
+                     f"   ({p.before['block']}: saved bytes / a 16-bit [b, n, c] tensor)")
     lines.append("options (saving per layer measured in this graph; gradient error: E_N(0,1)[(h̃′ − f′)²]^½ or "
                  "InvAct's certified L∞):")
     for act, opts in p.options.items():

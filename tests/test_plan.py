@@ -18,8 +18,8 @@ LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
 GPT2 = "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100,n_positions=64"
 
 
-@pytest.mark.parametrize("model", [LLAMA, GPT2])
-@pytest.mark.parametrize("mode", ["bf16", "autocast", "lora", "compile"])
+@pytest.mark.parametrize("model, mode", [(LLAMA, "bf16"), (LLAMA, "autocast"), (LLAMA, "lora"), (LLAMA, "compile"),
+                                         (GPT2, "bf16"), (GPT2, "lora")])
 def test_fake_tensors_predict_the_real_measurement_exactly(model, mode):
     fake = P.plan(model, batch=2, seq=16, mode=mode)
     real = P.plan(model, batch=2, seq=16, mode=mode, fake=False)
@@ -29,6 +29,9 @@ def test_fake_tensors_predict_the_real_measurement_exactly(model, mode):
         assert fake.before["activations"] >= fake.after["activations"] > 0
     else:
         assert fake.before["activations"] > fake.after["activations"] > 0  # something was saved
+    if mode != "compile":  # App. B units of the first block (module hooks do not fire inside a compiled graph)
+        assert fake.before["block"] in ("model.layers.0", "transformer.h.0")
+        assert fake.before["block_units"] > fake.after["block_units"] > 0
     act = next(iter(fake.options.values()))
     assert act["invact"]["error"] < 1e-6 < act["relu-sum-k4"]["error"] < act["relu-sum-k2"]["error"]
 
