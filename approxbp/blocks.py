@@ -81,6 +81,20 @@ class LlamaBlock(nn.Module):
 MODES = ("bf16", "autocast", "compile")
 
 
+def _for_planner(block_cls):
+    """A ``module:approxbp.blocks:<name>`` factory for ``approxbp plan``: the block and its input x(b, n), which
+    requires grad as a block's input inside a network does."""
+    def factory():
+        block = block_cls()
+        d = block.attn.q.in_features
+        return block, lambda b, n: {"x": torch.randn(b, n, d, requires_grad=True)}
+    factory.__doc__ = f"{block_cls.__name__} for approxbp plan (module:approxbp.blocks:…)."
+    return factory
+
+
+vit_b, llama_block, gpt_block = _for_planner(ViTBlock), _for_planner(LlamaBlock), _for_planner(GPTBlock)
+
+
 def saved_per_token_per_d(block_cls, variant: str, frozen: bool, tokens=197, batch=2, dtype=torch.bfloat16,
                           mode: str = "bf16", **block_kwargs) -> float:
     """Saved-for-backward bytes / (tokens · d) of one block (saved_tensors_hooks, parameters excluded).

@@ -58,9 +58,10 @@ class StepMemory:
     @property
     def block_units(self) -> float | None:
         """The first block's saved bytes in units of a 16-bit [b, n, c] tensor (Approx-BP App. B, Figs. 5–6)."""
-        if self.block is None or not self.block_input:
+        if self.block is None or not self.block_input:  # a compiled model's hooks do not fire
             return None
-        mine = sum(b for path, b in self.saved.items() if path == self.block or path.startswith(self.block + "."))
+        mine = sum(b for path, b in self.saved.items()
+                   if not self.block or path == self.block or path.startswith(self.block + "."))
         return mine / (2 * self.block_input)
 
     @property
@@ -172,19 +173,21 @@ def measure(model: nn.Module, inputs: dict, mode: str) -> StepMemory:
         model.compile(backend="aot_eager_decomp_partition")  # in place: the module hooks fire once, outside
     block = first_block(model)
     seen_input: list[int] = []
-    hook = None
     if block is not None:
         def grab(module, args, kwargs):
             x = args[0] if args else kwargs.get("hidden_states")
             if isinstance(x, torch.Tensor) and not seen_input:
                 seen_input.append(x.numel())
         hook = dict(model.named_modules())[block].register_forward_pre_hook(grab, with_kwargs=True)
+    else:  # a model without repeated blocks (one block, as the module: factories of approxbp.blocks) is its own
+        block = ""
+        hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen_input.append(
+            next(v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)).numel()), with_kwargs=True)
     try:
         with _charged(model, saved), ctx:
             out = model(**inputs)
     finally:
-        if hook is not None:
-            hook.remove()
+        hook.remove()
     _loss_of(out)  # a loss exists (the step is a training step)
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -554,7 +557,7 @@ def report(p: Plan) -> str:
                      f"{size(p.after['activations_by_kind'].get(kind, 0)):>12}")
     if p.before.get("block_units") is not None and p.after.get("block_units") is not None:
         lines.append(f"  {'one block, App. B units':<26}{p.before['block_units']:>12.3f}{p.after['block_units']:>12.3f}"
-                     f"   ({p.before['block']}: saved bytes / a 16-bit [b, n, c] tensor)")
+                     f"   ({p.before['block'] or 'the model'}: saved bytes / a 16-bit [b, n, c] tensor)")
     lines.append("options (saving per layer measured in this graph; gradient error: E_N(0,1)[(h̃′ − f′)²]^½ or "
                  "InvAct's certified L∞):")
     for act, opts in p.options.items():

@@ -10,19 +10,24 @@ from __future__ import annotations
 from functools import cache
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 
 @cache
 def _place_values(bits: int, device: torch.device) -> torch.Tensor:
-    """[1, 2^bits, 2^(2·bits), …] (per entries, int32): a byte is Σ code_j · 2^(bits·j)."""
-    return 2 ** (torch.arange(8 // bits, dtype=torch.int32, device=device) * bits)
+    """[1, 2^bits, 2^(2·bits), …] (per entries, int32): a byte is Σ code_j · 2^(bits·j). Cached, so always real
+    (never a fake tensor of a planning run, which a later real run would read)."""
+    with unset_fake_temporarily():
+        return 2 ** (torch.arange(8 // bits, dtype=torch.int32, device=device) * bits)
 
 
 @cache
 def byte_codes(bits: int, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """[256, per]: row b holds the codes packed in byte value b (as ``dtype``, e.g. bool for branch bits)."""
-    shifts = torch.arange(8 // bits, device=device) * bits
-    return ((torch.arange(256, device=device)[:, None] >> shifts) & ((1 << bits) - 1)).to(dtype)
+    """[256, per]: row b holds the codes packed in byte value b (as ``dtype``, e.g. bool for branch bits). Cached,
+    so always real."""
+    with unset_fake_temporarily():
+        shifts = torch.arange(8 // bits, device=device) * bits
+        return ((torch.arange(256, device=device)[:, None] >> shifts) & ((1 << bits) - 1)).to(dtype)
 
 
 def pack(codes: torch.Tensor, bits: int, nbytes: int | None = None) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 import triton
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import ops
 from .codegen import storage_bits
@@ -45,8 +46,9 @@ class ReLUSumSpec:
         self.path, self.table = path, t
         self.key = f"relu-sum:{t.sha256}"
         self.bits, self.storage = t.bits, storage_bits(t.bits)
-        self.knots64 = torch.tensor(t.knots, dtype=torch.float64)
-        self.levels64 = torch.tensor(t.levels, dtype=torch.float64)
+        with unset_fake_temporarily():  # real constants even when built for a fake-tensor plan (specs are shared)
+            self.knots64 = torch.tensor(t.knots, dtype=torch.float64)
+            self.levels64 = torch.tensor(t.levels, dtype=torch.float64)
         self._f = get_activation(t.expression).torch_fn(0)
         self._dev: dict = {}
 
@@ -57,9 +59,10 @@ class ReLUSumSpec:
         """Knots and levels as float32 on ``device`` (codes compare in float32, as the kernel does), and the
         levels of every code in each byte value ([256, 8/storage], for the twin's one-gather unpacking)."""
         if device not in self._dev:
-            levels = self.levels64.to(device, torch.float32)
-            self._dev[device] = (self.knots64.to(device, torch.float32), levels,
-                                 levels[byte_codes(self.storage, device).clamp_max(len(levels) - 1)])
+            with unset_fake_temporarily():  # cached: never a fake tensor
+                levels = self.levels64.to(device, torch.float32)
+                self._dev[device] = (self.knots64.to(device, torch.float32), levels,
+                                     levels[byte_codes(self.storage, device).clamp_max(len(levels) - 1)])
         return self._dev[device]
 
     @property

@@ -131,3 +131,39 @@ def test_maximize_finds_the_largest_batch_that_fits():
     assert step(best + 1, 16, assignment, True).peak > budget  # one more does not fit, even saving the most
     with pytest.raises(ValueError, match="does not fit"):
         P.maximize(LLAMA, "batch", 2, 16, "bf16", exact.before["parameters"])
+
+
+@pytest.mark.parametrize("name, cls", [("vit_b", "ViTBlock"), ("llama_block", "LlamaBlock"), ("gpt_block", "GPTBlock")])
+def test_the_project_blocks_plan_to_the_memory_table(name, cls):
+    """The planner on fake tensors, the README's per-block table on real ones (benchmarks/memory_blocks.py's
+    saved_per_token_per_d, a separate code path): the same bytes per block, exact and with every layer at its
+    most-saving option (trainable bf16 weights, 2 × 197 tokens; App. B units = bytes per token per d / 2)."""
+    from approxbp import blocks
+
+    block_cls = getattr(blocks, cls)
+    p = P.plan(f"module:approxbp.blocks:{name}", batch=2, seq=197, mode="bf16")
+    assert p.before["block_units"] == pytest.approx(blocks.saved_per_token_per_d(block_cls, "baseline", False) / 2,
+                                                    abs=1e-4)
+    option = next(iter(p.layers.values()))["option"]  # saving the most: InvAct for trainable linears
+    variant = {"invact": "invact", "relu-sum-k2": "relu-sum"}.get(option)
+    if variant is not None and p.ms_norm["chosen"]:
+        assert p.after["block_units"] == pytest.approx(blocks.saved_per_token_per_d(block_cls, variant, False) / 2,
+                                                       abs=1e-4)
+
+
+def test_planning_leaves_no_fake_tensor_in_shared_caches():
+    """Drop-ins built during a fake-tensor plan share specs and cached constants with later real ones; a cached fake
+    tensor read by a real (compiled) kernel crashed the process. Every cache holds real tensors."""
+    from approxbp.kernels import ReGELU2, ops
+    from approxbp.kernels.packing import _place_values, byte_codes
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    P.plan(GPT2, batch=1, seq=8, mode="bf16")
+    cached = [byte_codes(b, torch.device("cpu")) for b in (1, 2, 4, 8)] + [_place_values(2, torch.device("cpu"))]
+    for spec in ops.SPECS.values():
+        cached += [t for t in vars(spec).values() if isinstance(t, torch.Tensor)]
+        cached += [t for consts in getattr(spec, "_dev", {}).values() for t in consts]
+    assert cached and not any(isinstance(t, FakeTensor) for t in cached)
+    x = torch.randn(64, requires_grad=True)
+    ReGELU2()(x).sum().backward()
+    assert torch.isfinite(x.grad).all()
