@@ -8,9 +8,9 @@ they exist anyway. The same code on real tensors gives the measured numbers the 
 
 Step memory (Approx-BP Fig. 2's categories): parameters, their gradients and AdamW's two moments (trainable
 parameters only, in the parameter dtype as ``torch.optim.AdamW`` keeps them), and the saved activations. The
-predicted peak is their sum: at the end of the forward every saved tensor is alive, and in a steady-state step
-the gradients of the previous step are gone only with ``zero_grad(set_to_none=True)`` (then the peak is lower by
-the gradients until the backward writes them; the report says which).
+predicted peak is their sum: at the end of the forward every saved tensor is alive and, unless the previous
+step's gradients were freed by ``zero_grad(set_to_none=True)``, so are the gradients (with it the peak is lower
+by up to the gradients; transient buffers of single ops are not counted).
 
 Per layer, every activation gets the options exact, ReLU-sum k = 1…4 (primitive tables) and InvAct (fast form),
 with the saving measured in this graph (one run per option with every layer of that activation class replaced,
