@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from approxbp.kernels.saved import charged
+
 MODES = ("bf16", "autocast", "lora", "compile")
 OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact")
 #: Short keys of ``llama:hidden=4096,layers=32,…`` → Hugging Face config fields.
@@ -52,13 +54,14 @@ class StepMemory:
     optimizer: int
     saved: dict[str, int] = field(default_factory=dict)  # module path → saved bytes charged to it
     kinds: dict[str, str] = field(default_factory=dict)  # module path → its class name
-    block: str | None = None  # the first of the model's repeated blocks (a ModuleList's entry 0)
-    block_input: int = 0  # elements of that block's input hidden state, b·n·c
+    block: str = ""  # the first of the model's repeated blocks (a ModuleList's entry 0); "": the model itself
+    block_input: int = 0  # elements of that block's input hidden state, b·n·c (0: its hook did not fire)
+    layers: dict[str, str] = field(default_factory=dict)  # the activation layers found before any replacement
 
     @property
     def block_units(self) -> float | None:
         """The first block's saved bytes in units of a 16-bit [b, n, c] tensor (Approx-BP App. B, Figs. 5–6)."""
-        if self.block is None or not self.block_input:  # a compiled model's hooks do not fire
+        if not self.block_input:  # a compiled model's hooks do not fire
             return None
         mine = sum(b for path, b in self.saved.items()
                    if not self.block or path == self.block or path.startswith(self.block + "."))
@@ -76,7 +79,8 @@ class StepMemory:
         """Saved bytes by category of the saving module: activation, norm, linear, attention, other."""
         out: dict[str, int] = {}
         for path, b in self.saved.items():
-            out[_category(self.kinds.get(path, ""))] = out.get(_category(self.kinds.get(path, "")), 0) + b
+            kind = _category(self.kinds.get(path, ""))
+            out[kind] = out.get(kind, 0) + b
         return out
 
 
@@ -115,41 +119,6 @@ def _category(kind: str) -> str:
     return "other"
 
 
-@contextlib.contextmanager
-def _charged(model: nn.Module, into: dict[str, int]):
-    """Within: every tensor saved for backward adds its storage's bytes (once) to ``into[innermost module]``;
-    parameter storages are skipped."""
-    names = {m: n for n, m in model.named_modules()}
-    stack: list[str] = []
-    params = {p.untyped_storage()._cdata for p in model.parameters()}
-    seen: set[int] = set()
-
-    def pre(module, args):
-        if module in names:
-            stack.append(names[module])
-
-    def post(module, args, out):
-        if module in names and stack and stack[-1] == names[module]:
-            stack.pop()
-
-    def pack(t: torch.Tensor):
-        s = t.untyped_storage()
-        if s._cdata not in params and s._cdata not in seen:
-            seen.add(s._cdata)
-            key = stack[-1] if stack else "(outside modules)"
-            into[key] = into.get(key, 0) + s.nbytes()
-        return t
-
-    handles = [nn.modules.module.register_module_forward_pre_hook(pre),
-               nn.modules.module.register_module_forward_hook(post)]
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def _loss_of(out) -> torch.Tensor:
     for v in (out.values() if isinstance(out, dict) else [getattr(out, "logits", None), out]):
         if isinstance(v, torch.Tensor) and v.is_floating_point():
@@ -173,18 +142,15 @@ def measure(model: nn.Module, inputs: dict, mode: str) -> StepMemory:
         model.compile(backend="aot_eager_decomp_partition")  # in place: the module hooks fire once, outside
     block = first_block(model)
     seen_input: list[int] = []
-    if block is not None:
-        def grab(module, args, kwargs):
-            x = args[0] if args else kwargs.get("hidden_states")
-            if isinstance(x, torch.Tensor) and not seen_input:
-                seen_input.append(x.numel())
-        hook = dict(model.named_modules())[block].register_forward_pre_hook(grab, with_kwargs=True)
-    else:  # a model without repeated blocks (one block, as the module: factories of approxbp.blocks) is its own
-        block = ""
-        hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen_input.append(
-            next(v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)).numel()), with_kwargs=True)
+
+    def grab(module, args, kwargs):  # the block's input hidden state: its first tensor argument
+        x = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
+        if x is not None and not seen_input:
+            seen_input.append(x.numel())
+
+    hook = dict(model.named_modules())[block].register_forward_pre_hook(grab, with_kwargs=True)
     try:
-        with _charged(model, saved), ctx:
+        with charged(saved, list(model.parameters()), model), ctx:
             out = model(**inputs)
     finally:
         hook.remove()
@@ -195,12 +161,13 @@ def measure(model: nn.Module, inputs: dict, mode: str) -> StepMemory:
     return StepMemory(total, trainable, 2 * trainable, saved, kinds, block, seen_input[0] if seen_input else 0)
 
 
-def first_block(model: nn.Module) -> str | None:
-    """The path of entry 0 of the first ModuleList of two or more identical-typed modules (a model's blocks)."""
+def first_block(model: nn.Module) -> str:
+    """The path of entry 0 of the first ModuleList of two or more identical-typed modules (a model's blocks); "" (the
+    model itself) for a model without repeated blocks, as the module: factories of approxbp.blocks."""
     for name, m in model.named_modules():
         if isinstance(m, nn.ModuleList) and len(m) > 1 and len({type(c) for c in m}) == 1:
             return f"{name}.0"
-    return None
+    return ""
 
 
 @contextlib.contextmanager
@@ -392,7 +359,8 @@ def _summary(m: StepMemory) -> dict:
 
 def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True):
     """run(batch, seq, assignment, ms_norm) → the :class:`StepMemory` of one step of the model (built afresh,
-    on fake tensors unless ``fake=False``) with those replacements; and layers() → its activation layers."""
+    on fake tensors unless ``fake=False``) with those replacements; its ``layers`` are the activation layers found
+    before them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     build = model_spec(model_text)
@@ -407,29 +375,28 @@ def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True):
             inputs = make_inputs(batch, seq)
             inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() and mode != "autocast" else v
                       for k, v in inputs.items()}
+            layers = activation_layers(model)
             if assignment or ms_norm:
                 apply(model, assignment or {}, ms_norm, inputs)
-            return measure(model, inputs, mode)
+            step = measure(model, inputs, mode)
+            step.layers = layers
+            return step
 
-    def layers() -> dict[str, str]:
-        with scope(), weights_for(mode), _no_init() if fake else contextlib.nullcontext():
-            return activation_layers(build()[0])
-
-    return run, layers
+    return run
 
 
 def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = None, lora_r: int = 8,
          fake: bool = True, progress=None) -> Plan:
     """Measure the exact model and each option, then choose (see the module docstring)."""
     say = progress or (lambda msg: None)
-    step, layers_of = stepper(model_text, mode, lora_r, fake)
+    step = stepper(model_text, mode, lora_r, fake)
 
     def run(assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
         return step(batch, seq, assignment, ms_norm)
 
     say("exact model")
     base = run(None, False)
-    layers = layers_of()
+    layers = base.layers
     counts: dict[str, int] = {}
     for act in layers.values():
         counts[act] = counts.get(act, 0) + 1
@@ -477,7 +444,7 @@ def maximize(model_text: str, what: str, batch: int, seq: int, mode: str, budget
         raise ValueError(f"--maximize {what!r}: expected batch or seq_len")
     say = progress or (lambda msg: None)
     first = plan(model_text, batch, seq, mode, None, lora_r, progress=progress)
-    step, _ = stepper(model_text, mode, lora_r)
+    step = stepper(model_text, mode, lora_r)
     assignment = {p: layer["option"] for p, layer in first.layers.items()}
 
     def fits(v: int) -> bool:

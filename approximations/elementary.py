@@ -44,16 +44,3 @@ def phi_tail() -> tuple[float, ...]:
         raise RuntimeError(f"Φ tail fit failed: {res.message}")
     return tuple(float(np.float32(c)) for c in res.x[:m])
 
-
-def phi_float32(x: np.ndarray) -> np.ndarray:
-    """The kernels' 16-bit-data Φ(x), operation by operation in numpy float32 (as the interpreter runs it)."""
-    f32 = np.float32
-    x = np.asarray(x, dtype=np.float32)
-    t = f32(1) / (f32(1) + f32(PHI_TAIL_P) * np.abs(x))
-    coeffs = phi_tail()
-    p = np.full_like(x, f32(coeffs[-1]))
-    for c in reversed(coeffs[:-1]):
-        p = p * t + f32(c)
-    with np.errstate(over="ignore", under="ignore"):
-        q = t * np.exp2(p - (x * x) * f32(LOG2E / 2))
-    return np.where(x < 0, q, f32(1) - q)

@@ -41,6 +41,9 @@ class TritonPrinter(PythonCodePrinter):
         super().__init__()
         self.lowp = lowp
 
+    def doprint(self, expr, *args, **kwargs):  # every expression printed gets the helpers' reciprocals
+        return super().doprint(reciprocals(expr), *args, **kwargs)
+
     def _print_Float(self, e):
         return repr(float(e))
 
@@ -100,8 +103,7 @@ class TritonPrinter(PythonCodePrinter):
 
     def _print_Max(self, e):
         # max(w₀, log(max(c, u))) = log(max(u, e^w₀)) when e^w₀ ≥ c: a clamped log (the fast InvAct tail) runs
-        # on the cheap _log (MUFU.LG2: absolute error, and flushes subnormals), valid because its argument is a normal
-        # positive number below 1/e … or any: |log| ≥ |w₀| keeps the absolute error relatively small
+        # on the cheap _log (MUFU.LG2, which flushes subnormals: the clamp keeps its argument a normal number)
         if len(e.args) == 2:
             w0 = next((a for a in e.args if a.is_Number), None)
             lg = next((a for a in e.args if isinstance(a, sp.log)), None)
@@ -182,8 +184,8 @@ def lower(expr: sp.Expr) -> sp.Expr:
 
 
 def reciprocals(expr: sp.Expr) -> sp.Expr:
-    """Negative powers as the helpers' reciprocals: b^−n → _rcp(bⁿ) (n = 1 … 4), b^−½ → _rsqrt(b). Applied after
-    evalf (where exponents are floats); other negative powers stay exp(p·log b)."""
+    """Negative powers as the helpers' reciprocals: b^−n → _rcp(bⁿ) (n = 1 … 4), b^−½ → _rsqrt(b) (exponents may be
+    floats after evalf); other negative powers stay exp(p·log b). TritonPrinter.doprint applies it."""
     def fast(e):
         p = float(e.exp)
         if p == -0.5:
@@ -197,7 +199,7 @@ def reciprocals(expr: sp.Expr) -> sp.Expr:
 
 def triton_source(expr: sp.Expr, lowp: bool = False) -> str:
     """The Triton source of ``expr`` (a sympy expression in x); ``lowp``: Φ as the 16-bit-data ``_phi``."""
-    return TritonPrinter(lowp).doprint(reciprocals(lower(expr).evalf(17)))
+    return TritonPrinter(lowp).doprint(lower(expr).evalf(17))
 
 
 def _tanh_series(terms: int = 13) -> str:
@@ -463,9 +465,9 @@ def _tagged(t: float, tag: int, dtype: torch.dtype) -> float:
     t16 = torch.tensor(t, dtype=dtype)
     up = float(torch.nextafter(t16, torch.tensor(float("inf"), dtype=dtype)))
     base = 0.0 if t == 0 else (t if t > 0 else up)
-    bits = int(np.array([abs(base)], dtype=np.float32).view(np.uint32)[0]) | tag
-    tagged = float(np.array([bits], dtype=np.uint32).view(np.float32)[0]) * (1.0 if t >= 0 else -1.0)
-    if not (t <= tagged < up and int(np.array([abs(tagged)], dtype=np.float32).view(np.uint32)[0]) & tag == tag):
+    bits = lambda v: int(np.float32(abs(v)).view(np.uint32))  # noqa: E731
+    tagged = float(np.uint32(bits(base) | tag).view(np.float32)) * (1.0 if t >= 0 else -1.0)
+    if not (t <= tagged < up and bits(tagged) & tag == tag):
         raise AssertionError(f"cannot tag the threshold {t!r} of {dtype} with {tag}")
     return tagged
 
@@ -635,7 +637,7 @@ def _jit_body(branch: dict, variables: tuple[str, ...] = ("y",)) -> str:
     form = Form.from_table(branch, variables)
     values = {sp.Symbol(k): sp.Float(v, 17) for k, v in form.coefficients.items()}
     printer = TritonPrinter()
-    code = lambda e: printer.doprint(reciprocals(lower(e.xreplace(values)).evalf(17)))  # noqa: E731
+    code = lambda e: printer.doprint(lower(e.xreplace(values)).evalf(17))  # noqa: E731
     lines = [f"    {name} = {code(value)}" for name, value in form.assignments]
     return "\n".join([*lines, f"    return {code(form.expression)}"])
 
@@ -652,7 +654,7 @@ def render_invact(table_path: Path, t: dict | None = None) -> str:
             "left": _jit_body(t.left), "right": _jit_body(t.right),
             "combined": (f"\n\n@triton.jit\ndef q_combined(y, b):\n{_jit_body(t.combined, ('y', 'b'))}\n"
                          if t.combined is not None else ""),
-            "rule": TritonPrinter().doprint(reciprocals(backward_rule(t)))}
+            "rule": TritonPrinter().doprint(backward_rule(t))}
     return INVACT_TEMPLATE.format(
         docstring=repr(doc), table=_relative(table_path), sha=T.definition_sha256(t), activation=t.activation,
         expression=t.expression, T=t.turning_point, f_T=t.f_T, left_max=t.left.domain[1],

@@ -2,24 +2,53 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def charged(into: dict[str, int], exclude=(), model: nn.Module | None = None):
+    """Within: every tensor saved for backward adds its storage's bytes, once per storage, to ``into[where]``:
+    ``where`` is the innermost module of ``model`` running when it was saved (module forward hooks keep the stack;
+    "(outside modules)" otherwise, or "" without a model). Storages of ``exclude`` (e.g. parameters, which exist
+    anyway) are skipped. Storages are told apart by their StorageImpl, so fake tensors (no data pointer) work."""
+    names = {m: n for n, m in model.named_modules()} if model is not None else {}
+    stack: list[str] = []
+    seen = {p.untyped_storage()._cdata for p in exclude}
+
+    def pre(module, args):
+        if module in names:
+            stack.append(names[module])
+
+    def post(module, args, out):
+        if module in names and stack and stack[-1] == names[module]:
+            stack.pop()
+
+    def pack(t: torch.Tensor):
+        s = t.untyped_storage()
+        if s._cdata not in seen:
+            seen.add(s._cdata)
+            key = stack[-1] if stack else ("(outside modules)" if names else "")
+            into[key] = into.get(key, 0) + s.nbytes()
+        return t
+
+    handles = ([nn.modules.module.register_module_forward_pre_hook(pre),
+                nn.modules.module.register_module_forward_hook(post)] if names else [])
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def saved_bytes(fn: Callable[[], torch.Tensor], exclude: list[torch.Tensor] | tuple = ()) -> int:
     """Bytes of distinct storages saved for backward while ``fn()`` runs (torch.autograd.graph hooks).
     Storages of ``exclude`` (e.g. a model's parameters, which exist anyway) are not counted."""
-    seen: dict[int, int] = {}
-    skip = {p.untyped_storage().data_ptr() for p in exclude}
-
-    def pack(t: torch.Tensor):
-        s = t.untyped_storage()
-        if s.data_ptr() in skip:
-            return t
-        seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    into: dict[str, int] = {}
+    with charged(into, exclude):
         fn()
-    return sum(seen.values())
+    return sum(into.values())

@@ -102,6 +102,8 @@ def test_cli_writes_the_plan_and_its_figure(tmp_path):
 def test_compile_mode_saves_what_inductor_saves():
     """The planner compiles with inductor's partitioner but no code generation (aot_eager_decomp_partition); on a
     GPT and a LLaMA-style block it saves exactly what a real inductor compile saves."""
+    from approxbp.kernels.saved import charged
+
     from approxbp.blocks import GPTBlock, LlamaBlock
 
     for cls, d in ((GPTBlock, 128), (LlamaBlock, 1024)):
@@ -114,7 +116,7 @@ def test_compile_mode_saves_what_inductor_saves():
             torch._dynamo.reset()
             compiled = torch.compile(block, backend=backend, fullgraph=True)
             saved = {}
-            with P._charged(block, saved):
+            with charged(saved, list(block.parameters()), block):
                 compiled(x)
             got.append(sum(saved.values()))
         assert got[0] == got[1] > 0, (cls.__name__, got)
@@ -126,7 +128,7 @@ def test_maximize_finds_the_largest_batch_that_fits():
     budget = exact.after["peak"] + int(3.5 * per_sample)  # room for about 3 more samples with the savings applied
     best, chosen = P.maximize(LLAMA, "batch", 2, 16, "bf16", budget)
     assert chosen.batch == best and chosen.after["peak"] <= budget
-    step, _ = P.stepper(LLAMA, "bf16")
+    step = P.stepper(LLAMA, "bf16")
     assignment = {p: layer["option"] for p, layer in P.plan(LLAMA, 2, 16, "bf16").layers.items()}
     assert step(best + 1, 16, assignment, True).peak > budget  # one more does not fit, even saving the most
     with pytest.raises(ValueError, match="does not fit"):
