@@ -10,14 +10,17 @@ Step memory (Approx-BP Fig. 2's categories): parameters, their gradients and Ada
 parameters only, in the parameter dtype as ``torch.optim.AdamW`` keeps them), and the saved activations. The
 predicted peak is their sum: at the end of the forward every saved tensor is alive and, unless the previous
 step's gradients were freed by ``zero_grad(set_to_none=True)``, so are the gradients (with it the peak is lower
-by up to the gradients; transient buffers of single ops are not counted).
+by up to the gradients; transient buffers of single ops are not counted). With activation checkpointing the end
+of the forward is not the peak (the backward recomputes each block), so that mode traces a whole step with
+PyTorch's ``MemTracker`` instead (:func:`traced_step`): the peak of what is alive, and its moment.
 
 Per layer, every activation gets the options exact, ReLU-sum k = 1…4 (primitive tables) and InvAct (fast form),
-with the saving measured in this graph (one run per option with every layer of that activation class replaced,
-divided by their count: the replacements of different layers never share storages) and the gradient error of
-the table, E_{x∼N(0,1)}[(h̃′(x) − f′(x))²]^½ from its knots and levels (ReLU-sum) or its certified L∞ (InvAct).
-MS-norm merging is one more option for the whole model. With a budget the assignment minimising the summed error
-whose predicted peak fits is chosen (a multiple-choice knapsack by dynamic programming on the bytes).
+with the saving of the peak measured in this graph (one run per option with every layer of that activation
+class replaced, divided by their count: the replacements of different layers never share storages) and the
+gradient error of the table, E_{x∼N(0,1)}[(h̃′(x) − f′(x))²]^½ from its knots and levels (ReLU-sum) or its
+certified L∞ (InvAct). MS-norm merging is one more option for the whole model. With a budget the assignment
+minimising the summed error whose predicted peak fits is chosen (a multiple-choice knapsack by dynamic
+programming on the bytes).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from torch import nn
 
 from approxbp.kernels.saved import charged
 
-MODES = ("bf16", "autocast", "lora", "compile")
+MODES = ("bf16", "autocast", "lora", "compile", "checkpoint")
 OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact")
 #: Short keys of ``llama:hidden=4096,layers=32,…`` → Hugging Face config fields.
 CONFIG_KEYS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
@@ -57,6 +60,8 @@ class StepMemory:
     block: str = ""  # the first of the model's repeated blocks (a ModuleList's entry 0); "": the model itself
     block_input: int = 0  # elements of that block's input hidden state, b·n·c (0: its hook did not fire)
     layers: dict[str, str] = field(default_factory=dict)  # the activation layers found before any replacement
+    moment: str = ""  # a traced step's peak: "backward of model.layers.3"; "": the end of the forward
+    uses_seq: bool = True  # False: the model's inputs do not depend on --seq (an image model)
 
     @property
     def block_units(self) -> float | None:
@@ -135,6 +140,8 @@ def measure(model: nn.Module, inputs: dict, mode: str) -> StepMemory:
     saved). ``mode`` is applied by :func:`prepare` before; ``autocast`` runs the forward under bf16 autocast,
     ``compile`` under torch.compile with inductor's partitioner (what it saves is charged to the model as a whole:
     module hooks do not fire inside a compiled graph)."""
+    if mode == "checkpoint":
+        return traced_step(model, inputs)
     saved: dict[str, int] = {}
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
     if mode == "compile":  # inductor's min-cut partitioner without its code generation: the same saved tensors
@@ -159,6 +166,74 @@ def measure(model: nn.Module, inputs: dict, mode: str) -> StepMemory:
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     kinds = {n: type(m).__name__ for n, m in model.named_modules()}
     return StepMemory(total, trainable, 2 * trainable, saved, kinds, block, seen_input[0] if seen_input else 0)
+
+
+#: Where the memory alive at a traced step's peak is charged (module hooks cannot split it).
+AT_PEAK = "(alive at the peak)"
+
+
+def traced_step(model: nn.Module, inputs: dict) -> StepMemory:
+    """A whole training step (forward, backward, AdamW step) under PyTorch's ``MemTracker``: the peak of the memory
+    alive, by category, and its moment. For activation checkpointing, where the peak is not the end of the forward
+    but the backward's recomputation of a block, with the checkpointed blocks' inputs and part of the gradients
+    alive. AdamW's moments are made beforehand (as in every step after the first); gradients are set to None
+    after the step, so the gradients counted are those alive at the peak. The drop-ins run as their custom ops
+    (:func:`approxbp.kernels.ops.as_kernels`): each allocates what its kernel allocates, on fake and real tensors
+    alike."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable)
+    for p in trainable:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    from approxbp.kernels.ops import as_kernels
+
+    tracker = MemTracker()
+    tracker.track_external(model, opt)
+
+    def total() -> int:
+        return next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+
+    with as_kernels(), tracker:
+        loss = _loss_of(model(**inputs))
+        after_forward = total()
+        loss.backward()
+        after_backward = total()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    moment = ("the optimizer step" if peak["Total"] > after_backward else
+              "the backward" if peak["Total"] > after_forward else "the forward")
+    for stats in tracker.memory_tracking.values():  # the innermost module whose local peak is the global one
+        for state, phase in ((_ModState.PEAK_FW, "forward"), (_ModState.PEAK_BW, "backward")):
+            if any(next(iter(snap.values()))["Total"] == peak["Total"] for snap in stats.snapshots.get(state, ())):
+                if len(stats.mod_fqn) >= len(moment.partition(" of ")[2]):
+                    moment = f"{phase} of {stats.mod_fqn}"
+    alive = peak[_MemRefType.ACT] + peak[_MemRefType.TEMP] + peak[_MemRefType.OTH]
+    return StepMemory(peak[_MemRefType.PARAM] + peak[_MemRefType.BUFFER], peak[_MemRefType.GRAD],
+                      peak[_MemRefType.OPT], {AT_PEAK: alive}, {AT_PEAK: "alive at the peak"}, moment=moment)
+
+
+def checkpoint_blocks(model: nn.Module) -> nn.Module:
+    """Activation checkpointing as users turn it on: Hugging Face's ``gradient_checkpointing_enable`` (non-reentrant)
+    where the model supports it; else each of the model's repeated blocks (:func:`first_block`'s ModuleList; the
+    model itself without one) runs under ``torch.utils.checkpoint`` (non-reentrant), so only its inputs are kept
+    and its forward is recomputed in the backward."""
+    from torch.utils.checkpoint import checkpoint
+
+    if getattr(model, "supports_gradient_checkpointing", False):
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5's name
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model
+    path = first_block(model)
+    blocks = list(dict(model.named_modules())[path.rpartition(".")[0]]) if path else [model]
+    for block in blocks:
+        block.forward = (lambda inner: lambda *a, **k: checkpoint(inner, *a, use_reentrant=False, **k))(block.forward)
+    return model
 
 
 def first_block(model: nn.Module) -> str:
@@ -206,7 +281,10 @@ class LoRALinear(nn.Module):
 def prepare(model: nn.Module, mode: str, lora_r: int = 8) -> nn.Module:
     """The training mode, on a model built under :func:`weights_for`: ``bf16`` (bf16 weights, all trainable; also
     ``compile``), ``autocast`` (fp32 weights, bf16 compute), ``lora`` (bf16 weights frozen, rank-``lora_r``
-    adapters on the attention query and value projections, :data:`LORA_TARGETS`)."""
+    adapters on the attention query and value projections, :data:`LORA_TARGETS`), ``checkpoint`` (bf16, all
+    trainable, :func:`checkpoint_blocks`)."""
+    if mode == "checkpoint":
+        checkpoint_blocks(model)
     if mode == "lora":
         model.requires_grad_(False)
         adapted = 0
@@ -259,8 +337,10 @@ def model_spec(text: str) -> Callable[[], tuple[nn.Module, Callable[[int, int], 
         model = auto.from_config(config)
         model.tie_weights()  # done by the weight init, which a fake run skips
         if vision:
-            return model, lambda b, n: {"pixel_values": torch.randn(b, config.num_channels, config.image_size,
-                                                                    config.image_size)}
+            def images(b, n):
+                return {"pixel_values": torch.randn(b, config.num_channels, config.image_size, config.image_size)}
+            images.ignores_seq = True  # the sequence is the image's patches
+            return model, images
         return model, lambda b, n: {"input_ids": torch.zeros(b, n, dtype=torch.long)}
     return build
 
@@ -337,7 +417,7 @@ class Plan:
     model: str
     mode: str
     batch: int
-    seq: int
+    seq: int | None  # None: the model's inputs do not depend on it
     budget: int | None
     before: dict
     after: dict
@@ -354,17 +434,15 @@ def _summary(m: StepMemory) -> dict:
     units = m.block_units
     return {"parameters": m.parameters, "gradients": m.gradients, "optimizer": m.optimizer,
             "activations": m.activations, "peak": m.peak, "activations_by_kind": m.by_kind(),
-            "block": m.block, "block_units": None if units is None else round(units, 4)}
+            "block": m.block, "block_units": None if units is None else round(units, 4), "peak_moment": m.moment}
 
 
 def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True):
     """run(batch, seq, assignment, ms_norm) → the :class:`StepMemory` of one step of the model (built afresh,
     on fake tensors unless ``fake=False``) with those replacements; its ``layers`` are the activation layers found
     before them."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     build = model_spec(model_text)
-    scope = (lambda: FakeTensorMode(allow_non_fake_inputs=True)) if fake else contextlib.nullcontext
+    scope = _fake_like_real if fake else contextlib.nullcontext
 
     def run(batch: int, seq: int, assignment: dict[str, str] | None = None, ms_norm: bool = False) -> StepMemory:
         with scope():
@@ -379,10 +457,30 @@ def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True):
             if assignment or ms_norm:
                 apply(model, assignment or {}, ms_norm, inputs)
             step = measure(model, inputs, mode)
-            step.layers = layers
+            step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
             return step
 
     return run
+
+
+@contextlib.contextmanager
+def _fake_like_real():
+    """FakeTensorMode, in which Hugging Face models take the path they take on real tensors: transformers treats a
+    fake tensor as tracing and skips its check for packed sequences, then materialises a causal mask (kept as an
+    input of every checkpointed layer) where a real run of these unpacked inputs uses SDPA's is_causal."""
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with contextlib.ExitStack() as stack:
+        try:
+            import transformers.masking_utils as masks
+        except ImportError:
+            masks = None
+        if masks is not None and hasattr(masks, "find_packed_sequence_indices"):
+            stack.enter_context(mock.patch.object(masks, "find_packed_sequence_indices", lambda position_ids: None))
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        yield
 
 
 def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = None, lora_r: int = 8,
@@ -407,11 +505,11 @@ def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = 
             say(f"{act}: {option}")
             every = {p: option for p, a in layers.items() if a == act}
             got = run(every, False)
-            options[act][option] = {"saving_per_layer": (base.activations - got.activations) // n,
+            options[act][option] = {"saving_per_layer": (base.peak - got.peak) // n,
                                     "error": gradient_error(act, option)}
     say("MS-norms")
     merged = run(None, True)
-    ms = {"saving": base.activations - merged.activations}
+    ms = {"saving": base.peak - merged.peak}
     target = budget
     for _ in range(4):  # savings are measured per option; their sum can be off by what options share: re-measure
         choice = _choose(layers, options, ms["saving"], base.peak, target)
@@ -425,7 +523,7 @@ def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = 
         target -= after.peak - budget
     else:
         raise ValueError(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
-    return Plan(model_text, mode, batch, seq, budget, _summary(base), _summary(after),
+    return Plan(model_text, mode, batch, seq if base.uses_seq else None, budget, _summary(base), _summary(after),
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                      **options[layers[p]][o]} for p, o in choice.items()},
                 options, ms, estimate)
@@ -444,6 +542,8 @@ def maximize(model_text: str, what: str, batch: int, seq: int, mode: str, budget
         raise ValueError(f"--maximize {what!r}: expected batch or seq_len")
     say = progress or (lambda msg: None)
     first = plan(model_text, batch, seq, mode, None, lora_r, progress=progress)
+    if what == "seq_len" and first.seq is None:
+        raise ValueError(f"--maximize seq_len: {model_text}'s inputs do not depend on the sequence length")
     step = stepper(model_text, mode, lora_r)
     assignment = {p: layer["option"] for p, layer in first.layers.items()}
 
@@ -512,20 +612,27 @@ def _choose(layers: dict[str, str], options: dict[str, dict], ms_saving: int, pe
 CATEGORIES = ("parameters", "gradients", "optimizer")
 
 
+def _title(p: Plan, short: bool = False) -> str:
+    return " · ".join([p.model.split(":")[0] if short else p.model, p.mode, f"batch {p.batch}",
+                       *([f"seq {p.seq}"] if p.seq is not None else [])])
+
+
 def report(p: Plan) -> str:
     """The plan as text: the step before and after by category, the options per activation, the choice."""
-    lines = [f"{p.model} · {p.mode} · batch {p.batch} · seq {p.seq}"
-             + (f" · budget {size(p.budget)}" if p.budget else ""),
+    lines = [_title(p) + (f" · budget {size(p.budget)}" if p.budget else ""),
              f"{'':<28}{'exact':>12}{'planned':>12}"]
     for key in (*CATEGORIES, "activations", "peak"):
         lines.append(f"  {key:<26}{size(p.before[key]):>12}{size(p.after[key]):>12}")
+    if p.before.get("peak_moment"):
+        lines.append(f"  {'peak reached in':<26}{p.before['peak_moment']} / {p.after['peak_moment']} (a traced step: "
+                     "gradients and activations alive then)")
     for kind in sorted(set(p.before["activations_by_kind"]) | set(p.after["activations_by_kind"])):
         lines.append(f"    {kind:<24}{size(p.before['activations_by_kind'].get(kind, 0)):>12}"
                      f"{size(p.after['activations_by_kind'].get(kind, 0)):>12}")
     if p.before.get("block_units") is not None and p.after.get("block_units") is not None:
         lines.append(f"  {'one block, App. B units':<26}{p.before['block_units']:>12.3f}{p.after['block_units']:>12.3f}"
                      f"   ({p.before['block'] or 'the model'}: saved bytes / a 16-bit [b, n, c] tensor)")
-    lines.append("options (saving per layer measured in this graph; gradient error: E_N(0,1)[(h̃′ − f′)²]^½ or "
+    lines.append("options (saving of the peak per layer, measured in this graph; gradient error: E_N(0,1)[(h̃′ − f′)²]^½ or "
                  "InvAct's certified L∞):")
     for act, opts in p.options.items():
         lines.append("  " + act + ": " + ", ".join(f"{o} {size(v['saving_per_layer'])} / {v['error']:.2g}"
@@ -560,7 +667,7 @@ def figure(p: Plan, path: Path) -> Path:
             bottom += v
     ax.set_xticks([0, 1], ["exact", "planned"])
     ax.set_ylabel("GiB")
-    ax.set_title(f"{p.model.split(':')[0]} · {p.mode} · batch {p.batch} · seq {p.seq}", fontsize=10)
+    ax.set_title(_title(p, short=True), fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     import io

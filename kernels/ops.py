@@ -20,6 +20,8 @@ op's Python dispatch costs more host time per call than the twin's whole computa
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -200,6 +202,25 @@ def _needs_grad(x: Tensor) -> bool:
     return x.requires_grad and torch.is_grad_enabled()
 
 
+_AS_KERNELS = [False]
+
+
+@contextlib.contextmanager
+def as_kernels():
+    """Within: the eager entry points call the custom ops, as under dynamo, so a dispatch mode (PyTorch's MemTracker,
+    FakeTensorMode) sees each drop-in as one operator that allocates only its outputs, as its Triton kernel does;
+    the CPU reference path's temporaries stay inside the op."""
+    old, _AS_KERNELS[0] = _AS_KERNELS[0], True
+    try:
+        yield
+    finally:
+        _AS_KERNELS[0] = old
+
+
+def _opaque() -> bool:
+    return _AS_KERNELS[0] or torch.compiler.is_compiling()
+
+
 class _ReluSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, spec, use_triton):
@@ -215,7 +236,7 @@ class _ReluSum(torch.autograd.Function):
 
 def relu_sum(x: Tensor, spec, use_triton: bool) -> Tensor:
     """y = h(x); saves the packed codes and NaN bytes (``approxbp::relu_sum_forward`` under dynamo)."""
-    if torch.compiler.is_compiling():
+    if _opaque():
         return relu_sum_forward(x, spec.key, use_triton)[0]
     if not use_triton and not _needs_grad(x):
         return spec.forward_only_torch(x)
@@ -237,7 +258,7 @@ class _InvAct(torch.autograd.Function):
 
 def invact(x: Tensor, spec, use_triton: bool, out_dtype: torch.dtype | None) -> Tensor:
     """y = f(x) in ``out_dtype`` (default x's); saves y and one branch bit per element."""
-    if torch.compiler.is_compiling():
+    if _opaque():
         return invact_forward(x, spec.key, use_triton, out_dtype)[0]
     if not use_triton and not _needs_grad(x):
         y = spec.forward_only_torch(x)
@@ -274,6 +295,6 @@ class _MSNorm(torch.autograd.Function):
 
 def ms_norm(x: Tensor, eps: float, center: bool, use_triton: bool, out_dtype: torch.dtype | None) -> Tensor:
     """z = σ⁻¹·H·x (``center``) or σ⁻¹·x; saves z and σ⁻¹ (``approxbp::ms_norm_forward`` under dynamo)."""
-    if torch.compiler.is_compiling():
+    if _opaque():
         return ms_norm_forward(x, eps, center, use_triton, out_dtype)[0]
     return _MSNorm.apply(x, eps, center, use_triton, out_dtype)
