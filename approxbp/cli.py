@@ -146,10 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "module:package.module:factory")
     pln.add_argument("--batch", type=int, default=1, help="batch size")
     pln.add_argument("--seq", type=int, default=512, help="sequence length (text models)")
-    pln.add_argument("--mode", default="bf16", choices=("bf16", "autocast", "lora", "compile", "checkpoint"),
+    pln.add_argument("--mode", default="bf16", choices=("bf16", "autocast", "lora", "compile"),
                      help="bf16 weights; fp32 weights under bf16 autocast; frozen bf16 weights with LoRA adapters; "
-                     "bf16 under torch.compile (inductor's partitioner); bf16 with activation checkpointing (a "
-                     "whole step traced by MemTracker)")
+                     "bf16 under torch.compile (inductor's partitioner)")
+    pln.add_argument("--checkpoint", action="store_true", help="activation checkpointing on top of --mode (each "
+                     "block recomputed in backward; the whole step is traced by PyTorch's MemTracker)")
+    pln.add_argument("--trace", action="store_true", help="trace a whole step (forward, backward, AdamW) with "
+                     "MemTracker for the true peak and its moment, rather than the forward's saved tensors")
     pln.add_argument("--lora-r", type=int, default=8, help="LoRA rank in --mode lora")
     pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")
     pln.add_argument("--maximize", choices=("batch", "seq_len"), default=None,
@@ -506,10 +509,11 @@ def _plan(args, progress: bool) -> int:
         if budget is None:
             raise ValueError("--maximize needs --budget")
         best, result = P.maximize(args.model, args.maximize, args.batch, args.seq, args.mode, budget, args.lora_r,
-                                  progress=tell)
+                                  progress=tell, checkpoint=args.checkpoint, traced=args.trace or None)
         print(f"largest {args.maximize} that fits {P.size(budget)}: {best}")
     else:
-        result = P.plan(args.model, args.batch, args.seq, args.mode, budget, args.lora_r, progress=tell)
+        result = P.plan(args.model, args.batch, args.seq, args.mode, budget, args.lora_r, progress=tell,
+                        checkpoint=args.checkpoint, traced=args.trace or None)
     print(P.report(result))
     print(f"planned in {time.perf_counter() - t0:.1f} s on fake tensors")
     if args.out:

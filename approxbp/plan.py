@@ -40,7 +40,7 @@ from torch import nn
 
 from approxbp.kernels.saved import charged
 
-MODES = ("bf16", "autocast", "lora", "compile", "checkpoint")
+MODES = ("bf16", "autocast", "lora", "compile")
 OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact")
 #: Short keys of ``llama:hidden=4096,layers=32,…`` → Hugging Face config fields.
 CONFIG_KEYS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
@@ -135,13 +135,13 @@ def _loss_of(out) -> torch.Tensor:
     raise TypeError(f"cannot find a floating output to make a loss of: {type(out).__name__}")
 
 
-def measure(model: nn.Module, inputs: dict, mode: str) -> StepMemory:
+def measure(model: nn.Module, inputs: dict, mode: str, traced: bool = False) -> StepMemory:
     """One training step's memory (forward with the saved-tensor hooks; the backward is not needed for what is
     saved). ``mode`` is applied by :func:`prepare` before; ``autocast`` runs the forward under bf16 autocast,
     ``compile`` under torch.compile with inductor's partitioner (what it saves is charged to the model as a whole:
-    module hooks do not fire inside a compiled graph)."""
-    if mode == "checkpoint":
-        return traced_step(model, inputs)
+    module hooks do not fire inside a compiled graph). ``traced``: a whole step by :func:`traced_step` instead."""
+    if traced:
+        return traced_step(model, inputs, mode)
     saved: dict[str, int] = {}
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
     if mode == "compile":  # inductor's min-cut partitioner without its code generation: the same saved tensors
@@ -172,7 +172,7 @@ def measure(model: nn.Module, inputs: dict, mode: str) -> StepMemory:
 AT_PEAK = "(alive at the peak)"
 
 
-def traced_step(model: nn.Module, inputs: dict) -> StepMemory:
+def traced_step(model: nn.Module, inputs: dict, mode: str = "bf16") -> StepMemory:
     """A whole training step (forward, backward, AdamW step) under PyTorch's ``MemTracker``: the peak of the memory
     alive, by category, and its moment. For activation checkpointing, where the peak is not the end of the forward
     but the backward's recomputation of a block, with the checkpointed blocks' inputs and part of the gradients
@@ -191,13 +191,18 @@ def traced_step(model: nn.Module, inputs: dict) -> StepMemory:
     from approxbp.kernels.ops import as_kernels
 
     tracker = MemTracker()
+    no_hook = type("NoHook", (), {"remove": lambda self: None})()
+    for p in model.parameters():  # MemTracker hooks every parameter's gradient, which fails on frozen ones (none)
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (no_hook, no_hook)
     tracker.track_external(model, opt)
 
     def total() -> int:
         return next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
 
     with as_kernels(), tracker:
-        loss = _loss_of(model(**inputs))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+            loss = _loss_of(model(**inputs))
         after_forward = total()
         loss.backward()
         after_backward = total()
@@ -278,12 +283,15 @@ class LoRALinear(nn.Module):
         return self.base_layer(x) + self.lora_B(self.lora_A(x)) * self.scale
 
 
-def prepare(model: nn.Module, mode: str, lora_r: int = 8) -> nn.Module:
+def prepare(model: nn.Module, mode: str, lora_r: int = 8, checkpoint: bool = False) -> nn.Module:
     """The training mode, on a model built under :func:`weights_for`: ``bf16`` (bf16 weights, all trainable; also
     ``compile``), ``autocast`` (fp32 weights, bf16 compute), ``lora`` (bf16 weights frozen, rank-``lora_r``
-    adapters on the attention query and value projections, :data:`LORA_TARGETS`), ``checkpoint`` (bf16, all
-    trainable, :func:`checkpoint_blocks`)."""
-    if mode == "checkpoint":
+    adapters on the attention query and value projections, :data:`LORA_TARGETS`); ``checkpoint``: activation
+    checkpointing on top (:func:`checkpoint_blocks`; not with ``compile``)."""
+    if checkpoint:
+        if mode == "compile":
+            raise ValueError("--checkpoint with --mode compile: not supported (torch.compile's own activation "
+                             "checkpointing is not modelled); plan bf16, autocast or lora with it")
         checkpoint_blocks(model)
     if mode == "lora":
         model.requires_grad_(False)
@@ -425,6 +433,8 @@ class Plan:
     options: dict[str, dict]  # activation → option → {"saving per layer", "error"}
     ms_norm: dict
     estimate: int | None = None  # the knapsack's additive prediction of the peak; ``after`` is measured
+    checkpoint: bool = False  # activation checkpointing
+    traced: bool = False  # a whole step traced (MemTracker) rather than the forward's saved tensors
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -437,10 +447,13 @@ def _summary(m: StepMemory) -> dict:
             "block": m.block, "block_units": None if units is None else round(units, 4), "peak_moment": m.moment}
 
 
-def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True):
+def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True, checkpoint: bool = False,
+            traced: bool | None = None):
     """run(batch, seq, assignment, ms_norm) → the :class:`StepMemory` of one step of the model (built afresh,
     on fake tensors unless ``fake=False``) with those replacements; its ``layers`` are the activation layers found
-    before them."""
+    before them. ``checkpoint``: activation checkpointing; ``traced`` (default: with checkpointing) a whole step
+    traced by :func:`traced_step` rather than the tensors saved by the forward."""
+    traced = checkpoint if traced is None else traced
     build = model_spec(model_text)
     scope = _fake_like_real if fake else contextlib.nullcontext
 
@@ -449,17 +462,18 @@ def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True):
             torch.manual_seed(0)
             with weights_for(mode), _no_init() if fake else contextlib.nullcontext():
                 model, make_inputs = build()
-                model = prepare(model, mode, lora_r)
+                model = prepare(model, mode, lora_r, checkpoint)
             inputs = make_inputs(batch, seq)
             inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() and mode != "autocast" else v
                       for k, v in inputs.items()}
             layers = activation_layers(model)
             if assignment or ms_norm:
                 apply(model, assignment or {}, ms_norm, inputs)
-            step = measure(model, inputs, mode)
+            step = measure(model, inputs, mode, traced)
             step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
             return step
 
+    run.traced = traced
     return run
 
 
@@ -484,10 +498,11 @@ def _fake_like_real():
 
 
 def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = None, lora_r: int = 8,
-         fake: bool = True, progress=None) -> Plan:
-    """Measure the exact model and each option, then choose (see the module docstring)."""
+         fake: bool = True, progress=None, checkpoint: bool = False, traced: bool | None = None) -> Plan:
+    """Measure the exact model and each option, then choose (see the module docstring; ``checkpoint``, ``traced``:
+    :func:`stepper`'s)."""
     say = progress or (lambda msg: None)
-    step = stepper(model_text, mode, lora_r, fake)
+    step = stepper(model_text, mode, lora_r, fake, checkpoint, traced)
 
     def run(assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
         return step(batch, seq, assignment, ms_norm)
@@ -526,7 +541,7 @@ def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = 
     return Plan(model_text, mode, batch, seq if base.uses_seq else None, budget, _summary(base), _summary(after),
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                      **options[layers[p]][o]} for p, o in choice.items()},
-                options, ms, estimate)
+                options, ms, estimate, checkpoint, bool(step.traced))
 
 
 #: --maximize seq_len searches multiples of this many tokens.
@@ -534,17 +549,17 @@ SEQ_GRAIN = 64
 
 
 def maximize(model_text: str, what: str, batch: int, seq: int, mode: str, budget: int, lora_r: int = 8,
-             progress=None) -> tuple[int, Plan]:
+             progress=None, checkpoint: bool = False, traced: bool | None = None) -> tuple[int, Plan]:
     """The largest ``what`` (``batch`` or ``seq_len``) whose step fits ``budget`` with the most-saving replacements
     (chosen at the given sizes), by doubling then bisection (sequence lengths in multiples of :data:`SEQ_GRAIN`),
     one fake step per probe; then the least-error plan at that size."""
     if what not in ("batch", "seq_len"):
         raise ValueError(f"--maximize {what!r}: expected batch or seq_len")
     say = progress or (lambda msg: None)
-    first = plan(model_text, batch, seq, mode, None, lora_r, progress=progress)
+    first = plan(model_text, batch, seq, mode, None, lora_r, progress=progress, checkpoint=checkpoint, traced=traced)
     if what == "seq_len" and first.seq is None:
         raise ValueError(f"--maximize seq_len: {model_text}'s inputs do not depend on the sequence length")
-    step = stepper(model_text, mode, lora_r)
+    step = stepper(model_text, mode, lora_r, checkpoint=checkpoint, traced=traced)
     assignment = {p: layer["option"] for p, layer in first.layers.items()}
 
     def fits(v: int) -> bool:
@@ -563,7 +578,7 @@ def maximize(model_text: str, what: str, batch: int, seq: int, mode: str, budget
     if lo == 0:
         raise ValueError(f"even {what} = 1 does not fit {size(budget)} with every saving applied")
     b, n = (lo, seq) if what == "batch" else (batch, lo)
-    return lo, plan(model_text, b, n, mode, budget, lora_r, progress=progress)
+    return lo, plan(model_text, b, n, mode, budget, lora_r, progress=progress, checkpoint=checkpoint, traced=traced)
 
 
 def _choose(layers: dict[str, str], options: dict[str, dict], ms_saving: int, peak: int,
@@ -613,8 +628,9 @@ CATEGORIES = ("parameters", "gradients", "optimizer")
 
 
 def _title(p: Plan, short: bool = False) -> str:
-    return " · ".join([p.model.split(":")[0] if short else p.model, p.mode, f"batch {p.batch}",
-                       *([f"seq {p.seq}"] if p.seq is not None else [])])
+    return " · ".join([p.model.split(":")[0] if short else p.model,
+                       p.mode + (" + checkpointing" if p.checkpoint else "") + (", traced" if p.traced else ""),
+                       f"batch {p.batch}", *([f"seq {p.seq}"] if p.seq is not None else [])])
 
 
 def report(p: Plan) -> str:
@@ -630,10 +646,11 @@ def report(p: Plan) -> str:
         lines.append(f"    {kind:<24}{size(p.before['activations_by_kind'].get(kind, 0)):>12}"
                      f"{size(p.after['activations_by_kind'].get(kind, 0)):>12}")
     if p.before.get("block_units") is not None and p.after.get("block_units") is not None:
-        lines.append(f"  {'one block, App. B units':<26}{p.before['block_units']:>12.3f}{p.after['block_units']:>12.3f}"
-                     f"   ({p.before['block'] or 'the model'}: saved bytes / a 16-bit [b, n, c] tensor)")
-    lines.append("options (saving of the peak per layer, measured in this graph; gradient error: E_N(0,1)[(h̃′ − f′)²]^½ or "
-                 "InvAct's certified L∞):")
+        lines.append(f"  {'one block, App. B units':<26}{p.before['block_units']:>12.3f}"
+                     f"{p.after['block_units']:>12.3f}   ({p.before['block'] or 'the model'}: saved bytes / a 16-bit "
+                     "[b, n, c] tensor)")
+    lines.append("options (saving of the peak per layer, measured in this graph; gradient error: "
+                 "E_N(0,1)[(h̃′ − f′)²]^½ or InvAct's certified L∞):")
     for act, opts in p.options.items():
         lines.append("  " + act + ": " + ", ".join(f"{o} {size(v['saving_per_layer'])} / {v['error']:.2g}"
                                                   for o, v in opts.items()))

@@ -6,9 +6,11 @@ Methods, all seeded and ending in the same deterministic polish:
   polish  L-BFGS-B from a jittered equidistributed start
   auto    anneal for k ≤ 4, polish above (the CLI's and the API's default)
 Restarts get independent child seeds (numpy SeedSequence), so results do not depend on --workers. Besides the
-method's restarts, every fit polishes three structured starts (:func:`structured_starts`): the equidistributed
-knots, their symmetrisation when h(x) − x/2 is even, and the (k−1) solution with a knot inserted in every gap.
-Every restart's final loss is recorded, with how many reached the best.
+method's restarts, every fit polishes the structured starts (:func:`structured_starts`): the equidistributed
+knots, their symmetrisation when h(x) − x/2 is even, the (k−1) solution with a knot inserted in every gap, and
+the global optimum on a knot grid by dynamic programming (:mod:`.grid_dp`; exact for the derivative objective,
+a separable relaxation for the primitive). Every restart's final loss is recorded, with how many reached the
+best, and the table's provenance names the start that found it (``found_by``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tables import SCHEMA
 from scipy.optimize import OptimizeResult, dual_annealing, minimize
 
+from .grid_dp import grid_dp_knots
 from .objective import ReluSumObjective, check_objective, interval_for
 
 METHODS = ("anneal", "sgd", "polish")
@@ -280,6 +283,8 @@ def _run(job: _Job) -> tuple[int, float, np.ndarray, str | None, int]:
     obj = ReluSumObjective(act, job.bits, job.objective, job.interval)
     if job.method == "start":
         c = np.asarray(job.start)
+    elif job.method == "grid-dp":
+        c = grid_dp_knots(obj)
     elif job.method == "anneal":
         c = anneal(obj, job.seed)
     elif job.method == "sgd":
@@ -339,6 +344,9 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
         for label, start in structured_starts(obj, lower) if structured else []:
             jobs.append(_Job(*common, "start", None, len(jobs), tuple(start)))
             labels.append(label)
+        if structured:  # computed in a worker, beside the restarts
+            jobs.append(_Job(*common, "grid-dp", None, len(jobs)))
+            labels.append("grid DP")
         workers = min(workers or os.cpu_count() or 1, len(jobs))
         results = _map(jobs, workers, progress, f"{act.name} k={bits} {objective}")
         valid = [r for r in results if r[3] is None]
@@ -374,12 +382,16 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
                     "restart_labels": labels, "restarts_at_best": at_best, **cert},
         "provenance": {
             "method": method_used, "seed": seed, "restarts": restarts if obj.n > 1 else 0,
-            "best_restart": best_restart, "command": command or "approxbp.fitting.fit_relu_sum(...)",
+            "best_restart": best_restart, "found_by": labels[best_restart],
+            "command": command or "approxbp.fitting.fit_relu_sum(...)",
             "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3),
         },
     })
+    global_on_grid = labels[best_restart] == "grid DP" and objective == "derivative"
     message = (f"{at_best} of {len(results)} restarts reached the best loss {loss:.6e}"
-               + ("; only one did: run more restarts to trust this optimum" if at_best == 1 and obj.n > 1 else ""))
+               + ("; only one did: run more restarts to trust this optimum"
+                  if at_best == 1 and obj.n > 1 and not global_on_grid else "")
+               + ("; found by the grid DP (the global optimum on its grid, polished)" if global_on_grid else ""))
     return ReluSumFit(table=table, x=rs.knots, fun=loss, success=True, message=message, nfev=nfev,
                       restarts=losses, restart_labels=labels, at_best=at_best)
 

@@ -143,14 +143,15 @@ def test_bdia_analyze_prints_its_key_numbers(tmp_path):
 
 
 def _readme_commands() -> list[str]:
-    """Every `approxbp …` command in the README's bash blocks (continuations joined, comments dropped)."""
-    text = (ROOT / "README.md").read_text()
+    """Every `approxbp …` command in the bash blocks of the README and the docs pages (continuations joined,
+    comments dropped, each once)."""
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        for cmd in block.replace("\\\n", " ").splitlines():
-            cmd = cmd.split("  #")[0].strip()
-            if cmd.startswith("approxbp "):
-                out.append(cmd)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            for cmd in block.replace("\\\n", " ").splitlines():
+                cmd = " ".join(cmd.split("  #")[0].split())
+                if cmd.startswith("approxbp ") and cmd not in out:
+                    out.append(cmd)
     return out
 
 

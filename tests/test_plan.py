@@ -19,10 +19,15 @@ GPT2 = "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100,n_positions=64"
 
 
 @pytest.mark.parametrize("model, mode", [(LLAMA, "bf16"), (LLAMA, "autocast"), (LLAMA, "lora"), (LLAMA, "compile"),
-                                         (LLAMA, "checkpoint"), (GPT2, "bf16"), (GPT2, "lora"), (GPT2, "checkpoint")])
+                                         (LLAMA, "checkpoint"), (GPT2, "bf16"), (GPT2, "lora"),
+                                         (GPT2, "lora+checkpoint")])
 def test_fake_tensors_predict_the_real_measurement_exactly(model, mode):
-    fake = P.plan(model, batch=2, seq=16, mode=mode)
-    real = P.plan(model, batch=2, seq=16, mode=mode, fake=False)
+    mode, _, ck = mode.partition("+")
+    if mode == "checkpoint":
+        mode, ck = "bf16", "checkpoint"
+    fake = P.plan(model, batch=2, seq=16, mode=mode, checkpoint=bool(ck))
+    real = P.plan(model, batch=2, seq=16, mode=mode, fake=False, checkpoint=bool(ck))
+    mode = "checkpoint" if ck else mode
     assert fake.before == real.before and fake.after == real.after
     assert fake.options == real.options and fake.ms_norm == real.ms_norm
     if mode == "compile":  # inductor recomputes the exact SwiGLU/GELU pointwise tail: a drop-in may not pay
@@ -45,17 +50,13 @@ def test_checkpointing_keeps_block_inputs_and_one_recomputed_block():
     """A 4-layer model under activation checkpointing holds less at its traced peak than the same step without it,
     and the drop-ins save there too (they run as their custom ops: their kernels' outputs only)."""
     deep = "llama:hidden=64,layers=4,heads=4,intermediate=128,vocab=100"
-    ck = P.stepper(deep, "checkpoint")(2, 64)
-    P_measure = P.measure
-    try:  # the same traced step without checkpointing
-        P.measure = lambda model, inputs, mode: P.traced_step(model, inputs)
-        plain = P.stepper(deep, "bf16")(2, 64)
-    finally:
-        P.measure = P_measure
+    ck = P.stepper(deep, "bf16", checkpoint=True)(2, 64)
+    plain = P.stepper(deep, "bf16", traced=True)(2, 64)  # the same traced step without checkpointing
     assert ck.activations < 0.5 * plain.activations
-    layers = P.stepper(deep, "checkpoint")(2, 64).layers
-    replaced = P.stepper(deep, "checkpoint")(2, 64, {p: "relu-sum-k2" for p in layers})
+    replaced = P.stepper(deep, "bf16", checkpoint=True)(2, 64, {p: "relu-sum-k2" for p in ck.layers})
     assert replaced.peak < ck.peak
+    with pytest.raises(ValueError, match="not supported"):
+        P.stepper(deep, "compile", checkpoint=True)(2, 64)
 
 
 def test_a_plan_applies_through_patch_model_and_saves_what_it_said(tmp_path):

@@ -1,0 +1,44 @@
+"""The documentation: the site builds with --strict, the README stays short and its example runs."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_docs_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs", reason="the docs need the dev extras (mkdocs-material, mkdocstrings-python)")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    for name in ("patch_model", "fit_relu_sum", "traced_step", "ReLUSum"):  # the reference has the docstrings
+        assert name in api, name
+
+
+def test_every_docs_page_is_in_the_navigation():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages == set(re.findall(r":\s*(\S+\.md)", nav))
+
+
+def test_the_readme_is_short_and_links_to_pages_that_exist():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (ROOT / link).is_file(), link
+
+
+def test_the_readme_example_runs_and_saves_memory():
+    pytest.importorskip("transformers")
+    code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[0]
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    before, after = map(int, re.search(r"saved for backward: (\d+) → (\d+) bytes", r.stdout).groups())
+    assert after < before
