@@ -65,8 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
                     "None: the expression itself")
     rs.add_argument("--bits", type=int, required=True, help="k: 2^k−1 ReLUs, k-bit codes (1..8)")
-    rs.add_argument("--objective", choices=("primitive", "derivative"), default="primitive",
-                    help="primitive: ∫(h−h̃)² (eq. 14); derivative: ∫(h'−h̃')² (eq. 63)")
+    rs.add_argument("--objective", choices=("primitive", "derivative"), default=None,
+                    help="primitive: ∫(h−h̃)² (eq. 14); derivative: ∫(h'−h̃')² (eq. 63). Default: primitive, "
+                    "derivative with --levels free")
+    rs.add_argument("--levels", choices=("constrained", "free"), default="constrained",
+                    help="constrained: eq. 13 (Σw = 1, Σw·c = 0, the interval by the tail rule); free: FewBit's "
+                    "family (every level free, uniform weight on --interval; derivative objective only)")
+    rs.add_argument("--interval", type=float, nargs=2, metavar=("A", "B"), default=None,
+                    help="with --levels free: the domain (default FewBit's -100 100)")
     rs.add_argument("--method", choices=("auto", *METHODS), default="auto",
                     help="auto = anneal for k ≤ 4, polish above; every method ends in the certified polish")
     rs.add_argument("--out", type=Path, default=None, help="table path (None: print only)")
@@ -249,14 +255,20 @@ def _dispatch(args, argv) -> int:
     progress = not getattr(args, "no_progress", False)
     if args.command == "fit" and args.out is not None:  # fail now, not after a long fit
         check_writable(args.out, overwrite=args.force)
+    if args.command == "fit" and args.family == "relu-sum" and args.levels == "free":
+        return _fit_free_levels(args, argv)
     if args.command == "fit" and args.family == "relu-sum":
+        if args.interval is not None:
+            raise ValueError("--interval applies to --levels free; eq. 13's interval comes from the tail rule "
+                             "(eqs. 45/46)")
+        args.objective = args.objective or "primitive"
         fit = fit_relu_sum(named_activation(args.activation, args.name), args.bits, args.objective,
                            method=args.method, restarts=args.restarts,
                            seed=args.seed, workers=args.workers, progress=progress, command=cli_command(argv))
         table = fit.table
         print(_summary(table))
         print(f"  restarts    {fit.message}")
-        if fit.at_best == 1:
+        if "run more restarts" in fit.message:
             print(f"approxbp: warning: only 1 of {len(fit.restarts)} restarts reached the best loss; "
                   "run more --restarts before trusting this optimum", file=sys.stderr)
         if args.out:
@@ -314,15 +326,21 @@ def _dispatch(args, argv) -> int:
               f"  without quantisation (eq. 16)     paper: grows ×2 per block   ours {b['plain']:.3e}\n"
               f"  with quantisation + side bits     paper: 0                    ours {b['quantised']:.3e}")
         ok_bdia = b["quantised"] == 0.0 and b["plain"] > 0.0
+        from approxbp.reproduce import format_fewbit_rows, reproduce_fewbit
+
+        fewbit = reproduce_fewbit()
+        print("\nFewBit's builtin derivative quantisations on their own objective (Novikov et al.) vs ours")
+        print(format_fewbit_rows(fewbit))
         from approxbp.appendix_b import format_rows, measure_all
 
         memory = measure_all()
         print("\nApprox-BP App. B (Figs. 5, 6): one block's saved activations, in 16-bit [b, n, c] tensors")
         print(format_rows(memory))
         # ReLU-sum, InvAct branches, BDIA, App. B, consistency and certificates
-        n_rows = len(rows) + 2 * len(inv) + 1 + len(memory) + (2 if args.full else 0)
+        n_rows = len(rows) + 2 * len(inv) + 1 + len(fewbit) + len(memory) + (2 if args.full else 0)
         failed = ([r.label for r in rows if not r.ok] + ([] if ok_inv else ["InvAct or consistency"])
                   + ([] if ok_bdia else ["BDIA"]) + [f"App. B {r.block} {r.variant}" for r in memory if not r.ok]
+                  + [f"FewBit {r['activation']} k={r['bits']}" for r in fewbit if not r["ok"]]
                   + ([] if not args.full or certified_ok else ["certificates"]))
         print(f"reproduce finished in {time.perf_counter() - t0:.1f} s: "
               + (f"all {n_rows} rows match or beat the papers" if not failed else f"FAILED: {', '.join(failed)}"))
@@ -492,6 +510,40 @@ def _certify(args, progress: bool) -> int:
     if args.write:
         print("tables updated; regenerate their kernels with `approxbp export`")
     return 1 if failed else 0
+
+
+def _fit_free_levels(args, argv) -> int:
+    """``approxbp fit relu-sum --levels free``: FewBit's family, with FewBit's own table where it has one."""
+    import json
+
+    from approxbp.approximations.activations import named_activation
+    from approxbp.approximations.files import write_atomic
+    from approxbp.fitting.free_levels import FEWBIT_INTERVAL, FreeLevelsObjective, fewbit_reference, fit_free_levels
+    from approxbp.fitting.relu_sum import cli_command
+
+    if (args.objective or "derivative") != "derivative":
+        raise ValueError("--levels free fits the derivative (FewBit's objective); drop --objective primitive")
+    act = named_activation(args.activation, args.name)
+    interval = tuple(args.interval) if args.interval else FEWBIT_INTERVAL
+    fit = fit_free_levels(act, args.bits, interval, restarts=args.restarts, seed=args.seed)
+    print(f"{fit.activation} k={fit.bits} free levels on [{interval[0]:g}, {interval[1]:g}] (FewBit's family): "
+          f"∫(h' − q)² = {fit.loss:.10e}")
+    print(f"  borders  {np.array2string(fit.borders, precision=6, max_line_width=110)}")
+    print(f"  levels   {np.array2string(fit.levels, precision=6, max_line_width=110)}")
+    print("  starts   " + ", ".join(f"{k} {v:.8e}" for k, v in fit.starts.items()))
+    theirs = fewbit_reference().get((fit.activation, fit.bits))
+    if theirs is not None and theirs["interval"] == interval:
+        value = FreeLevelsObjective(act, fit.bits, interval).loss_of(theirs["borders"], theirs["levels"])
+        gap = (value - fit.loss) / fit.loss
+        print(f"  FewBit   builtin table {value:.10e} (measured here: "
+              + (f"{100 * gap:.1f} % above ours, a local optimum)" if gap > 1e-9 else "ours equals it)"))
+    if args.out:
+        record = {"schema": "approxbp.free-levels/1", "note": "FewBit's family, not an approxbp.table (no Σw = 1, "
+                  "Σw·c = 0)", "activation": fit.activation, "bits": fit.bits, "interval": list(interval),
+                  "borders": fit.borders.tolist(), "levels": fit.levels.tolist(), "loss": fit.loss,
+                  "starts": fit.starts, "command": cli_command(argv)}
+        print(f"  wrote    {write_atomic(args.out, json.dumps(record, indent=1) + chr(10))}")
+    return 0
 
 
 def _plan(args, progress: bool) -> int:

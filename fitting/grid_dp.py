@@ -122,3 +122,24 @@ def grid_dp_knots(obj: ReluSumObjective, points: int | None = None) -> np.ndarra
         j = ptr[j]
         knots.append(j)
     return g[np.array(knots[::-1])]
+
+
+def free_levels_knots(obj, points: int | None = None) -> np.ndarray:
+    """FewBit's family (:mod:`.free_levels`): the n borders on the grid minimising Σ over the n + 1 segments of
+    [A, B] of ∫h′² − (Δh)²/Δc, every level free: the (n + 1)-th min-plus power from A to B, exactly."""
+    n = obj.n
+    G = points or min(max(12 * n + 40, 400), 800)
+    g = _grid(obj, G)
+    S = _segment_costs(obj, g)
+    best = np.full(G, np.inf)
+    best[0] = 0.0
+    back = []
+    for _ in range(n + 1):
+        cand = best[:, None] + S
+        back.append(np.argmin(cand, axis=0))
+        best = cand[back[-1], np.arange(G)]
+    j, knots = G - 1, []
+    for ptr in reversed(back[1:]):
+        j = ptr[j]
+        knots.append(j)
+    return g[np.array(knots[::-1])]

@@ -1,0 +1,127 @@
+"""FewBit's family for comparison: k-bit quantised derivatives with free levels (Novikov et al., "Few-bit backward").
+
+FewBit fits q(x), piecewise constant with 2^k free levels and n = 2^k − 1 borders, to h′ on [A, B] = [−100, 100]
+with uniform weight. Unlike Approx-BP's eq. 13 there is no Σw = 1, Σw·c = 0 (the end levels are free too), so q is
+not the derivative of a ReLU sum with h̃(x) → x. The best level on a segment is the mean of h′ there, the secant
+slope mᵢ = (h(cᵢ₊₁) − h(cᵢ))/(cᵢ₊₁ − cᵢ) (c₀ = A, cₙ₊₁ = B), so
+
+    J(c) = ∫_A^B h′² dx − Σᵢ (h(cᵢ₊₁) − h(cᵢ))² / (cᵢ₊₁ − cᵢ),   ∂J/∂cᵢ = (h′(cᵢ) − mᵢ₋₁)² − (h′(cᵢ) − mᵢ)²,
+
+a sum over segments: the grid DP (:mod:`.grid_dp`) finds its optimum on a knot grid exactly, and the polish
+(L-BFGS-B and Newton, as for eq. 13) finishes it. ∫h′² comes from adaptive quadrature split at 0.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from approxbp.approximations import Activation, get_activation
+from approxbp.approximations.relu_sum import check_bits
+from scipy.integrate import quad
+
+#: FewBit's domain.
+FEWBIT_INTERVAL = (-100.0, 100.0)
+
+
+class FreeLevelsObjective:
+    """J(c) above for one activation, bit-width and interval; call it for (J, ∇J)."""
+
+    objective = "derivative"  # the grid's knot density (piecewise-constant fits of h′)
+
+    def __init__(self, activation: str | Activation, bits: int, interval=FEWBIT_INTERVAL):
+        self.activation = get_activation(activation) if isinstance(activation, str) else activation
+        self.bits = check_bits(bits)
+        self.n = 2**self.bits - 1
+        self.A, self.B = map(float, interval)
+        if not (np.isfinite(self.A) and np.isfinite(self.B) and self.A < self.B):
+            raise ValueError(f"interval must be finite with A < B, got {interval!r}")
+        df = self.activation.df
+        inner = [p for p in (0.0,) if self.A < p < self.B]
+        self.energy = sum(quad(lambda x: float(df(x)) ** 2, lo, hi, limit=500, epsabs=0, epsrel=1e-13)[0]
+                          for lo, hi in zip([self.A, *inner], [*inner, self.B]))
+        self.nfev = 0
+
+    def levels(self, c: np.ndarray) -> np.ndarray:
+        """The 2^k optimal levels (segment means of h′) for sorted borders c."""
+        b = np.concatenate([[self.A], np.sort(c), [self.B]])
+        return np.diff(self.activation.f(b)) / np.diff(b)
+
+    def __call__(self, c) -> tuple[float, np.ndarray]:
+        self.nfev += 1
+        c = np.asarray(c, dtype=np.float64)
+        order = np.argsort(c, kind="stable")
+        b = np.concatenate([[self.A], c[order], [self.B]])
+        h = self.activation.f(b)
+        d = np.diff(b)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            m = np.where(d > 0, np.diff(h) / np.where(d > 0, d, 1.0), self.activation.df(b[:-1]))
+        loss = self.energy - float(np.sum(np.where(d > 0, m * np.diff(h), 0.0)))
+        t = self.activation.df(c[order])
+        g = (t - m[:-1]) ** 2 - (t - m[1:]) ** 2
+        grad = np.empty_like(g)
+        grad[order] = g
+        return max(loss, 0.0), grad
+
+    def loss_of(self, borders, levels) -> float:
+        """J of any step function (borders inside [A, B], one level per segment), e.g. a published table's,
+        by quadrature of (h′ − q)² split at every border."""
+        b = np.concatenate([[self.A], np.sort(np.asarray(borders, float)), [self.B]])
+        if len(levels) != b.size - 1:
+            raise ValueError(f"{b.size - 1} segments need as many levels, got {len(levels)}")
+        df = self.activation.df
+        return sum(quad(lambda x, q=q: (float(df(x)) - q) ** 2, lo, hi, limit=500, epsabs=0, epsrel=1e-12)[0]
+                   for lo, hi, q in zip(b[:-1], b[1:], levels) if hi > lo)
+
+
+@dataclass
+class FreeLevelsFit:
+    activation: str
+    bits: int
+    interval: tuple[float, float]
+    borders: np.ndarray
+    levels: np.ndarray
+    loss: float
+    starts: dict[str, float]  # start label → its polished loss
+
+
+def fit_free_levels(activation: str, bits: int, interval=FEWBIT_INTERVAL, restarts: int = 4,
+                    seed: int = 0) -> FreeLevelsFit:
+    """The best free-level quantisation: the grid-DP optimum and ``restarts`` jittered equidistributed starts, each
+    polished; deterministic for a seed."""
+    from .grid_dp import free_levels_knots
+    from .relu_sum import equidistributed_knots, polish
+
+    obj = FreeLevelsObjective(activation, bits, interval)
+    rng = np.random.default_rng(seed)
+    starts = {"grid DP": free_levels_knots(obj)}
+    starts.update({f"polish {i}": equidistributed_knots(obj, rng, 0.5) for i in range(restarts)})
+    polished = {label: polish(obj, c) for label, c in starts.items()}
+    losses = {label: obj(c)[0] for label, c in polished.items()}
+    best = min(losses, key=losses.get)
+    c = np.sort(polished[best])
+    return FreeLevelsFit(obj.activation.name, bits, (obj.A, obj.B), c, obj.levels(c), losses[best], losses)
+
+
+def fewbit_reference(path: Path | None = None) -> dict:
+    """FewBit's builtin GELU/SiLU tables (1–4 bits) from the peer reference file (packaged:
+    ``data/references/fewbit_builtin_gelu_silu.json``): {(activation, bits): {borders, levels, interval, measured,
+    best_found}}, borders without the domain's ends."""
+    if path is None:
+        from importlib import resources
+
+        path = Path(str(resources.files("approxbp.data"))) / "references" / "fewbit_builtin_gelu_silu.json"
+    data = json.loads(Path(path).read_text())
+    out = {}
+    for key, borders in data["tables"].items():
+        if not key.endswith("-borders"):
+            continue
+        act, bits = key[:4], int(key[4:6])
+        b = np.asarray(borders, float)
+        out[act, bits] = {"borders": b[1:-1], "levels": np.asarray(data["tables"][f"{key[:6]}-levels"], float),
+                          "interval": (float(b[0]), float(b[-1])),
+                          "measured": float(data["measured_objective_values"][act][str(bits)]),
+                          "best_found": float(data["best_unconstrained_optimum_found"][act][str(bits)])}
+    return out
