@@ -29,7 +29,7 @@ from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tables import SCHEMA
 from scipy.optimize import OptimizeResult, dual_annealing, minimize
 
-from .grid_dp import grid_dp_knots
+from .grid_dp import GRIDS, grid_dp_knots
 from .objective import ReluSumObjective, check_objective, interval_for
 
 METHODS = ("anneal", "sgd", "polish")
@@ -275,7 +275,7 @@ class _Job:
     method: str
     seed: np.random.SeedSequence | None
     restart: int
-    start: tuple[float, ...] | None = None  # a structured start (method "start")
+    start: tuple[float, ...] | None = None  # a structured start (method "start"); (grid points,) for "grid-dp"
 
 
 def _run(job: _Job) -> tuple[int, float, np.ndarray, str | None, int]:
@@ -284,7 +284,7 @@ def _run(job: _Job) -> tuple[int, float, np.ndarray, str | None, int]:
     if job.method == "start":
         c = np.asarray(job.start)
     elif job.method == "grid-dp":
-        c = grid_dp_knots(obj)
+        c = grid_dp_knots(obj, int(job.start[0]))
     elif job.method == "anneal":
         c = anneal(obj, job.seed)
     elif job.method == "sgd":
@@ -344,9 +344,9 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
         for label, start in structured_starts(obj, lower) if structured else []:
             jobs.append(_Job(*common, "start", None, len(jobs), tuple(start)))
             labels.append(label)
-        if structured:  # computed in a worker, beside the restarts
-            jobs.append(_Job(*common, "grid-dp", None, len(jobs)))
-            labels.append("grid DP")
+        for points in GRIDS(obj.n) if structured else ():  # computed in workers, beside the restarts
+            jobs.append(_Job(*common, "grid-dp", None, len(jobs), (points,)))
+            labels.append(f"grid DP {points}")
         workers = min(workers or os.cpu_count() or 1, len(jobs))
         results = _map(jobs, workers, progress, f"{act.name} k={bits} {objective}")
         valid = [r for r in results if r[3] is None]
@@ -387,7 +387,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
             "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3),
         },
     })
-    global_on_grid = labels[best_restart] == "grid DP" and objective == "derivative"
+    global_on_grid = labels[best_restart].startswith("grid DP") and objective == "derivative"
     message = (f"{at_best} of {len(results)} restarts reached the best loss {loss:.6e}"
                + ("; only one did: run more restarts to trust this optimum"
                   if at_best == 1 and obj.n > 1 and not global_on_grid else "")
