@@ -340,7 +340,7 @@ def _dispatch(args, argv) -> int:
         n_rows = len(rows) + 2 * len(inv) + 1 + len(fewbit) + len(memory) + (2 if args.full else 0)
         failed = ([r.label for r in rows if not r.ok] + ([] if ok_inv else ["InvAct or consistency"])
                   + ([] if ok_bdia else ["BDIA"]) + [f"App. B {r.block} {r.variant}" for r in memory if not r.ok]
-                  + [f"FewBit {r['activation']} k={r['bits']}" for r in fewbit if not r["ok"]]
+                  + [f"FewBit {r.activation} k={r.bits}" for r in fewbit if not r.ok]
                   + ([] if not args.full or certified_ok else ["certificates"]))
         print(f"reproduce finished in {time.perf_counter() - t0:.1f} s: "
               + (f"all {n_rows} rows match or beat the papers" if not failed else f"FAILED: {', '.join(failed)}"))
@@ -532,8 +532,8 @@ def _fit_free_levels(args, argv) -> int:
     print(f"  levels   {np.array2string(fit.levels, precision=6, max_line_width=110)}")
     print("  starts   " + ", ".join(f"{k} {v:.8e}" for k, v in fit.starts.items()))
     theirs = fewbit_reference().get((fit.activation, fit.bits))
-    if theirs is not None and theirs["interval"] == interval:
-        value = FreeLevelsObjective(act, fit.bits, interval).loss_of(theirs["borders"], theirs["levels"])
+    if theirs is not None and theirs.interval == interval:
+        value = FreeLevelsObjective(act, fit.bits, interval).loss_of(theirs.borders, theirs.levels)
         gap = (value - fit.loss) / fit.loss
         print(f"  FewBit   builtin table {value:.10e} (measured here: "
               + (f"{100 * gap:.1f} % above ours, a local optimum)" if gap > 1e-9 else "ours equals it)"))

@@ -105,10 +105,23 @@ def fit_free_levels(activation: str, bits: int, interval=FEWBIT_INTERVAL, restar
     return FreeLevelsFit(obj.activation.name, bits, (obj.A, obj.B), c, obj.levels(c), losses[best], losses)
 
 
-def fewbit_reference(path: Path | None = None) -> dict:
+@dataclass(frozen=True)
+class PublishedQuantiser:
+    """One of FewBit's builtin tables: borders inside the domain, one level per segment, the objective value the
+    reference file records for it, and the best optimum an independent search found."""
+
+    activation: str
+    bits: int
+    interval: tuple[float, float]
+    borders: np.ndarray
+    levels: np.ndarray
+    recorded: float
+    best_found: float
+
+
+def fewbit_reference(path: Path | None = None) -> dict[tuple[str, int], PublishedQuantiser]:
     """FewBit's builtin GELU/SiLU tables (1–4 bits) from the peer reference file (packaged:
-    ``data/references/fewbit_builtin_gelu_silu.json``): {(activation, bits): {borders, levels, interval, measured,
-    best_found}}, borders without the domain's ends."""
+    ``data/references/fewbit_builtin_gelu_silu.json``), by (activation, bits)."""
     if path is None:
         from importlib import resources
 
@@ -120,8 +133,8 @@ def fewbit_reference(path: Path | None = None) -> dict:
             continue
         act, bits = key[:4], int(key[4:6])
         b = np.asarray(borders, float)
-        out[act, bits] = {"borders": b[1:-1], "levels": np.asarray(data["tables"][f"{key[:6]}-levels"], float),
-                          "interval": (float(b[0]), float(b[-1])),
-                          "measured": float(data["measured_objective_values"][act][str(bits)]),
-                          "best_found": float(data["best_unconstrained_optimum_found"][act][str(bits)])}
+        out[act, bits] = PublishedQuantiser(act, bits, (float(b[0]), float(b[-1])), b[1:-1],
+                                            np.asarray(data["tables"][f"{key[:6]}-levels"], float),
+                                            float(data["measured_objective_values"][act][str(bits)]),
+                                            float(data["best_unconstrained_optimum_found"][act][str(bits)]))
     return out

@@ -86,15 +86,16 @@ def _power(S: np.ndarray, e: int) -> np.ndarray:
 
 def GRIDS(n: int) -> tuple[int, ...]:  # noqa: N802 (a table of sizes)
     """Grid sizes the fitter tries for n knots: the DP is exact on its grid, but which basin the polish then
-    reaches depends on the grid (mish k = 5: 412 points miss the optimum 400 and 500 find), so k ≤ 5 tries three;
-    from k = 6 on one of 800 points (≈ 20 s for k ≥ 7)."""
-    return (400, 500, 600) if n <= 31 else (800,)
+    reaches depends on the grid (mish k = 5: 412 points miss the optimum 400 and 500 find), so k ≤ 5 tries three
+    and k = 6 one of 800 points (≈ 4 s). From k = 7 on none: 800 points are ~6 per knot, too coarse to be global,
+    the DP costs ≈ 20 s, and it never beat the restarts there (benchmarks/relu_sum_global.py)."""
+    return (400, 500, 600) if n <= 31 else (800,) if n <= 63 else ()
 
 
 def grid_dp_knots(obj: ReluSumObjective, points: int | None = None) -> np.ndarray:
     """The n knots on the grid minimising J (derivative objective) or its separable relaxation (primitive)."""
     n = obj.n
-    G = points or GRIDS(n)[0]
+    G = points or (GRIDS(n) or (800,))[0]
     g = _grid(obj, G)
     f, df = obj.activation.f, obj.activation.df
     S = _segment_costs(obj, g)

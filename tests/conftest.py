@@ -8,6 +8,26 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True)
 settings.load_profile("ci")
 
+#: Set to 1 to run the tests marked slow too; .ci/run sets it, so CI runs everything.
+ALL_TESTS = "APPROXBP_ALL_TESTS"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"slow: over ~20 s on 2 cores; skipped unless {ALL_TESTS}=1 (CI sets it)")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: the workers already fill the cores
+        import torch
+
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get(ALL_TESTS) == "1" or config.getoption("markexpr"):
+        return
+    skip = pytest.mark.skip(reason=f"slow; CI runs it ({ALL_TESTS}=1 python -m pytest runs everything)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
 
 @pytest.fixture(scope="session")
 def gelu():

@@ -53,6 +53,7 @@ def test_log_error_bound_covers_the_stated_lg2_error():
     assert B == pytest.approx((abs(c - LN2) + 2.0**-24 * c) / LN2, rel=1e-9) and B < 1e-7
 
 
+@pytest.mark.slow
 def test_invact_certificate_is_a_bound_and_meets_the_claim():
     t = load(INVACT / "gelu-fast.json")
     cert = C.certify_invact_branch(t, "right", budget_s=120, rtol=0.5)
@@ -140,6 +141,7 @@ def test_k2_closed_form_equals_the_fitting_objective():
         assert abs(float(val.mid()) - obj(c)[0]) <= 1e-9 * obj(c)[0]
 
 
+@pytest.mark.slow
 def test_k2_branch_and_bound_lower_bound_holds_everywhere():
     t = load(RELU / "gelu-k2-derivative.json")
     cert = C.certify_relu_sum_global(t, budget_s=20)

@@ -41,7 +41,8 @@ def test_every_option_has_help_and_shows_its_default():
         for a in p._actions:
             if a.option_strings and a.dest not in ("help", "version"):
                 assert a.help, f"{p.prog} {a.option_strings} has no help"
-    assert "(default: primitive)" in _run("fit", "relu-sum", "--help").stdout
+    text = " ".join(_run("fit", "relu-sum", "--help").stdout.split())
+    assert "Default: primitive, derivative with --levels free" in text
     assert "invact" in _run("export", "--help").stdout
 
 
@@ -65,6 +66,7 @@ def test_fit_prints_restart_agreement_and_progress_lines_in_a_log(tmp_path):
     assert "\r" not in r.stderr
 
 
+@pytest.mark.slow
 def test_k8_summary_fits_one_screen():
     r = _run("fit", "relu-sum", "--activation", "gelu", "--bits", "8", "--restarts", "1", "--no-progress")
     assert r.returncode == 0 and len(r.stdout.splitlines()) <= 24, r.stdout
@@ -142,32 +144,47 @@ def test_bdia_analyze_prints_its_key_numbers(tmp_path):
     assert "max reconstruction error after 40 blocks" in r.stdout and "online" in r.stdout
 
 
-def _readme_commands() -> list[str]:
+def _readme_commands() -> dict[str, list[str]]:
     """Every `approxbp …` command in the bash blocks of the README and the docs pages (continuations joined,
-    comments dropped, each once)."""
-    out = []
+    comments dropped, each once) → the earlier commands of its block that write a file it reads (--out)."""
+    out: dict[str, list[str]] = {}
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            seen: list[str] = []
             for cmd in block.replace("\\\n", " ").splitlines():
                 cmd = " ".join(cmd.split("  #")[0].split())
-                if cmd.startswith("approxbp ") and cmd not in out:
-                    out.append(cmd)
+                if not cmd.startswith("approxbp "):
+                    continue
+                words = shlex.split(cmd)
+                needs = [c for c in seen if (w := shlex.split(c)).count("--out")
+                         and w[w.index("--out") + 1] in words[1:] and "--out" not in words]
+                out.setdefault(cmd, needs)
+                seen.append(cmd)
     return out
 
 
 SLOW = ("reproduce --full", "train-toy", "figures", "atlas")
 
 
-def test_readme_commands_run_verbatim(tmp_path):
-    cmds = _readme_commands()
-    assert len(cmds) >= 6
+def test_the_docs_show_commands():
+    assert len(_readme_commands()) >= 6
+
+
+def _slow_command(cmd: str, needs: list[str]) -> bool:
+    """Over ~15 s and covered elsewhere by default: symbolic regression, reproduce (the README's install command
+    runs it), the planner (tests/test_plan.py), and commands that first repeat another command's fit."""
+    return bool(needs) or any(s in cmd for s in ("--form sr", "approxbp reproduce", "approxbp plan"))
+
+
+@pytest.mark.parametrize("cmd", [pytest.param(c, marks=pytest.mark.slow) if _slow_command(c, needs) else c
+                                 for c, needs in _readme_commands().items() if not any(s in c for s in SLOW)])
+def test_readme_commands_run_verbatim(cmd, tmp_path):
+    """Each command of the README and the docs pages, run as written after the commands that write its input
+    (one test each, so that they run in parallel)."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    for cmd in cmds:
-        if any(s in cmd for s in SLOW):
-            continue
-        argv = shlex.split(cmd)[1:]
-        r = _run(*argv, env=env, cwd=tmp_path, timeout=900)
-        assert r.returncode == 0, (cmd, r.stdout[-1500:], r.stderr[-1500:])
+    for c in [*_readme_commands()[cmd], cmd]:
+        r = _run(*shlex.split(c)[1:], env=env, cwd=tmp_path, timeout=900)
+        assert r.returncode == 0, (c, r.stdout[-1500:], r.stderr[-1500:])
 
 
 def test_figures_into_a_new_folder_replots_and_never_retrains(tmp_path, monkeypatch, capsys):

@@ -143,8 +143,9 @@ def test_grid_dp_is_the_exact_optimum_over_its_grid():
     np.testing.assert_allclose(dp, brute)
 
 
-@pytest.mark.parametrize("activation, best", [("gelu", 8.3796391e-4), ("gelu_tanh", 8.3489196e-4),
-                                              ("mish", 9.7898641e-4)])
+@pytest.mark.parametrize("activation, best", [pytest.param("gelu", 8.3796391e-4, marks=pytest.mark.slow),
+                                              pytest.param("gelu_tanh", 8.3489196e-4, marks=pytest.mark.slow),
+                                              pytest.param("mish", 9.7898641e-4, marks=pytest.mark.slow)])
 def test_k5_derivative_fits_reach_the_independent_global_optimum(activation, best):
     """Issue 21's independent search (a grid DP over the end knots, then L-BFGS) found these; the restarts alone
     stopped 0.6–0.7 % above. The fit's grid-DP start reaches them."""

@@ -33,16 +33,15 @@ def test_fewbit_tables_measured_here_match_the_published_values_and_ours_are_at_
     ref = fewbit_reference()
     assert len(ref) == 8
     for (act, bits), r in ref.items():
-        obj = FreeLevelsObjective(act, bits, r["interval"])
-        measured = obj.loss_of(r["borders"], r["levels"])
-        assert measured == pytest.approx(r["measured"], abs=6e-11), (act, bits)  # the file has 10 decimals
-        ours = fit_free_levels(act, bits, r["interval"]).loss
-        assert ours <= r["best_found"] * (1 + 1e-8), (act, bits)  # the peer file's independent global search
-        assert ours <= r["measured"] * (1 + 1e-9)
+        obj = FreeLevelsObjective(act, bits, r.interval)
+        measured = obj.loss_of(r.borders, r.levels)
+        assert measured == pytest.approx(r.recorded, abs=6e-11), (act, bits)  # the file has 10 decimals
+        ours = fit_free_levels(act, bits, r.interval).loss
+        assert ours <= r.best_found * (1 + 1e-8), (act, bits)  # the peer file's independent global search
+        assert ours <= r.recorded * (1 + 1e-9)
     # where FewBit's builtin tables are local optima, by these margins (issue 21: +30 %, +57 %, +14 %)
     for (act, bits), above in {("gelu", 4): 0.30, ("silu", 3): 0.57, ("silu", 4): 0.14}.items():
-        r = ref[act, bits]
-        assert r["measured"] / fit_free_levels(act, bits).loss - 1 == pytest.approx(above, abs=0.005)
+        assert ref[act, bits].recorded / fit_free_levels(act, bits).loss - 1 == pytest.approx(above, abs=0.005)
 
 
 def test_cli_free_levels(capsys, tmp_path):

@@ -23,6 +23,7 @@ def test_help_lists_the_options():
     assert run.returncode == 0 and "--numel" in run.stdout and "--dtype" in run.stdout
 
 
+@pytest.mark.slow
 def test_smoke_run_exercises_every_section_on_the_cpu(tmp_path):
     """Every code path of the GPU script (kernels vs eager/compile, compiled backward, training steps in the three
     modes, ViT-B LoRA) on tiny CPU tensors, so that a crash cannot wait for a lent GPU to show. Writes nothing."""

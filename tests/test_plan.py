@@ -18,9 +18,11 @@ LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
 GPT2 = "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100,n_positions=64"
 
 
-@pytest.mark.parametrize("model, mode", [(LLAMA, "bf16"), (LLAMA, "autocast"), (LLAMA, "lora"), (LLAMA, "compile"),
-                                         (LLAMA, "checkpoint"), (GPT2, "bf16"), (GPT2, "lora"),
-                                         (GPT2, "lora+checkpoint")])
+@pytest.mark.parametrize("model, mode", [(LLAMA, "bf16"), (LLAMA, "autocast"), (LLAMA, "lora"),
+                                         pytest.param(LLAMA, "compile", marks=pytest.mark.slow),
+                                         (LLAMA, "checkpoint"), pytest.param(GPT2, "bf16", marks=pytest.mark.slow),
+                                         (GPT2, "lora"),
+                                         pytest.param(GPT2, "lora+checkpoint", marks=pytest.mark.slow)])
 def test_fake_tensors_predict_the_real_measurement_exactly(model, mode):
     mode, _, ck = mode.partition("+")
     if mode == "checkpoint":
@@ -108,6 +110,7 @@ def test_sizes_parse_and_print():
         P.parse_size("12 parsecs")
 
 
+@pytest.mark.slow
 def test_cli_writes_the_plan_and_its_figure(tmp_path):
     out, fig = tmp_path / "plan.json", tmp_path / "plan.png"
     r = subprocess.run([sys.executable, "-m", "approxbp", "plan", LLAMA, "--batch", "2", "--seq", "16",
@@ -145,6 +148,7 @@ def test_compile_mode_saves_what_inductor_saves():
         assert got[0] == got[1] > 0, (cls.__name__, got)
 
 
+@pytest.mark.slow
 def test_maximize_finds_the_largest_batch_that_fits():
     exact = P.plan(LLAMA, batch=2, seq=16, mode="bf16")
     per_sample = (exact.after["activations"]) / 2
