@@ -115,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     atl = add(sub, "atlas", help="error atlas: backward error vs saved bits for every family (JSON + PNG)")
     atl.add_argument("--activation", action="append", default=None,
                      help="repeatable; any registry name or expression (None: gelu and silu). Missing tables are "
-                          "fitted on the fly, with a note")
+                          "fitted once, with a note, and kept in OUT/atlas_tables for the next atlas")
+    atl.add_argument("--name", action="append", default=None,
+                     help="repeatable: a label for each --activation expression, in order (titles, file names)")
     _out(atl, "error_atlas.json and the PNGs")
 
     bd = add(sub, "bdia", help="BDIA reversible stacks: error analysis and a toy BDIA-GPT")
@@ -387,9 +389,14 @@ def _dispatch(args, argv) -> int:
     if args.command == "atlas":
         import json
 
+        from approxbp.approximations.activations import named_activation
         from approxbp.fitting.atlas import write_atlas
 
-        written = write_atlas(_figures_dir(args.out), tuple(args.activation or ("gelu", "silu")))
+        acts, names = args.activation or ["gelu", "silu"], args.name or []
+        if len(names) > len(acts):
+            raise ValueError(f"{len(names)} --name for {len(acts)} --activation: give one label per expression")
+        named = [named_activation(a, names[i] if i < len(names) else None) for i, a in enumerate(acts)]
+        written = write_atlas(_figures_dir(args.out), tuple(named))
         rows = json.loads(written[0].read_text())["rows"]
         for act, entries in rows.items():
             print(f"{act}: L2 (N(0,1)-weighted) of the backward multiplier, per saved bit")

@@ -4,8 +4,12 @@ Fig. 5, extended with the ReLU-sum tables).
 All errors are of the derivative used in backward, e(x) = f'(x) − d(x), on x ∈ [−8, 8]:
   fewbit-k   optimal 2^k-level quantiser of the values f'(x) (Lloyd iteration; FewBit-style), k bits
   relu-sum-k the fitted step derivative h̃' of the committed tables, k bits
-  invact     q_branch(f(x)) from the committed `newton` and published tables, 1 bit (the branch flag)
+  invact     q_branch(f(x)) from the `fast` form (the kernels'), the `newton` reference and the published tables,
+             1 bit (the branch flag)
 under two weightings: uniform on [−8, 8], and N(0, 1). L2 = (∫ e² w / ∫ w)^{1/2}, L∞ = max |e| (uniform).
+
+Tables come from the package; for any other activation they are fitted once and kept in a cache folder
+(``write_atlas``: ``<out>/atlas_tables``), so a second atlas of the same expression reads them back.
 """
 
 from __future__ import annotations
@@ -55,19 +59,29 @@ def _errors(e: np.ndarray) -> dict:
     return out
 
 
-def _relu_sum_table(act, k: int, objective: str) -> dict:
-    """The packaged table, or (for an activation without one) a fit made now, with a note on stderr."""
+def _table(folder: str, stem: str, cache: Path | None, make, what: str):
+    """The packaged table ``folder/stem``; else the one in ``cache``; else ``make()``, saved to ``cache``, with a
+    note on stderr."""
     try:
-        return T.load(f"relu_sum/{T.relu_sum_name(act.name, k, objective)}")
+        return T.load(f"{folder}/{stem}")
     except FileNotFoundError:
-        from .relu_sum import fit_relu_sum
+        pass
+    cached = cache / folder / f"{safe_stem(stem)}.json" if cache is not None else None
+    if cached is not None and cached.is_file():
+        return T.load(cached)
+    print(f"atlas: no table for {what}: fitting it now" + (f" (kept in {cache})" if cache else ""), file=sys.stderr)
+    table = make()
+    if cached is not None:
+        T.save(table, cached, overwrite=True)
+    return table
 
-        print(f"atlas: no packaged table for {act.name!r} k={k} {objective}: fitting it now", file=sys.stderr)
-        return fit_relu_sum(act, k, objective, progress=False).table
 
+def atlas(activation, cache: Path | None = None) -> list[dict]:
+    """Rows {family, bits, label, linf, l2_uniform, l2_normal} for one activation (a registry name, an expression
+    or an Activation, e.g. from ``named_activation``); tables fitted for it are kept in ``cache``."""
+    from .invact import fit_invact
+    from .relu_sum import fit_relu_sum
 
-def atlas(activation: str) -> list[dict]:
-    """Rows {family, bits, label, linf, l2_uniform, l2_normal} for one activation."""
     act = get_activation(activation)
     d = act.df(X)
     rows = []
@@ -77,7 +91,9 @@ def atlas(activation: str) -> list[dict]:
             rows.append({"family": f"fewbit-{wname}", "bits": k, "label": f"FewBit-style {k}-bit ({wname} weight)",
                          **_errors(e)})
         for objective in ("primitive", "derivative"):
-            t = _relu_sum_table(act, k, objective)
+            t = _table("relu_sum", T.relu_sum_name(act.name, k, objective), cache,
+                       lambda k=k, o=objective: fit_relu_sum(act, k, o, progress=False).table,
+                       f"{act.name!r} k={k} {objective}")
             rs = ReLUSum(t.weights, t.knots)
             rows.append({"family": f"relu-sum-{objective}", "bits": k,
                          "label": f"ReLU-sum k={k} ({objective})", **_errors(d - rs.derivative(X))})
@@ -85,30 +101,30 @@ def atlas(activation: str) -> list[dict]:
     left = X < ia.T
     fx = act.f(X)
     fx[left] = np.maximum(fx[left], ia.f_T)  # y as saved: never below the minimum
-    for form in ("paper", "released", "newton"):
-        try:
-            t = T.load(f"invact/{act.name}-{form}")
-        except FileNotFoundError:
-            if form != "newton":
+    for form in ("paper", "released", "newton", "fast"):
+        if form != "fast":  # the published forms and the reference: packaged only
+            try:
+                t = T.load(f"invact/{act.name}-{form}")
+            except FileNotFoundError:
                 continue
-            from .invact import fit_invact
-
-            print(f"atlas: no packaged invact table for {act.name!r}: fitting the newton form", file=sys.stderr)
-            t = fit_invact(act, "newton")
+        else:  # the kernels' form: fitted (and kept) for any activation
+            t = _table("invact", f"{act.name}-fast", cache, lambda: fit_invact(act, "fast"), f"{act.name!r} InvAct")
         q = TableBackward(t)(torch.from_numpy(fx), torch.from_numpy(left)).numpy()  # float64: the kernels' rule
         rows.append({"family": f"invact-{form}", "bits": 1, "label": f"InvAct ({form})", **_errors(d - q)})
     return rows
 
 
 def write_atlas(out: Path, activations=("gelu", "silu")) -> list[Path]:
-    """Data (JSON) and one figure per activation: error vs saved bits per element, log scale."""
+    """Data (JSON) and one figure per activation: error vs saved bits per element, log scale. Tables fitted for
+    activations the package lacks are kept in ``out/atlas_tables`` and reused."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    data = {a: atlas(a) for a in activations}
+    acts = [get_activation(a) for a in activations]
+    data = {a.name: atlas(a, out / "atlas_tables") for a in acts}
     paths = [out / "error_atlas.json"]
     write_atomic(paths[0], json.dumps({"x_range": [-8, 8], "points": X.size, "rows": data}, indent=1) + "\n")
     for a, rows in data.items():
@@ -127,13 +143,14 @@ def plot_atlas(a: str, rows: list[dict] | None = None):
     rows = atlas(a) if rows is None else rows
     styles = {"fewbit-uniform": ("C0", "o-"), "fewbit-normal": ("C0", "o--"), "relu-sum-primitive": ("C2", "s-"),
               "relu-sum-derivative": ("C2", "s--"), "invact-paper": ("C3", "*"), "invact-released": ("C1", "P"),
-              "invact-newton": ("C4", "D")}
+              "invact-newton": ("C4", "D"), "invact-fast": ("C5", "X")}
     names = {"fewbit-uniform": "FewBit-style k-bit (uniform weight)",
              "fewbit-normal": "FewBit-style k-bit (N(0,1) weight)",
              "relu-sum-primitive": "ReLU-sum, ours (primitive obj., eq. 14)",
              "relu-sum-derivative": "ReLU-sum, ours (derivative obj., eq. 63)",
              "invact-paper": "InvAct, paper's eqs. 5–8", "invact-released": "InvAct, authors' released constants",
-             "invact-newton": "InvAct, ours (newton)"}
+             "invact-newton": "InvAct, ours (newton, the reference)",
+             "invact-fast": "InvAct, ours (fast, the kernels')"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, metric, title in ((axes[0], "l2_normal", "L2 error, N(0,1)-weighted"),
                               (axes[1], "linf", "L∞ error on x ∈ [−8, 8]")):
@@ -142,15 +159,18 @@ def plot_atlas(a: str, rows: list[dict] | None = None):
             if pts:
                 b, v = zip(*pts)
                 if len(pts) == 1:  # the 1-bit InvAct markers side by side, not on top of each other
-                    b = (1 + {"invact-paper": -0.08, "invact-released": 0.0}.get(fam, 0.08),)
+                    b = (1 + {"invact-paper": -0.12, "invact-released": -0.04, "invact-newton": 0.04}.get(fam, 0.12),)
                 ax.plot(b, v, style, color=color, label=names[fam], markersize=8 if len(pts) == 1 else 5)
         ax.set_yscale("log")
         ax.set_xlabel("saved bits per element for the backward pass")
-        ax.set_ylabel(f"error of f′ used in backward ({a})")
+        ax.set_ylabel("error of f′ used in backward")
         ax.set_title(title)
         ax.set_xticks(range(1, 9))
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"{a.upper()}: backward-pass derivative error vs memory (Inverted Activations Fig. 5, extended)")
-    fig.tight_layout()
+    import textwrap
+
+    fig.suptitle(textwrap.fill(f"{a}: backward-pass derivative error vs memory (Inverted Activations Fig. 5, "
+                               "extended)", 100), fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig

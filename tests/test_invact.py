@@ -134,8 +134,27 @@ def test_error_atlas_reproduces_fig5_for_our_invact_and_orders_the_families():
 
         fewbit8 = get("fewbit-normal", 8)
         ours = get("invact-newton", 1)
+        assert get("invact-fast", 1)["linf"] < 1e-6  # the kernels' form is in the atlas too
         # Inverted Activations Fig. 5: 1-bit InvAct beats 8-bit quantisation, in L2 and L∞
         assert ours["l2_normal"] < fewbit8["l2_normal"] and ours["linf"] < fewbit8["linf"]
         for fam in ("fewbit-normal", "relu-sum-derivative"):
             errs = [get(fam, k)["l2_normal"] for k in range(1, 9)]
             assert errs[-1] < errs[0] / 50, (fam, errs)
+
+
+def test_atlas_keeps_the_tables_it_fits_and_reads_them_back(tmp_path):
+    from approxbp.approximations import tables as T
+    from approxbp.fitting import atlas as A
+
+    made = []
+
+    def make():
+        made.append(1)
+        return T.load("relu_sum/silu-k2-primitive")
+
+    for _ in range(2):
+        t = A._table("relu_sum", "x*sigmoid(x)/1-k2-primitive", tmp_path, make, "a test")
+        assert t.loss == T.load("relu_sum/silu-k2-primitive").loss
+    assert made == [1]  # fitted once, then read from the cache
+    assert len(list((tmp_path / "relu_sum").glob("*.json"))) == 1  # under a safe file name
+    assert A._table("relu_sum", "gelu-k2-primitive", tmp_path, make, "packaged").loss > 0 and made == [1]
