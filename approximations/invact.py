@@ -151,7 +151,8 @@ class InvertedActivation:
                 lo, hi = np.where(above, x, lo), np.where(above, hi, x)
             else:
                 lo, hi = np.where(above, lo, x), np.where(above, x, hi)
-            step = F / df(x)
+            with np.errstate(divide="ignore", invalid="ignore"):  # f' = 0 or inf·0 in a tail: bisect instead
+                step = F / df(x)
             xn = x - step
             out = (xn < lo) | (xn > hi) | ~np.isfinite(xn)
             xn = np.where(F == 0, x, np.where(out, (lo + hi) / 2, xn))  # an exact root stays put

@@ -12,11 +12,12 @@
 from __future__ import annotations
 
 import datetime as _dt
+import sys
 import time
 from dataclasses import replace
 
 import numpy as np
-from approxbp.approximations import get_activation
+from approxbp.approximations import Activation, get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.invact import InvertedActivation, check_branch
 from approxbp.approximations.invact_forms import (
@@ -90,7 +91,7 @@ def fit_newton(ia: InvertedActivation, branch: str, degree: int = 4, steps: int 
     return replace(form, coefficients=dict(zip(names, map(float, coef))))
 
 
-def invact_table(activation: str, left: Form, right: Form, form: str, source: str = "fit",
+def invact_table(activation: str | Activation, left: Form, right: Form, form: str, source: str = "fit",
                  reference: str | None = None, provenance: dict | None = None, extra: dict | None = None,
                  combined: Form | None = None) -> T.InvActTable:
     """An invact table with measured metrics for both branches (and the ``combined`` q(y, b), if given)."""
@@ -146,7 +147,7 @@ def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
         if form not in forms:
             raise ValueError(f"no {form!r} form is published for {act.name!r}; available: {list(forms)}")
         left, right, ref = forms[form]
-        return invact_table(act.name, left, right, form, source="paper", reference=ref,
+        return invact_table(act, left, right, form, source="paper", reference=ref,
                             provenance={"command": f"approxbp fit invact --activation {act.name} --form {form}"})
     if form.startswith("refit"):
         left0, right0, ref = published_forms(act.name, ia)["paper"]
@@ -157,7 +158,10 @@ def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
     elif form == "fast":
         from .invact_fast import TOL, branch, fast_form, fused_operations
 
-        combined, info = fast_form(ia)
+        say = (lambda line: print(f"[fit invact fast] {line} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
+                                  flush=True)) if progress else None
+        say and say("fitting the rational in the signed root and the left tail, 3 splits")
+        combined, info = fast_form(ia, say=say)
         left, right = branch(combined, "left"), branch(combined, "right")
         trans, other = fused_operations(combined)
         yl = np.concatenate([np.linspace(ia.f_T, 0.0, 40001)[:-1], -np.geomspace(1e-300, 1e-2, 2000)])
@@ -185,4 +189,4 @@ def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
         extra = {"pareto_left": lfront, "pareto_right": rfront}
     combined = (extra or {}).pop("_combined", None)
     prov["seconds"] = round(time.perf_counter() - t0, 2)  # the fit itself; measuring the metrics comes after
-    return invact_table(act.name, left, right, form, provenance=prov, extra=extra, combined=combined)
+    return invact_table(act, left, right, form, provenance=prov, extra=extra, combined=combined)

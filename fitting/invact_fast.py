@@ -101,8 +101,11 @@ def _horner(z: sp.Symbol, names: list[sp.Symbol]) -> sp.Expr:
     return out
 
 
-def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 13)) -> tuple[Form, dict]:
-    """The combined form q(y, b) (b = 1 on the left branch) and what was chosen: {y1, y_zero, Y_R, m, d, errors}."""
+def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 13),
+              say=None) -> tuple[Form, dict]:
+    """The combined form q(y, b) (b = 1 on the left branch) and what was chosen: {y1, y_zero, Y_R, m, d, errors};
+    ``say(line)`` reports each split's degrees as they are found."""
+    say = say or (lambda line: None)
     fT = ia.f_T
     # where the left branch is ≈ 0 and the right branch ≈ 1 to FLAT
     ytail = -np.geomspace(1e-300, -fT * 0.999, 6000)
@@ -125,6 +128,8 @@ def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 1
         u = (2 * wv - (w0 + w1)) / (w0 - w1)
         target, weight = ia.g(yv, "left") / yv, np.abs(yv)
         tail = _first(lambda d, u=u, t=target, wt=weight: polyfit(u, t, d, wt), degrees)
+        say(f"split {p}: rational degree {center[0] if center else '> ' + str(max(degrees))}, tail polynomial "
+            f"degree {tail[0] if tail else '> ' + str(max(degrees))}")
         if center is None or tail is None:
             continue
         cost = 2 * center[0] + tail[0]

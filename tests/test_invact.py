@@ -158,3 +158,12 @@ def test_atlas_keeps_the_tables_it_fits_and_reads_them_back(tmp_path):
     assert made == [1]  # fitted once, then read from the cache
     assert len(list((tmp_path / "relu_sum").glob("*.json"))) == 1  # under a safe file name
     assert A._table("relu_sum", "gelu-k2-primitive", tmp_path, make, "packaged").loss > 0 and made == [1]
+
+
+def test_a_named_expression_fits_and_keeps_its_label(recwarn):
+    from approxbp.approximations.activations import named_activation
+    from approxbp.fitting.invact import fit_invact
+
+    t = fit_invact(named_activation("x*sigmoid(2*x)", "swish2"), "newton")
+    assert t.activation == "swish2" and t.expression.replace(" ", "") == "x*sigmoid(2*x)"
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]  # numpy's warnings do not leak
