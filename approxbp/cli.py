@@ -79,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--force", action="store_true", help="with --out: replace an existing file")
     _add_common(rs)
 
+    swp = add(sub, "sweep", help="fit ReLU-sum tables for several activations × bit-widths × objectives, with a "
+              "summary table")
+    swp.add_argument("--activation", action="append", required=True,
+                     help="repeatable: a registry name or an expression (label it with NAME=EXPR)")
+    swp.add_argument("--bits", default="1-4", help="bit-widths: a range 1-4 and/or a list 2,3,5")
+    swp.add_argument("--objective", choices=("primitive", "derivative", "both"), default="primitive",
+                     help="the objective(s) to fit")
+    swp.add_argument("--out-dir", type=Path, default=None, help="write every table here (None: print only)")
+    swp.add_argument("--force", action="store_true", help="with --out-dir: replace existing tables")
+    _add_common(swp)
+
     inv = add(fam, "invact", help="f'∘f⁻¹ for inverted activations (Inverted Activations §2)")
     inv.add_argument("--activation", required=True, help="registry name or an expression in x")
     inv.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
@@ -257,6 +268,8 @@ def _dispatch(args, argv) -> int:
     progress = not getattr(args, "no_progress", False)
     if args.command == "fit" and args.out is not None:  # fail now, not after a long fit
         check_writable(args.out, overwrite=args.force)
+    if args.command == "sweep":
+        return _sweep(args, argv, progress)
     if args.command == "fit" and args.family == "relu-sum" and args.levels == "free":
         return _fit_free_levels(args, argv)
     if args.command == "fit" and args.family == "relu-sum":
@@ -517,6 +530,60 @@ def _certify(args, progress: bool) -> int:
     if args.write:
         print("tables updated; regenerate their kernels with `approxbp export`")
     return 1 if failed else 0
+
+
+def parse_bits(text: str) -> list[int]:
+    """'1-4' → [1, 2, 3, 4]; '2,3,5' → [2, 3, 5]; '1-3,8' → [1, 2, 3, 8] (each 1…8, once, in order)."""
+    from approxbp.approximations.relu_sum import check_bits
+
+    out: list[int] = []
+    for part in filter(None, text.replace(" ", "").split(",")):
+        lo, sep, hi = part.partition("-")
+        try:
+            ks = range(int(lo), int(hi) + 1) if sep else [int(lo)]
+        except ValueError:
+            raise ValueError(f"--bits {text!r}: expected a range like 1-4 and/or a list like 2,3,5") from None
+        out += [check_bits(k) for k in ks if k not in out]
+    if not out:
+        raise ValueError(f"--bits {text!r}: no bit-width")
+    return out
+
+
+def _sweep(args, argv, progress: bool) -> int:
+    """``approxbp sweep``: every (activation, k, objective) fitted, one summary line each; tables to --out-dir."""
+    from approxbp.approximations import tables as T
+    from approxbp.approximations.activations import named_activation
+    from approxbp.approximations.files import check_writable, safe_stem
+    from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
+
+    acts = []
+    for spec in args.activation:
+        name, sep, expr = spec.partition("=")
+        acts.append(named_activation(expr, name) if sep and name.isidentifier() else named_activation(spec))
+    bits = parse_bits(args.bits)
+    objectives = ("primitive", "derivative") if args.objective == "both" else (args.objective,)
+    paths = [args.out_dir / f"{safe_stem(T.relu_sum_name(a.name, k, o))}.json" for a in acts for o in objectives
+             for k in bits] if args.out_dir else []
+    for path in paths:  # fail now, not after the sweep
+        check_writable(path, overwrite=args.force)
+    t0 = time.perf_counter()
+    print(f"{'activation':<14} {'k':>2} {'objective':<10} {'loss':>14} {'at best':>8}  {'found by':<18} {'s':>6}")
+    for a in acts:
+        for objective in objectives:
+            for k in bits:
+                t1 = time.perf_counter()
+                fit = fit_relu_sum(a, k, objective, restarts=args.restarts, seed=args.seed, workers=args.workers,
+                                   progress=progress, command=cli_command(argv))
+                t = fit.table
+                print(f"{a.name[:14]:<14} {k:>2} {objective:<10} {t.loss:>14.6e} {fit.at_best:>3} of "
+                      f"{len(fit.restarts):<2}  {t.provenance['found_by'][:18]:<18} {time.perf_counter() - t1:>6.1f}",
+                      flush=True)
+                if args.out_dir:
+                    T.save(t, args.out_dir / f"{safe_stem(T.relu_sum_name(a.name, k, objective))}.json",
+                           overwrite=args.force)
+    print(f"{len(acts) * len(objectives) * len(bits)} fits in {time.perf_counter() - t0:.1f} s"
+          + (f"; tables in {args.out_dir}" if args.out_dir else ""))
+    return 0
 
 
 def _fit_free_levels(args, argv) -> int:

@@ -129,12 +129,16 @@ def test_fit_invact_is_exported():
     assert T.validate(fit_invact("gelu", "paper"))["form"] == "paper"
 
 
-def test_atlas_fits_what_is_missing(capsys):
+def test_atlas_fits_what_is_missing(capsys, tmp_path):
     from approxbp.approximations import get_activation
-    from approxbp.fitting.atlas import _relu_sum_table
+    from approxbp.fitting.atlas import _table
+    from approxbp.fitting.relu_sum import fit_relu_sum
 
-    t = _relu_sum_table(get_activation("x*sigmoid(1.3*x)"), 2, "primitive")
-    assert t["bits"] == 2 and "fitting it now" in capsys.readouterr().err
+    act = get_activation("x*sigmoid(1.3*x)")
+    t = _table("relu_sum", f"{act.name}-k2-primitive", tmp_path,
+               lambda: fit_relu_sum(act, 2, "primitive", progress=False).table, "a custom activation")
+    assert t.bits == 2 and "fitting it now" in capsys.readouterr().err
+    assert len(list((tmp_path / "relu_sum").glob("*.json"))) == 1
 
 
 def test_bdia_analyze_prints_its_key_numbers(tmp_path):
@@ -209,3 +213,21 @@ def test_figure_commands_default_to_the_checkout_not_the_current_folder(tmp_path
     monkeypatch.chdir(tmp_path)
     assert _figures_dir(None) == ROOT.resolve() / "docs" / "figures"
     assert _figures_dir(tmp_path / "x") == tmp_path / "x"
+
+
+def test_sweep_fits_every_combination_and_writes_named_tables(tmp_path, capsys):
+    from approxbp.approximations import tables as T
+
+    from approxbp.cli import parse_bits
+
+    assert parse_bits("1-3,5") == [1, 2, 3, 5] and parse_bits("2, 2") == [2]
+    assert main(["sweep", "--activation", "gelu", "--activation", "swish2=x*sigmoid(2*x)", "--bits", "1-2",
+                 "--objective", "both", "--out-dir", str(tmp_path), "--restarts", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "8 fits in" in out and "swish2" in out
+    written = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert len(written) == 8 and "swish2-k2-derivative.json" in written
+    t = T.load(tmp_path / "gelu-k2-primitive.json")
+    assert t.loss == pytest.approx(T.load("relu_sum/gelu-k2-primitive").loss, rel=1e-9)  # the packaged optimum
+    assert main(["sweep", "--activation", "gelu", "--bits", "9"]) == 2
+    assert main(["sweep", "--activation", "gelu", "--bits", "1", "--out-dir", str(tmp_path)]) == 2  # exists
