@@ -175,9 +175,10 @@ def test_the_docs_show_commands():
 
 
 def _slow_command(cmd: str, needs: list[str]) -> bool:
-    """Over ~15 s and covered elsewhere by default: symbolic regression, reproduce (the README's install command
-    runs it), the planner (tests/test_plan.py), and commands that first repeat another command's fit."""
-    return bool(needs) or any(s in cmd for s in ("--form sr", "approxbp reproduce", "approxbp plan"))
+    """Over ~10 s and covered elsewhere by default: symbolic regression, reproduce (the README's install command
+    runs it), the planner (tests/test_plan.py), the sweep (test_sweep_…), and commands that first repeat another
+    command's fit."""
+    return bool(needs) or any(s in cmd for s in ("--form sr", "approxbp reproduce", "approxbp plan", "approxbp sweep"))
 
 
 @pytest.mark.parametrize("cmd", [pytest.param(c, marks=pytest.mark.slow) if _slow_command(c, needs) else c

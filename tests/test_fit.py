@@ -117,6 +117,7 @@ def test_fit_returns_an_optimize_result_and_auto_is_the_default():
     assert "restarts reached the best loss" in r.message and len(r.restarts) == len(r.restart_labels)
 
 
+@pytest.mark.slow
 def test_relocation_finds_the_asymmetric_optimum():
     """gelu_tanh k = 3: every anneal restart with seed 0 settles in the symmetric local minimum 2.645e-4; the
     global optimum is asymmetric (1.733e-4). Relocating knots from the best restart finds it."""

@@ -18,7 +18,8 @@ LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
 GPT2 = "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100,n_positions=64"
 
 
-@pytest.mark.parametrize("model, mode", [(LLAMA, "bf16"), (LLAMA, "autocast"), (LLAMA, "lora"),
+@pytest.mark.parametrize("model, mode", [(LLAMA, "bf16"), pytest.param(LLAMA, "autocast", marks=pytest.mark.slow),
+                                         pytest.param(LLAMA, "lora", marks=pytest.mark.slow),
                                          pytest.param(LLAMA, "compile", marks=pytest.mark.slow),
                                          (LLAMA, "checkpoint"), pytest.param(GPT2, "bf16", marks=pytest.mark.slow),
                                          (GPT2, "lora"),
