@@ -185,6 +185,8 @@ class ReluSumObjective:
             raise ValueError(f"expected {self.n} knots inside [{self.A}, {self.B}], got {c}")
         order = np.argsort(c, kind="stable")
         cs = c[order]
+        if self.n > 1 and cs[-1] <= cs[0]:  # every knot at one point: eq. 13's Σw·c = 0 has no solution there
+            return np.inf, np.zeros(self.n)  # a line search backs off, as from any infeasible step
         b = self._breaks(cs)
         nodes = quadrature(b)
         x, w, s, tau = nodes

@@ -153,3 +153,11 @@ def test_k5_derivative_fits_reach_the_independent_global_optimum(activation, bes
     fit = fit_relu_sum(activation, 5, "derivative", progress=False)
     assert fit.fun <= best * (1 + 1e-7)
     assert fit.table.provenance["found_by"].startswith("grid DP") and "run more restarts" not in fit.message
+
+
+def test_no_numpy_warning_reaches_the_user(recwarn):
+    """L-BFGS-B may try all knots at one point, where Σw·c = 0 has no solution: the objective says inf there
+    instead of dividing by zero (the warnings used to reach `approxbp sweep`'s output)."""
+    fit = fit_relu_sum("x*sigmoid(2*x)", 2, "derivative", workers=1, progress=False)
+    assert fit.fun == pytest.approx(3.028345e-2, rel=1e-6)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
