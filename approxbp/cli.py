@@ -283,7 +283,7 @@ def _dispatch(args, argv) -> int:
         table = fit.table
         print(_summary(table))
         print(f"  restarts    {fit.message}")
-        if "run more restarts" in fit.message:
+        if fit.untrusted:
             print(f"approxbp: warning: only 1 of {len(fit.restarts)} restarts reached the best loss; "
                   "run more --restarts before trusting this optimum", file=sys.stderr)
         if args.out:
@@ -562,26 +562,24 @@ def _sweep(args, argv, progress: bool) -> int:
         acts.append(named_activation(expr, name) if sep and name.isidentifier() else named_activation(spec))
     bits = parse_bits(args.bits)
     objectives = ("primitive", "derivative") if args.objective == "both" else (args.objective,)
-    paths = [args.out_dir / f"{safe_stem(T.relu_sum_name(a.name, k, o))}.json" for a in acts for o in objectives
-             for k in bits] if args.out_dir else []
-    for path in paths:  # fail now, not after the sweep
-        check_writable(path, overwrite=args.force)
+    jobs = [(a, o, k, args.out_dir / f"{safe_stem(T.relu_sum_name(a.name, k, o))}.json" if args.out_dir else None)
+            for a in acts for o in objectives for k in bits]
+    for *_, path in jobs:  # fail now, not after the sweep
+        if path is not None:
+            check_writable(path, overwrite=args.force)
     t0 = time.perf_counter()
     print(f"{'activation':<14} {'k':>2} {'objective':<10} {'loss':>14} {'at best':>8}  {'found by':<18} {'s':>6}")
-    for a in acts:
-        for objective in objectives:
-            for k in bits:
-                t1 = time.perf_counter()
-                fit = fit_relu_sum(a, k, objective, restarts=args.restarts, seed=args.seed, workers=args.workers,
-                                   progress=progress, command=cli_command(argv))
-                t = fit.table
-                print(f"{a.name[:14]:<14} {k:>2} {objective:<10} {t.loss:>14.6e} {fit.at_best:>3} of "
-                      f"{len(fit.restarts):<2}  {t.provenance['found_by'][:18]:<18} {time.perf_counter() - t1:>6.1f}",
-                      flush=True)
-                if args.out_dir:
-                    T.save(t, args.out_dir / f"{safe_stem(T.relu_sum_name(a.name, k, objective))}.json",
-                           overwrite=args.force)
-    print(f"{len(acts) * len(objectives) * len(bits)} fits in {time.perf_counter() - t0:.1f} s"
+    for a, objective, k, path in jobs:
+        t1 = time.perf_counter()
+        fit = fit_relu_sum(a, k, objective, restarts=args.restarts, seed=args.seed, workers=args.workers,
+                           progress=progress, command=cli_command(argv))
+        t = fit.table
+        print(f"{a.name[:14]:<14} {k:>2} {objective:<10} {t.loss:>14.6e} {fit.at_best:>3} of "
+              f"{len(fit.restarts):<2}  {t.provenance['found_by'][:18]:<18} {time.perf_counter() - t1:>6.1f}",
+              flush=True)
+        if path is not None:
+            T.save(t, path, overwrite=args.force)
+    print(f"{len(jobs)} fits in {time.perf_counter() - t0:.1f} s"
           + (f"; tables in {args.out_dir}" if args.out_dir else ""))
     return 0
 
@@ -592,7 +590,7 @@ def _fit_free_levels(args, argv) -> int:
 
     from approxbp.approximations.activations import named_activation
     from approxbp.approximations.files import write_atomic
-    from approxbp.fitting.free_levels import FEWBIT_INTERVAL, FreeLevelsObjective, fewbit_reference, fit_free_levels
+    from approxbp.fitting.free_levels import FEWBIT_INTERVAL, fewbit_reference, fit_free_levels
     from approxbp.fitting.relu_sum import cli_command
 
     if (args.objective or "derivative") != "derivative":
@@ -607,7 +605,7 @@ def _fit_free_levels(args, argv) -> int:
     print("  starts   " + ", ".join(f"{k} {v:.8e}" for k, v in fit.starts.items()))
     theirs = fewbit_reference().get((fit.activation, fit.bits))
     if theirs is not None and theirs.interval == interval:
-        value = FreeLevelsObjective(act, fit.bits, interval).loss_of(theirs.borders, theirs.levels)
+        value = theirs.loss()
         gap = (value - fit.loss) / fit.loss
         print(f"  FewBit   builtin table {value:.10e} (measured here: "
               + (f"{100 * gap:.1f} % above ours, a local optimum)" if gap > 1e-9 else "ours equals it)"))

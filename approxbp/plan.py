@@ -182,14 +182,14 @@ def traced_step(model: nn.Module, inputs: dict, mode: str = "bf16") -> StepMemor
     alike."""
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 
+    from approxbp.kernels.ops import as_kernels
+
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable)
     for p in trainable:
         p.grad = torch.zeros_like(p)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    from approxbp.kernels.ops import as_kernels
-
     tracker = MemTracker()
     no_hook = type("NoHook", (), {"remove": lambda self: None})()
     for p in model.parameters():  # MemTracker hooks every parameter's gradient, which fails on frozen ones (none)
@@ -197,18 +197,18 @@ def traced_step(model: nn.Module, inputs: dict, mode: str = "bf16") -> StepMemor
             tracker._param_to_grad_hook_handles[p] = (no_hook, no_hook)
     tracker.track_external(model, opt)
 
-    def total() -> int:
-        return next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+    def peak_now() -> dict:  # the peak so far, by category (one device)
+        return next(iter(tracker.get_tracker_snapshot("peak").values()))
 
     with as_kernels(), tracker:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
             loss = _loss_of(model(**inputs))
-        after_forward = total()
+        after_forward = peak_now()["Total"]
         loss.backward()
-        after_backward = total()
+        after_backward = peak_now()["Total"]
         opt.step()
         opt.zero_grad(set_to_none=True)
-    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    peak = peak_now()
     moment = ("the optimizer step" if peak["Total"] > after_backward else
               "the backward" if peak["Total"] > after_forward else "the forward")
     for stats in tracker.memory_tracking.values():  # the innermost module whose local peak is the global one
@@ -473,7 +473,6 @@ def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True, chec
             step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
             return step
 
-    run.traced = traced
     return run
 
 
@@ -541,7 +540,7 @@ def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = 
     return Plan(model_text, mode, batch, seq if base.uses_seq else None, budget, _summary(base), _summary(after),
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                      **options[layers[p]][o]} for p, o in choice.items()},
-                options, ms, estimate, checkpoint, bool(step.traced))
+                options, ms, estimate, checkpoint, bool(base.moment))  # only a traced step has a moment
 
 
 #: --maximize seq_len searches multiples of this many tokens.

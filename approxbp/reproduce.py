@@ -186,13 +186,10 @@ class FewBitRow:
 def reproduce_fewbit() -> list[FewBitRow]:
     """FewBit's builtin GELU/SiLU tables (1–4 bits) measured again, and our free-level fits
     (``fit relu-sum --levels free``)."""
-    from approxbp.fitting.free_levels import FreeLevelsObjective, fewbit_reference, fit_free_levels
+    from approxbp.fitting.free_levels import fewbit_reference, fit_free_levels
 
-    rows = []
-    for (act, bits), ref in sorted(fewbit_reference().items()):
-        measured = FreeLevelsObjective(act, bits, ref.interval).loss_of(ref.borders, ref.levels)
-        rows.append(FewBitRow(act, bits, ref.recorded, measured, fit_free_levels(act, bits, ref.interval).loss))
-    return rows
+    return [FewBitRow(act, bits, ref.recorded, ref.loss(), fit_free_levels(act, bits, ref.interval).loss)
+            for (act, bits), ref in sorted(fewbit_reference().items())]
 
 
 def format_fewbit_rows(rows: list[FewBitRow]) -> str:

@@ -32,7 +32,7 @@ class FreeLevelsObjective:
     objective = "derivative"  # the grid's knot density (piecewise-constant fits of h′)
 
     def __init__(self, activation: str | Activation, bits: int, interval=FEWBIT_INTERVAL):
-        self.activation = get_activation(activation) if isinstance(activation, str) else activation
+        self.activation = get_activation(activation)
         self.bits = check_bits(bits)
         self.n = 2**self.bits - 1
         self.A, self.B = map(float, interval)
@@ -117,6 +117,10 @@ class PublishedQuantiser:
     levels: np.ndarray
     recorded: float
     best_found: float
+
+    def loss(self) -> float:
+        """Its objective measured here (adaptive quadrature split at every border)."""
+        return FreeLevelsObjective(self.activation, self.bits, self.interval).loss_of(self.borders, self.levels)
 
 
 def fewbit_reference(path: Path | None = None) -> dict[tuple[str, int], PublishedQuantiser]:

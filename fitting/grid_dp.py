@@ -33,7 +33,7 @@ def _grid(obj: ReluSumObjective, points: int) -> np.ndarray:
     return np.interp(np.linspace(0.0, 1.0, points), cdf / cdf[-1], fine)
 
 
-def _prefix(obj: ReluSumObjective, g: np.ndarray, values) -> np.ndarray:
+def _prefix(g: np.ndarray, values) -> np.ndarray:
     """∫_A^{g_j} v(x) dx for each grid point and each integrand v (8-point Gauss–Legendre per grid cell)."""
     t, w = np.polynomial.legendre.leggauss(8)
     lo, hi = g[:-1, None], g[1:, None]
@@ -52,12 +52,12 @@ def _segment_costs(obj: ReluSumObjective, g: np.ndarray) -> np.ndarray:
     G = g.size
     with np.errstate(divide="ignore", invalid="ignore"):
         if obj.objective == "derivative":
-            (F2,) = _prefix(obj, g, [lambda x: df(x) ** 2])
+            (F2,) = _prefix(g, [lambda x: df(x) ** 2])
             h = f(g)
             d = g[None, :] - g[:, None]
             S = F2[None, :] - F2[:, None] - (h[None, :] - h[:, None]) ** 2 / d
         else:  # least-squares line on each segment: residual of [1, x] regression of h
-            m = _prefix(obj, g, [lambda x: np.ones_like(x), lambda x: x, lambda x: x * x, f,
+            m = _prefix(g, [lambda x: np.ones_like(x), lambda x: x, lambda x: x * x, f,
                                  lambda x: x * f(x), lambda x: f(x) ** 2])
             s1, sx, sxx, sf, sxf, sff = (row[None, :] - row[:, None] for row in m)
             det = s1 * sxx - sx * sx
@@ -92,62 +92,54 @@ def GRIDS(n: int) -> tuple[int, ...]:  # noqa: N802 (a table of sizes)
     return (400, 500, 600) if n <= 31 else (800,) if n <= 63 else ()
 
 
+def _points(n: int) -> int:
+    return (GRIDS(n) or (800,))[0]
+
+
+def _path(S: np.ndarray, start: int, end: int, segments: int) -> list[int]:
+    """Grid indices start = i₀ < i₁ < … < i_segments = end minimising Σ S[iⱼ, iⱼ₊₁] (a DP with back-pointers)."""
+    G = S.shape[0]
+    best = np.full(G, np.inf)
+    best[start] = 0.0
+    back = []
+    for _ in range(segments):
+        cand = best[:, None] + S
+        back.append(np.argmin(cand, axis=0))
+        best = cand[back[-1], np.arange(G)]
+    path = [end]
+    for ptr in reversed(back):
+        path.append(int(ptr[path[-1]]))
+    return path[::-1]
+
+
 def grid_dp_knots(obj: ReluSumObjective, points: int | None = None) -> np.ndarray:
-    """The n knots on the grid minimising J (derivative objective) or its separable relaxation (primitive)."""
+    """The n knots on the grid minimising J (derivative objective) or its separable relaxation (primitive); for
+    n = 1 eq. 13 leaves c = 0."""
     n = obj.n
-    G = points or (GRIDS(n) or (800,))[0]
+    if n == 1:
+        return np.zeros(1)
+    G = points or _points(n)
     g = _grid(obj, G)
     f, df = obj.activation.f, obj.activation.df
     S = _segment_costs(obj, g)
     if obj.objective == "derivative":
-        left, right = _prefix(obj, g, [lambda x: df(x) ** 2, lambda x: (df(x) - 1) ** 2])
+        left, right = _prefix(g, [lambda x: df(x) ** 2, lambda x: (df(x) - 1) ** 2])
     else:
-        left, right = _prefix(obj, g, [lambda x: f(x) ** 2, lambda x: (f(x) - x) ** 2])
-    tails = left[:, None] + (right[-1] - right)[None, :]
-    if n == 1:
-        total = np.where(np.eye(G, dtype=bool), left + right[-1] - right, np.inf)
-    else:
-        total = _power(S, n - 1) + tails
-        if obj.objective == "derivative":
-            h = f(g)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                d = g[None, :] - g[:, None]
-                mu = (g[None, :] - h[None, :] + h[:, None]) / d
-                total = total + np.where(d > 0, mu * mu * d, np.inf)
+        left, right = _prefix(g, [lambda x: f(x) ** 2, lambda x: (f(x) - x) ** 2])
+    total = _power(S, n - 1) + left[:, None] + (right[-1] - right)[None, :]
+    if obj.objective == "derivative":
+        h = f(g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = g[None, :] - g[:, None]
+            mu = (g[None, :] - h[None, :] + h[:, None]) / d
+            total = total + np.where(d > 0, mu * mu * d, np.inf)
     a, b = np.unravel_index(np.argmin(total), total.shape)
-    if n == 1:
-        return g[[a]]
-    # the segments of the best (a, b): a plain DP from a, with back-pointers
-    best = np.full(G, np.inf)
-    best[a] = 0.0
-    back = []
-    for _ in range(n - 1):
-        cand = best[:, None] + S
-        back.append(np.argmin(cand, axis=0))
-        best = cand[back[-1], np.arange(G)]
-    knots, j = [b], b
-    for ptr in reversed(back):
-        j = ptr[j]
-        knots.append(j)
-    return g[np.array(knots[::-1])]
+    return g[_path(S, int(a), int(b), n - 1)]  # the segments of the best end knots
 
 
 def free_levels_knots(obj, points: int | None = None) -> np.ndarray:
     """FewBit's family (:mod:`.free_levels`): the n borders on the grid minimising Σ over the n + 1 segments of
-    [A, B] of ∫h′² − (Δh)²/Δc, every level free: the (n + 1)-th min-plus power from A to B, exactly."""
-    n = obj.n
-    G = points or GRIDS(n)[0]
+    [A, B] of ∫h′² − (Δh)²/Δc, every level free: the best path of n + 1 segments from A to B, exactly."""
+    G = points or _points(obj.n)
     g = _grid(obj, G)
-    S = _segment_costs(obj, g)
-    best = np.full(G, np.inf)
-    best[0] = 0.0
-    back = []
-    for _ in range(n + 1):
-        cand = best[:, None] + S
-        back.append(np.argmin(cand, axis=0))
-        best = cand[back[-1], np.arange(G)]
-    j, knots = G - 1, []
-    for ptr in reversed(back[1:]):
-        j = ptr[j]
-        knots.append(j)
-    return g[np.array(knots[::-1])]
+    return g[_path(_segment_costs(obj, g), 0, G - 1, obj.n + 1)[1:-1]]

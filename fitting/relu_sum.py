@@ -309,7 +309,8 @@ class ReluSumFit(OptimizeResult):
     """What :func:`fit_relu_sum` returns (a ``scipy.optimize.OptimizeResult``): ``table`` (the validated
     ``approxbp.table/1`` dict), ``x`` (knots), ``fun`` (loss), ``success``, ``message``, ``nfev`` (objective
     evaluations over all restarts), ``restarts`` (each restart's final loss, in order), ``restart_labels`` and
-    ``at_best`` (how many restarts reached the best loss within a relative 1e-9)."""
+    ``at_best`` (how many restarts reached the best loss within a relative 1e-9) and ``untrusted`` (only one did,
+    and it was not the grid DP's global optimum of the derivative objective: run more restarts)."""
 
 
 def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "primitive", method: str = "auto",
@@ -388,12 +389,12 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
         },
     })
     global_on_grid = labels[best_restart].startswith("grid DP") and objective == "derivative"
+    untrusted = at_best == 1 and obj.n > 1 and not global_on_grid
     message = (f"{at_best} of {len(results)} restarts reached the best loss {loss:.6e}"
-               + ("; only one did: run more restarts to trust this optimum"
-                  if at_best == 1 and obj.n > 1 and not global_on_grid else "")
+               + ("; only one did: run more restarts to trust this optimum" if untrusted else "")
                + ("; found by the grid DP (the global optimum on its grid, polished)" if global_on_grid else ""))
     return ReluSumFit(table=table, x=rs.knots, fun=loss, success=True, message=message, nfev=nfev,
-                      restarts=losses, restart_labels=labels, at_best=at_best)
+                      restarts=losses, restart_labels=labels, at_best=at_best, untrusted=untrusted)
 
 
 _LOWER: dict[tuple, np.ndarray] = {}

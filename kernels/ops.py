@@ -21,6 +21,7 @@ op's Python dispatch costs more host time per call than the twin's whole computa
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import torch
 from torch import Tensor
@@ -202,7 +203,7 @@ def _needs_grad(x: Tensor) -> bool:
     return x.requires_grad and torch.is_grad_enabled()
 
 
-_AS_KERNELS = [False]
+_AS_KERNELS = contextvars.ContextVar("approxbp_as_kernels", default=False)
 
 
 @contextlib.contextmanager
@@ -210,15 +211,15 @@ def as_kernels():
     """Within: the eager entry points call the custom ops, as under dynamo, so a dispatch mode (PyTorch's MemTracker,
     FakeTensorMode) sees each drop-in as one operator that allocates only its outputs, as its Triton kernel does;
     the CPU reference path's temporaries stay inside the op."""
-    old, _AS_KERNELS[0] = _AS_KERNELS[0], True
+    token = _AS_KERNELS.set(True)
     try:
         yield
     finally:
-        _AS_KERNELS[0] = old
+        _AS_KERNELS.reset(token)
 
 
 def _opaque() -> bool:
-    return _AS_KERNELS[0] or torch.compiler.is_compiling()
+    return torch.compiler.is_compiling() or _AS_KERNELS.get()  # in this order: dynamo cannot trace .get()
 
 
 class _ReluSum(torch.autograd.Function):

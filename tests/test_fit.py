@@ -153,6 +153,7 @@ def test_k5_derivative_fits_reach_the_independent_global_optimum(activation, bes
     fit = fit_relu_sum(activation, 5, "derivative", progress=False)
     assert fit.fun <= best * (1 + 1e-7)
     assert fit.table.provenance["found_by"].startswith("grid DP") and "run more restarts" not in fit.message
+    assert not fit.untrusted
 
 
 def test_no_numpy_warning_reaches_the_user(recwarn):

@@ -54,3 +54,9 @@ def test_cli_free_levels(capsys, tmp_path):
                  "--objective", "primitive"]) == 2
     assert main(["fit", "relu-sum", "--activation", "silu", "--bits", "3", "--interval", "-9", "9"]) == 2
     assert "--interval applies to --levels free" in capsys.readouterr().err
+
+
+def test_free_levels_fit_any_bit_width():
+    """k = 7 (127 borders) has no grid-DP start size of its own (GRIDS is empty there): it uses the largest grid."""
+    fit = fit_free_levels("gelu", 7, (-10.0, 10.0), restarts=1)
+    assert fit.borders.size == 127 and np.all(np.diff(fit.borders) > 0) and fit.loss < 1e-4
