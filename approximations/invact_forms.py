@@ -167,6 +167,17 @@ def left_tail(ia: InvertedActivation, n: int = 4001) -> tuple[np.ndarray, np.nda
     return ia.activation.f(xv), ia.activation.df(xv)
 
 
+def right_tail_error(ia: InvertedActivation, n: int = 4001) -> float:
+    """max |h′(y) − g(y)| beyond the right domain (y ≥ f(T) + RIGHT_SPAN, x up to 10^6): the error of the rule the
+    kernels use there (q = h′(y), :func:`backward_rule`), sampled in x so that g = f′(x) needs no inversion."""
+    y_max = ia.f_T + RIGHT_SPAN
+    xv = np.concatenate([np.linspace(y_max - 1.0, y_max + 50.0, n), np.geomspace(y_max + 50.0, 1e6, 200)])
+    yv = ia.activation.f(xv)
+    keep = yv > y_max
+    at_switch = abs(float(ia.activation.df(np.array([y_max]))[0] - ia.g(np.array([y_max]), "right")[0]))
+    return max(at_switch, float(np.max(np.abs(ia.activation.df(yv[keep]) - ia.activation.df(xv[keep])))))
+
+
 def branch_metrics(ia: InvertedActivation, q, branch: str) -> tuple[float, float]:
     """(L∞, L2) of q against g on ``branch`` (see the module docstring)."""
     yv, w = branch_grid(ia, branch)
@@ -225,7 +236,9 @@ def newton_form(ia: InvertedActivation, branch: str, degree: int, steps: int = 1
     act = ia.activation
     from .activations import x as X
 
-    s = sp.sqrt(_t(ia))
+    # t ≥ 0 and w ≥ 0 in exact arithmetic; the Max keep each √ real where the stored decimals of f(T) and t_max
+    # round them a few ulps below 0 at the turning point
+    s = sp.sqrt(sp.Max(0, _t(ia)))
     p = sp.symbols(f"p0:{degree + 1}")
     r = sp.symbols(f"r1:{degree + 1}")
     P = sum(pi * s**i for i, pi in enumerate(p))
@@ -235,7 +248,7 @@ def newton_form(ia: InvertedActivation, branch: str, degree: int, steps: int = 1
     if branch == "left":  # the open end y → lim f: f⁻¹ → −∞ like a power of w = −log(1 − t/t_max)
         b = sp.symbols("b1:3")
         w = -sp.log(sp.Max(1 - _t(ia) / sp.Float(ia.left_limit - ia.f_T, 17), sp.Float(1e-30)))
-        delta += b[0] * w + b[1] * sp.sqrt(w) * s  # both vanish like s² at the turning point
+        delta += b[0] * w + b[1] * sp.sqrt(sp.Max(0, w)) * s  # both vanish like s² at the turning point
         coeffs += list(b)
     f, df = act.expr, act.derivative_expr(1)
     assignments = [("x0", sp.Float(ia.T, 17) + (1 if branch == "right" else -1) * delta)]

@@ -87,6 +87,45 @@ def test_a_perturbed_invact_table_fails_its_claim():
     assert cert.attained > 1e-6  # a rigorous witness of the violation, not only a loose bound
 
 
+@pytest.mark.parametrize("name", ["gelu", "silu"])
+def test_newton_certificate_is_a_bound_beside_50_digit_errors(name):
+    """The newton forms' steps are bounded by error propagation (certify.NewtonSteps), not by enclosing them: the
+    bound must hold against the rule evaluated in float64 and g from 50-digit root finding, on the whole branch
+    (silu's right tail rule q = h′(y) included: it is the branch's largest error, 2.7e-7, which the table's
+    sampled L∞ once missed)."""
+    t = load(INVACT / f"{name}-newton.json")
+    ia = InvertedActivation(get_activation(name))
+    rule = C.InvactRule(t, "left", rounded=False)
+    assert rule.newton is not None and rule.newton.steps == 2
+    from approxbp.approximations.invact_forms import TableBackward
+    import torch
+
+    q = TableBackward(t)
+    for branch, xs in (("left", -np.geomspace(1e-3, 30, 60) + t.turning_point),
+                       ("right", np.concatenate([np.geomspace(1e-3, 30, 60) + t.turning_point, [9.72212]]))):
+        cert = C.certify_invact_branch(t, branch, budget_s=120)
+        assert cert.passed and cert.bound >= t.metrics[f"linf_{branch}"]
+        ys = ia.activation.f(np.concatenate([xs, [cert.where]]))
+        got = q(torch.tensor(ys, dtype=torch.float64), torch.full(ys.shape, branch == "left")).numpy()
+        for yv, qv in zip(ys, got):
+            if branch == "left" and yv > -1e-280:  # the left branch's open end, beyond float64
+                continue
+            err = abs(qv - float(ia.g_mp(float(yv), branch)))
+            assert err <= cert.bound * (1 + 1e-9) + 1e-15, (branch, yv, err, cert.bound)
+
+
+def test_a_perturbed_newton_table_fails_and_a_changed_step_is_not_trusted():
+    d = json.loads((INVACT / "gelu-newton.json").read_text())
+    d["metrics"].pop("certified")
+    d["right"]["coefficients"]["p0"] *= 1 + 1e-2  # x₀ 1 % off: one Newton step leaves ~1e-5
+    cert = C.certify_invact_branch(from_json(d), "right", budget_s=60, rtol=0.5)
+    assert not cert.passed and cert.attained > cert.claim
+    d = json.loads((INVACT / "gelu-newton.json").read_text())
+    d["metrics"].pop("certified")
+    d["right"]["assignments"][2][1] = d["right"]["assignments"][2][1].replace("d0**2", "2*d0**2")  # a half step
+    assert C.InvactRule(from_json(d), "right", rounded=False).newton is None  # not Newton: enclosed directly
+
+
 def test_float32_evaluation_bound_covers_a_float32_emulation():
     """The running error bound of the fast form must exceed what float32 evaluation (numpy, no FMA) deviates
     from the same form in float64."""
