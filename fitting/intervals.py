@@ -159,8 +159,19 @@ class Evaluator:
             vals.append(step(vals, env))
         return vals[-1]
 
-    # ---- compiling an expression into a tape: one step per distinct node, in dependency order ---------
-    def _compile(self, expr: sp.Expr) -> list:
+    def many(self, exprs: tuple[sp.Expr, ...], env: dict[sp.Symbol, Ball]) -> list[Ball]:
+        """Several expressions on one tape: subexpressions they share (a gradient's and a Hessian's) run once."""
+        key = ("many", exprs)
+        tape = self._tapes.get(key)
+        if tape is None:
+            tape = self._tapes[key] = self._compile(*exprs)
+        vals: list[Ball] = []
+        for step in tape[0]:
+            vals.append(step(vals, env))
+        return [vals[i] for i in tape[1]]
+
+    # ---- compiling expressions into a tape: one step per distinct node, in dependency order ---------
+    def _compile(self, *exprs: sp.Expr):
         index: dict = {}
         tape: list = []
 
@@ -174,8 +185,8 @@ class Evaluator:
             index[e] = i = emit(self._step(e, node))
             return i
 
-        node(expr)
-        return tape
+        outputs = [node(e) for e in exprs]
+        return tape if len(exprs) == 1 else (tape, outputs)
 
     def _step(self, e, node):
         """The step computing node ``e`` from the values of its arguments (compiled first, through ``node``)."""

@@ -180,6 +180,53 @@ def test_k2_closed_form_equals_the_fitting_objective():
         assert abs(float(val.mid()) - obj(c)[0]) <= 1e-9 * obj(c)[0]
 
 
+@pytest.mark.parametrize("name", ["gelu", "silu"])
+def test_k2_primitive_closed_form_equals_the_fitting_objective_and_scipy(name):
+    """The projected primitive objective (one free value at c₂, closed form in the antiderivatives of h, x·h, h²)
+    against the fitter's own objective (Gauss–Legendre + tridiagonal solve) and the antiderivatives against quad."""
+    from scipy.integrate import quad
+
+    t = load(RELU / f"{name}-k2-primitive.json")
+    J = C.PrimitiveObjectiveK2(t)
+    obj = ReluSumObjective(get_activation(name), 2, "primitive", t.interval)
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        c = np.sort(rng.uniform(t.interval[0] / 2, t.interval[1] / 2, 3))
+        val, grad = J.value_gradient(*(arb(v) for v in c))
+        assert abs(float(val.mid()) - obj(c)[0]) <= 1e-9 * obj(c)[0] and float(val.rad()) < 1e-15
+    h = get_activation(name).f
+    for name_g, weight in zip(J.G, (lambda v: h(v), lambda v: v * h(v), lambda v: h(v) ** 2)):
+        z = 0.37 * t.interval[1]
+        ref = quad(lambda v: float(weight(v)), t.interval[0], z, epsabs=1e-14, epsrel=1e-13, limit=200)[0]
+        assert abs(float(J._G(name_g, arb(z)).mid()) - ref) <= 1e-11 * max(1.0, abs(ref))
+
+
+def test_k2_primitive_box_bounds_hold_at_points_and_a_worse_table_fails():
+    t = load(RELU / "gelu-k2-primitive.json")
+    J = C.PrimitiveObjectiveK2(t)
+    obj = ReluSumObjective(get_activation("gelu"), 2, "primitive", t.interval)
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        c = np.sort(rng.uniform(-4, 4, 3))
+        w = 10 ** rng.uniform(-3, -1)
+        lo = [arb(v - w * rng.uniform()) for v in c]
+        hi = [a + w for a in lo]
+        if not (hi[0] < lo[1] and hi[1] < lo[2]):
+            continue
+        low, _ = J.lower_bound(lo, hi)
+        for _ in range(3):
+            point = np.sort([float(a.mid()) + w * rng.uniform() for a in lo])
+            assert obj(point)[0] >= low
+    d = json.loads((RELU / "gelu-k2-primitive.json").read_text())
+    d["knots"] = [-2.5, 0.0, 2.5]  # a worse point: J = 1.18e-2 > 9.51e-3 at the optimum
+    d["levels"] = [float(v) for v in obj.levels_for(np.array(d["knots"]))]
+    d["weights"] = list(np.diff(d["levels"]))
+    d["loss"] = obj(np.array(d["knots"]))[0]
+    d["metrics"].pop("certified", None)
+    cert = C.certify_relu_sum_global(from_json(d), budget_s=8)
+    assert not cert.passed and "a better point exists" in cert.note
+
+
 @pytest.mark.slow
 def test_k2_branch_and_bound_lower_bound_holds_everywhere():
     t = load(RELU / "gelu-k2-derivative.json")
