@@ -97,8 +97,8 @@ def test_newton_certificate_is_a_bound_beside_50_digit_errors(name):
     ia = InvertedActivation(get_activation(name))
     rule = C.InvactRule(t, "left", rounded=False)
     assert rule.newton is not None and rule.newton.steps == 2
-    from approxbp.approximations.invact_forms import TableBackward
     import torch
+    from approxbp.approximations.invact_forms import TableBackward
 
     q = TableBackward(t)
     for branch, xs in (("left", -np.geomspace(1e-3, 30, 60) + t.turning_point),
@@ -197,7 +197,7 @@ def test_k2_primitive_closed_form_equals_the_fitting_objective_and_scipy(name):
     h = get_activation(name).f
     for name_g, weight in zip(J.G, (lambda v: h(v), lambda v: v * h(v), lambda v: h(v) ** 2)):
         z = 0.37 * t.interval[1]
-        ref = quad(lambda v: float(weight(v)), t.interval[0], z, epsabs=1e-14, epsrel=1e-13, limit=200)[0]
+        ref = quad(lambda v, w=weight: float(w(v)), t.interval[0], z, epsabs=1e-14, epsrel=1e-13, limit=200)[0]
         assert abs(float(J._G(name_g, arb(z)).mid()) - ref) <= 1e-11 * max(1.0, abs(ref))
 
 
