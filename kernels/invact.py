@@ -31,8 +31,9 @@ from .packing import byte_codes, pack, unpack_into
 class InvActSpec:
     """Constants and the two branch approximations of one invact table."""
 
-    def __init__(self, table: str | Path | dict):
+    def __init__(self, table: str | Path | dict, kernels_dir: str | Path | None = None):
         path = table_file(table, "invact")
+        self.kernels_dir = None if kernels_dir is None else str(Path(kernels_dir).resolve())
         t = T.load(path)
         self.path = path
         if t.family != "invact":
@@ -60,7 +61,7 @@ class InvActSpec:
     @property
     def module(self):
         """The generated Triton module (imported by attach() at construction when it will be used; cached)."""
-        return generated_module(str(self.path), self.table.sha256, self.table.family)
+        return generated_module(str(self.path), self.table.sha256, self.table.family, self.kernels_dir)
 
     def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_triton_device(x)
@@ -94,9 +95,12 @@ def invact(x: torch.Tensor, spec: InvActSpec, use_triton: bool | None = None) ->
 class InvActivation(torch.nn.Module):
     """Drop-in activation that saves its output and 1 bit per element (any invact table)."""
 
-    def __init__(self, table: str | Path | dict, use_triton: bool | None = None):
+    def __init__(self, table: str | Path | dict, use_triton: bool | None = None,
+                 kernels_dir: str | Path | None = None):
+        """``kernels_dir``: where the generated Triton module lives (``approxbp export --out-dir``); None: the
+        package for packaged tables, ``<table folder>/_generated/`` for yours."""
         super().__init__()
-        self.spec, self.use_triton = ops.attach(InvActSpec(table), use_triton), use_triton
+        self.spec, self.use_triton = ops.attach(InvActSpec(table, kernels_dir), use_triton), use_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return invact(x, self.spec, self.use_triton)

@@ -2,7 +2,8 @@
 
 Packaged tables have their modules in the package (``kernels/generated/``). A user's table gets them in
 ``<table folder>/_generated/``, written by ``approxbp export`` or, once, when a drop-in is constructed
-(:func:`ensure_generated`, with a note on stderr). The forward and backward passes only import
+(:func:`ensure_generated`, with a note on stderr). ``approxbp export --out-dir DIR`` and a drop-in's
+``kernels_dir=DIR`` name another folder, the same for both. The forward and backward passes only import
 (:func:`generated_module`): they never write files.
 """
 
@@ -34,38 +35,40 @@ def table_file(table, family: str) -> Path:
     return path
 
 
-def _target(path: Path, family: str) -> Path:
-    return kernel_dir(path) / f"{module_name(path, family)}.py"
+def _target(path: Path, family: str, kernels_dir: str | Path | None = None) -> Path:
+    return (Path(kernels_dir) if kernels_dir is not None else kernel_dir(path)) / f"{module_name(path, family)}.py"
 
 
 def _current(target: Path, want: str) -> bool:
     return target.is_file() and f"TABLE_SHA256 = {want!r}" in target.read_text(encoding="utf-8")
 
 
-def ensure_generated(table_path: str | Path, table: T.Table) -> None:
-    """At drop-in construction: write a user table's module when it is missing or stale (packaged: nothing)."""
+def ensure_generated(table_path: str | Path, table: T.Table, kernels_dir: str | Path | None = None) -> None:
+    """At drop-in construction: write a table's module into ``kernels_dir`` (None: the user table's
+    ``_generated/``) when it is missing or stale; packaged tables without ``kernels_dir``: nothing."""
     path = Path(table_path)
-    if kernel_dir(path) == GENERATED:
+    if kernels_dir is None and kernel_dir(path) == GENERATED:
         return
-    target = _target(path, table.family)
+    target = _target(path, table.family, kernels_dir)
     if not _current(target, table.sha256):
         print(f"approxbp: generating Triton kernels for {path} into {target.parent}", file=sys.stderr)
-        export([path])
+        export([path], None if kernels_dir is None else Path(kernels_dir))
 
 
 @cache
-def generated_module(table_path: str, want: str, family: str):
-    """Import the generated module of the table at ``table_path`` whose definition hash is ``want`` (packaged, or
-    the user's ``_generated/``); never writes."""
+def generated_module(table_path: str, want: str, family: str, kernels_dir: str | None = None):
+    """Import the generated module of the table at ``table_path`` whose definition hash is ``want`` (packaged, the
+    user's ``_generated/``, or ``kernels_dir``); never writes."""
     path = Path(table_path)
-    target = _target(path, family)
-    if kernel_dir(path) == GENERATED:
+    target = _target(path, family, kernels_dir)
+    if kernels_dir is None and kernel_dir(path) == GENERATED:
         mod = importlib.import_module(f"approxbp.kernels.generated.{target.stem}")
     elif not _current(target, want):
+        out = "" if kernels_dir is None else f" --out-dir {kernels_dir}"
         raise RuntimeError(f"{target} is missing or was generated from another version of {path}; run "
-                           f"`approxbp export {path}` (or construct the drop-in again, which generates it)")
+                           f"`approxbp export {path}{out}` (or construct the drop-in again, which generates it)")
     else:
-        spec = importlib.util.spec_from_file_location(f"approxbp_user_kernels.{target.stem}", target)
+        spec = importlib.util.spec_from_file_location(f"approxbp_user_kernels.{want[:16]}.{target.stem}", target)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     if mod.TABLE_SHA256 != want:

@@ -42,7 +42,7 @@ def attach(spec, use_triton: bool | None):
     from .modules import ensure_generated
 
     check_triton_available(use_triton)
-    ensure_generated(spec.path, spec.table)  # a user table's kernels are written here, at construction, if at all
+    ensure_generated(spec.path, spec.table, spec.kernels_dir)  # kernels are written here, at construction, if at all
     register(spec)
     if use_triton or (use_triton is None and torch.cuda.is_available()):
         spec.module  # noqa: B018 - the import itself is the point

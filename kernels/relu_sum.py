@@ -38,8 +38,9 @@ class ReLUSumSpec:
     """Everything one table needs at run time: knots, levels, the activation and its generated kernels. Built
     once per module; the custom ops find it by ``key`` (the table's definition hash)."""
 
-    def __init__(self, table: str | Path | dict):
+    def __init__(self, table: str | Path | dict, kernels_dir: str | Path | None = None):
         path = table_file(table, "relu-sum")
+        self.kernels_dir = None if kernels_dir is None else str(Path(kernels_dir).resolve())
         t = T.load(path)
         if t.family != "relu-sum":
             raise ValueError(f"{path}: expected a relu-sum table, got {t.family!r}")
@@ -68,7 +69,7 @@ class ReLUSumSpec:
     @property
     def module(self):
         """The generated Triton module (imported by attach() at construction when it will be used; cached)."""
-        return generated_module(str(self.path), self.table.sha256, self.table.family)
+        return generated_module(str(self.path), self.table.sha256, self.table.family, self.kernels_dir)
 
     nan_span = RELU_SUM_SPAN  # elements per forward program, and per saved NaN byte
 
@@ -138,9 +139,12 @@ def relu_sum(x: torch.Tensor, spec: ReLUSumSpec, use_triton: bool | None = None)
 class ReLUSumActivation(torch.nn.Module):
     """Drop-in activation whose backward uses a ReLU-sum table (any activation, any k)."""
 
-    def __init__(self, table: str | Path | dict, use_triton: bool | None = None):
+    def __init__(self, table: str | Path | dict, use_triton: bool | None = None,
+                 kernels_dir: str | Path | None = None):
+        """``kernels_dir``: where the generated Triton module lives (``approxbp export --out-dir``); None: the
+        package for packaged tables, ``<table folder>/_generated/`` for yours."""
         super().__init__()
-        self.spec, self.use_triton = ops.attach(ReLUSumSpec(table), use_triton), use_triton
+        self.spec, self.use_triton = ops.attach(ReLUSumSpec(table, kernels_dir), use_triton), use_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return relu_sum(x, self.spec, self.use_triton)

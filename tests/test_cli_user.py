@@ -114,6 +114,26 @@ def test_user_kernels_live_next_to_the_table(tmp_path):
     assert torch.allclose(from_dict(y), act(y), rtol=1e-6, atol=1e-7)  # Triton vs twin: to rounding
 
 
+def test_export_out_dir_feeds_the_drop_ins_kernels_dir(tmp_path):
+    """`approxbp export TABLE --out-dir DIR` and `ReLUSumActivation(TABLE, kernels_dir=DIR)` name one folder; nothing
+    is written next to the table."""
+    from approxbp.kernels import InvActivation, ReLUSumActivation
+
+    table = T.save(T.load("relu_sum/gelu-k2-derivative") | {"activation": "my-gelu"}, tmp_path / "t" / "my.json")
+    out = tmp_path / "build" / "kernels"
+    r = _run("export", str(table), "--out-dir", str(out), env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stderr
+    act = ReLUSumActivation(table, use_triton=True, kernels_dir=out)
+    assert Path(act.spec.module.__file__) == out / "relu_sum_my.py"
+    assert not (table.parent / "_generated").exists()
+    x = torch.randn(300, requires_grad=True)
+    act(x).sum().backward()
+    twin = torch.randn(300)
+    assert torch.allclose(act(twin), ReLUSumActivation(table, kernels_dir=out, use_triton=False)(twin))
+    packaged = InvActivation("gelu-fast", use_triton=True, kernels_dir=tmp_path / "inv")  # generated there once
+    assert Path(packaged.spec.module.__file__) == tmp_path / "inv" / "invact_gelu_fast.py"
+
+
 def test_use_triton_without_cuda_or_interpreter_says_so_in_one_line():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = "from approxbp.kernels import ReGELU2; ReGELU2(use_triton=True)"
