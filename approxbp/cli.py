@@ -47,16 +47,8 @@ def _out(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"folder for {what} (None: docs/figures of the source checkout; elsewhere required)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _parser_fit(sub, add) -> None:
     from approxbp.fitting.relu_sum import METHODS
-
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(prog="approxbp", description=__doc__.split("\n")[0], formatter_class=fmt)
-    parser.add_argument("--version", action="version", version=f"approxbp {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def add(parent, name, **kw):
-        return parent.add_parser(name, formatter_class=fmt, **kw)
 
     fit = add(sub, "fit", help="fit an approximation family and write a coefficient table")
     fam = fit.add_subparsers(dest="family", required=True)
@@ -79,17 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--force", action="store_true", help="with --out: replace an existing file")
     _add_common(rs)
 
-    swp = add(sub, "sweep", help="fit ReLU-sum tables for several activations × bit-widths × objectives, with a "
-              "summary table")
-    swp.add_argument("--activation", action="append", required=True,
-                     help="repeatable: a registry name or an expression (label it with NAME=EXPR)")
-    swp.add_argument("--bits", default="1-4", help="bit-widths: a range 1-4 and/or a list 2,3,5")
-    swp.add_argument("--objective", choices=("primitive", "derivative", "both"), default="primitive",
-                     help="the objective(s) to fit")
-    swp.add_argument("--out-dir", type=Path, default=None, help="write every table here (None: print only)")
-    swp.add_argument("--force", action="store_true", help="with --out-dir: replace existing tables")
-    _add_common(swp)
-
     inv = add(fam, "invact", help="f'∘f⁻¹ for inverted activations (Inverted Activations §2)")
     inv.add_argument("--activation", required=True, help="registry name or an expression in x")
     inv.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
@@ -106,12 +87,29 @@ def build_parser() -> argparse.ArgumentParser:
     inv.add_argument("--out", type=Path, default=None, help="table path (None: print only)")
     inv.add_argument("--force", action="store_true", help="with --out: replace an existing file")
 
+
+def _parser_sweep(sub, add) -> None:
+    swp = add(sub, "sweep", help="fit ReLU-sum tables for several activations × bit-widths × objectives, with a "
+              "summary table")
+    swp.add_argument("--activation", action="append", required=True,
+                     help="repeatable: a registry name or an expression (label it with NAME=EXPR)")
+    swp.add_argument("--bits", default="1-4", help="bit-widths: a range 1-4 and/or a list 2,3,5")
+    swp.add_argument("--objective", choices=("primitive", "derivative", "both"), default="primitive",
+                     help="the objective(s) to fit")
+    swp.add_argument("--out-dir", type=Path, default=None, help="write every table here (None: print only)")
+    swp.add_argument("--force", action="store_true", help="with --out-dir: replace existing tables")
+    _add_common(swp)
+
+
+def _parser_reproduce(sub, add) -> None:
     rep = add(sub, "reproduce", help="regenerate the papers' rows and print paper vs ours")
     rep.add_argument("--full", action="store_true", help="also regenerate every committed table and check their "
                      "consistency across k and activations")
     rep.add_argument("--out", type=Path, default=None, help="with --full: table folder (None: packaged data)")
     _add_common(rep)
 
+
+def _parser_export(sub, add) -> None:
     exp = add(sub, "export", help="generate Triton kernel modules from relu-sum and invact tables")
     exp.add_argument("tables", nargs="*", type=Path,
                      help="relu-sum or invact table paths (none: every packaged table, into the package)")
@@ -119,10 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="None: the package's kernels/generated/ for packaged tables, <table folder>/_generated/ "
                           "for your own (where ReLUSumActivation/InvActivation look for them)")
 
+
+def _parser_figures(sub, add) -> None:
     fig = add(sub, "figures", help="write every figure (ReLU-sum, InvAct, error atlas, BDIA) as PNG; the toy GPT "
               "is re-plotted from its committed JSON (`approxbp bdia train-toy` retrains)")
     _out(fig, "the PNGs")
 
+
+def _parser_atlas(sub, add) -> None:
     atl = add(sub, "atlas", help="error atlas: backward error vs saved bits for every family (JSON + PNG)")
     atl.add_argument("--activation", action="append", default=None,
                      help="repeatable; any registry name or expression (None: gelu and silu). Missing tables are "
@@ -131,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="repeatable: a label for each --activation expression, in order (titles, file names)")
     _out(atl, "error_atlas.json and the PNGs")
 
+
+def _parser_bdia(sub, add) -> None:
     bd = add(sub, "bdia", help="BDIA reversible stacks: error analysis and a toy BDIA-GPT")
     bds = bd.add_subparsers(dest="action", required=True)
     ana = add(bds, "analyze", help="reconstruction error vs block (Fig. 2/6), forward quantisation, memory")
@@ -149,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     _out(toy, "bdia_toy_gpt.json/.png")
     toy.add_argument("--no-progress", action="store_true", help="hide progress")
 
+
+def _parser_cost(sub, add) -> None:
     cst = add(sub, "cost", help="GPU cost of the generated kernels without a GPU: compile for sm_90 offline, count "
               "SASS instructions per element against the H100 budget (≈ 10.45 per byte moved)")
     cst.add_argument("tables", nargs="*", type=Path, help="relu-sum or invact tables (none: every packaged one, the "
@@ -158,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     cst.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     cst.add_argument("--no-progress", action="store_true", help="hide progress")
 
+
+def _parser_plan(sub, add) -> None:
     pln = add(sub, "plan", help="a training step's memory measured on fake tensors (no hardware, no weights) and a "
               "replacement per layer: exact, ReLU-sum k = 1…4, InvAct, MS-norms, chosen under --budget")
     pln.add_argument("model", help="a Hugging Face config JSON file, a model type with sizes "
@@ -180,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     pln.add_argument("--figure", type=Path, default=None, help="write the memory figure (PNG) here")
     pln.add_argument("--no-progress", action="store_true", help="hide progress")
 
+
+def _parser_certify(sub, add) -> None:
     cer = add(sub, "certify", help="rigorous error bounds (interval arithmetic, python-flint): InvAct forms' sup error "
               "over each branch, ReLU-sum objectives and global optimality for k ≤ 2")
     cer.add_argument("tables", nargs="*", type=Path, help="table paths (none: the packaged InvAct fast/newton tables "
@@ -195,9 +205,24 @@ def build_parser() -> argparse.ArgumentParser:
                      "first, as the kernels write them (nothing is stored)")
     cer.add_argument("--no-progress", action="store_true", help="hide progress")
 
+
+def _parser_tables(sub, add) -> None:
     tab = add(sub, "tables", help="list and validate coefficient tables (the packaged ones, or the files given)")
     tab.add_argument("files", nargs="*", type=Path, help="your own table files to validate (none: the packaged ones)")
     tab.add_argument("--family", default=None, choices=("relu-sum", "invact"), help="only this family")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="approxbp", description=__doc__.split("\n")[0], formatter_class=fmt)
+    parser.add_argument("--version", action="version", version=f"approxbp {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(parent, name, **kw):
+        return parent.add_parser(name, formatter_class=fmt, **kw)
+
+    for add_parser, _ in COMMANDS.values():
+        add_parser(sub, add)
     return parser
 
 
@@ -245,246 +270,277 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
-        return _dispatch(args, argv)
+        return COMMANDS[args.command][1](args, argv)
     except (ValueError, TypeError, OSError, RuntimeError) as err:
         print(f"approxbp: error: {err}", file=sys.stderr)
         return 2
 
 
-def _dispatch(args, argv) -> int:
+def _progress(args) -> bool:
+    return not getattr(args, "no_progress", False)
+
+
+def _fit(args, argv) -> int:
+    """``approxbp fit relu-sum|invact``: one table, summarised; written to --out (checked before the fit)."""
+    from approxbp.approximations.files import check_writable
+
+    if args.out is not None:  # fail now, not after a long fit
+        check_writable(args.out, overwrite=args.force)
+    if args.family == "invact":
+        return _fit_invact(args, argv)
+    return _fit_free_levels(args, argv) if args.levels == "free" else _fit_relu_sum(args, argv)
+
+
+def _fit_relu_sum(args, argv) -> int:
     from approxbp.approximations import tables as T
     from approxbp.approximations.activations import named_activation
-    from approxbp.approximations.files import check_writable
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
-    from approxbp.reproduce import (
-        format_comparisons,
-        format_invact_rows,
-        regenerate_invact,
-        regenerate_tables,
-        reproduce_invact,
-        reproduce_relu_sum,
-    )
 
-    progress = not getattr(args, "no_progress", False)
-    if args.command == "fit" and args.out is not None:  # fail now, not after a long fit
-        check_writable(args.out, overwrite=args.force)
-    if args.command == "sweep":
-        return _sweep(args, argv, progress)
-    if args.command == "fit" and args.family == "relu-sum" and args.levels == "free":
-        return _fit_free_levels(args, argv)
-    if args.command == "fit" and args.family == "relu-sum":
-        if args.interval is not None:
-            raise ValueError("--interval applies to --levels free; eq. 13's interval comes from the tail rule "
-                             "(eqs. 45/46)")
-        args.objective = args.objective or "primitive"
-        fit = fit_relu_sum(named_activation(args.activation, args.name), args.bits, args.objective,
-                           method=args.method, restarts=args.restarts,
-                           seed=args.seed, workers=args.workers, progress=progress, command=cli_command(argv))
-        table = fit.table
-        print(_summary(table))
-        print(f"  restarts    {fit.message}")
-        if fit.untrusted:
-            print(f"approxbp: warning: only 1 of {len(fit.restarts)} restarts reached the best loss; "
-                  "run more --restarts before trusting this optimum", file=sys.stderr)
-        if args.out:
-            print(f"  wrote       {T.save(table, args.out, overwrite=args.force)}")
-        return 0
-    if args.command == "fit" and args.family == "invact":
-        from approxbp.fitting.invact import fit_invact
+    progress = _progress(args)
+    if args.interval is not None:
+        raise ValueError("--interval applies to --levels free; eq. 13's interval comes from the tail rule "
+                         "(eqs. 45/46)")
+    args.objective = args.objective or "primitive"
+    fit = fit_relu_sum(named_activation(args.activation, args.name), args.bits, args.objective,
+                       method=args.method, restarts=args.restarts,
+                       seed=args.seed, workers=args.workers, progress=progress, command=cli_command(argv))
+    table = fit.table
+    print(_summary(table))
+    print(f"  restarts    {fit.message}")
+    if fit.untrusted:
+        print(f"approxbp: warning: only 1 of {len(fit.restarts)} restarts reached the best loss; "
+              "run more --restarts before trusting this optimum", file=sys.stderr)
+    if args.out:
+        print(f"  wrote       {T.save(table, args.out, overwrite=args.force)}")
+    return 0
 
-        table = fit_invact(named_activation(args.activation, args.name), args.form, seed=args.seed,
-                           backend=args.backend,
-                           sr_generations=args.sr_generations, progress=progress)
-        m = table.metrics
-        print(f"invact · {table.activation} · form={table.form} · T={table.turning_point:.17g} "
-              f"· f(T)={table.f_T:.17g}")
-        for side in ("left", "right"):
-            q = textwrap.shorten(getattr(table, side).expression, 70, placeholder=" …")  # cut at a space, not mid-token
-            print(f"  {side:<5} L∞ {m[f'linf_{side}']:.3e}  L2 {m[f'l2_{side}']:.3e}  "
-                  f"{getattr(table, side).operations} operations  q = {q}")
-        for branch in [b for b in ("left", "right") if f"pareto_{b}" in m]:
-            print(f"  Pareto front ({branch}; pick one with approxbp.fitting.symbolic.pick_form):")
-            for i, e in enumerate(m[f"pareto_{branch}"]):
-                print(f"    [{i:2}] complexity {e['complexity']:3}  L∞ {e['linf']:.3e}  "
-                      f"{textwrap.shorten(e['expression'], 80, placeholder=' …')}")  # Pareto entry, not a table
-        if args.out:
-            print(f"  wrote {T.save(table, args.out, overwrite=args.force)}")
-        return 0
-    if args.command == "reproduce":
-        t0 = time.perf_counter()
-        rows = reproduce_relu_sum(seed=args.seed, restarts=args.restarts, workers=args.workers, progress=progress)
-        print("Approx-BP ReLU-sum rows (k = 2): objective of the paper's coefficients vs our fit")
-        print(format_comparisons(rows))
-        inv = reproduce_invact()
-        print("\nInverted Activations rows: published forms vs ours (newton), per branch")
-        print(format_invact_rows(inv))
-        ok_inv = all(t[-1].metrics[f"linf_{b}"] * 10 <= min(p.metrics[f"linf_{b}"] for p in t[:-1])
-                     for t in inv.values() for b in ("left", "right"))
-        if args.full:
-            paths = regenerate_tables(args.out, seed=args.seed, restarts=args.restarts, workers=args.workers,
+
+def _fit_invact(args, argv) -> int:
+    from approxbp.approximations import tables as T
+    from approxbp.approximations.activations import named_activation
+
+    progress = _progress(args)
+    from approxbp.fitting.invact import fit_invact
+
+    table = fit_invact(named_activation(args.activation, args.name), args.form, seed=args.seed,
+                       backend=args.backend,
+                       sr_generations=args.sr_generations, progress=progress)
+    m = table.metrics
+    print(f"invact · {table.activation} · form={table.form} · T={table.turning_point:.17g} "
+          f"· f(T)={table.f_T:.17g}")
+    for side in ("left", "right"):
+        q = textwrap.shorten(getattr(table, side).expression, 70, placeholder=" …")  # cut at a space, not mid-token
+        print(f"  {side:<5} L∞ {m[f'linf_{side}']:.3e}  L2 {m[f'l2_{side}']:.3e}  "
+              f"{getattr(table, side).operations} operations  q = {q}")
+    for branch in [b for b in ("left", "right") if f"pareto_{b}" in m]:
+        print(f"  Pareto front ({branch}; pick one with approxbp.fitting.symbolic.pick_form):")
+        for i, e in enumerate(m[f"pareto_{branch}"]):
+            print(f"    [{i:2}] complexity {e['complexity']:3}  L∞ {e['linf']:.3e}  "
+                  f"{textwrap.shorten(e['expression'], 80, placeholder=' …')}")  # Pareto entry, not a table
+    if args.out:
+        print(f"  wrote {T.save(table, args.out, overwrite=args.force)}")
+    return 0
+
+
+def _reproduce(args, argv) -> int:
+    """``approxbp reproduce [--full]``: every paper row next to ours, one verdict line; exit 1 on a failed row."""
+    t0, progress = time.perf_counter(), _progress(args)
+    verdicts = _paper_rows(args, progress)  # (label, ok) per row
+    if args.full:
+        verdicts += _regenerate_all(args, progress)
+    verdicts += _peer_rows(args)
+    failed = [label for label, ok in verdicts if not ok]
+    print(f"reproduce finished in {time.perf_counter() - t0:.1f} s: "
+          + (f"all {len(verdicts)} rows match or beat the papers" if not failed else f"FAILED: {', '.join(failed)}"))
+    return 0 if not failed else 1
+
+
+def _paper_rows(args, progress: bool) -> list[tuple[str, bool]]:
+    """Approx-BP's ReLU-sum rows and Inverted Activations' branches: ours must be ≤ the paper's, and our newton
+    forms 10× more accurate than every published one."""
+    from approxbp.reproduce import format_comparisons, format_invact_rows, reproduce_invact, reproduce_relu_sum
+
+    rows = reproduce_relu_sum(seed=args.seed, restarts=args.restarts, workers=args.workers, progress=progress)
+    print("Approx-BP ReLU-sum rows (k = 2): objective of the paper's coefficients vs our fit")
+    print(format_comparisons(rows))
+    inv = reproduce_invact()
+    print("\nInverted Activations rows: published forms vs ours (newton), per branch")
+    print(format_invact_rows(inv))
+    return [(r.label, r.ok) for r in rows] + [
+        (f"InvAct {act} {b}", t[-1].metrics[f"linf_{b}"] * 10 <= min(p.metrics[f"linf_{b}"] for p in t[:-1]))
+        for act, t in inv.items() for b in ("left", "right")]
+
+
+def _regenerate_all(args, progress: bool) -> list[tuple[str, bool]]:
+    """``--full``: every committed table refitted, their consistency across k and activations, certificates."""
+    from approxbp.approximations import tables as T
+    from approxbp.fitting.consistency import check_consistency
+    from approxbp.reproduce import regenerate_invact, regenerate_tables
+
+    paths = regenerate_tables(args.out, seed=args.seed, restarts=args.restarts, workers=args.workers,
+                              progress=progress)
+    paths += regenerate_invact(args.out, seed=args.seed)
+    root = paths[0].parent.parent
+    print(f"regenerated {len(paths)} tables under {root}")
+    problems = check_consistency(lambda name: T.load(root / f"{name}.json"))
+    print("consistency across k and activations: " + ("ok" if not problems else "FAILED"))
+    for p in problems:
+        print(f"  {p}")
+    return [("consistency", not problems), ("certificates", _certify_regenerated(paths, progress))]
+
+
+def _peer_rows(args) -> list[tuple[str, bool]]:
+    """BDIA's exact reconstruction (Fig. 2), FewBit's builtin tables on their own objective, Approx-BP App. B."""
+    from approxbp.appendix_b import format_rows, measure_all
+    from approxbp.bdia_experiments import reproduce_row
+    from approxbp.reproduce import format_fewbit_rows, reproduce_fewbit
+
+    b = reproduce_row(seed=args.seed)
+    print(f"\nBDIA row (Fig. 2: K = {b['blocks']}, l = {b['level']}, fp32): max reconstruction error\n"
+          f"  without quantisation (eq. 16)     paper: grows ×2 per block   ours {b['plain']:.3e}\n"
+          f"  with quantisation + side bits     paper: 0                    ours {b['quantised']:.3e}")
+    fewbit = reproduce_fewbit()
+    print("\nFewBit's builtin derivative quantisations on their own objective (Novikov et al.) vs ours")
+    print(format_fewbit_rows(fewbit))
+    memory = measure_all()
+    print("\nApprox-BP App. B (Figs. 5, 6): one block's saved activations, in 16-bit [b, n, c] tensors")
+    print(format_rows(memory))
+    return ([("BDIA", b["quantised"] == 0.0 and b["plain"] > 0.0)]
+            + [(f"FewBit {r.activation} k={r.bits}", r.ok) for r in fewbit]
+            + [(f"App. B {r.block} {r.variant}", r.ok) for r in memory])
+
+
+def _export(args, argv) -> int:
+    from approxbp.kernels.codegen import export  # the top layer (approxbp/) may use both sides
+
+    written = export(args.tables or None, args.out_dir)
+    for folder in sorted({str(p.parent) for p in written}):
+        print(f"wrote {sum(str(p.parent) == folder for p in written)} kernel modules under {folder}")
+    return 0
+
+
+def _figures(args, argv) -> int:
+    import matplotlib
+
+    from approxbp.approximations import tables as T
+
+    matplotlib.use("Agg")
+    from approxbp.approximations.files import save_figure
+    from approxbp.fitting.atlas import write_atlas
+    from approxbp.fitting.plots import plot_invact, plot_relu_sum
+
+    args.out = _figures_dir(args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    written = write_atlas(args.out)
+    for act in ("gelu", "silu"):
+        f = plot_relu_sum(T.load(f"relu_sum/{T.relu_sum_name(act, 2, 'primitive')}"),
+                          T.load(f"relu_sum/{T.relu_sum_name(act, 2, 'primitive', 'paper')}"),
+                          x_range=(-6, 6) if act == "gelu" else (-10, 10))
+        written.append(args.out / f"relu_sum_{act}_k2.png")
+        save_figure(f, written[-1], dpi=110)
+        f = plot_invact(act)
+        written.append(args.out / f"invact_{act}.png")
+        save_figure(f, written[-1], dpi=110)
+    from approxbp import bdia_experiments as bdia
+
+    written += bdia.write_analysis(args.out, progress=False)
+    committed = Path(__file__).resolve().parent.parent / "docs" / "figures" / "bdia_toy_gpt.json"
+    results = next((p for p in (args.out / "bdia_toy_gpt.json", committed) if p.is_file()), None)
+    if results is None:
+        print("no bdia_toy_gpt.json to re-plot: retraining the toy GPT (about 2–3 minutes on 2 cores)",
+              file=sys.stderr)
+    written += bdia.write_toy_gpt(args.out, results_json=results, progress=False)
+    for p in written:
+        print(f"wrote {p}")
+    return 0
+
+
+def _atlas(args, argv) -> int:
+    import json
+
+    from approxbp.approximations.activations import named_activation
+    from approxbp.fitting.atlas import write_atlas
+
+    acts, names = args.activation or ["gelu", "silu"], args.name or []
+    if len(names) > len(acts):
+        raise ValueError(f"{len(names)} --name for {len(acts)} --activation: give one label per expression")
+    named = [named_activation(a, names[i] if i < len(names) else None) for i, a in enumerate(acts)]
+    written = write_atlas(_figures_dir(args.out), tuple(named))
+    rows = json.loads(written[0].read_text())["rows"]
+    for act, entries in rows.items():
+        print(f"{act}: L2 (N(0,1)-weighted) of the backward multiplier, per saved bit")
+        for e in entries:
+            family, bits = e.get("family"), e.get("bits")  # atlas result rows, not tables
+            if family in ("fewbit-normal", "relu-sum-derivative") and bits <= 4 or family.startswith("invact"):
+                print(f"  {e['label']:<40} {bits} bit  L2 {e['l2_normal']:.3e}  L∞ {e['linf']:.3e}")
+    for p in written:
+        print(f"wrote {p}")
+    return 0
+
+
+def _bdia(args, argv) -> int:
+    progress = _progress(args)
+    import json
+
+    import torch
+
+    from approxbp import bdia_experiments as bdia
+
+    out = _figures_dir(args.out)
+    if args.action == "analyze":
+        dtypes = tuple(getattr(torch, d) for d in (args.dtype or ("float32", "float64")))
+        written = bdia.write_analysis(out, args.blocks, tuple(args.level or bdia.LEVELS), dtypes, args.seed,
                                       progress=progress)
-            paths += regenerate_invact(args.out, seed=args.seed)
-            print(f"regenerated {len(paths)} tables under {paths[0].parent.parent}")
-            from approxbp.fitting.consistency import check_consistency
+        r = json.loads(written[0].read_text())
+        print(f"max reconstruction error after {r['blocks']} blocks:")
+        for key, v in r["reconstruction"].items():
+            if "error" in v:  # beyond the exactness bound: the analysis records why, not a number
+                print(f"  {key:<24} refused: {v['error'][:90]}")
+                continue
+            errs = v["max_error_by_block"]
+            finite = [e for e in errs if e is not None]
+            gone = next((i for i, e in enumerate(errs) if e is None), None)
+            tail = f"overflows after {gone} blocks" if gone is not None else f"{(finite or [0])[-1]:.3e}"
+            print(f"  {key:<24} {tail}")
+        m = r["memory"]
+        print(f"saved bytes per element per block: autograd {m['autograd_bytes_per_element_per_block']:.2f}, "
+              f"online {m['online_bytes_per_element_per_block']:.2f}")
+    else:
+        written = bdia.write_toy_gpt(out, steps=args.steps, level=args.level, seed=args.seed,
+                                     progress=progress)
+        r = json.loads(written[0].read_text())
+        for name in ("standard", "bdia"):
+            print(f"{name:<9} final validation loss {r[name]['val_loss'][-1]:.4f}, saved activations "
+                  f"{r[name]['saved_bytes_per_step'] / 2**20:.1f} MiB per step")
+    for p in written:
+        print(f"wrote {p}")
+    return 0
 
-            root = paths[0].parent.parent
-            problems = check_consistency(lambda name: T.load(root / f"{name}.json"))
-            print("consistency across k and activations: " + ("ok" if not problems else "FAILED"))
-            for p in problems:
-                print(f"  {p}")
-            ok_inv = ok_inv and not problems
-            certified_ok = _certify_regenerated(paths, progress)
-        from approxbp.bdia_experiments import reproduce_row
 
-        b = reproduce_row(seed=args.seed)
-        print(f"\nBDIA row (Fig. 2: K = {b['blocks']}, l = {b['level']}, fp32): max reconstruction error\n"
-              f"  without quantisation (eq. 16)     paper: grows ×2 per block   ours {b['plain']:.3e}\n"
-              f"  with quantisation + side bits     paper: 0                    ours {b['quantised']:.3e}")
-        ok_bdia = b["quantised"] == 0.0 and b["plain"] > 0.0
-        from approxbp.reproduce import format_fewbit_rows, reproduce_fewbit
+def _tables(args, argv) -> int:
+    from approxbp.approximations import tables as T
 
-        fewbit = reproduce_fewbit()
-        print("\nFewBit's builtin derivative quantisations on their own objective (Novikov et al.) vs ours")
-        print(format_fewbit_rows(fewbit))
-        from approxbp.appendix_b import format_rows, measure_all
-
-        memory = measure_all()
-        print("\nApprox-BP App. B (Figs. 5, 6): one block's saved activations, in 16-bit [b, n, c] tensors")
-        print(format_rows(memory))
-        # ReLU-sum, InvAct branches, BDIA, App. B, consistency and certificates
-        n_rows = len(rows) + 2 * len(inv) + 1 + len(fewbit) + len(memory) + (2 if args.full else 0)
-        failed = ([r.label for r in rows if not r.ok] + ([] if ok_inv else ["InvAct or consistency"])
-                  + ([] if ok_bdia else ["BDIA"]) + [f"App. B {r.block} {r.variant}" for r in memory if not r.ok]
-                  + [f"FewBit {r.activation} k={r.bits}" for r in fewbit if not r.ok]
-                  + ([] if not args.full or certified_ok else ["certificates"]))
-        print(f"reproduce finished in {time.perf_counter() - t0:.1f} s: "
-              + (f"all {n_rows} rows match or beat the papers" if not failed else f"FAILED: {', '.join(failed)}"))
-        return 0 if not failed else 1
-    if args.command == "export":
-        from approxbp.kernels.codegen import export  # the top layer (approxbp/) may use both sides
-
-        written = export(args.tables or None, args.out_dir)
-        for folder in sorted({str(p.parent) for p in written}):
-            print(f"wrote {sum(str(p.parent) == folder for p in written)} kernel modules under {folder}")
-        return 0
-    if args.command == "figures":
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from approxbp.approximations.files import save_figure
-        from approxbp.fitting.atlas import write_atlas
-        from approxbp.fitting.plots import plot_invact, plot_relu_sum
-
-        args.out = _figures_dir(args.out)
-        args.out.mkdir(parents=True, exist_ok=True)
-        written = write_atlas(args.out)
-        for act in ("gelu", "silu"):
-            f = plot_relu_sum(T.load(f"relu_sum/{T.relu_sum_name(act, 2, 'primitive')}"),
-                              T.load(f"relu_sum/{T.relu_sum_name(act, 2, 'primitive', 'paper')}"),
-                              x_range=(-6, 6) if act == "gelu" else (-10, 10))
-            written.append(args.out / f"relu_sum_{act}_k2.png")
-            save_figure(f, written[-1], dpi=110)
-            f = plot_invact(act)
-            written.append(args.out / f"invact_{act}.png")
-            save_figure(f, written[-1], dpi=110)
-        from approxbp import bdia_experiments as bdia
-
-        written += bdia.write_analysis(args.out, progress=False)
-        committed = Path(__file__).resolve().parent.parent / "docs" / "figures" / "bdia_toy_gpt.json"
-        results = next((p for p in (args.out / "bdia_toy_gpt.json", committed) if p.is_file()), None)
-        if results is None:
-            print("no bdia_toy_gpt.json to re-plot: retraining the toy GPT (about 2–3 minutes on 2 cores)",
-                  file=sys.stderr)
-        written += bdia.write_toy_gpt(args.out, results_json=results, progress=False)
-        for p in written:
-            print(f"wrote {p}")
-        return 0
-    if args.command == "atlas":
-        import json
-
-        from approxbp.approximations.activations import named_activation
-        from approxbp.fitting.atlas import write_atlas
-
-        acts, names = args.activation or ["gelu", "silu"], args.name or []
-        if len(names) > len(acts):
-            raise ValueError(f"{len(names)} --name for {len(acts)} --activation: give one label per expression")
-        named = [named_activation(a, names[i] if i < len(names) else None) for i, a in enumerate(acts)]
-        written = write_atlas(_figures_dir(args.out), tuple(named))
-        rows = json.loads(written[0].read_text())["rows"]
-        for act, entries in rows.items():
-            print(f"{act}: L2 (N(0,1)-weighted) of the backward multiplier, per saved bit")
-            for e in entries:
-                family, bits = e.get("family"), e.get("bits")  # atlas result rows, not tables
-                if family in ("fewbit-normal", "relu-sum-derivative") and bits <= 4 or family.startswith("invact"):
-                    print(f"  {e['label']:<40} {bits} bit  L2 {e['l2_normal']:.3e}  L∞ {e['linf']:.3e}")
-        for p in written:
-            print(f"wrote {p}")
-        return 0
-    if args.command == "bdia":
-        import json
-
-        import torch
-
-        from approxbp import bdia_experiments as bdia
-
-        out = _figures_dir(args.out)
-        if args.action == "analyze":
-            dtypes = tuple(getattr(torch, d) for d in (args.dtype or ("float32", "float64")))
-            written = bdia.write_analysis(out, args.blocks, tuple(args.level or bdia.LEVELS), dtypes, args.seed,
-                                          progress=progress)
-            r = json.loads(written[0].read_text())
-            print(f"max reconstruction error after {r['blocks']} blocks:")
-            for key, v in r["reconstruction"].items():
-                if "error" in v:  # beyond the exactness bound: the analysis records why, not a number
-                    print(f"  {key:<24} refused: {v['error'][:90]}")
-                    continue
-                errs = v["max_error_by_block"]
-                finite = [e for e in errs if e is not None]
-                gone = next((i for i, e in enumerate(errs) if e is None), None)
-                tail = f"overflows after {gone} blocks" if gone is not None else f"{(finite or [0])[-1]:.3e}"
-                print(f"  {key:<24} {tail}")
-            m = r["memory"]
-            print(f"saved bytes per element per block: autograd {m['autograd_bytes_per_element_per_block']:.2f}, "
-                  f"online {m['online_bytes_per_element_per_block']:.2f}")
+    paths = args.files or T.table_paths(args.family)
+    bad = 0
+    for p in paths:
+        try:
+            t = T.load(p)
+        except (ValueError, OSError) as err:
+            print(f"INVALID {err}")
+            bad += 1
+            continue
+        if args.family and t.family != args.family:
+            continue
+        if t.family == "relu-sum":
+            extra = f"k={t.bits} {t.objective:<10} loss={t.loss:.6e}"
         else:
-            written = bdia.write_toy_gpt(out, steps=args.steps, level=args.level, seed=args.seed,
-                                         progress=progress)
-            r = json.loads(written[0].read_text())
-            for name in ("standard", "bdia"):
-                print(f"{name:<9} final validation loss {r[name]['val_loss'][-1]:.4f}, saved activations "
-                      f"{r[name]['saved_bytes_per_step'] / 2**20:.1f} MiB per step")
-        for p in written:
-            print(f"wrote {p}")
-        return 0
-    if args.command == "cost":
-        return _cost(args, progress)
-    if args.command == "certify":
-        return _certify(args, progress)
-    if args.command == "plan":
-        return _plan(args, progress)
-    if args.command == "tables":
-        paths = args.files or T.table_paths(args.family)
-        bad = 0
-        for p in paths:
-            try:
-                t = T.load(p)
-            except (ValueError, OSError) as err:
-                print(f"INVALID {err}")
-                bad += 1
-                continue
-            if args.family and t.family != args.family:
-                continue
-            if t.family == "relu-sum":
-                extra = f"k={t.bits} {t.objective:<10} loss={t.loss:.6e}"
-            else:
-                m = t.metrics
-                extra = f"{t.form:<10} L∞ left {m['linf_left']:.2e} right {m['linf_right']:.2e}"
-            inside = Path(p).resolve().is_relative_to(T.data_dir().resolve())
-            shown = Path(p).resolve().relative_to(T.data_dir().resolve()) if inside else p
-            print(f"{shown!s:<48} {t.source:<5} {extra}")
-        print(f"{len(paths)} tables, " + (f"{bad} invalid" if bad else "all valid"))
-        return 2 if bad else 0
-    raise AssertionError(args)
+            m = t.metrics
+            extra = f"{t.form:<10} L∞ left {m['linf_left']:.2e} right {m['linf_right']:.2e}"
+        inside = Path(p).resolve().is_relative_to(T.data_dir().resolve())
+        shown = Path(p).resolve().relative_to(T.data_dir().resolve()) if inside else p
+        print(f"{shown!s:<48} {t.source:<5} {extra}")
+    print(f"{len(paths)} tables, " + (f"{bad} invalid" if bad else "all valid"))
+    return 2 if bad else 0
 
 
 def _certify_tables(paths, progress: bool, write: bool, only_default: bool = False, **options) -> dict[str, bool]:
@@ -513,10 +569,11 @@ def _certify_regenerated(paths, progress: bool) -> bool:
     return all(_certify_tables(paths, progress, write=True, only_default=True).values())
 
 
-def _certify(args, progress: bool) -> int:
+def _certify(args, argv) -> int:
     """``approxbp certify``: one line per certificate; exit 1 when a claim fails."""
     from approxbp.approximations import tables as T
 
+    progress = _progress(args)
     if not (args.budget > 0 and 0 < args.rtol < 10):
         raise ValueError("--budget must be > 0 and --rtol in (0, 10)")
     t0 = time.perf_counter()
@@ -549,14 +606,14 @@ def parse_bits(text: str) -> list[int]:
     return out
 
 
-def _sweep(args, argv, progress: bool) -> int:
+def _sweep(args, argv) -> int:
     """``approxbp sweep``: every (activation, k, objective) fitted, one summary line each; tables to --out-dir."""
     from approxbp.approximations import tables as T
     from approxbp.approximations.activations import named_activation
     from approxbp.approximations.files import check_writable, safe_stem
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
 
-    acts = []
+    progress, acts = _progress(args), []
     for spec in args.activation:
         name, sep, expr = spec.partition("=")
         acts.append(named_activation(expr, name) if sep and name.isidentifier() else named_activation(spec))
@@ -618,7 +675,7 @@ def _fit_free_levels(args, argv) -> int:
     return 0
 
 
-def _plan(args, progress: bool) -> int:
+def _plan(args, argv) -> int:
     """``approxbp plan``: the step's memory before and after, the choice per layer, the options measured."""
     from approxbp import plan as P
     from approxbp.approximations.files import write_atomic
@@ -626,7 +683,7 @@ def _plan(args, progress: bool) -> int:
     for name in ("batch", "seq", "lora_r"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    tell = (lambda msg: print(f"[plan] {msg}", file=sys.stderr, flush=True)) if progress else None
+    tell = (lambda msg: print(f"[plan] {msg}", file=sys.stderr, flush=True)) if _progress(args) else None
     t0 = time.perf_counter()
     budget = P.parse_size(args.budget) if args.budget else None
     if args.maximize:
@@ -648,7 +705,7 @@ def _plan(args, progress: bool) -> int:
     return 0
 
 
-def _cost(args, progress: bool) -> int:
+def _cost(args, argv) -> int:
     """``approxbp cost``: one row per kernel, then the kernels over 0.9 of the budget."""
     import json
     import re
@@ -659,7 +716,7 @@ def _cost(args, progress: bool) -> int:
     m = re.fullmatch(r"sm_(\d+)", args.arch)
     if not m:
         raise ValueError(f"--arch {args.arch!r}: expected sm_NN, e.g. sm_90")
-    tell = (lambda i, n, name: print(f"[{i}/{n}] {name}", file=sys.stderr)) if progress else None
+    tell = (lambda i, n, name: print(f"[{i}/{n}] {name}", file=sys.stderr)) if _progress(args) else None
     t0 = time.perf_counter()
     results = cost.run(args.tables or None, args.dtype, int(m[1]), extras=not args.tables, progress=tell)
     print(f"{args.arch}, {args.dtype}; budget {cost.BUDGET:.2f} SASS instructions per byte moved (H100); ratio = "
@@ -675,6 +732,14 @@ def _cost(args, progress: bool) -> int:
         print(f"wrote {args.json}")
     return 0
 
+
+#: name → (its parser, its run): one function each, in the order of ``approxbp --help``
+COMMANDS = {
+    "fit": (_parser_fit, _fit), "sweep": (_parser_sweep, _sweep), "reproduce": (_parser_reproduce, _reproduce),
+    "export": (_parser_export, _export), "figures": (_parser_figures, _figures), "atlas": (_parser_atlas, _atlas),
+    "bdia": (_parser_bdia, _bdia), "cost": (_parser_cost, _cost), "plan": (_parser_plan, _plan),
+    "certify": (_parser_certify, _certify), "tables": (_parser_tables, _tables),
+}
 
 if __name__ == "__main__":
     raise SystemExit(main())
