@@ -145,9 +145,10 @@ def reproduce_row(seed: int = 0) -> dict:
 
 def plot_analysis(result: dict):
     """Fig. 2/6 extended: reconstruction error vs block (log), forward quantisation vs block per l, memory."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.4))
+    fig = Figure(figsize=(16, 4.4))
+    (a, b, c) = fig.subplots(1, 3)
     floor, cap = 1e-18, 1e40  # exact zeros drawn at the floor, inf (overflow) at the cap
     K = result["blocks"]
     exact = []
@@ -326,9 +327,10 @@ def _grads_equal_autograd(model: ToyGPT, xb, yb, seed: int, rng_before: torch.Te
 
 def plot_toy_gpt(result: dict):
     """Training and validation loss, standard vs BDIA, and saved-activation bytes per step."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2.2, 1]})
+    fig = Figure(figsize=(12, 4.2))
+    (a, b) = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2.2, 1]})
     for name, color in (("standard", "C0"), ("bdia", "C3")):
         r = result[name]
         label = "standard residual" if name == "standard" else f"BDIA (γ ∈ ±0.5, l = {result['config']['level']})"
@@ -358,9 +360,6 @@ def write_analysis(out, blocks: int = 1000, levels=LEVELS, dtypes=(torch.float32
     import json
     from pathlib import Path
 
-    import matplotlib
-
-    matplotlib.use("Agg")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     result = analyze(blocks, levels, dtypes, seed, progress)
@@ -374,9 +373,6 @@ def write_toy_gpt(out, results_json=None, progress: bool = True, **kwargs) -> li
     import json
     from pathlib import Path
 
-    import matplotlib
-
-    matplotlib.use("Agg")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if results_json is not None and Path(results_json).exists():

@@ -667,19 +667,19 @@ def report(p: Plan) -> str:
 def figure(p: Plan, path: Path) -> Path:
     """Stacked bars of the step's memory by category, exact and planned (as Approx-BP's Fig. 2)."""
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     from approxbp.approximations.files import write_atomic
 
     kinds = sorted(set(p.before["activations_by_kind"]) | set(p.after["activations_by_kind"]))
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
     for i, step in enumerate((p.before, p.after)):
         bottom = 0.0
         for j, key in enumerate((*CATEGORIES, *kinds)):
             v = (step[key] if key in CATEGORIES else step["activations_by_kind"].get(key, 0)) / 2**30
-            ax.bar(i, v, bottom=bottom, color=plt.cm.tab10(j), label=key if i == 0 else None, width=0.55)
+            ax.bar(i, v, bottom=bottom, color=matplotlib.colormaps["tab10"](j), label=key if i == 0 else None,
+                   width=0.55)
             bottom += v
     ax.set_xticks([0, 1], ["exact", "planned"])
     ax.set_ylabel("GiB")
@@ -690,5 +690,4 @@ def figure(p: Plan, path: Path) -> Path:
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
     return write_atomic(Path(path), buf.getvalue())

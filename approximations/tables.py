@@ -329,8 +329,17 @@ def load(path: str | Path) -> Table:
     return from_json(t, str(p))
 
 
-def sha256(path: str | Path) -> str:
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes (not :func:`definition_sha256`, what ``Table.sha256`` is)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def sha256(path: str | Path) -> str:
+    """Deprecated: :func:`file_sha256` (the name clashed with ``Table.sha256``, a definition hash)."""
+    import warnings
+
+    warnings.warn("approxbp tables.sha256(path) is renamed file_sha256(path)", DeprecationWarning, stacklevel=2)
+    return file_sha256(path)
 
 
 def table_paths(family: str | None = None) -> list[Path]:

@@ -117,10 +117,6 @@ def atlas(activation, cache: Path | None = None) -> list[dict]:
 def write_atlas(out: Path, activations=("gelu", "silu")) -> list[Path]:
     """Data (JSON) and one figure per activation: error vs saved bits per element, log scale. Tables fitted for
     activations the package lacks are kept in ``out/atlas_tables`` and reused."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
     acts = [get_activation(a) for a in activations]
@@ -131,14 +127,13 @@ def write_atlas(out: Path, activations=("gelu", "silu")) -> list[Path]:
         fig = plot_atlas(a, rows)
         p = out / f"error_atlas_{safe_stem(a)}.png"  # a may be a whole expression
         save_figure(fig, p, dpi=110)
-        plt.close(fig)
         paths.append(p)
     return paths
 
 
 def plot_atlas(a: str, rows: list[dict] | None = None):
     """Error of the backward derivative vs saved bits per element, every family, for one activation."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     rows = atlas(a) if rows is None else rows
     styles = {"fewbit-uniform": ("C0", "o-"), "fewbit-normal": ("C0", "o--"), "relu-sum-primitive": ("C2", "s-"),
@@ -151,7 +146,8 @@ def plot_atlas(a: str, rows: list[dict] | None = None):
              "invact-paper": "InvAct, paper's eqs. 5–8", "invact-released": "InvAct, authors' released constants",
              "invact-newton": "InvAct, ours (newton, the reference)",
              "invact-fast": "InvAct, ours (fast, the kernels')"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2))
+    axes = fig.subplots(1, 2)
     for ax, metric, title in ((axes[0], "l2_normal", "L2 error, N(0,1)-weighted"),
                               (axes[1], "linf", "L∞ error on x ∈ [−8, 8]")):
         for fam, (color, style) in styles.items():

@@ -11,11 +11,12 @@ from approxbp.approximations.invact_forms import Form, branch_grid
 
 def plot_relu_sum(table: dict, paper: dict | None = None, x_range=(-6.0, 6.0)):
     """h vs h̃ and h' vs the 2^k-level step derivative (Approx-BP Figs. 3, 7, 8, for any table)."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     act = get_activation(table.expression)
     x = np.linspace(*x_range, 4001)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    (a, b) = fig.subplots(1, 2)
     a.plot(x, act.f(x), "k", lw=2, label=f"{table.activation} (forward, exact)")
     b.plot(x, act.df(x), "k", lw=2, label=f"{table.activation}′")
     for t, style, who in ((table, "C3", "ours"), (paper, "C0--", "paper")):
@@ -42,10 +43,11 @@ def relu_sum_error_vs_bits(activation: str, objective: str = "primitive") -> tup
 
 def plot_invact(activation: str, forms=("paper", "released", "newton")):
     """g(y) = f'(f⁻¹(y)) on both branches, and |g − q| for each committed form (Inverted Activations Fig. 2)."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     ia = InvertedActivation(activation)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    fig = Figure(figsize=(11, 7))
+    axes = fig.subplots(2, 2)
     for col, side in enumerate(("left", "right")):
         yv, _ = branch_grid(ia, side, 4001)
         yv = yv[1:-1]

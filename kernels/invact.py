@@ -39,7 +39,7 @@ class InvActSpec:
         if t.family != "invact":
             raise ValueError(f"{table}: expected an invact table, got {t.family!r}")
         self.table = t
-        self.key = f"invact:{t.sha256}"
+        self.key = ops.spec_key("invact", t, path, self.kernels_dir)
         self.T, self.f_T = t.turning_point, t.f_T
         self._f = get_activation(t.expression).torch_fn(0)
         self.q = TableBackward(t)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -33,6 +34,36 @@ def register(spec) -> str:
     """Make ``spec`` (with a ``key`` attribute) reachable from the ops; returns its key."""
     SPECS[spec.key] = spec  # equal keys are equal definitions: the latest (whose module surely exists) serves
     return spec.key
+
+
+def spec_key(family: str, table, path, kernels_dir: str | None) -> str:
+    """``family:definition-sha256:source[@kernels_dir]``, where source is the packaged table's name or the user
+    table's absolute path: any process can rebuild the spec from it (:func:`spec_of`), so a ``torch.export``ed
+    program runs where only ``approxbp.kernels`` was imported."""
+    from approxbp.approximations.tables import data_dir
+
+    path, data = Path(path).resolve(), data_dir().resolve()
+    source = path.relative_to(data).with_suffix("").as_posix() if path.is_relative_to(data) else str(path)
+    return f"{family}:{table.sha256}:{source}" + (f"@{kernels_dir}" if kernels_dir else "")
+
+
+def spec_of(key: str):
+    """The spec registered under ``key``, or rebuilt from it (and registered) in a process that never built the
+    module; refused when the table changed since the key was made."""
+    spec = SPECS.get(key)
+    if spec is None:
+        family, sha, source = key.split(":", 2)
+        source, _, kernels_dir = source.rpartition("@") if "@" in source else (source, "", "")
+        if family == "relu-sum":
+            from .relu_sum import ReLUSumSpec as make
+        else:
+            from .invact import InvActSpec as make
+        spec = make(source, kernels_dir or None)
+        if spec.table.sha256 != sha:
+            raise RuntimeError(f"this program was made with {source} of definition sha256 {sha[:16]}…; that table "
+                               f"is now {spec.table.sha256[:16]}…: export the program again")
+        register(spec)
+    return spec
 
 
 def attach(spec, use_triton: bool | None):
@@ -84,12 +115,12 @@ def _invact_bwd(g, y, bits, spec, use_triton, dtype):
 # ---- ReLU-sum ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("approxbp::relu_sum_forward", mutates_args=())
 def relu_sum_forward(x: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _relu_sum_fwd(x, SPECS[key], use_triton)
+    return _relu_sum_fwd(x, spec_of(key), use_triton)
 
 
 @relu_sum_forward.register_fake
 def _(x, key, use_triton):
-    spec = SPECS[key]
+    spec = spec_of(key)
     n = x.numel()
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             x.new_empty((spec.packed_bytes(n),), dtype=torch.uint8),
@@ -98,7 +129,7 @@ def _(x, key, use_triton):
 
 @torch.library.custom_op("approxbp::relu_sum_backward", mutates_args=())
 def relu_sum_backward(g: Tensor, packed: Tensor, nan: Tensor, key: str, use_triton: bool) -> Tensor:
-    return _relu_sum_bwd(g, packed, nan, SPECS[key], use_triton)
+    return _relu_sum_bwd(g, packed, nan, spec_of(key), use_triton)
 
 
 @relu_sum_backward.register_fake
@@ -122,7 +153,7 @@ relu_sum_forward.register_autograd(_relu_sum_grad, setup_context=_relu_sum_setup
 # ---- inverted activations ---------------------------------------------------------------------------------
 @torch.library.custom_op("approxbp::invact_forward", mutates_args=())
 def invact_forward(x: Tensor, key: str, use_triton: bool, out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
-    return _invact_fwd(x, SPECS[key], use_triton, out_dtype)
+    return _invact_fwd(x, spec_of(key), use_triton, out_dtype)
 
 
 @invact_forward.register_fake
@@ -133,7 +164,7 @@ def _(x, key, use_triton, out_dtype):
 
 @torch.library.custom_op("approxbp::invact_backward", mutates_args=())
 def invact_backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: bool, dtype: torch.dtype) -> Tensor:
-    return _invact_bwd(g, y, bits, SPECS[key], use_triton, dtype)
+    return _invact_bwd(g, y, bits, spec_of(key), use_triton, dtype)
 
 
 @invact_backward.register_fake

@@ -45,7 +45,7 @@ class ReLUSumSpec:
         if t.family != "relu-sum":
             raise ValueError(f"{path}: expected a relu-sum table, got {t.family!r}")
         self.path, self.table = path, t
-        self.key = f"relu-sum:{t.sha256}"
+        self.key = ops.spec_key("relu-sum", t, path, self.kernels_dir)
         self.bits, self.storage = t.bits, storage_bits(t.bits)
         with unset_fake_temporarily():  # real constants even when built for a fake-tensor plan (specs are shared)
             self.knots64 = torch.tensor(t.knots, dtype=torch.float64)

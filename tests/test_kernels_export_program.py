@@ -1,0 +1,50 @@
+"""A torch.export'ed patched model runs in a fresh process that imported only ``approxbp.kernels``: the custom ops
+carry a key any process can resolve (kernels/ops.py: spec_key, spec_of), not an index into this process's memory."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from approxbp.kernels import InvActSiLU, ReGELU2, ReLUSumActivation
+from approxbp.kernels.ops import SPECS, spec_of
+
+LOAD = """
+import json, sys, torch
+import approxbp.kernels  # registers the ops; builds no drop-in
+ep = torch.export.load(sys.argv[1])
+x = torch.load(sys.argv[2]).requires_grad_(True)
+ep.module()(x).square().sum().backward()
+print(json.dumps(x.grad.flatten().tolist()))
+"""
+
+
+def test_an_exported_program_runs_in_a_fresh_process(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), ReGELU2(), torch.nn.Linear(6, 6), InvActSiLU(),
+                                torch.nn.Linear(6, 2))
+    x = torch.randn(5, 6)
+    ep = torch.export.export(model, (x,))
+    torch.export.save(ep, tmp_path / "model.pt2")
+    torch.save(x, tmp_path / "x.pt")
+    xi = x.clone().requires_grad_(True)
+    model(xi).square().sum().backward()
+    r = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "model.pt2"), str(tmp_path / "x.pt")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.splitlines()[-1]) == xi.grad.flatten().tolist()
+
+
+def test_a_key_rebuilds_its_spec_and_refuses_a_changed_table(tmp_path):
+    from approxbp.approximations import tables as T
+
+    path = T.save(T.load("relu_sum/silu-k2-derivative") | {"activation": "mine"}, tmp_path / "t.json")
+    key = ReLUSumActivation(path).spec.key
+    assert key.startswith("relu-sum:") and str(path.resolve()) in key
+    del SPECS[key]
+    assert spec_of(key).table.sha256 == T.load(path).sha256  # rebuilt from the key alone
+    del SPECS[key]
+    T.save(T.load(path) | {"activation": "mine, renamed"}, path)  # the table changed since the program was made
+    with pytest.raises(RuntimeError, match="export the program again"):
+        spec_of(key)
