@@ -626,10 +626,13 @@ def _sweep(args, argv) -> int:
             check_writable(path, overwrite=args.force)
     t0 = time.perf_counter()
     print(f"{'activation':<14} {'k':>2} {'objective':<10} {'loss':>14} {'at best':>8}  {'found by':<18} {'s':>6}")
+    done = {}  # (activation, objective, k) → knots: the k + 1 fit starts from them
     for a, objective, k, path in jobs:
         t1 = time.perf_counter()
         fit = fit_relu_sum(a, k, objective, restarts=args.restarts, seed=args.seed, workers=args.workers,
-                           progress=progress, command=cli_command(argv))
+                           progress=progress, command=cli_command(argv),
+                           lower_knots=done.get((a.name, objective, k - 1)))
+        done[(a.name, objective, k)] = fit.x
         t = fit.table
         print(f"{a.name[:14]:<14} {k:>2} {objective:<10} {t.loss:>14.6e} {fit.at_best:>3} of "
               f"{len(fit.restarts):<2}  {t.provenance['found_by'][:18]:<18} {time.perf_counter() - t1:>6.1f}",

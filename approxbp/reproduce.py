@@ -156,13 +156,15 @@ def regenerate_tables(out: Path | None = None, activations=tuple(REGISTRY), bits
         paths.append(T.save(paper_table(row), root / "relu_sum" / f"{name}.json"))
     for act in activations:
         for objective in objectives:
+            lower = None  # each k starts from the k − 1 fit just made
             for k in bits:
                 method = auto_method(k)
-                table = fit_relu_sum(act, k, objective, method=method, restarts=restarts, seed=seed,
-                                     workers=workers, progress=progress,
-                                     command=f"approxbp fit relu-sum --activation {act} --bits {k} "
-                                             f"--objective {objective} --method {method} --restarts {restarts} "
-                                             f"--seed {seed}").table
+                fit = fit_relu_sum(act, k, objective, method=method, restarts=restarts, seed=seed,
+                                   workers=workers, progress=progress, lower_knots=lower if k - 1 in bits else None,
+                                   command=f"approxbp fit relu-sum --activation {act} --bits {k} "
+                                           f"--objective {objective} --method {method} --restarts {restarts} "
+                                           f"--seed {seed}")
+                table, lower = fit.table, fit.x
                 paths.append(T.save(table, root / "relu_sum" / f"{T.relu_sum_name(act, k, objective)}.json"))
     return paths
 

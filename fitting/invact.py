@@ -134,7 +134,7 @@ NEWTON_DEFAULTS = {"left": (3, 2), "right": (4, 1)}  # (rational degree, Newton 
 
 
 def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
-               backend: str = "pyoperon", sr_generations: int = 150, progress: bool = True) -> dict:
+               backend: str = "pyoperon", sr_generations: int = 150, progress: bool = True) -> T.InvActTable:
     """Build a table for one activation and form (see the module docstring)."""
     t0 = time.perf_counter()
     act = get_activation(activation)
@@ -142,7 +142,7 @@ def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     ia = InvertedActivation(act)
     check_right_tail(ia)
-    extra = None
+    extra, combined = None, None  # combined: the fast form's one q(y, b) for both branches
     if form in ("paper", "released"):
         forms = published_forms(act.name, ia)
         if form not in forms:
@@ -174,8 +174,7 @@ def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
                              "use form='newton'")
         prov = {"method": f"fast: rational minimax in the signed root σ = ±√(y − f(T)) (degree "
                           f"{info['rational_degree']}) + y·poly(log(−y)) left tail (degree {info['tail_degree']})"}
-        extra = {"fast": {**info, "tolerance": TOL, "transcendental_ops": trans, "other_ops": other},
-                 "_combined": combined}
+        extra = {"fast": {**info, "tolerance": TOL, "transcendental_ops": trans, "other_ops": other}}
     elif form == "newton":
         left, right = (fit_newton(ia, b, *NEWTON_DEFAULTS[b]) for b in ("left", "right"))
         prov = {"method": "newton: √t-rational initial guess (degree, steps) = "
@@ -188,6 +187,5 @@ def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
         prov = {"method": f"symbolic regression ({backend}, {sr_generations} generations), constants refitted "
                           "in float64", "seed": seed}
         extra = {"pareto_left": lfront, "pareto_right": rfront}
-    combined = (extra or {}).pop("_combined", None)
     prov["seconds"] = round(time.perf_counter() - t0, 2)  # the fit itself; measuring the metrics comes after
     return invact_table(act, left, right, form, provenance=prov, extra=extra, combined=combined)

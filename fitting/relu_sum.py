@@ -315,9 +315,12 @@ class ReluSumFit(OptimizeResult):
 
 def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "primitive", method: str = "auto",
                  restarts: int = 4, seed: int = 0, workers: int | None = None, progress: bool = True,
-                 command: str | None = None, structured: bool = True) -> ReluSumFit:
+                 command: str | None = None, structured: bool = True,
+                 lower_knots: np.ndarray | None = None) -> ReluSumFit:
     """Fit h̃ (eq. 13) to ``activation``: ``restarts`` seeded runs of ``method`` plus the structured starts
-    (``structured=False`` leaves those out), each polished; the best one becomes the table."""
+    (``structured=False`` leaves those out), each polished; the best one becomes the table. One structured start
+    refines the k − 1 solution: ``lower_knots`` (a sweep over k passes the previous fit's ``x``; it must come from
+    the default method with the same restarts and seed), else that fit is run first (and k − 2 before it, …)."""
     t0 = time.perf_counter()
     act = get_activation(activation)
     bits = check_bits(bits)
@@ -337,7 +340,10 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
         c, best_restart, method_used = np.array([0.0]), 0, "closed-form"
         results, valid, labels, nfev = [(0, obj(c)[0], c, None, 1)], [0], ["closed form"], 1
     else:
-        lower = _lower_solution(act, bits - 1, objective, restarts, seed, workers) if structured else None
+        lower = None
+        if structured:
+            lower = lower_knots if lower_knots is not None else fit_relu_sum(
+                act, bits - 1, objective, restarts=restarts, seed=seed, workers=workers, progress=False).x
         children = np.random.SeedSequence(seed).spawn(restarts)
         common = (act.name, act.expression, bits, objective, (A, B))
         jobs = [_Job(*common, method, s, i) for i, s in enumerate(children)]
@@ -366,8 +372,6 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
             valid = [r for r in results if r[3] is None]
             best_restart, _, c, _, _ = min(valid, key=lambda r: (r[1], r[0]))
     rs = obj.solution(c)
-    if structured and method == auto_method(bits):  # the refined start of a later k + 1 fit
-        _LOWER[(act.expression, bits, objective, restarts, seed)] = rs.knots
     cert = certify(obj, rs.knots)
     loss = obj.loss(rs)
     losses = [float(r[1]) if r[3] is None else None for r in results]
@@ -395,18 +399,6 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
                + ("; found by the grid DP (the global optimum on its grid, polished)" if global_on_grid else ""))
     return ReluSumFit(table=table, x=rs.knots, fun=loss, success=True, message=message, nfev=nfev,
                       restarts=losses, restart_labels=labels, at_best=at_best, untrusted=untrusted)
-
-
-_LOWER: dict[tuple, np.ndarray] = {}
-
-
-def _lower_solution(act: Activation, bits: int, objective: str, restarts: int, seed: int, workers) -> np.ndarray:
-    """The (k−1) knots for the refined start, fitted once per process (a whole k = 1…8 sweep reuses them)."""
-    key = (act.expression, bits, objective, restarts, seed)
-    if key not in _LOWER:
-        _LOWER[key] = fit_relu_sum(act, bits, objective, method="auto", restarts=restarts, seed=seed,
-                                   workers=workers, progress=False).x
-    return _LOWER[key]
 
 
 def auto_method(bits: int) -> str:

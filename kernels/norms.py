@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from . import ops
+from . import ops, swaps
 from .guards import check_input, check_triton_device
 
 
@@ -263,12 +263,12 @@ def keep_affine(norm: nn.Module, consumers: list[nn.Module]) -> tuple[MSLayerNor
     for c, w in zip(consumers, wrapped):
         if w.in_features != dim:
             raise ValueError(f"consumer {c} must read {dim} features")
-        w.__dict__["replaced"] = c
+        swaps.mark_replaced(w, c)
     ms.weight = norm.weight  # Parameters (or None): the same objects, the same state-dict keys
     if hasattr(norm, "bias"):
         ms.bias = norm.bias
-    ms.__dict__["replaced"] = norm  # for unpatch: no arithmetic to undo
-    ms.__dict__["kept_affine"] = True
+    swaps.mark_replaced(ms, norm)  # for unpatch: no arithmetic to undo
+    swaps.mark_kept_affine(ms)
     return ms, wrapped
 
 
@@ -309,7 +309,7 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
     cls = MSLayerNorm if isinstance(norm, nn.LayerNorm) else MSRMSNorm
     ms = cls(dim, eps)
     # what unmerge_norm needs (kept outside the module tree: no parameters, no state-dict keys)
-    ms.__dict__["merged_from"] = (norm, [m for m, _, _ in merged], created)
+    swaps.mark_merged(ms, norm, [m for m, _, _ in merged], created)
     ms._register_state_dict_hook(_warn_merged_layout)
     return ms
 
@@ -327,9 +327,9 @@ def _warn_merged_layout(module, state_dict, prefix, local_metadata) -> None:
 def unmerge_norm(ms: MSLayerNorm) -> nn.Module:
     """Undo :func:`merge_norm`: W = W̃·diag(α)⁻¹ and b = b̃ − W·β in every consumer (float64), and return the
     original norm module. Raises if α has zeros (the merged columns carry no information then)."""
-    if "merged_from" not in ms.__dict__:
+    if swaps.merged(ms) is None:
         raise ValueError(f"{ms} was not made by merge_norm")
-    norm, consumers, created = ms.__dict__["merged_from"]
+    norm, consumers, created = swaps.merged(ms)
     alpha = norm.weight.double() if norm.weight is not None else None
     if alpha is not None and bool((alpha == 0).any()):
         raise ValueError("cannot unmerge: the norm's weight α has zeros")

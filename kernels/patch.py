@@ -14,6 +14,7 @@ from approxbp.approximations import tables as T
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import swaps
 from .norms import AffineInputLinear, NormInputLinear, is_mergeable_norm, keep_affine, merge_norm
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
@@ -143,7 +144,7 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
                     if new is not None and (mismatch := _computes_differently(child, new, checked)):
                         new, why = None, mismatch
                     if new is not None:
-                        new.__dict__["replaced"] = child  # for unpatch (not a submodule: no state-dict keys)
+                        swaps.mark_replaced(new, child)  # for unpatch (not a submodule: no state-dict keys)
                         _move_hooks(child, new)
                         undo.setattr(parent, child_name, new)
                         report.activations.append(f"{where}: {type(child).__name__} → {type(new).__name__}"
@@ -221,9 +222,9 @@ def unpatch(model: nn.Module) -> nn.Module:
 
     for _, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
-            if "replaced" in child.__dict__:
-                setattr(parent, child_name, child.__dict__["replaced"])
-            elif "merged_from" in child.__dict__:
+            if swaps.replaced(child) is not None:
+                setattr(parent, child_name, swaps.replaced(child))
+            elif swaps.merged(child) is not None:
                 setattr(parent, child_name, unmerge_norm(child))
     return model
 
@@ -334,10 +335,10 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
     modules = dict(model.named_modules())
     shared = _shared_parameters(model)
     for name, (consumers, other) in found.items():
-        if "merged_from" in modules[name].__dict__:  # merged by an earlier call: only new adapters to wrap
+        if swaps.merged(modules[name]) is not None:  # merged by an earlier call: only new adapters to wrap
             _wrap_new_adapters(model, modules, name, consumers, other, report, undo)
             continue
-        if "kept_affine" in modules[name].__dict__:  # patched by an earlier call: wrap consumers added since
+        if swaps.kept_affine(modules[name]):  # patched by an earlier call: wrap consumers added since
             _wrap_new_consumers(model, modules, name, consumers, other, report, undo)
             continue
         if other or not consumers:
@@ -397,7 +398,7 @@ def _wrap_new_consumers(model, modules, name, consumers, other, report, undo) ->
         return
     for c in new:
         w = NormInputLinear(modules[c], ms)
-        w.__dict__["replaced"] = modules[c]
+        swaps.mark_replaced(w, modules[c])
         _replace(model, modules, c, w, undo)
     report.norms.append(f"{name} (patched before): {new} now apply its α, β to their input")
 
@@ -411,7 +412,7 @@ def _wrap_new_adapters(model, modules, name, consumers, other, report, undo) -> 
     if other:
         report.skipped.append(f"{name}: adapters {new} read it, but so does {sorted(other)}; left as they are")
         return
-    norm = modules[name].__dict__["merged_from"][0]
+    norm = swaps.merged(modules[name])[0]
     _wrap_adapters(model, modules, norm, new, undo)
     report.norms.append(f"{name} (merged before): adapters {new} now apply its α, β to their input")
 
@@ -421,13 +422,13 @@ def _wrap_adapters(model, modules, norm, adapters, undo) -> None:
     alpha = norm.weight if norm.weight is not None else torch.ones(norm.normalized_shape)
     for c in adapters:
         wrapped = AffineInputLinear(modules[c], alpha, getattr(norm, "bias", None))
-        wrapped.__dict__["replaced"] = modules[c]
+        swaps.mark_replaced(wrapped, modules[c])
         _replace(model, modules, c, wrapped, undo)
 
 
 def _watched(module: nn.Module) -> bool:
     """A norm to patch, or an MS-norm an earlier call made (whose new consumers may need wrapping)."""
-    return is_mergeable_norm(module) or "merged_from" in module.__dict__ or "kept_affine" in module.__dict__
+    return is_mergeable_norm(module) or swaps.merged(module) is not None or swaps.kept_affine(module)
 
 
 def _is_consumer(module: nn.Module) -> bool:

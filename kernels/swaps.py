@@ -1,0 +1,37 @@
+"""What a patched module stands in for, kept in its ``__dict__`` (not a submodule: no state-dict keys, no
+parameters counted twice), so that ``unpatch_model`` and a second ``patch_model`` call can find it. The one home of
+these records for ``patch.py`` and ``norms.py``."""
+
+from __future__ import annotations
+
+from torch import nn
+
+_REPLACED, _MERGED, _KEPT_AFFINE = "replaced", "merged_from", "kept_affine"
+
+
+def mark_replaced(new: nn.Module, old: nn.Module) -> None:
+    """``new`` took ``old``'s place (a drop-in, a wrapped consumer): unpatching puts ``old`` back."""
+    new.__dict__[_REPLACED] = old
+
+
+def replaced(module: nn.Module) -> nn.Module | None:
+    return module.__dict__.get(_REPLACED)
+
+
+def mark_merged(ms: nn.Module, norm: nn.Module, consumers: list, created: list) -> None:
+    """``ms`` is ``norm`` with its affine folded into ``consumers`` (``created``: biases made for it)."""
+    ms.__dict__[_MERGED] = (norm, consumers, created)
+
+
+def merged(module: nn.Module) -> tuple | None:
+    """(norm, consumers, created) of a merged MS-norm, or None."""
+    return module.__dict__.get(_MERGED)
+
+
+def mark_kept_affine(ms: nn.Module) -> None:
+    """``ms`` keeps its norm's affine in wrapped consumers (LoRA: frozen weights cannot absorb it)."""
+    ms.__dict__[_KEPT_AFFINE] = True
+
+
+def kept_affine(module: nn.Module) -> bool:
+    return module.__dict__.get(_KEPT_AFFINE, False)
