@@ -124,6 +124,7 @@ class ReluSumObjective:
         self.n = 2**self.bits - 1
         self.A, self.B = map(float, self.interval)
         self.target = self.activation.f if self.objective == "primitive" else self.activation.df
+        self.nfev = 0  # evaluations of J so far (a restart reports its own count)
 
     # -- linear solve for fixed knots --------------------------------------------------------
     def _breaks(self, c: np.ndarray) -> np.ndarray:
@@ -177,7 +178,7 @@ class ReluSumObjective:
     # -- value and gradient ------------------------------------------------------------------
     def __call__(self, c) -> tuple[float, np.ndarray]:
         """(J(c), dJ/dc) for knots in any order; the gradient is returned in the caller's order."""
-        self.nfev = getattr(self, "nfev", 0) + 1
+        self.nfev += 1
         c = np.asarray(c, dtype=np.float64)
         if not np.all(np.isfinite(c)):
             raise ValueError(f"knots must be finite, got {c}")

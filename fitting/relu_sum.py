@@ -21,6 +21,7 @@ import shlex
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from approxbp.approximations import Activation, get_activation
@@ -278,7 +279,18 @@ class _Job:
     start: tuple[float, ...] | None = None  # a structured start (method "start"); (grid points,) for "grid-dp"
 
 
-def _run(job: _Job) -> tuple[int, float, np.ndarray, str | None, int]:
+class Restart(NamedTuple):
+    """One start's outcome: its index, the polished loss and knots, why it is unusable (None: usable), and the
+    objective evaluations it took."""
+
+    index: int
+    loss: float
+    knots: np.ndarray
+    degenerate: str | None
+    nfev: int
+
+
+def _run(job: _Job) -> Restart:
     act = Activation.from_expression(job.activation, job.expression)
     obj = ReluSumObjective(act, job.bits, job.objective, job.interval)
     if job.method == "start":
@@ -292,7 +304,7 @@ def _run(job: _Job) -> tuple[int, float, np.ndarray, str | None, int]:
     else:
         c = equidistributed_knots(obj, np.random.default_rng(job.seed), 0.5)
     c = polish(obj, c)
-    return job.restart, obj(c)[0], c, _degenerate(obj, c), obj.nfev
+    return Restart(job.restart, obj(c)[0], c, _degenerate(obj, c), obj.nfev)
 
 
 def _degenerate(obj: ReluSumObjective, c: np.ndarray) -> str | None:
@@ -338,7 +350,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     obj = ReluSumObjective(act, bits, objective, (A, B))
     if obj.n == 1:  # Σw=1 and Σw·c=0 leave exactly ReLU(x)
         c, best_restart, method_used = np.array([0.0]), 0, "closed-form"
-        results, valid, labels, nfev = [(0, obj(c)[0], c, None, 1)], [0], ["closed form"], 1
+        results, valid, labels, nfev = [Restart(0, obj(c)[0], c, None, 1)], [0], ["closed form"], 1
     else:
         lower = None
         if structured:
@@ -356,25 +368,25 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
             labels.append(f"grid DP {points}")
         workers = min(workers or os.cpu_count() or 1, len(jobs))
         results = _map(jobs, workers, progress, f"{act.name} k={bits} {objective}")
-        valid = [r for r in results if r[3] is None]
+        valid = [r for r in results if r.degenerate is None]
         if not valid:
-            raise RuntimeError(f"every restart degenerated ({'; '.join(r[3] for r in results)}); "
+            raise RuntimeError(f"every restart degenerated ({'; '.join(r.degenerate for r in results)}); "
                                "try more restarts or another method")
-        best_restart, _, c, _, _ = min(valid, key=lambda r: (r[1], r[0]))
+        best_restart, _, c, _, _ = min(valid, key=lambda r: (r.loss, r.index))
         method_used = f"{method}+polish"
-        nfev = sum(r[4] for r in results)
+        nfev = sum(r.nfev for r in results)
         if structured and bits <= RELOCATE_BITS:
-            obj.nfev = 0
+            before = obj.nfev
             moved = relocate(obj, c)
-            results.append((len(results), obj(moved)[0], moved, _degenerate(obj, moved), obj.nfev))
+            results.append(Restart(len(results), obj(moved)[0], moved, _degenerate(obj, moved), obj.nfev - before))
             labels.append("relocated best")
-            nfev += obj.nfev
-            valid = [r for r in results if r[3] is None]
-            best_restart, _, c, _, _ = min(valid, key=lambda r: (r[1], r[0]))
+            nfev += results[-1].nfev
+            valid = [r for r in results if r.degenerate is None]
+            best_restart, _, c, _, _ = min(valid, key=lambda r: (r.loss, r.index))
     rs = obj.solution(c)
     cert = certify(obj, rs.knots)
     loss = obj.loss(rs)
-    losses = [float(r[1]) if r[3] is None else None for r in results]
+    losses = [float(r.loss) if r.degenerate is None else None for r in results]
     at_best = sum(v is not None and v <= loss * (1 + SAME_LOSS) + 1e-300 for v in losses)
     table = T.from_json({
         "schema": SCHEMA, "family": "relu-sum", "activation": act.name, "expression": act.expression,
