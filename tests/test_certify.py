@@ -169,11 +169,15 @@ def test_k1_is_the_only_feasible_point():
     assert cert.passed and cert.gap == 0.0
 
 
+def _k2(activation: str, objective: str, seed: int):
+    """(table, its closed-form J, the fitter's objective, a generator) for a packaged k = 2 table."""
+    t = load(RELU / f"{activation}-k2-{objective}.json")
+    J = (C.DerivativeObjectiveK2 if objective == "derivative" else C.PrimitiveObjectiveK2)(t)
+    return t, J, ReluSumObjective(get_activation(activation), 2, objective, t.interval), np.random.default_rng(seed)
+
+
 def test_k2_closed_form_equals_the_fitting_objective():
-    t = load(RELU / "silu-k2-derivative.json")
-    J = C.DerivativeObjectiveK2(t)
-    obj = ReluSumObjective(get_activation("silu"), 2, "derivative", t.interval)
-    rng = np.random.default_rng(2)
+    t, J, obj, rng = _k2("silu", "derivative", 2)
     for _ in range(20):
         c = np.sort(rng.uniform(-4, 4, 3))
         val = J.value(arb(c[0]), arb(c[1] - c[0]), arb(c[2] - c[1]))
@@ -186,10 +190,7 @@ def test_k2_primitive_closed_form_equals_the_fitting_objective_and_scipy(name):
     against the fitter's own objective (Gauss–Legendre + tridiagonal solve) and the antiderivatives against quad."""
     from scipy.integrate import quad
 
-    t = load(RELU / f"{name}-k2-primitive.json")
-    J = C.PrimitiveObjectiveK2(t)
-    obj = ReluSumObjective(get_activation(name), 2, "primitive", t.interval)
-    rng = np.random.default_rng(4)
+    t, J, obj, rng = _k2(name, "primitive", 4)
     for _ in range(20):
         c = np.sort(rng.uniform(t.interval[0] / 2, t.interval[1] / 2, 3))
         val, grad = J.value_gradient(*(arb(v) for v in c))
@@ -202,10 +203,7 @@ def test_k2_primitive_closed_form_equals_the_fitting_objective_and_scipy(name):
 
 
 def test_k2_primitive_box_bounds_hold_at_points_and_a_worse_table_fails():
-    t = load(RELU / "gelu-k2-primitive.json")
-    J = C.PrimitiveObjectiveK2(t)
-    obj = ReluSumObjective(get_activation("gelu"), 2, "primitive", t.interval)
-    rng = np.random.default_rng(5)
+    t, J, obj, rng = _k2("gelu", "primitive", 5)
     for _ in range(40):
         c = np.sort(rng.uniform(-4, 4, 3))
         w = 10 ** rng.uniform(-3, -1)

@@ -129,7 +129,8 @@ def test_export_out_dir_feeds_the_drop_ins_kernels_dir(tmp_path):
     x = torch.randn(300, requires_grad=True)
     act(x).sum().backward()
     twin = torch.randn(300)
-    assert torch.allclose(act(twin), ReLUSumActivation(table, kernels_dir=out, use_triton=False)(twin))
+    assert torch.allclose(act(twin), ReLUSumActivation(table, kernels_dir=out, use_triton=False)(twin),
+                          rtol=1e-6, atol=1e-7)  # Triton vs twin: to rounding
     packaged = InvActivation("gelu-fast", use_triton=True, kernels_dir=tmp_path / "inv")  # generated there once
     assert Path(packaged.spec.module.__file__) == tmp_path / "inv" / "invact_gelu_fast.py"
 

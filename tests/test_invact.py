@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from approxbp.approximations import tables as T
 from approxbp.approximations.invact import InvertedActivation
-from approxbp.approximations.invact_forms import Form, branch_metrics, published_forms
+from approxbp.approximations.invact_forms import Form, branch_metrics, published_forms, right_tail_error
 from approxbp.fitting.symbolic import BackendUnavailable, check_backend
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -88,6 +88,8 @@ def test_invact_table_metrics_remeasure(path):
     for side in ("left", "right"):
         form = Form.from_table(t[side])
         linf, l2 = branch_metrics(ia, form, side)
+        if side == "right":  # the branch's rule: the form on its domain, q = h′(y) beyond (silu: the larger, 2.7e-7)
+            linf = max(linf, right_tail_error(ia))
         assert linf == pytest.approx(t["metrics"][f"linf_{side}"], rel=1e-6)
         assert l2 == pytest.approx(t["metrics"][f"l2_{side}"], rel=1e-6)
 
