@@ -135,3 +135,47 @@ def test_gammas_are_seeded_and_balanced():
     assert torch.equal(a, b) and a.shape == (12, 1000)
     assert set(a.unique().tolist()) == {-0.5, 0.5} and abs(float(a.mean())) < 0.02
     assert not torch.equal(a, bdia.draw_gammas(6, 13, 1000))
+
+
+# ---- moved from test_trust.py ----
+def _small_blocks(n=3, d=8, bn=False, dtype=torch.float32):
+    torch.manual_seed(1)
+    layers = [torch.nn.Sequential(torch.nn.Linear(d, d), *( [torch.nn.BatchNorm1d(d)] if bn else []),
+                                  torch.nn.Tanh()) for _ in range(n)]
+    return [m.to(dtype) for m in layers]
+
+
+def test_bdia_gamma_set_is_honoured_or_refused():
+    from approxbp.approximations import bdia as B
+    from approxbp.kernels.bdia import BDIAStack, bdia_reference
+
+    mods = _small_blocks()
+    with pytest.raises(ValueError, match="Table 3"):
+        BDIAStack(mods, level=9, online=False, gammas=(0.25, -0.25))
+    x = torch.randn(4, 8)
+    only_half = BDIAStack(mods, level=9, gammas=(0.5,))(x, seed=3)
+    ref = bdia_reference(mods, x, B.draw_gammas(3, 3, 4, (0.5,)), 9)
+    assert torch.equal(only_half, ref)
+    assert not torch.equal(only_half, BDIAStack(mods, level=9)(x, seed=3))  # the default set draws −0.5 too
+
+
+@pytest.mark.parametrize("online", [True, False])
+def test_bdia_keeps_dtype_and_updates_batchnorm_once(online):
+    from approxbp.kernels.bdia import BDIAStack
+
+    mods = _small_blocks(bn=True, dtype=torch.bfloat16)
+    x = (torch.randn(6, 8) * 0.5).to(torch.bfloat16)
+    y = BDIAStack(mods, level=3, online=online)(x, seed=0)
+    assert y.dtype == torch.bfloat16
+    stats = [m[1].running_mean.clone() for m in mods]
+    y.float().sum().backward()
+    assert all(m[1].num_batches_tracked.item() == 1 for m in mods)
+    assert all(torch.equal(s, m[1].running_mean) for s, m in zip(stats, mods))
+
+
+@pytest.mark.parametrize("level", [2.5, True, "9"])
+def test_bdia_level_must_be_an_integer(level):
+    from approxbp.kernels.bdia import BDIAStack
+
+    with pytest.raises(TypeError, match="integer"):
+        BDIAStack(_small_blocks(), level=level)

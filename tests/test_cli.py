@@ -1,4 +1,11 @@
 import json
+import os
+import subprocess
+import sys
+
+import pytest
+from approxbp.approximations import tables as T
+from approxbp.approximations.files import check_writable
 
 from approxbp.cli import main
 
@@ -24,7 +31,6 @@ def test_tables_lists_and_validates(capsys):
     assert "all valid" in capsys.readouterr().out
 
 
-import pytest  # noqa: E402
 
 
 @pytest.mark.parametrize("argv, msg", [
@@ -44,10 +50,29 @@ def test_bad_arguments_are_one_line_errors(argv, msg, capsys):
 
 
 def test_tables_reports_a_deep_json_file_and_checks_the_files_after_it(tmp_path, capsys):
-    from approxbp.approximations import tables as T
 
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 5000 + "]" * 5000)
     assert main(["tables", str(deep), str(T.resolve("gelu-k2-primitive", "relu-sum"))]) == 2
     out = capsys.readouterr().out
     assert "nested too deeply" in out and "gelu-k2-primitive" in out and "1 invalid" in out
+
+
+# ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
+
+
+def test_cli_out_is_checked_before_the_fit(tmp_path):
+    existing = tmp_path / "t.json"
+    existing.write_text("{}")
+    cases = [([str(existing)], "exists; pass --force"), ([str(tmp_path)], "is a folder")]
+    if os.geteuid() != 0:  # root may write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        cases.append(([str(ro / "t.json")], "cannot write"))
+    for out, msg in cases:
+        r = subprocess.run([sys.executable, "-m", "approxbp.cli", "fit", "relu-sum", "--activation", "gelu",
+                            "--bits", "8", "--restarts", "64", "--out", *out], capture_output=True, text=True,
+                           timeout=60)  # a k=8, 64-restart fit takes minutes: the refusal must come first
+        assert r.returncode == 2 and msg in r.stderr, (out, r.stderr)
+    with pytest.raises(PermissionError):
+        check_writable("/proc/no/such/folder/t.json")

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from _helpers import table_json as _table
 from approxbp.approximations import tables as T
 from approxbp.approximations.files import check_writable, safe_stem, write_atomic
 
@@ -88,3 +89,42 @@ def test_file_stems_of_expressions_stay_in_their_folder():
     assert safe_stem("gelu") == "gelu"
     s = safe_stem("x*sigmoid(x)/1")
     assert "/" not in s and s != safe_stem("x*sigmoid(x)*1") and s.startswith("x_sigmoid_x__1-")
+
+
+# ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
+
+
+
+def test_crash_mid_write_keeps_the_old_file(tmp_path, monkeypatch):
+    p = tmp_path / "t.json"
+    T.save(_table("relu_sum/gelu-k2-primitive"), p)
+    before = p.read_bytes()
+
+    def boom(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", boom)
+    t = _table("relu_sum/gelu-k3-primitive")
+    with pytest.raises(OSError, match="No space"):
+        T.save(t, p)
+    assert p.read_bytes() == before
+    assert [q.name for q in tmp_path.iterdir()] == ["t.json"]  # no temporary file left behind
+
+
+def test_no_clobber_write_refuses_an_existing_file(tmp_path):
+    p = write_atomic(tmp_path / "a.txt", "first", overwrite=False)
+    with pytest.raises(FileExistsError):
+        write_atomic(p, "second", overwrite=False)
+    assert p.read_text() == "first"
+    with pytest.raises(FileExistsError, match="--force"):
+        T.save(_table("relu_sum/gelu-k2-primitive"), p, overwrite=False)
+
+
+def test_atomic_writes_keep_ordinary_permissions(tmp_path):
+    new = write_atomic(tmp_path / "new.txt", "x")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert new.stat().st_mode & 0o777 == 0o666 & ~mask  # as open(..., "w") would make it, not mkstemp's 0600
+    os.chmod(new, 0o640)
+    write_atomic(new, "y")
+    assert new.stat().st_mode & 0o777 == 0o640  # an existing file keeps its mode

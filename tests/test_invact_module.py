@@ -2,7 +2,17 @@
 
 import pytest
 import torch
-from approxbp.kernels import InvActGELU, InvActivation, InvActSiLU, saved_bytes
+from _helpers import exact_grad as _exact_grad
+from approxbp.kernels import (
+    InvActGELU,
+    InvActivation,
+    InvActSiLU,
+    MSLayerNorm,
+    MSRMSNorm,
+    ReGELU2,
+    ReSiLU2,
+    saved_bytes,
+)
 from torch import nn
 
 
@@ -48,3 +58,38 @@ def test_output_storage_is_what_backward_uses():
 def test_relu_sum_table_is_refused():
     with pytest.raises(Exception, match="invact"):
         InvActivation("relu_sum/gelu-k2-primitive")
+
+
+# ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
+
+
+
+DROP_INS = [lambda u: ReGELU2(use_triton=u), lambda u: ReSiLU2(use_triton=u), lambda u: InvActGELU(use_triton=u),
+            lambda u: InvActSiLU(use_triton=u), lambda u: MSLayerNorm(4, use_triton=u),
+            lambda u: MSRMSNorm(4, use_triton=u)]
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("cls,act", [(InvActGELU, "gelu"), (InvActSiLU, "silu")])
+def test_invact_gradient_is_right_for_every_finite_input(cls, act, use_triton):
+    big = torch.finfo(torch.float32).max
+    x = torch.tensor([1e4, -1e4, 55.3, 315.2, 400.0, 1e6, 5e15, 1e30, big, -big, 1e-40, -1e-40, 1e-45, 0.0, 3.0, -3.0])
+    x.requires_grad_(True)
+    cls(use_triton=use_triton)(x).sum().backward()
+    assert torch.isfinite(x.grad).all(), x.grad
+    exact = _exact_grad(x.clamp(-1e4, 1e4), act).float()
+    assert torch.allclose(x.grad, exact, atol=1e-5, rtol=0), (x.grad - exact).abs().max()  # fp32: see README
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("make", DROP_INS, ids=["ReGELU2", "ReSiLU2", "InvActGELU", "InvActSiLU", "MSLN", "MSRMS"])
+def test_nan_in_gives_nan_gradient_and_integers_are_refused(make, use_triton):
+    m = make(use_triton)
+    x = torch.randn(3, 4)
+    x[1, 2] = float("nan")
+    x.requires_grad_(True)
+    m(x).sum().backward()
+    assert torch.isnan(x.grad[1, 2])
+    for bad in (torch.arange(12).view(3, 4), torch.ones(3, 4, dtype=torch.bool)):
+        with pytest.raises(TypeError, match="floating-point"):
+            m(bad)

@@ -6,18 +6,32 @@ import numpy as np
 import pytest
 import torch
 from _accuracy import tolerance_ok as _tolerance_ok
+from _helpers import exact_grad as _exact_grad
+from _helpers import table_json as _table
+from _helpers import write_json as _write
 from approxbp.approximations import ReLUSum
 from approxbp.approximations import tables as T
-from approxbp.kernels import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, pack, saved_bytes, unpack
+from approxbp.kernels import (
+    InvActGELU,
+    InvActSiLU,
+    ReGELU2,
+    ReLUSumActivation,
+    ReLUSumSpec,
+    ReSiLU2,
+    pack,
+    saved_bytes,
+    unpack,
+)
 from approxbp.kernels.codegen import (
     GENERATED,
     HELPERS_MODULE,
     module_name,
+    render,
     render_helpers,
     render_relu_sum,
     storage_bits,
 )
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 TABLES = T.table_paths("relu-sum")
@@ -241,3 +255,76 @@ def _ACTIVATION_KERNEL(x_ptr, y_ptr, n, activation: tl.constexpr, BLOCK: tl.cons
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n)
     tl.store(y_ptr + offs, activation(x.to(tl.float32), x.dtype.primitive_bitwidth <= 16), mask=offs < n)
+
+
+# ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
+
+
+
+
+
+SPECIAL = st.sampled_from([float("nan"), float("inf"), -float("inf"), 3.4e38, -3.4e38, 1e-40, -1e-40, 0.0, -0.0,
+                           1e4, -1e4, 1e20])
+
+
+def test_generated_code_escapes_table_strings(tmp_path):
+    t = _table("relu_sum/gelu-k2-primitive")
+    t["activation"] = 'gelu""" + \\ import os; os.system("x") """'  # a free-form label, printable
+    p = _write(tmp_path, t)
+    code = compile(render(p, T.load(p)), "gen.py", "exec")  # compiles (nothing is run)
+    assert code.co_consts[0].startswith(t["activation"])  # the docstring holds the name verbatim
+    t["activation"] = 'gelu"""\nimport os; os.system("x")\n"""'
+    with pytest.raises(T.TableError, match="printable"):
+        T.validate(t)
+
+
+def test_generated_kernels_record_the_definition_hash():
+    from approxbp.kernels.modules import generated_module
+
+    path = T.resolve("relu_sum/gelu-k2-primitive")
+    t = T.load(path)
+    assert generated_module(str(path), t.sha256, t.family).TABLE_SHA256 == T.definition_sha256(t)
+
+
+def test_user_kernels_are_written_at_construction_never_in_a_forward(tmp_path):
+    """Issue 15: a user table's module is generated when the drop-in is built; a forward only imports, and a
+    missing module is an error that says what to run, not a silent write."""
+    import shutil
+
+    from approxbp.kernels import ReLUSumActivation
+
+    path = T.save(T.load("relu_sum/silu-k2-primitive"), tmp_path / "relu_sum" / "mine-k2-primitive.json")
+    ReLUSumActivation(str(path))  # CPU, twin path: the kernels are written all the same
+    folder = tmp_path / "relu_sum" / "_generated"
+    assert len(list(folder.glob("*.py"))) == 1
+    shutil.rmtree(folder)
+    m = ReLUSumActivation(str(path), use_triton=True)  # construction regenerates (and imports) it
+    assert folder.is_dir()
+    shutil.rmtree(folder)
+    from approxbp.kernels.modules import generated_module
+
+    generated_module.cache_clear()  # as in a fresh process that built the drop-in before the folder went
+    with pytest.raises(RuntimeError, match="approxbp export"):
+        m(torch.randn(8))
+    assert not folder.exists()
+
+
+@settings(max_examples=30)
+@given(values=st.lists(st.one_of(SPECIAL, st.floats(-50, 50, width=32)), min_size=1, max_size=64),
+       which=st.integers(0, 3), use_triton=st.booleans())
+def test_adversarial_inputs_activations(values, which, use_triton):
+    m = [ReGELU2, ReSiLU2, InvActGELU, InvActSiLU][which](use_triton=use_triton)
+    x = torch.tensor(values, dtype=torch.float32, requires_grad=True)
+    y = m(x)
+    y.backward(torch.ones_like(y))
+    nan_in = torch.isnan(x.detach())
+    assert torch.isnan(x.grad[nan_in]).all()
+    if not nan_in.any():
+        finite = torch.isfinite(x.detach())
+        assert torch.isfinite(x.grad[finite]).all()
+        assert torch.isfinite(y[finite]).all() or (x.detach()[finite].abs() > 1e38).any()
+    if which >= 2:  # InvAct: the exact gradient to 5e-5 (the fast form in fp32) away from the turning point, where
+        # y's own fp32 rounding limits any form to ~1e-4 (README)
+        act, T = ("gelu", -0.7517915) if which == 2 else ("silu", -1.2784645)
+        ok = torch.isfinite(x.detach()) & (x.detach().abs() < 1e4) & ((x.detach() - T).abs() > 0.1)
+        assert torch.allclose(x.grad[ok], _exact_grad(x.detach()[ok], act).float(), atol=5e-5, rtol=0)

@@ -7,7 +7,13 @@ import sys
 
 import pytest
 import torch
-from approxbp.kernels import InvActSiLU, ReGELU2, ReLUSumActivation
+from approxbp.approximations import tables as T
+from approxbp.kernels import (
+    InvActSiLU,
+    MSLayerNorm,
+    ReGELU2,
+    ReLUSumActivation,
+)
 from approxbp.kernels.ops import SPECS, spec_of
 
 LOAD = """
@@ -37,7 +43,6 @@ def test_an_exported_program_runs_in_a_fresh_process(tmp_path):
 
 
 def test_a_key_rebuilds_its_spec_and_refuses_a_changed_table(tmp_path):
-    from approxbp.approximations import tables as T
 
     path = T.save(T.load("relu_sum/silu-k2-derivative") | {"activation": "mine"}, tmp_path / "t.json")
     key = ReLUSumActivation(path).spec.key
@@ -48,3 +53,26 @@ def test_a_key_rebuilds_its_spec_and_refuses_a_changed_table(tmp_path):
     T.save(T.load(path) | {"activation": "mine, renamed"}, path)  # the table changed since the program was made
     with pytest.raises(RuntimeError, match="export the program again"):
         spec_of(key)
+
+
+# ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
+
+
+@pytest.mark.parametrize("make", [ReGELU2, InvActSiLU, lambda: MSLayerNorm(4)])
+def test_torch_export_keeps_our_backward(make):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), make(), torch.nn.Linear(4, 3))
+    x = torch.randn(5, 4)
+    ep = torch.export.export(model, (x,))
+    assert any(str(n.target).startswith("approxbp.") for n in ep.graph.nodes), "our op is kept, not decomposed"
+    grads = []
+    for m in (model, ep.module()):
+        xi = x.clone().requires_grad_(True)
+        m(xi).square().sum().backward()
+        grads.append(xi.grad)
+    assert torch.equal(grads[0], grads[1])
+    if make is ReGELU2:  # and it is the approximation's gradient, not exact GELU's
+        ref = torch.nn.Sequential(model[0], torch.nn.GELU(), model[2])
+        xi = x.clone().requires_grad_(True)
+        ref(xi).square().sum().backward()
+        assert not torch.allclose(xi.grad, grads[0])

@@ -1,8 +1,17 @@
 """Memory-sharing norms (Approx-BP App. G): exact merge, exact gradients, measured sharing."""
 
+import math
+
 import pytest
 import torch
-from approxbp.kernels import MSLayerNorm, MSRMSNorm, merge_norm, saved_bytes
+from approxbp.kernels import (
+    MSLayerNorm,
+    MSRMSNorm,
+    merge_norm,
+    saved_bytes,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 
@@ -144,3 +153,37 @@ def test_kept_affine_saves_what_the_merge_saves_and_its_gradients_are_exact(cls)
     sines = 3 * 5 * 7 * 16 * 8  # each sin saves its input
     assert saved_bytes(ours, params) == 5 * 7 * 48 * 8 + 5 * 7 * 8 + sines  # z and σ⁻¹ (fp64), once for all three
     assert [n for n, _ in ms.named_parameters()] == [n for n, _ in ln.named_parameters()]
+
+
+# ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
+
+
+SPECIAL = st.sampled_from([float("nan"), float("inf"), -float("inf"), 3.4e38, -3.4e38, 1e-40, -1e-40, 0.0, -0.0,
+                           1e4, -1e4, 1e20])
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_ms_norm_overflow_behaves_like_torch(use_triton):
+    x = torch.tensor([[1e20, 2e20, 3e20, -1e20], [1.0, 2.0, 3.0, 4.0]])
+    ln = torch.nn.LayerNorm(4, elementwise_affine=False)(x)
+    rms = torch.nn.RMSNorm(4, elementwise_affine=False)(x)
+    ours_ln, ours_rms = MSLayerNorm(4, use_triton=use_triton)(x), MSRMSNorm(4, use_triton=use_triton)(x)
+    assert torch.equal(ours_ln.isnan(), ln.isnan()) and ours_ln[0].isnan().all()
+    assert torch.allclose(ours_ln[1], ln[1], atol=1e-6)
+    assert torch.allclose(ours_rms, rms, atol=1e-6, equal_nan=True)
+
+
+@settings(max_examples=20)
+@given(values=st.lists(st.one_of(SPECIAL, st.floats(-50, 50, width=32)), min_size=4, max_size=4),
+       center=st.booleans(), use_triton=st.booleans())
+def test_adversarial_inputs_norms(values, center, use_triton):
+    m = (MSLayerNorm if center else MSRMSNorm)(4, use_triton=use_triton)
+    x = torch.tensor([values, [1.0, -2.0, 3.0, 0.5]], requires_grad=True)
+    z = m(x)
+    z.sum().backward()
+    ref = (torch.nn.LayerNorm if center else torch.nn.RMSNorm)(4, elementwise_affine=False)(x.detach())
+    assert torch.allclose(z[1], ref[1], atol=1e-5)  # a bad row leaves the other rows alone
+    if torch.isnan(x.detach()[0]).any():
+        assert torch.isnan(z[0]).all() and torch.isnan(x.grad[0]).all()
+    assert torch.isfinite(x.grad[1]).all()
+    assert not math.isnan(float(z[1].sum()))

@@ -1,11 +1,20 @@
 """The restricted expression parser (approximations/expressions.py) and the activation checks on top of it: every
 bad expression is refused in one line, before anything is built or evaluated."""
 
+import subprocess
+import sys
 import time
 
 import pytest
+from _helpers import table_json as _table
+from _helpers import write_json as _write
 from approxbp.approximations import get_activation
+from approxbp.approximations import tables as T
 from approxbp.approximations.expressions import ExpressionError
+from approxbp.kernels import (
+    InvActivation,
+    ReLUSumActivation,
+)
 
 
 @pytest.mark.parametrize("text, msg", [
@@ -39,3 +48,72 @@ def test_large_but_representable_numbers_still_parse_and_evaluate(text):
 def test_singularities_are_found_exactly_not_by_sampling(text, msg):
     with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace("*", r"\*")):
         get_activation(text)
+
+
+# ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
+
+
+MARKER = "approxbp-pwned-marker"
+
+
+
+
+PAYLOADS = [
+    f"__import__('os').system('touch {MARKER}') + y",
+    "y.__class__.__mro__[1].__subclasses__()",
+    "(lambda: y)()",
+    "'abc' + y",
+    "[y][0]",
+    "y if y else y",
+    "y.real",
+]
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_invact_branch_payload_is_refused_without_running(tmp_path, monkeypatch, payload):
+    monkeypatch.chdir(tmp_path)
+    t = _table("invact/gelu-paper")
+    t["left"]["expression"] = payload
+    p = _write(tmp_path, t)
+    with pytest.raises(T.TableError, match="left.expression"):
+        T.load(p)
+    with pytest.raises(T.TableError):
+        InvActivation(str(p))
+    r = subprocess.run([sys.executable, "-m", "approxbp.cli", "export", str(p), "--out-dir", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "left.expression" in r.stderr
+    assert not (tmp_path / MARKER).exists()
+
+
+def test_relu_sum_expression_payload_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    t = _table("relu_sum/gelu-k2-primitive")
+    t["expression"] = ("x.__class__.__new__.__globals__['__builtins__']['__import__']('os').system("
+                       f"'touch {MARKER}') or x*Phi(x)")
+    t["activation"] = "custom"
+    p = _write(tmp_path, t)
+    with pytest.raises(T.TableError, match="expression"):
+        ReLUSumActivation(p)
+    r = subprocess.run([sys.executable, "-m", "approxbp.cli", "fit", "relu-sum", "--activation",
+                        t["expression"], "--bits", "1"], capture_output=True, text=True)
+    assert r.returncode == 2 and "not allowed" in r.stderr
+    assert not (tmp_path / MARKER).exists()
+
+
+@pytest.mark.parametrize("text,msg", [("Max(x, 0)", "not smooth"), ("x/0", "singular"), ("1/x", "singular"),
+                                      ("log(x)", "singular"), ("10**10**10", "too large"), ("x(2)", "not an allowed")])
+def test_bad_activation_expressions_get_one_clear_line(text, msg):
+    from approxbp.approximations import get_activation
+
+    with pytest.raises(ValueError, match=msg) as err:
+        get_activation(text)
+    assert "Traceback" not in str(err.value)
+
+
+def test_form_names_must_be_identifiers():
+    from approxbp.approximations.invact_forms import Form
+
+    with pytest.raises(ValueError, match="identifier"):
+        Form.parse("y + a", {"os.system": 1.0})
+    with pytest.raises(ExpressionError):
+        Form.parse("y + a", {"a": 1.0}, [["c", "os.system"]])

@@ -4,7 +4,13 @@ import copy
 
 import pytest
 import torch
-from approxbp.kernels import MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2, patch_model
+from approxbp.kernels import (
+    MSLayerNorm,
+    MSRMSNorm,
+    ReGELU2,
+    ReSiLU2,
+    patch_model,
+)
 
 from approxbp import blocks
 
@@ -136,3 +142,78 @@ def test_a_data_dependent_branch_stops_norm_rewrites_on_the_dispatch_path():
     report = patch_model(m, activation=None, example_input=pos)
     assert not report.norms and "branches on tensor values" in report.skipped[0], report
     assert torch.equal(m(neg), before)
+
+
+# ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
+
+
+def test_multi_dim_layernorm_is_skipped_not_broken():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LayerNorm((8, 8)), torch.nn.Linear(8, 3))
+    with torch.no_grad():
+        model[0].weight.normal_()
+        model[0].bias.normal_()
+    x = torch.randn(5, 8, 8)
+    before = model(x)
+    report = patch_model(model, activation=None)
+    assert isinstance(model[0], torch.nn.LayerNorm) and "normalises over (8, 8)" in str(report.skipped)
+    assert torch.equal(model(x), before)
+
+
+@pytest.mark.parametrize("frozen", [True, False])  # merged into frozen consumers / α, β kept for trainable ones
+def test_patching_is_all_or_nothing(monkeypatch, frozen):
+    from approxbp.kernels import patch as P
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8, bias=False), torch.nn.GELU(),
+                                torch.nn.LayerNorm(8), torch.nn.Linear(8, 3))
+    for ln in (model[0], model[3]):
+        with torch.no_grad():
+            ln.weight.normal_()
+            ln.bias.normal_()
+    model.requires_grad_(not frozen)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = []
+
+    def flaky(norm, consumers):
+        calls.append(norm)
+        if len(calls) == 2:
+            raise RuntimeError("injected failure")
+        return real(norm, consumers)
+
+    real = P.merge_norm if frozen else P.keep_affine
+    monkeypatch.setattr(P, "merge_norm" if frozen else "keep_affine", flaky)
+    with pytest.raises(RuntimeError, match="injected"):
+        patch_model(model)
+    assert [type(m) for m in model] == [torch.nn.LayerNorm, torch.nn.Linear, torch.nn.GELU, torch.nn.LayerNorm,
+                                        torch.nn.Linear]
+    assert model[1].bias is None
+    after = model.state_dict()
+    assert state.keys() == after.keys() and all(torch.equal(state[k], after[k]) for k in state)
+
+
+def test_tied_consumer_weight_is_not_merged():
+    class TinyLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = torch.nn.Embedding(11, 8)
+            self.ln_f = torch.nn.LayerNorm(8)
+            self.lm_head = torch.nn.Linear(8, 11, bias=False)
+            self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+
+        def forward(self, ids):
+            return self.lm_head(self.ln_f(self.wte(ids)))
+
+    torch.manual_seed(0)
+    m = TinyLM().double()
+    with torch.no_grad():
+        m.ln_f.weight.normal_()
+        m.ln_f.bias.normal_()
+    ids = torch.randint(0, 11, (2, 5))
+    before = m(ids)
+    frozen = copy.deepcopy(m).requires_grad_(False)
+    report = patch_model(frozen, activation=None)  # merging into W would change the tied embedding too
+    assert "tied weights" in str(report.skipped) and not report.norms
+    report = patch_model(m, activation=None)  # trainable: α, β are kept, W is untouched, so tying is no obstacle
+    assert len(report.norms) == 1 and m.lm_head.weight is m.wte.weight
+    assert (m(ids) - before).abs().max() <= 1e-12 and (frozen(ids) - before).abs().max() <= 1e-12

@@ -1,9 +1,11 @@
 """Every committed table loads through the validating reader and its numbers re-measure."""
 
+import copy
 import json
 
 import numpy as np
 import pytest
+from _helpers import table_json as _table
 from approxbp.approximations import REGISTRY, ReLUSum, get_activation
 from approxbp.approximations import tables as T
 from approxbp.fitting import ReluSumObjective
@@ -92,3 +94,69 @@ def test_form_names_the_generated_code_uses_are_refused(name):
     t["left"]["assignments"] = [[name, "y"], *t["left"].get("assignments", [])]
     with pytest.raises(T.TableError, match="must be a new identifier"):
         T.validate(t, "t")
+
+
+# ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
+
+
+
+def _mutate(name, fn):
+    t = copy.deepcopy(_table(name))
+    fn(t)
+    return t
+
+
+def _set(path, value):
+    def fn(t):
+        d = t
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+    return fn
+
+
+BAD_TABLES = [
+    ("relu_sum/gelu-k2-primitive-paper", _set(["weights"], [0.1, 1.0979632065417297, -0.048740595085551286]),
+     "levels|constraint_residual"),
+    ("relu_sum/gelu-k2-primitive", _set(["expression"], "x*sigmoid(x)"), "is not the activation 'gelu'"),
+    ("relu_sum/gelu-k2-primitive", _set(["knots"], [-7.0, 0.0, 7.0]), "knots"),
+    ("relu_sum/gelu-k2-primitive", _set(["knots"], [-3.0, -3.0, 3.0]), "strictly ascending"),
+    ("invact/gelu-newton", lambda t: t["left"].__setitem__("domain", t["left"]["domain"][::-1]), "left.domain"),
+    ("invact/gelu-newton", _set(["turning_point"], -0.70), "turning_point"),
+    ("invact/gelu-newton", _set(["f_T"], -0.17), "f_T"),
+    ("invact/gelu-newton", lambda t: t.pop("form"), "'form': missing"),
+    ("invact/gelu-newton", _set(["form"], "x\nimport os"), "'form'"),
+]
+
+
+@pytest.mark.parametrize("name,fn,msg", BAD_TABLES)
+def test_semantic_table_checks(name, fn, msg):
+    t = _mutate(name, fn)
+    with pytest.raises(T.TableError, match=msg):
+        T.validate(t, name)
+
+
+def test_paper_table_with_weights_not_summing_to_one_is_refused():
+    t = _table("relu_sum/gelu-k2-primitive-paper")
+    t["weights"][1] += 0.01
+    t["levels"] = [0.0, t["weights"][0], t["weights"][0] + t["weights"][1], sum(t["weights"])]
+    w, c = t["weights"], t["knots"]
+    t["constraint_residual"] = max(abs(sum(w) - 1), abs(sum(a * b for a, b in zip(w, c))))
+    with pytest.raises(T.TableError, match="Σw=1"):
+        T.validate(t)
+
+
+def test_refitting_an_unchanged_table_changes_no_bytes(tmp_path):
+    p = tmp_path / "t.json"
+    t = _table("relu_sum/gelu-k2-primitive")
+    T.save(t, p)
+    before, mtime = p.read_bytes(), p.stat().st_mtime_ns
+    t2 = copy.deepcopy(t)
+    t2["created"], t2["provenance"]["seconds"] = "2099-01-01", 123.0
+    assert T.definition_sha256(t2) == T.definition_sha256(t)
+    T.save(t2, p)
+    assert p.read_bytes() == before and p.stat().st_mtime_ns == mtime
+    t2["weights"] = t2["weights"]  # a real change is written
+    t2["metrics"]["tail_mass"] = 0.0
+    T.save(t2, p)
+    assert p.read_bytes() != before

@@ -1,0 +1,27 @@
+"""Small helpers several test files share: a packaged table's raw JSON, writing one to a temporary file, and the
+exact float64 gradient of GELU/SiLU."""
+
+import json
+from pathlib import Path
+
+import torch
+from approxbp.approximations import tables as T
+
+
+def table_json(name: str) -> dict:
+    """A packaged table as its raw JSON object (to be mutated by a test)."""
+    return json.loads(T.resolve(name).read_text())
+
+
+def write_json(tmp_path: Path, t: dict, name: str = "t.json") -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(t))
+    return p
+
+
+def exact_grad(x: torch.Tensor, act: str) -> torch.Tensor:
+    """d/dx of sum(f(x)) in float64 through torch's own GELU/SiLU."""
+    xd = x.double().detach().requires_grad_(True)
+    f = torch.nn.functional.gelu if act == "gelu" else torch.nn.functional.silu
+    f(xd).sum().backward()
+    return xd.grad
