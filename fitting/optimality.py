@@ -397,8 +397,8 @@ class PrimitiveObjectiveK2(_ProjectedK2):
         M = (I₁ − c₁I₀)[c₁, c₂]/d₁ + (c₃I₀ − I₁)[c₂, c₃]/d₂,   N = (I₁ − c₂I₀)[c₂, c₃]/d₂,
 
     with I₀, I₁ the integrals of h and x·h over a segment, G₀, G₁, G₂ the antiderivatives of h, x·h, h² from A, and
-    K = G₂(B) − 2G₁(B) + B³/3. G at a point is a cumulative grid value plus Arb's integral from the grid point
-    (cached); on a ball, G(m) + G′(Z)·(Z − m)."""
+    K = G₂(B) − 2G₁(B) + B³/3. G on a ball inside a grid cell is the cell's cumulative Arb integral plus a Taylor
+    polynomial of Arb power-series coefficients with its remainder enclosed over the cell (:meth:`_G`)."""
 
     # In knots, ∇²J at the gelu optimum is stiff along c₂ only (diagonal 0.0043, 0.93, 0.0043; eigenvalues 0.0032,
     # 0.0037, 0.93): boxes follow c₂, and J is flat enough that provably convex boxes are small.
