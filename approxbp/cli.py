@@ -536,8 +536,8 @@ def _tables(args, argv) -> int:
         else:
             m = t.metrics
             extra = f"{t.form:<10} L∞ left {m['linf_left']:.2e} right {m['linf_right']:.2e}"
-        inside = Path(p).resolve().is_relative_to(T.data_dir().resolve())
-        shown = Path(p).resolve().relative_to(T.data_dir().resolve()) if inside else p
+        name = T.packaged_name(p)
+        shown = f"{name}.json" if name else p
         print(f"{shown!s:<48} {t.source:<5} {extra}")
     print(f"{len(paths)} tables, " + (f"{bad} invalid" if bad else "all valid"))
     return 2 if bad else 0

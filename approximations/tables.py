@@ -329,6 +329,12 @@ def load(path: str | Path) -> Table:
     return from_json(t, str(p))
 
 
+def packaged_name(path: str | Path) -> str | None:
+    """``family_dir/name`` of a packaged table file (what :func:`resolve` and :func:`load` accept), else None."""
+    p, data = Path(path).resolve(), data_dir().resolve()
+    return p.relative_to(data).with_suffix("").as_posix() if p.is_relative_to(data) else None
+
+
 def file_sha256(path: str | Path) -> str:
     """sha256 of a file's bytes (not :func:`definition_sha256`, what ``Table.sha256`` is)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()

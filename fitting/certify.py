@@ -160,7 +160,10 @@ class InvactRule:
         self.flag = {sp.Symbol("b"): self._constant(1 if branch == "left" else 0)}
         # the evaluators' rewrites (softplus, σ): e^x/(1 + e^x) on [21142, 21170] is a ball of width e^28
         self.f, self.df = stable_form(act.expr), stable_form(act.derivative_expr(1))
-        self.newton = NewtonSteps.of(t, branch, act) if t.combined is None and not rounded else None
+        #: the branch's damped Newton steps when its form has exactly that structure; their error is propagated
+        #: (``newton``) only for the stored numbers: rounded constants change f inside the steps
+        self.steps = NewtonSteps.of(t, branch, act) if t.combined is None else None
+        self.newton = None if rounded else self.steps
 
     def _constant(self, v) -> Ball:
         return Ball(self.kernel.constant(v), arb(0), arb(0) if self.kernel.fp32 else None)
@@ -199,7 +202,7 @@ class InvactRule:
         err = Ball(over.v - slope.v, None if over.d is None or slope.d is None else over.d - slope.d)
         err_m = Ball(at.v - df_m.v)
         bound = upper(iv.enclosure(err_m, err, xs, mid))
-        if self.newton is not None and bound > self.newton.worth:
+        if self.newton is not None:
             bound = min(bound, self.newton.bound(self, xs, mid, y, f_m))
         return bound, lower(err_m.v), float(mid)
 
@@ -220,8 +223,7 @@ class NewtonSteps:
         self.y_lo, self.y_hi = arb(domain[0]), arb(domain[1])
         self.d2f = stable_form(act.derivative_expr(2))
         self.x0 = dict(form.assignments)["x0"]
-        #: boxes whose generic bound is below this keep it (the propagation costs as much again)
-        self.worth = 0.0
+        self._coefficients = None  # balls of x₀'s numbers, made on the first box (by the rule's evaluator)
 
     @classmethod
     def of(cls, t: InvActTable, branch: str, act) -> NewtonSteps | None:
@@ -247,17 +249,21 @@ class NewtonSteps:
         """An upper bound of |q(f(x)) − f′(x)| on the x-box ``xs`` (inf where the y-box leaves the domain)."""
         if not (y.v.lower() >= self.y_lo and y.v.upper() <= self.y_hi):
             return math.inf
-        env = {sp.Symbol(k): rule._constant(v) for k, v in self.form.coefficients.items()}
+        if self._coefficients is None:
+            self._coefficients = {sp.Symbol(k): rule._constant(v) for k, v in self.form.coefficients.items()}
+        env = self._coefficients
         x0, x0_m = rule.kernel(self.x0, {FORM_Y: y, **env}), rule.kernel(self.x0, {FORM_Y: f_m, **env})
         e0 = Ball(x0.v - xs, None if x0.d is None else x0.d - 1)
         e = iv.enclosure(Ball(x0_m.v - mid), e0, xs, mid)
+
+        def curvature(e):  # f″ between x and x + e
+            return rule.truth(self.d2f, {X_SYMBOL: Ball(xs + e.union(arb(0)))}).v
+
         for _ in range(self.steps):
             d = rule.truth(rule.df, {X_SYMBOL: Ball(xs + e)}).v
-            curv = rule.truth(self.d2f, {X_SYMBOL: Ball(xs + e.union(arb(0)))}).v
             denom = iv._square(d) + self.eps2
-            e = e * self.eps2 / denom + curv * iv._square(e) * d / (2 * denom)
-        curv = rule.truth(self.d2f, {X_SYMBOL: Ball(xs + e.union(arb(0)))}).v
-        return upper(curv * e)
+            e = e * self.eps2 / denom + curvature(e) * iv._square(e) * d / (2 * denom)
+        return upper(curvature(e) * e)
 
 
 def _x_pieces(t: InvActTable, branch: str) -> list[tuple[float, float]]:
@@ -269,12 +275,14 @@ def _x_pieces(t: InvActTable, branch: str) -> list[tuple[float, float]]:
 
 
 def certify_invact_branch(t, branch: str, budget_s: float = 600.0, rtol: float = RTOL,
-                          rounded: bool = False, max_boxes: int = MAX_BOXES) -> Certificate:
+                          rounded: bool = False, max_boxes: int = MAX_BOXES, rule: InvactRule | None = None
+                          ) -> Certificate:
     """Certified sup over x of |q_s(f(x)) − f′(x)| for one branch of an InvAct table, in real arithmetic with
-    the table's numbers (``rounded``: each number rounded to float32, as the kernels write it)."""
+    the table's numbers (``rounded``: each number rounded to float32, as the kernels write it; ``rule``: the
+    branch's InvactRule when the caller has built it)."""
     iv.setup()
     t = as_table(t)
-    rule = InvactRule(t, branch, rounded=rounded)
+    rule = rule or InvactRule(t, branch, rounded=rounded)
     return supremum(rule.bound_on, _x_pieces(t, branch), rtol, budget_s, claim_of(t, branch),
                     f"{t.name} {branch}: |q(f(x)) − f′(x)|", max_boxes=max_boxes)
 
@@ -339,10 +347,12 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
         entry = {}
         for branch in ("left", "right"):
             say(f"{t.name} {branch}")
-            cert = certify_invact_branch(t, branch, budget_s, rtol, rounded=rounded)
+            iv.setup()
+            rule = InvactRule(t, branch, rounded=rounded)
+            cert = certify_invact_branch(t, branch, budget_s, rtol, rounded=rounded, rule=rule)
             # a running error analysis treats each rounding as independent: it cannot see Newton's self-correction
             # and bounds the newton forms' float32 evaluation by 1e-3…inf (measured in float32: ≤ 3.5e-5)
-            newton = InvactRule(t, branch, rounded=False).newton is not None
+            newton = rule.steps is not None
             f32 = math.inf if newton else float32_error(t, branch, budget_s=min(60.0, budget_s)).bound
             entry[branch] = {"bound": _round(cert.bound, True), "attained": _round(cert.attained, False),
                              "at_x": float(f"{cert.where:.6g}"), "claim": cert.claim,

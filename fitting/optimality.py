@@ -435,15 +435,11 @@ class PrimitiveObjectiveK2(_ProjectedK2):
         v = self.variables()
         self._J = self.closed_form(*v)
         self._grad = [sp.diff(self._J, s) for s in v]
-        at = {**self._env(), **{s: Ball(arb(c)) for s, c in zip(v, self.t.knots)}}
-        hess = [self._plain_hess(at, i) for i in range(3)]
-        self.split_scale = tuple(math.sqrt(abs(hh)) + 1e-3 for hh in hess)
+        H = self.hessian([arb(c) for c in self.t.knots])  # at the table's knots
+        self.split_scale = tuple(math.sqrt(abs(float(H[i][i].mid()))) + 1e-3 for i in range(3))
 
     def _env(self) -> dict:
         return {self._K: self.K}
-
-    def _plain_hess(self, env: dict, i: int) -> float:
-        return float(self.ev(sp.diff(self._grad[i], self.variables()[i]), env).v.mid())
 
     def closed_form(self, c1, c2, c3) -> sp.Expr:
         G0, G1, _ = self.G.values()

@@ -680,8 +680,7 @@ def render(table_path: Path, t: dict | None = None) -> str:
 def kernel_dir(table_path: Path) -> Path:
     """Where a table's generated module lives: the package's ``kernels/generated/`` for packaged tables,
     ``<table folder>/_generated/`` for a user's table (``approxbp export`` and the drop-ins agree on this)."""
-    p = Path(table_path).resolve()
-    return GENERATED if p.is_relative_to(T.data_dir().resolve()) else p.parent / "_generated"
+    return GENERATED if T.packaged_name(table_path) is not None else Path(table_path).resolve().parent / "_generated"
 
 
 def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> list[Path]:

@@ -40,10 +40,9 @@ def spec_key(family: str, table, path, kernels_dir: str | None) -> str:
     """``family:definition-sha256:source[@kernels_dir]``, where source is the packaged table's name or the user
     table's absolute path: any process can rebuild the spec from it (:func:`spec_of`), so a ``torch.export``ed
     program runs where only ``approxbp.kernels`` was imported."""
-    from approxbp.approximations.tables import data_dir
+    from approxbp.approximations.tables import packaged_name
 
-    path, data = Path(path).resolve(), data_dir().resolve()
-    source = path.relative_to(data).with_suffix("").as_posix() if path.is_relative_to(data) else str(path)
+    source = packaged_name(path) or str(Path(path).resolve())
     return f"{family}:{table.sha256}:{source}" + (f"@{kernels_dir}" if kernels_dir else "")
 
 
