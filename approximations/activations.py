@@ -7,15 +7,14 @@ sympy (``diff`` + ``lambdify``); nothing is written twice by hand.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import mpmath
 import numpy as np
-import scipy.special
 import sympy as sp
 
+from .backends import grammar, mpmath_namespace, numpy_namespace, rough_functions, torch_namespace  # noqa: F401
 from .expressions import parse as parse_expression
 from .files import SAFE_NAME
 
@@ -64,21 +63,12 @@ REGISTRY: dict[str, str] = {
     "mish": "x*tanh(log(1 + exp(x)))",
 }
 
-_ALLOWED_FUNCTIONS = {
-    name: getattr(sp, name)
-    for name in (
-        "exp", "log", "sqrt", "erf", "erfc", "tanh", "sinh", "cosh", "atan", "sin", "cos", "Abs", "Max", "Min",
-    )
-}
-_ALLOWED_FUNCTIONS.update({"pi": sp.pi, "E": sp.E, "abs": sp.Abs, "x": x, "Phi": Phi, "sigmoid": sigmoid})
-#: Written as their elementary forms (HF writes Mish as x·tanh(softplus(x))); ``stable_form`` turns log(1 + e^u) back
-#: into a softplus that no evaluator overflows. log1p and expm1 are exact as log(1 + u) and e^u − 1; the float64
-#: evaluators then lose relative (not absolute) accuracy for |u| < 1e-8.
-_ALLOWED_FUNCTIONS.update({"softplus": lambda u: sp.log(1 + sp.exp(u)), "log1p": lambda u: sp.log(1 + u),
-                           "expm1": lambda u: sp.exp(u) - 1})
+def allowed_functions() -> dict:
+    """The activation grammar: :func:`.backends.grammar` ("activation") and the variable x."""
+    return {**grammar("activation"), "x": x}
 
 
-_softplus = sp.Function("softplus")
+_softplus = softplus = sp.Function("softplus")  # log(1 + e^u), written back by stable_form
 
 
 def stable_form(expr: sp.Expr) -> sp.Expr:
@@ -113,8 +103,8 @@ def _merge_exp_sigmoid(m: sp.Mul) -> sp.Expr:
 def _parse(text: str) -> sp.Expr:
     """Parse ``text`` into a sympy expression in x with the restricted grammar (never evaluated), failing with
     the position or the construct at fault; refuse non-smooth functions and singular expressions."""
-    expr = parse_expression(text, _ALLOWED_FUNCTIONS, "activation expression")
-    rough = sorted({type(a).__name__ for a in expr.atoms(sp.Abs, sp.Max, sp.Min)})
+    expr = parse_expression(text, allowed_functions(), "activation expression")
+    rough = sorted({type(a).__name__ for a in sp.preorder_traversal(expr)} & set(rough_functions()))
     if rough:
         raise ValueError(f"activation expression {text!r} is not smooth ({', '.join(rough)}): the "
                          "fits need h′ and h″ everywhere; write a smooth activation")
@@ -228,9 +218,7 @@ class Activation:
         key = f"mp{order}"
         if key not in self._cache:
             e = stable_form(self.derivative_expr(order) if order else self.expr)
-            self._cache[key] = sp.lambdify(
-                x, e, [{"softplus": lambda u: mpmath.log1p(mpmath.exp(u)), "Phi": mpmath.ncdf,
-                    "sigmoid": lambda u: 1 / (1 + mpmath.exp(-u))}, "mpmath"])
+            self._cache[key] = sp.lambdify(x, e, mpmath_namespace())
         if dps is None:
             return self._cache[key](v if isinstance(v, mpmath.mpf) else mpmath.mpf(v))
         with mpmath.workdps(dps):
@@ -268,48 +256,6 @@ class Activation:
             )
 
 
-def numpy_namespace() -> list:
-    """lambdify modules for float64 numpy: the tail-accurate softplus, Φ and σ, then scipy and numpy."""
-    return [{"softplus": lambda u: np.logaddexp(0.0, u), "Phi": scipy.special.ndtr, "sigmoid": scipy.special.expit,
-             "select": lambda c, a, b: np.where(np.asarray(c) > 0, a, b)}, "scipy", "numpy"]
-
-
-def _extremum(both, clamp, scalar):
-    """max/min of two arguments, NaN-propagating; a Python number stays a scalar (torch.as_tensor would round
-    it to float32 and change float64 results)."""
-    import torch
-
-    def pair(a, b):
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            return both(a, b)
-        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            t, v = (a, b) if isinstance(a, torch.Tensor) else (b, a)
-            return clamp(t, v)
-        return scalar(a, b)
-
-    return pair
-
-
-def torch_namespace() -> dict:
-    """Names for lambdifying into torch: tensors go to torch, python numbers (constants) to math."""
-    import torch
-
-    def either(name, math_name=None):
-        tfn, mfn = getattr(torch, name), getattr(math, math_name or name)
-        return lambda *a: tfn(*a) if any(isinstance(v, torch.Tensor) for v in a) else mfn(*a)
-
-    names = {n: either(n) for n in ("erf", "erfc", "exp", "log", "sqrt", "tanh", "sinh", "cosh", "atan", "sin", "cos")}
-    # Φ(u) = erfc(−u/√2)/2: torch.special.ndtr loses the left tail (fp32: 114 % relative error at u = −5.55;
-    # fp64: 0 at u = −12), this form keeps ≤ 1.1e-5 relative error in fp32 down to u = −12 (against scipy)
-    names.update({"softplus": lambda u: torch.logaddexp(torch.zeros_like(u), u),
-                  "Phi": lambda u: 0.5 * torch.erfc(u * -math.sqrt(0.5)),
-                  "sigmoid": torch.sigmoid, "Abs": abs, "pi": math.pi, "E": math.e,
-                  "select": lambda c, a, b: torch.where(torch.as_tensor(c) > 0, a, b),
-                  "Max": lambda *a: functools.reduce(_extremum(torch.maximum, torch.clamp_min, max), a),
-                  "Min": lambda *a: functools.reduce(_extremum(torch.minimum, torch.clamp_max, min), a)})
-    return names
-
-
 def get_activation(name_or_expr: str | Activation) -> Activation:
     """Look up a registry name (case-insensitive) or parse a sympy expression string in x."""
     if isinstance(name_or_expr, Activation):
@@ -319,13 +265,14 @@ def get_activation(name_or_expr: str | Activation) -> Activation:
     key = name_or_expr.strip().lower()
     if key in REGISTRY:
         return Activation(key, _parse(REGISTRY[key]))
-    if name_or_expr.strip().isidentifier() and name_or_expr.strip() not in _ALLOWED_FUNCTIONS:
+    allowed = allowed_functions()
+    if name_or_expr.strip().isidentifier() and name_or_expr.strip() not in allowed:
         raise ValueError(
             f"unknown activation {name_or_expr!r}; registry: {', '.join(REGISTRY)}; "
             "or pass an expression in x, e.g. 'x*tanh(log(1+exp(x)))'"
         )
     text = name_or_expr.strip()
-    fn = _ALLOWED_FUNCTIONS.get(text)
+    fn = allowed.get(text)
     if callable(fn) and not isinstance(fn, sp.Basic):  # a bare function name: f(x)
         text = f"{text}(x)"
     return Activation(name_or_expr.strip(), _parse(text))

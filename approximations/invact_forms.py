@@ -19,15 +19,13 @@ from functools import cached_property
 import numpy as np
 import sympy as sp
 
-from .activations import Phi, _softplus, get_activation, numpy_namespace, select, sigmoid, stable_form, torch_namespace
+from .activations import get_activation, select, stable_form
+from .backends import grammar, numpy_namespace, torch_namespace
 from .expressions import parse as parse_expression
 from .invact import InvertedActivation, check_branch
 
 y = sp.Symbol("y", real=True)
 RIGHT_SPAN = 10.0
-#: Functions a stored form may call (what sympy's ``str`` of our forms contains).
-FORM_FUNCTIONS = {"Phi": Phi, "sigmoid": sigmoid, "softplus": _softplus, "select": select, "pi": sp.pi, "E": sp.E,
-                  **{n: getattr(sp, n) for n in ("sqrt", "exp", "log", "erf", "erfc", "tanh", "Abs", "Max", "Min")}}
 NEWTON_EPS = 1e-5
 GRID = 20001
 
@@ -51,9 +49,9 @@ class Form:
     def parse(cls, text: str, coefficients: dict[str, float] | None = None, assignments=(),
               variables: tuple[str, ...] = ("y",)) -> Form:
         """Parse a form with the restricted grammar (never evaluated): ``y``, the coefficient names, the names of
-        earlier assignments, numbers and the functions in :data:`FORM_FUNCTIONS`."""
+        earlier assignments, numbers and the functions of :func:`.backends.grammar` ("form")."""
         coefficients = dict(coefficients or {})
-        known = {**FORM_FUNCTIONS, "y": y, **{v: sp.Symbol(v) for v in variables if v != "y"}}
+        known = {**grammar("form"), "y": y, **{v: sp.Symbol(v) for v in variables if v != "y"}}
         for name in [*coefficients, *(n for n, _ in assignments)]:
             if (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in known
                     or name in RESERVED_NAMES or name.startswith("_")):

@@ -16,22 +16,28 @@ from dataclasses import dataclass
 
 import numpy as np
 import sympy as sp
+from approxbp.approximations import backends
 from flint import arb, ctx
 
 #: Working precision (bits) of every ball: boxes near an InvAct turning point are 1e-30 wide.
 PRECISION = 160
 #: float32's unit roundoff.
 U32 = 2.0**-24
-#: Errors of the float32 primitives a generated kernel calls, in ulps (1 ulp ≤ 2u·|result|): IEEE add, sub, mul
-#: (0.5; a contracted FMA rounds once, within the bound for two roundings), Triton's div.full.f32 (2) and
-#: sqrt.approx.f32 (1, PTX ISA), and CUDA's single-precision maths library (CUDA C++ Programming Guide,
-#: "Mathematical Functions": expf 2, erff 2, erfcf 4, tanhf 2, sinf/cosf 2, sinhf/coshf 3, atanf 2); the composite
-#: Φ = erfc(−z/√2)/2 (erfc 4 + the scaling), σ = 1/(1 + e^{−z}) (exp 2, add, div 2) and softplus (the helper's
-#: max + log1p trick, bounded loosely). log is the kernels' ``_log`` (MUFU.LG2), bounded by ``certify.log_error``
-#: instead. Triton's ``/`` (div.full, 2 ulp) and the kernels' ``_rcp`` times a product (1 + ½ ulp) share "div".
-FP32_ULPS = {"add": 0.5, "mul": 0.5, "div": 2.0, "sqrt": 1.0, "exp": 2.0, "erf": 2.0, "erfc": 4.0, "tanh": 2.0,
-             "sin": 2.0, "cos": 2.0, "sinh": 3.0, "cosh": 3.0, "atan": 2.0, "Phi": 6.0, "sigmoid": 5.0,
-             "softplus": 8.0}
+#: Errors of the float32 operations a generated kernel runs, in ulps (1 ulp ≤ 2u·|result|): IEEE add, sub, mul
+#: (0.5; a contracted FMA rounds once, within the bound for two roundings); Triton's ``/`` (div.full.f32, 2 ulp,
+#: PTX ISA) and the kernels' ``_rcp`` times a product (1 + ½ ulp) share "div". The functions' errors are in the
+#: function set (``approximations.backends``, field ``fp32_ulps``).
+OPERATION_ULPS = {"add": 0.5, "mul": 0.5, "div": 2.0}
+
+
+def __getattr__(name):  # FP32_ULPS, _UNARY, BRANCH_CUT: derived from the function set when asked
+    if name == "FP32_ULPS":
+        return {**OPERATION_ULPS, **backends.fp32_ulps()}
+    if name == "_UNARY":
+        return backends.arb_forms()
+    if name == "BRANCH_CUT":
+        return backends.branch_cuts()
+    raise AttributeError(name)
 
 
 def setup() -> None:
@@ -147,6 +153,7 @@ class Evaluator:
         self.constant = constant
         self.fp32 = fp32
         self.log_error = tuple(arb(v) for v in log_error)  # |log error| ≤ A + B·|log v|
+        self.forms, self.ulps = backends.arb_forms(), backends.fp32_ulps()  # the function set, read once
         self._tapes: dict = {}
 
     def __call__(self, expr: sp.Expr, env: dict[sp.Symbol, Ball]) -> Ball:
@@ -226,7 +233,7 @@ class Evaluator:
         if name in self.calls:
             fn = self.calls[name]
             return lambda vals, env: fn(*(vals[i] for i in args))
-        if name not in _UNARY:
+        if name not in self.forms:
             raise ValueError(f"function {name!r} is not supported by the certifier")
         return lambda vals, env: self._unary(name, vals[args[0]])
 
@@ -245,7 +252,7 @@ class Evaluator:
         e = None
         if self.fp32:
             spread = a.e + b.e
-            e = spread + _rounding(FP32_ULPS["add"], abs(v) + spread)
+            e = spread + _rounding(OPERATION_ULPS["add"], abs(v) + spread)
         return Ball(v, d, e)
 
     def _neg(self, a: Ball) -> Ball:
@@ -260,7 +267,7 @@ class Evaluator:
             if a.e.is_zero() and b.e.is_zero() and exact_scale:
                 return Ball(v, d, arb(0))  # multiplying by ±2^k (a sign flip) is exact
             spread = arb(abs(a.v).upper()) * b.e + arb(abs(b.v).upper()) * a.e + a.e * b.e
-            e = spread + _rounding(FP32_ULPS["mul"], abs(v) + spread)
+            e = spread + _rounding(OPERATION_ULPS["mul"], abs(v) + spread)
         return Ball(v, d, e)
 
     def _div(self, a: Ball, b: Ball) -> Ball:
@@ -270,7 +277,7 @@ class Evaluator:
         if self.fp32:
             lo = arb(abs(b.v).lower()) - b.e  # |computed denominator| ≥ |b| − e_b
             spread = (a.e + arb(abs(v).upper()) * b.e) / lo if lo > 0 else arb("inf")
-            e = spread + _rounding(FP32_ULPS["div"], abs(v) + spread)
+            e = spread + _rounding(OPERATION_ULPS["div"], abs(v) + spread)
         return Ball(v, d, e)
 
     def _pow_step(self, e, node):
@@ -316,7 +323,7 @@ class Evaluator:
 
     # ---- elementary functions --------------------------------------------------------------------
     def _unary(self, name: str, a: Ball) -> Ball:
-        f, df = _UNARY[name]
+        f, df = self.forms[name]
         x = _nonneg(a.v) if name in ("sqrt", "log") else a.v
         v = f(x)
         d = None if a.d is None else df(x) * a.d
@@ -329,7 +336,7 @@ class Evaluator:
             if name == "log":
                 e = spread + self.log_error[0] + self.log_error[1] * arb(abs(f(wide)).upper())
             else:
-                e = spread + _rounding(FP32_ULPS[name], abs(f(wide)))
+                e = spread + _rounding(self.ulps[name], abs(f(wide)))
             if name == "exp":  # tl.exp computes 2^(x·log2 e): the rounded product scales the error by |x|
                 e += arb(abs(v).upper()) * arb(abs(x).upper()) * arb(2 * U32)
         return Ball(v, d, e)
@@ -344,65 +351,8 @@ def _is_reciprocal(a) -> bool:
     return isinstance(a, sp.Pow) and a.exp == -1
 
 
-def _mono(fn, z, increasing: bool = True):
-    """fn on a real ball by its endpoints (fn monotone): ball arithmetic alone turns exp on [0.75, 33] into a ball
-    that contains negative numbers. Complex balls (Arb's integration) are evaluated directly."""
-    if not isinstance(z, arb) or z.is_exact() or not z.is_finite():
-        return fn(z)
-    a, b = fn(z.lower()), fn(z.upper())
-    return box(a.lower(), b.upper()) if increasing else box(b.lower(), a.upper())
-
-
-def _exp(z):
-    return _mono(lambda u: u.exp(), z)
-
-
-def _phi(z):
-    return _exp(-_square(z) / 2) / (2 * arb.pi()).sqrt()
-
-
 def _square(z):
     return _ipow(z, 2) if isinstance(z, arb) else z * z
-
-
-def _Phi(z):  # noqa: N802
-    return _mono(lambda u: (-u / arb(2).sqrt()).erfc() / 2, z)
-
-
-def _sigmoid(z):
-    return _mono(lambda u: 1 / (1 + (-u).exp()), z)
-
-
-def _softplus(z):
-    if isinstance(z, arb):
-        return _mono(lambda u: u.exp().log1p() if u < 0 else u + (-u).exp().log1p(), z)
-    return (1 + z.exp()).log()
-
-
-def _tanh(z):
-    return _mono(lambda u: u.tanh(), z)
-
-
-#: name → (f, f′), written with methods so that arb (real balls) and acb (complex balls, for Arb's integration)
-#: both evaluate them; monotone functions of real balls go through their endpoints (_mono).
-_UNARY = {
-    "exp": (_exp, _exp),
-    "log": (lambda z: _mono(lambda u: u.log(), z), lambda z: 1 / z),
-    "sqrt": (lambda z: _mono(lambda u: u.sqrt(), z), lambda z: 1 / (2 * _mono(lambda u: u.sqrt(), z))),
-    "erf": (lambda z: _mono(lambda u: u.erf(), z), lambda z: 2 * _exp(-_square(z)) / arb.pi().sqrt()),
-    "erfc": (lambda z: _mono(lambda u: u.erfc(), z, False), lambda z: -2 * _exp(-_square(z)) / arb.pi().sqrt()),
-    "tanh": (_tanh, lambda z: 1 - _square(_tanh(z))),
-    "sinh": (lambda z: _mono(lambda u: u.sinh(), z), lambda z: z.cosh()),
-    "cosh": (lambda z: z.cosh(), lambda z: _mono(lambda u: u.sinh(), z)),
-    "sin": (lambda z: z.sin(), lambda z: z.cos()),
-    "cos": (lambda z: z.cos(), lambda z: -z.sin()),
-    "atan": (lambda z: _mono(lambda u: u.atan(), z), lambda z: 1 / (1 + _square(z))),
-    "Phi": (_Phi, _phi),
-    "sigmoid": (_sigmoid, lambda z: _sigmoid(z) * _sigmoid(-z)),
-    "softplus": (_softplus, _sigmoid),
-}
-#: Functions with a branch cut: Arb's integration needs them checked for analyticity (refused there).
-BRANCH_CUT = ("log", "sqrt", "softplus")
 
 
 def enclosure(point: Ball, over: Ball, x_box: arb, x_mid: arb) -> arb:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import sympy as sp
-from approxbp.approximations import get_activation
+from approxbp.approximations import backends, get_activation
 from approxbp.approximations.activations import x as X_SYMBOL
 from approxbp.approximations.tables import as_table
 from flint import arb
@@ -31,7 +31,7 @@ def complex_function(expr: sp.Expr, var: sp.Symbol):
     Functions with branch cuts or kinks are refused (Arb would need their analyticity checked on every ball)."""
     for e in sp.preorder_traversal(expr):
         name = type(e).__name__
-        kink = name in (*iv.BRANCH_CUT, "Max", "Min", "Abs", "select")
+        kink = name in (*backends.branch_cuts(), *backends.rough_functions())
         if (kink or isinstance(e, sp.Pow) and not e.exp.is_Integer) and e.free_symbols:
             raise ValueError(f"the certifier cannot integrate {e} rigorously (a branch cut or a kink)")
     ev = Evaluator()

@@ -14,14 +14,21 @@ import shutil
 
 import numpy as np
 import sympy as sp
+from approxbp.approximations.backends import grammar
 from approxbp.approximations.expressions import parse as parse_expression
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import RIGHT_SPAN, Form, branch_grid, branch_metrics, y
 from scipy.optimize import least_squares
 
-#: What the SR engines print (pyoperon: infix with exp/log/sqrt; PySR: sympy-style names).
-SR_FUNCTIONS = {"exp": sp.exp, "log": sp.log, "sqrt": sp.sqrt, "abs": sp.Abs, "Abs": sp.Abs, "tanh": sp.tanh,
-                "square": lambda a: a**2, "pow": sp.Pow}
+#: What the SR engines print beyond the form grammar (pyoperon: infix with exp/log/sqrt, square, pow; PySR:
+#: sympy-style names).
+SR_SYNTAX = {"square": lambda a: a**2, "pow": sp.Pow}
+
+
+def sr_functions() -> dict:
+    """The names an SR expression may use: the form grammar (:func:`~approxbp.approximations.backends.grammar`)
+    and the engines' own syntax."""
+    return {**grammar("form"), **SR_SYNTAX}
 
 BACKENDS = ("pyoperon", "pysr")
 
@@ -105,7 +112,7 @@ def fit_branch_sr(ia: InvertedActivation, branch: str, backend: str = "pyoperon"
     front, best = [], None
     for text in raw:
         try:
-            expr = parse_expression(re.sub(r"\bX1\b", "s", text), {**SR_FUNCTIONS, "s": s_var}, "SR expression",
+            expr = parse_expression(re.sub(r"\bX1\b", "s", text), {**sr_functions(), "s": s_var}, "SR expression",
                                     exact=False)
         except ValueError:
             continue  # outside the grammar (never evaluated)

@@ -10,7 +10,6 @@ log by MUFU.LG2 (``_log``), and for 16-bit data evaluates Φ without erf (``_phi
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from functools import cache
 from pathlib import Path
@@ -18,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import sympy as sp
 import torch
-from approxbp.approximations import get_activation
+from approxbp.approximations import backends, get_activation
 from approxbp.approximations import tables as T
-from approxbp.approximations.activations import _softplus, select, stable_form
+from approxbp.approximations.activations import select, softplus, stable_form
 from approxbp.approximations.elementary import LN2, LOG2E, PHI_TAIL_P, phi_tail
 from approxbp.approximations.files import write_atomic
 from approxbp.approximations.invact_forms import backward_rule
@@ -28,7 +27,6 @@ from sympy.printing.pycode import PythonCodePrinter
 
 GENERATED = Path(__file__).parent / "generated"
 
-_tanh = sp.Function("_tanh")
 _rcp = sp.Function("_rcp")  # 1/u (helpers: one MUFU.RCP in compiled float32)
 _rsqrt = sp.Function("_rsqrt")  # 1/√u
 
@@ -73,114 +71,44 @@ class TritonPrinter(PythonCodePrinter):
     def _fn(self, name, e):
         return f"{name}({', '.join(self._print(a) for a in e.args)})"
 
-    def _print_Phi(self, e):  # Φ(z) = (1 + erf(z/√2))/2; tl has no erfc
-        if self.lowp:
-            return f"_phi({self._print(e.args[0])}, LOWP)"
-        return f"(0.5 * (1.0 + tl.math.erf(0.7071067811865476 * ({self._print(e.args[0])}))))"
-
-    def _print_sigmoid(self, e):  # 1/(1 + e^{−u}): e^{−u} = inf gives 0
-        return f"_rcp(1.0 + tl.exp(-({self._print(e.args[0])})))"
-
-    def _print_select(self, e):
-        # u + c > 0 as u > −c (one add fewer): the same test in floating point, since a sum of two floats rounds to
-        # zero only when it is exactly zero
-        cond, a, b = e.args
-        c = next((t for t in cond.args if t.is_Number), None) if cond.is_Add else None
-        test = f"({self._print(cond - c)}) > {-float(c)!r}" if c is not None else f"({self._print(cond)}) > 0.0"
-        return f"tl.where({test}, {self._print(a)}, {self._print(b)})"
-
-    def _print_erf(self, e):
-        return self._fn("tl.math.erf", e)
-
-    def _print_exp(self, e):
-        return self._fn("tl.exp", e)
-
-    def _print_log(self, e):
-        return self._fn("tl.log", e)
-
-    def _print_Abs(self, e):
-        return self._fn("tl.abs", e)
-
-    def _print_Max(self, e):
-        # max(w₀, log(max(c, u))) = log(max(u, e^w₀)) when e^w₀ ≥ c: a clamped log (the fast InvAct tail) runs
-        # on the cheap _log (MUFU.LG2, which flushes subnormals: the clamp keeps its argument a normal number)
-        if len(e.args) == 2:
-            w0 = next((a for a in e.args if a.is_Number), None)
-            lg = next((a for a in e.args if isinstance(a, sp.log)), None)
-            inner = lg.args[0] if lg is not None else None
-            if w0 is not None and isinstance(inner, sp.Max) and len(inner.args) == 2:
-                c = next((a for a in inner.args if a.is_Number), None)
-                u = next((a for a in inner.args if not a.is_Number), None)
-                floor = math.exp(float(w0))
-                if c is not None and u is not None and floor >= max(float(c), 2.0**-125):
-                    return (f"_log(tl.maximum({self._print(u)}, {floor!r}, "
-                            "propagate_nan=tl.PropagateNan.ALL))")
-        return self._nest("tl.maximum", e.args)
-
-    def _print_Min(self, e):
-        return self._nest("tl.minimum", e.args)
-
-    def _nest(self, name, args):
-        # NaN propagates, as torch.maximum/minimum do in the twin (tl's default would drop it)
-        out = self._print(args[0])
-        for a in args[1:]:
-            out = f"{name}({out}, {self._print(a)}, propagate_nan=tl.PropagateNan.ALL)"
-        return out
-
-    def _print_sin(self, e):
-        return self._fn("tl.sin", e)
-
-    def _print_cos(self, e):
-        return self._fn("tl.cos", e)
-
-    def _print_erfc(self, e):  # 1 − erf: cancels for large arguments, as the kernels' Φ does (tl has no erfc)
-        return f"(1.0 - tl.math.erf({self._print(e.args[0])}))"
-
-    def _print_cosh(self, e):
-        u = self._print(e.args[0])
-        return f"(0.5 * (tl.exp({u}) + tl.exp(-({u}))))"
-
-    def _print_sinh(self, e):  # (e^u − e^−u)/2 cancels near 0: for |u| < 0.5 the odd series to u¹³ (error < 1e-15)
-        u = self._print(e.args[0])
-        z2 = f"({u}) * ({u})"
-        series = repr(1 / math.factorial(13))
-        for j in range(5, -1, -1):
-            series = f"{1 / math.factorial(2 * j + 1)!r} + {z2} * ({series})"
-        return f"tl.where(tl.abs({u}) < 0.5, ({u}) * ({series}), 0.5 * (tl.exp({u}) - tl.exp(-({u}))))"
+    def _print(self, expr, **kwargs):
+        """Function applications print by their Triton form in the function set (approximations.backends); one
+        without a form is refused, never printed as ``math.<name>(…)`` (which fails at the first launch)."""
+        if not getattr(expr, "is_Function", False):
+            return super()._print(expr, **kwargs)
+        fn = backends.FUNCTIONS.get(type(expr).__name__)
+        if fn is None:
+            return self._print_Function(expr)
+        if fn.triton is None:
+            return self._refuse(expr)
+        if callable(fn.triton):
+            return fn.triton(self, expr)
+        return fn.triton.format(*(self._print(a) for a in expr.args))
 
     def _print_Function(self, e):
         name = type(e).__name__
         if name in ("q_left", "q_right", "q_combined", "activation_grad"):  # the module's own jit functions
             return self._fn(name, e)
-        if name in ("softplus", "_tanh", "_rcp", "_rsqrt"):
-            return self._fn({"softplus": "_softplus", "_rsqrt": "tl.math.rsqrt"}.get(name, name), e)
+        if name in ("_rcp", "_rsqrt"):
+            return self._fn({"_rsqrt": "tl.math.rsqrt"}.get(name, name), e)
         return self._refuse(e)
 
     def _refuse(self, e, *args, **kwargs):
         raise ValueError(f"cannot lower {type(e).__name__} to Triton (export refuses it); supported: "
-                         f"{', '.join(TRITON_FUNCTIONS)} and powers")
-
-
-#: What the printer lowers; every other function sympy's Python printer knows (atan, …) is refused at export.
-TRITON_FUNCTIONS = ("erf", "erfc", "exp", "log", "sqrt", "tanh", "sinh", "cosh", "sin", "cos", "Abs", "Max", "Min",
-                    "Phi", "sigmoid", "softplus")
-for _name in PythonCodePrinter._kf:  # sympy's printer would print math.<name>(…), which fails at the first launch
-    if not hasattr(TritonPrinter, f"_print_{_name}") or getattr(TritonPrinter, f"_print_{_name}") is getattr(
-            PythonCodePrinter, f"_print_{_name}", None):
-        setattr(TritonPrinter, f"_print_{_name}", TritonPrinter._refuse)
+                         f"{', '.join(f.name for f in backends.functions(triton=True))} and powers")
 
 
 def lower(expr: sp.Expr) -> sp.Expr:
     """The shared stable form (approximations.activations.stable_form), then Mish's tanh(softplus(u)) → n/(n + 2)
     with n = e^u(e^u + 2) (the same function: one exp and one division instead of exp, log, exp and two divisions;
-    no cancellation as u → −∞; 1 for u > 20, where it rounds to 1 and e^{2u} would overflow), and tanh → _tanh."""
+    no cancellation as u → −∞; 1 for u > 20, where it rounds to 1 and e^{2u} would overflow)."""
     u = sp.Wild("u")
 
     def tanh_softplus(u):
         n = sp.exp(u) * (sp.exp(u) + 2)
         return select(u - 20, sp.Integer(1), n / (n + 2))
 
-    return stable_form(expr).replace(sp.tanh(_softplus(u)), tanh_softplus).replace(sp.tanh, _tanh)
+    return stable_form(expr).replace(sp.tanh(softplus(u)), tanh_softplus)
 
 
 def reciprocals(expr: sp.Expr) -> sp.Expr:
