@@ -232,7 +232,7 @@ def invact_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     with capture() as launches:
         y, packed = spec.forward_triton(x)
         spec.backward_triton(x, y, packed)
-    name = spec.table.name
+    name = spec.name()
     return [(f"invact {name} fwd", launches[0], ELEMENTS), (f"invact {name} bwd", launches[1], ELEMENTS)]
 
 
@@ -290,12 +290,12 @@ def launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Laun
     """(name, launch, elements) of a table's kernels, or (``table=None``) of the MS-norms, BDIA and the
     torch-like references."""
     from approxbp.approximations import tables as T
-    from approxbp.kernels.modules import ensure_generated
+    from approxbp.kernels.codegen import export_if_stale
 
     if table is None:
         return norm_launches(dtype) + bdia_launches(dtype) + reference_launches(dtype)
     t = T.load(table)
-    ensure_generated(table, t)  # a user's table: its module is written next to it first (as a drop-in would)
+    export_if_stale(table)  # a user's table: its module is written next to it first, as `approxbp export` would
     return (relu_sum_launches if t.family == "relu-sum" else invact_launches)(table, dtype)
 
 

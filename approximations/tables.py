@@ -315,8 +315,8 @@ def resolve(path: str | Path, family: str | None = None) -> Path:
     return p
 
 
-def load(path: str | Path) -> Table:
-    """Read, validate and type one table (a path, or ``family/name`` inside the packaged data)."""
+def read_json(path: str | Path) -> dict:
+    """A table file's JSON object, unvalidated (:func:`load` validates; :func:`header` checks what run time needs)."""
     p = resolve(path)
     try:
         t = json.loads(p.read_text(encoding="utf-8"))
@@ -326,7 +326,29 @@ def load(path: str | Path) -> Table:
         raise TableError(f"{p}: JSON nested too deeply to be a table") from None
     except UnicodeDecodeError as err:
         raise TableError(f"{p}: not UTF-8 text: {err.reason}") from None
-    return from_json(t, str(p))
+    if not isinstance(t, dict):
+        raise TableError(f"{p}: a table is a JSON object, got {type(t).__name__}")
+    return t
+
+
+def header(path: str | Path, family: str | None = None) -> tuple[str, str]:
+    """(family, definition sha256) of a table file, checking its schema and (given) family, without parsing its
+    expressions: what the kernels' run time reads. Its numbers come from the generated module made from the
+    validated table with this definition hash."""
+    t, where = read_json(path), str(path)
+    if t.get("schema") != SCHEMA:
+        _fail(where, "schema", f"unsupported schema {t.get('schema')!r}; this approxbp reads {SCHEMA!r}")
+    if t.get("family") not in FAMILIES:
+        _fail(where, "family", f"unknown family {t.get('family')!r}; known: {FAMILIES}")
+    if family is not None and t["family"] != family:
+        raise TableError(f"{where}: expected a {family} table, got {t['family']!r}")
+    return t["family"], definition_sha256(t)
+
+
+def load(path: str | Path) -> Table:
+    """Read, validate and type one table (a path, or ``family/name`` inside the packaged data)."""
+    p = resolve(path)
+    return from_json(read_json(p), str(p))
 
 
 def packaged_name(path: str | Path) -> str | None:

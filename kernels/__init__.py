@@ -1,6 +1,8 @@
 """Kernels: Triton modules generated from coefficient tables, custom ops and nn.Module drop-ins.
 
-Reads tables; imports ``approximations``, never ``fitting``.
+Reads tables and the modules ``approxbp export`` generated from them; imports ``approximations`` (sympy-free
+parts: ``tables``, ``backends``, ``bdia``), never ``fitting``, and never the code generator (``codegen``, the build
+side) or sympy at run time.
 """
 
 if __name__ != "approxbp.kernels":
@@ -13,13 +15,21 @@ if __name__ != "approxbp.kernels":
 
     sys.modules[__name__] = importlib.import_module("approxbp.kernels")
 else:
-    from .codegen import export, triton_source
     from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec, invact
     from .norms import MSLayerNorm, MSRMSNorm, merge_norm
     from .packing import pack, unpack
     from .patch import PatchReport, patch_model, patched_state_dict, unpatch
     from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, relu_sum
     from .saved import saved_bytes
+
+    def __getattr__(name):
+        """``export`` and ``triton_source`` are the build side (kernels.codegen, which imports sympy): imported when
+        asked for, never by the run time."""
+        if name in ("export", "triton_source"):
+            from . import codegen
+
+            return getattr(codegen, name)
+        raise AttributeError(f"module 'approxbp.kernels' has no attribute {name!r}")
 
     __all__ = ["export", "triton_source", "ReGELU2", "ReLUSumActivation", "relu_sum", "ReLUSumSpec",
                "ReSiLU2", "pack", "unpack", "saved_bytes", "MSLayerNorm", "MSRMSNorm", "merge_norm",

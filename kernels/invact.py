@@ -17,32 +17,24 @@ from pathlib import Path
 
 import torch
 import triton
-from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
-from approxbp.approximations.invact_forms import TableBackward
 
 from . import ops
 from .guards import check_input, check_triton_device
 from .launch import BIT_BLOCK_BYTES, num_warps
-from .modules import generated_module, table_file
+from .modules import GeneratedSpec
 from .packing import byte_codes, pack, unpack_into
 
 
-class InvActSpec:
-    """Constants and the two branch approximations of one invact table."""
+class InvActSpec(GeneratedSpec):
+    """Constants and the two branch approximations of one invact table, read from its generated module (the
+    Triton kernels and the PyTorch twin of the backward rule)."""
+
+    family = "invact"
 
     def __init__(self, table: str | Path | dict, kernels_dir: str | Path | None = None):
-        path = table_file(table, "invact")
-        self.kernels_dir = None if kernels_dir is None else str(Path(kernels_dir).resolve())
-        t = T.load(path)
-        self.path = path
-        if t.family != "invact":
-            raise ValueError(f"{table}: expected an invact table, got {t.family!r}")
-        self.table = t
-        self.key = ops.spec_key("invact", t, path, self.kernels_dir)
-        self.T, self.f_T = t.turning_point, t.f_T
-        self._f = get_activation(t.expression).torch_fn(0)
-        self.q = TableBackward(t)
+        super().__init__(table, kernels_dir)
+        self.T, self.f_T = self.module.TURNING_POINT, self.module.F_T
+        self._f = self.module.activation_twin
 
     def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xc = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 math; fp64 stays fp64
@@ -52,17 +44,18 @@ class InvActSpec:
         """y = f(x) without branch bits (no gradient wanted): the twin's y, bit for bit."""
         return self._f(x.to(torch.promote_types(x.dtype, torch.float32))).to(x.dtype)
 
+    def q(self, y: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
+        """q_s(y) for saved outputs ``y`` and branch flags ``left`` (True where x < T): the backward rule
+        (approximations.invact_forms.backward_rule) in float32 (float64 stays float64)."""
+        y = y.to(torch.promote_types(y.dtype, torch.float32))
+        return self.module.backward_rule_twin(y, left.to(y.dtype))
+
     def backward_torch(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         left = unpack_into(packed, byte_codes(1, y.device, torch.bool), y.numel()).view(y.shape)
         q = self.q(y, left)
         return (g.to(q.dtype) * q).to(g.dtype)
 
     # -- the generated Triton kernels ----------------------------------------------------------
-    @property
-    def module(self):
-        """The generated Triton module (imported by attach() at construction when it will be used; cached)."""
-        return generated_module(str(self.path), self.table.sha256, self.table.family, self.kernels_dir)
-
     def forward_triton(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_triton_device(x)
         xc = x.contiguous()
@@ -106,7 +99,7 @@ class InvActivation(torch.nn.Module):
         return invact(x, self.spec, self.use_triton)
 
     def extra_repr(self) -> str:
-        return f"table={self.spec.table.name}"
+        return f"table={self.spec.name()}"
 
 
 class InvActGELU(InvActivation):

@@ -1,77 +1,130 @@
-"""Which generated Triton module serves a table, and the one place that writes a user's kernels.
+"""Where a table's generated module lives, and importing it: the kernels' run time reads these modules, never
+writes them.
 
 Packaged tables have their modules in the package (``kernels/generated/``). A user's table gets them in
-``<table folder>/_generated/``, written by ``approxbp export`` or, once, when a drop-in is constructed
-(:func:`ensure_generated`, with a note on stderr). ``approxbp export --out-dir DIR`` and a drop-in's
-``kernels_dir=DIR`` name another folder, the same for both. The forward and backward passes only import
-(:func:`generated_module`): they never write files.
+``<table folder>/_generated/``, or in the folder that ``approxbp export --out-dir DIR`` and a drop-in's
+``kernels_dir=DIR`` both name. ``approxbp export`` (``kernels.codegen``, the build side) writes them; a drop-in
+imports one and refuses, with the command to run, a module that is missing, stale or from an older approxbp.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
-import os
-import sys
-from functools import cache
+import re
+from functools import cache, cached_property
 from pathlib import Path
 
 from approxbp.approximations import tables as T
 
-from .codegen import GENERATED, export, kernel_dir, module_name
+GENERATED = Path(__file__).parent / "generated"
+#: The layout of a generated module this run time reads (2: with the PyTorch twin and NAME, FAMILY).
+FORMAT = 2
 
 
-def table_file(table, family: str) -> Path:
-    """A table argument as a file: a path, a packaged name, or a table (typed, or its JSON object: validated, then
-    written once to the user cache, ``$XDG_CACHE_HOME/approxbp/tables``, named by its definition hash, so that its
-    kernels have a home)."""
-    if isinstance(table, str | Path):
-        return T.resolve(table, family)
-    t = T.as_table(table)
-    cache_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "approxbp" / "tables"
-    path = cache_dir / f"{t.family}-{t.sha256[:16]}.json"
-    if not path.is_file():
-        T.save(t, path)
-    return path
+def kernel_dir(table_path: str | Path) -> Path:
+    """Where a table's generated module lives: the package's ``kernels/generated/`` for packaged tables,
+    ``<table folder>/_generated/`` for a user's table (``approxbp export`` and the drop-ins agree on this)."""
+    path = T.resolve(table_path)
+    return GENERATED if T.packaged_name(path) is not None else path.resolve().parent / "_generated"
 
 
-def _target(path: Path, family: str, kernels_dir: str | Path | None = None) -> Path:
-    return (Path(kernels_dir) if kernels_dir is not None else kernel_dir(path)) / f"{module_name(path, family)}.py"
+def module_name(table_path: str | Path, family: str | None = None) -> str:
+    """``<family>_<stem>`` as a Python name (``family`` is read from the table when not given). A user's stem that
+    is not already a Python name also gets 8 hex digits of its sha256, so ``a-b.json`` and ``a_b.json`` beside each
+    other get different modules (the packaged names are distinct as they are)."""
+    table_path = T.resolve(table_path)
+    family = family or T.header(table_path)[0]
+    stem = table_path.stem
+    name = re.sub(r"\W", "_", f"{family}_{stem}")
+    if kernel_dir(table_path) != GENERATED and re.sub(r"\W", "_", stem) != stem:
+        name += "_" + hashlib.sha256(stem.encode()).hexdigest()[:8]
+    return name
 
 
-def _current(target: Path, want: str) -> bool:
-    return target.is_file() and f"TABLE_SHA256 = {want!r}" in target.read_text(encoding="utf-8")
-
-
-def ensure_generated(table_path: str | Path, table: T.Table, kernels_dir: str | Path | None = None) -> None:
-    """At drop-in construction: write a table's module into ``kernels_dir`` (None: the user table's
-    ``_generated/``) when it is missing or stale; packaged tables without ``kernels_dir``: nothing."""
-    path = Path(table_path)
-    if kernels_dir is None and kernel_dir(path) == GENERATED:
-        return
-    target = _target(path, table.family, kernels_dir)
-    if not _current(target, table.sha256):
-        print(f"approxbp: generating Triton kernels for {path} into {target.parent}", file=sys.stderr)
-        export([path], None if kernels_dir is None else Path(kernels_dir))
+def module_path(table_path: str | Path, family: str, kernels_dir: str | Path | None = None) -> Path:
+    return (Path(kernels_dir) if kernels_dir is not None else kernel_dir(table_path)) / \
+        f"{module_name(table_path, family)}.py"
 
 
 @cache
-def generated_module(table_path: str, want: str, family: str, kernels_dir: str | None = None):
-    """Import the generated module of the table at ``table_path`` whose definition hash is ``want`` (packaged, the
-    user's ``_generated/``, or ``kernels_dir``); never writes."""
+def _packaged_by_definition() -> dict[str, Path]:
+    """definition sha256 → packaged table file."""
+    return {T.header(p)[1]: p for p in T.table_paths()}
+
+
+def table_file(table, family: str) -> Path:
+    """A table argument as a file: a path or a packaged name, or a table (typed, or its JSON object) with the
+    definition of a packaged table. Any other table in memory has no kernels yet: it is refused with the two steps
+    that give it some (save it, ``approxbp export`` it), since run time writes no files."""
+    if isinstance(table, str | Path):
+        return T.resolve(table, family)
+    sha = table.sha256 if isinstance(table, T.ReluSumTable | T.InvActTable) else T.definition_sha256(table)
+    path = _packaged_by_definition().get(sha)
+    if path is None:
+        raise ValueError("this table is not a file with generated kernels: save it and export it first, "
+                         "`approxbp.approximations.tables.save(table, 'my.json')` and `approxbp export my.json`, then "
+                         "pass 'my.json' (the drop-ins read generated modules and write no files)")
+    return path
+
+
+def generated_module(table_path: str | Path, family: str, kernels_dir: str | Path | None = None):
+    """The generated module of the table file at ``table_path`` (packaged, the user's ``_generated/``, or
+    ``kernels_dir``), checked against the file's definition hash; never writes."""
     path = Path(table_path)
-    target = _target(path, family, kernels_dir)
+    sha = T.header(path, family)[1]
+    return _import(str(path.resolve()), sha, family, None if kernels_dir is None else str(kernels_dir))
+
+
+@cache
+def _import(table_path: str, want: str, family: str, kernels_dir: str | None):
+    path = Path(table_path)
+    target = module_path(path, family, kernels_dir)
+    out = "" if kernels_dir is None else f" --out-dir {kernels_dir}"
+    fix = f"run `approxbp export {path}{out}`"
     if kernels_dir is None and kernel_dir(path) == GENERATED:
         mod = importlib.import_module(f"approxbp.kernels.generated.{target.stem}")
-    elif not _current(target, want):
-        out = "" if kernels_dir is None else f" --out-dir {kernels_dir}"
-        raise RuntimeError(f"{target} is missing or was generated from another version of {path}; run "
-                           f"`approxbp export {path}{out}` (or construct the drop-in again, which generates it)")
+    elif not target.is_file():
+        raise RuntimeError(f"no generated kernels for {path} at {target}; {fix}")
     else:
         spec = importlib.util.spec_from_file_location(f"approxbp_user_kernels.{want[:16]}.{target.stem}", target)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     if mod.TABLE_SHA256 != want:
-        raise RuntimeError(f"{mod.__file__} was generated from another version of {table_path}; "
-                           "run `approxbp export`")
+        raise RuntimeError(f"{mod.__file__} was generated from another version of {path}; {fix}")
+    if getattr(mod, "FORMAT", 1) != FORMAT:
+        raise RuntimeError(f"{mod.__file__} was generated by an older approxbp; {fix}")
     return mod
+
+
+class GeneratedSpec:
+    """What the drop-ins' specs share: the table file, its generated module (imported here, once), its definition
+    hash and the custom ops' key. A spec is immutable and shared: a deep copy is the spec itself, and a pickle
+    holds only where the table and the kernels are."""
+
+    family: str
+
+    def __init__(self, table, kernels_dir: str | Path | None = None):
+        from . import ops
+
+        self.path = table_file(table, self.family)
+        self.kernels_dir = None if kernels_dir is None else str(Path(kernels_dir).resolve())
+        self.module = generated_module(self.path, self.family, self.kernels_dir)
+        self.sha256, self.expression = self.module.TABLE_SHA256, self.module.EXPRESSION
+        self.key = ops.spec_key(self.family, self.sha256, self.path, self.kernels_dir)
+
+    @cached_property
+    def table(self):
+        """The typed table (validated on first use, which parses its expressions; the run time never reads it)."""
+        return T.load(self.path)
+
+    def name(self) -> str:
+        """The table's canonical name (``gelu-k2-primitive``, ``gelu-fast``; "-paper" tables say so)."""
+        return self.module.NAME
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return type(self), (str(self.path), self.kernels_dir)

@@ -36,14 +36,14 @@ def register(spec) -> str:
     return spec.key
 
 
-def spec_key(family: str, table, path, kernels_dir: str | None) -> str:
+def spec_key(family: str, sha256: str, path, kernels_dir: str | None) -> str:
     """``family:definition-sha256:source[@kernels_dir]``, where source is the packaged table's name or the user
     table's absolute path: any process can rebuild the spec from it (:func:`spec_of`), so a ``torch.export``ed
     program runs where only ``approxbp.kernels`` was imported."""
     from approxbp.approximations.tables import packaged_name
 
     source = packaged_name(path) or str(Path(path).resolve())
-    return f"{family}:{table.sha256}:{source}" + (f"@{kernels_dir}" if kernels_dir else "")
+    return f"{family}:{sha256}:{source}" + (f"@{kernels_dir}" if kernels_dir else "")
 
 
 def spec_of(key: str):
@@ -58,24 +58,20 @@ def spec_of(key: str):
         else:
             from .invact import InvActSpec as make
         spec = make(source, kernels_dir or None)
-        if spec.table.sha256 != sha:
+        if spec.sha256 != sha:
             raise RuntimeError(f"this program was made with {source} of definition sha256 {sha[:16]}…; that table "
-                               f"is now {spec.table.sha256[:16]}…: export the program again")
+                               f"is now {spec.sha256[:16]}…: export the program again")
         register(spec)
     return spec
 
 
 def attach(spec, use_triton: bool | None):
-    """What a drop-in does once, at construction: register its spec, and import its generated Triton module now
-    when it will run it (``use_triton=True``, or CUDA available), so that no forward pass touches files."""
+    """What a drop-in does once, at construction: check that Triton can run when asked to, and register its spec
+    (which imported its generated module when it was built, so that no forward pass touches files)."""
     from .guards import check_triton_available
-    from .modules import ensure_generated
 
     check_triton_available(use_triton)
-    ensure_generated(spec.path, spec.table, spec.kernels_dir)  # kernels are written here, at construction, if at all
     register(spec)
-    if use_triton or (use_triton is None and torch.cuda.is_available()):
-        spec.module  # noqa: B018 - the import itself is the point
     return spec
 
 

@@ -13,6 +13,11 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 
+def storage_bits(bits: int) -> int:
+    """Codes are stored at the next of 1, 2, 4, 8 bits so that they pack evenly into bytes."""
+    return next(w for w in (1, 2, 4, 8) if w >= bits)
+
+
 @cache
 def _place_values(bits: int, device: torch.device) -> torch.Tensor:
     """[1, 2^bits, 2^(2·bits), …] (per entries, int32): a byte is Σ code_j · 2^(bits·j). Cached, so always real

@@ -127,7 +127,7 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
         raise ValueError(f"activation must be one of {ACTIVATIONS}, a table path or a mapping, got {activation!r}")
 
     report, undo, checked = PatchReport(), _Undo(), {}
-    family_of = functools.cache(lambda table: T.load(T.resolve(table)).family)
+    family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])
     before = _run_example(model, example_input) if check else None
     try:
         if norm:
@@ -201,7 +201,7 @@ def _compare_float64(old: nn.Module, new: nn.Module, spec) -> str | None:
                 "not swapped")
     diff = float((got - want).abs().max())
     if not diff <= 1e-9 * max(1.0, float(want.abs().max())):
-        what = f"table {spec.table.name!r} ({spec.table.expression})" if spec is not None else type(new).__name__
+        what = f"table {spec.name()!r} ({spec.expression})" if spec is not None else type(new).__name__
         return f"{what} computes another function (max |difference| {diff:.3g} on [−8, 8]); not swapped"
     return None
 

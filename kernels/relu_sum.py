@@ -22,39 +22,32 @@ from pathlib import Path
 
 import torch
 import triton
-from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import ops
-from .codegen import storage_bits
 from .guards import check_input, check_triton_device
 from .launch import RELU_SUM_ROWS, RELU_SUM_SPAN, num_warps
-from .modules import generated_module, table_file
-from .packing import byte_codes, pack, unpack_into
+from .modules import GeneratedSpec
+from .packing import byte_codes, pack, storage_bits, unpack_into
 
 
-class ReLUSumSpec:
-    """Everything one table needs at run time: knots, levels, the activation and its generated kernels. Built
-    once per module; the custom ops find it by ``key`` (the table's definition hash)."""
+class ReLUSumSpec(GeneratedSpec):
+    """Everything one table needs at run time, read from its generated module (knots, levels, bits, the Triton
+    kernels and the PyTorch twin; the module was generated from the validated table whose definition hash the
+    file still has). Built once per module; the custom ops find it by ``key``."""
+
+    family = "relu-sum"
 
     def __init__(self, table: str | Path | dict, kernels_dir: str | Path | None = None):
-        path = table_file(table, "relu-sum")
-        self.kernels_dir = None if kernels_dir is None else str(Path(kernels_dir).resolve())
-        t = T.load(path)
-        if t.family != "relu-sum":
-            raise ValueError(f"{path}: expected a relu-sum table, got {t.family!r}")
-        self.path, self.table = path, t
-        self.key = ops.spec_key("relu-sum", t, path, self.kernels_dir)
-        self.bits, self.storage = t.bits, storage_bits(t.bits)
+        super().__init__(table, kernels_dir)
+        m = self.module
+        self.bits, self.storage = m.BITS, storage_bits(m.BITS)
         with unset_fake_temporarily():  # real constants even when built for a fake-tensor plan (specs are shared)
-            self.knots64 = torch.tensor(t.knots, dtype=torch.float64)
-            self.levels64 = torch.tensor(t.levels, dtype=torch.float64)
-        self._f = get_activation(t.expression).torch_fn(0)
+            self.knots64 = torch.tensor(m.KNOTS, dtype=torch.float64)
+            self.levels64 = torch.tensor(m.LEVELS, dtype=torch.float64)
+        self._f = m.activation_twin
         self._dev: dict = {}
-
-    def name(self) -> str:
-        return self.table.name  # the canonical stem: "-paper" tables say so
 
     def consts(self, device):
         """Knots and levels as float32 on ``device`` (codes compare in float32, as the kernel does), and the
@@ -65,11 +58,6 @@ class ReLUSumSpec:
                 self._dev[device] = (self.knots64.to(device, torch.float32), levels,
                                      levels[byte_codes(self.storage, device).clamp_max(len(levels) - 1)])
         return self._dev[device]
-
-    @property
-    def module(self):
-        """The generated Triton module (imported by attach() at construction when it will be used; cached)."""
-        return generated_module(str(self.path), self.table.sha256, self.table.family, self.kernels_dir)
 
     nan_span = RELU_SUM_SPAN  # elements per forward program, and per saved NaN byte
 

@@ -1,5 +1,5 @@
-"""Small helpers several test files share: a packaged table's raw JSON, writing one to a temporary file, and the
-exact float64 gradient of GELU/SiLU."""
+"""Small helpers several test files share: a packaged table's raw JSON, writing one to a temporary file, saving and
+exporting a user's table (what a user runs before training), and the exact float64 gradient of GELU/SiLU."""
 
 import json
 from pathlib import Path
@@ -17,6 +17,16 @@ def write_json(tmp_path: Path, t: dict, name: str = "t.json") -> Path:
     p = tmp_path / name
     p.write_text(json.dumps(t))
     return p
+
+
+def exported(table, path: Path, out_dir: Path | None = None) -> Path:
+    """Save ``table`` (typed or JSON) at ``path`` and generate its kernels, as `approxbp export` does: the drop-ins
+    then take ``str(path)`` (with ``kernels_dir=out_dir`` when given)."""
+    from approxbp.kernels.codegen import export
+
+    path = T.save(table, path)
+    export([path], out_dir)
+    return path
 
 
 def exact_grad(x: torch.Tensor, act: str) -> torch.Tensor:

@@ -3,6 +3,7 @@
 function counts too."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,14 @@ def test_imports_point_one_way(layer):
     assert not wrong, f"imports against the layer direction: {wrong}"
 
 
-def test_generated_modules_import_only_triton_and_the_shared_helpers():
+def test_generated_modules_import_only_triton_the_helpers_and_the_torch_forms():
+    """A generated module imports triton, the shared Triton helpers and, for its PyTorch twin, the function set's
+    torch forms (approximations.backends, which imports no sympy): nothing else of approxbp."""
     for path in (ROOT / "kernels" / "generated").glob("*.py"):
-        assert imported_layers(path) <= {"kernels"}, path
+        text = path.read_text(encoding="utf-8")
+        assert imported_layers(path) <= {"kernels", "approximations"}, path
+        assert set(re.findall(r"from approxbp\.(\S+) import", text)) <= {"kernels.triton_helpers",
+                                                                           "approximations.backends"}, path
 
 
 def test_the_checker_sees_a_violation(tmp_path):

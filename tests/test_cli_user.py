@@ -108,10 +108,12 @@ def test_user_kernels_live_next_to_the_table(tmp_path):
     assert Path(act.spec.module.__file__) == module and module.stat().st_mtime_ns == before  # reused, not rewritten
     x = torch.randn(100, requires_grad=True)
     act(x).sum().backward()
-    from_dict = ReLUSumActivation(T.load(table))  # a table dict works too
     y = torch.randn(10)
-    assert torch.equal(from_dict(y), ReLUSumActivation(table)(y))
-    assert torch.allclose(from_dict(y), act(y), rtol=1e-6, atol=1e-7)  # Triton vs twin: to rounding
+    assert torch.allclose(ReLUSumActivation(table)(y), act(y), rtol=1e-6, atol=1e-7)  # Triton vs twin: to rounding
+    with pytest.raises(ValueError, match="save it and export it first"):  # a table in memory has no kernels
+        ReLUSumActivation(T.load(table))
+    packaged = T.load("relu_sum/silu-k3-derivative")  # unless it is a packaged table's definition
+    assert torch.equal(ReLUSumActivation(packaged.to_json())(y), ReLUSumActivation("silu-k3-derivative")(y))
 
 
 def test_export_out_dir_feeds_the_drop_ins_kernels_dir(tmp_path):
@@ -131,7 +133,10 @@ def test_export_out_dir_feeds_the_drop_ins_kernels_dir(tmp_path):
     twin = torch.randn(300)
     assert torch.allclose(act(twin), ReLUSumActivation(table, kernels_dir=out, use_triton=False)(twin),
                           rtol=1e-6, atol=1e-7)  # Triton vs twin: to rounding
-    packaged = InvActivation("gelu-fast", use_triton=True, kernels_dir=tmp_path / "inv")  # generated there once
+    with pytest.raises(RuntimeError, match="approxbp export .*gelu-fast.json --out-dir"):
+        InvActivation("gelu-fast", kernels_dir=tmp_path / "inv")  # a drop-in never generates kernels
+    assert _run("export", "invact/gelu-fast", "--out-dir", str(tmp_path / "inv")).returncode == 0
+    packaged = InvActivation("gelu-fast", use_triton=True, kernels_dir=tmp_path / "inv")
     assert Path(packaged.spec.module.__file__) == tmp_path / "inv" / "invact_gelu_fast.py"
 
 

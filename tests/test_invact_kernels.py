@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import torch
 from _accuracy import tolerance_ok
+from _helpers import exported
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.kernels import InvActGELU, InvActivation, saved_bytes
-from approxbp.kernels.codegen import GENERATED, module_name, render_invact
+from approxbp.kernels.codegen import render_invact
 from approxbp.kernels.invact import InvActSpec
+from approxbp.kernels.modules import GENERATED, module_name
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -123,7 +125,7 @@ def test_new_activation_gets_a_working_kernel_without_hand_written_code(tmp_path
     """fit → table → generated module (next to the table) → Triton path, for an activation not in the registry."""
     from approxbp.fitting.invact import fit_invact
 
-    path = T.save(fit_invact("x*sigmoid(1.5*x)", "newton"), tmp_path / "invact" / "mine-newton.json")
+    path = exported(fit_invact("x*sigmoid(1.5*x)", "newton"), tmp_path / "invact" / "mine-newton.json")
     m = InvActivation(str(path), use_triton=True)
     x = torch.linspace(-6, 6, 1001, requires_grad=True)
     m(x).sum().backward()

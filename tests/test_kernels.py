@@ -7,6 +7,7 @@ import pytest
 import torch
 from _accuracy import tolerance_ok as _tolerance_ok
 from _helpers import exact_grad as _exact_grad
+from _helpers import exported
 from _helpers import table_json as _table
 from _helpers import write_json as _write
 from approxbp.approximations import ReLUSum
@@ -22,15 +23,9 @@ from approxbp.kernels import (
     saved_bytes,
     unpack,
 )
-from approxbp.kernels.codegen import (
-    GENERATED,
-    HELPERS_MODULE,
-    module_name,
-    render,
-    render_helpers,
-    render_relu_sum,
-    storage_bits,
-)
+from approxbp.kernels.codegen import HELPERS_MODULE, render, render_helpers, render_relu_sum
+from approxbp.kernels.modules import GENERATED, module_name
+from approxbp.kernels.packing import storage_bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -167,18 +162,12 @@ def test_a_template_slot_in_a_label_stays_text(tmp_path):
 
 
 def test_user_module_names_do_not_collide(tmp_path):
-    from approxbp.kernels.codegen import module_name
-
-    a = T.save(T.load("relu_sum/silu-k2-primitive"), tmp_path / "a-b.json")
-    b = T.save(T.load("relu_sum/gelu-k2-primitive"), tmp_path / "a_b.json")
+    a = exported(T.load("relu_sum/silu-k2-primitive"), tmp_path / "a-b.json")
+    b = exported(T.load("relu_sum/gelu-k2-primitive"), tmp_path / "a_b.json")
     assert module_name(a) != module_name(b)
     x = torch.linspace(-4, 4, 64)
     ya = ReLUSumSpec(a)
     yb = ReLUSumSpec(b)
-    from approxbp.kernels.modules import ensure_generated
-
-    ensure_generated(a, ya.table)
-    ensure_generated(b, yb.table)
     assert torch.allclose(ya.forward_triton(x)[0], torch.nn.functional.silu(x), atol=1e-6)
     assert torch.allclose(yb.forward_triton(x)[0], torch.nn.functional.gelu(x), atol=1e-6)
 
@@ -283,30 +272,25 @@ def test_generated_kernels_record_the_definition_hash():
 
     path = T.resolve("relu_sum/gelu-k2-primitive")
     t = T.load(path)
-    assert generated_module(str(path), t.sha256, t.family).TABLE_SHA256 == T.definition_sha256(t)
+    assert generated_module(path, t.family).TABLE_SHA256 == T.definition_sha256(t)
 
 
-def test_user_kernels_are_written_at_construction_never_in_a_forward(tmp_path):
-    """Issue 15: a user table's module is generated when the drop-in is built; a forward only imports, and a
-    missing module is an error that says what to run, not a silent write."""
-    import shutil
-
+def test_user_kernels_come_from_export_and_construction_only_reads_them(tmp_path):
+    """Issue 24: a drop-in never writes kernels. A user table without them is refused at construction with the
+    command to run; after `approxbp export` it builds; a table edited since is refused as stale."""
     from approxbp.kernels import ReLUSumActivation
 
     path = T.save(T.load("relu_sum/silu-k2-primitive"), tmp_path / "relu_sum" / "mine-k2-primitive.json")
-    ReLUSumActivation(str(path))  # CPU, twin path: the kernels are written all the same
     folder = tmp_path / "relu_sum" / "_generated"
-    assert len(list(folder.glob("*.py"))) == 1
-    shutil.rmtree(folder)
-    m = ReLUSumActivation(str(path), use_triton=True)  # construction regenerates (and imports) it
-    assert folder.is_dir()
-    shutil.rmtree(folder)
-    from approxbp.kernels.modules import generated_module
-
-    generated_module.cache_clear()  # as in a fresh process that built the drop-in before the folder went
-    with pytest.raises(RuntimeError, match="approxbp export"):
-        m(torch.randn(8))
+    with pytest.raises(RuntimeError, match="approxbp export .*mine-k2-primitive.json"):
+        ReLUSumActivation(str(path))
     assert not folder.exists()
+    exported(T.load(path), path)
+    m = ReLUSumActivation(str(path), use_triton=True)
+    assert torch.allclose(m(torch.linspace(-3, 3, 8)), torch.nn.functional.silu(torch.linspace(-3, 3, 8)), atol=1e-6)
+    T.save(T.load(path).with_metrics(note=1.0), path)  # another definition, same file
+    with pytest.raises(RuntimeError, match="another version"):
+        ReLUSumActivation(str(path))
 
 
 @settings(max_examples=30)

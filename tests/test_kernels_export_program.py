@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from _helpers import exported
 from approxbp.approximations import tables as T
 from approxbp.kernels import (
     InvActSiLU,
@@ -44,13 +45,16 @@ def test_an_exported_program_runs_in_a_fresh_process(tmp_path):
 
 def test_a_key_rebuilds_its_spec_and_refuses_a_changed_table(tmp_path):
 
-    path = T.save(T.load("relu_sum/silu-k2-derivative") | {"activation": "mine"}, tmp_path / "t.json")
+    path = exported(T.load("relu_sum/silu-k2-derivative") | {"activation": "mine"}, tmp_path / "t.json")
     key = ReLUSumActivation(path).spec.key
     assert key.startswith("relu-sum:") and str(path.resolve()) in key
     del SPECS[key]
     assert spec_of(key).table.sha256 == T.load(path).sha256  # rebuilt from the key alone
     del SPECS[key]
     T.save(T.load(path) | {"activation": "mine, renamed"}, path)  # the table changed since the program was made
+    with pytest.raises(RuntimeError, match="generated from another version"):  # its kernels too
+        spec_of(key)
+    exported(T.load(path), path)
     with pytest.raises(RuntimeError, match="export the program again"):
         spec_of(key)
 

@@ -15,6 +15,7 @@ from approxbp.kernels import (
     InvActivation,
     ReLUSumActivation,
 )
+from approxbp.kernels.codegen import export
 
 
 @pytest.mark.parametrize("text, msg", [
@@ -77,7 +78,7 @@ def test_invact_branch_payload_is_refused_without_running(tmp_path, monkeypatch,
     p = _write(tmp_path, t)
     with pytest.raises(T.TableError, match="left.expression"):
         T.load(p)
-    with pytest.raises(T.TableError):
+    with pytest.raises(RuntimeError, match="approxbp export"):  # run time never parses it: it has no kernels
         InvActivation(str(p))
     r = subprocess.run([sys.executable, "-m", "approxbp.cli", "export", str(p), "--out-dir", str(tmp_path)],
                        capture_output=True, text=True)
@@ -92,7 +93,9 @@ def test_relu_sum_expression_payload_is_refused(tmp_path, monkeypatch):
                        f"'touch {MARKER}') or x*Phi(x)")
     t["activation"] = "custom"
     p = _write(tmp_path, t)
-    with pytest.raises(T.TableError, match="expression"):
+    with pytest.raises(T.TableError, match="expression"):  # export (the build side) refuses it
+        export([p], tmp_path)
+    with pytest.raises(RuntimeError, match="approxbp export"):
         ReLUSumActivation(p)
     r = subprocess.run([sys.executable, "-m", "approxbp.cli", "fit", "relu-sum", "--activation",
                         t["expression"], "--bits", "1"], capture_output=True, text=True)

@@ -3,6 +3,7 @@ left alone, and the example input checked before and after."""
 
 import pytest
 import torch
+from _helpers import exported
 from approxbp.approximations import tables as T
 from approxbp.kernels import InvActivation, ReGELU2, ReLUSumActivation, patch_model
 from torch import nn
@@ -28,7 +29,7 @@ def test_bits_table_path_and_mapping(tmp_path):
     m = _mlp(nn.GELU())
     patch_model(m, norm=False, bits=3)
     assert isinstance(m[1], ReLUSumActivation) and m[1].spec.bits == 3
-    path = T.save(T.load("invact/gelu-fast"), tmp_path / "mine.json")
+    path = exported(T.load("invact/gelu-fast"), tmp_path / "mine.json")
     m = _mlp(nn.GELU())
     patch_model(m, activation=str(path), norm=False)
     assert isinstance(m[1], InvActivation)

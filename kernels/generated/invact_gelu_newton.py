@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/gelu-newton.json'
 TABLE_SHA256 = '77b3417c2c4364f1640c5ea9e7072e938b72878553a33dd37d158856c077c620'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'gelu-newton'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
 TURNING_POINT = -0.7517915246935645
@@ -83,3 +86,38 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Max, Min, Phi, exp, log, select = _TORCH['Max'], _TORCH['Min'], _TORCH['Phi'], _TORCH['exp'], _TORCH['log'], _TORCH['select']
+
+
+def activation_twin(x):
+    return x*Phi(x)
+
+
+def activation_grad_twin(x):
+    return 0.39894228040143268*x*exp(-1/2*x**2) + Phi(x)
+
+
+def q_left_twin(y):
+    x0 = -(-11.857385836582017*Max(0, y + 0.16997120747990366)**0.5 + 20.237087764447647*Max(0, y + 0.16997120747990366) - 10.024725508146894*Max(0, y + 0.16997120747990366)**1.5 + 2.1519384729303686)*Max(0, y + 0.16997120747990366)**0.5/(-6.0870346531417407*Max(0, y + 0.16997120747990366)**0.5 + 12.049809027886887*Max(0, y + 0.16997120747990366) - 7.6837571478745588*Max(0, y + 0.16997120747990366)**1.5 + 1.0) + 0.28323159482972537*log(Max(1/1000000000000000000000000000000, 17347234759768071/20000000000000000000000000000000000 - 29416746954575639/5000000000000000*y)) + 0.606539225142254*Max(0, y + 0.16997120747990366)**0.5*Max(0, -log(Max(1/1000000000000000000000000000000, 17347234759768071/20000000000000000000000000000000000 - 29416746954575639/5000000000000000*y)))**0.5 - 0.75179152469356447
+    d0 = 0.39894228040143268*x0*exp(-1/2*x0**2) + Phi(x0)
+    x1 = -d0*(x0*Phi(x0) - y)/(d0**2 + 1.0e-10) + x0
+    d1 = 0.39894228040143268*x1*exp(-1/2*x1**2) + Phi(x1)
+    x2 = -d1*(x1*Phi(x1) - y)/(d1**2 + 1.0e-10) + x1
+    return 0.39894228040143268*x2*exp(-1/2*x2**2) + Phi(x2)
+
+
+def q_right_twin(y):
+    x0 = (-1.4390370177405207*Max(0, y + 0.16997120747990366)**0.5 + 0.22002002357793829*Max(0, y + 0.16997120747990366)**2 + 0.66180624354826356*Max(0, y + 0.16997120747990366) - 0.3276320297841539*Max(0, y + 0.16997120747990366)**1.5 + 2.1504952961481085)*Max(0, y + 0.16997120747990366)**0.5/(-0.055994065814971711*Max(0, y + 0.16997120747990366)**0.5 - 0.018392784021741528*Max(0, y + 0.16997120747990366)**2 - 0.55668239921985319*Max(0, y + 0.16997120747990366) + 0.35796263788914573*Max(0, y + 0.16997120747990366)**1.5 + 1.0) - 0.75179152469356447
+    d0 = 0.39894228040143268*x0*exp(-1/2*x0**2) + Phi(x0)
+    x1 = -d0*(x0*Phi(x0) - y)/(d0**2 + 1.0e-10) + x0
+    return 0.39894228040143268*x1*exp(-1/2*x1**2) + Phi(x1)
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.16997120747990366, y))), select(Max(-0.16997120747990366, y) - 9.8300287925200962, activation_grad_twin(Max(-0.16997120747990366, y)), q_right_twin(Min(9.8300287925200962, Max(-0.16997120747990366, y)))))

@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/gelu-paper.json'
 TABLE_SHA256 = '3b8913b3310586e74c87e8612d8fe15da48fc1ec57d88b187addba8bc16023d8'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'gelu-paper'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
 TURNING_POINT = -0.7517915246935645
@@ -75,3 +78,30 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Abs, Max, Min, Phi, exp, select = _TORCH['Abs'], _TORCH['Max'], _TORCH['Min'], _TORCH['Phi'], _TORCH['exp'], _TORCH['select']
+
+
+def activation_twin(x):
+    return x*Phi(x)
+
+
+def activation_grad_twin(x):
+    return 0.39894228040143268*x*exp(-1/2*x**2) + Phi(x)
+
+
+def q_left_twin(y):
+    return 1.6311011311381001*(y + 0.16997246666666699)**0.5*(2.0*y - 0.062617279999999997*(-y)**0.5)*(Abs(1.2947086999999999*y**2 + Abs(1.9805556499999999*y + 0.22730362000000001) - 0.038978495000000002) + 1.3295193000000001)
+
+
+def q_right_twin(y):
+    return (0.04404574801811055*y + 1.5584201843500274*(y + 0.16997120747990366)**0.5 - 1.3762314622398011)*exp(0.032146736769376058*(-y - 2.2898562973238533)**3) + 1.0
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.16997120747990366, y))), select(Max(-0.16997120747990366, y) - 9.8300287925200962, activation_grad_twin(Max(-0.16997120747990366, y)), q_right_twin(Min(9.8300287925200962, Max(-0.16997120747990366, y)))))

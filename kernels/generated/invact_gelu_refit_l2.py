@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/gelu-refit-l2.json'
 TABLE_SHA256 = '55ee89024859bb5bd2605e38caab78345ce8f8f7a651f98098f1c45d95ce08f5'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'gelu-refit-l2'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
 TURNING_POINT = -0.7517915246935645
@@ -75,3 +78,30 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Abs, Max, Min, Phi, exp, select = _TORCH['Abs'], _TORCH['Max'], _TORCH['Min'], _TORCH['Phi'], _TORCH['exp'], _TORCH['select']
+
+
+def activation_twin(x):
+    return x*Phi(x)
+
+
+def activation_grad_twin(x):
+    return 0.39894228040143268*x*exp(-1/2*x**2) + Phi(x)
+
+
+def q_left_twin(y):
+    return 1.6840661063319449*(y + 0.17002135109151545)**0.5*(2.0*y - 0.092380158368773627*(-y)**0.5)*(Abs(5.123437666095465*y**2 + Abs(1.591151703753807*y + 0.21018937983255601) - 0.099624032749852279) + 1.2441220407960871)
+
+
+def q_right_twin(y):
+    return (0.014669595764976074*y + 1.5593370473277404*(y + 0.16997120747990366)**0.5 - 1.3602939522738918)*exp(0.033117027373127113*(-y - 2.2236062632414682)**3) + 1.0
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.16997120747990366, y))), select(Max(-0.16997120747990366, y) - 9.8300287925200962, activation_grad_twin(Max(-0.16997120747990366, y)), q_right_twin(Min(9.8300287925200962, Max(-0.16997120747990366, y)))))

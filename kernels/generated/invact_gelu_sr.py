@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/gelu-sr.json'
 TABLE_SHA256 = '9fad2bb5fae8855550fd9b61b25c0b264e3ac8d7ac0abf14f1ecad4f5eff7abc'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'gelu-sr'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
 TURNING_POINT = -0.7517915246935645
@@ -75,3 +78,30 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Max, Min, Phi, exp, log, select, sqrt = _TORCH['Max'], _TORCH['Min'], _TORCH['Phi'], _TORCH['exp'], _TORCH['log'], _TORCH['select'], _TORCH['sqrt']
+
+
+def activation_twin(x):
+    return x*Phi(x)
+
+
+def activation_grad_twin(x):
+    return 0.39894228040143268*x*exp(-1/2*x**2) + Phi(x)
+
+
+def q_left_twin(y):
+    return -0.2286732738418201*(5.8833493909151278*y + 1.0)**0.5*(0.00063324338977101529*(5.8833493909151278*y + 1.0)**0.5/log(0.97869712643168971*sqrt((29416746954575639/5000000000000000)*y + 1)) + 0.047051479873664329*(5.8833493909151278*y + 1.0)**0.5/log(0.817556680640664*sqrt((29416746954575639/5000000000000000)*y + 1)) - exp(0.88000862818037473*sqrt((29416746954575639/5000000000000000)*y + 1)) + 2.6748476780891273) - 6.8105968262323466e-7
+
+
+def q_right_twin(y):
+    return 1.0000618578866198*exp(exp(-1.5425530417618876*sqrt((1/10)*y + 8498560373995183/500000000000000000) - 0.027995939729560718*exp(9.8147000934426778*sqrt((1/10)*y + 8498560373995183/500000000000000000)))*log(1.0716416932035637*sqrt((1/10)*y + 8498560373995183/500000000000000000)) + 0.84748040847088058*exp(-0.4143777504274106*sqrt((1/10)*y + 8498560373995183/500000000000000000)*exp(5.1599713827651001*sqrt((1/10)*y + 8498560373995183/500000000000000000)))) - 5.6025135283657323e-5
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.16997120747990366, y))), select(Max(-0.16997120747990366, y) - 9.8300287925200962, activation_grad_twin(Max(-0.16997120747990366, y)), q_right_twin(Min(9.8300287925200962, Max(-0.16997120747990366, y)))))

@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/gelu_tanh-newton.json'
 TABLE_SHA256 = 'e8008e4a10e53e387b9649efcd80bb617316fd883bf4106515fe3b4ef69434f9'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'gelu_tanh-newton'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
 TURNING_POINT = -0.7524614220710163
@@ -83,3 +86,38 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Max, Min, log, pi, select, sigmoid, sqrt = _TORCH['Max'], _TORCH['Min'], _TORCH['log'], _TORCH['pi'], _TORCH['select'], _TORCH['sigmoid'], _TORCH['sqrt']
+
+
+def activation_twin(x):
+    return x*sigmoid(2*sqrt(2)*((8943/200000)*x**3 + x)/sqrt(pi))
+
+
+def activation_grad_twin(x):
+    return 1.5957691216057307*x*(0.134145*x**2 + 1.0)*sigmoid(-2*sqrt(2)*((8943/200000)*x**3 + x)/sqrt(pi))*sigmoid(2*sqrt(2)*((8943/200000)*x**3 + x)/sqrt(pi)) + sigmoid(2*sqrt(2)*((8943/200000)*x**3 + x)/sqrt(pi))
+
+
+def q_left_twin(y):
+    x0 = -(-11.847011328050911*Max(0, y + 0.17004075057125406)**0.5 + 20.186344719610553*Max(0, y + 0.17004075057125406) - 10.00121889032382*Max(0, y + 0.17004075057125406)**1.5 + 2.1548017281047946)*Max(0, y + 0.17004075057125406)**0.5/(-6.0846501699789366*Max(0, y + 0.17004075057125406)**0.5 + 12.047961010202515*Max(0, y + 0.17004075057125406) - 7.6928407616430761*Max(0, y + 0.17004075057125406)**1.5 + 1.0) + 0.24843268591572745*log(Max(1/1000000000000000000000000000000, 17347234759768071/20000000000000000000000000000000000 - 58809432247298797/10000000000000000*y)) + 0.53190450460926186*Max(0, y + 0.17004075057125406)**0.5*Max(0, -log(Max(1/1000000000000000000000000000000, 17347234759768071/20000000000000000000000000000000000 - 58809432247298797/10000000000000000*y)))**0.5 - 0.75246142207101629
+    d0 = 1.5957691216057307*x0*(0.134145*x0**2 + 1.0)*sigmoid(-2*sqrt(2)*((8943/200000)*x0**3 + x0)/sqrt(pi))*sigmoid(2*sqrt(2)*((8943/200000)*x0**3 + x0)/sqrt(pi)) + sigmoid(2*sqrt(2)*((8943/200000)*x0**3 + x0)/sqrt(pi))
+    x1 = -d0*(x0*sigmoid(2*sqrt(2)*((8943/200000)*x0**3 + x0)/sqrt(pi)) - y)/(d0**2 + 1.0e-10) + x0
+    d1 = 1.5957691216057307*x1*(0.134145*x1**2 + 1.0)*sigmoid(-2*sqrt(2)*((8943/200000)*x1**3 + x1)/sqrt(pi))*sigmoid(2*sqrt(2)*((8943/200000)*x1**3 + x1)/sqrt(pi)) + sigmoid(2*sqrt(2)*((8943/200000)*x1**3 + x1)/sqrt(pi))
+    x2 = -d1*(x1*sigmoid(2*sqrt(2)*((8943/200000)*x1**3 + x1)/sqrt(pi)) - y)/(d1**2 + 1.0e-10) + x1
+    return 1.5957691216057307*x2*(0.134145*x2**2 + 1.0)*sigmoid(-2*sqrt(2)*((8943/200000)*x2**3 + x2)/sqrt(pi))*sigmoid(2*sqrt(2)*((8943/200000)*x2**3 + x2)/sqrt(pi)) + sigmoid(2*sqrt(2)*((8943/200000)*x2**3 + x2)/sqrt(pi))
+
+
+def q_right_twin(y):
+    x0 = (-1.4417373446995037*Max(0, y + 0.17004075057125406)**0.5 + 0.21587812680158439*Max(0, y + 0.17004075057125406)**2 + 0.65895257035328092*Max(0, y + 0.17004075057125406) - 0.32554382509036783*Max(0, y + 0.17004075057125406)**1.5 + 2.1532153857942253)*Max(0, y + 0.17004075057125406)**0.5/(-0.05515894518229307*Max(0, y + 0.17004075057125406)**0.5 - 0.018529248905135434*Max(0, y + 0.17004075057125406)**2 - 0.55748792684925685*Max(0, y + 0.17004075057125406) + 0.35494215586383643*Max(0, y + 0.17004075057125406)**1.5 + 1.0) - 0.75246142207101629
+    d0 = 1.5957691216057307*x0*(0.134145*x0**2 + 1.0)*sigmoid(-2*sqrt(2)*((8943/200000)*x0**3 + x0)/sqrt(pi))*sigmoid(2*sqrt(2)*((8943/200000)*x0**3 + x0)/sqrt(pi)) + sigmoid(2*sqrt(2)*((8943/200000)*x0**3 + x0)/sqrt(pi))
+    x1 = -d0*(x0*sigmoid(2*sqrt(2)*((8943/200000)*x0**3 + x0)/sqrt(pi)) - y)/(d0**2 + 1.0e-10) + x0
+    return 1.5957691216057307*x1*(0.134145*x1**2 + 1.0)*sigmoid(-2*sqrt(2)*((8943/200000)*x1**3 + x1)/sqrt(pi))*sigmoid(2*sqrt(2)*((8943/200000)*x1**3 + x1)/sqrt(pi)) + sigmoid(2*sqrt(2)*((8943/200000)*x1**3 + x1)/sqrt(pi))
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.17004075057125406, y))), select(Max(-0.17004075057125406, y) - 9.8299592494287467, activation_grad_twin(Max(-0.17004075057125406, y)), q_right_twin(Min(9.8299592494287467, Max(-0.17004075057125406, y)))))

@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/mish-newton.json'
 TABLE_SHA256 = 'c6c1fe0b9a8c24805f1b5bc1e9f765d1f67609ef7571e73b8f1b545d490fa9ec'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'mish-newton'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
 TURNING_POINT = -1.1924312145154952
@@ -83,3 +86,38 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Max, Min, log, select, sigmoid, softplus, tanh = _TORCH['Max'], _TORCH['Min'], _TORCH['log'], _TORCH['select'], _TORCH['sigmoid'], _TORCH['softplus'], _TORCH['tanh']
+
+
+def activation_twin(x):
+    return x*tanh(softplus(x))
+
+
+def activation_grad_twin(x):
+    return x*(1.0 - tanh(softplus(x))**2)*sigmoid(x) + tanh(softplus(x))
+
+
+def q_left_twin(y):
+    x0 = -(-6.9407241343337027*Max(0, y + 0.30884341301725043)**0.5 + 2.9981178658287111*Max(0, y + 0.30884341301725043) + 1.2886219560779519*Max(0, y + 0.30884341301725043)**1.5 + 2.7371198411617113)*Max(0, y + 0.30884341301725043)**0.5/(-1.2834733865364092*Max(0, y + 0.30884341301725043)**0.5 - 1.4174502376512907*Max(0, y + 0.30884341301725043) + 1.0031581397869709*Max(0, y + 0.30884341301725043)**1.5 + 1.0) + 0.97808855947780271*log(Max(1/1000000000000000000000000000000, -32378867667290837/10000000000000000*y)) - 1.2114195291939669*Max(0, y + 0.30884341301725043)**0.5*Max(0, -log(Max(1/1000000000000000000000000000000, -32378867667290837/10000000000000000*y)))**0.5 - 1.1924312145154952
+    d0 = x0*(1.0 - tanh(softplus(x0))**2)*sigmoid(x0) + tanh(softplus(x0))
+    x1 = -d0*(x0*tanh(softplus(x0)) - y)/(d0**2 + 1.0e-10) + x0
+    d1 = x1*(1.0 - tanh(softplus(x1))**2)*sigmoid(x1) + tanh(softplus(x1))
+    x2 = -d1*(x1*tanh(softplus(x1)) - y)/(d1**2 + 1.0e-10) + x1
+    return x2*(1.0 - tanh(softplus(x2))**2)*sigmoid(x2) + tanh(softplus(x2))
+
+
+def q_right_twin(y):
+    x0 = (-1.6983885025600758*Max(0, y + 0.30884341301725043)**0.5 + 0.17836413692832612*Max(0, y + 0.30884341301725043)**2 + 0.79746695948836155*Max(0, y + 0.30884341301725043) - 0.24960490718586953*Max(0, y + 0.30884341301725043)**1.5 + 2.7358619014852761)*Max(0, y + 0.30884341301725043)**0.5/(0.064989655461902635*Max(0, y + 0.30884341301725043)**0.5 - 0.015770304623657021*Max(0, y + 0.30884341301725043)**2 - 0.48231232005662794*Max(0, y + 0.30884341301725043) + 0.30465111558947583*Max(0, y + 0.30884341301725043)**1.5 + 1.0) - 1.1924312145154952
+    d0 = x0*(1.0 - tanh(softplus(x0))**2)*sigmoid(x0) + tanh(softplus(x0))
+    x1 = -d0*(x0*tanh(softplus(x0)) - y)/(d0**2 + 1.0e-10) + x0
+    return x1*(1.0 - tanh(softplus(x1))**2)*sigmoid(x1) + tanh(softplus(x1))
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.30884341301725043, y))), select(Max(-0.30884341301725043, y) - 9.6911565869827498, activation_grad_twin(Max(-0.30884341301725043, y)), q_right_twin(Min(9.6911565869827498, Max(-0.30884341301725043, y)))))

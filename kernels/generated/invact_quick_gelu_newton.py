@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/quick_gelu-newton.json'
 TABLE_SHA256 = 'f984aff2544ed643a24a292a1334d771579e487622772c853e46a46e6ca7dedf'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'quick_gelu-newton'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
 TURNING_POINT = -0.751154255441289
@@ -83,3 +86,38 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Max, Min, log, select, sigmoid = _TORCH['Max'], _TORCH['Min'], _TORCH['log'], _TORCH['select'], _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid((851/500)*x)
+
+
+def activation_grad_twin(x):
+    return 1.702*x*sigmoid(-851/500*x)*sigmoid((851/500)*x) + sigmoid((851/500)*x)
+
+
+def q_left_twin(y):
+    x0 = -(-13.235055012365539*Max(0, y + 0.16361018963635357)**0.5 + 23.4077428541021*Max(0, y + 0.16361018963635357) - 12.042078080473443*Max(0, y + 0.16361018963635357)**1.5 + 2.3207804889109096)*Max(0, y + 0.16361018963635357)**0.5/(-6.4244635221178683*Max(0, y + 0.16361018963635357)**0.5 + 13.516824510599825*Max(0, y + 0.16361018963635357) - 9.2606225930050581*Max(0, y + 0.16361018963635357)**1.5 + 1.0) + 0.49480661278918969*log(Max(1/1000000000000000000000000000000, 17347234759768071/20000000000000000000000000000000000 - 61120887532899953/10000000000000000*y)) + 1.0289841488564428*Max(0, y + 0.16361018963635357)**0.5*Max(0, -log(Max(1/1000000000000000000000000000000, 17347234759768071/20000000000000000000000000000000000 - 61120887532899953/10000000000000000*y)))**0.5 - 0.751154255441289
+    d0 = 1.702*x0*sigmoid(-851/500*x0)*sigmoid((851/500)*x0) + sigmoid((851/500)*x0)
+    x1 = -d0*(x0*sigmoid((851/500)*x0) - y)/(d0**2 + 1.0e-10) + x0
+    d1 = 1.702*x1*sigmoid(-851/500*x1)*sigmoid((851/500)*x1) + sigmoid((851/500)*x1)
+    x2 = -d1*(x1*sigmoid((851/500)*x1) - y)/(d1**2 + 1.0e-10) + x1
+    return 1.702*x2*sigmoid(-851/500*x2)*sigmoid((851/500)*x2) + sigmoid((851/500)*x2)
+
+
+def q_right_twin(y):
+    x0 = (-0.63740242169338168*Max(0, y + 0.16361018963635357)**0.5 + 0.21914057290256064*Max(0, y + 0.16361018963635357)**2 + 0.34121739308611071*Max(0, y + 0.16361018963635357) - 0.083801868098132754*Max(0, y + 0.16361018963635357)**1.5 + 2.3215551913955306)*Max(0, y + 0.16361018963635357)**0.5/(0.59483453868200364*Max(0, y + 0.16361018963635357)**0.5 - 0.026099270627339164*Max(0, y + 0.16361018963635357)**2 - 0.78521847258804833*Max(0, y + 0.16361018963635357) + 0.45674379168785006*Max(0, y + 0.16361018963635357)**1.5 + 1.0) - 0.751154255441289
+    d0 = 1.702*x0*sigmoid(-851/500*x0)*sigmoid((851/500)*x0) + sigmoid((851/500)*x0)
+    x1 = -d0*(x0*sigmoid((851/500)*x0) - y)/(d0**2 + 1.0e-10) + x0
+    return 1.702*x1*sigmoid(-851/500*x1)*sigmoid((851/500)*x1) + sigmoid((851/500)*x1)
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.16361018963635357, y))), select(Max(-0.16361018963635357, y) - 9.8363898103636469, activation_grad_twin(Max(-0.16361018963635357, y)), q_right_twin(Min(9.8363898103636469, Max(-0.16361018963635357, y)))))

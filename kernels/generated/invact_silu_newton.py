@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/silu-newton.json'
 TABLE_SHA256 = 'ae2f61f99cd22088e64374139f178761d5cb5ca9b5f06491c744504e844264b0'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'silu-newton'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
 TURNING_POINT = -1.2784645427610737
@@ -83,3 +86,38 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Max, Min, log, select, sigmoid = _TORCH['Max'], _TORCH['Min'], _TORCH['log'], _TORCH['select'], _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid(x)
+
+
+def activation_grad_twin(x):
+    return x*sigmoid(-x)*sigmoid(x) + sigmoid(x)
+
+
+def q_left_twin(y):
+    x0 = -(-13.235063125355824*Max(0, y + 0.2784645427610738)**0.5 + 17.942396348178569*Max(0, y + 0.2784645427610738) - 7.0752754123413464*Max(0, y + 0.2784645427610738)**1.5 + 3.0277068798240969)*Max(0, y + 0.2784645427610738)**0.5/(-4.9244421472361255*Max(0, y + 0.2784645427610738)**0.5 + 7.941727851737288*Max(0, y + 0.2784645427610738) - 4.1706201188307785*Max(0, y + 0.2784645427610738)**1.5 + 1.0) + 0.84217442349974236*log(Max(1/1000000000000000000000000000000, -35911214766686221/10000000000000000*y)) + 1.3424388845385753*Max(0, y + 0.2784645427610738)**0.5*Max(0, -log(Max(1/1000000000000000000000000000000, -35911214766686221/10000000000000000*y)))**0.5 - 1.2784645427610737
+    d0 = x0*sigmoid(-x0)*sigmoid(x0) + sigmoid(x0)
+    x1 = -d0*(x0*sigmoid(x0) - y)/(d0**2 + 1.0e-10) + x0
+    d1 = x1*sigmoid(-x1)*sigmoid(x1) + sigmoid(x1)
+    x2 = -d1*(x1*sigmoid(x1) - y)/(d1**2 + 1.0e-10) + x1
+    return x2*sigmoid(-x2)*sigmoid(x2) + sigmoid(x2)
+
+
+def q_right_twin(y):
+    x0 = (-0.35277018019978768*Max(0, y + 0.2784645427610738)**0.5 + 0.0025777473523838955*Max(0, y + 0.2784645427610738)**2 - 0.32298275905806972*Max(0, y + 0.2784645427610738) + 0.2129679354268918*Max(0, y + 0.2784645427610738)**1.5 + 3.0296786928197572)*Max(0, y + 0.2784645427610738)**0.5/(0.55798833030479345*Max(0, y + 0.2784645427610738)**0.5 - 0.021619806721391455*Max(0, y + 0.2784645427610738)**2 - 0.63777565395207714*Max(0, y + 0.2784645427610738) + 0.23422648010614452*Max(0, y + 0.2784645427610738)**1.5 + 1.0) - 1.2784645427610737
+    d0 = x0*sigmoid(-x0)*sigmoid(x0) + sigmoid(x0)
+    x1 = -d0*(x0*sigmoid(x0) - y)/(d0**2 + 1.0e-10) + x0
+    return x1*sigmoid(-x1)*sigmoid(x1) + sigmoid(x1)
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.2784645427610738, y))), select(Max(-0.2784645427610738, y) - 9.721535457238927, activation_grad_twin(Max(-0.2784645427610738, y)), q_right_twin(Min(9.721535457238927, Max(-0.2784645427610738, y)))))

@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/silu-paper.json'
 TABLE_SHA256 = '0d284028315a14e8a53f99c143ceaf035e5cfd9e48af128b22802881253af656'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'silu-paper'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
 TURNING_POINT = -1.2784645427610737
@@ -75,3 +78,30 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Max, Min, exp, select, sigmoid = _TORCH['Max'], _TORCH['Min'], _TORCH['exp'], _TORCH['select'], _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid(x)
+
+
+def activation_grad_twin(x):
+    return x*sigmoid(-x)*sigmoid(x) + sigmoid(x)
+
+
+def q_left_twin(y):
+    return y + (1.0 - y)*(0.079631397669175638*y - 0.50768437050826365*(y + 0.2784645427610738)**0.5 + 0.35749420485937561*(y + 0.2784645427610738)**2 + 0.23935152833714109)
+
+
+def q_right_twin(y):
+    return y + (1.0 - y)*((-0.16299051259510922*y + 0.84858964703165229*(y + 0.2784645427610738)**0.5 - 1.3562434806951704)*exp(0.0026961639850448835*(-y - 6.0490778454255824)**3) + 1.0)
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.2784645427610738, y))), select(Max(-0.2784645427610738, y) - 9.721535457238927, activation_grad_twin(Max(-0.2784645427610738, y)), q_right_twin(Min(9.721535457238927, Max(-0.2784645427610738, y)))))

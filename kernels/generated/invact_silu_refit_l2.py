@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/silu-refit-l2.json'
 TABLE_SHA256 = '2bd3357b1570a3d50dd705fee4e57b87be8a94de31eeed37bd290a920a798ecb'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'silu-refit-l2'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
 TURNING_POINT = -1.2784645427610737
@@ -75,3 +78,30 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Max, Min, exp, select, sigmoid = _TORCH['Max'], _TORCH['Min'], _TORCH['exp'], _TORCH['select'], _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid(x)
+
+
+def activation_grad_twin(x):
+    return x*sigmoid(-x)*sigmoid(x) + sigmoid(x)
+
+
+def q_left_twin(y):
+    return y + (1.0 - y)*(0.082938436015095623*y - 0.50880205487725338*(y + 0.2784645427610738)**0.5 + 0.35177612165694372*(y + 0.2784645427610738)**2 + 0.24035391307061208)
+
+
+def q_right_twin(y):
+    return y + (1.0 - y)*((-0.18585947768402133*y + 1.0705540618372293*(y + 0.2784645427610738)**0.5 - 1.7347188728292971)*exp(0.0014422239360280219*(-y - 8.3841386439800648)**3) + 1.0)
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.2784645427610738, y))), select(Max(-0.2784645427610738, y) - 9.721535457238927, activation_grad_twin(Max(-0.2784645427610738, y)), q_right_twin(Min(9.721535457238927, Max(-0.2784645427610738, y)))))

@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/silu-refit-linf.json'
 TABLE_SHA256 = '2e61100636fc39f53deef2b59a222695219b4d8083b7122e709010f290a7ca46'
+FORMAT = 2
+FAMILY = 'invact'
+NAME = 'silu-refit-linf'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
 TURNING_POINT = -1.2784645427610737
@@ -75,3 +78,30 @@ def backward_kernel(grad_ptr, y_ptr, packed_ptr, out_ptr, n_elem, n_bytes, BLOCK
     if g.dtype != tl.float64:
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Max, Min, exp, select, sigmoid = _TORCH['Max'], _TORCH['Min'], _TORCH['exp'], _TORCH['select'], _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid(x)
+
+
+def activation_grad_twin(x):
+    return x*sigmoid(-x)*sigmoid(x) + sigmoid(x)
+
+
+def q_left_twin(y):
+    return y + (1.0 - y)*(0.072722880972817622*y - 0.50791266405378521*(y + 0.2784645427610738)**0.5 + 0.38551669008711398*(y + 0.2784645427610738)**2 + 0.23775233152921703)
+
+
+def q_right_twin(y):
+    return y + (1.0 - y)*((-0.17577900024244333*y + 0.99613556879525056*(y + 0.2784645427610738)**0.5 - 1.5978347653786288)*exp(0.001617544338555486*(-y - 7.7850119397928256)**3) + 1.0)
+
+
+def backward_rule_twin(y, b):
+    return select(b, q_left_twin(Min(0.0, Max(-0.2784645427610738, y))), select(Max(-0.2784645427610738, y) - 9.721535457238927, activation_grad_twin(Max(-0.2784645427610738, y)), q_right_twin(Min(9.721535457238927, Max(-0.2784645427610738, y)))))

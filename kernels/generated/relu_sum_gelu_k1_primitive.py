@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu-k1-primitive.json'
 TABLE_SHA256 = '3828a2341393aa9eca1703f2cdf02756261d4ddd46e7fadffb1b076f6f04b52f'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'gelu-k1-primitive'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
 BITS = 1
@@ -86,3 +89,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Phi = _TORCH['Phi']
+
+
+def activation_twin(x):
+    return x*Phi(x)

@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu-k2-derivative-paper.json'
 TABLE_SHA256 = '9f1014cdcc3da4fc70a102e8eaed6f7c18087efbcd180d73e68f8c011cc6974d'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'gelu-k2-derivative-paper'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
 BITS = 2
@@ -94,3 +97,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Phi = _TORCH['Phi']
+
+
+def activation_twin(x):
+    return x*Phi(x)

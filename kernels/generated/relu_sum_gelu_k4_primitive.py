@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu-k4-primitive.json'
 TABLE_SHA256 = 'fb5f40e56c90890cee67abb3027d532ccd1b90aee7caadaaabd120175553fb31'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'gelu-k4-primitive'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
 BITS = 4
@@ -114,3 +117,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+Phi = _TORCH['Phi']
+
+
+def activation_twin(x):
+    return x*Phi(x)

@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu_tanh-k1-derivative.json'
 TABLE_SHA256 = '7d5087928ad071dd9e61d3dc7a81ec91018f48b031ec94619054273f9257c551'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'gelu_tanh-k1-derivative'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
 BITS = 1
@@ -86,3 +89,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+pi, sigmoid, sqrt = _TORCH['pi'], _TORCH['sigmoid'], _TORCH['sqrt']
+
+
+def activation_twin(x):
+    return x*sigmoid(2*sqrt(2)*((8943/200000)*x**3 + x)/sqrt(pi))

@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu_tanh-k2-primitive.json'
 TABLE_SHA256 = '187bb66b0afb3704e4306f5ea8050f2030fd660e341ab76dd8dd4b7e1d7a8005'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'gelu_tanh-k2-primitive'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
 BITS = 2
@@ -94,3 +97,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+pi, sigmoid, sqrt = _TORCH['pi'], _TORCH['sigmoid'], _TORCH['sqrt']
+
+
+def activation_twin(x):
+    return x*sigmoid(2*sqrt(2)*((8943/200000)*x**3 + x)/sqrt(pi))

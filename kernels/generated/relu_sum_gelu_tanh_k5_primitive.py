@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu_tanh-k5-primitive.json'
 TABLE_SHA256 = '294eb788dc57dc67972ad8c796ed9b699af18bea61232c39aafeea2e90d85bed'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'gelu_tanh-k5-primitive'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
 BITS = 5
@@ -85,3 +88,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+pi, sigmoid, sqrt = _TORCH['pi'], _TORCH['sigmoid'], _TORCH['sqrt']
+
+
+def activation_twin(x):
+    return x*sigmoid(2*sqrt(2)*((8943/200000)*x**3 + x)/sqrt(pi))

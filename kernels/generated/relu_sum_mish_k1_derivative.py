@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/mish-k1-derivative.json'
 TABLE_SHA256 = '58da5a8626f2e86a32bf29892a49e89774fcac2c355e4f556be1099c09b3d54d'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'mish-k1-derivative'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
 BITS = 1
@@ -86,3 +89,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+softplus, tanh = _TORCH['softplus'], _TORCH['tanh']
+
+
+def activation_twin(x):
+    return x*tanh(softplus(x))

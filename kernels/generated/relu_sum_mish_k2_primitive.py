@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/mish-k2-primitive.json'
 TABLE_SHA256 = '808ac678dc1efeb49b65fd4e31ccb9e20859c98504ff7b768b4fdd5ee1313183'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'mish-k2-primitive'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
 BITS = 2
@@ -94,3 +97,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+softplus, tanh = _TORCH['softplus'], _TORCH['tanh']
+
+
+def activation_twin(x):
+    return x*tanh(softplus(x))

@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/mish-k7-derivative.json'
 TABLE_SHA256 = 'd41f31da1858aeba0528fe2ea6cb76b04a27e282e2821ce372c3660f9153e7fa'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'mish-k7-derivative'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
 BITS = 7
@@ -85,3 +88,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+softplus, tanh = _TORCH['softplus'], _TORCH['tanh']
+
+
+def activation_twin(x):
+    return x*tanh(softplus(x))

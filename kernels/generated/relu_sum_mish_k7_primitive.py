@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/mish-k7-primitive.json'
 TABLE_SHA256 = 'b487a1b66c9a77bb2122549a87d6d7b05e93b72e83ac10085678bc619c6bec3d'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'mish-k7-primitive'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
 BITS = 7
@@ -85,3 +88,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+softplus, tanh = _TORCH['softplus'], _TORCH['tanh']
+
+
+def activation_twin(x):
+    return x*tanh(softplus(x))

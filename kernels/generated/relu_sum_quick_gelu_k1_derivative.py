@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/quick_gelu-k1-derivative.json'
 TABLE_SHA256 = 'c5df91f8270b5be89d5e4b0ae6c3c963a45bb6ae64ddc7799c786b2fc5a05fce'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'quick_gelu-k1-derivative'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
 BITS = 1
@@ -86,3 +89,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+sigmoid = _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid((851/500)*x)

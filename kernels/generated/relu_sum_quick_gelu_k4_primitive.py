@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/quick_gelu-k4-primitive.json'
 TABLE_SHA256 = '307bb02bb76b738684746ca8e39ab01154abbb1fd83662c093a50dd4a3667e95'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'quick_gelu-k4-primitive'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
 BITS = 4
@@ -114,3 +117,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+sigmoid = _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid((851/500)*x)

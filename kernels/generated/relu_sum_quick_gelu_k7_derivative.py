@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/quick_gelu-k7-derivative.json'
 TABLE_SHA256 = '1a2d1c178ff3760dd2491ac80c8d8bd894e79d411100345170f5e7f9b4d6f828'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'quick_gelu-k7-derivative'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
 BITS = 7
@@ -85,3 +88,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+sigmoid = _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid((851/500)*x)

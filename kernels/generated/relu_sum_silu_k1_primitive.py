@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/silu-k1-primitive.json'
 TABLE_SHA256 = 'eb7d2c7c958d5663c01a9746742992004793b17ebd4d09b6755464c17e273e4c'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'silu-k1-primitive'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
 BITS = 1
@@ -86,3 +89,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+sigmoid = _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid(x)

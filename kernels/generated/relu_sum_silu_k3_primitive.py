@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/silu-k3-primitive.json'
 TABLE_SHA256 = 'd80bfa2a093f798eeb5be127860e3acbf19884177bbedc5126eb7aaec94b81bc'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'silu-k3-primitive'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
 BITS = 3
@@ -102,3 +105,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+sigmoid = _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid(x)

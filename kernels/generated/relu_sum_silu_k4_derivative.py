@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/silu-k4-derivative.json'
 TABLE_SHA256 = '4a8d7b1e55790200d80ebb979c07f64424e6c2c18cb0d0424109845336e5a84c'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'silu-k4-derivative'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
 BITS = 4
@@ -114,3 +117,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+sigmoid = _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid(x)

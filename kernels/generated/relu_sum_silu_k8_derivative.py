@@ -5,6 +5,9 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/silu-k8-derivative.json'
 TABLE_SHA256 = 'e5527d1b2ab19c6bb1c5e52a4830d964d1f188863061b51352831811682940c3'
+FORMAT = 2
+FAMILY = 'relu-sum'
+NAME = 'silu-k8-derivative'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
 BITS = 8
@@ -85,3 +88,14 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         dx = dx.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + offs, dx, mask=inside)
+
+
+# ---- the PyTorch twin (CPU tensors; the Triton kernels' oracle) --------------------------------------------------
+from approxbp.approximations.backends import torch_namespace as _torch_namespace
+
+_TORCH = _torch_namespace()
+sigmoid = _TORCH['sigmoid']
+
+
+def activation_twin(x):
+    return x*sigmoid(x)

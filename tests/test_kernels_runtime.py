@@ -1,0 +1,44 @@
+"""Issue 24: the kernels' run time is apart from the build side. Importing approxbp.kernels, building every public
+drop-in, patching a model and running forward and backward (twin and Triton paths) imports neither sympy nor the code
+generator and writes no file (tests/kernels_runtime_probe.py, in a fresh process, with an audit hook on writes)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).with_name("kernels_runtime_probe.py")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, str(PROBE)], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=tmp_path_factory.mktemp("run"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_every_drop_in_ran_both_paths(report):
+    assert len(report["ran"]) == 19 and "patch_model" in report["ran"]
+    assert {r.split()[1] for r in report["ran"][:-1]} == {"use_triton=False", "use_triton=True"}
+
+
+def test_run_time_imports_neither_sympy_nor_the_code_generator(report):
+    assert report["sympy"] == [] and report["codegen"] == []
+    assert "approxbp.fitting" not in report["approxbp_at_import"]
+
+
+def test_run_time_writes_no_file(report):
+    assert report["hook_sees_writes"], "the audit hook must see the probe's control write"
+    assert report["writes"] == []
+
+
+def test_the_build_side_does_import_sympy():
+    """The check above can fail: the code generator imports sympy."""
+    code = "import sys, approxbp.kernels as K; K.export; print('sympy' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip() == "True", r.stderr
