@@ -22,9 +22,8 @@ def audit(event, args):
 
 sys.addaudithook(audit)
 
-import torch  # noqa: E402
-
 import approxbp.kernels as K  # noqa: E402
+import torch  # noqa: E402
 
 imported_before = sorted(m for m in sys.modules if m.startswith("approxbp"))
 

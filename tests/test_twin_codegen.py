@@ -1,0 +1,33 @@
+"""Issue 24: the PyTorch twin printed into every generated module computes, bit for bit, what the lambdified twin
+(Activation.torch_fn, invact_forms.TableBackward) computes: the run time lost sympy, not a single bit."""
+
+import pytest
+import torch
+from approxbp.approximations import get_activation
+from approxbp.approximations import tables as T
+from approxbp.approximations.invact_forms import TableBackward
+from approxbp.kernels.modules import generated_module
+
+PATHS = T.table_paths()
+X = torch.cat([torch.linspace(-30, 30, 6001, dtype=torch.float64),
+               torch.tensor([0.0, -0.0, 1e-30, -1e-30, 3e38, -3e38, float("inf"), -float("inf"), float("nan")],
+                            dtype=torch.float64)])
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_generated_twin_equals_the_lambdified_twin(path, dtype):
+    t = T.load(path)
+    m = generated_module(path, t.family)
+    x = X.to(dtype)
+    assert _same(m.activation_twin(x), get_activation(t.expression).torch_fn(0)(x))
+    if t.family == "invact":
+        y = torch.cat([torch.linspace(t.f_T - 0.01, t.f_T + 12, 4001, dtype=dtype), x])
+        rule = TableBackward(t)
+        for left in (True, False):
+            b = torch.full_like(y, float(left))
+            assert _same(m.backward_rule_twin(y, b), rule(y, b.bool()))
