@@ -324,7 +324,7 @@ def _fit_invact(args, argv) -> int:
 
     table = fit_invact(named_activation(args.activation, args.name), args.form, seed=args.seed,
                        backend=args.backend,
-                       sr_generations=args.sr_generations, progress=progress)
+                       sr_generations=args.sr_generations, progress=progress).table
     m = table.metrics
     print(f"invact · {table.activation} · form={table.form} · T={table.turning_point:.17g} "
           f"· f(T)={table.f_T:.17g}")

@@ -114,7 +114,7 @@ def regenerate_invact(out: Path | None = None, seed: int = 0, sr_generations: in
     paths = []
     for act, forms in INVACT_FORMS.items():
         for form in forms:
-            table = fit_invact(act, form, seed=seed, sr_generations=sr_generations)
+            table = fit_invact(act, form, seed=seed, sr_generations=sr_generations).table
             table = table.with_provenance(command=f"approxbp fit invact --activation {act} --form {form} "
                                                   f"--seed {seed}")
             paths.append(T.save(table, root / "invact" / f"{act}-{form}.json"))
@@ -125,7 +125,7 @@ def reproduce_invact() -> dict[str, list[dict]]:
     """Measure the published GELU/SiLU forms and refit ours: activation → [published tables…, ours]."""
     from approxbp.fitting.invact import fit_invact
 
-    return {act: [fit_invact(act, f) for f in INVACT_FORMS[act] if f in ("paper", "released", "newton")]
+    return {act: [fit_invact(act, f).table for f in INVACT_FORMS[act] if f in ("paper", "released", "newton")]
             for act in ("gelu", "silu")}
 
 

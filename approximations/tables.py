@@ -70,9 +70,15 @@ def _floats(t: dict, field: str, where: str, n: int | None = None) -> np.ndarray
     return arr
 
 
+def _held(t: Any) -> Any:
+    """The table a fit result holds (``fitting.FitResult``: a dict whose ``table`` is typed), else ``t``."""
+    return t["table"] if isinstance(t, dict) and isinstance(t.get("table"), _Table) else t
+
+
 def validate(t: Any, where: str = "<table>") -> dict:
-    """Validate a table's JSON object; return it unchanged or raise :class:`TableError`. (A typed table was
-    validated when it was built: its JSON is returned.)"""
+    """Validate a table's JSON object; return it unchanged or raise :class:`TableError`. (A typed table, or a fit
+    result holding one, was validated when it was built: its JSON is returned.)"""
+    t = _held(t)
     if isinstance(t, _Table):
         return t.to_json()
     if not isinstance(t, dict):
@@ -287,6 +293,7 @@ def save(t: Table | dict, path: str | Path, overwrite: bool = True) -> Path:
     """Validate and write atomically. A file that already holds the same definition (it differs at most in
     ``created``/``provenance``) is left untouched, so refitting an unchanged table changes no bytes."""
     path = Path(path)
+    t = _held(t)
     t = t.to_json() if isinstance(t, _Table) else validate(t, str(path))
     if path.is_file():
         if not overwrite:
@@ -523,6 +530,7 @@ def from_json(d: dict, where: str = "<table>") -> Table:
 
 
 def as_table(t: Table | dict) -> Table:
-    """A typed table from a table or its JSON object (validated)."""
+    """A typed table from a table, its JSON object (validated) or a fit result holding one."""
+    t = _held(t)
     return t if isinstance(t, _Table) else from_json(t)
 

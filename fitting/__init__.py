@@ -8,6 +8,7 @@ from .consistency import check_consistency
 from .invact import fit_invact
 from .objective import ReluSumObjective, interval_for, quadrature
 from .relu_sum import METHODS, ReluSumFit, certify, equidistributed_knots, fit_relu_sum
+from .result import FitResult
 
 __all__ = ["ReluSumObjective", "interval_for", "quadrature", "METHODS", "certify", "equidistributed_knots",
-           "fit_relu_sum", "ReluSumFit", "fit_invact", "check_consistency"]
+           "fit_relu_sum", "ReluSumFit", "FitResult", "fit_invact", "check_consistency"]

@@ -108,7 +108,8 @@ def atlas(activation, cache: Path | None = None) -> list[dict]:
             except FileNotFoundError:
                 continue
         else:  # the kernels' form: fitted (and kept) for any activation
-            t = _table("invact", f"{act.name}-fast", cache, lambda: fit_invact(act, "fast"), f"{act.name!r} InvAct")
+            fit = lambda: fit_invact(act, "fast").table  # noqa: E731
+            t = _table("invact", f"{act.name}-fast", cache, fit, f"{act.name!r} InvAct")
         q = TableBackward(t)(torch.from_numpy(fx), torch.from_numpy(left)).numpy()  # float64: the kernels' rule
         rows.append({"family": f"invact-{form}", "bits": 1, "label": f"InvAct ({form})", **_errors(d - q)})
     return rows

@@ -33,6 +33,7 @@ from approxbp.approximations.tables import SCHEMA
 from scipy.optimize import least_squares
 
 from .relu_sum import package_version
+from .result import FitResult
 
 FORMS = ("paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast")
 
@@ -134,8 +135,17 @@ NEWTON_DEFAULTS = {"left": (3, 2), "right": (4, 1)}  # (rational degree, Newton 
 
 
 def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
-               backend: str = "pyoperon", sr_generations: int = 150, progress: bool = True) -> T.InvActTable:
-    """Build a table for one activation and form (see the module docstring)."""
+               backend: str = "pyoperon", sr_generations: int = 150, progress: bool = True) -> FitResult:
+    """Build a table for one activation and form (see the module docstring); the :class:`~.result.FitResult`
+    holds it as ``table``, its worse branch L∞ as ``fun``."""
+    table = _invact_table(activation, form, seed, backend, sr_generations, progress)
+    worst = max(table.metrics["linf_left"], table.metrics["linf_right"])
+    return FitResult(table=table, fun=worst, success=True, seconds=table.provenance.get("seconds"),
+                     message=f"{table.name}: L∞ {table.metrics['linf_left']:.3g} (left), "
+                             f"{table.metrics['linf_right']:.3g} (right)")
+
+
+def _invact_table(activation, form, seed, backend, sr_generations, progress) -> T.InvActTable:
     t0 = time.perf_counter()
     act = get_activation(activation)
     if form not in FORMS:

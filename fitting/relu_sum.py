@@ -28,10 +28,11 @@ from approxbp.approximations import Activation, get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tables import SCHEMA
-from scipy.optimize import OptimizeResult, dual_annealing, minimize
+from scipy.optimize import dual_annealing, minimize
 
 from .grid_dp import GRIDS, grid_dp_knots
 from .objective import ReluSumObjective, check_objective, interval_for
+from .result import FitResult
 
 METHODS = ("anneal", "sgd", "polish")
 #: Relative distance to the best loss within which a restart counts as having reached it.
@@ -317,9 +318,9 @@ def _degenerate(obj: ReluSumObjective, c: np.ndarray) -> str | None:
 
 
 # ---- the public entry point --------------------------------------------------------------------
-class ReluSumFit(OptimizeResult):
-    """What :func:`fit_relu_sum` returns (a ``scipy.optimize.OptimizeResult``): ``table`` (the validated
-    ``approxbp.table/1`` dict), ``x`` (knots), ``fun`` (loss), ``success``, ``message``, ``nfev`` (objective
+class ReluSumFit(FitResult):
+    """What :func:`fit_relu_sum` returns (a :class:`~.result.FitResult`): ``table`` (the validated
+    :class:`ReluSumTable`), ``x`` (knots), ``fun`` (loss), ``success``, ``message``, ``seconds``, ``nfev`` (objective
     evaluations over all restarts), ``restarts`` (each restart's final loss, in order), ``restart_labels`` and
     ``at_best`` (how many restarts reached the best loss within a relative 1e-9) and ``untrusted`` (only one did,
     and it was not the grid DP's global optimum of the derivative objective: run more restarts)."""
@@ -410,6 +411,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
                + ("; only one did: run more restarts to trust this optimum" if untrusted else "")
                + ("; found by the grid DP (the global optimum on its grid, polished)" if global_on_grid else ""))
     return ReluSumFit(table=table, x=rs.knots, fun=loss, success=True, message=message, nfev=nfev,
+                      seconds=table.provenance.get("seconds"),
                       restarts=losses, restart_labels=labels, at_best=at_best, untrusted=untrusted)
 
 

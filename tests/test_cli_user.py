@@ -88,7 +88,7 @@ def test_symbolic_regression_runs_for_every_activation(activation):
     from approxbp.fitting.invact import fit_invact
     from approxbp.fitting.symbolic import pick_form
 
-    t = fit_invact(activation, "sr", sr_generations=2)
+    t = fit_invact(activation, "sr", sr_generations=2).table
     assert all(t["metrics"][f"linf_{b}"] < 1 for b in ("left", "right"))
     form = pick_form(t, "left", 0)
     assert form.latex() and str(form.substituted()) and form.torch_fn()(torch.tensor([-0.1])).isfinite().all()
@@ -152,7 +152,7 @@ def test_use_triton_without_cuda_or_interpreter_says_so_in_one_line():
 def test_fit_invact_is_exported():
     from approxbp.fitting import fit_invact
 
-    assert T.validate(fit_invact("gelu", "paper"))["form"] == "paper"
+    assert T.validate(fit_invact("gelu", "paper").table)["form"] == "paper"
 
 
 def test_atlas_fits_what_is_missing(capsys, tmp_path):

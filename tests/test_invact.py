@@ -166,6 +166,27 @@ def test_a_named_expression_fits_and_keeps_its_label(recwarn):
     from approxbp.approximations.activations import named_activation
     from approxbp.fitting.invact import fit_invact
 
-    t = fit_invact(named_activation("x*sigmoid(2*x)", "swish2"), "newton")
+    t = fit_invact(named_activation("x*sigmoid(2*x)", "swish2"), "newton").table
     assert t.activation == "swish2" and t.expression.replace(" ", "") == "x*sigmoid(2*x)"
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]  # numpy's warnings do not leak
+
+
+def test_both_fits_return_one_result_type_holding_the_typed_table():
+    """Issue 24: fit_invact and fit_relu_sum return a FitResult (an OptimizeResult) with the typed table; the table
+    fields fit_invact's callers read before are still read through, with a DeprecationWarning."""
+    import warnings
+
+    from approxbp.fitting import FitResult, fit_invact, fit_relu_sum
+
+    inv = fit_invact("gelu", "paper")
+    rs = fit_relu_sum("gelu", 1, "primitive", restarts=1, workers=1, progress=False)
+    assert isinstance(inv, FitResult) and isinstance(rs, FitResult)
+    assert isinstance(inv.table, T.InvActTable) and isinstance(rs.table, T.ReluSumTable)
+    assert inv.fun == max(inv.table.metrics["linf_left"], inv.table.metrics["linf_right"]) and rs.fun == rs.table.loss
+    with pytest.warns(DeprecationWarning, match=r"\.table\.form"):
+        assert inv.form == "paper"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert T.as_table(inv) is inv.table and T.validate(rs)["bits"] == 1  # a fit result saves as its table
+    with pytest.raises(AttributeError):
+        inv.no_such_field  # noqa: B018

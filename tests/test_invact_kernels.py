@@ -125,7 +125,7 @@ def test_new_activation_gets_a_working_kernel_without_hand_written_code(tmp_path
     """fit → table → generated module (next to the table) → Triton path, for an activation not in the registry."""
     from approxbp.fitting.invact import fit_invact
 
-    path = exported(fit_invact("x*sigmoid(1.5*x)", "newton"), tmp_path / "invact" / "mine-newton.json")
+    path = exported(fit_invact("x*sigmoid(1.5*x)", "newton").table, tmp_path / "invact" / "mine-newton.json")
     m = InvActivation(str(path), use_triton=True)
     x = torch.linspace(-6, 6, 1001, requires_grad=True)
     m(x).sum().backward()
