@@ -7,6 +7,9 @@ from pathlib import Path
 import torch
 from approxbp.approximations import tables as T
 
+#: The repository root (tests/ mirrors its source folders).
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def table_json(name: str) -> dict:
     """A packaged table as its raw JSON object (to be mutated by a test)."""

@@ -1,6 +1,9 @@
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton import: kernels run on the CPU
+sys.path.insert(0, str(Path(__file__).parent))  # tests/ mirrors the source folders; their files share _helpers
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402

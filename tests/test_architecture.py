@@ -100,3 +100,20 @@ def test_the_subscript_checker_sees_a_key_read(tmp_path):
     bad.write_text("def f(t, e):\n    return t['knots'], t.knots, t['other'], t[\"left\"]\n"
                    "def g(e):\n    return e['expression']  # not a table\n")
     assert [h.split(" ", 1)[1] for h in table_subscripts(bad)] == ["t['knots']", "t['left']"]
+
+
+#: Test folders and the source each mirrors (tests/kernels/patch/ holds the several files of kernels/patch.py).
+MIRRORS = {"approximations": "approximations", "fitting": "fitting", "kernels": "kernels",
+           "kernels/patch": "kernels/patch.py", "approxbp": "approxbp", "benchmarks": "benchmarks",
+           "notebooks": "notebooks", "docs": "docs"}
+
+
+def test_tests_mirror_the_source_tree():
+    """Issue 24: a test file lives in the folder of what it tests; only whole-tree checks (this file) sit at the
+    top of tests/."""
+    tests = ROOT / "tests"
+    misplaced = [str(p.relative_to(tests)) for p in tests.rglob("test_*.py")
+                 if p.parent != tests and p.parent.relative_to(tests).as_posix() not in MIRRORS]
+    top = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not misplaced and top == ["test_architecture.py"], (misplaced, top)
+    assert all((ROOT / source).exists() for source in MIRRORS.values())

@@ -4,11 +4,9 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from _helpers import ROOT
 
 
 def test_the_docs_site_builds_strictly(tmp_path):

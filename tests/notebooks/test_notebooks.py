@@ -1,12 +1,12 @@
 """Every notebook runs top to bottom on a fresh install (a failing cell fails the suite)."""
 
-from pathlib import Path
 
 import nbformat
 import pytest
+from _helpers import ROOT
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_notebooks():

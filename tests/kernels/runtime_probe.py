@@ -1,4 +1,4 @@
-"""Run in a fresh process by tests/test_kernels_runtime.py: import approxbp.kernels, build every public drop-in (and
+"""Run in a fresh process by tests/kernels/test_runtime.py: import approxbp.kernels, build every public drop-in (and
 patch a small model), run a forward and a backward on the twin and on the Triton path (``TRITON_INTERPRET=1``), and
 print what was imported and written as JSON. An audit hook records every file opened for writing, created, renamed
 or removed."""

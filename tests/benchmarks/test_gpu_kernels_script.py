@@ -2,12 +2,12 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from _helpers import ROOT
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "gpu_kernels.py"
+SCRIPT = ROOT / "benchmarks" / "gpu_kernels.py"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script really benchmarks")

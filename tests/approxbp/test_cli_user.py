@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import ROOT
 from approxbp.approximations import tables as T
 
 from approxbp.cli import build_parser, main
-
-ROOT = Path(__file__).parent.parent
 
 
 def _run(*args, env=None, cwd=None, timeout=600):
@@ -202,8 +201,8 @@ def test_the_docs_show_commands():
 
 def _slow_command(cmd: str, needs: list[str]) -> bool:
     """Over ~10 s and covered elsewhere by default: symbolic regression, reproduce (the README's install command
-    runs it), the planner (tests/test_plan.py), the sweep (test_sweep_…), and commands that first repeat another
-    command's fit."""
+    runs it), the planner (tests/approxbp/test_plan.py), the sweep (test_sweep_…), and commands that first repeat
+    another command's fit."""
     return bool(needs) or any(s in cmd for s in ("--form sr", "approxbp reproduce", "approxbp plan", "approxbp sweep"))
 
 

@@ -1,6 +1,6 @@
 """Issue 24: the kernels' run time is apart from the build side. Importing approxbp.kernels, building every public
 drop-in, patching a model and running forward and backward (twin and Triton paths) imports neither sympy nor the code
-generator and writes no file (tests/kernels_runtime_probe.py, in a fresh process, with an audit hook on writes)."""
+generator and writes no file (tests/kernels/runtime_probe.py, in a fresh process, with an audit hook on writes)."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PROBE = Path(__file__).with_name("kernels_runtime_probe.py")
+PROBE = Path(__file__).with_name("runtime_probe.py")
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,8 @@
 
 import json
 import runpy
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _helpers import ROOT
 
 
 def test_train_parity_script_runs_every_variant(tmp_path):
