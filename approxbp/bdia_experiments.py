@@ -204,49 +204,6 @@ def arithmetic_corpus(n: int, seed: int = 0) -> str:
 VOCAB = "0123456789+=\n"
 
 
-class GPTBranch(torch.nn.Module):
-    """Eq. 4's residual h(x) = f(x) + g(x + f(x)): f = causal self-attention(LN x), g = ToyMLP (pre-norm)."""
-
-    def __init__(self, d: int, heads: int, dropout: float):
-        super().__init__()
-        self.ln1 = torch.nn.LayerNorm(d)
-        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-        self.mlp = ToyMLP(d, dropout=dropout)
-        self.heads, self.drop = heads, torch.nn.Dropout(dropout)
-        torch.nn.init.normal_(self.proj.weight, std=0.02 / math.sqrt(2))
-
-    def forward(self, x):
-        Bt, T, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(Bt, T, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        f = self.drop(self.proj(att.transpose(1, 2).reshape(Bt, T, d)))
-        return f + self.mlp(x + f)
-
-
-class ToyGPT(torch.nn.Module):
-    """Token + position embeddings, K residual branches (plain residual stack or a BDIA stack), LN, head."""
-
-    def __init__(self, bdia: bool, blocks: int = 6, d: int = 128, heads: int = 4, context: int = 64,
-                 level: int = 9, dropout: float = 0.1):
-        super().__init__()
-        from approxbp.kernels.bdia import BDIAStack
-
-        self.tok, self.pos = torch.nn.Embedding(len(VOCAB), d), torch.nn.Embedding(context, d)
-        branches = [GPTBranch(d, heads, dropout) for _ in range(blocks)]
-        self.bdia = bdia
-        self.stack = BDIAStack(branches, level=level) if bdia else torch.nn.ModuleList(branches)
-        self.ln, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, len(VOCAB))
-
-    def forward(self, idx, seed: int | None = None):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-        if self.bdia:
-            x = self.stack(x, seed=seed)
-        else:
-            for h in self.stack:
-                x = x + h(x)
-        return self.head(self.ln(x))
-
-
 def train_toy_gpt(steps: int = 300, blocks: int = 6, d: int = 128, batch: int = 16, context: int = 64,
                   level: int = 9, seed: int = 0, check_every: int = 50, progress: bool = True) -> dict:
     """Standard vs BDIA (γ ∈ {±0.5}, l) training from the same init and batches; returns curves and memory.
@@ -255,6 +212,7 @@ def train_toy_gpt(steps: int = 300, blocks: int = 6, d: int = 128, batch: int = 
     x_{k+1} with the forward's bit for bit and raises otherwise); every ``check_every`` steps the online
     gradients are also compared bitwise with ordinary autograd through the same quantised forward.
     """
+    from approxbp.blocks import ToyGPT
     from approxbp.fitting.progress import progress as tqdm
     from approxbp.kernels.saved import saved_bytes
 
@@ -272,7 +230,8 @@ def train_toy_gpt(steps: int = 300, blocks: int = 6, d: int = 128, batch: int = 
                             "level": level, "seed": seed, "corpus": "arithmetic_corpus(6000)"}}
     for name in ("standard", "bdia"):
         torch.manual_seed(seed)
-        model = ToyGPT(name == "bdia", blocks, d, context=context, level=level)
+        model = ToyGPT(len(VOCAB), d, blocks, heads=4, context=context, dropout=0.1,
+                       bdia_level=level if name == "bdia" else None)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         g, gv = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(seed + 2)
         curve, val_curve, checks, t0 = [], [], 0, time.perf_counter()
@@ -303,7 +262,7 @@ def train_toy_gpt(steps: int = 300, blocks: int = 6, d: int = 128, batch: int = 
     return out
 
 
-def _grads_equal_autograd(model: ToyGPT, xb, yb, seed: int, rng_before: torch.Tensor) -> int:
+def _grads_equal_autograd(model, xb, yb, seed: int, rng_before: torch.Tensor) -> int:
     """Recompute the step's gradients with ordinary autograd (same RNG, same γ) and require bitwise equality."""
     online = [p.grad.clone() for p in model.parameters()]
     rng = torch.get_rng_state()

@@ -18,14 +18,18 @@ VARIANTS = ("baseline", "compiled", "relu-sum", "invact")
 
 
 class Attention(nn.Module):
-    def __init__(self, d, heads):
+    """Multi-head self-attention with separate q, k, v, o projections (so that a norm can merge into q, k, v);
+    ``causal`` masks the future (language models)."""
+
+    def __init__(self, d, heads, causal: bool = False):
         super().__init__()
-        self.heads, self.q, self.k, self.v, self.o = heads, *(nn.Linear(d, d) for _ in range(4))
+        self.heads, self.causal, self.q, self.k, self.v, self.o = heads, causal, *(nn.Linear(d, d) for _ in range(4))
 
     def forward(self, x):
         B, T, D = x.shape
         q, k, v = (m(x).view(B, T, self.heads, D // self.heads).transpose(1, 2) for m in (self.q, self.k, self.v))
-        return self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, D))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.o(att.transpose(1, 2).reshape(B, T, D))
 
 
 class ViTBlock(nn.Module):
@@ -47,15 +51,64 @@ class ViTBlock(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    """Pre-norm GPT block: x + attn(LN(x)), then x + fc2(GELU(fc1(LN(x))))."""
+    """Pre-norm GPT block with f(x) = attn(LN₁ x) and g(u) = fc2(GELU(fc1(LN₂ u))) (each followed by dropout when
+    ``dropout`` > 0): ``forward`` is x + f, then + g; ``branch`` is the same block as one residual increment
+    h(x) = f(x) + g(x + f(x)) (BDIA-transformer eq. 4), what a BDIA stack runs."""
 
-    def __init__(self, d=128, hidden=512, heads=4):
+    def __init__(self, d=128, hidden=512, heads=4, causal: bool = False, dropout: float = 0.0):
         super().__init__()
-        self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attention(d, heads), nn.LayerNorm(d)
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attention(d, heads, causal), nn.LayerNorm(d)
         self.fc1, self.act, self.fc2 = nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d)
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()  # p = 0 saves no mask
 
-    forward = ViTBlock.forward
+    def attend(self, x):
+        return self.drop(self.attn(self.ln1(x)))
+
+    def mlp(self, u):
+        return self.drop(self.fc2(self.act(self.fc1(self.ln2(u)))))
+
+    def forward(self, x):
+        x = x + self.attend(x)
+        return x + self.mlp(x)
+
+    def branch(self, x):
+        f = self.attend(x)
+        return f + self.mlp(x + f)
+
     ours = ViTBlock.ours
+
+
+class _Branch(nn.Module):
+    """A GPTBlock as its residual increment h (for BDIAStack, which adds the residual itself)."""
+
+    def __init__(self, block: GPTBlock):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return self.block.branch(x)
+
+
+class ToyGPT(nn.Module):
+    """The toy transformer the experiments and benchmarks train: token and position embeddings, ``blocks`` causal
+    GPTBlocks (hidden 4d), a final LayerNorm and the head. ``bdia_level``: run the blocks as a BDIA stack
+    (γ ∈ {±0.5}, quantisation level l; ``approxbp.kernels.bdia``) instead of the plain residual stack."""
+
+    def __init__(self, vocab: int, d: int = 128, blocks: int = 6, heads: int = 4, context: int = 64,
+                 dropout: float = 0.0, bdia_level: int | None = None):
+        super().__init__()
+        from approxbp.kernels.bdia import BDIAStack
+
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        layers = [GPTBlock(d, 4 * d, heads, causal=True, dropout=dropout) for _ in range(blocks)]
+        self.bdia = bdia_level is not None
+        self.stack = BDIAStack([_Branch(b) for b in layers], level=bdia_level) if self.bdia else nn.Sequential(*layers)
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+    def forward(self, idx, seed: int | None = None):
+        """Logits for token ids ``idx`` [batch, tokens]; ``seed`` draws the BDIA γ (ignored by the plain stack)."""
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        return self.head(self.ln(self.stack(x, seed=seed) if self.bdia else self.stack(x)))
 
 
 class LlamaBlock(nn.Module):

@@ -194,28 +194,17 @@ def _measure(step, device, steps) -> tuple[int | None, float | None]:
     return torch.cuda.max_memory_allocated(), (time.perf_counter() - t0) / steps
 
 
-class GPT(nn.Module):
-    def __init__(self, d=1024, blocks=8, vocab=32000):
-        super().__init__()
-        from approxbp.blocks import GPTBlock
-
-        self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.Sequential(*[GPTBlock(d=d, hidden=4 * d, heads=d // 64) for _ in range(blocks)])
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-
-    def forward(self, ids):
-        return self.head(self.ln(self.blocks(self.emb(ids))))
-
-
 def training_step_rows(device, d=1024, blocks=8, batch=16, tokens=1024, steps=5) -> list[dict]:
     from approxbp.kernels import patch_model
+
+    from approxbp.blocks import ToyGPT
 
     out = []
     ids = torch.randint(0, 32000, (batch, tokens), device=device)
     for mode in ("bf16", "autocast", "compile"):
         for variant in ("exact", "relu-sum", "invact"):
             torch.manual_seed(0)
-            model = GPT(d, blocks)
+            model = ToyGPT(32000, d, blocks, heads=d // 64, context=tokens)
             if variant != "exact":
                 patch_model(model, activation=variant)
             model = model.to(device, torch.float32 if mode == "autocast" else torch.bfloat16)

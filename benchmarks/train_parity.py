@@ -23,8 +23,9 @@ import torch
 from approxbp.approximations.files import save_figure, write_atomic
 from approxbp.fitting.progress import progress
 from approxbp.kernels.patch import patch_model
-from torch import nn
 from torch.nn import functional as F
+
+from approxbp.blocks import ToyGPT
 
 ROOT = Path(__file__).resolve().parents[1]
 #: label → patch_model arguments (None: the exact model, unpatched)
@@ -46,32 +47,6 @@ def corpus() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.qkv, self.proj = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.ln2, self.fc1, self.act, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        B, T, D = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, D))
-        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
-
-
-class CharGPT(nn.Module):
-    def __init__(self, vocab: int, d: int, layers: int, heads: int, context: int):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
-        self.blocks = nn.Sequential(*(Block(d, heads) for _ in range(layers)))
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        return self.head(self.ln(self.blocks(x)))
-
-
 def _batch(data: torch.Tensor, batch: int, context: int, g: torch.Generator):
     i = torch.randint(0, len(data) - context - 1, (batch,), generator=g)
     rows = torch.stack([data[j:j + context + 1] for j in i.tolist()])
@@ -81,7 +56,7 @@ def _batch(data: torch.Tensor, batch: int, context: int, g: torch.Generator):
 def train(variant: str, train_data, val_data, vocab: int, args, device: str) -> dict:
     """Train one variant; returns its train-loss and validation-loss curves."""
     torch.manual_seed(args.seed)
-    model = CharGPT(vocab, args.d, args.layers, args.heads, args.context)
+    model = ToyGPT(vocab, args.d, args.layers, args.heads, args.context)
     patch = VARIANTS[variant]
     if patch is not None:
         patch_model(model, example_input=torch.zeros(1, args.context, dtype=torch.long), **patch)
