@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from approxbp.blocks import own_rng
+
 #: Fig. 5 (ViT) and Fig. 6 (LLaMA-13B), per module group of approxbp.blocks' ViTBlock / LlamaBlock, in units.
 #: "ours" is the paper's column: trainable linears, MS-norms merged, ReGELU2 / ReSiLU2.
 PAPER = {
@@ -101,6 +103,7 @@ def _block(name: str):
     return ViTBlock() if name == "vit" else LlamaBlock(d=5120, hidden=13824, heads=40)
 
 
+@own_rng
 def measure_row(block: str, variant: str, tokens: int = 256, fake: bool = True) -> Row:
     """One block's saved activations per module group, in the paper's unit, by the slope between N and 2N tokens
     (on fake tensors; ``fake=False``: real ones, the same numbers)."""

@@ -16,6 +16,7 @@ import torch
 
 from approxbp.approximations import bdia as B
 from approxbp.approximations.files import save_figure, write_atomic
+from approxbp.blocks import ToyGPT, own_rng
 
 
 # -- random residual branches ------------------------------------------------------------------
@@ -75,6 +76,7 @@ def forward_quantisation(K: int, level: int, dtype=torch.float64, d: int = 64, b
     return [float((q - p).norm() / p.norm()) for p, q in zip(plain[1:], quantised[1:], strict=True)]
 
 
+@own_rng
 def memory_per_block(K: int = 12, d: int = 256, tokens: int = 1024, dtype=torch.float32, level: int = 9) -> dict:
     """Saved-activation bytes per block of a pre-norm MLP stack: ordinary autograd vs online BDIA."""
     from approxbp.kernels.bdia import BDIAStack
@@ -204,6 +206,7 @@ def arithmetic_corpus(n: int, seed: int = 0) -> str:
 VOCAB = "0123456789+=\n"
 
 
+@own_rng
 def train_toy_gpt(steps: int = 300, blocks: int = 6, d: int = 128, batch: int = 16, context: int = 64,
                   level: int = 9, seed: int = 0, check_every: int = 50, progress: bool = True) -> dict:
     """Standard vs BDIA (γ ∈ {±0.5}, l) training from the same init and batches; returns curves and memory.
@@ -212,7 +215,6 @@ def train_toy_gpt(steps: int = 300, blocks: int = 6, d: int = 128, batch: int = 
     x_{k+1} with the forward's bit for bit and raises otherwise); every ``check_every`` steps the online
     gradients are also compared bitwise with ordinary autograd through the same quantised forward.
     """
-    from approxbp.blocks import ToyGPT
     from approxbp.fitting.progress import progress as tqdm
     from approxbp.kernels.saved import saved_bytes
 

@@ -5,6 +5,8 @@ their saved-for-backward bytes per token per hidden unit, measured with saved_te
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -15,6 +17,16 @@ from approxbp.kernels.relu_sum import ReGELU2, ReSiLU2
 from approxbp.kernels.saved import saved_bytes
 
 VARIANTS = ("baseline", "compiled", "relu-sum", "invact")
+
+
+def own_rng(fn):
+    """Run ``fn`` on a fork of the global CPU RNG: the seed it sets (for a reproducible initialisation) leaves the
+    caller's random stream as it was."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with torch.random.fork_rng(devices=[]):
+            return fn(*args, **kwargs)
+    return run
 
 
 class Attention(nn.Module):
@@ -148,6 +160,7 @@ def _for_planner(block_cls):
 vit_b, llama_block, gpt_block = _for_planner(ViTBlock), _for_planner(LlamaBlock), _for_planner(GPTBlock)
 
 
+@own_rng
 def saved_per_token_per_d(block_cls, variant: str, frozen: bool, tokens=197, batch=2, dtype=torch.bfloat16,
                           mode: str = "bf16", **block_kwargs) -> float:
     """Saved-for-backward bytes / (tokens · d) of one block (saved_tensors_hooks, parameters excluded).

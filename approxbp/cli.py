@@ -42,6 +42,15 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress (bars on a terminal, lines in a log)")
 
 
+def _tables(p: argparse.ArgumentParser, none: str, name: str = "tables") -> None:
+    """The positional table paths of a subcommand; ``none`` says what it takes when none is given."""
+    p.add_argument(name, nargs="*", type=Path, help=f"table paths (none: {none})")
+
+
+def _no_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="hide progress")
+
+
 def _out(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help=f"folder for {what} (None: docs/figures of the source checkout; elsewhere required)")
@@ -111,8 +120,7 @@ def _parser_reproduce(sub, add) -> None:
 
 def _parser_export(sub, add) -> None:
     exp = add(sub, "export", help="generate Triton kernel modules from relu-sum and invact tables")
-    exp.add_argument("tables", nargs="*", type=Path,
-                     help="relu-sum or invact table paths (none: every packaged table, into the package)")
+    _tables(exp, "every packaged relu-sum and invact table, into the package")
     exp.add_argument("--out-dir", type=Path, default=None,
                      help="None: the package's kernels/generated/ for packaged tables, <table folder>/_generated/ "
                           "for your own (where ReLUSumActivation/InvActivation look for them)")
@@ -145,24 +153,23 @@ def _parser_bdia(sub, add) -> None:
                      help="repeatable (None: both)")
     ana.add_argument("--seed", type=int, default=0, help="seed of the random blocks and γ")
     _out(ana, "bdia_analysis.json/.png")
-    ana.add_argument("--no-progress", action="store_true", help="hide progress")
+    _no_progress(ana)
     toy = add(bds, "train-toy", help="standard vs BDIA training of a 6-block GPT toy on the CPU (minutes)")
     toy.add_argument("--steps", type=_int_in(1, 10**7), default=300, help="training steps per model")
     toy.add_argument("--level", type=_int_in(-60, 60), default=9, help="quantisation level l (−60…60)")
     toy.add_argument("--seed", type=int, default=0, help="seed of data, init and γ")
     _out(toy, "bdia_toy_gpt.json/.png")
-    toy.add_argument("--no-progress", action="store_true", help="hide progress")
+    _no_progress(toy)
 
 
 def _parser_cost(sub, add) -> None:
     cst = add(sub, "cost", help="GPU cost of the generated kernels without a GPU: compile for sm_90 offline, count "
               "SASS instructions per element against the H100 budget (≈ 10.45 per byte moved)")
-    cst.add_argument("tables", nargs="*", type=Path, help="relu-sum or invact tables (none: every packaged one, the "
-                     "MS-norms, BDIA and the torch-like GELU/SiLU)")
+    _tables(cst, "every packaged one, the MS-norms, BDIA and the torch-like GELU/SiLU")
     cst.add_argument("--arch", default="sm_90", help="the target, sm_NN")
     cst.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "fp64"), help="the activation dtype")
     cst.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
-    cst.add_argument("--no-progress", action="store_true", help="hide progress")
+    _no_progress(cst)
 
 
 def _parser_plan(sub, add) -> None:
@@ -186,14 +193,13 @@ def _parser_plan(sub, add) -> None:
                      help="find the largest batch or sequence length that fits --budget (the plan is for it)")
     pln.add_argument("--out", type=Path, default=None, help="write the plan as JSON here (patch_model(plan=…))")
     pln.add_argument("--figure", type=Path, default=None, help="write the memory figure (PNG) here")
-    pln.add_argument("--no-progress", action="store_true", help="hide progress")
+    _no_progress(pln)
 
 
 def _parser_certify(sub, add) -> None:
     cer = add(sub, "certify", help="rigorous error bounds (interval arithmetic, python-flint): InvAct forms' sup error "
               "over each branch, ReLU-sum objectives and global optimality for k ≤ 2")
-    cer.add_argument("tables", nargs="*", type=Path, help="table paths (none: the packaged InvAct fast/newton tables "
-                     "and the gelu/silu ReLU-sum tables with k ≤ 2)")
+    _tables(cer, "the packaged InvAct fast/newton tables and the gelu/silu ReLU-sum tables with k ≤ 2")
     cer.add_argument("--budget", type=float, default=600.0,
                      help="seconds per certificate (a branch, or a B&B); InvAct branches also stop at 300 000 boxes, "
                           "so a stored certificate does not depend on the machine")
@@ -203,12 +209,12 @@ def _parser_certify(sub, add) -> None:
                      "(then run `approxbp export` for their kernels)")
     cer.add_argument("--kernel-constants", action="store_true", help="InvAct: round the form's numbers to float32 "
                      "first, as the kernels write them (nothing is stored)")
-    cer.add_argument("--no-progress", action="store_true", help="hide progress")
+    _no_progress(cer)
 
 
 def _parser_tables(sub, add) -> None:
     tab = add(sub, "tables", help="list and validate coefficient tables (the packaged ones, or the files given)")
-    tab.add_argument("files", nargs="*", type=Path, help="your own table files to validate (none: the packaged ones)")
+    _tables(tab, "the packaged ones; yours are validated", name="files")
     tab.add_argument("--family", default=None, choices=("relu-sum", "invact"), help="only this family")
 
 
@@ -420,11 +426,7 @@ def _export(args, argv) -> int:
 
 
 def _figures(args, argv) -> int:
-    import matplotlib
-
     from approxbp.approximations import tables as T
-
-    matplotlib.use("Agg")
     from approxbp.approximations.files import save_figure
     from approxbp.fitting.atlas import write_atlas
     from approxbp.fitting.plots import plot_invact, plot_relu_sum
@@ -510,7 +512,7 @@ def _bdia(args, argv) -> int:
                                      progress=progress)
         r = json.loads(written[0].read_text())
         for name in ("standard", "bdia"):
-            print(f"{name:<9} final validation loss {r[name]['val_loss'][-1]:.4f}, saved activations "
+            print(f"{name:<9} final validation loss {r[name]['val_loss'][-1][1]:.4f}, saved activations "
                   f"{r[name]['saved_bytes_per_step'] / 2**20:.1f} MiB per step")
     for p in written:
         print(f"wrote {p}")

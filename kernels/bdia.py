@@ -50,6 +50,16 @@ def _wide(v):
 
 
 @triton.jit
+def _operands(a_ptr, x_ptr, h_ptr, gamma_ptr, offs, inside, row):
+    """The three states' elements (x_{k−1} or x_{k+1}, x_k, h_k) of this tile, computed wide, and each element's γ
+    (one per row of ``row`` elements: one per sample)."""
+    a = _wide(tl.load(a_ptr + offs, mask=inside, other=0.0))
+    x = _wide(tl.load(x_ptr + offs, mask=inside, other=0.0))
+    h = _wide(tl.load(h_ptr + offs, mask=inside, other=0.0))
+    return a, x, h, _wide(tl.load(gamma_ptr + offs // row, mask=inside, other=0.5))
+
+
+@triton.jit
 def _rnd(v, ty: tl.constexpr):
     """v rounded to the storage dtype ``ty`` (round to nearest even), as torch's op in ``ty`` rounds it; kept wide
     for the next op, so 16-bit results equal the twin's op for op."""
@@ -72,10 +82,7 @@ def step_kernel(xp_ptr, x_ptr, h_ptr, gamma_ptr, out_ptr, bits_ptr, n_elem, row,
     byte, lane, offs = _byte_tile(BLOCK)
     inside = offs < n_elem
     ty: tl.constexpr = out_ptr.dtype.element_ty
-    xp = _wide(tl.load(xp_ptr + offs, mask=inside, other=0.0))
-    x = _wide(tl.load(x_ptr + offs, mask=inside, other=0.0))
-    h = _wide(tl.load(h_ptr + offs, mask=inside, other=0.0))
-    g = _wide(tl.load(gamma_ptr + offs // row, mask=inside, other=0.5))
+    xp, x, h, g = _operands(xp_ptr, x_ptr, h_ptr, gamma_ptr, offs, inside, row)
     X = xp * scale  # an integer: x_{k−1} is on the 2^{-l} grid
     s = (X - 2.0 * tl.floor(0.5 * X)) == 1.0
     first = _round_half_even(g * (X + s.to(X.dtype)))
@@ -92,10 +99,7 @@ def inverse_kernel(x_ptr, xn_ptr, h_ptr, gamma_ptr, bits_ptr, out_ptr, n_elem, r
     byte, lane, offs = _byte_tile(BLOCK)
     inside = offs < n_elem
     ty: tl.constexpr = out_ptr.dtype.element_ty
-    x = _wide(tl.load(x_ptr + offs, mask=inside, other=0.0))
-    xn = _wide(tl.load(xn_ptr + offs, mask=inside, other=0.0))
-    h = _wide(tl.load(h_ptr + offs, mask=inside, other=0.0))
-    g = _wide(tl.load(gamma_ptr + offs // row, mask=inside, other=0.5))
+    xn, x, h, g = _operands(xn_ptr, x_ptr, h_ptr, gamma_ptr, offs, inside, row)
     word = tl.load(bits_ptr + byte, mask=byte < n_bytes, other=0).to(tl.int32)
     s = ((word[:, None] >> lane[None, :]) & 1).to(x.dtype)
     q = _rest_grid(x, h, g, scale, ty) / scale

@@ -117,3 +117,41 @@ def test_tests_mirror_the_source_tree():
     top = sorted(p.name for p in tests.glob("test_*.py"))
     assert not misplaced and top == ["test_architecture.py"], (misplaced, top)
     assert all((ROOT / source).exists() for source in MIRRORS.values())
+
+
+def test_no_function_over_60_lines_in_the_top_layer():
+    long = [f"{p.name}:{n.name} ({n.end_lineno - n.lineno + 1} lines)" for p in sorted((ROOT / "approxbp").glob("*.py"))
+            for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.end_lineno - n.lineno + 1 > 60]
+    assert not long, long
+
+
+def build_side_imports(path: Path) -> list[str]:
+    """Imports of sympy or of the code generator in a kernels source file, outside a module ``__getattr__`` (where
+    ``kernels.export`` is resolved when asked for)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    lazy = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
+            for n in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in lazy:
+            continue
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [("." * node.level) + (node.module or "") + (":" + ",".join(a.name for a in node.names))]
+                 if isinstance(node, ast.ImportFrom) else [])
+        found += [n for n in names if n.split(".")[0] == "sympy" or "codegen" in n]
+    return found
+
+
+def test_the_kernels_run_time_never_imports_sympy_or_the_code_generator():
+    """Issue 24, read from the source: every kernels module but the generator itself (the dynamic check is
+    tests/kernels/test_runtime.py)."""
+    wrong = {p.name: build_side_imports(p) for p in _sources("kernels") if p.name != "codegen.py"}
+    assert not {k: v for k, v in wrong.items() if v}, wrong
+
+
+def test_the_build_side_checker_sees_an_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sympy as sp\ndef f():\n    from .codegen import export\n"
+                   "def __getattr__(name):\n    from . import codegen\n")
+    assert build_side_imports(bad) == ["sympy", ".codegen:export"]

@@ -82,3 +82,16 @@ def test_cli_bdia_analyze_reports_levels_beyond_the_bound(tmp_path):
 def test_cli_bdia_rejects_bad_arguments(bad):
     with pytest.raises(SystemExit):
         main(bad)
+
+
+def test_train_toy_command_prints_each_models_final_loss(tmp_path, monkeypatch, capsys):
+    """`approxbp bdia train-toy` end to end on a tiny model (it used to fail formatting its summary)."""
+    from approxbp.cli import main
+
+    real = F.train_toy_gpt
+    monkeypatch.setattr(F, "train_toy_gpt", lambda **kw: real(**{**kw, "blocks": 2, "d": 32, "batch": 2,
+                                                                  "context": 16, "check_every": 1}))
+    assert main(["bdia", "train-toy", "--steps", "2", "--out", str(tmp_path), "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[0] for ln in lines[:2]] == ["standard", "bdia"] and "final validation loss" in lines[0]
+    assert (tmp_path / "bdia_toy_gpt.json").is_file() and (tmp_path / "bdia_toy_gpt.png").is_file()

@@ -45,3 +45,16 @@ def test_one_toy_transformer_in_experiments_and_benchmarks():
                 if isinstance(node, ast.ClassDef) and "nn.Embedding(" in ast.unparse(node):
                     defined.append(f"{folder}/{path.name}:{node.name}")
     assert defined == ["approxbp/blocks.py:ToyGPT"]
+
+
+def test_experiments_seed_their_own_rng_and_leave_the_callers():
+    """Issue 24: a library function that seeds for a reproducible initialisation does not reset the caller's
+    random stream (approxbp.blocks.own_rng)."""
+    from approxbp.blocks import saved_per_token_per_d
+
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
+    first = saved_per_token_per_d(GPTBlock, "baseline", False, tokens=4, batch=1, d=32, hidden=64, heads=4)
+    assert torch.equal(torch.rand(3), want)
+    assert saved_per_token_per_d(GPTBlock, "baseline", False, tokens=4, batch=1, d=32, hidden=64, heads=4) == first

@@ -1,17 +1,26 @@
-"""Issue 24: the PyTorch twin printed into every generated module computes, bit for bit, what the lambdified twin
-(Activation.torch_fn, invact_forms.TableBackward) computes: the run time lost sympy, not a single bit."""
+"""The build side (kernels/codegen.py): every committed module is what its table generates, and the PyTorch twin
+printed into it computes, bit for bit, what the lambdified twin (Activation.torch_fn, invact_forms.TableBackward)
+computes: the run time lost sympy (issue 24), not a single bit."""
 
 import pytest
 import torch
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.invact_forms import TableBackward
-from approxbp.kernels.modules import generated_module
+from approxbp.kernels.codegen import render
+from approxbp.kernels.modules import GENERATED, generated_module, module_name
 
 PATHS = T.table_paths()
 X = torch.cat([torch.linspace(-30, 30, 6001, dtype=torch.float64),
                torch.tensor([0.0, -0.0, 1e-30, -1e-30, 3e38, -3e38, float("inf"), -float("inf"), float("nan")],
                             dtype=torch.float64)])
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
+def test_committed_module_is_what_the_table_generates(path):
+    committed = GENERATED / f"{module_name(path)}.py"
+    assert committed.exists(), "run `approxbp export`"
+    assert committed.read_text() == render(path)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
