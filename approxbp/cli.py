@@ -42,7 +42,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress (bars on a terminal, lines in a log)")
 
 
-def _tables(p: argparse.ArgumentParser, none: str, name: str = "tables") -> None:
+def _table_paths_arg(p: argparse.ArgumentParser, none: str, name: str = "tables") -> None:
     """The positional table paths of a subcommand; ``none`` says what it takes when none is given."""
     p.add_argument(name, nargs="*", type=Path, help=f"table paths (none: {none})")
 
@@ -120,7 +120,7 @@ def _parser_reproduce(sub, add) -> None:
 
 def _parser_export(sub, add) -> None:
     exp = add(sub, "export", help="generate Triton kernel modules from relu-sum and invact tables")
-    _tables(exp, "every packaged relu-sum and invact table, into the package")
+    _table_paths_arg(exp, "every packaged relu-sum and invact table, into the package")
     exp.add_argument("--out-dir", type=Path, default=None,
                      help="None: the package's kernels/generated/ for packaged tables, <table folder>/_generated/ "
                           "for your own (where ReLUSumActivation/InvActivation look for them)")
@@ -165,7 +165,7 @@ def _parser_bdia(sub, add) -> None:
 def _parser_cost(sub, add) -> None:
     cst = add(sub, "cost", help="GPU cost of the generated kernels without a GPU: compile for sm_90 offline, count "
               "SASS instructions per element against the H100 budget (≈ 10.45 per byte moved)")
-    _tables(cst, "every packaged one, the MS-norms, BDIA and the torch-like GELU/SiLU")
+    _table_paths_arg(cst, "every packaged one, the MS-norms, BDIA and the torch-like GELU/SiLU")
     cst.add_argument("--arch", default="sm_90", help="the target, sm_NN")
     cst.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "fp64"), help="the activation dtype")
     cst.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
@@ -199,7 +199,7 @@ def _parser_plan(sub, add) -> None:
 def _parser_certify(sub, add) -> None:
     cer = add(sub, "certify", help="rigorous error bounds (interval arithmetic, python-flint): InvAct forms' sup error "
               "over each branch, ReLU-sum objectives and global optimality for k ≤ 2")
-    _tables(cer, "the packaged InvAct fast/newton tables and the gelu/silu ReLU-sum tables with k ≤ 2")
+    _table_paths_arg(cer, "the packaged InvAct fast/newton tables and the gelu/silu ReLU-sum tables with k ≤ 2")
     cer.add_argument("--budget", type=float, default=600.0,
                      help="seconds per certificate (a branch, or a B&B); InvAct branches also stop at 300 000 boxes, "
                           "so a stored certificate does not depend on the machine")
@@ -214,7 +214,7 @@ def _parser_certify(sub, add) -> None:
 
 def _parser_tables(sub, add) -> None:
     tab = add(sub, "tables", help="list and validate coefficient tables (the packaged ones, or the files given)")
-    _tables(tab, "the packaged ones; yours are validated", name="files")
+    _table_paths_arg(tab, "the packaged ones; yours are validated", name="files")
     tab.add_argument("--family", default=None, choices=("relu-sum", "invact"), help="only this family")
 
 

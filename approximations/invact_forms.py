@@ -32,8 +32,10 @@ GRID = 20001
 
 #: Names a form's coefficients and assignments may not take: the generated q functions see these (the Triton
 #: modules, the variables, the module's own functions); Python keywords and names starting with _ are refused too.
-RESERVED_NAMES = ("tl", "triton", "math", "y", "b", "activation", "activation_grad", "q_left", "q_right",
-                  "q_combined", "float", "int", "abs", "min", "max")
+#: The parts :func:`backward_rule` calls: each generated module defines them (Triton) and their twins (``<part>_twin``).
+RULE_PARTS = ("q_left", "q_right", "q_combined", "activation_grad")
+RESERVED_NAMES = ("tl", "triton", "math", "torch", "y", "b", "activation", *RULE_PARTS,
+                  *(f"{p}_twin" for p in RULE_PARTS), "float", "int", "abs", "min", "max")
 
 
 @dataclass
@@ -259,7 +261,7 @@ def newton_form(ia: InvertedActivation, branch: str, degree: int, steps: int = 1
 
 #: The rule's opaque parts: each evaluator binds them (torch: the compiled forms and h′; Triton: the generated
 #: module's jit functions of these names).
-Q_LEFT, Q_RIGHT, Q_COMBINED, H_GRAD = (sp.Function(n) for n in ("q_left", "q_right", "q_combined", "activation_grad"))
+Q_LEFT, Q_RIGHT, Q_COMBINED, H_GRAD = (sp.Function(n) for n in RULE_PARTS)
 
 
 def backward_rule(t) -> sp.Expr:

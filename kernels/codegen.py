@@ -25,7 +25,7 @@ from approxbp.approximations.activations import select, softplus, stable_form
 from approxbp.approximations.activations import x as activation_x
 from approxbp.approximations.elementary import LN2, LOG2E, PHI_TAIL_P, phi_tail
 from approxbp.approximations.files import write_atomic
-from approxbp.approximations.invact_forms import backward_rule
+from approxbp.approximations.invact_forms import RULE_PARTS, backward_rule
 from sympy.printing.pycode import PythonCodePrinter
 
 from .modules import FORMAT, module_path
@@ -91,7 +91,7 @@ class TritonPrinter(PythonCodePrinter):
 
     def _print_Function(self, e):
         name = type(e).__name__
-        if name in ("q_left", "q_right", "q_combined", "activation_grad"):  # the module's own jit functions
+        if name in RULE_PARTS:  # the module's own jit functions
             return self._fn(name, e)
         if name in ("_rcp", "_rsqrt"):
             return self._fn({"_rsqrt": "tl.math.rsqrt"}.get(name, name), e)
@@ -643,7 +643,7 @@ def _invact_twins(t, act) -> str:
     if t.combined is not None:
         defs.append(_form_twin(t.combined, "q_combined_twin", ("y", "b")))
     rule = backward_rule(t)
-    for part in ("q_left", "q_right", "q_combined", "activation_grad"):
+    for part in RULE_PARTS:
         rule = rule.replace(sp.Function(part), sp.Function(f"{part}_twin"))
     defs.append(_twin_def("backward_rule_twin", list(sp.symbols("y b")), [], rule))
     return _twins(*defs)
