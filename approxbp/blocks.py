@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from approxbp.kernels.invact import InvActGELU, InvActSiLU
-from approxbp.kernels.norms import merge_norm
+from approxbp.kernels.norm_merge import merge_norm
 from approxbp.kernels.relu_sum import ReGELU2, ReSiLU2
 from approxbp.kernels.saved import saved_bytes
 

@@ -16,7 +16,8 @@ if __name__ != "approxbp.kernels":
     sys.modules[__name__] = importlib.import_module("approxbp.kernels")
 else:
     from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec, invact
-    from .norms import MSLayerNorm, MSRMSNorm, merge_norm
+    from .norm_merge import merge_norm
+    from .norms import MSLayerNorm, MSRMSNorm
     from .packing import pack, unpack
     from .patch import PatchReport, patch_model, patched_state_dict, unpatch
     from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, relu_sum

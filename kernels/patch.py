@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import swaps
-from .norms import AffineInputLinear, NormInputLinear, is_mergeable_norm, keep_affine, merge_norm
+from .norm_merge import AffineInputLinear, NormInputLinear, is_mergeable_norm, keep_affine, merge_norm
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
 #: stays optional) → the registry activation whose tables replace them. nn.GELU is looked up with its
@@ -218,7 +218,7 @@ def _move_hooks(old: nn.Module, new: nn.Module) -> None:
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`patch_model` in place: every drop-in goes back to the module it replaced and every MS-norm is
     unmerged (consumer weights and biases restored, the original norm back in place). Returns the model."""
-    from .norms import unmerge_norm
+    from .norm_merge import unmerge_norm
 
     for _, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):

@@ -9,7 +9,8 @@ import torch
 
 peft = pytest.importorskip("peft")  # in the [dev] extra, so CI always runs this file
 transformers = pytest.importorskip("transformers")
-from approxbp.kernels.norms import AffineInputLinear, MSLayerNorm, NormInputLinear  # noqa: E402
+from approxbp.kernels.norm_merge import AffineInputLinear, NormInputLinear  # noqa: E402
+from approxbp.kernels.norms import MSLayerNorm  # noqa: E402
 from approxbp.kernels.patch import patch_model, patched_state_dict  # noqa: E402
 from approxbp.kernels.saved import saved_bytes  # noqa: E402
 
