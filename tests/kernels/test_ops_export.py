@@ -43,6 +43,28 @@ def test_an_exported_program_runs_in_a_fresh_process(tmp_path):
     assert json.loads(r.stdout.splitlines()[-1]) == xi.grad.flatten().tolist()
 
 
+def test_an_exported_patched_block_runs_in_a_fresh_process(tmp_path):
+    """Issue 24's criterion as written: a patch_model'ed block (LayerNorms merged, GELU swapped for InvAct), exported
+    and saved, gives the same gradients in a process that imported only approxbp.kernels."""
+    from approxbp.kernels import patch_model
+
+    from approxbp.blocks import GPTBlock
+
+    torch.manual_seed(0)
+    block = GPTBlock(d=16, hidden=32, heads=2, causal=True)
+    x = torch.randn(2, 5, 16)
+    report = patch_model(block, activation="invact", example_input=x)
+    assert report.activations and report.norms
+    torch.export.save(torch.export.export(block, (x,)), tmp_path / "block.pt2")
+    torch.save(x, tmp_path / "x.pt")
+    xi = x.clone().requires_grad_(True)
+    block(xi).square().sum().backward()
+    r = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "block.pt2"), str(tmp_path / "x.pt")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.splitlines()[-1]) == xi.grad.flatten().tolist()
+
+
 def test_a_key_rebuilds_its_spec_and_refuses_a_changed_table(tmp_path):
 
     path = exported(T.load("relu_sum/silu-k2-derivative") | {"activation": "mine"}, tmp_path / "t.json")
