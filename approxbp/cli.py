@@ -350,21 +350,28 @@ def _fit_invact(args, argv) -> int:
 
 def _reproduce(args, argv) -> int:
     """``approxbp reproduce [--full]``: every paper row next to ours, one verdict line; exit 1 on a failed row."""
+    from approxbp.reproduce import verdict
+
     t0, progress = time.perf_counter(), _progress(args)
     verdicts = _paper_rows(args, progress)  # (label, ok) per row
     if args.full:
         verdicts += _regenerate_all(args, progress)
     verdicts += _peer_rows(args)
-    failed = [label for label, ok in verdicts if not ok]
-    print(f"reproduce finished in {time.perf_counter() - t0:.1f} s: "
-          + (f"all {len(verdicts)} rows match or beat the papers" if not failed else f"FAILED: {', '.join(failed)}"))
-    return 0 if not failed else 1
+    ok, line = verdict(verdicts)
+    print(f"reproduce finished in {time.perf_counter() - t0:.1f} s: {line}")
+    return 0 if ok else 1
 
 
 def _paper_rows(args, progress: bool) -> list[tuple[str, bool]]:
     """Approx-BP's ReLU-sum rows and Inverted Activations' branches: ours must be ≤ the paper's, and our newton
     forms 10× more accurate than every published one."""
-    from approxbp.reproduce import format_comparisons, format_invact_rows, reproduce_invact, reproduce_relu_sum
+    from approxbp.reproduce import (
+        format_comparisons,
+        format_invact_rows,
+        invact_verdicts,
+        reproduce_invact,
+        reproduce_relu_sum,
+    )
 
     rows = reproduce_relu_sum(seed=args.seed, restarts=args.restarts, workers=args.workers, progress=progress)
     print("Approx-BP ReLU-sum rows (k = 2): objective of the paper's coefficients vs our fit")
@@ -372,9 +379,7 @@ def _paper_rows(args, progress: bool) -> list[tuple[str, bool]]:
     inv = reproduce_invact()
     print("\nInverted Activations rows: published forms vs ours (newton), per branch")
     print(format_invact_rows(inv))
-    return [(r.label, r.ok) for r in rows] + [
-        (f"InvAct {act} {b}", t[-1].metrics[f"linf_{b}"] * 10 <= min(p.metrics[f"linf_{b}"] for p in t[:-1]))
-        for act, t in inv.items() for b in ("left", "right")]
+    return [(r.label, r.ok) for r in rows] + invact_verdicts(inv)
 
 
 def _regenerate_all(args, progress: bool) -> list[tuple[str, bool]]:
@@ -399,7 +404,7 @@ def _peer_rows(args) -> list[tuple[str, bool]]:
     """BDIA's exact reconstruction (Fig. 2), FewBit's builtin tables on their own objective, Approx-BP App. B."""
     from approxbp.appendix_b import format_rows, measure_all
     from approxbp.bdia_experiments import reproduce_row
-    from approxbp.reproduce import format_fewbit_rows, reproduce_fewbit
+    from approxbp.reproduce import bdia_verdict, format_fewbit_rows, reproduce_fewbit
 
     b = reproduce_row(seed=args.seed)
     print(f"\nBDIA row (Fig. 2: K = {b['blocks']}, l = {b['level']}, fp32): max reconstruction error\n"
@@ -411,7 +416,7 @@ def _peer_rows(args) -> list[tuple[str, bool]]:
     memory = measure_all()
     print("\nApprox-BP App. B (Figs. 5, 6): one block's saved activations, in 16-bit [b, n, c] tensors")
     print(format_rows(memory))
-    return ([("BDIA", b["quantised"] == 0.0 and b["plain"] > 0.0)]
+    return ([bdia_verdict(b)]
             + [(f"FewBit {r.activation} k={r.bits}", r.ok) for r in fewbit]
             + [(f"App. B {r.block} {r.variant}", r.ok) for r in memory])
 

@@ -145,6 +145,30 @@ def format_invact_rows(rows: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+#: Our newton InvAct forms must be this many times more accurate (L∞, per branch) than every published form.
+INVACT_GAIN = 10.0
+
+
+def invact_verdicts(rows: dict[str, list]) -> list[tuple[str, bool]]:
+    """(label, ok) per activation and branch: ours (the last table) beats every published L∞ by :data:`INVACT_GAIN`."""
+    def beats(tables, b):
+        return tables[-1].metrics[f"linf_{b}"] * INVACT_GAIN <= min(p.metrics[f"linf_{b}"] for p in tables[:-1])
+
+    return [(f"InvAct {act} {b}", beats(t, b)) for act, t in rows.items() for b in ("left", "right")]
+
+
+def bdia_verdict(row: dict) -> tuple[str, bool]:
+    """BDIA-transformer Fig. 2: the quantised reconstruction is exact, the unquantised one is not."""
+    return "BDIA", row["quantised"] == 0.0 and row["plain"] > 0.0
+
+
+def verdict(verdicts: list[tuple[str, bool]]) -> tuple[bool, str]:
+    """All rows together: (every row holds, the one line that says so or names the failed rows)."""
+    failed = [label for label, ok in verdicts if not ok]
+    return not failed, (f"all {len(verdicts)} rows match or beat the papers" if not failed
+                        else f"FAILED: {', '.join(failed)}")
+
+
 def regenerate_tables(out: Path | None = None, activations=tuple(REGISTRY), bits=range(1, 9),
                       objectives=("primitive", "derivative"), seed: int = 0, restarts: int = 4,
                       workers: int | None = None, progress: bool = True) -> list[Path]:

@@ -76,3 +76,20 @@ def test_cli_out_is_checked_before_the_fit(tmp_path):
         assert r.returncode == 2 and msg in r.stderr, (out, r.stderr)
     with pytest.raises(PermissionError):
         check_writable("/proc/no/such/folder/t.json")
+
+
+def test_the_verdicts_live_in_reproduce_and_fail_loudly():
+    """Issue 24: the rules that decide a row (reproduce.py), apart from the CLI that prints them."""
+    from types import SimpleNamespace
+
+    from approxbp.reproduce import bdia_verdict, invact_verdicts, verdict
+
+    def table(left, right):
+        return SimpleNamespace(metrics={"linf_left": left, "linf_right": right})
+
+    rows = {"gelu": [table(1e-3, 1e-3), table(5e-4, 2e-3), table(4e-5, 2e-4)]}  # ours: 12.5× and 5× the best
+    assert invact_verdicts(rows) == [("InvAct gelu left", True), ("InvAct gelu right", False)]
+    assert bdia_verdict({"quantised": 0.0, "plain": 3.0}) == ("BDIA", True)
+    assert bdia_verdict({"quantised": 1e-9, "plain": 3.0}) == ("BDIA", False)
+    assert verdict([("a", True), ("b", True)]) == (True, "all 2 rows match or beat the papers")
+    assert verdict([("a", True), ("b", False)]) == (False, "FAILED: b")
