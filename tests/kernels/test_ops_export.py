@@ -27,13 +27,10 @@ print(json.dumps(x.grad.flatten().tolist()))
 """
 
 
-def test_an_exported_program_runs_in_a_fresh_process(tmp_path):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 6), ReGELU2(), torch.nn.Linear(6, 6), InvActSiLU(),
-                                torch.nn.Linear(6, 2))
-    x = torch.randn(5, 6)
-    ep = torch.export.export(model, (x,))
-    torch.export.save(ep, tmp_path / "model.pt2")
+def assert_same_gradients_in_a_fresh_process(model, x, tmp_path):
+    """torch.export the model, save it, load and run it where only approxbp.kernels was imported (LOAD): the
+    input gradient must equal this process's bit for bit."""
+    torch.export.save(torch.export.export(model, (x,)), tmp_path / "model.pt2")
     torch.save(x, tmp_path / "x.pt")
     xi = x.clone().requires_grad_(True)
     model(xi).square().sum().backward()
@@ -41,6 +38,13 @@ def test_an_exported_program_runs_in_a_fresh_process(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.splitlines()[-1]) == xi.grad.flatten().tolist()
+
+
+def test_an_exported_program_runs_in_a_fresh_process(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), ReGELU2(), torch.nn.Linear(6, 6), InvActSiLU(),
+                                torch.nn.Linear(6, 2))
+    assert_same_gradients_in_a_fresh_process(model, torch.randn(5, 6), tmp_path)
 
 
 def test_an_exported_patched_block_runs_in_a_fresh_process(tmp_path):
@@ -55,14 +59,7 @@ def test_an_exported_patched_block_runs_in_a_fresh_process(tmp_path):
     x = torch.randn(2, 5, 16)
     report = patch_model(block, activation="invact", example_input=x)
     assert report.activations and report.norms
-    torch.export.save(torch.export.export(block, (x,)), tmp_path / "block.pt2")
-    torch.save(x, tmp_path / "x.pt")
-    xi = x.clone().requires_grad_(True)
-    block(xi).square().sum().backward()
-    r = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "block.pt2"), str(tmp_path / "x.pt")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout.splitlines()[-1]) == xi.grad.flatten().tolist()
+    assert_same_gradients_in_a_fresh_process(block, x, tmp_path)
 
 
 def test_a_key_rebuilds_its_spec_and_refuses_a_changed_table(tmp_path):
