@@ -42,3 +42,19 @@ def test_the_build_side_does_import_sympy():
     code = "import sys, approxbp.kernels as K; K.export; print('sympy' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.stdout.strip() == "True", r.stderr
+
+
+def test_a_spec_is_shared_by_copies_and_pickles_as_its_table():
+    """Specs are immutable and hold a module object: a deep copy (patch_model copies models) is the spec itself, and
+    a pickle (torch.save of a whole model) rebuilds it from the table path and kernels folder."""
+    import copy
+    import pickle
+
+    from approxbp.kernels import InvActGELU, ReGELU2
+
+    for module in (ReGELU2(), InvActGELU()):
+        spec = module.spec
+        assert copy.deepcopy(spec) is spec
+        again = pickle.loads(pickle.dumps(spec))
+        assert again.key == spec.key and again.module is spec.module
+        assert type(pickle.loads(pickle.dumps(module))).__name__ == type(module).__name__
