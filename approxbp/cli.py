@@ -39,7 +39,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restarts", type=int, default=4, help="seeded restarts of the method (structured starts and "
                    "a knot-relocation pass come on top)")
     p.add_argument("--workers", type=int, default=None, help="processes for restarts (None: all cores)")
-    p.add_argument("--no-progress", action="store_true", help="hide progress (bars on a terminal, lines in a log)")
+    _no_progress(p)
 
 
 def _table_paths_arg(p: argparse.ArgumentParser, none: str, name: str = "tables") -> None:
@@ -48,7 +48,7 @@ def _table_paths_arg(p: argparse.ArgumentParser, none: str, name: str = "tables"
 
 
 def _no_progress(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-progress", action="store_true", help="hide progress")
+    p.add_argument("--no-progress", action="store_true", help="hide progress (bars on a terminal, lines in a log)")
 
 
 def _out(p: argparse.ArgumentParser, what: str) -> None:

@@ -224,14 +224,16 @@ class Activation:
         with mpmath.workdps(dps):
             return self._cache[key](mpmath.mpf(v))
 
+    def torch_expr(self, order: int = 0) -> sp.Expr:
+        """What the torch evaluators compute for h^(order): the stable form, constants to 17 digits (torch_fn
+        lambdifies it; ``approxbp export`` prints it into the generated module's twin)."""
+        return stable_form(self.derivative_expr(order) if order else self.expr).evalf(17)
+
     def torch_fn(self, order: int = 0):
         """A torch callable for h^(order) built from the expression (constants to float64 precision)."""
         key = f"torch{order}"
         if key not in self._cache:
-
-            e = stable_form(self.derivative_expr(order) if order else self.expr).evalf(17)
-
-            self._cache[key] = sp.lambdify(x, e, modules=[torch_namespace()])
+            self._cache[key] = sp.lambdify(x, self.torch_expr(order), modules=[torch_namespace()])
         return self._cache[key]
 
     # ---- asymptotics ------------------------------------------------------------------------

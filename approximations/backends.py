@@ -27,14 +27,23 @@ SAME = "same"
 
 
 @dataclass(frozen=True)
+class Lazy:
+    """A backend form made on first use, so that its library is imported then: ``make()`` returns the callable."""
+
+    make: Callable[[], Callable]
+
+
+@dataclass(frozen=True)
 class Fn:
-    """One function of the set. ``sympy``: a zero-argument callable giving the sympy function (resolved lazily);
-    ``expand``: how the *activation* grammar writes the name instead (an elementary expression that
-    ``stable_form`` turns back, e.g. softplus = log(1 + e^u)), ``alias_only``: the name is only such an
-    expansion (log1p, expm1: no function of its own); ``triton``: a format string over the printed arguments
-    (``"tl.exp({0})"``) or a callable (printer, expr) → str for forms that look at the arguments; ``smooth``:
-    False for functions the ReLU-sum fits refuse (they need h′ and h″ everywhere); ``branch_cut``: Arb's
-    integration must check analyticity; ``in_activations``: the activation grammar accepts the name."""
+    """One function of the set. ``sympy``: a zero-argument callable giving the sympy function (called when a
+    grammar is built); ``numpy``, ``mpmath``, ``torch``: the evaluator (:data:`SAME`: the library's own function of
+    that name; None: none; :class:`Lazy`: made on first use); ``expand``: how the *activation* grammar writes the
+    name instead (an elementary expression that ``stable_form`` turns back, e.g. softplus = log(1 + e^u)),
+    ``alias_only``: the name is only such an expansion (log1p, expm1: no function of its own); ``triton``: a format
+    string over the printed arguments (``"tl.exp({0})"``) or a callable (printer, expr) → str for forms that look at
+    the arguments; ``smooth``: False for functions the ReLU-sum fits refuse (they need h′ and h″ everywhere);
+    ``branch_cut``: Arb's integration must check analyticity; ``in_activations``: the activation grammar accepts the
+    name."""
 
     name: str
     sympy: Callable[[], Any] | None
@@ -120,12 +129,12 @@ def _torch_phi():
     return lambda u: 0.5 * torch.erfc(u * -math.sqrt(0.5))
 
 
-def _torch(attr: str) -> Callable[[], Callable]:
+def _torch(attr: str) -> Lazy:
     def resolve():
         import torch
 
         return getattr(torch, attr)
-    return resolve
+    return Lazy(resolve)
 
 
 def _torch_softplus():
@@ -141,12 +150,12 @@ def _torch_select():
 
 
 # ---- numpy and mpmath forms that differ from the library's own function of the same name ------------------------
-def _scipy(attr: str) -> Callable[[], Callable]:
+def _scipy(attr: str) -> Lazy:
     def resolve():
         import scipy.special
 
         return getattr(scipy.special, attr)
-    return resolve
+    return Lazy(resolve)
 
 
 def _np_softplus():
@@ -161,12 +170,12 @@ def _np_select():
     return lambda c, a, b: np.where(np.asarray(c) > 0, a, b)
 
 
-def _mp(fn: Callable[[Any], Any]) -> Callable[[], Callable]:
+def _mp(fn: Callable[[Any], Any]) -> Lazy:
     def resolve():
         import mpmath
 
         return lambda u: fn(mpmath, u)
-    return resolve
+    return Lazy(resolve)
 
 
 # ---- Arb ball forms (f, f′): methods, so that arb and acb (Arb's complex integration) both evaluate them ----------
@@ -317,18 +326,18 @@ FUNCTIONS: dict[str, Fn] = {f.name: f for f in (
     Fn("cos", _sp("cos"), arb=(lambda z: z.cos(), lambda z: -z.sin()), triton="tl.cos({0})", fp32_ulps=2.0),
     Fn("atan", _sp("atan"), arb=(lambda z: _mono(lambda u: u.atan(), z), lambda z: 1 / (1 + arb_square(z))),
        fp32_ulps=2.0),  # no Triton form: export refuses it
-    Fn("Abs", _sp("Abs"), torch=lambda: abs, triton="tl.abs({0})", aliases=("abs",), smooth=False),
-    Fn("Max", _sp("Max"), torch=_torch_max, triton=_triton_max, smooth=False),
-    Fn("Min", _sp("Min"), torch=_torch_min, triton=lambda p, e: _nest(p, "tl.minimum", e.args), smooth=False),
-    Fn("Phi", _ours("Phi"), numpy=_scipy("ndtr"), mpmath=_mp(lambda mp, u: mp.ncdf(u)), torch=_torch_phi,
+    Fn("Abs", _sp("Abs"), torch=abs, triton="tl.abs({0})", aliases=("abs",), smooth=False),
+    Fn("Max", _sp("Max"), torch=Lazy(_torch_max), triton=_triton_max, smooth=False),
+    Fn("Min", _sp("Min"), torch=Lazy(_torch_min), triton=lambda p, e: _nest(p, "tl.minimum", e.args), smooth=False),
+    Fn("Phi", _ours("Phi"), numpy=_scipy("ndtr"), mpmath=_mp(lambda mp, u: mp.ncdf(u)), torch=Lazy(_torch_phi),
        arb=(_Phi, _normal_pdf), triton=_triton_phi, fp32_ulps=6.0),
     Fn("sigmoid", _ours("sigmoid"), numpy=_scipy("expit"), mpmath=_mp(lambda mp, u: 1 / (1 + mp.exp(-u))),
        torch=_torch("sigmoid"), arb=(_sigmoid, lambda z: _sigmoid(z) * _sigmoid(-z)),
        triton="_rcp(1.0 + tl.exp(-({0})))", fp32_ulps=5.0),  # 1/(1 + e^{−u}): e^{−u} = inf gives 0
-    Fn("softplus", _ours("softplus"), numpy=_np_softplus, mpmath=_mp(lambda mp, u: mp.log1p(mp.exp(u))),
-       torch=_torch_softplus, arb=(_softplus, _sigmoid), triton="_softplus({0})", fp32_ulps=8.0,
+    Fn("softplus", _ours("softplus"), numpy=Lazy(_np_softplus), mpmath=_mp(lambda mp, u: mp.log1p(mp.exp(u))),
+       torch=Lazy(_torch_softplus), arb=(_softplus, _sigmoid), triton="_softplus({0})", fp32_ulps=8.0,
        expand=_log1p_exp, branch_cut=True),
-    Fn("select", _ours("select"), numpy=_np_select, mpmath=None, torch=_torch_select, triton=_triton_select,
+    Fn("select", _ours("select"), numpy=Lazy(_np_select), mpmath=None, torch=Lazy(_torch_select), triton=_triton_select,
        smooth=False, in_activations=False),
     # Written as their elementary forms: log1p and expm1 are exact as log(1 + u) and e^u − 1; the float64
     # evaluators then lose relative (not absolute) accuracy for |u| < 1e-8
@@ -341,10 +350,8 @@ CONSTANTS = {"pi": ("pi", math.pi), "E": ("E", math.e)}
 
 
 def _resolve(form):
-    """A backend form: a zero-argument resolver (the lazy imports above) is called; a form given directly (a user's
-    entry, e.g. ``torch.asinh``) is itself."""
-    code = getattr(form, "__code__", None)
-    return form() if code is not None and code.co_argcount == 0 and not code.co_flags & 0x04 else form
+    """A backend form: a :class:`Lazy` one is made now; one given directly (e.g. ``torch.asinh``) is itself."""
+    return form.make() if isinstance(form, Lazy) else form
 
 
 def functions(*, triton: bool | None = None) -> list[Fn]:
@@ -363,7 +370,7 @@ def grammar(kind: str) -> dict[str, Any]:
             continue
         if kind == "form" and f.alias_only:
             continue
-        bound = f.expand if (kind == "activation" and f.expand is not None) else _resolve(f.sympy)
+        bound = f.expand if (kind == "activation" and f.expand is not None) else f.sympy()
         for name in (f.name, *f.aliases):
             out[name] = bound
     return out

@@ -105,10 +105,19 @@ class Form:
     def _fn(self):
         return self.compile(numpy_namespace(), [sp.Symbol(k) for k in self.coefficients])
 
+    @property
+    def values(self) -> dict:
+        """The coefficients as 17-digit sympy Floats keyed by their symbols (what evaluators and kernels put in)."""
+        return {sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()}
+
+    def with_values(self, e: sp.Expr) -> sp.Expr:
+        """A part of the form with the coefficient values in place, constants to 17 digits: what torch evaluates
+        (torch_fn lambdifies it; ``approxbp export`` prints it into the generated twin)."""
+        return e.xreplace(self.values).evalf(17)
+
     def torch_fn(self, args=()):
         """A torch callable q(y, *args) with the coefficients in place (float64 constants)."""
-        values = {sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()}
-        return self.compile([torch_namespace()], args, prepare=lambda e: e.xreplace(values).evalf(17))
+        return self.compile([torch_namespace()], args, prepare=self.with_values)
 
     def __call__(self, yv, coefficients: dict[str, float] | None = None) -> np.ndarray:
         c = self.coefficients if coefficients is None else coefficients
@@ -118,7 +127,7 @@ class Form:
 
     def substituted(self) -> sp.Expr:
         """The full expression with the coefficient values in place (what code generation prints)."""
-        return self.full().xreplace({sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()})
+        return self.full().xreplace(self.values)
 
     def latex(self) -> str:
         """LaTeX of the full expression with the coefficients in place (assignments substituted)."""
@@ -127,10 +136,9 @@ class Form:
     def operations(self) -> int:
         """Operations of the assignments and the expression, each after common-subexpression elimination
         (sympy cse + count_ops): what a kernel computes per element."""
-        values = {sp.Symbol(k): sp.Float(v, 17) for k, v in self.coefficients.items()}
         total = 0
         for e in [v for _, v in self.assignments] + [self.expression]:
-            subs, (reduced,) = sp.cse(e.xreplace(values))
+            subs, (reduced,) = sp.cse(e.xreplace(self.values))
             total += int(sum(sp.count_ops(x) for _, x in subs) + sp.count_ops(reduced))
         return total
 

@@ -75,6 +75,17 @@ def _held(t: Any) -> Any:
     return t["table"] if isinstance(t, dict) and isinstance(t.get("table"), _Table) else t
 
 
+def _kind(t: dict, where: str) -> str:
+    """The schema this approxbp reads and a known family; returns the family."""
+    schema = _need(t, "schema", str, where)
+    if schema != SCHEMA:
+        _fail(where, "schema", f"unsupported schema {schema!r}; this approxbp reads {SCHEMA!r}")
+    family = _need(t, "family", str, where)
+    if family not in FAMILIES:
+        _fail(where, "family", f"unknown family {family!r}; known: {FAMILIES}")
+    return family
+
+
 def validate(t: Any, where: str = "<table>") -> dict:
     """Validate a table's JSON object; return it unchanged or raise :class:`TableError`. (A typed table, or a fit
     result holding one, was validated when it was built: its JSON is returned.)"""
@@ -83,12 +94,7 @@ def validate(t: Any, where: str = "<table>") -> dict:
         return t.to_json()
     if not isinstance(t, dict):
         raise TableError(f"{where}: a table is a JSON object, got {type(t).__name__}")
-    schema = _need(t, "schema", str, where)
-    if schema != SCHEMA:
-        _fail(where, "schema", f"unsupported schema {schema!r}; this approxbp reads {SCHEMA!r}")
-    family = _need(t, "family", str, where)
-    if family not in FAMILIES:
-        _fail(where, "family", f"unknown family {family!r}; known: {FAMILIES}")
+    family = _kind(t, where)
     for f in ("activation", "expression", "created"):
         _need(t, f, str, where)
     if not t["activation"].isprintable() or not 0 < len(t["activation"]) <= 200:
@@ -343,13 +349,10 @@ def header(path: str | Path, family: str | None = None) -> tuple[str, str]:
     expressions: what the kernels' run time reads. Its numbers come from the generated module made from the
     validated table with this definition hash."""
     t, where = read_json(path), str(path)
-    if t.get("schema") != SCHEMA:
-        _fail(where, "schema", f"unsupported schema {t.get('schema')!r}; this approxbp reads {SCHEMA!r}")
-    if t.get("family") not in FAMILIES:
-        _fail(where, "family", f"unknown family {t.get('family')!r}; known: {FAMILIES}")
-    if family is not None and t["family"] != family:
-        raise TableError(f"{where}: expected a {family} table, got {t['family']!r}")
-    return t["family"], definition_sha256(t)
+    found = _kind(t, where)
+    if family is not None and found != family:
+        raise TableError(f"{where}: expected a {family} table, got {found!r}")
+    return found, definition_sha256(t)
 
 
 def load(path: str | Path) -> Table:

@@ -30,14 +30,10 @@ U32 = 2.0**-24
 OPERATION_ULPS = {"add": 0.5, "mul": 0.5, "div": 2.0}
 
 
-def __getattr__(name):  # FP32_ULPS, _UNARY, BRANCH_CUT: derived from the function set when asked
+def __getattr__(name):  # FP32_ULPS: the operations' and the function set's, read when asked
     if name == "FP32_ULPS":
         return {**OPERATION_ULPS, **backends.fp32_ulps()}
-    if name == "_UNARY":
-        return backends.arb_forms()
-    if name == "BRANCH_CUT":
-        return backends.branch_cuts()
-    raise AttributeError(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def setup() -> None:

@@ -268,9 +268,8 @@ def _twin_def(name: str, args: list, steps: list[tuple[str, sp.Expr]], expr: sp.
 
 
 def _activation_twin(act, order: int, name: str) -> str:
-    """h^(order) as Activation.torch_fn builds it: the stable form, constants to 17 digits."""
-    e = stable_form(act.derivative_expr(order) if order else act.expr).evalf(17)
-    return _twin_def(name, [activation_x], [], e)
+    """h^(order) as Activation.torch_fn evaluates it (Activation.torch_expr)."""
+    return _twin_def(name, [activation_x], [], act.torch_expr(order))
 
 
 def _form_twin(branch, name: str, variables: tuple[str, ...] = ("y",)) -> str:
@@ -279,8 +278,7 @@ def _form_twin(branch, name: str, variables: tuple[str, ...] = ("y",)) -> str:
     from approxbp.approximations.invact_forms import y as Y
 
     form = Form.from_table(branch, variables)
-    values = {sp.Symbol(k): sp.Float(v, 17) for k, v in form.coefficients.items()}
-    prepare = lambda e: stable_form(e.xreplace(values).evalf(17))  # noqa: E731
+    prepare = lambda e: stable_form(form.with_values(e))  # noqa: E731  (as Form.compile prepares each part)
     args = [Y, *(sp.Symbol(v) for v in variables if v != "y")]
     return _twin_def(name, args, [(n, prepare(v)) for n, v in form.assignments], prepare(form.expression))
 
@@ -609,9 +607,8 @@ def _jit_body(branch: dict, variables: tuple[str, ...] = ("y",)) -> str:
     from approxbp.approximations.invact_forms import Form
 
     form = Form.from_table(branch, variables)
-    values = {sp.Symbol(k): sp.Float(v, 17) for k, v in form.coefficients.items()}
     printer = TritonPrinter()
-    code = lambda e: printer.doprint(lower(e.xreplace(values)).evalf(17))  # noqa: E731
+    code = lambda e: printer.doprint(lower(e.xreplace(form.values)).evalf(17))  # noqa: E731
     lines = [f"    {name} = {code(value)}" for name, value in form.assignments]
     return "\n".join([*lines, f"    return {code(form.expression)}"])
 

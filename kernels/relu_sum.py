@@ -29,7 +29,7 @@ from . import ops
 from .guards import check_input, check_triton_device
 from .launch import RELU_SUM_ROWS, RELU_SUM_SPAN, num_warps
 from .modules import GeneratedSpec
-from .packing import byte_codes, pack, storage_bits, unpack_into
+from .packing import byte_codes, pack, unpack_into
 
 
 class ReLUSumSpec(GeneratedSpec):
@@ -42,7 +42,7 @@ class ReLUSumSpec(GeneratedSpec):
     def __init__(self, table: str | Path | dict, kernels_dir: str | Path | None = None):
         super().__init__(table, kernels_dir)
         m = self.module
-        self.bits, self.storage = m.BITS, storage_bits(m.BITS)
+        self.bits, self.storage = m.BITS, m.STORAGE_BITS
         with unset_fake_temporarily():  # real constants even when built for a fake-tensor plan (specs are shared)
             self.knots64 = torch.tensor(m.KNOTS, dtype=torch.float64)
             self.levels64 = torch.tensor(m.LEVELS, dtype=torch.float64)
