@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from pathlib import Path
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 SPECS: dict[str, object] = {}
@@ -225,8 +227,26 @@ ms_norm_forward.register_autograd(_ms_norm_grad, setup_context=_ms_norm_setup)
 
 
 # ---- eager entry points: one autograd.Function per op, custom ops while dynamo traces ---------------------
+#: What the drop-ins' autograd supports, said wherever something else is asked of it.
+FIRST_ORDER_ONLY = ("approxbp drop-ins support first-order reverse-mode autograd only (loss.backward(), "
+                    "torch.autograd.grad, torch.func.grad and jacrev, torch.func.vjp's function called with "
+                    "create_graph=False); {what} is refused: their backward is an "
+                    "approximation (ReLU-sum, InvAct) or treats σ⁻¹ as a constant (MS-norms), so {why}; "
+                    "unpatch the model (approxbp.kernels.unpatch) for {what}")
+#: Kept for callers of 0.1: the MS-norms' refusal of a second derivative.
+ONCE_DIFFERENTIABLE = FIRST_ORDER_ONLY.format(what="a second derivative (create_graph=True)",
+                                              why="a second derivative through it would be wrong")
+
+
+def _refuse(what: str, why: str):
+    raise RuntimeError(FIRST_ORDER_ONLY.format(what=what, why=why))
+
+
 def _needs_grad(x: Tensor) -> bool:
-    return x.requires_grad and torch.is_grad_enabled()
+    """Whether the call must go through the autograd Function: grad is on and x requires it, or x is inside a
+    torch.func transform or forward-mode AD (which the Function then serves or refuses, never the exact twin)."""
+    return (x.requires_grad and torch.is_grad_enabled()) or torch._C._functorch.is_functorch_wrapped_tensor(x) or (
+        _forward_ad._current_level >= 0)
 
 
 _AS_KERNELS = contextvars.ContextVar("approxbp_as_kernels", default=False)
@@ -248,16 +268,62 @@ def _opaque() -> bool:
     return torch.compiler.is_compiling() or _AS_KERNELS.get()  # in this order: dynamo cannot trace .get()
 
 
-class _ReluSum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, spec, use_triton):
-        y, packed, nan = _relu_sum_fwd(x, spec, use_triton)
-        ctx.save_for_backward(packed, nan)
-        ctx.spec, ctx.use_triton = spec, use_triton
-        return y
+def _once_differentiable(backward):
+    """A backward that refuses to be part of a second derivative (:data:`FIRST_ORDER_ONLY`): under
+    create_graph=True (the engine turns grad on in a backward only then) or nested torch.func.grad/jvp. A
+    once-differentiable node would not do: ``torch.autograd.grad(…, x)`` prunes a node that does not lead to x, and
+    a second derivative would then silently miss its term."""
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        levels = _functorch_derivative_levels()
+        with torch.no_grad():
+            results = backward(ctx, *grads)
+        under_func = levels or any(isinstance(r, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(r)
+                                   for r in results)  # torch.func runs every backward with grad on
+        if levels > 1 or (torch.is_grad_enabled() and not under_func):
+            _refuse("a second derivative (create_graph=True, nested torch.func.grad)",
+                    "a second derivative through it would be wrong")
+        return results
+    return wrapper
+
+
+def _functorch_derivative_levels() -> int:
+    """How many torch.func grad/jvp transforms are active (2 or more: a higher derivative is being taken)."""
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    return sum(i.key() in (TransformType.Grad, TransformType.Jvp) for i in retrieve_all_functorch_interpreters())
+
+
+class _FirstOrder(torch.autograd.Function):
+    """Base of the eager Functions (forward + setup_context, so torch.func.grad and vjp compose; backwards
+    :func:`_once_differentiable`): forward-mode AD and vmap are refused in one line (:data:`FIRST_ORDER_ONLY`)."""
 
     @staticmethod
-    def backward(ctx, gy):
+    def jvp(ctx, *tangents):
+        _refuse("forward-mode AD (torch.func.jvp, torch.autograd.forward_ad)",
+                "a forward-mode derivative would not match the backward pass")
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        _refuse("torch.func.vmap (and jacrev/jacfwd/hessian, which use it)", "no batching rule is defined")
+
+
+class _ReluSum(_FirstOrder):
+    @staticmethod
+    def forward(x, spec, use_triton):
+        return _relu_sum_fwd(x, spec, use_triton)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, packed, nan = output
+        ctx.mark_non_differentiable(packed, nan)
+        ctx.save_for_backward(packed, nan)
+        ctx.spec, ctx.use_triton = inputs[1], inputs[2]
+
+    @staticmethod
+    @_once_differentiable
+    def backward(ctx, gy, _packed, _nan):
         return _relu_sum_bwd(gy, *ctx.saved_tensors, ctx.spec, ctx.use_triton), None, None
 
 
@@ -267,19 +333,24 @@ def relu_sum(x: Tensor, spec, use_triton: bool) -> Tensor:
         return relu_sum_forward(x, spec.key, use_triton)[0]
     if not use_triton and not _needs_grad(x):
         return spec.forward_only_torch(x)
-    return _ReluSum.apply(x, spec, use_triton)
+    return _ReluSum.apply(x, spec, use_triton)[0]
 
 
-class _InvAct(torch.autograd.Function):
+class _InvAct(_FirstOrder):
     @staticmethod
-    def forward(ctx, x, spec, use_triton, out_dtype):
-        y, bits = _invact_fwd(x, spec, use_triton, out_dtype)
+    def forward(x, spec, use_triton, out_dtype):
+        return _invact_fwd(x, spec, use_triton, out_dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        y, bits = output
+        ctx.mark_non_differentiable(bits)
         ctx.save_for_backward(y, bits)
-        ctx.spec, ctx.use_triton, ctx.dtype = spec, use_triton, x.dtype
-        return y
+        ctx.spec, ctx.use_triton, ctx.dtype = inputs[1], inputs[2], inputs[0].dtype
 
     @staticmethod
-    def backward(ctx, gy):
+    @_once_differentiable
+    def backward(ctx, gy, _bits):
         return _invact_bwd(gy, *ctx.saved_tensors, ctx.spec, ctx.use_triton, ctx.dtype), None, None, None
 
 
@@ -290,31 +361,27 @@ def invact(x: Tensor, spec, use_triton: bool, out_dtype: torch.dtype | None) -> 
     if not use_triton and not _needs_grad(x):
         y = spec.forward_only_torch(x)
         return y if out_dtype is None else y.to(out_dtype)
-    return _InvAct.apply(x, spec, use_triton, out_dtype)
+    return _InvAct.apply(x, spec, use_triton, out_dtype)[0]
 
 
-#: The MS-norms' backward saves σ⁻¹ as a constant, so a second derivative through it would be silently wrong.
-ONCE_DIFFERENTIABLE = ("MSLayerNorm/MSRMSNorm are once differentiable: their backward treats σ⁻¹ as a constant, so "
-                       "a second derivative (create_graph=True) through them would be wrong; use torch.nn.LayerNorm "
-                       "or RMSNorm (patch_model(..., norm=False)) for higher-order gradients")
-
-
-class _MSNorm(torch.autograd.Function):
+class _MSNorm(_FirstOrder):
     @staticmethod
-    def forward(ctx, x, eps, center, use_triton, out_dtype):
+    def forward(x, eps, center, use_triton, out_dtype):
         from .norms import ms_norm_forward_impl
 
-        z, rstd = ms_norm_forward_impl(x, eps, center, use_triton, out_dtype)
-        ctx.save_for_backward(z, rstd)
-        ctx.center, ctx.use_triton, ctx.dtype = center, use_triton, x.dtype
-        return z
+        return ms_norm_forward_impl(x, eps, center, use_triton, out_dtype)
 
     @staticmethod
-    def backward(ctx, dz):
-        from .norms import ms_norm_backward_impl
+    def setup_context(ctx, inputs, output):
+        z, rstd = output
+        ctx.mark_non_differentiable(rstd)
+        ctx.save_for_backward(z, rstd)
+        ctx.center, ctx.use_triton, ctx.dtype = inputs[2], inputs[3], inputs[0].dtype
 
-        if torch.is_grad_enabled() and dz.requires_grad:  # create_graph=True: a second derivative is coming
-            raise RuntimeError(ONCE_DIFFERENTIABLE)
+    @staticmethod
+    @_once_differentiable
+    def backward(ctx, dz, _rstd):
+        from .norms import ms_norm_backward_impl
 
         z, rstd = ctx.saved_tensors
         return ms_norm_backward_impl(dz, z, rstd, ctx.center, ctx.use_triton, ctx.dtype), None, None, None, None
@@ -324,4 +391,4 @@ def ms_norm(x: Tensor, eps: float, center: bool, use_triton: bool, out_dtype: to
     """z = σ⁻¹·H·x (``center``) or σ⁻¹·x; saves z and σ⁻¹ (``approxbp::ms_norm_forward`` under dynamo)."""
     if _opaque():
         return ms_norm_forward(x, eps, center, use_triton, out_dtype)[0]
-    return _MSNorm.apply(x, eps, center, use_triton, out_dtype)
+    return _MSNorm.apply(x, eps, center, use_triton, out_dtype)[0]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import swaps
-from .norm_merge import AffineInputLinear, NormInputLinear, is_mergeable_norm, keep_affine, merge_norm
+from .norm_merge import AffineInputLinear, NormInputLinear, is_mergeable_norm, keep_affine, merge_norm, norm_dim_eps
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
 #: stays optional) → the registry activation whose tables replace them. nn.GELU is looked up with its
@@ -147,8 +149,10 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
                         swaps.mark_replaced(new, child)  # for unpatch (not a submodule: no state-dict keys)
                         _move_hooks(child, new)
                         undo.setattr(parent, child_name, new)
-                        report.activations.append(f"{where}: {type(child).__name__} → {type(new).__name__}"
-                                                  f"({new.extra_repr()})")
+                        report.activations.append(
+                            f"{where}: {type(child).__name__} → {type(new).__name__}({new.extra_repr()})"
+                            + ("; inplace=True dropped: the drop-in returns a new tensor" if getattr(
+                                child, "inplace", False) else ""))
                     elif why is not None:
                         report.skipped.append(f"{where} ({type(child).__name__}): {why}")
         if before is not None:
@@ -194,8 +198,9 @@ def _compare_float64(old: nn.Module, new: nn.Module, spec) -> str | None:
 
     try:
         with torch.no_grad():
-            want = in_float64(old).forward(x)  # forward(): the user's hooks do not fire
-            got = spec.forward_only_torch(x) if spec is not None else in_float64(new).forward(x)
+            want = in_float64(old).forward(x.clone())  # forward(): the user's hooks do not fire; a clone, since
+            got = spec.forward_only_torch(x.clone()) if spec is not None else in_float64(new).forward(x.clone())
+            # an in-place module (nn.SiLU(inplace=True)) overwrites its input
     except Exception as err:  # noqa: BLE001 - what cannot be checked is not swapped
         return (f"could not be checked against the drop-in on a float64 vector ({type(err).__name__}: {err}); "
                 "not swapped")
@@ -243,11 +248,28 @@ def _is_table(value) -> bool:
         return False
 
 
-def _call(fn, example_input):
-    """``fn`` on ``example_input``: keyword arguments (a dict), positional ones (a tuple or list) or one tensor."""
+def _call(fn, example_input, extra: dict | None = None):
+    """``fn`` on ``example_input``: keyword arguments (a dict), positional ones (a tuple or list) or one tensor;
+    ``extra`` keyword arguments are added (they win over the example's own)."""
+    extra = extra or {}
     if isinstance(example_input, dict):
-        return fn(**example_input)
-    return fn(*example_input) if isinstance(example_input, tuple | list) else fn(example_input)
+        return fn(**{**example_input, **extra})
+    args = tuple(example_input) if isinstance(example_input, tuple | list) else (example_input,)
+    return fn(*args, **extra)
+
+
+def every_output(model: nn.Module) -> dict:
+    """The keyword arguments that make ``model`` return every output it can: ``output_hidden_states=True`` where
+    its forward takes it (by name, or through ``**kwargs`` on a Hugging Face model, whose config has the flag). A
+    rewrite is proven on these outputs too: hidden states are read by embeddings, reward heads and distillation."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    takes = "output_hidden_states" in params or (
+        any(p.kind is p.VAR_KEYWORD for p in params.values())
+        and hasattr(getattr(model, "config", None), "output_hidden_states"))
+    return {"output_hidden_states": True} if takes else {}
 
 
 def _leaves(out) -> list:
@@ -255,19 +277,42 @@ def _leaves(out) -> list:
     return pytree.tree_leaves(out.to_tuple() if hasattr(out, "to_tuple") else out)
 
 
+#: The seed both runs of the train-mode check draw their dropout masks from.
+TRAIN_SEED = 0
+
+
+@contextlib.contextmanager
+def _mode(model: nn.Module, training: bool):
+    """Within: ``model`` in train or eval mode, without grad, the RNG seeded with :data:`TRAIN_SEED`; on leaving,
+    the RNG state, every module's mode and every buffer (BatchNorm's running statistics) are restored, so that a
+    probe run changes nothing the model keeps."""
+    was = {m: m.training for m in model.modules()}
+    buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
+    model.train(training)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(TRAIN_SEED)
+            yield
+    finally:
+        with torch.no_grad():
+            for b, value in buffers:
+                b.copy_(value)
+        for m, t in was.items():
+            m.training = t
+
+
 def _run_example(model: nn.Module, example_input):
-    """Every floating-point output of the model on ``example_input`` (tuples, dicts, ``ModelOutput`` fields,
-    hidden states), in eval mode without grad (None without an example)."""
+    """Every floating-point output of the model on ``example_input`` (tuples, dicts, ``ModelOutput`` fields, hidden
+    states: :func:`every_output`), in eval mode and in train mode (dropout drawn from :data:`TRAIN_SEED`), without
+    grad; None without an example."""
     if example_input is None:
         return None
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = _call(model, example_input)
-    finally:
-        model.train(training)
-    return [t.detach().clone() for t in _leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    outs = []
+    for training in (False, True):
+        with _mode(model, training):
+            out = _call(model, example_input, every_output(model))
+        outs += [t.detach().clone() for t in _leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return outs
 
 
 class _Undo:
@@ -320,7 +365,7 @@ def _shape_query(node) -> bool:
 
 def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_input=None) -> None:
     try:
-        found = _consumers_by_fx(model)
+        found, foreign = _consumers_by_fx(model)
     except Exception as err:  # noqa: BLE001 - any tracing failure: fall back to running the model, or say why
         if example_input is None:
             report.skipped.append(f"norm merging: model is not fx-traceable ({type(err).__name__}: "
@@ -331,7 +376,7 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
             report.skipped.append(f"norm merging: the model branches on tensor values ({branches}); one run of "
                                   "example_input sees only the branch it takes, so no norm rewrite can be proven")
             return
-        found = _consumers_by_dispatch(model, example_input)
+        found, foreign = _consumers_by_dispatch(model, example_input)
     modules = dict(model.named_modules())
     shared = _shared_parameters(model)
     for name, (consumers, other) in found.items():
@@ -341,29 +386,21 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
         if swaps.kept_affine(modules[name]):  # patched by an earlier call: wrap consumers added since
             _wrap_new_consumers(model, modules, name, consumers, other, report, undo)
             continue
-        if other or not consumers:
-            report.skipped.append(f"{name}: output feeds something other than Linear layers"
-                                  + (f" ({', '.join(sorted(other))})" if other else ""))
-            continue
-        shape = getattr(modules[name], "normalized_shape", (None,))
-        if isinstance(shape, tuple | list) and len(shape) != 1:
-            report.skipped.append(f"{name}: normalises over {tuple(shape)}, not the last dimension alone")
+        why = _why_not_rewritten(modules, name, consumers, other)
+        if why:
+            report.skipped.append(f"{name}: {why}")
             continue
         if _trainable(modules[name], [modules[c] for c in consumers if not _is_adapter(c)]):
             ms, wrapped = keep_affine(modules[name], [modules[c] for c in consumers])
             _replace(model, modules, name, ms, undo)
             for c, w in zip(consumers, wrapped):
+                _move_hooks(modules[c], w)  # forward hooks see the same output (the others block: _hooks)
                 _replace(model, modules, c, w, undo)
             report.norms.append(f"{name} → {type(ms).__name__}, α, β kept and applied by {consumers}")
             continue
-        if any(type(modules[c]).__name__ == "Conv1D" for c in consumers):
-            report.skipped.append(f"{name}: frozen, but a consumer is a Conv1D; merging folds into nn.Linear only")
-            continue
-        tied = [c for c in consumers if any(p.untyped_storage()._cdata in shared
-                                            for p in modules[c].parameters(recurse=False))]
-        if tied:
-            report.skipped.append(f"{name}: consumer(s) {tied} share their weight with another module (tied "
-                                  "weights); merging would change that module too")
+        why = _why_not_merged(modules, consumers, shared, foreign)
+        if why:
+            report.skipped.append(f"{name}: {why}")
             continue
         adapters = [c for c in consumers if _is_adapter(c)]
         base = [c for c in consumers if c not in adapters]
@@ -378,6 +415,54 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
         _wrap_adapters(model, modules, norm, adapters, undo)
         report.norms.append(f"{name} → {type(ms).__name__} merged into {base}"
                             + (f"; adapters {adapters} apply its α, β to their input" if adapters else ""))
+
+
+#: Module hook tables; a norm with any of them, or a consumer with any but forward hooks, is not rewritten.
+HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _hooks(module: nn.Module, tables=HOOK_TABLES) -> list[str]:
+    return [t.strip("_").replace("_", " ") for t in tables if getattr(module, t, None)]
+
+
+def _why_not_rewritten(modules: dict, name: str, consumers: list[str], other: set[str]) -> str | None:
+    """Why the norm ``name`` may not become an MS-norm read by ``consumers`` (None when it may)."""
+    norm = modules[name]
+    if other or not consumers:
+        return "output feeds something other than Linear layers" + (f" ({', '.join(sorted(other))})" if other else "")
+    shape = getattr(norm, "normalized_shape", (None,))
+    if isinstance(shape, tuple | list) and len(shape) != 1:
+        return f"normalises over {tuple(shape)}, not the last dimension alone"
+    if hooks := _hooks(norm):
+        return f"has {', '.join(hooks)}; rewritten, it would return z, so they would see another tensor"
+    for c in consumers:
+        if hooks := _hooks(modules[c], HOOK_TABLES[1:]):
+            return f"consumer {c} has {', '.join(hooks)}; they would see z, not the norm's output α⊙z + β"
+    dim = norm_dim_eps(norm)[0]
+    wrong = [c for c in consumers if _in_features(modules[c]) != dim]
+    if wrong:
+        return f"consumer(s) {wrong} do not read its {dim} features as their input features"
+    return None
+
+
+def _in_features(module: nn.Module) -> int:
+    """A consumer's input width (Conv1D stores its weight as (in, out))."""
+    return module.weight.shape[0] if type(module).__name__ == "Conv1D" else module.in_features
+
+
+def _why_not_merged(modules: dict, consumers: list[str], shared: set[int], foreign: dict) -> str | None:
+    """Why a frozen norm's affine may not be folded into its consumers' weights (eq. 58; None when it may)."""
+    if any(type(modules[c]).__name__ == "Conv1D" for c in consumers):
+        return "frozen, but a consumer is a Conv1D; merging folds into nn.Linear only"
+    tied = [c for c in consumers if any(p.untyped_storage()._cdata in shared
+                                        for p in modules[c].parameters(recurse=False))]
+    if tied:
+        return f"consumer(s) {tied} share their weight with another module (tied weights); merging would change " \
+               "that module too"
+    used = {c: sorted(foreign[c]) for c in consumers if c in foreign}
+    if used:
+        return f"consumer weights are also read outside the consumer ({used}); merging would change those uses too"
+    return None
 
 
 def _trainable(norm: nn.Module, consumers: list[nn.Module]) -> bool:
@@ -446,15 +531,20 @@ def _replace(model: nn.Module, modules: dict, name: str, new: nn.Module, undo: _
     undo.setattr(modules[parent_name] if parent_name else model, child, new)
 
 
-def _consumers_by_fx(model: nn.Module) -> dict[str, tuple[list[str], set[str]]]:
-    """{norm name: (consumer names, other users)} from torch.fx.symbolic_trace, over every call site of every norm.
-    A consumer that is also called on something else, or that reads two norms, is reported as another user: a
-    rewrite of it would change those calls too."""
+def _consumers_by_fx(model: nn.Module) -> tuple[dict, dict]:
+    """({norm name: (consumer names, other users)}, {consumer: graph nodes that read its parameters outside it})
+    from torch.fx.symbolic_trace, over every call site of every norm. A consumer that is also called on something
+    else, or that reads two norms, is reported as another user: a rewrite of it would change those calls too."""
     graph = torch.fx.symbolic_trace(model).graph
     modules = dict(model.named_modules())
     found: dict[str, tuple[list[str], set[str]]] = {}
+    foreign: dict[str, set[str]] = {}
     reads: dict[str, list] = {}  # consumer → the norm (or None) each of its call sites reads
     for node in graph.nodes:
+        if node.op == "get_attr":  # a parameter used outside its module (F.linear(z, enc.weight.t()))
+            owner = str(node.target).rpartition(".")[0]
+            if owner in modules and _is_consumer(modules[owner]):
+                foreign.setdefault(owner, set()).add(f"{node.target} read by {sorted(map(str, node.users))}")
         if node.op != "call_module":
             continue
         if _is_consumer(modules[node.target]):
@@ -473,7 +563,7 @@ def _consumers_by_fx(model: nn.Module) -> dict[str, tuple[list[str], set[str]]]:
             else:
                 other.add(str(u.target))
     _account_call_sites(found, reads)
-    return found
+    return found, foreign
 
 
 def _data_dependent_branches(model: nn.Module, example_input) -> str | None:
@@ -511,46 +601,77 @@ _METADATA = {torch.ops.prim.device, torch.ops.aten.sym_size, torch.ops.aten.sym_
              torch.ops.aten.sym_storage_offset, torch.ops.aten.is_contiguous}
 
 
+def _whole_rows(t: torch.Tensor, out: torch.Tensor) -> bool:
+    """``t`` (a view of the norm output ``out``) holds whole rows of ``out``, features in order: a reshape or a
+    slice of rows, on which a Linear applies α, β along the right axis. A transposed or feature-sliced view is not."""
+    if t.shape == out.shape and t.stride() == out.stride() and t.storage_offset() == out.storage_offset():
+        return True
+    d = out.shape[-1] if out.dim() else 0
+    if not (out.is_contiguous() and t.dim() and t.shape[-1] == d and (t.stride(-1) == 1 or d == 1)):
+        return False
+    return (t.storage_offset() - out.storage_offset()) % max(d, 1) == 0 and all(
+        s % max(d, 1) == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+
+
 class _ReadWatch(TorchDispatchMode):
-    """Records, for each watched storage, the Linear modules whose ops read it and any other (non-view) op."""
+    """Records, for each watched storage (a norm's output), the Linear modules whose ops read whole rows of it and
+    any other (non-view) op; and, for each consumer's parameters, the ops that read them outside that consumer."""
 
     def __init__(self):
         super().__init__()
-        self.owner: dict[int, str] = {}  # storage pointer → norm name
+        self.owner: dict[int, tuple[str, torch.Tensor]] = {}  # storage pointer → (norm name, its output)
+        self.param_owner: dict[int, str] = {}  # storage pointer of a consumer's parameter → the consumer
         self.inside: str | None = None  # the nn.Linear currently running
+        self.running: list[str] = []  # the other leaf modules running now, innermost last (to name an op's place)
         self.found: dict[str, tuple[list[str], set[str]]] = {}
+        self.foreign: dict[str, set[str]] = {}  # consumer → ops outside it that read its parameters
         self.keep: list[torch.Tensor] = []  # watched tensors stay alive, so that no storage pointer is reused
         self.read_now: set[str] = set()  # the norms the running consumer call has read
         self.reads: dict[str, list] = {}  # consumer → the norm (or None) each of its calls read
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        reads_values = not func.is_view and func.overloadpacket not in _METADATA
         for t in pytree.tree_leaves((args, kwargs or {})):
-            name = self.owner.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
-            if name is None:
+            if not isinstance(t, torch.Tensor):
                 continue
+            ptr = t.untyped_storage()._cdata
+            consumer = self.param_owner.get(ptr)
+            if consumer is not None and consumer != self.inside and reads_values:
+                self.foreign.setdefault(consumer, set()).add(str(func.overloadpacket.__name__))
+            if ptr not in self.owner:
+                continue
+            name, norm_out = self.owner[ptr]
             linear, other = self.found[name]
             if self.inside is not None:
+                if reads_values and not _whole_rows(t, norm_out):
+                    other.add(f"{self.inside} reads it through a transposed or feature-sliced view")
+                    continue
                 self.read_now.add(name)
                 if self.inside not in linear:
                     linear.append(self.inside)
             elif func.overloadpacket is torch.ops.aten._to_copy and isinstance(out, torch.Tensor):
-                self.owner[out.untyped_storage()._cdata] = name  # a dtype cast (peft's fp32 adapters):
-                self.keep.append(out)  # its readers read the norm's output too
-            elif not func.is_view and func.overloadpacket not in _METADATA:
-                other.add(str(func.overloadpacket.__name__))
+                self.watch(out, name)  # a dtype cast (peft's fp32 adapters): its readers read the norm's output too
+            elif reads_values:
+                op = str(func.overloadpacket.__name__)
+                other.add(f"{op} in {self.running[-1]}" if self.running else op)
         return out
 
+    def watch(self, t: torch.Tensor, name: str) -> None:
+        self.keep.append(t)
+        self.owner[t.untyped_storage()._cdata] = (name, t)
+        self.found.setdefault(name, ([], set()))
 
-def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[list[str], set[str]]]:
-    """{norm name: (consumer Linear names, other ops)} from one forward under :class:`_ReadWatch`."""
+
+def _consumers_by_dispatch(model: nn.Module, example_input) -> tuple[dict, dict]:
+    """({norm name: (consumer Linear names, other ops)}, {consumer: ops outside it that read its parameters}) from
+    the forward under :class:`_ReadWatch`, run in eval mode and in train mode (dropout between a norm and a Linear
+    is visible only there), asking for every output (:func:`every_output`)."""
     watch, handles = _ReadWatch(), []
 
     def on_norm(name):
         def hook(module, inputs, out):
-            watch.keep.append(out)
-            watch.owner[out.untyped_storage()._cdata] = name
-            watch.found.setdefault(name, ([], set()))
+            watch.watch(out, name)
         return hook
 
     def enter(name):
@@ -565,21 +686,33 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> dict[str, tuple[l
             watch.reads.setdefault(name, []).extend(sorted(watch.read_now) or [None])
         return hook
 
+    def push(name):
+        return lambda module, inputs: watch.running.append(name)
+
+    def pop(module, inputs, out):
+        watch.running.pop()
+
     for name, m in model.named_modules():
         if _watched(m):
             handles.append(m.register_forward_hook(on_norm(name)))
+        elif name and not _is_consumer(m) and next(m.children(), None) is None:  # a leaf: dropout, pooling, …
+            handles.append(m.register_forward_pre_hook(push(name)))
+            handles.append(m.register_forward_hook(pop, always_call=True))
         elif _is_consumer(m):
             handles.append(m.register_forward_pre_hook(enter(name)))
             handles.append(m.register_forward_hook(leave(name)))
+            for p in m.parameters(recurse=False):
+                watch.param_owner[p.untyped_storage()._cdata] = name
     try:
-        with torch.no_grad(), watch:
-            out = _call(model, example_input)
+        for training in (False, True):
+            with _mode(model, training), watch:
+                out = _call(model, example_input, every_output(model))
+            for t in _leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
+                name = watch.owner.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
+                if name is not None:
+                    watch.found[name[0]][1].add("returned as a model output")
     finally:
         for h in handles:
             h.remove()
-    for t in _leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
-        name = watch.owner.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
-        if name is not None:
-            watch.found[name][1].add("returned as a model output")
     _account_call_sites(watch.found, watch.reads)
-    return watch.found
+    return watch.found, watch.foreign

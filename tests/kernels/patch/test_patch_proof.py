@@ -1,0 +1,246 @@
+"""patch_model proves a norm rewrite on everything the model can do, or skips it with the reason: every output it
+can return (hidden states), train mode with its dropout, consumers matched by the tensor they read (not its
+storage), hooks, and parameters used outside their module. Each case once changed a model silently."""
+
+import copy
+
+import pytest
+import torch
+from approxbp.kernels import patch_model
+from torch import nn
+
+
+def _perturbed(model: nn.Module, scale: float = 0.5) -> nn.Module:
+    """Norm weights and biases away from their init (α = 1, β = 0 hides a wrong axis or a wrong order)."""
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm | nn.RMSNorm) or "Norm" in type(m).__name__:
+                for p in m.parameters(recurse=False):
+                    p.add_(scale * torch.randn_like(p))
+    return model
+
+
+class _Untraceable(nn.Module):
+    """A block torch.fx cannot trace (Python control flow on a shape), so consumers are found by running it."""
+
+    def check(self, x):
+        if x.dim() != 3:
+            raise ValueError("expects (batch, tokens, features)")
+
+
+class NormDropLinear(_Untraceable):
+    def __init__(self, d=8, p=0.5):
+        super().__init__()
+        self.norm, self.drop, self.fc = nn.LayerNorm(d), nn.Dropout(p), nn.Linear(d, d)
+
+    def forward(self, x):
+        self.check(x)
+        return self.fc(self.drop(self.norm(x)))
+
+
+class TokenMixer(_Untraceable):
+    """An MLP-Mixer token-mixing layer: the Linear reads the norm's output transposed, over tokens."""
+
+    def __init__(self, tokens, d):
+        super().__init__()
+        self.norm, self.tok = nn.LayerNorm(d), nn.Linear(tokens, tokens)
+
+    def forward(self, x):
+        self.check(x)
+        return self.tok(self.norm(x).transpose(-1, -2)).transpose(-1, -2)
+
+
+def _train_losses(model, x, steps=5, seed=1):
+    torch.manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_hidden_states_are_proven_though_the_example_never_asks_for_them():
+    """Llama's last hidden state is its final norm's output: the proof runs the example with
+    output_hidden_states=True, so that norm is skipped (it was rewritten and returned z: off by 5.4)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.for_model("llama", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                            intermediate_size=64, vocab_size=50)
+    torch.manual_seed(0)
+    model = _perturbed(transformers.AutoModelForCausalLM.from_config(cfg)).eval()
+    ids = torch.randint(0, 50, (2, 8))
+    with torch.no_grad():
+        before = model(input_ids=ids, output_hidden_states=True).hidden_states
+    report = patch_model(model, activation="invact", example_input={"input_ids": ids})
+    assert any(s.startswith("model.norm:") and "returned as a model output" in s for s in report.skipped), report
+    with torch.no_grad():
+        after = model(input_ids=ids, output_hidden_states=True).hidden_states
+    for a, b in zip(after, before, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_norm_patched_in_eval_mode_sees_the_dropout_before_its_consumer(frozen):
+    """fc(dropout(norm(x))) patched in eval mode (dropout is the identity there) used to train as
+    α⊙dropout(z) + β: discovery and the proof also run in train mode."""
+    torch.manual_seed(0)
+    stock = _perturbed(NormDropLinear()).eval().requires_grad_(not frozen)
+    model = copy.deepcopy(stock)
+    report = patch_model(model, activation=None, example_input=torch.randn(2, 5, 8))
+    assert not report.norms and any("in drop" in s for s in report.skipped), report
+    x = torch.randn(2, 5, 8)
+    model.train(), stock.train()
+    torch.manual_seed(7)
+    got = model(x)
+    torch.manual_seed(7)
+    torch.testing.assert_close(got, stock(x), rtol=0, atol=0)
+
+
+def test_peft_lora_dropout_patched_after_eval_keeps_adapter_gradients_exact():
+    """Hugging Face ViT with peft lora_dropout=0.1, patched after .eval(): adapter gradients were 9.4 % off."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    cfg = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=64, num_labels=3)
+    torch.manual_seed(0)
+    base = _perturbed(transformers.ViTForImageClassification(cfg))
+    stock = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1))
+    with torch.no_grad():
+        for n, p in stock.named_parameters():
+            if "lora_B" in n:
+                p.normal_()
+    model = copy.deepcopy(stock).eval()
+    pixels = torch.randn(2, 3, 16, 16)
+    patch_model(model, activation="invact", example_input={"pixel_values": pixels})
+    grads = []
+    for m in (stock, model):
+        m.train()
+        torch.manual_seed(5)
+        m(pixel_values=pixels).logits.square().sum().backward()
+        grads.append({n: p.grad for n, p in m.named_parameters() if p.requires_grad})
+    for n, g in grads[0].items():
+        torch.testing.assert_close(grads[1][n], g, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("tokens", [8, 5])
+def test_a_linear_reading_a_transposed_view_is_not_a_consumer(tokens):
+    """Token mixing, tok(norm(x).transpose(-1, -2)): α, β were applied along the tokens (tokens = d, trained
+    differently) or patching raised 'must read 8 features' (tokens ≠ d). Now skipped with the reason."""
+    torch.manual_seed(0)
+    stock = TokenMixer(tokens, 8)
+    model = copy.deepcopy(stock)
+    x = torch.randn(2, tokens, 8)
+    report = patch_model(model, activation=None, example_input=x)
+    assert not report.norms and any("transposed" in s for s in report.skipped), report
+    assert _train_losses(model, x) == _train_losses(stock, x)
+
+
+def test_a_reshaped_view_of_whole_rows_is_still_a_consumer():
+    """fc(norm(x).reshape(-1, d)) reads whole rows: it stays a consumer (the check is not over-cautious)."""
+
+    class Flat(_Untraceable):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc = nn.LayerNorm(8), nn.Linear(8, 4)
+
+        def forward(self, x):
+            self.check(x)
+            return self.fc(self.norm(x).reshape(-1, 8))
+
+    torch.manual_seed(0)
+    model = _perturbed(Flat())
+    report = patch_model(model, activation=None, example_input=torch.randn(2, 3, 8))
+    assert report.norms, report
+
+
+@pytest.mark.parametrize("traceable", [True, False])
+def test_a_hook_on_a_norm_blocks_its_rewrite(traceable):
+    """register_forward_hook(lambda m, i, o: o * 3) on a norm was dropped on the fx path (output off by 1.47)."""
+    torch.manual_seed(0)
+    stock = _perturbed(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 4)) if traceable else NormDropLinear(p=0.0))
+    stock.eval()
+    norm = stock[0] if traceable else stock.norm
+    norm.register_forward_hook(lambda m, i, o: o * 3)
+    model = copy.deepcopy(stock)
+    x = torch.randn(2, 3, 8)
+    report = patch_model(model, activation=None, example_input=None if traceable else x)
+    assert not report.norms and any("forward hooks" in s for s in report.skipped), report
+    torch.testing.assert_close(model(x), stock(x), rtol=0, atol=0)
+
+
+def test_a_forward_pre_hook_on_a_consumer_blocks_the_rewrite():
+    """A pre-hook on the consumer would see z instead of the norm's output."""
+    torch.manual_seed(0)
+    model = _perturbed(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 4)))
+    seen = []
+    model[1].register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+    report = patch_model(model, activation=None)
+    assert not report.norms and any("forward pre hooks" in s for s in report.skipped), report
+
+
+def test_hooks_on_hugging_face_norms_and_consumers_keep_firing():
+    """Llama: a hook on input_layernorm and one on q_proj fired 0 times after patching. The norm's hook blocks its
+    rewrite; q_proj's forward hook moves to its wrapper; both fire as often as before, on the same tensors."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.for_model("llama", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                            intermediate_size=64, vocab_size=50)
+    torch.manual_seed(0)
+    model = _perturbed(transformers.AutoModelForCausalLM.from_config(cfg))
+    layer = model.model.layers[0]
+    seen = {"norm": [], "q": []}
+    layer.input_layernorm.register_forward_hook(lambda m, i, o: seen["norm"].append(o.detach().clone()))
+    layer.self_attn.q_proj.register_forward_hook(lambda m, i, o: seen["q"].append(o.detach().clone()))
+    ids = torch.randint(0, 50, (2, 6))
+    with torch.no_grad():
+        model(input_ids=ids)
+    before = {k: list(v) for k, v in seen.items()}
+    report = patch_model(model, activation="invact", example_input={"input_ids": ids})
+    assert any(s.startswith("model.layers.0.input_layernorm:") and "hooks" in s for s in report.skipped), report
+    assert any("post_attention_layernorm" in s for s in report.norms), report
+    for v in seen.values():
+        v.clear()
+    with torch.no_grad():
+        model(input_ids=ids)
+    for k in seen:
+        assert len(seen[k]) == len(before[k]) == 1, k
+        torch.testing.assert_close(seen[k][0], before[k][0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_frozen_consumer_whose_weight_is_used_elsewhere_is_not_merged():
+    """A tied autoencoder: F.linear(z, enc.weight.t()) reads the consumer's weight outside it, so folding α into
+    it would change the decoder (output off by 0.21 on the fx path)."""
+
+    class TiedAutoencoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.enc = nn.LayerNorm(8), nn.Linear(8, 4)
+
+        def forward(self, x):
+            return nn.functional.linear(self.enc(self.norm(x)), self.enc.weight.t())
+
+    class Untraceable(TiedAutoencoder, _Untraceable):
+        def forward(self, x):
+            self.check(x)
+            return super().forward(x)
+
+    for cls, example in ((TiedAutoencoder, None), (Untraceable, torch.randn(2, 3, 8))):
+        torch.manual_seed(0)
+        stock = _perturbed(cls()).requires_grad_(False)
+        model = copy.deepcopy(stock)
+        report = patch_model(model, activation=None, example_input=example)
+        assert not report.norms and any("also read outside" in s for s in report.skipped), (cls, report)
+        x = torch.randn(2, 3, 8)
+        torch.testing.assert_close(model(x), stock(x), rtol=0, atol=0)
+
+
+def test_an_inplace_activation_is_swapped_and_the_report_says_so():
+    """nn.SiLU(inplace=True) overwrote the float64 check grid, so it was reported as 'computes another
+    function (0.278)' and never swapped (torchvision's EfficientNet/MobileNet, many timm models)."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.SiLU(inplace=True), nn.Linear(4, 2))
+    report = patch_model(model, activation="invact", example_input=torch.randn(3, 4))
+    assert len(report.activations) == 1 and "inplace=True" in report.activations[0], report
+    assert not report.skipped
