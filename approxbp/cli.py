@@ -203,6 +203,9 @@ def _parser_certify(sub, add) -> None:
     cer.add_argument("--budget", type=float, default=600.0,
                      help="seconds per certificate (a branch, or a B&B); InvAct branches also stop at 300 000 boxes, "
                           "so a stored certificate does not depend on the machine")
+    cer.add_argument("--max-boxes", type=int, default=None,
+                     help="a work budget: boxes bounded per certificate (default: 300 000 for InvAct branches, "
+                          "none for a ReLU-sum B&B); the same answer on any machine, whatever its load")
     cer.add_argument("--rtol", type=float, default=0.02,
                      help="InvAct: refine until the bound is within this factor of the error attained")
     cer.add_argument("--write", action="store_true", help="store the certificates in the tables' metrics "
@@ -581,13 +584,13 @@ def _certify(args, argv) -> int:
     from approxbp.approximations import tables as T
 
     progress = _progress(args)
-    if not (args.budget > 0 and 0 < args.rtol < 10):
-        raise ValueError("--budget must be > 0 and --rtol in (0, 10)")
+    if not (args.budget > 0 and 0 < args.rtol < 10 and (args.max_boxes is None or args.max_boxes > 0)):
+        raise ValueError("--budget and --max-boxes must be > 0 and --rtol in (0, 10)")
     t0 = time.perf_counter()
     paths = args.tables or T.table_paths()
     held = _certify_tables(paths, progress, write=args.write and not args.kernel_constants,
                            only_default=not args.tables, budget_s=args.budget, rtol=args.rtol,
-                           rounded=args.kernel_constants)
+                           rounded=args.kernel_constants, max_boxes=args.max_boxes)
     failed = [name for name, ok in held.items() if not ok]
     print(f"{len(held)} tables in {time.perf_counter() - t0:.1f} s: "
           + ("every certificate holds" if not failed else f"FAILED: {', '.join(failed)}"))

@@ -314,15 +314,18 @@ def save(t: Table | dict, path: str | Path, overwrite: bool = True) -> Path:
 
 
 def resolve(path: str | Path, family: str | None = None) -> Path:
-    """The file of a table: an existing path, or ``family/name`` (or just ``name`` when ``family`` is given)
-    inside the packaged data; ``.json`` may be left out."""
+    """The file of a table: ``family/name`` (or just ``name`` when ``family`` is given) of a packaged table, or a
+    path; ``.json`` may be left out. A packaged name always means the packaged table, even where the working
+    directory holds a file of that relative path (a crafted folder must not stand in for it): to use such a file,
+    write the path as ``./relu_sum/…`` or absolute."""
     p = Path(path)
-    if not p.exists() and not p.is_absolute():
+    explicit = p.is_absolute() or str(path).startswith(("./", "../", ".\\", "..\\"))
+    if not explicit:
         name = str(path) if str(path).endswith(".json") else f"{path}.json"
         if family is not None and "/" not in name:
             name = f"{family.replace('-', '_')}/{name}"
-        if (data_dir() / name).exists():
-            p = data_dir() / name
+        if (data_dir() / name).is_file():
+            return data_dir() / name
     if not p.exists():
         raise FileNotFoundError(f"no coefficient table at {path!s} (packaged tables live in {data_dir()})")
     return p

@@ -332,14 +332,15 @@ def _round(v: float, up: bool) -> float:
 
 
 def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
-                  rounded: bool = False) -> tuple[dict | None, list[str], bool]:
+                  rounded: bool = False, max_boxes: int | None = None) -> tuple[dict | None, list[str], bool]:
     """Certify one table: (the ``metrics["certified"]`` entry or None when a bound is not finite, printable lines,
     whether every claim holds).
 
     InvAct: per branch the certified sup of |q_s(f(x)) − f′(x)| (claim: :func:`claim_of`) and the float32
     evaluation bound; ``rounded``: the form's numbers rounded to float32 first. ReLU-sum: an enclosure of the
     objective (it must contain the recorded loss to 1e-12 relative), and for k ≤ 2 the global optimality gap
-    (target 1e-9)."""
+    (target 1e-9). Each certificate stops at ``budget_s`` seconds or ``max_boxes`` boxes (InvAct default
+    :data:`MAX_BOXES`), whichever comes first."""
     t = as_table(t)
     say = progress or (lambda msg: None)
     lines, ok = [], True
@@ -349,7 +350,8 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
             say(f"{t.name} {branch}")
             iv.setup()
             rule = InvactRule(t, branch, rounded=rounded)
-            cert = certify_invact_branch(t, branch, budget_s, rtol, rounded=rounded, rule=rule)
+            cert = certify_invact_branch(t, branch, budget_s, rtol, rounded=rounded, rule=rule,
+                                         max_boxes=MAX_BOXES if max_boxes is None else max_boxes)
             # a running error analysis treats each rounding as independent: it cannot see Newton's self-correction
             # and bounds the newton forms' float32 evaluation by 1e-3…inf (measured in float32: ≤ 3.5e-5)
             newton = rule.steps is not None
@@ -379,7 +381,7 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
     lines.append(f"{t.name:<28} objective ∈ [{float(enclosure.lower()):.16e}, {float(enclosure.upper()):.16e}]; "
                  f"recorded loss {t.loss:.16e} {'inside (1e-12)' if consistent else 'OUTSIDE: FAILED'}")
     if t.bits <= 2:
-        g = certify_relu_sum_global(t, budget_s=budget_s)
+        g = certify_relu_sum_global(t, budget_s=budget_s, max_boxes=max_boxes)
         entry["global_gap"] = _round(g.gap, True)
         ok &= g.passed
         lines.append(f"{'':<28} global optimum: gap {g.gap:.2e} (target {g.target_gap:.0e}) "

@@ -529,14 +529,17 @@ class PrimitiveObjectiveK2(_ProjectedK2):
         return float(total.lower())
 
 
-def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0) -> OptimalityCertificate:
+def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0,
+                            max_boxes: int | None = None) -> OptimalityCertificate:
     """Global optimality of a k ≤ 2 table over knots in its interval [A, B]. k = 1: Σw = 1 and Σw·c = 0 leave one
     feasible point (w = 1, c = 0), so the table is the optimum when it is that point. k = 2, either objective:
     branch and bound over knot boxes (:class:`DerivativeObjectiveK2`, :class:`PrimitiveObjectiveK2`): the box with
     the smallest lower bound (monotone terms, mean-value and second-order forms) is split along its side of largest
     scaled width, boxes whose lower bound exceeds the table's value are pruned. Around the table's knots the largest
     box on which an interval Hessian proves J strictly convex is bounded by strong convexity instead. The certified
-    gap is (value − smallest lower bound)/value; a box centre with a smaller J than the table's fails it."""
+    gap is (value − smallest lower bound)/value; a box centre with a smaller J than the table's fails it. The search
+    stops at ``budget_s`` seconds or ``max_boxes`` boxes bounded, whichever comes first (a work budget gives the
+    same answer on any machine and load)."""
     start = time.perf_counter()
     t = as_table(t)
     value = float(relu_sum_objective(t).upper())
@@ -579,7 +582,8 @@ def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0
         note += f"; strictly convex within ±{radius:g} of the table's knots (interval Hessian)"
     while heap:
         low = heap[0][0]
-        if value - low <= target_gap * value or time.perf_counter() - start > budget_s:
+        if value - low <= target_gap * value or time.perf_counter() - start > budget_s or (
+                max_boxes is not None and count >= max_boxes):
             break
         _, _, lo, hi = heapq.heappop(heap)
         widths = [float((b - a).upper()) * scale for a, b, scale in zip(lo, hi, J.split_scale)]

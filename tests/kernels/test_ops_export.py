@@ -19,6 +19,7 @@ from approxbp.kernels.ops import SPECS, spec_of
 
 LOAD = """
 import json, sys, torch
+torch.set_num_threads(int(sys.argv[3]))  # the parent's: CPU reductions round by how they are split over threads
 import approxbp.kernels  # registers the ops; builds no drop-in
 ep = torch.export.load(sys.argv[1])
 x = torch.load(sys.argv[2]).requires_grad_(True)
@@ -28,13 +29,15 @@ print(json.dumps(x.grad.flatten().tolist()))
 
 
 def assert_same_gradients_in_a_fresh_process(model, x, tmp_path):
-    """torch.export the model, save it, load and run it where only approxbp.kernels was imported (LOAD): the
-    input gradient must equal this process's bit for bit."""
+    """torch.export the model, save it, load and run it where only approxbp.kernels was imported (LOAD), with this
+    process's thread count (the claim is the same program on the same inputs under the same settings): the input
+    gradient must equal this process's bit for bit."""
     torch.export.save(torch.export.export(model, (x,)), tmp_path / "model.pt2")
     torch.save(x, tmp_path / "x.pt")
     xi = x.clone().requires_grad_(True)
     model(xi).square().sum().backward()
-    r = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "model.pt2"), str(tmp_path / "x.pt")],
+    r = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "model.pt2"), str(tmp_path / "x.pt"),
+                        str(torch.get_num_threads())],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.splitlines()[-1]) == xi.grad.flatten().tolist()

@@ -58,3 +58,44 @@ def test_a_spec_is_shared_by_copies_and_pickles_as_its_table():
         again = pickle.loads(pickle.dumps(spec))
         assert again.key == spec.key and again.module is spec.module
         assert type(pickle.loads(pickle.dumps(module))).__name__ == type(module).__name__
+
+
+def test_a_pickle_refuses_a_table_file_that_changed_since(tmp_path):
+    """A pickled drop-in loaded whatever its table file held at load time: saved with a silu k = 2 table, the file
+    overwritten by a k = 4 table and re-exported, torch.load gave 4 bits per element without a word."""
+    import pickle
+
+    from _helpers import exported
+    from approxbp.approximations import tables as T
+    from approxbp.kernels import ReLUSumActivation
+
+    path = exported(T.load("relu_sum/silu-k2-primitive") | {"activation": "mine"}, tmp_path / "t.json")
+    saved = pickle.dumps(ReLUSumActivation(str(path)))
+    assert pickle.loads(saved).spec.bits == 2  # unchanged: loads
+    exported(T.load("relu_sum/silu-k4-primitive") | {"activation": "mine"}, path)
+    with pytest.raises(RuntimeError, match="was saved with .*another table"):
+        pickle.loads(saved)
+
+
+def test_a_packaged_name_never_resolves_to_the_working_directory(tmp_path, monkeypatch):
+    """A folder relu_sum/ with a table and a crafted _generated/ module in the working directory ran on
+    patch_model(m, bits=3); packaged names resolve to the package, and a user's module runs only after its
+    TABLE_SHA256 is read from its text and matches."""
+    from approxbp.approximations import tables as T
+    from approxbp.kernels import ReLUSumActivation
+    from approxbp.kernels.modules import kernel_dir, module_path
+
+    name = "relu_sum/gelu-k3-primitive"
+    local = tmp_path / f"{name}.json"
+    local.parent.mkdir()
+    local.write_text(T.resolve(name).read_text())
+    marker = tmp_path / "ran"
+    crafted = module_path(local, "relu-sum")
+    crafted.parent.mkdir()
+    crafted.write_text(f"open({str(marker)!r}, 'w').write('x')\nTABLE_SHA256 = 'no'\n")
+    monkeypatch.chdir(tmp_path)
+    assert T.resolve(name) == T.data_dir() / f"{name}.json" and kernel_dir(name) != crafted.parent
+    assert ReLUSumActivation(name).spec.path == T.data_dir() / f"{name}.json"
+    with pytest.raises(RuntimeError, match="checked without running it"):
+        ReLUSumActivation(f"./{name}.json")  # the local file, asked for explicitly: its module is refused unread
+    assert not marker.exists()
