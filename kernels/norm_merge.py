@@ -170,7 +170,42 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
     # what unmerge_norm needs (kept outside the module tree: no parameters, no state-dict keys)
     swaps.mark_merged(ms, norm, [m for m, _, _ in merged], created)
     ms._register_state_dict_hook(_warn_merged_layout)
+    ms.register_forward_pre_hook(_refuse_training_merged_consumers)
     return ms
+
+
+def _refuse_training_merged_consumers(ms: nn.Module, args) -> None:
+    """Merging is exact only while nothing of it trains: consumers unfrozen after it (``requires_grad_(True)`` for
+    full fine-tuning) would train W·diag α in place of W and α. Refused in every forward that records a graph."""
+    if not torch.is_grad_enabled():
+        return
+    norm, consumers, _ = swaps.merged(ms)
+    if any(p.requires_grad for c in consumers for p in c.parameters(recurse=False)):
+        raise RuntimeError(f"{type(norm).__name__} is merged into frozen consumers (eq. 58), which now require grad: "
+                           "training would optimise W·diag α instead of W and α. unpatch(model) before unfreezing "
+                           "it, then patch_model again (trainable models keep the norm's α, β)")
+
+
+def refuse_stock_state_dicts(model: nn.Module) -> None:
+    """Make ``model.load_state_dict`` refuse a stock-layout state dict (one holding a merged norm's weight) before it
+    loads anything: its consumer weights are unscaled, and ``strict=False`` would load them into merged consumers
+    without a word. Registered once per model; it checks the norms merged at load time."""
+    if model.__dict__.get("_approxbp_refuses_stock_layout"):
+        return
+    model.__dict__["_approxbp_refuses_stock_layout"] = True
+    model.register_load_state_dict_pre_hook(_refuse_stock_layout)
+
+
+def _refuse_stock_layout(module, state_dict, prefix, *args) -> None:
+    for name, m in module.named_modules():
+        record = swaps.merged(m)
+        if record is None:
+            continue
+        keys = [f"{prefix}{name}.{k}" for k, _ in record[0].named_parameters(recurse=False)]
+        if any(k in state_dict for k in keys):
+            raise RuntimeError(f"this state dict has the stock layout ({keys[0]} is there), but {name or 'a norm'} "
+                               "is merged into its consumers, whose weights are scaled (eq. 58): load it into the "
+                               "stock model, or unpatch(model), load, and patch_model again")
 
 
 def _warn_merged_layout(module, state_dict, prefix, local_metadata) -> None:
@@ -200,4 +235,6 @@ def unmerge_norm(ms: MSLayerNorm) -> nn.Module:
         elif lin.bias is not None and beta is not None:
             lin.bias.copy_((lin.bias.double() - W @ beta.double().to(W.device)).to(lin.bias.dtype))
         lin.weight.copy_(W.to(lin.weight.dtype))
-    return norm
+    weight = consumers[0].weight  # the model was moved or cast since the merge (.to(device), .half()): so is the norm
+    cast = weight.dtype if weight.dtype != swaps.merged_dtype(ms) else None
+    return norm.to(device=weight.device, dtype=cast)

@@ -17,7 +17,15 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import swaps
-from .norm_merge import AffineInputLinear, NormInputLinear, is_mergeable_norm, keep_affine, merge_norm, norm_dim_eps
+from .norm_merge import (
+    AffineInputLinear,
+    NormInputLinear,
+    is_mergeable_norm,
+    keep_affine,
+    merge_norm,
+    norm_dim_eps,
+    refuse_stock_state_dicts,
+)
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
 #: stays optional) → the registry activation whose tables replace them. nn.GELU is looked up with its
@@ -411,6 +419,7 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
         for c in base:
             undo.keep_linear(modules[c])
         ms = merge_norm(norm, [modules[c] for c in base])
+        refuse_stock_state_dicts(model)
         _replace(model, modules, name, ms, undo)
         _wrap_adapters(model, modules, norm, adapters, undo)
         report.norms.append(f"{name} → {type(ms).__name__} merged into {base}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-_REPLACED, _MERGED, _KEPT_AFFINE = "replaced", "merged_from", "kept_affine"
+_REPLACED, _MERGED, _KEPT_AFFINE, _MERGED_DTYPE = "replaced", "merged_from", "kept_affine", "merged_dtype"
 
 
 def mark_replaced(new: nn.Module, old: nn.Module) -> None:
@@ -19,8 +19,15 @@ def replaced(module: nn.Module) -> nn.Module | None:
 
 
 def mark_merged(ms: nn.Module, norm: nn.Module, consumers: list, created: list) -> None:
-    """``ms`` is ``norm`` with its affine folded into ``consumers`` (``created``: biases made for it)."""
+    """``ms`` is ``norm`` with its affine folded into ``consumers`` (``created``: biases made for it); the
+    consumers' dtype then is kept too (a cast of the model since, ``.half()``, is applied to ``norm`` on unmerging)."""
     ms.__dict__[_MERGED] = (norm, consumers, created)
+    ms.__dict__[_MERGED_DTYPE] = consumers[0].weight.dtype
+
+
+def merged_dtype(ms: nn.Module):
+    """The consumers' weight dtype when ``ms`` was merged."""
+    return ms.__dict__.get(_MERGED_DTYPE)
 
 
 def merged(module: nn.Module) -> tuple | None:
