@@ -95,6 +95,7 @@ def _parser_fit(sub, add) -> None:
     inv.add_argument("--seed", type=int, default=0, help="with --form sr: the search's seed")
     inv.add_argument("--out", type=Path, default=None, help="table path (None: print only)")
     inv.add_argument("--force", action="store_true", help="with --out: replace an existing file")
+    _no_progress(inv)
 
 
 def _parser_sweep(sub, add) -> None:
@@ -283,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError, RuntimeError) as err:
         print(f"approxbp: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # files are written atomically: an interrupted command leaves none half-written
+        print("approxbp: interrupted (files are written whole or not at all)", file=sys.stderr)
+        return 130
 
 
 def _progress(args) -> bool:

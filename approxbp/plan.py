@@ -313,15 +313,7 @@ def model_spec(text: str) -> Callable[[], tuple[nn.Module, Callable[[int, int], 
     model type with sizes (``llama:hidden=4096,layers=32,heads=32,intermediate=11008,vocab=32000``), or
     ``module:package.module:factory`` (the factory returns the model, or (model, inputs(batch, seq)))."""
     if text.startswith("module:"):
-        _, mod, fn = text.split(":", 2)
-        factory = getattr(importlib.import_module(mod), fn)
-
-        def build():
-            made = factory()
-            if isinstance(made, tuple):
-                return made
-            return made, lambda b, n: {"input": torch.randn(b, n, _width(made))}
-        return build
+        return _factory_spec(text)
     import transformers
 
     if Path(text).suffix == ".json":
@@ -336,8 +328,12 @@ def model_spec(text: str) -> Callable[[], tuple[nn.Module, Callable[[int, int], 
             key, sep, value = item.partition("=")
             if not sep:
                 raise ValueError(f"{text}: expected key=value, got {item!r}")
-            fields[CONFIG_KEYS.get(key.strip(), key.strip())] = json.loads(value)
-    config = transformers.AutoConfig.for_model(kind, **fields)
+            fields[CONFIG_KEYS.get(key.strip(), key.strip())] = _config_value(value)
+    try:
+        config = transformers.AutoConfig.for_model(kind, **fields)
+    except Exception as err:  # noqa: BLE001 - transformers' own validation errors, said in one line
+        cause = " ".join(str(err).split())
+        raise ValueError(f"{text}: transformers refused this config: {cause[-300:]}") from None
 
     def build():
         vision = hasattr(config, "image_size") and hasattr(config, "patch_size")
@@ -350,6 +346,42 @@ def model_spec(text: str) -> Callable[[], tuple[nn.Module, Callable[[int, int], 
             images.ignores_seq = True  # the sequence is the image's patches
             return model, images
         return model, lambda b, n: {"input_ids": torch.zeros(b, n, dtype=torch.long)}
+    return build
+
+
+def _config_value(value: str):
+    """A config value as written after ``key=``: JSON (numbers, true, "text", lists), else the bare text
+    (``hidden_act=relu``)."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value.strip()
+
+
+def _factory_spec(text: str):
+    """``module:package.module:factory`` → a builder; import and type errors are said in one line."""
+    parts = text.split(":", 2)
+    if len(parts) != 3 or not all(parts[1:]):
+        raise ValueError(f"{text}: expected module:package.module:factory")
+    _, mod, fn = parts
+    try:
+        factory = getattr(importlib.import_module(mod), fn)
+    except ImportError as err:
+        raise ValueError(f"{text}: cannot import {mod} ({err})") from None
+    except AttributeError:
+        raise ValueError(f"{text}: {mod} has no {fn}") from None
+    if not callable(factory):
+        raise TypeError(f"{text}: {mod}.{fn} is not callable")
+
+    def build():
+        made = factory()
+        model = made[0] if isinstance(made, tuple) and made else made
+        if not isinstance(model, nn.Module) or (isinstance(made, tuple) and (len(made) != 2 or not callable(made[1]))):
+            raise TypeError(f"{text}: the factory must return an nn.Module or (model, inputs(batch, seq)), got "
+                            f"{type(made).__name__}")
+        if isinstance(made, tuple):
+            return made
+        return made, lambda b, n: {"input": torch.randn(b, n, _width(made))}
     return build
 
 

@@ -186,6 +186,8 @@ def _validate_invact(t: dict, where: str) -> None:
         b = _need(t, side, dict, where)
         _need(b, "expression", str, f"{where} {side}")
         coeffs = _need(b, "coefficients", dict, f"{where} {side}")
+        if len(coeffs) > MAX_COEFFICIENTS:
+            _fail(where, f"{side}.coefficients", f"{len(coeffs)} coefficients; a form has at most {MAX_COEFFICIENTS}")
         if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
                    for v in coeffs.values()):
             _fail(where, f"{side}.coefficients", "must map names to finite numbers")
@@ -205,7 +207,8 @@ def _validate_invact(t: dict, where: str) -> None:
     if "combined" in t:  # q(y, b), b = 1 on the left branch: one evaluation for both branches (the fast form)
         c = _need(t, "combined", dict, where)
         _need(c, "expression", str, f"{where} combined")
-        _need(c, "coefficients", dict, f"{where} combined")
+        if len(_need(c, "coefficients", dict, f"{where} combined")) > MAX_COEFFICIENTS:
+            _fail(where, "combined.coefficients", f"a form has at most {MAX_COEFFICIENTS} coefficients")
         try:
             Form.from_table(c, ("y", "b"))
         except ValueError as err:
@@ -331,9 +334,19 @@ def resolve(path: str | Path, family: str | None = None) -> Path:
     return p
 
 
+#: The largest table file read (the packaged ones are under 20 KiB): a hostile file cannot make reading it slow.
+MAX_TABLE_BYTES = 1 << 20
+#: The most coefficients one InvAct form may name (the packaged forms have under 40).
+MAX_COEFFICIENTS = 256
+
+
 def read_json(path: str | Path) -> dict:
-    """A table file's JSON object, unvalidated (:func:`load` validates; :func:`header` checks what run time needs)."""
+    """A table file's JSON object, unvalidated (:func:`load` validates; :func:`header` checks what run time needs).
+    Files over :data:`MAX_TABLE_BYTES` are refused unread."""
     p = resolve(path)
+    size = p.stat().st_size
+    if size > MAX_TABLE_BYTES:
+        raise TableError(f"{p}: {size} bytes; a coefficient table is at most {MAX_TABLE_BYTES} bytes")
     try:
         t = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:

@@ -170,13 +170,15 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
     # what unmerge_norm needs (kept outside the module tree: no parameters, no state-dict keys)
     swaps.mark_merged(ms, norm, [m for m, _, _ in merged], created)
     ms._register_state_dict_hook(_warn_merged_layout)
-    ms.register_forward_pre_hook(_refuse_training_merged_consumers)
+    if not any(p.requires_grad for lin, _, _ in merged for p in lin.parameters(recurse=False)):
+        ms.register_forward_pre_hook(_refuse_training_merged_consumers)  # frozen now: must stay frozen
     return ms
 
 
 def _refuse_training_merged_consumers(ms: nn.Module, args) -> None:
-    """Merging is exact only while nothing of it trains: consumers unfrozen after it (``requires_grad_(True)`` for
-    full fine-tuning) would train W·diag α in place of W and α. Refused in every forward that records a graph."""
+    """Merging frozen consumers is exact only while they stay frozen: unfrozen after it (``requires_grad_(True)``
+    for full fine-tuning) they would train W·diag α in place of W and α. Refused in every forward that records a
+    graph. (Consumers that were trainable when merged were merged on purpose, by a direct call: left alone.)"""
     if not torch.is_grad_enabled():
         return
     norm, consumers, _ = swaps.merged(ms)

@@ -129,10 +129,7 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
     max(1, max|output|)) undoes the patch and raises; ``check=False`` skips that comparison (the planner patches
     fake tensors, which have no values)."""
     if plan is not None:
-        plan = plan if isinstance(plan, dict) else json.loads(Path(plan).read_text())
-        activation = {path: T.resolve(layer["table"]) if layer.get("table") else "exact"
-                      for path, layer in plan["layers"].items()}
-        norm = bool(plan["ms_norm"]["chosen"])
+        activation, norm = _plan_choices(plan, model)
     if not (activation in ACTIVATIONS or isinstance(activation, dict) or _is_table(activation)):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, a table path or a mapping, got {activation!r}")
 
@@ -181,6 +178,40 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
         undo.rollback()
         raise
     return report
+
+
+def _plan_choices(plan, model: nn.Module) -> tuple[dict, bool]:
+    """An ``approxbp plan`` (JSON file or dict) → ({module path in ``model``: table path or "exact"}, MS-norms on).
+    The plan's layer paths are matched to the model's activation modules as they are or as a suffix (peft wraps
+    the planned model as ``base_model.model.…``); each must match exactly one, and every activation of the model
+    must be in the plan, else it was made for another model and is refused. Malformed plans are refused by field."""
+    where = "plan" if isinstance(plan, dict) else str(plan)
+    if not isinstance(plan, dict):
+        try:
+            plan = json.loads(Path(plan).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{where}: not a readable plan JSON file ({err})") from None
+    layers, ms = (plan.get("layers"), plan.get("ms_norm")) if isinstance(plan, dict) else (None, None)
+    if not isinstance(layers, dict) or not all(isinstance(v, dict) and isinstance(v.get("table"), str | None)
+                                               for v in layers.values()):
+        raise ValueError(f"{where}: 'layers' must map module paths to {{'table': a table name or null, …}}, as "
+                         "`approxbp plan --out` writes it")
+    if not isinstance(ms, dict) or not isinstance(ms.get("chosen"), bool):
+        raise ValueError(f"{where}: 'ms_norm' must be {{'chosen': true or false, …}}, as `approxbp plan --out` "
+                         "writes it")
+    ours = [n for n, m in model.named_modules() if _class_key(m) in ACTIVATION_CLASSES]
+    chosen, unmatched = {}, []
+    for path, layer in layers.items():
+        hits = [n for n in ours if n == path or n.endswith("." + path)]
+        if len(hits) != 1:
+            unmatched.append(f"{path} ({'no' if not hits else len(hits)} matching activation modules)")
+            continue
+        chosen[hits[0]] = T.resolve(layer["table"]) if layer["table"] else "exact"
+    missing = [n for n in ours if n not in chosen]
+    if unmatched or missing:
+        raise ValueError(f"{where} was made for another model: {len(layers)} planned layers, {len(ours)} activation "
+                         f"modules here; unmatched in the plan: {unmatched[:3]}; not in the plan: {missing[:3]}")
+    return chosen, ms["chosen"]
 
 
 def _computes_differently(old: nn.Module, new: nn.Module, checked: dict) -> str | None:

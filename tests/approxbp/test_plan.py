@@ -74,7 +74,7 @@ def test_a_plan_applies_through_patch_model_and_saves_what_it_said(tmp_path):
         model = P.prepare(model, "bf16")
     x = {k: v for k, v in inputs(2, 16).items()}
     report = patch_model(model, plan=path, example_input=x)
-    assert len(report.norms) == (4 if chosen.ms_norm["chosen"] else 0) + (1 if chosen.ms_norm["chosen"] else 0)
+    assert len(report.norms) == (4 if chosen.ms_norm["chosen"] else 0)  # the final norm is the last hidden state
     assert P.measure(model, x, "bf16").activations == chosen.after["activations"]
 
 
@@ -197,3 +197,37 @@ def test_planning_leaves_no_fake_tensor_in_shared_caches():
     x = torch.randn(64, requires_grad=True)
     ReGELU2()(x).sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_path):
+    """A plan made with --mode lora was dropped whole on a real peft model (its paths start base_model.model.…,
+    every choice 'not in the activation mapping'); a plan for another model was accepted; malformed plans raised
+    KeyError/TypeError/AttributeError."""
+    peft = pytest.importorskip("peft")
+    made = P.plan(LLAMA, batch=2, seq=16, mode="lora")
+    path = tmp_path / "plan.json"
+    path.write_text(made.to_json())
+    chosen = [p for p, layer in made.layers.items() if layer["table"]]
+    assert chosen
+
+    def build(text=LLAMA):
+        torch.manual_seed(0)
+        model, inputs = P.model_spec(text)()
+        return model, inputs(2, 16)
+
+    model, x = build()
+    model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    report = patch_model(model, plan=path, example_input=x)
+    assert len(report.activations) == len(chosen), report
+    assert all(a.startswith("base_model.model.") for a in report.activations)
+    for other in (LLAMA.replace("layers=2", "layers=4"), "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100"):
+        model, x = build(other)
+        with pytest.raises(ValueError, match="made for another model"):
+            patch_model(model, plan=path, example_input=x)
+    model, x = build()
+    for bad, field in (({}, "layers"), ({"layers": {"a": 1}}, "layers"), ({"layers": {}, "ms_norm": None}, "ms_norm"),
+                       ("[1, 2", "not a readable plan")):
+        p = tmp_path / "bad.json"
+        p.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+        with pytest.raises(ValueError, match=field):
+            patch_model(model, plan=p)

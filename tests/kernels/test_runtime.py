@@ -96,6 +96,6 @@ def test_a_packaged_name_never_resolves_to_the_working_directory(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert T.resolve(name) == T.data_dir() / f"{name}.json" and kernel_dir(name) != crafted.parent
     assert ReLUSumActivation(name).spec.path == T.data_dir() / f"{name}.json"
-    with pytest.raises(RuntimeError, match="checked without running it"):
+    with pytest.raises(RuntimeError, match="read without running it"):
         ReLUSumActivation(f"./{name}.json")  # the local file, asked for explicitly: its module is refused unread
     assert not marker.exists()
