@@ -577,6 +577,8 @@ def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = 
 
 #: --maximize seq_len searches multiples of this many tokens.
 SEQ_GRAIN = 64
+#: --maximize probes batch sizes and sequence lengths up to this (a larger one is no device's step).
+MAX_PROBE = 1 << 20
 
 
 def maximize(model_text: str, what: str, batch: int, seq: int, mode: str, budget: int, lora_r: int = 8,
@@ -602,6 +604,9 @@ def maximize(model_text: str, what: str, batch: int, seq: int, mode: str, budget
     grain = 1 if what == "batch" else SEQ_GRAIN
     lo, hi = 0, max(grain, (batch if what == "batch" else seq) // grain * grain)
     while fits(hi):
+        if hi >= MAX_PROBE:
+            raise ValueError(f"--budget {size(budget)} fits {what} = {hi} and beyond: it bounds nothing this planner "
+                             f"measures (sizes up to {MAX_PROBE}); give a device's memory, e.g. 80GiB")
         lo, hi = hi, 2 * hi
     while hi - lo > grain:
         mid = (lo + hi) // 2 // grain * grain

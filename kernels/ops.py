@@ -45,7 +45,16 @@ def spec_key(family: str, sha256: str, path, kernels_dir: str | None) -> str:
     from approxbp.approximations.tables import packaged_name
 
     source = packaged_name(path) or str(Path(path).resolve())
-    return f"{family}:{sha256}:{source}" + (f"@{kernels_dir}" if kernels_dir else "")
+    return f"{family}:{sha256}:{_escape(source)}" + (f"@{_escape(kernels_dir)}" if kernels_dir else "")
+
+
+def _escape(text: str) -> str:
+    """``%`` and ``@`` percent-encoded, so that ``@`` in a key only ever separates the kernels folder."""
+    return text.replace("%", "%25").replace("@", "%40")
+
+
+def _unescape(text: str) -> str:
+    return text.replace("%40", "@").replace("%25", "%")
 
 
 def spec_of(key: str):
@@ -54,7 +63,8 @@ def spec_of(key: str):
     spec = SPECS.get(key)
     if spec is None:
         family, sha, source = key.split(":", 2)
-        source, _, kernels_dir = source.rpartition("@") if "@" in source else (source, "", "")
+        source, _, kernels_dir = source.partition("@")
+        source, kernels_dir = _unescape(source), _unescape(kernels_dir)
         if family == "relu-sum":
             from .relu_sum import ReLUSumSpec as make
         else:

@@ -93,3 +93,69 @@ def test_the_verdicts_live_in_reproduce_and_fail_loudly():
     assert bdia_verdict({"quantised": 1e-9, "plain": 3.0}) == ("BDIA", False)
     assert verdict([("a", True), ("b", True)]) == (True, "all 2 rows match or beat the papers")
     assert verdict([("a", True), ("b", False)]) == (False, "FAILED: b")
+
+
+LLAMA_TINY = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", LLAMA_TINY.replace("hidden=64", "hidden=63")], "transformers refused this config"),
+    (["plan", "module:os:getcwd"], "must return an nn.Module"),
+    (["plan", "module:nosuch.module:f"], "cannot import nosuch.module"),
+    (["plan", "module:os:nope"], "os has no nope"),
+    (["plan", "module:os"], "expected module:package.module:factory"),
+])
+def test_bad_models_are_refused_in_one_line(argv, says, capsys):
+    """Each of these printed a traceback."""
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_bare_config_string_is_taken_as_text():
+    """hidden_act=relu said 'Expecting value: line 1 column 1' without naming the key."""
+    from approxbp import plan as P
+
+    model, _ = P.model_spec(LLAMA_TINY + ",hidden_act=relu")()
+    assert model.config.hidden_act == "relu"
+
+
+@pytest.mark.slow
+def test_maximize_under_an_unbounded_budget_says_so(capsys):
+    """--budget 1e30 --maximize batch doubled the batch until a fake tensor's size overflowed."""
+    assert main(["plan", LLAMA_TINY, "--seq", "16", "--budget", "1e30", "--maximize", "batch", "--no-progress"]) == 2
+    assert "bounds nothing" in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_a_command_in_one_line(monkeypatch, capsys):
+    """Ctrl-C during `fit` printed a KeyboardInterrupt traceback."""
+    import approxbp.cli as cli
+
+    def interrupted(args, argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "fit", (cli.COMMANDS["fit"][0], interrupted))
+    assert main(["fit", "relu-sum", "--activation", "gelu", "--bits", "2"]) == 130
+    assert capsys.readouterr().err.strip() == "approxbp: interrupted (files are written whole or not at all)"
+
+
+def test_fit_invact_takes_no_progress_as_fit_relu_sum_does():
+    from approxbp.cli import build_parser
+
+    for family in ("relu-sum --bits 2", "invact"):
+        args = build_parser().parse_args(["fit", *family.split(), "--activation", "gelu", "--no-progress"])
+        assert args.no_progress
+
+
+def test_a_huge_table_is_refused_unread(tmp_path):
+    """A table with 200 000 extra coefficients took over 120 s to load."""
+    from _helpers import table_json, write_json
+
+    t = table_json("invact/gelu-fast")
+    t["right"]["coefficients"] |= {f"c{i}": 1.0 for i in range(200_000)}
+    with pytest.raises(T.TableError, match="at most 1048576 bytes"):
+        T.load(write_json(tmp_path, t))
+    t = table_json("invact/gelu-fast")
+    t["right"]["coefficients"] |= {f"c{i}": 1.0 for i in range(300)}
+    with pytest.raises(T.TableError, match="at most 256"):
+        T.load(write_json(tmp_path, t))

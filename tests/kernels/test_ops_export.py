@@ -81,6 +81,20 @@ def test_a_key_rebuilds_its_spec_and_refuses_a_changed_table(tmp_path):
         spec_of(key)
 
 
+
+def test_an_at_sign_or_percent_in_the_table_or_kernels_folder_survives_the_key(tmp_path):
+    """spec_of split keys at '@', so a table folder named like 'runs@v2' broke torch.export'ed programs."""
+    folder, kernels = tmp_path / "runs@v2 %40", tmp_path / "k@ernels"
+    folder.mkdir()
+    path = exported(T.load("relu_sum/silu-k2-derivative") | {"activation": "mine"}, folder / "t.json", kernels)
+    module = ReLUSumActivation(path, kernels_dir=kernels)
+    key = module.spec.key
+    del SPECS[key]
+    again = spec_of(key)
+    assert again.path == path.resolve() and again.kernels_dir == str(kernels.resolve())
+    assert_same_gradients_in_a_fresh_process(torch.nn.Sequential(torch.nn.Linear(4, 4), module), torch.randn(3, 4),
+                                             tmp_path)
+
 # ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
 
 
