@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from . import swaps
+from .norm_forms import NormForm, is_norm_candidate, norm_form
 from .norms import MSLayerNorm, MSRMSNorm
 
 
@@ -85,45 +86,54 @@ class NormInputLinear(nn.Linear):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         norm = self.__dict__["norm"]
         weight = self.weight.t() if self.transposed else self.weight
-        return _NormInputLinearFn.apply(z, weight, self.bias, norm.weight, getattr(norm, "bias", None))
+        alpha = norm.weight
+        if alpha is not None and getattr(norm, "alpha_offset", 0.0):  # Gemma's 1 + w: its gradient still reaches w
+            alpha = alpha + norm.alpha_offset
+        return _NormInputLinearFn.apply(z, weight, self.bias, alpha, getattr(norm, "bias", None))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (", Conv1D" if self.transposed else "") + ", input α⊙z + β"
 
 
-# Hugging Face RMSNorms whose forward is weight · x/rms(x) (not Gemma's (1 + weight)); matched by class name so
-# that transformers stays optional
+#: Kept for callers of 0.1: the class names the rewrite once matched. Norms are now proven by what they compute
+#: (:func:`.norm_forms.norm_form`); no name list gates the rewrite.
 HF_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
 
 
+def proven_form(norm: nn.Module) -> NormForm:
+    """The norm's proven :class:`NormForm`, or a TypeError saying why it has none."""
+    form = norm_form(norm) if is_norm_candidate(norm) else f"{type(norm).__name__} is not a norm module"
+    if isinstance(form, str):
+        raise TypeError(f"{type(norm).__name__} cannot become an MS-norm: {form}")
+    return form
+
+
 def norm_dim_eps(norm: nn.Module) -> tuple[int, float]:
-    """(the normalised size, eps) of a mergeable norm; refuses norms over several trailing dimensions."""
-    if isinstance(norm, nn.LayerNorm | nn.RMSNorm):
-        shape = tuple(norm.normalized_shape) if isinstance(norm.normalized_shape, tuple | list) else (
-            norm.normalized_shape,)
-        if len(shape) != 1:
-            raise ValueError(f"MS-norms normalise over the last dimension only; {norm} normalises over {shape}")
-        dim, eps = shape[0], norm.eps
-    else:
-        dim, eps = norm.weight.shape[-1], getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    return dim, eps
+    """(the normalised size, eps) of a norm proven to be a LayerNorm/RMSNorm form."""
+    form = proven_form(norm)
+    return form.dim, form.eps
+
+
+def _ms_norm_of(form: NormForm) -> MSLayerNorm:
+    ms = (MSLayerNorm if form.center else MSRMSNorm)(form.dim, form.eps)
+    ms.alpha_offset = form.offset  # NormInputLinear applies α = offset + w
+    return ms
 
 
 def keep_affine(norm: nn.Module, consumers: list[nn.Module]) -> tuple[MSLayerNorm, list[NormInputLinear]]:
     """The non-reparameterising MS-norm (the default for trainable models): the norm becomes an MS-norm that
-    returns z and holds the norm's own α (``weight``) and β (``bias``) Parameters under their stock names, and
-    every consumer becomes a :class:`NormInputLinear` that applies them. The function computed, every gradient
-    and the state dict are the stock model's; z is saved once for the norm and all its consumers."""
-    if not is_mergeable_norm(norm):
-        raise TypeError(f"keep_affine handles nn.LayerNorm, nn.RMSNorm and {sorted(HF_RMS_NORMS)}, got {type(norm)}")
-    dim, eps = norm_dim_eps(norm)
-    ms = (MSLayerNorm if isinstance(norm, nn.LayerNorm) else MSRMSNorm)(dim, eps)
+    returns z and holds the norm's own ``weight`` and ``bias`` Parameters under their stock names, and every
+    consumer becomes a :class:`NormInputLinear` that applies α = offset + w and β = b (the norm's proven form).
+    The function computed, every gradient and the state dict are the stock model's; z is saved once for the norm
+    and all its consumers."""
+    form = proven_form(norm)
+    ms = _ms_norm_of(form)
     wrapped = [NormInputLinear(c, ms) for c in consumers]
     for c, w in zip(consumers, wrapped):
-        if w.in_features != dim:
-            raise ValueError(f"consumer {c} must read {dim} features")
+        if w.in_features != form.dim:
+            raise ValueError(f"consumer {c} must read {form.dim} features")
         swaps.mark_replaced(w, c)
-    ms.weight = norm.weight  # Parameters (or None): the same objects, the same state-dict keys
+    ms.weight = getattr(norm, "weight", None)  # Parameters (or None): the same objects, the same state-dict keys
     if hasattr(norm, "bias"):
         ms.bias = norm.bias
     swaps.mark_replaced(ms, norm)  # for unpatch: no arithmetic to undo
@@ -132,24 +142,25 @@ def keep_affine(norm: nn.Module, consumers: list[nn.Module]) -> tuple[MSLayerNor
 
 
 def is_mergeable_norm(module: nn.Module) -> bool:
-    return isinstance(module, nn.LayerNorm | nn.RMSNorm) or type(module).__name__ in HF_RMS_NORMS
+    """Whether ``module`` is proven to compute a LayerNorm/RMSNorm form (:func:`.norm_forms.norm_form`)."""
+    return is_norm_candidate(module) and not isinstance(norm_form(module), str)
 
 
 @torch.no_grad()
 def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
     """Fold the norm's affine into every consumer Linear in place (eq. 58) and return the MS-norm that
     replaces it. Several consumers (e.g. q, k, v) all get merged; the function computed is unchanged.
-    Accepts nn.LayerNorm, nn.RMSNorm and the Hugging Face RMSNorms in ``HF_RMS_NORMS``."""
+    Accepts any module proven to compute a LayerNorm/RMSNorm form (:func:`.norm_forms.norm_form`)."""
     if not consumers:
         raise ValueError("merge_norm needs at least one consumer nn.Linear")
-    if not is_mergeable_norm(norm):
-        raise TypeError(f"merge_norm handles nn.LayerNorm, nn.RMSNorm and {sorted(HF_RMS_NORMS)}, got {type(norm)}")
-    dim, eps = norm_dim_eps(norm)
+    form = proven_form(norm)
+    dim = form.dim
     for lin in consumers:
         if not isinstance(lin, nn.Linear) or lin.in_features != dim:
             raise ValueError(f"consumer {lin} must be an nn.Linear with in_features={dim}")
-    alpha = norm.weight if norm.weight is not None else torch.ones(dim)
-    beta = getattr(norm, "bias", None)
+    alpha = form.alpha(norm)
+    alpha = torch.ones(dim) if alpha is None else alpha
+    beta = form.beta(norm)
     merged = []  # everything is computed before anything is written: an error leaves the consumers untouched
     for lin in consumers:
         W = lin.weight.double()
@@ -165,8 +176,7 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
             lin.bias = nn.Parameter(b, requires_grad=lin.weight.requires_grad)
         elif b is not None:
             lin.bias.copy_(b.to(lin.bias.dtype))
-    cls = MSLayerNorm if isinstance(norm, nn.LayerNorm) else MSRMSNorm
-    ms = cls(dim, eps)
+    ms = _ms_norm_of(form)
     # what unmerge_norm needs (kept outside the module tree: no parameters, no state-dict keys)
     swaps.mark_merged(ms, norm, [m for m, _, _ in merged], created)
     ms._register_state_dict_hook(_warn_merged_layout)
@@ -226,7 +236,8 @@ def unmerge_norm(ms: MSLayerNorm) -> nn.Module:
     if swaps.merged(ms) is None:
         raise ValueError(f"{ms} was not made by merge_norm")
     norm, consumers, created = swaps.merged(ms)
-    alpha = norm.weight.double() if norm.weight is not None else None
+    alpha = proven_form(norm).alpha(norm)
+    alpha = None if alpha is None else alpha.double()
     if alpha is not None and bool((alpha == 0).any()):
         raise ValueError("cannot unmerge: the norm's weight α has zeros")
     beta = getattr(norm, "bias", None)

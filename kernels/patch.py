@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import swaps
+from .norm_forms import is_norm_candidate, norm_form
 from .norm_merge import (
     AffineInputLinear,
     NormInputLinear,
@@ -24,6 +25,7 @@ from .norm_merge import (
     keep_affine,
     merge_norm,
     norm_dim_eps,
+    proven_form,
     refuse_stock_state_dicts,
 )
 
@@ -403,6 +405,9 @@ def _shape_query(node) -> bool:
 
 
 def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_input=None) -> None:
+    for name, m in model.named_modules():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
+        if is_norm_candidate(m) and isinstance(why := norm_form(m), str):
+            report.skipped.append(f"{name} ({type(m).__name__}): {why}")
     try:
         found, foreign = _consumers_by_fx(model)
     except Exception as err:  # noqa: BLE001 - any tracing failure: fall back to running the model, or say why
@@ -470,9 +475,6 @@ def _why_not_rewritten(modules: dict, name: str, consumers: list[str], other: se
     norm = modules[name]
     if other or not consumers:
         return "output feeds something other than Linear layers" + (f" ({', '.join(sorted(other))})" if other else "")
-    shape = getattr(norm, "normalized_shape", (None,))
-    if isinstance(shape, tuple | list) and len(shape) != 1:
-        return f"normalises over {tuple(shape)}, not the last dimension alone"
     if hooks := _hooks(norm):
         return f"has {', '.join(hooks)}; rewritten, it would return z, so they would see another tensor"
     for c in consumers:
@@ -544,9 +546,11 @@ def _wrap_new_adapters(model, modules, name, consumers, other, report, undo) -> 
 
 def _wrap_adapters(model, modules, norm, adapters, undo) -> None:
     """LoRA's lora_A: unchanged weight, reads z and applies the norm's α, β itself (AffineInputLinear)."""
-    alpha = norm.weight if norm.weight is not None else torch.ones(norm.normalized_shape)
+    form = proven_form(norm)
+    alpha = form.alpha(norm)
+    alpha = torch.ones(form.dim) if alpha is None else alpha
     for c in adapters:
-        wrapped = AffineInputLinear(modules[c], alpha, getattr(norm, "bias", None))
+        wrapped = AffineInputLinear(modules[c], alpha, form.beta(norm))
         swaps.mark_replaced(wrapped, modules[c])
         _replace(model, modules, c, wrapped, undo)
 
@@ -571,17 +575,29 @@ def _replace(model: nn.Module, modules: dict, name: str, new: nn.Module, undo: _
     undo.setattr(modules[parent_name] if parent_name else model, child, new)
 
 
+class _LeafTracer(torch.fx.Tracer):
+    """torch.fx's tracer, with norms (whatever library defines them) and consumers kept as calls of their module.
+    The leaves are chosen before tracing: while it traces, reading a module's parameter records a graph node."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.leaves = {id(m) for m in model.modules() if _watched(m) or _is_consumer(m)}
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return id(m) in self.leaves or super().is_leaf_module(m, qualname)
+
+
 def _consumers_by_fx(model: nn.Module) -> tuple[dict, dict]:
     """({norm name: (consumer names, other users)}, {consumer: graph nodes that read its parameters outside it})
     from torch.fx.symbolic_trace, over every call site of every norm. A consumer that is also called on something
     else, or that reads two norms, is reported as another user: a rewrite of it would change those calls too."""
-    graph = torch.fx.symbolic_trace(model).graph
+    graph = _LeafTracer(model).trace(model)
     modules = dict(model.named_modules())
     found: dict[str, tuple[list[str], set[str]]] = {}
     foreign: dict[str, set[str]] = {}
     reads: dict[str, list] = {}  # consumer → the norm (or None) each of its call sites reads
     for node in graph.nodes:
-        if node.op == "get_attr":  # a parameter used outside its module (F.linear(z, enc.weight.t()))
+        if node.op == "get_attr" and node.users:  # a parameter used outside its module (F.linear(z, enc.weight.t()))
             owner = str(node.target).rpartition(".")[0]
             if owner in modules and _is_consumer(modules[owner]):
                 foreign.setdefault(owner, set()).add(f"{node.target} read by {sorted(map(str, node.users))}")

@@ -98,7 +98,7 @@ def test_the_knapsack_is_the_least_error_choice_that_fits():
 
 
 @pytest.mark.parametrize("text, message", [("llama:hidden", "expected key=value"), ("nope.json", "No such file"),
-                                           ("llama:hidden=64,layers=x", "Expecting value")])
+                                           ("llama:hidden=64,layers=x", "num_hidden_layers. expected int")])
 def test_bad_model_specs_are_refused(text, message):
     with pytest.raises((ValueError, OSError), match=message):
         P.model_spec(text)

@@ -5,9 +5,8 @@ import copy
 
 import pytest
 import torch
-from torch import nn
-
 from approxbp.kernels import patch_model, patched_state_dict, unpatch
+from torch import nn
 
 
 def _frozen():

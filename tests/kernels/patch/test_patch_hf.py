@@ -3,8 +3,8 @@
 import copy
 
 import pytest
-from _helpers import skips_only_returned_norms
 import torch
+from _helpers import skips_only_returned_norms
 
 transformers = pytest.importorskip("transformers")  # in the [dev] extra, so CI always runs this file
 from approxbp.kernels import MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2  # noqa: E402

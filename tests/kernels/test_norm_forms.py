@@ -1,0 +1,121 @@
+"""Norms are found by what they compute (kernels/norm_forms.py): a float64 probe proves the LayerNorm/RMSNorm form,
+α = w or 1 + w, with or without bias or weight, whatever the class is called; anything else is named with the
+reason. The rewrite then trains and merges exactly as the stock norm does."""
+
+import copy
+
+import pytest
+import torch
+from approxbp.kernels import patch_model, unpatch
+from approxbp.kernels.norm_forms import NormForm, norm_form
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+
+
+class ScaleFreeRMS(nn.Module):
+    """A user's RMSNorm under a name no list knows, eps inside the root as usual."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(d)), 1e-6
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class MaxNorm(nn.Module):
+    """Called a norm, computes no LayerNorm/RMSNorm form."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return self.weight * x / x.abs().amax(-1, keepdim=True)
+
+
+def _hf(module_path, cls, *args):
+    import importlib
+
+    return getattr(importlib.import_module(f"transformers.models.{module_path}"), cls)(*args)
+
+
+@pytest.mark.parametrize("make, center, offset", [
+    (lambda: nn.LayerNorm(8), True, 0.0),
+    (lambda: nn.LayerNorm(8, bias=False), True, 0.0),
+    (lambda: nn.RMSNorm(8), False, 0.0),
+    (lambda: _hf("llama.modeling_llama", "LlamaRMSNorm", 8), False, 0.0),
+    (lambda: _hf("qwen3.modeling_qwen3", "Qwen3RMSNorm", 8), False, 0.0),
+    (lambda: _hf("gemma.modeling_gemma", "GemmaRMSNorm", 8), False, 1.0),
+    (lambda: _hf("t5.modeling_t5", "T5LayerNorm", 8), False, 0.0),
+    (lambda: _hf("nemotron.modeling_nemotron", "NemotronLayerNorm1P", 8), True, 1.0),
+    (lambda: _hf("olmo.modeling_olmo", "OlmoLayerNorm", 8), True, 0.0),
+    (lambda: _hf("cohere.modeling_cohere", "CohereLayerNorm", 8), True, 0.0),
+    (lambda: ScaleFreeRMS(8), False, 0.0),
+], ids=["LayerNorm", "LayerNorm-nobias", "RMSNorm", "Llama", "Qwen3", "Gemma(1+w)", "T5", "Nemotron(1P)",
+        "OLMo(no weight)", "Cohere", "user-class"])
+def test_the_probe_proves_each_form(make, center, offset):
+    form = norm_form(make())
+    assert isinstance(form, NormForm), form
+    assert (form.dim, form.center, form.offset) == (8, center, offset)
+
+
+@pytest.mark.parametrize("module, says", [(MaxNorm(8), "computes none of the norm forms"),
+                                          (nn.LayerNorm((4, 8)), "not the last dimension alone"),
+                                          (nn.GroupNorm(2, 8), "could not be probed")])
+def test_anything_else_is_named_with_the_reason(module, says):
+    assert says in norm_form(module)
+    model = nn.Sequential(module, nn.Linear(8, 4)) if not isinstance(module, nn.LayerNorm) else None
+    if model is not None:
+        report = patch_model(model, activation=None)
+        assert not report.norms and any(says in s for s in report.skipped), report
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+@pytest.mark.parametrize("make", [lambda: _hf("gemma.modeling_gemma", "GemmaRMSNorm", 8),
+                                  lambda: _hf("nemotron.modeling_nemotron", "NemotronLayerNorm1P", 8),
+                                  lambda: ScaleFreeRMS(8)], ids=["Gemma", "Nemotron", "user-class"])
+def test_an_offset_or_unlisted_norm_is_rewritten_exactly(make, frozen):
+    """Gemma's α = 1 + w was patched as α = w by class name (or not at all); Nemotron's LayerNorm1P refused the
+    whole patch. Now rewritten; forward, gradients (trainable) and unpatch match the stock model."""
+    torch.manual_seed(0)
+    stock = nn.Sequential(make(), nn.Linear(8, 6), nn.GELU(), nn.Linear(6, 3)).double()
+    with torch.no_grad():
+        for p in stock[0].parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    stock.requires_grad_(not frozen)
+    model = copy.deepcopy(stock)
+    x = torch.randn(4, 5, 8, dtype=torch.float64)
+    report = patch_model(model, activation=None, example_input=x)
+    assert len(report.norms) == 1 and ("merged into" in report.norms[0]) == frozen, report
+    tol = 1e-6 if "Gemma" in type(stock[0]).__name__ else 1e-12  # Gemma's norm computes in float32 inside
+    torch.testing.assert_close(model(x), stock(x), rtol=tol, atol=tol)
+    if not frozen:
+        model(x).square().sum().backward()
+        stock(x).square().sum().backward()
+        for (n, a), b in zip(model.named_parameters(), stock.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=tol, msg=n)
+    unpatch(model)
+    assert type(model[0]) is type(stock[0])
+    torch.testing.assert_close(model(x), stock(x), rtol=tol, atol=tol)
+
+
+def test_a_gemma_model_gets_its_norms():
+    """Gemma (1 + w RMSNorms, no class on any list) now has its block norms rewritten and trains exactly."""
+    cfg = transformers.AutoConfig.for_model("gemma", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                            num_key_value_heads=1, head_dim=16, intermediate_size=64, vocab_size=50)
+    torch.manual_seed(0)
+    stock = transformers.AutoModelForCausalLM.from_config(cfg).double()
+    with torch.no_grad():
+        for n, p in stock.named_parameters():
+            if "norm" in n:
+                p.add_(0.3 * torch.randn_like(p))
+    model = copy.deepcopy(stock)
+    ids = torch.randint(0, 50, (2, 8))
+    report = patch_model(model, activation=None, example_input={"input_ids": ids})
+    assert len(report.norms) == 4, report  # 2 per layer; the final norm is the last hidden state
+    for m in (stock, model):
+        m(input_ids=ids, labels=ids).loss.backward()
+    for (n, a), b in zip(model.named_parameters(), stock.parameters()):  # Gemma's norms round to float32 inside
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7, msg=n)
