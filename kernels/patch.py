@@ -6,6 +6,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,8 @@ def _table_for(module: nn.Module, activation, bits: int):
                 return activation[k], None
         return None, "not in the activation mapping"
     name = ACTIVATION_CLASSES.get(key)
+    if name is None and key in ("ReLU", "ReLU6"):
+        return None, "already saves only its output (the next Linear saves it anyway): nothing to gain"
     if name is None:
         return None, "no table family for this activation"
     if activation == "relu-sum":
@@ -408,6 +411,7 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
     for name, m in model.named_modules():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
         if is_norm_candidate(m) and isinstance(why := norm_form(m), str):
             report.skipped.append(f"{name} ({type(m).__name__}): {why}")
+    unproven: dict[str, str] = {}
     try:
         found, foreign = _consumers_by_fx(model)
     except Exception as err:  # noqa: BLE001 - any tracing failure: fall back to running the model, or say why
@@ -415,12 +419,9 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
             report.skipped.append(f"norm merging: model is not fx-traceable ({type(err).__name__}: "
                                   f"{str(err)[:80]}); pass example_input to find consumers by running it")
             return
-        branches = _data_dependent_branches(model, example_input)
-        if branches:
-            report.skipped.append(f"norm merging: the model branches on tensor values ({branches}); one run of "
-                                  "example_input sees only the branch it takes, so no norm rewrite can be proven")
-            return
         found, foreign = _consumers_by_dispatch(model, example_input)
+        if branches := _data_dependent_branches(model, example_input):  # proven block by block, then
+            unproven = _unproven_regions(model, example_input, found, branches)
     modules = dict(model.named_modules())
     shared = _shared_parameters(model)
     for name, (consumers, other) in found.items():
@@ -430,7 +431,7 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
         if swaps.kept_affine(modules[name]):  # patched by an earlier call: wrap consumers added since
             _wrap_new_consumers(model, modules, name, consumers, other, report, undo)
             continue
-        why = _why_not_rewritten(modules, name, consumers, other)
+        why = unproven.get(name) or _why_not_rewritten(modules, name, consumers, other)
         if why:
             report.skipped.append(f"{name}: {why}")
             continue
@@ -622,23 +623,90 @@ def _consumers_by_fx(model: nn.Module) -> tuple[dict, dict]:
     return found, foreign
 
 
-def _data_dependent_branches(model: nn.Module, example_input) -> str | None:
-    """Why the dispatch path cannot see every call site (None when it can): torch._dynamo traces one forward and
-    reports a graph break at Python control flow on a tensor's value (``if x.sum() > 0``), where another input
-    would run other code. Runs in eval mode without grad, with the RNG state restored."""
+def _data_dependent_branches(model: nn.Module, example_input, args=None) -> str | None:
+    """Why one run of ``model`` cannot stand for every input (None when it can): torch._dynamo traces one forward
+    and reports a graph break at Python control flow on a tensor's value (``if x.sum() > 0``, ``.item()``), where
+    another input would run other code. ``args``: (positional, keyword) arguments instead of ``example_input``.
+    Runs in eval mode without grad, with the RNG state restored."""
     training = model.training
     model.eval()
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            result = _call(torch._dynamo.explain(model), example_input)
+            explain = torch._dynamo.explain(model)
+            result = explain(*args[0], **args[1]) if args is not None else _call(explain, example_input)
     except Exception as err:  # noqa: BLE001 - what cannot be checked is not rewritten
-        return f"could not check with torch._dynamo ({type(err).__name__}: {str(err)[:80]})"
+        return f"could not check with torch._dynamo ({type(err).__name__}: {' '.join(str(err).split())[:80]})"
     finally:
         model.train(training)
-    reasons = [str(r.reason) for r in result.break_reasons]
+    reasons = [" ".join(str(r.reason).split()) for r in result.break_reasons]
     dependent = [r for r in reasons if any(k in r for k in ("generic_jump", "data-dependent", "data dependent",
                                                             "Data-dependent", "item()", "__bool__"))]
     return "; ".join(sorted(set(r[:80] for r in dependent))) or None
+
+
+def _unproven_regions(model: nn.Module, example_input, found: dict, branches: str) -> dict[str, str]:
+    """{norm: why its rewrite cannot be proven} when the whole model branches on tensor values (``branches``).
+    A norm is still proven when the smallest module holding it and all its readers (its region: a decoder layer,
+    say) has no such branch and does not return the norm's output: whatever branch the model takes, that region
+    computes the same graph around the norm."""
+    names = {n: _region(n, consumers) for n, (consumers, _) in found.items()}
+    modules = dict(model.named_modules())
+    seen, escapes = _region_calls(model, example_input, {r for r in names.values() if r}, set(names))
+    verdicts, why = {}, {}
+    for norm, region in names.items():
+        if not region or region not in seen:
+            why[norm] = (f"the model branches on tensor values ({branches}) outside any block holding this norm and "
+                         "its readers, so one run of example_input cannot prove the rewrite")
+        elif (region, norm) in escapes:
+            why[norm] = f"its output leaves {region}, and the model branches on tensor values ({branches})"
+        else:  # each region on its own: blocks of one class may take other code by their attributes
+            if region not in verdicts:
+                verdicts[region] = _data_dependent_branches(modules[region], None, seen[region])
+            if verdicts[region]:
+                why[norm] = f"{region} branches on tensor values ({verdicts[region]}); one run cannot prove the rewrite"
+    return why
+
+
+def _region(norm: str, consumers: list[str]) -> str:
+    """The smallest module that holds the norm and every consumer ('' for the model itself)."""
+    parts = [n.split(".") for n in (norm, *consumers)]
+    common = [p[0] for p in itertools.takewhile(lambda p: len(set(p)) == 1, zip(*parts))]
+    return ".".join(common[:len(parts[0]) - 1]) if common == parts[0] else ".".join(common)
+
+
+def _region_calls(model: nn.Module, example_input, regions: set[str], norms: set[str]):
+    """One eval run: ({region: (args, kwargs) of its first call}, {(region, norm): the region returned the norm's
+    output})."""
+    seen, outs, escapes, handles = {}, {}, set(), []
+    modules = dict(model.named_modules())
+
+    def enter(name):
+        def hook(module, args, kwargs):
+            seen.setdefault(name, (args, kwargs))
+        return hook
+
+    def leave(name):
+        def hook(module, args, out):
+            ptrs = {t.untyped_storage()._cdata for t in _leaves(out) if isinstance(t, torch.Tensor)}
+            escapes.update((name, n) for n, p in outs.items() if p in ptrs and n.startswith(name + "."))
+        return hook
+
+    def norm_out(name):
+        def hook(module, args, out):
+            outs[name] = out.untyped_storage()._cdata
+        return hook
+
+    for r in regions:
+        handles += [modules[r].register_forward_pre_hook(enter(r), with_kwargs=True),
+                    modules[r].register_forward_hook(leave(r))]
+    handles += [modules[n].register_forward_hook(norm_out(n)) for n in norms]
+    try:
+        with _mode(model, False):
+            _call(model, example_input, every_output(model))
+    finally:
+        for h in handles:
+            h.remove()
+    return seen, escapes
 
 
 def _account_call_sites(found: dict, reads: dict) -> None:

@@ -217,3 +217,48 @@ def test_tied_consumer_weight_is_not_merged():
     report = patch_model(m, activation=None)  # trainable: α, β are kept, W is untouched, so tying is no obstacle
     assert len(report.norms) == 1 and m.lm_head.weight is m.wte.weight
     assert (m(ids) - before).abs().max() <= 1e-12 and (frozen(ids) - before).abs().max() <= 1e-12
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, branchy=False):
+        super().__init__()
+        self.ln, self.lin, self.branchy = torch.nn.LayerNorm(4), torch.nn.Linear(4, 4), branchy
+
+    def forward(self, x):
+        z = self.lin(self.ln(x))
+        return z * 2 if self.branchy and bool(z.sum() > 0) else z
+
+
+class _CountsTokens(torch.nn.Module):
+    """A vision-language model's top level: it counts image tokens with .item(); its blocks are static."""
+
+    def __init__(self, branchy_second=False):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block(), _Block(branchy_second)])
+
+    def forward(self, x):
+        n = int((x > 0).sum().item())
+        x = x + n * 1e-3
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("branchy_second", [False, True])
+def test_a_branch_at_the_top_level_keeps_the_blocks_norms(branchy_second):
+    """One .item() anywhere turned off every norm rewrite (15 HF vision-language models lost their language towers'
+    norms). Now each norm is proven inside the smallest block that holds it and its readers; a block that branches
+    itself keeps its norm, with the block named."""
+    torch.manual_seed(0)
+    m = _CountsTokens(branchy_second).double()
+    with torch.no_grad():
+        for b in m.blocks:
+            b.ln.weight.normal_(1.0, 0.5)
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    before = m(x)
+    report = patch_model(m, activation=None, example_input=x)
+    assert len(report.norms) == (1 if branchy_second else 2), report
+    if branchy_second:
+        assert any(s.startswith("blocks.1.ln:") and "blocks.1 branches on tensor values" in s
+                   for s in report.skipped), report
+    torch.testing.assert_close(m(x), before, rtol=1e-12, atol=1e-12)
