@@ -55,10 +55,10 @@ class NormForm:
 
 def is_norm_candidate(module: nn.Module) -> bool:
     """A leaf module whose class says it normalises (``…Norm…``) or whose attributes do (an ``eps`` beside a vector
-    ``weight``), or a torch LayerNorm/RMSNorm; approxbp's own MS-norms are not candidates."""
+    ``weight``), or a torch LayerNorm/RMSNorm; approxbp's own MS-norms and Linears (``NormInputLinear``) are not."""
     from .norms import MSLayerNorm
 
-    if isinstance(module, MSLayerNorm) or next(module.children(), None) is not None:
+    if isinstance(module, MSLayerNorm | nn.Linear) or next(module.children(), None) is not None:
         return False
     weight = getattr(module, "weight", None)
     looks = any(hasattr(module, a) for a in ("eps", "variance_epsilon")) and isinstance(weight, torch.Tensor) and (
