@@ -688,12 +688,13 @@ def _region_calls(model: nn.Module, example_input, regions: set[str], norms: set
     def leave(name):
         def hook(module, args, out):
             ptrs = {t.untyped_storage()._cdata for t in _leaves(out) if isinstance(t, torch.Tensor)}
-            escapes.update((name, n) for n, p in outs.items() if p in ptrs and n.startswith(name + "."))
+            escapes.update((name, n) for n, t in outs.items()
+                           if t.untyped_storage()._cdata in ptrs and n.startswith(name + "."))
         return hook
 
     def norm_out(name):
         def hook(module, args, out):
-            outs[name] = out.untyped_storage()._cdata
+            outs[name] = out  # kept alive: a freed output's address could be reused by the block's output
         return hook
 
     for r in regions:

@@ -262,3 +262,24 @@ def test_a_branch_at_the_top_level_keeps_the_blocks_norms(branchy_second):
         assert any(s.startswith("blocks.1.ln:") and "blocks.1 branches on tensor values" in s
                    for s in report.skipped), report
     torch.testing.assert_close(m(x), before, rtol=1e-12, atol=1e-12)
+
+
+def test_every_one_of_many_identical_branching_blocks_is_checked_on_its_own():
+    """Twelve blocks of one class that branch (more than dynamo's per-code recompile limit): each is explained on its
+    own and each norm is skipped for its block's own branch, never for its output 'leaving' the block (the norm
+    outputs are kept alive while the blocks run, so a block output cannot reuse a freed norm output's address)."""
+
+    class Many(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([_Block(True) for _ in range(12)])
+
+        def forward(self, x):
+            x = x + int((x > 0).sum().item()) * 1e-3
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    report = patch_model(Many().double(), activation=None, example_input=torch.randn(2, 3, 4, dtype=torch.float64))
+    assert not report.norms and len(report.skipped) == 12, report
+    assert all(f"blocks.{i}.ln: blocks.{i} branches on tensor values" in s for i, s in enumerate(report.skipped))
