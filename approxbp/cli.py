@@ -628,9 +628,11 @@ def _sweep(args, argv) -> int:
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
 
     progress, acts = _progress(args), []
-    for spec in args.activation:
+    for spec in args.activation:  # every name and expression parsed, and admitted by eq. 13's tails, before any fit
         name, sep, expr = spec.partition("=")
-        acts.append(named_activation(expr, name) if sep and name.isidentifier() else named_activation(spec))
+        act = named_activation(expr, name) if sep and name.isidentifier() else named_activation(spec)
+        act.check_relu_sum_asymptotics()
+        acts.append(act)
     bits = parse_bits(args.bits)
     objectives = ("primitive", "derivative") if args.objective == "both" else (args.objective,)
     jobs = [(a, o, k, args.out_dir / f"{safe_stem(T.relu_sum_name(a.name, k, o))}.json" if args.out_dir else None)
@@ -640,12 +642,17 @@ def _sweep(args, argv) -> int:
             check_writable(path, overwrite=args.force)
     t0 = time.perf_counter()
     print(f"{'activation':<14} {'k':>2} {'objective':<10} {'loss':>14} {'at best':>8}  {'found by':<18} {'s':>6}")
-    done = {}  # (activation, objective, k) → knots: the k + 1 fit starts from them
+    done, failed = {}, []  # (activation, objective, k) → knots: the k + 1 fit starts from them
     for a, objective, k, path in jobs:
         t1 = time.perf_counter()
-        fit = fit_relu_sum(a, k, objective, restarts=args.restarts, seed=args.seed, workers=args.workers,
-                           progress=progress, command=cli_command(argv),
-                           lower_knots=done.get((a.name, objective, k - 1)))
+        try:
+            fit = fit_relu_sum(a, k, objective, restarts=args.restarts, seed=args.seed, workers=args.workers,
+                               progress=progress, command=cli_command(argv),
+                               lower_knots=done.get((a.name, objective, k - 1)))
+        except (ValueError, RuntimeError, ArithmeticError, MemoryError) as err:  # the rest of the sweep goes on
+            failed.append(f"{a.name} k={k} {objective}: {' '.join(str(err).split())[:200]}")
+            print(f"{a.name[:14]:<14} {k:>2} {objective:<10} FAILED ({type(err).__name__})", flush=True)
+            continue
         done[(a.name, objective, k)] = fit.x
         t = fit.table
         print(f"{a.name[:14]:<14} {k:>2} {objective:<10} {t.loss:>14.6e} {fit.at_best:>3} of "
@@ -653,9 +660,11 @@ def _sweep(args, argv) -> int:
               flush=True)
         if path is not None:
             T.save(t, path, overwrite=args.force)
-    print(f"{len(jobs)} fits in {time.perf_counter() - t0:.1f} s"
+    print(f"{len(jobs) - len(failed)} of {len(jobs)} fits in {time.perf_counter() - t0:.1f} s"
           + (f"; tables in {args.out_dir}" if args.out_dir else ""))
-    return 0
+    for line in failed:
+        print(f"  failed: {line}")
+    return 1 if failed else 0
 
 
 def _fit_free_levels(args, argv) -> int:

@@ -250,10 +250,32 @@ def test_sweep_fits_every_combination_and_writes_named_tables(tmp_path, capsys):
     assert main(["sweep", "--activation", "gelu", "--activation", "swish2=x*sigmoid(2*x)", "--bits", "1-2",
                  "--objective", "both", "--out-dir", str(tmp_path), "--restarts", "1", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "8 fits in" in out and "swish2" in out
+    assert "8 of 8 fits in" in out and "swish2" in out
     written = sorted(p.name for p in tmp_path.glob("*.json"))
     assert len(written) == 8 and "swish2-k2-derivative.json" in written
     t = T.load(tmp_path / "gelu-k2-primitive.json")
     assert t.loss == pytest.approx(T.load("relu_sum/gelu-k2-primitive").loss, rel=1e-9)  # the packaged optimum
     assert main(["sweep", "--activation", "gelu", "--bits", "9"]) == 2
     assert main(["sweep", "--activation", "gelu", "--bits", "1", "--out-dir", str(tmp_path)]) == 2  # exists
+
+
+def test_sweep_checks_every_activation_first_and_carries_on_past_a_failed_fit(monkeypatch, capsys):
+    """A sweep aborted on the first activation it could not fit, after fitting the ones before it."""
+    import approxbp.fitting.relu_sum as R
+
+    assert main(["sweep", "--activation", "gelu", "--activation", "x", "--bits", "1", "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert "does not tend to 0" in captured.err and "gelu" not in captured.out  # refused before any fit
+    real = R.fit_relu_sum
+
+    def fails_for_silu(act, *a, **k):
+        if act.name == "silu":
+            raise ValueError("a numerical failure\nover two lines")
+        return real(act, *a, **k)
+
+    monkeypatch.setattr(R, "fit_relu_sum", fails_for_silu)
+    assert main(["sweep", "--activation", "silu", "--activation", "gelu", "--bits", "1", "--restarts", "1",
+                 "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "silu            1 primitive  FAILED (ValueError)" in out and "1 of 2 fits in" in out
+    assert "failed: silu k=1 primitive: a numerical failure over two lines" in out
