@@ -48,11 +48,6 @@ class NormForm:
     def beta(norm: nn.Module) -> torch.Tensor | None:
         return getattr(norm, "bias", None)
 
-    def describe(self) -> str:
-        alpha = "α = w" if self.offset == 0 else f"α = {self.offset:g} + w"
-        return f"{'LayerNorm' if self.center else 'RMSNorm'} ({alpha}, eps {self.eps})"
-
-
 def is_norm_candidate(module: nn.Module) -> bool:
     """A leaf module whose class says it normalises (``…Norm…``) or whose attributes do (an ``eps`` beside a vector
     ``weight``), or a torch LayerNorm/RMSNorm; approxbp's own MS-norms and Linears (``NormInputLinear``) are not."""

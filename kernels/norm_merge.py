@@ -78,18 +78,15 @@ class NormInputLinear(nn.Linear):
     def __init__(self, linear: nn.Module, norm: nn.Module):
         nn.Module.__init__(self)
         self.transposed = type(linear).__name__ == "Conv1D"  # weight (in, out): y = x·W + b
-        self.in_features, self.out_features = ((linear.weight.shape[0], linear.weight.shape[1]) if self.transposed
-                                               else (linear.in_features, linear.out_features))
+        self.in_features, self.out_features = consumer_features(linear)
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameters: the optimiser sees no change
         self.__dict__["norm"] = norm  # not a submodule: α, β keep their own (single) state-dict keys
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         norm = self.__dict__["norm"]
         weight = self.weight.t() if self.transposed else self.weight
-        alpha = norm.weight
-        if alpha is not None and getattr(norm, "alpha_offset", 0.0):  # Gemma's 1 + w: its gradient still reaches w
-            alpha = alpha + norm.alpha_offset
-        return _NormInputLinearFn.apply(z, weight, self.bias, alpha, getattr(norm, "bias", None))
+        form = norm.__dict__.get("norm_form", _AFFINE)  # α = w, or Gemma's 1 + w (its gradient still reaches w)
+        return _NormInputLinearFn.apply(z, weight, self.bias, form.alpha(norm), form.beta(norm))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (", Conv1D" if self.transposed else "") + ", input α⊙z + β"
@@ -114,9 +111,19 @@ def norm_dim_eps(norm: nn.Module) -> tuple[int, float]:
     return form.dim, form.eps
 
 
+#: α = w, β = b: the form of MS-norms made before forms were recorded (a pickled 0.1 model).
+_AFFINE = NormForm(0, None, True, 0.0)
+
+
+def consumer_features(linear: nn.Module) -> tuple[int, int]:
+    """(in, out) features of a consumer: nn.Linear, or Hugging Face's Conv1D, whose weight is stored (in, out)."""
+    w = linear.weight
+    return (w.shape[0], w.shape[1]) if type(linear).__name__ == "Conv1D" else (linear.in_features, linear.out_features)
+
+
 def _ms_norm_of(form: NormForm) -> MSLayerNorm:
     ms = (MSLayerNorm if form.center else MSRMSNorm)(form.dim, form.eps)
-    ms.alpha_offset = form.offset  # NormInputLinear applies α = offset + w
+    ms.norm_form = form  # the form whose α, β NormInputLinear applies (kept affine: the same Parameters)
     return ms
 
 

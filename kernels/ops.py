@@ -252,11 +252,15 @@ def _refuse(what: str, why: str):
     raise RuntimeError(FIRST_ORDER_ONLY.format(what=what, why=why))
 
 
+def _transformed(x: Tensor) -> bool:
+    """x is inside a torch.func transform or forward-mode AD."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(x) or _forward_ad._current_level >= 0
+
+
 def _needs_grad(x: Tensor) -> bool:
     """Whether the call must go through the autograd Function: grad is on and x requires it, or x is inside a
     torch.func transform or forward-mode AD (which the Function then serves or refuses, never the exact twin)."""
-    return (x.requires_grad and torch.is_grad_enabled()) or torch._C._functorch.is_functorch_wrapped_tensor(x) or (
-        _forward_ad._current_level >= 0)
+    return (x.requires_grad and torch.is_grad_enabled()) or _transformed(x)
 
 
 _AS_KERNELS = contextvars.ContextVar("approxbp_as_kernels", default=False)
@@ -285,12 +289,14 @@ def _once_differentiable(backward):
     a second derivative would then silently miss its term."""
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
-        levels = _functorch_derivative_levels()
+        if not torch.is_grad_enabled():  # a plain backward: only create_graph=True or torch.func turn grad on
+            return backward(ctx, *grads)
         with torch.no_grad():
             results = backward(ctx, *grads)
+        levels = _functorch_derivative_levels()
         under_func = levels or any(isinstance(r, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(r)
-                                   for r in results)  # torch.func runs every backward with grad on
-        if levels > 1 or (torch.is_grad_enabled() and not under_func):
+                                   for r in results)
+        if levels > 1 or not under_func:
             _refuse("a second derivative (create_graph=True, nested torch.func.grad)",
                     "a second derivative through it would be wrong")
         return results
@@ -307,7 +313,8 @@ def _functorch_derivative_levels() -> int:
 
 class _FirstOrder(torch.autograd.Function):
     """Base of the eager Functions (forward + setup_context, so torch.func.grad and vjp compose; backwards
-    :func:`_once_differentiable`): forward-mode AD and vmap are refused in one line (:data:`FIRST_ORDER_ONLY`)."""
+    :func:`_once_differentiable`): forward-mode AD and vmap are refused in one line (:data:`FIRST_ORDER_ONLY`).
+    Outside torch.func and forward-mode AD each runs as its :func:`_classic` twin (:func:`_apply`)."""
 
     @staticmethod
     def jvp(ctx, *tangents):
@@ -317,6 +324,25 @@ class _FirstOrder(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, *args):
         _refuse("torch.func.vmap (and jacrev/jacfwd/hessian, which use it)", "no batching rule is defined")
+
+
+@functools.cache
+def _classic(fn: type[_FirstOrder]) -> type[torch.autograd.Function]:
+    """``fn`` as a classic Function (forward(ctx, …) calling fn's forward and setup_context, fn's backward): for a
+    setup_context Function, ``Function.apply`` binds default arguments with ``inspect.signature`` on every call
+    (about 50 µs of host time per drop-in per step, benchmarks/host_overhead.py)."""
+    def forward(ctx, *args):
+        out = fn.forward(*args)
+        fn.setup_context(ctx, args, out)
+        return out
+
+    return type(f"{fn.__name__}Classic", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(fn.backward)})
+
+
+def _apply(fn: type[_FirstOrder], x: Tensor, *args):
+    """``fn`` applied to (x, *args): itself under torch.func or forward-mode AD, else its classic twin."""
+    return (fn if _transformed(x) else _classic(fn)).apply(x, *args)
 
 
 class _ReluSum(_FirstOrder):
@@ -343,7 +369,7 @@ def relu_sum(x: Tensor, spec, use_triton: bool) -> Tensor:
         return relu_sum_forward(x, spec.key, use_triton)[0]
     if not use_triton and not _needs_grad(x):
         return spec.forward_only_torch(x)
-    return _ReluSum.apply(x, spec, use_triton)[0]
+    return _apply(_ReluSum, x, spec, use_triton)[0]
 
 
 class _InvAct(_FirstOrder):
@@ -371,7 +397,7 @@ def invact(x: Tensor, spec, use_triton: bool, out_dtype: torch.dtype | None) -> 
     if not use_triton and not _needs_grad(x):
         y = spec.forward_only_torch(x)
         return y if out_dtype is None else y.to(out_dtype)
-    return _InvAct.apply(x, spec, use_triton, out_dtype)[0]
+    return _apply(_InvAct, x, spec, use_triton, out_dtype)[0]
 
 
 class _MSNorm(_FirstOrder):
@@ -401,4 +427,4 @@ def ms_norm(x: Tensor, eps: float, center: bool, use_triton: bool, out_dtype: to
     """z = σ⁻¹·H·x (``center``) or σ⁻¹·x; saves z and σ⁻¹ (``approxbp::ms_norm_forward`` under dynamo)."""
     if _opaque():
         return ms_norm_forward(x, eps, center, use_triton, out_dtype)[0]
-    return _MSNorm.apply(x, eps, center, use_triton, out_dtype)[0]
+    return _apply(_MSNorm, x, eps, center, use_triton, out_dtype)[0]

@@ -22,10 +22,10 @@ from .norm_forms import is_norm_candidate, norm_form
 from .norm_merge import (
     AffineInputLinear,
     NormInputLinear,
+    consumer_features,
     is_mergeable_norm,
     keep_affine,
     merge_norm,
-    norm_dim_eps,
     proven_form,
     refuse_stock_state_dicts,
 )
@@ -242,9 +242,10 @@ def _compare_float64(old: nn.Module, new: nn.Module, spec) -> str | None:
 
     try:
         with torch.no_grad():
-            want = in_float64(old).forward(x.clone())  # forward(): the user's hooks do not fire; a clone, since
+            # forward(): the user's hooks do not fire; each side gets its own copy of the grid, since an in-place
+            # module (nn.SiLU(inplace=True)) overwrites its input
+            want = in_float64(old).forward(x.clone())
             got = spec.forward_only_torch(x.clone()) if spec is not None else in_float64(new).forward(x.clone())
-            # an in-place module (nn.SiLU(inplace=True)) overwrites its input
     except Exception as err:  # noqa: BLE001 - what cannot be checked is not swapped
         return (f"could not be checked against the drop-in on a float64 vector ({type(err).__name__}: {err}); "
                 "not swapped")
@@ -351,10 +352,10 @@ def _run_example(model: nn.Module, example_input):
     grad; None without an example."""
     if example_input is None:
         return None
-    outs = []
+    outs, extra = [], every_output(model)
     for training in (False, True):
         with _mode(model, training):
-            out = _call(model, example_input, every_output(model))
+            out = _call(model, example_input, extra)
         outs += [t.detach().clone() for t in _leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     return outs
 
@@ -481,16 +482,11 @@ def _why_not_rewritten(modules: dict, name: str, consumers: list[str], other: se
     for c in consumers:
         if hooks := _hooks(modules[c], HOOK_TABLES[1:]):
             return f"consumer {c} has {', '.join(hooks)}; they would see z, not the norm's output α⊙z + β"
-    dim = norm_dim_eps(norm)[0]
-    wrong = [c for c in consumers if _in_features(modules[c]) != dim]
+    dim = proven_form(norm).dim
+    wrong = [c for c in consumers if consumer_features(modules[c])[0] != dim]
     if wrong:
         return f"consumer(s) {wrong} do not read its {dim} features as their input features"
     return None
-
-
-def _in_features(module: nn.Module) -> int:
-    """A consumer's input width (Conv1D stores its weight as (in, out))."""
-    return module.weight.shape[0] if type(module).__name__ == "Conv1D" else module.in_features
 
 
 def _why_not_merged(modules: dict, consumers: list[str], shared: set[int], foreign: dict) -> str | None:
@@ -628,16 +624,12 @@ def _data_dependent_branches(model: nn.Module, example_input, args=None) -> str 
     and reports a graph break at Python control flow on a tensor's value (``if x.sum() > 0``, ``.item()``), where
     another input would run other code. ``args``: (positional, keyword) arguments instead of ``example_input``.
     Runs in eval mode without grad, with the RNG state restored."""
-    training = model.training
-    model.eval()
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with _mode(model, False):
             explain = torch._dynamo.explain(model)
             result = explain(*args[0], **args[1]) if args is not None else _call(explain, example_input)
     except Exception as err:  # noqa: BLE001 - what cannot be checked is not rewritten
         return f"could not check with torch._dynamo ({type(err).__name__}: {' '.join(str(err).split())[:80]})"
-    finally:
-        model.train(training)
     reasons = [" ".join(str(r.reason).split()) for r in result.break_reasons]
     dependent = [r for r in reasons if any(k in r for k in ("generic_jump", "data-dependent", "data dependent",
                                                             "Data-dependent", "item()", "__bool__"))]
@@ -828,10 +820,11 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> tuple[dict, dict]
             handles.append(m.register_forward_hook(leave(name)))
             for p in m.parameters(recurse=False):
                 watch.param_owner[p.untyped_storage()._cdata] = name
+    extra = every_output(model)
     try:
         for training in (False, True):
             with _mode(model, training), watch:
-                out = _call(model, example_input, every_output(model))
+                out = _call(model, example_input, extra)
             for t in _leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
                 name = watch.owner.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
                 if name is not None:
