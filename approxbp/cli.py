@@ -166,7 +166,7 @@ def _parser_bdia(sub, add) -> None:
 def _parser_cost(sub, add) -> None:
     cst = add(sub, "cost", help="GPU cost of the generated kernels without a GPU: compile for sm_90 offline, count "
               "SASS instructions per element against the H100 budget (≈ 10.45 per byte moved)")
-    _table_paths_arg(cst, "every packaged one, the MS-norms, BDIA and the torch-like GELU/SiLU")
+    _table_paths_arg(cst, "every packaged one, the MS-norms, BDIA, the exact GLUs and the torch-like GELU/SiLU")
     cst.add_argument("--arch", default="sm_90", help="the target, sm_NN")
     cst.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "fp64"), help="the activation dtype")
     cst.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")

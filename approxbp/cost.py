@@ -260,6 +260,21 @@ def bdia_launches(dtype: torch.dtype, row: int = 4096) -> list[tuple[str, Launch
     return [("BDIA step (eq. 21)", launches[0], ELEMENTS), ("BDIA inverse (eq. 24)", launches[1], ELEMENTS)]
 
 
+def glu_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
+    """The exact fused GLU of every activation that has one (kernels/glu.py): forward and backward."""
+    from approxbp.kernels.glu import GLU_ACTIVATIONS, GLUSpec
+
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    out = []
+    for act in GLU_ACTIVATIONS:
+        spec = GLUSpec(act)
+        with capture() as launches:
+            spec.forward_triton(x, x)
+            spec.backward_triton(x, x, x)
+        out += [(f"{spec.name()} fwd", launches[0], ELEMENTS), (f"{spec.name()} bwd", launches[1], ELEMENTS)]
+    return out
+
+
 def reference_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     """Plain one-line Triton kernels of the exact GELU and SiLU (what torch's own element-wise kernels cost),
     4096 elements per program and 4 warps, as the ReLU-sum kernels."""
@@ -287,13 +302,13 @@ def default_tables() -> list[Path]:
 
 
 def launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
-    """(name, launch, elements) of a table's kernels, or (``table=None``) of the MS-norms, BDIA and the
-    torch-like references."""
+    """(name, launch, elements) of a table's kernels, or (``table=None``) of the MS-norms, BDIA, the exact GLUs and
+    the torch-like references."""
     from approxbp.approximations import tables as T
     from approxbp.kernels.codegen import export_if_stale
 
     if table is None:
-        return norm_launches(dtype) + bdia_launches(dtype) + reference_launches(dtype)
+        return norm_launches(dtype) + bdia_launches(dtype) + glu_launches(dtype) + reference_launches(dtype)
     t = T.load(table)
     export_if_stale(table)  # a user's table: its module is written next to it first, as `approxbp export` would
     return (relu_sum_launches if t.family == "relu-sum" else invact_launches)(table, dtype)
@@ -307,7 +322,7 @@ def _measure_group(job) -> list[KernelCost]:
 
 def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, extras: bool = True,
         workers: int | None = None, progress=None) -> list[KernelCost]:
-    """Measure the kernels of ``tables`` (default: every packaged table) and, with ``extras``, the MS-norms, BDIA
+    """Measure the kernels of ``tables`` (default: every packaged table) and, with ``extras``, the MS-norms, BDIA, GLUs
     and the torch-like references, in ``workers`` processes (default: all cores); ``progress(i, n, what)``."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -328,7 +343,7 @@ def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, e
         for i, (job, group) in enumerate(zip(jobs, groups)):
             results += group
             if progress:
-                progress(i + 1, len(jobs), Path(job[0]).stem if job[0] else "MS-norms, BDIA, references")
+                progress(i + 1, len(jobs), Path(job[0]).stem if job[0] else "MS-norms, BDIA, GLUs, references")
     return results
 
 

@@ -23,3 +23,7 @@ def num_warps(dtype: torch.dtype) -> int:
     """Warps per program of every element-wise kernel (4096 elements): 4 for 16-bit data (32 elements, 64 bytes
     per thread), 8 for 32/64-bit (16 per thread; 4 warps spill the InvAct backward's registers in fp32)."""
     return 4 if dtype.itemsize <= 2 else 8
+
+
+#: Elements per program of the fused GLU kernels (as the other element-wise kernels' 4096).
+GLU_BLOCK = 4096

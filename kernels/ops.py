@@ -10,6 +10,7 @@ or the CPU under ``TRITON_INTERPRET=1``) or the twin; ``out_dtype`` is the autoc
     approxbp::relu_sum_forward(x, key, use_triton) → (y, packed codes, NaN bytes)   saves codes + NaN bytes
     approxbp::invact_forward(x, key, use_triton, out_dtype) → (y, branch bits)       saves y + bits
     approxbp::ms_norm_forward(x, eps, center, use_triton, out_dtype) → (z, σ⁻¹)       saves z + σ⁻¹
+    approxbp::glu_forward(g, u, key, use_triton) → act(g)·u                          saves g + u
 
 Two ways in, one set of implementations. While dynamo traces (``torch.compile``, ``torch.export``) the drop-ins
 call the custom ops. In eager mode they call :func:`relu_sum`, :func:`invact` and :func:`ms_norm` below, which
@@ -61,6 +62,11 @@ def spec_of(key: str):
     """The spec registered under ``key``, or rebuilt from it (and registered) in a process that never built the
     module; refused when the table changed since the key was made."""
     spec = SPECS.get(key)
+    if spec is None and key.startswith("glu:"):
+        from .glu import GLUSpec
+
+        spec = GLUSpec(key.split(":", 1)[1])
+        register(spec)
     if spec is None:
         family, sha, source = key.split(":", 2)
         source, _, kernels_dir = source.partition("@")
@@ -234,6 +240,50 @@ def _ms_norm_grad(ctx, dz, _):
 
 
 ms_norm_forward.register_autograd(_ms_norm_grad, setup_context=_ms_norm_setup)
+
+
+# ---- exact gated linear units -------------------------------------------------------------------------
+def _glu_fwd(g, u, spec, use_triton):
+    return (spec.forward_triton if use_triton else spec.forward_torch)(g, u).view(g.shape)
+
+
+def _glu_bwd(dh, g, u, spec, use_triton):
+    dg, du = (spec.backward_triton if use_triton else spec.backward_torch)(dh.to(g.dtype), g, u)
+    return dg.view(g.shape), du.view(u.shape)
+
+
+@torch.library.custom_op("approxbp::glu_forward", mutates_args=())
+def glu_forward(g: Tensor, u: Tensor, key: str, use_triton: bool) -> Tensor:
+    return _glu_fwd(g, u, spec_of(key), use_triton)
+
+
+@glu_forward.register_fake
+def _(g, u, key, use_triton):
+    return torch.empty_like(g, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("approxbp::glu_backward", mutates_args=())
+def glu_backward(dh: Tensor, g: Tensor, u: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor]:
+    return _glu_bwd(dh, g, u, spec_of(key), use_triton)
+
+
+@glu_backward.register_fake
+def _(dh, g, u, key, use_triton):
+    return (torch.empty_like(g, memory_format=torch.contiguous_format),
+            torch.empty_like(u, memory_format=torch.contiguous_format))
+
+
+def _glu_setup(ctx, inputs, output):
+    g, u, ctx.key, ctx.use_triton = inputs
+    ctx.save_for_backward(g, u)
+
+
+def _glu_grad(ctx, dh):
+    g, u = ctx.saved_tensors
+    return (*glu_backward(dh, g, u, ctx.key, ctx.use_triton), None, None)
+
+
+glu_forward.register_autograd(_glu_grad, setup_context=_glu_setup)
 
 
 # ---- eager entry points: one autograd.Function per op, custom ops while dynamo traces ---------------------
@@ -428,3 +478,28 @@ def ms_norm(x: Tensor, eps: float, center: bool, use_triton: bool, out_dtype: to
     if _opaque():
         return ms_norm_forward(x, eps, center, use_triton, out_dtype)[0]
     return _apply(_MSNorm, x, eps, center, use_triton, out_dtype)[0]
+
+
+class _GLU(_FirstOrder):
+    @staticmethod
+    def forward(g, u, spec, use_triton):
+        return _glu_fwd(g, u, spec, use_triton)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        g, u, ctx.spec, ctx.use_triton = inputs
+        ctx.save_for_backward(g, u)
+
+    @staticmethod
+    @_once_differentiable
+    def backward(ctx, dh):
+        return (*_glu_bwd(dh, *ctx.saved_tensors, ctx.spec, ctx.use_triton), None, None)
+
+
+def glu(g: Tensor, u: Tensor, spec, use_triton: bool) -> Tensor:
+    """h = act(g)·u exactly; saves g and u (``approxbp::glu_forward`` under dynamo)."""
+    if _opaque():
+        return glu_forward(g, u, spec.key, use_triton)
+    if not use_triton and not (_needs_grad(g) or _needs_grad(u)):
+        return spec.forward_torch(g, u)
+    return (_GLU if _transformed(g) or _transformed(u) else _classic(_GLU)).apply(g, u, spec, use_triton)

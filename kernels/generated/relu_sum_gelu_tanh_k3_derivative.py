@@ -20,7 +20,7 @@ from approxbp.kernels.triton_helpers import _rcp
 @triton.jit
 def activation(x, LOWP: tl.constexpr):
     # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
-    return x*_rcp(1.0 + tl.exp(-(2.0*tl.sqrt(2.0)*((0.044715)*(x * x * x) + x)*tl.math.rsqrt(3.141592653589793))))
+    return x*_rcp(1.0 + tl.exp(-(0.07135481627260025*(x * x * x) + 1.5957691216057308*x)))
 
 
 @triton.jit
