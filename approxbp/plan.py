@@ -442,12 +442,13 @@ def activation_layers(model: nn.Module) -> dict[str, str]:
 
 
 def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: dict | None = None) -> nn.Module:
-    """Replace each layer by its option (``exact`` keeps it) and merge the norms (patch_model's rules)."""
+    """Replace each layer by its option (``exact`` keeps it) and merge the norms (patch_model's rules). Gated MLPs
+    keep their activation as a layer of its own here (``glu=False``): the options are per activation layer."""
     from approxbp.kernels.patch import patch_model
 
     tables = {path: option_table(act, assignment[path]) or "exact"
               for path, act in activation_layers(model).items() if path in assignment}
-    patch_model(model, activation=tables or None, norm=ms_norm, example_input=inputs, check=False)
+    patch_model(model, activation=tables or None, norm=ms_norm, example_input=inputs, check=False, glu=False)
     return model
 
 

@@ -88,11 +88,13 @@ def glu(g: torch.Tensor, u: torch.Tensor, spec: GLUSpec, use_triton: bool | None
 class GLULayout:
     """Where a gated MLP's parts are: child modules ``gate``, ``up`` (None: ``gate`` is a fused gate/up projection
     whose output is chunked in two along the last axis, the gate half first when ``gate_first``) and ``down``;
-    ``up_first``: the stock forward calls ``up`` before ``gate`` (adapter dropout draws in that order)."""
+    ``up_first``: the stock forward calls ``up`` before ``gate`` (adapter dropout draws in that order); ``act``: the
+    activation child the fused op stands in for (None: the stock forward calls the activation as a function)."""
 
     gate: str
     up: str | None
     down: str
+    act: str | None = None
     gate_first: bool = True
     up_first: bool = False
 

@@ -8,6 +8,7 @@ import functools
 import inspect
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import swaps
+from .glu import GatedMLP
+from .glu_forms import layout_of, prove, record_calls
 from .norm_forms import is_norm_candidate, norm_form
 from .norm_merge import (
     AffineInputLinear,
@@ -53,11 +56,19 @@ class PatchReport:
     norms: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     max_output_difference: float | None = None
+    glus: list[str] = field(default_factory=list)
+    #: Bytes saved for backward by one training forward on the example (stock, patched); None: not measured.
+    saved_bytes: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         diff = ("" if self.max_output_difference is None
                 else f"; max |output difference| on the example {self.max_output_difference:.3g}")
-        return (f"swapped {len(self.activations)} activations, merged {len(self.norms)} norms{diff}"
+        glus = f", fused {len(self.glus)} gated MLPs (exact)" if self.glus else ""
+        if self.saved_bytes is not None:
+            before, after = self.saved_bytes
+            diff += (f"; saved for backward on the example: {before:,} → {after:,} bytes "
+                     f"({100 * (after - before) / max(before, 1):+.1f} %)")
+        return (f"swapped {len(self.activations)} activations, merged {len(self.norms)} norms{glus}{diff}"
                 + (f"; skipped: {'; '.join(self.skipped)}" if self.skipped else ""))
 
 
@@ -111,7 +122,7 @@ def _replacement(module: nn.Module, activation, bits: int, family_of):
 
 
 def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, example_input=None,
-                bits: int = 2, plan=None, check: bool = True) -> PatchReport:
+                bits: int = 2, plan=None, check: bool = True, glu: bool = True) -> PatchReport:
     """In place: replace every activation in :data:`ACTIVATION_CLASSES` (nn.GELU both ways, nn.SiLU, nn.Mish and
     the Hugging Face GELU/NewGELU/FastGELU/QuickGELU/SiLU/Mish classes) by its drop-in: ``activation='relu-sum'``
     (the k = ``bits`` primitive ReLU-sum table of that activation), ``'invact'`` (its fast invact table), a table
@@ -132,39 +143,30 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
     With ``example_input`` the model is run (eval mode, no grad) before and after; the report gets the max
     output difference, and a difference above a dtype-aware tolerance (fp64 1e-6, fp32 1e-3, 16-bit 5e-2, times
     max(1, max|output|)) undoes the patch and raises; ``check=False`` skips that comparison (the planner patches
-    fake tensors, which have no values)."""
+    fake tensors, which have no values).
+
+    ``glu=True`` (with ``example_input``; not with a ``plan``, whose choices are per activation): every gated MLP,
+    down(act(gate(x))·up(x)) with split or fused gate/up projections and the activation as a module or a function,
+    becomes a :class:`~.glu.GatedMLP` (the exact fused op: saves g and u, no gradient error; it saves at least what
+    an approximate activation would there) once a float64 probe proves it computes the same; its activation is then
+    not swapped. Activations called as functions anywhere else are listed in ``skipped``."""
     if plan is not None:
         activation, norm = _plan_choices(plan, model)
+        glu = False
     if not (activation in ACTIVATIONS or isinstance(activation, dict) or _is_table(activation)):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, a table path or a mapping, got {activation!r}")
 
-    report, undo, checked = PatchReport(), _Undo(), {}
-    family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])
+    report, undo = PatchReport(), _Undo()
     before = _run_example(model, example_input) if check else None
     try:
+        savings = _Savings(model, example_input, report, undo, measure=check)
         if norm:
-            _merge_norms(model, report, undo, example_input)
+            _merge_norms(model, report, undo, example_input, savings)
+        if example_input is not None and (glu or activation is not None):
+            _fuse_gated_mlps(model, report, undo, example_input, glu, savings)
         if activation is not None:
-            for parent_name, parent in list(model.named_modules()):
-                for child_name, child in list(parent.named_children()):
-                    where = f"{parent_name + '.' if parent_name else ''}{child_name}"
-                    chosen = activation.get(where) if isinstance(activation, dict) else None
-                    if chosen == "exact":
-                        report.skipped.append(f"{where} ({type(child).__name__}): exact by choice")
-                        continue
-                    new, why = _replacement(child, chosen or activation, bits, family_of)
-                    if new is not None and (mismatch := _computes_differently(child, new, checked)):
-                        new, why = None, mismatch
-                    if new is not None:
-                        swaps.mark_replaced(new, child)  # for unpatch (not a submodule: no state-dict keys)
-                        _move_hooks(child, new)
-                        undo.setattr(parent, child_name, new)
-                        report.activations.append(
-                            f"{where}: {type(child).__name__} → {type(new).__name__}({new.extra_repr()})"
-                            + ("; inplace=True dropped: the drop-in returns a new tensor" if getattr(
-                                child, "inplace", False) else ""))
-                    elif why is not None:
-                        report.skipped.append(f"{where} ({type(child).__name__}): {why}")
+            _swap_activations(model, report, undo, activation, bits, savings)
+        savings.close()
         if before is not None:
             after = _run_example(model, example_input)
             if len(after) != len(before) or any(a.shape != b.shape for a, b in zip(after, before)):
@@ -183,6 +185,150 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
         undo.rollback()
         raise
     return report
+
+
+def _swap_activations(model: nn.Module, report: PatchReport, undo: _Undo, activation, bits: int,
+                      savings: _Savings) -> None:
+    """Replace each activation module by its drop-in (patch_model's ``activation``), one pattern of paths at a
+    time (:class:`_Savings`)."""
+    family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])  # each table file read once
+    checked: dict = {}
+    sites = [(f"{parent_name + '.' if parent_name else ''}{child_name}", parent, child_name, child)
+             for parent_name, parent in model.named_modules() for child_name, child in parent.named_children()
+             if not (isinstance(parent, GatedMLP) and child_name == parent.layout.act)]  # the fused op computes it
+    for pattern, group in _by_pattern(sites, lambda site: site[0]):
+        with savings.group(f"{pattern} (activations)"):
+            for where, parent, child_name, child in group:
+                chosen = activation.get(where) if isinstance(activation, dict) else None
+                if chosen == "exact":
+                    report.skipped.append(f"{where} ({type(child).__name__}): exact by choice")
+                    continue
+                new, why = _replacement(child, chosen or activation, bits, family_of)
+                if new is not None and (mismatch := _computes_differently(child, new, checked)):
+                    new, why = None, mismatch
+                if new is None:
+                    if why is not None:
+                        report.skipped.append(f"{where} ({type(child).__name__}): {why}")
+                    continue
+                swaps.mark_replaced(new, child)  # for unpatch (not a submodule: no state-dict keys)
+                _move_hooks(child, new)
+                undo.setattr(parent, child_name, new)
+                report.activations.append(
+                    f"{where}: {type(child).__name__} → {type(new).__name__}({new.extra_repr()})"
+                    + ("; inplace=True dropped: the drop-in returns a new tensor" if getattr(child, "inplace", False)
+                       else ""))
+
+
+def _fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: _Undo, example_input, fuse: bool,
+                     savings: _Savings) -> None:
+    """Replace every proven gated MLP by a :class:`~.glu.GatedMLP` (``fuse``); report activations called as
+    functions outside them (one run of the example records both, :func:`~.glu_forms.record_calls`)."""
+    modules = dict(model.named_modules())
+
+    def run():
+        with _mode(model, False):
+            _call(model, example_input, every_output(model))
+
+    def activation_of(parent: str):
+        def of(child: str):
+            m = modules.get(f"{parent}.{child}" if parent else child)
+            return ACTIVATION_CLASSES.get(_class_key(m)) if m is not None else None
+        return of
+
+    records, functional = record_calls(model, run)
+    found = {name: layout_of(rec, activation_of(name)) for name, rec in records.items()
+             if fuse and not isinstance(modules[name], GatedMLP)}
+    found = {name: f for name, f in found.items() if f is not None}
+    for pattern, group in _by_pattern(list(found)):
+        with savings.group(f"{pattern} (gated MLPs)"):
+            for name in group:
+                why = found[name] if isinstance(found[name], str) else _why_not_fused(modules, name, *found[name],
+                                                                                        records[name].x)
+                if why:
+                    report.skipped.append(f"{name or 'the model'} ({type(modules[name]).__name__}): {why}")
+                    continue
+                new = GatedMLP(modules[name], *found[name])
+                swaps.mark_replaced(new, modules[name])
+                _move_hooks(modules[name], new)
+                _replace(model, modules, name, new, undo)
+                report.glus.append(f"{name}: {type(modules[name]).__name__} → GatedMLP({new.extra_repr()})")
+    fused = {line.split(":")[0] for line in report.glus}
+    for where in dict.fromkeys(m for m, _ in functional):
+        owner = modules[where]
+        if where in fused or _class_key(owner) in ACTIVATION_CLASSES or type(owner).__name__ in OURS:
+            continue
+        acts = sorted({a for m, a in functional if m == where})
+        report.skipped.append(f"{where or 'the model'} ({type(owner).__name__}): calls {', '.join(acts)} as a "
+                              "function; only modules can be swapped, so it keeps torch's exact backward")
+
+
+def _why_not_fused(modules, name, layout, act, x) -> str | None:
+    if not name:
+        return "the model itself is a gated MLP; patch a model that holds it"
+    if layout.act is not None and (hooks := _hooks(modules[f"{name}.{layout.act}"])):
+        return f"its activation {layout.act} has {', '.join(hooks)}; the fused op would not call it"
+    return prove(modules[name], layout, act, x)
+
+
+def _pattern(name: str) -> str:
+    """A module path with its layer indices as ``*``: the rewrites of one pattern are measured together."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", name)
+
+
+def _by_pattern(items: list, name=lambda item: item) -> list[tuple[str, list]]:
+    """``items`` grouped by the :func:`_pattern` of their module path, patterns in order of first appearance."""
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(_pattern(name(item)), []).append(item)
+    return list(groups.items())
+
+
+def _saved_on_example(model: nn.Module, example_input) -> int | None:
+    """Bytes of distinct storages saved for backward by one train-mode forward on the example (parameters, which
+    exist anyway, not counted); None when nothing in the model requires grad (nothing would be saved)."""
+    from .saved import charged
+
+    params = list(model.parameters())
+    if not any(p.requires_grad for p in params):
+        return None
+    into: dict[str, int] = {}
+    with _mode(model, True, grad=True), charged(into, exclude=params):
+        _call(model, example_input)
+    return sum(into.values())
+
+
+class _Savings:
+    """Never a loss: the bytes saved for backward on the example, measured after each group of rewrites (one
+    pattern of module paths); a group after which they did not drop is undone and listed in ``skipped``."""
+
+    def __init__(self, model: nn.Module, example_input, report: PatchReport, undo: _Undo, measure: bool):
+        self.model, self.example, self.report, self.undo = model, example_input, report, undo
+        self.bytes = _saved_on_example(model, example_input) if measure and example_input is not None else None
+        self.before = self.bytes
+
+    @contextlib.contextmanager
+    def group(self, what: str):
+        lists = (self.report.norms, self.report.glus, self.report.activations)
+        marks = (len(self.undo.steps), *map(len, lists))
+        yield
+        if self.bytes is None or len(self.undo.steps) == marks[0]:
+            return
+        now = _saved_on_example(self.model, self.example)
+        if now < self.bytes:
+            self.bytes = now
+            return
+        done = [line.split(":")[0] for kept, mark in zip(lists, marks[1:]) for line in kept[mark:]]
+        self.undo.rollback(marks[0])
+        for kept, mark in zip(lists, marks[1:]):
+            del kept[mark:]
+        self.report.skipped.append(f"{what}: saves nothing here (with it, one training forward on the example saves "
+                                   f"{now - self.bytes:+,} bytes more for backward); kept as it was: {', '.join(done)}")
+
+    def close(self) -> None:
+        if self.before is not None:
+            self.report.saved_bytes = (self.before, self.bytes)
+        elif self.bytes is None and self.example is not None:
+            self.report.skipped.append("saved bytes: not measured, nothing in the model requires grad on the example")
 
 
 def _plan_choices(plan, model: nn.Module) -> tuple[dict, bool]:
@@ -270,8 +416,10 @@ def unpatch(model: nn.Module) -> nn.Module:
     unmerged (consumer weights and biases restored, the original norm back in place). Returns the model."""
     from .norm_merge import unmerge_norm
 
-    for _, parent in list(model.named_modules()):
+    for _, parent in reversed(list(model.named_modules())):  # children first: a GatedMLP hands back restored ones
         for child_name, child in list(parent.named_children()):
+            if isinstance(child, GatedMLP):
+                swaps.replaced(child)._modules.update(child._modules)  # adapters added since stay
             if swaps.replaced(child) is not None:
                 setattr(parent, child_name, swaps.replaced(child))
             elif swaps.merged(child) is not None:
@@ -327,15 +475,15 @@ TRAIN_SEED = 0
 
 
 @contextlib.contextmanager
-def _mode(model: nn.Module, training: bool):
-    """Within: ``model`` in train or eval mode, without grad, the RNG seeded with :data:`TRAIN_SEED`; on leaving,
-    the RNG state, every module's mode and every buffer (BatchNorm's running statistics) are restored, so that a
-    probe run changes nothing the model keeps."""
+def _mode(model: nn.Module, training: bool, grad: bool = False):
+    """Within: ``model`` in train or eval mode, without grad (``grad=True``: with), the RNG seeded with
+    :data:`TRAIN_SEED`; on leaving, the RNG state, every module's mode and every buffer (BatchNorm's running
+    statistics) are restored, so that a probe run changes nothing the model keeps."""
     was = {m: m.training for m in model.modules()}
     buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
     model.train(training)
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.set_grad_enabled(grad), torch.random.fork_rng(devices=[]):
             torch.manual_seed(TRAIN_SEED)
             yield
     finally:
@@ -386,10 +534,10 @@ class _Undo:
 
         self.steps.append(restore)
 
-    def rollback(self) -> None:
-        for step in reversed(self.steps):
-            step()
-        self.steps.clear()
+    def rollback(self, to: int = 0) -> None:
+        """Undo the changes after the first ``to`` (all of them by default)."""
+        while len(self.steps) > to:
+            self.steps.pop()()
 
 
 def _shared_parameters(model: nn.Module) -> set[int]:
@@ -408,7 +556,7 @@ def _shape_query(node) -> bool:
     return node.op == "call_method" and node.target in ("size", "dim")
 
 
-def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_input=None) -> None:
+def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_input, savings: _Savings) -> None:
     for name, m in model.named_modules():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
         if is_norm_candidate(m) and isinstance(why := norm_form(m), str):
             report.skipped.append(f"{name} ({type(m).__name__}): {why}")
@@ -425,43 +573,50 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
             unproven = _unproven_regions(model, example_input, found, branches)
     modules = dict(model.named_modules())
     shared = _shared_parameters(model)
-    for name, (consumers, other) in found.items():
-        if swaps.merged(modules[name]) is not None:  # merged by an earlier call: only new adapters to wrap
+    for name, (consumers, other) in found.items():  # rewritten by an earlier call: new readers must see α, β
+        if swaps.merged(modules[name]) is not None:  # (correctness, never gated by the saving)
             _wrap_new_adapters(model, modules, name, consumers, other, report, undo)
-            continue
-        if swaps.kept_affine(modules[name]):  # patched by an earlier call: wrap consumers added since
+        elif swaps.kept_affine(modules[name]):
             _wrap_new_consumers(model, modules, name, consumers, other, report, undo)
-            continue
-        why = unproven.get(name) or _why_not_rewritten(modules, name, consumers, other)
-        if why:
-            report.skipped.append(f"{name}: {why}")
-            continue
-        if _trainable(modules[name], [modules[c] for c in consumers if not _is_adapter(c)]):
-            ms, wrapped = keep_affine(modules[name], [modules[c] for c in consumers])
-            _replace(model, modules, name, ms, undo)
-            for c, w in zip(consumers, wrapped):
-                _move_hooks(modules[c], w)  # forward hooks see the same output (the others block: _hooks)
-                _replace(model, modules, c, w, undo)
-            report.norms.append(f"{name} → {type(ms).__name__}, α, β kept and applied by {consumers}")
-            continue
-        why = _why_not_merged(modules, consumers, shared, foreign)
-        if why:
-            report.skipped.append(f"{name}: {why}")
-            continue
-        adapters = [c for c in consumers if _is_adapter(c)]
-        base = [c for c in consumers if c not in adapters]
-        if not base:
-            report.skipped.append(f"{name}: only adapter Linears ({adapters}) read it; nothing to merge into")
-            continue
-        norm = modules[name]
-        for c in base:
-            undo.keep_linear(modules[c])
-        ms = merge_norm(norm, [modules[c] for c in base])
-        refuse_stock_state_dicts(model)
+    new = [n for n in found if swaps.merged(modules[n]) is None and not swaps.kept_affine(modules[n])]
+    for pattern, group in _by_pattern(new):
+        with savings.group(f"{pattern} (norms)"):
+            for name in group:
+                _rewrite_norm(model, modules, name, *found[name], unproven, shared, foreign, report, undo)
+
+
+def _rewrite_norm(model, modules, name, consumers, other, unproven, shared, foreign, report, undo) -> None:
+    """One norm: MS-norm merged into its frozen consumers (eq. 58), or kept affine in wrapped trainable ones."""
+    why = unproven.get(name) or _why_not_rewritten(modules, name, consumers, other)
+    if why:
+        report.skipped.append(f"{name}: {why}")
+        return
+    if _trainable(modules[name], [modules[c] for c in consumers if not _is_adapter(c)]):
+        ms, wrapped = keep_affine(modules[name], [modules[c] for c in consumers])
         _replace(model, modules, name, ms, undo)
-        _wrap_adapters(model, modules, norm, adapters, undo)
-        report.norms.append(f"{name} → {type(ms).__name__} merged into {base}"
-                            + (f"; adapters {adapters} apply its α, β to their input" if adapters else ""))
+        for c, w in zip(consumers, wrapped):
+            _move_hooks(modules[c], w)  # forward hooks see the same output (the others block: _hooks)
+            _replace(model, modules, c, w, undo)
+        report.norms.append(f"{name} → {type(ms).__name__}, α, β kept and applied by {consumers}")
+        return
+    why = _why_not_merged(modules, consumers, shared, foreign)
+    if why:
+        report.skipped.append(f"{name}: {why}")
+        return
+    adapters = [c for c in consumers if _is_adapter(c)]
+    base = [c for c in consumers if c not in adapters]
+    if not base:
+        report.skipped.append(f"{name}: only adapter Linears ({adapters}) read it; nothing to merge into")
+        return
+    norm = modules[name]
+    for c in base:
+        undo.keep_linear(modules[c])
+    ms = merge_norm(norm, [modules[c] for c in base])
+    refuse_stock_state_dicts(model)
+    _replace(model, modules, name, ms, undo)
+    _wrap_adapters(model, modules, norm, adapters, undo)
+    report.norms.append(f"{name} → {type(ms).__name__} merged into {base}"
+                        + (f"; adapters {adapters} apply its α, β to their input" if adapters else ""))
 
 
 #: Module hook tables; a norm with any of them, or a consumer with any but forward hooks, is not rewritten.

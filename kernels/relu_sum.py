@@ -75,7 +75,7 @@ class ReLUSumSpec(GeneratedSpec):
     def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         knots = self.consts(x.device)[0]
         y = self.forward_only_torch(x)  # fp32 math; fp64 stays
-        codes = torch.bucketize(x.float(), knots, out_int32=True)  # #{c_i < x} in fp32, as the kernel; NaN → top
+        codes = torch.bucketize(x.float().contiguous(), knots, out_int32=True)  # #{c_i < x} in fp32; NaN → top
         nan = torch.isnan(x.reshape(-1))
         nan = torch.nn.functional.pad(nan, (0, (-nan.numel()) % self.nan_span)).view(-1, self.nan_span).any(1)
         return y, pack(codes, self.storage, self.packed_bytes(x.numel())), nan.view(torch.uint8)

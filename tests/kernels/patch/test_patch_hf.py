@@ -42,8 +42,8 @@ def test_patch_hf_model_training_step(build, norm_cls, acts, activation):
     model.train()
     merged = copy.deepcopy(model)  # the same merge with exact activations: the gradient reference
     example = {k: v for k, v in batch.items() if k != "labels"}
-    ref_report = patch_model(merged, activation=None, example_input=example)
-    report = patch_model(model, activation=activation, example_input=example)
+    ref_report = patch_model(merged, activation=None, example_input=example, glu=False)
+    report = patch_model(model, activation=activation, example_input=example, glu=False)  # the drop-ins in a GLU
     assert report.norms == ref_report.norms and skips_only_returned_norms(report)
     norms = 5 if build is _vit else 4  # 2 blocks × 2 norms + ViT's final (Llama's is its last hidden state); 2 MLPs
     assert len(report.norms) == norms and len(report.activations) == 2

@@ -41,7 +41,7 @@ def _train(cls, cfg, data, example, activation, out_dir):
     if activation is not None:
         report = patch_model(model, activation=activation, example_input=example)
         norms = 5 if cls is transformers.ViTForImageClassification else 4  # Llama's final norm: a hidden state
-        assert len(report.norms) == norms and len(report.activations) == 2, report
+        assert len(report.norms) == norms and len(report.activations) + len(report.glus) == 2, report
     args = transformers.TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=8, num_train_epochs=4,
                                           learning_rate=3e-3, logging_steps=4, report_to=[], save_strategy="no",
                                           use_cpu=True, bf16=BF16, seed=0, disable_tqdm=True)

@@ -1,0 +1,163 @@
+"""Gated MLPs found by what they run, not by class name: one run of the model records, for every module, the calls
+of its direct children and the activation ops it runs itself; a module whose calls are gate(x), up(x) (or one fused
+projection chunked in two), an activation of the gate and down(…) last is a candidate, and it becomes a
+:class:`~.glu.GatedMLP` only once a float64 probe proves that it computes down(act(gate(x))·up(x)).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from .glu import GLU_ACTIVATIONS, GatedMLP, GLULayout
+
+#: Activation functions → registry activation (F.gelu by its ``approximate`` argument).
+_FUNCTIONAL = {F.silu: "silu", F.mish: "mish", F.gelu: "gelu"}
+
+
+@dataclass
+class _Call:
+    child: str
+    inp: torch.Tensor | None
+    out: object
+
+
+@dataclass
+class _Record:
+    x: torch.Tensor | None  # the module's one positional input (None: called otherwise)
+    out: object = None
+    calls: list[_Call] = field(default_factory=list)
+    functional: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # (activation, its input)
+
+
+def _first_tensor(args) -> torch.Tensor | None:
+    return args[0] if args and isinstance(args[0], torch.Tensor) else None
+
+
+class _ActivationOps(TorchFunctionMode):
+    """Records the activation functions called (``F.silu``, ``F.gelu``, ``F.mish``) with the innermost running
+    module (a function mode: it sees the call as written, before dispatch)."""
+
+    def __init__(self, running: list[str]):
+        super().__init__()
+        self.running, self.seen = running, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        act = _FUNCTIONAL.get(func)
+        if act is not None and self.running:
+            if act == "gelu" and (kwargs or {}).get("approximate", args[1] if len(args) > 1 else "none") == "tanh":
+                act = "gelu_tanh"
+            self.seen.append((self.running[-1], act, args[0]))
+        return func(*args, **(kwargs or {}))
+
+
+def record_calls(model: nn.Module, run) -> tuple[dict[str, _Record], list[tuple[str, str]]]:
+    """({module: its first call's record}, [(module, activation) for every activation op, with the innermost module
+    running it]) from ``run()``, one forward of ``model``."""
+    records: dict[str, _Record] = {}
+    running: list[str] = []
+    watch, handles = _ActivationOps(running), []
+
+    def parent_of(name: str) -> _Record | None:
+        parent = name.rpartition(".")[0]
+        rec = records.get(parent) if name else None
+        return rec if rec is not None and rec.out is None and running and running[-1] == parent else None
+
+    def pre(name):
+        def hook(module, args, kwargs):
+            if (parent := parent_of(name)) is not None:
+                parent.calls.append(_Call(name.rpartition(".")[2], _first_tensor(args), None))
+            records.setdefault(name, _Record(_first_tensor(args) if len(args) == 1 and not kwargs else None))
+            running.append(name)
+        return hook
+
+    def post(name):
+        def hook(module, args, kwargs, out):
+            if not running or running[-1] != name:
+                return
+            running.pop()
+            if records[name].out is None:
+                records[name].out = out
+            if (parent := parent_of(name)) is not None and parent.calls and parent.calls[-1].out is None:
+                parent.calls[-1].out = out
+        return hook
+
+    for name, m in model.named_modules():
+        handles += [m.register_forward_pre_hook(pre(name), with_kwargs=True),
+                    m.register_forward_hook(post(name), with_kwargs=True, always_call=True)]
+    try:
+        with watch:
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    for module, act, inp in watch.seen:
+        records[module].functional.append((act, inp))
+    return records, [(m, a) for m, a, _ in watch.seen]
+
+
+def _same(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a is b
+
+
+def _within(t: torch.Tensor, out: torch.Tensor) -> bool:
+    return isinstance(out, torch.Tensor) and t.untyped_storage()._cdata == out.untyped_storage()._cdata
+
+
+def layout_of(rec: _Record, activation_of) -> tuple[GLULayout, str] | str | None:
+    """(layout, activation) when ``rec``'s calls read as a gated MLP; a reason when they nearly do (an activation
+    between a projection of the input and a last projection, but not in a form the fused op covers); None when the
+    module is no gated MLP at all. ``activation_of(child name)``: the registry activation of an activation child."""
+    acts = [(c.child, activation_of(c.child), c.inp) for c in rec.calls if activation_of(c.child)]
+    acts += [(None, a, inp) for a, inp in rec.functional]
+    others = [c for c in rec.calls if not activation_of(c.child)]
+    if rec.x is None or len(acts) != 1 or len(others) not in (2, 3) or not _same(others[-1].out, rec.out):
+        return None
+    act_child, act, inp = acts[0]
+    if act not in GLU_ACTIVATIONS:
+        return f"gated by {act}, which has no exact fused GLU"
+    *inputs, down = others
+    if not all(_same(c.inp, rec.x) for c in inputs) or _same(down.inp, rec.x):
+        return None
+    if len(inputs) == 2:
+        gate = [c for c in inputs if _same(c.out, inp)]
+        if len(gate) != 1:
+            return None
+        up = inputs[1] if gate[0] is inputs[0] else inputs[0]
+        return GLULayout(gate[0].child, up.child, down.child, act=act_child, up_first=up is inputs[0]), act
+    fused = inputs[0]
+    if not _within(inp, fused.out) or inp.shape[-1] * 2 != fused.out.shape[-1]:
+        return None
+    first = inp.storage_offset() == fused.out.storage_offset()
+    return GLULayout(fused.child, None, down.child, act=act_child, gate_first=first), act
+
+
+def prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:
+    """Why ``GatedMLP(module, layout, act)`` may not replace ``module`` (None when it may): both run in float64 on
+    random inputs shaped like ``x`` at three scales and must agree to 1e-9 relative."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.no_grad():
+        stock = copy.deepcopy(module).double().eval()
+        ours = GatedMLP(stock, layout, act)
+        gen = torch.Generator().manual_seed(0)
+        worst = 0.0
+        for scale in (0.3, 2.0, 8.0):
+            probe = scale * torch.randn(tuple(x.shape), generator=gen, dtype=torch.float64)
+            try:
+                want, got = stock(probe), ours(probe)
+            except Exception as err:  # noqa: BLE001 - what cannot be checked is not rewritten
+                return f"could not be checked as a gated MLP ({type(err).__name__}: {str(err)[:80]})"
+            if not isinstance(want, torch.Tensor) or want.shape != got.shape:
+                return "returns something other than one tensor of the fused form's shape"
+            worst = max(worst, float((want - got).abs().max()) / max(1.0, float(want.abs().max())))
+    if not worst <= 1e-9:
+        return f"does not compute down(act(gate)·up) (max relative difference {worst:.3g} in float64)"
+    return None
+
+
