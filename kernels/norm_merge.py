@@ -69,6 +69,67 @@ class _NormInputLinearFn(torch.autograd.Function):
         return dz, dw, db, da, dbeta
 
 
+class _AffineOutFn(torch.autograd.Function):
+    """y = α⊙z + β for the ops that read a norm's output and keep nothing for backward (a residual add, a pad). Saves
+    z (the MS-norm's own saved output: no new storage), and only when α trains; dz = dy⊙α, dα = Σ dy⊙z, dβ = Σ dy."""
+
+    @staticmethod
+    def forward(ctx, z, alpha, beta):
+        ctx.save_for_backward(z if alpha is not None and alpha.requires_grad else None, alpha)
+        return _NormInputLinearFn._input(z, alpha, beta)
+
+    @staticmethod
+    def backward(ctx, dy):
+        z, alpha = ctx.saved_tensors
+        rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+        dz = dy * alpha.to(dy.dtype) if alpha is not None else dy
+        da = (rows(dy) * rows(z).to(dy.dtype)).sum(0).to(alpha.dtype) if z is not None else None
+        dbeta = rows(dy).sum(0) if ctx.needs_input_grad[2] else None
+        return dz, da, None if dbeta is None else dbeta.to(dy.dtype)
+
+
+#: The attribute of a shared-output norm's y that holds (z, y's version when z was attached).
+_Z = "_approxbp_z"
+
+
+def attached_z(y: torch.Tensor) -> torch.Tensor | None:
+    """The z a shared-output MS-norm attached to its output y, while y is unchanged since (None otherwise)."""
+    found = getattr(y, _Z, None)
+    return found[0] if found is not None and found[1] == y._version else None
+
+
+class _SharedOutput:
+    """An MS-norm whose output also feeds ops that keep nothing for backward (post-LN encoders: the residual add of
+    the next sub-layer): it returns y = α⊙z + β itself (:class:`_AffineOutFn`), with z attached, so that its consumer
+    Linears (:class:`NormInputLinear`) read and save z while the add reads y. z stays in the input's dtype (the add
+    needs the stock precision under autocast). Compiled (dynamo), no z is attached: the consumers read y as stock."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from . import ops
+        from .norms import _eps
+
+        form = self.norm_form
+        if x.shape[-1] != self.normalized_shape:
+            raise ValueError(f"{type(self).__name__} expects last dimension {self.normalized_shape}, got "
+                             f"{tuple(x.shape)}")
+        z = ops.ms_norm(x, _eps(self.eps, x), form.center, x.is_cuda if self.use_triton is None else self.use_triton,
+                        None)
+        alpha = form.alpha(self)
+        y = _AffineOutFn.apply(z, alpha, form.beta(self)) if alpha is not None or form.beta(self) is not None \
+            else z.view_as(z)
+        if not torch.compiler.is_compiling():
+            setattr(y, _Z, (z, y._version))
+        return y
+
+
+class MSLayerNormSharedOutput(_SharedOutput, MSLayerNorm):
+    """:class:`MSLayerNorm` returning α⊙z + β with z attached (:class:`_SharedOutput`)."""
+
+
+class MSRMSNormSharedOutput(_SharedOutput, MSRMSNorm):
+    """:class:`MSRMSNorm` returning α⊙z + β with z attached (:class:`_SharedOutput`)."""
+
+
 class NormInputLinear(nn.Linear):
     """A consumer Linear (or Hugging Face ``Conv1D``) of a norm whose affine α, β stay the model's own parameters:
     it reads the MS-norm's z and computes Linear(α⊙z + β) exactly, saving only z (shared with the MS-norm).
@@ -85,6 +146,11 @@ class NormInputLinear(nn.Linear):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         norm = self.__dict__["norm"]
         weight = self.weight.t() if self.transposed else self.weight
+        if isinstance(norm, _SharedOutput):  # it reads y: z is attached to it (else y is read as stock)
+            found = None if torch.compiler.is_compiling() else attached_z(z)
+            if found is None:
+                return nn.functional.linear(z, weight, self.bias)
+            z = found
         form = norm.__dict__.get("norm_form", _AFFINE)  # α = w, or Gemma's 1 + w (its gradient still reaches w)
         return _NormInputLinearFn.apply(z, weight, self.bias, form.alpha(norm), form.beta(norm))
 
@@ -121,20 +187,23 @@ def consumer_features(linear: nn.Module) -> tuple[int, int]:
     return (w.shape[0], w.shape[1]) if type(linear).__name__ == "Conv1D" else (linear.in_features, linear.out_features)
 
 
-def _ms_norm_of(form: NormForm) -> MSLayerNorm:
-    ms = (MSLayerNorm if form.center else MSRMSNorm)(form.dim, form.eps)
+def _ms_norm_of(form: NormForm, shared_output: bool = False) -> MSLayerNorm:
+    kinds = (MSLayerNormSharedOutput, MSRMSNormSharedOutput) if shared_output else (MSLayerNorm, MSRMSNorm)
+    ms = kinds[0 if form.center else 1](form.dim, form.eps)
     ms.norm_form = form  # the form whose α, β NormInputLinear applies (kept affine: the same Parameters)
     return ms
 
 
-def keep_affine(norm: nn.Module, consumers: list[nn.Module]) -> tuple[MSLayerNorm, list[NormInputLinear]]:
+def keep_affine(norm: nn.Module, consumers: list[nn.Module],
+                shared_output: bool = False) -> tuple[MSLayerNorm, list[NormInputLinear]]:
     """The non-reparameterising MS-norm (the default for trainable models): the norm becomes an MS-norm that
     returns z and holds the norm's own ``weight`` and ``bias`` Parameters under their stock names, and every
     consumer becomes a :class:`NormInputLinear` that applies α = offset + w and β = b (the norm's proven form).
     The function computed, every gradient and the state dict are the stock model's; z is saved once for the norm
-    and all its consumers."""
+    and all its consumers. ``shared_output``: the norm's output also feeds ops that keep nothing for backward, so it
+    returns y = α⊙z + β with z attached (:class:`_SharedOutput`)."""
     form = proven_form(norm)
-    ms = _ms_norm_of(form)
+    ms = _ms_norm_of(form, shared_output)
     wrapped = [NormInputLinear(c, ms) for c in consumers]
     for c, w in zip(consumers, wrapped):
         if w.in_features != form.dim:

@@ -587,17 +587,19 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
 
 def _rewrite_norm(model, modules, name, consumers, other, unproven, shared, foreign, report, undo) -> None:
     """One norm: MS-norm merged into its frozen consumers (eq. 58), or kept affine in wrapped trainable ones."""
-    why = unproven.get(name) or _why_not_rewritten(modules, name, consumers, other)
+    free = sorted(other) if consumers and other and all(map(_keeps_nothing, other)) else []
+    why = unproven.get(name) or _why_not_rewritten(modules, name, consumers, set() if free else other)
     if why:
         report.skipped.append(f"{name}: {why}")
         return
-    if _trainable(modules[name], [modules[c] for c in consumers if not _is_adapter(c)]):
-        ms, wrapped = keep_affine(modules[name], [modules[c] for c in consumers])
+    if free or _trainable(modules[name], [modules[c] for c in consumers if not _is_adapter(c)]):
+        ms, wrapped = keep_affine(modules[name], [modules[c] for c in consumers], shared_output=bool(free))
         _replace(model, modules, name, ms, undo)
         for c, w in zip(consumers, wrapped):
             _move_hooks(modules[c], w)  # forward hooks see the same output (the others block: _hooks)
             _replace(model, modules, c, w, undo)
-        report.norms.append(f"{name} → {type(ms).__name__}, α, β kept and applied by {consumers}")
+        report.norms.append(f"{name} → {type(ms).__name__}, α, β kept and applied by {consumers}"
+                            + (f"; {', '.join(free)} (keeping nothing for backward) read α⊙z + β" if free else ""))
         return
     why = _why_not_merged(modules, consumers, shared, foreign)
     if why:
@@ -625,6 +627,20 @@ HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
 
 def _hooks(module: nn.Module, tables=HOOK_TABLES) -> list[str]:
     return [t.strip("_").replace("_", " ") for t in tables if getattr(module, t, None)]
+
+
+#: Ops that keep nothing of a norm's output for backward: a norm whose other readers are only these (or the model's
+#: return: a hidden state) becomes a shared-output MS-norm (post-LN encoders' residual add, Swin's pad).
+KEEPS_NOTHING = ("add", "sub", "constant_pad_nd")
+
+
+def _keeps_nothing(reader: str) -> bool:
+    """``reader`` (an entry of a norm's other readers: ``op`` or ``op in module``) is an op in :data:`KEEPS_NOTHING`,
+    or the model's return (a shared-output MS-norm returns the stock value)."""
+    return reader.split(" in ")[0] in KEEPS_NOTHING or reader == RETURNED
+
+
+RETURNED = "returned as a model output"
 
 
 def _why_not_rewritten(modules: dict, name: str, consumers: list[str], other: set[str]) -> str | None:
@@ -769,7 +785,7 @@ def _consumers_by_fx(model: nn.Module) -> tuple[dict, dict]:
                 if u.target not in linear:
                     linear.append(u.target)
             else:
-                other.add(str(u.target))
+                other.add(getattr(u.target, "__name__", str(u.target)))  # operator.add, torch.add: "add"
     _account_call_sites(found, reads)
     return found, foreign
 
@@ -983,7 +999,7 @@ def _consumers_by_dispatch(model: nn.Module, example_input) -> tuple[dict, dict]
             for t in _leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
                 name = watch.owner.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
                 if name is not None:
-                    watch.found[name[0]][1].add("returned as a model output")
+                    watch.found[name[0]][1].add(RETURNED)
     finally:
         for h in handles:
             h.remove()

@@ -175,11 +175,11 @@ def test_patching_is_all_or_nothing(monkeypatch, frozen):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     calls = []
 
-    def flaky(norm, consumers):
+    def flaky(norm, consumers, **kw):
         calls.append(norm)
         if len(calls) == 2:
             raise RuntimeError("injected failure")
-        return real(norm, consumers)
+        return real(norm, consumers, **kw)
 
     real = P.merge_norm if frozen else P.keep_affine
     monkeypatch.setattr(P, "merge_norm" if frozen else "keep_affine", flaky)

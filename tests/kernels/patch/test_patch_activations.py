@@ -59,8 +59,8 @@ def test_gpt2_gelu_new_is_swapped_and_its_conv1d_norm_consumers_and_tied_lm_head
     ids = torch.randint(0, 64, (2, 16))
     report = patch_model(model, activation="relu-sum", example_input={"input_ids": ids})
     assert sum("NewGELUActivation" in a for a in report.activations) == 12, report.activations
-    assert len(report.norms) == 24, report  # ln_1, ln_2 (Conv1D consumers) × 12; ln_f is the last hidden state
-    assert len(report.skipped) == 1 and report.skipped[0].startswith("transformer.ln_f:"), report
+    assert len(report.norms) == 25, report  # ln_1, ln_2 (Conv1D consumers) × 12; ln_f: its output shared
+    assert not report.skipped and "transformer.ln_f → MSLayerNormSharedOutput" in report.norms[-1], report
     assert report.max_output_difference <= 1e-6
     assert model.lm_head.weight is model.transformer.wte.weight  # tying untouched: α, β are applied, not merged
 

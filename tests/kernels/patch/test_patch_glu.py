@@ -171,7 +171,7 @@ def test_hf_swiglu_models_train_exactly_and_save_alike(name):
     ours = copy.deepcopy(stock)
     ids = torch.randint(2, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     report = patch_model(ours, activation="invact", example_input={"input_ids": ids})
-    assert len(report.glus) == 2 and len(report.norms) == 4, report
+    assert len(report.glus) == 2 and len(report.norms) == 5, report  # the final norm's output is shared
     before, after = report.saved_bytes
     assert 1 - after / before > 0.25, report.saved_bytes  # measured: llama 30.2 %, phi3 28.8 %
     losses = []

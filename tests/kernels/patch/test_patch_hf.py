@@ -45,7 +45,7 @@ def test_patch_hf_model_training_step(build, norm_cls, acts, activation):
     ref_report = patch_model(merged, activation=None, example_input=example, glu=False)
     report = patch_model(model, activation=activation, example_input=example, glu=False)  # the drop-ins in a GLU
     assert report.norms == ref_report.norms and skips_only_returned_norms(report)
-    norms = 5 if build is _vit else 4  # 2 blocks × 2 norms + ViT's final (Llama's is its last hidden state); 2 MLPs
+    norms = 5  # 2 blocks × 2 norms + the final one (Llama's is its last hidden state: its output shared); 2 MLPs
     assert len(report.norms) == norms and len(report.activations) == 2
     assert sum(isinstance(m, norm_cls) for m in model.modules()) == norms
     want = acts[0] if activation == "relu-sum" else acts[1]

@@ -66,7 +66,8 @@ def _train_losses(model, x, steps=5, seed=1):
 
 def test_hidden_states_are_proven_though_the_example_never_asks_for_them():
     """Llama's last hidden state is its final norm's output: the proof runs the example with
-    output_hidden_states=True, so that norm is skipped (it was rewritten and returned z: off by 5.4)."""
+    output_hidden_states=True (an MS-norm returning z there was off by 5.4), so that norm becomes a shared-output
+    MS-norm, which returns the stock value."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.AutoConfig.for_model("llama", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                             intermediate_size=64, vocab_size=50)
@@ -76,7 +77,8 @@ def test_hidden_states_are_proven_though_the_example_never_asks_for_them():
     with torch.no_grad():
         before = model(input_ids=ids, output_hidden_states=True).hidden_states
     report = patch_model(model, activation="invact", example_input={"input_ids": ids})
-    assert any(s.startswith("model.norm:") and "returned as a model output" in s for s in report.skipped), report
+    assert any(s.startswith("model.norm → MSRMSNormSharedOutput") and "returned as a model output" in s
+               for s in report.norms), report
     with torch.no_grad():
         after = model(input_ids=ids, output_hidden_states=True).hidden_states
     for a, b in zip(after, before, strict=True):

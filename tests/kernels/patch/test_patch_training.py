@@ -103,9 +103,10 @@ def test_state_dicts_round_trip_with_the_stock_class(build):
         assert torch.allclose(ours(**example).logits, other(**example).logits, rtol=1e-6, atol=1e-6)
 
 
-def test_a_norm_whose_output_is_returned_is_left_alone():
-    """With output_hidden_states the last hidden state is the final norm's output: patching it would change it
-    (by 1.8 before), so it is skipped with the reason and every returned tensor stays as it was."""
+def test_a_norm_whose_output_is_returned_returns_the_stock_value():
+    """With output_hidden_states the last hidden state is the final norm's output: an MS-norm returning z changed it
+    (by 1.8), so it becomes a shared-output MS-norm (y = α⊙z + β returned, z for lm_head) and every returned tensor
+    stays as it was."""
     model, batch = _pretrained(_llama)
     model.config.output_hidden_states = True
     example = {"input_ids": batch["input_ids"]}
@@ -113,7 +114,7 @@ def test_a_norm_whose_output_is_returned_is_left_alone():
     with torch.no_grad():
         before = model(**example)
     report = patch_model(model, activation="invact", example_input=example)
-    assert any("returned as a model output" in s for s in report.skipped), report
+    assert any("SharedOutput" in s and "returned as a model output" in s for s in report.norms), report
     with torch.no_grad():
         after = model(**example)
     for a, b in zip(after.hidden_states, before.hidden_states, strict=True):

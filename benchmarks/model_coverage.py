@@ -1,0 +1,265 @@
+"""Which Hugging Face models ``patch_model`` covers: every model type of the installed ``transformers`` with a
+causal-LM, masked-LM, seq2seq, image- or audio-classification head, built tiny from its default config (random
+init, fp32), patched with InvAct on an example batch, then trained 10 AdamW steps beside the stock model.
+
+    python benchmarks/model_coverage.py [--only llama,phi3] [--jobs 2] [--docs docs/models.md]
+
+Per model: activation-like and norm-like modules, how many were rewritten (activations swapped, gated MLPs fused,
+norms made MS-norms), every skip with its reason, the modules neither rewritten nor named in a skip ("unreported":
+must be none), the max forward difference, the measured saving of saved-for-backward bytes, and the max relative
+loss difference after 10 training steps. Writes ``model_coverage.json`` and the docs page's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import re
+import sys
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+#: Heads in order of preference: a model type is built once, with the first head it has.
+HEADS = (("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"), ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+         ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+         ("image-cls", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+         ("audio-cls", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"))
+#: Config attributes set (where the config has them) to make any model tiny.
+TINY = {"hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "intermediate_size": 64, "ffn_dim": 64,
+        "d_ff": 64, "n_inner": 64, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32, "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2,
+        "encoder_layers": 2, "decoder_layers": 2, "num_decoder_layers": 2, "num_attention_heads": 4, "n_head": 4,
+        "encoder_attention_heads": 4, "decoder_attention_heads": 4, "num_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "d_kv": 8, "vocab_size": 128, "max_position_embeddings": 64, "n_positions": 64,
+        "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "image_size": 32, "patch_size": 8, "num_channels": 3, "kv_lora_rank": 16, "q_lora_rank": 16,
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8}
+#: Training steps compared with the stock model (issue 32: InvAct training stays within 1e-5 relative).
+STEPS = 10
+
+
+def model_types() -> list[tuple[str, str, str]]:
+    """(model type, head, class name) for every model type with one of :data:`HEADS`, first head first."""
+    import transformers.models.auto.modeling_auto as auto
+
+    seen: dict[str, tuple[str, str, str]] = {}
+    for head, mapping in HEADS:
+        for model_type, cls in getattr(auto, mapping).items():
+            seen.setdefault(model_type, (model_type, head, cls if isinstance(cls, str) else cls[0]))
+    return sorted(seen.values())
+
+
+def tiny_config(model_type: str):
+    """The model type's default config with every size in :data:`TINY` it has, sub-configs too; per-layer lists cut
+    to the new layer count; special token ids kept inside the vocabulary."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type)
+    _shrink(config)
+    return config
+
+
+def _shrink(config, depth: int = 0) -> None:
+    from transformers import PretrainedConfig
+
+    layers = next((getattr(config, k) for k in ("num_hidden_layers", "num_layers", "n_layer")
+                   if isinstance(getattr(config, k, None), int)), None)
+    for key, value in TINY.items():
+        if isinstance(getattr(config, key, None), int) and not isinstance(getattr(config, key), bool):
+            setattr(config, key, value)
+    for key, value in list(vars(config).items()):
+        if isinstance(value, list) and layers and len(value) == layers and key not in ("architectures",):
+            setattr(config, key, value[:TINY["num_hidden_layers"]])
+        elif isinstance(value, PretrainedConfig) and depth < 3:
+            _shrink(value, depth + 1)
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
+                "cls_token_id", "mask_token_id"):
+        v = getattr(config, key, None)
+        if isinstance(v, int) and v >= TINY["vocab_size"]:
+            setattr(config, key, 1)
+        elif isinstance(v, list):
+            setattr(config, key, [t if t < TINY["vocab_size"] else 1 for t in v])
+    if hasattr(config, "num_labels"):
+        config.num_labels = 2
+
+
+def example_batch(head: str, config) -> tuple[dict, dict]:
+    """(example input, its labels) for one head: 2 sequences of 12 tokens, 2 images or 2 clips."""
+    gen = torch.Generator().manual_seed(0)
+    if head in ("causal-lm", "masked-lm", "seq2seq"):
+        vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", 128)
+        ids = torch.randint(3, vocab, (2, 12), generator=gen)
+        batch = {"input_ids": ids}
+        if head == "seq2seq":
+            batch["decoder_input_ids"] = ids[:, :8].clone()
+            return batch, {"labels": ids[:, :8].clone()}
+        return batch, {"labels": ids}
+    labels = {"labels": torch.tensor([0, 1])}
+    if head == "image-cls":
+        size = getattr(config, "image_size", 32)
+        size = size if isinstance(size, int) else 32
+        channels = getattr(config, "num_channels", 3)
+        return {"pixel_values": torch.randn(2, channels, size, size, generator=gen)}, labels
+    bins = getattr(config, "num_mel_bins", None)
+    if bins:
+        return {"input_features": torch.randn(2, bins, 3000, generator=gen)}, labels
+    return {"input_values": torch.randn(2, 4000, generator=gen)}, labels
+
+
+def _loss(model, batch: dict, labels: dict) -> torch.Tensor:
+    out = model(**batch, **labels)
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        loss = logits.float().square().mean()
+    return loss
+
+
+def _train(model, batch: dict, labels: dict) -> list[float]:
+    torch.manual_seed(0)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(model, batch, labels)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def inventory(model) -> tuple[list[str], list[str]]:
+    """(activation-like module paths, norm-like module paths) of a stock model."""
+    from approxbp.kernels.norm_forms import is_norm_candidate
+    from approxbp.kernels.patch import ACTIVATION_LIKE
+
+    acts = [n for n, m in model.named_modules() if n and next(m.children(), None) is None
+            and any(f.lower() in type(m).__name__.lower() for f in ACTIVATION_LIKE)]
+    norms = [n for n, m in model.named_modules() if n and is_norm_candidate(m)]
+    return acts, norms
+
+
+def _mentioned(name: str, skipped: list[str]) -> bool:
+    pattern = re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", name)
+    return any(name in s or pattern in s for s in skipped)
+
+
+def measure(model_type: str, head: str, class_name: str) -> dict:
+    """One row of the table (a row with ``error`` when the tiny model cannot be built or run)."""
+    import transformers
+    from approxbp.kernels import patch_model
+
+    row = {"model_type": model_type, "head": head, "class": class_name}
+    try:
+        config = tiny_config(model_type)
+        torch.manual_seed(0)
+        stock = getattr(transformers, class_name)(config).float()
+        batch, labels = example_batch(head, config)
+        with torch.no_grad():
+            stock.eval()(**batch)
+    except Exception as err:  # noqa: BLE001 - a model we cannot build tiny is a row that says so
+        return {**row, "error": f"stock tiny model: {type(err).__name__}: {' '.join(str(err).split())[:200]}"}
+    acts, norms = inventory(stock)
+    ours = copy.deepcopy(stock)
+    try:
+        report = patch_model(ours, activation="invact", example_input=batch)
+    except Exception as err:  # noqa: BLE001
+        return {**row, "acts": len(acts), "norms": len(norms),
+                "error": f"patch_model: {type(err).__name__}: {' '.join(str(err).split())[:300]}"}
+    glu_acts = [n for n in acts if any(n.startswith(g.split(":")[0] + ".") for g in report.glus)]
+    done = {line.split(":")[0] for line in report.activations} | set(glu_acts)
+    done |= {line.split(" → ")[0].split(" (")[0] for line in report.norms}
+    unreported = [n for n in acts + norms if n not in done and not _mentioned(n, report.skipped)]
+    before, after = report.saved_bytes or (0, 0)
+    row.update(acts=len(acts), acts_swapped=len(report.activations), glus=len(report.glus), acts_in_glus=len(glu_acts),
+               norms=len(norms), norms_rewritten=len(report.norms), skipped=report.skipped, unreported=unreported,
+               forward_difference=report.max_output_difference, saved_bytes=[before, after],
+               saving=(1 - after / before) if before else None)
+    try:
+        ref, got = _train(stock, batch, labels), _train(ours, batch, labels)
+        row["train_difference"] = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(ref, got))
+    except Exception as err:  # noqa: BLE001
+        row["train_error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    return row
+
+
+def _measure_safely(job) -> dict:
+    try:
+        torch.set_num_threads(1)
+        return measure(*job)
+    except Exception:  # noqa: BLE001 - one model's crash is its row, not the run's end
+        return {"model_type": job[0], "head": job[1], "class": job[2],
+                "error": "crashed: " + traceback.format_exc(limit=1).strip().splitlines()[-1][:200]}
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    """The docs page's table."""
+    ok = [r for r in rows if "error" not in r]
+    full = [r for r in ok if not r["unreported"] and r["acts_swapped"] + r["acts_in_glus"] == r["acts"]
+            and r["norms_rewritten"] == r["norms"]]
+    lines = [f"{len(rows)} model types (transformers {meta['transformers']}, torch {meta['torch']}); {len(ok)} built "
+             f"and patched, {len(full)} with every activation and norm rewritten; "
+             f"{sum(bool(r['unreported']) for r in ok)} with a module neither rewritten nor named in a skip; "
+             f"{sum((r.get('saving') or 0) < 0 for r in ok)} whose saved bytes grow.", "",
+             "| model | head | activations swapped / fused in GLUs / all | norms rewritten / all | saving | "
+             "forward diff | 10-step loss diff | skipped (first reason) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model_type']} | {r['head']} | — | — | — | — | — | not measured: {_cell(r['error'])} |")
+            continue
+        saving = "—" if r["saving"] is None else f"{100 * r['saving']:.1f} %"
+        train = r.get("train_difference")
+        train = f"{train:.1e}" if train is not None else _cell(r.get("train_error", "—"))
+        first = _cell(r["skipped"][0]) if r["skipped"] else ""
+        more = f" (+{len(r['skipped']) - 1} more)" if len(r["skipped"]) > 1 else ""
+        lines.append(f"| {r['model_type']} | {r['head']} | {r['acts_swapped']} / {r['acts_in_glus']} / {r['acts']} | "
+                     f"{r['norms_rewritten']} / {r['norms']} | {saving} | {r['forward_difference']:.1e} | {train} | "
+                     f"{first}{more} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:160]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", default=None, help="comma-separated model types (default: every one)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--docs", type=Path, default=None, help="write the table into this markdown page")
+    args = p.parse_args()
+    import transformers
+    from approxbp.approximations.files import write_atomic
+
+    jobs = [j for j in model_types() if args.only is None or j[0] in args.only.split(",")]
+    t0, rows = time.perf_counter(), []
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for i, row in enumerate(pool.map(_measure_safely, jobs)):
+            rows.append(row)
+            status = row.get("error", "")[:60] or (f"saving {100 * (row['saving'] or 0):.1f} %, "
+                                                  f"unreported {len(row['unreported'])}")
+            print(f"[{i + 1}/{len(jobs)} {time.perf_counter() - t0:.0f} s] {row['model_type']}: {status}",
+                  file=sys.stderr, flush=True)
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "steps": STEPS,
+            "seconds": round(time.perf_counter() - t0)}
+    write_atomic(args.out / "model_coverage.json", json.dumps({"meta": meta, "rows": rows}, indent=1,
+                                                                default=lambda v: None if v is None or (
+                                                                    isinstance(v, float) and math.isnan(v)) else v))
+    if args.docs:
+        text = args.docs.read_text(encoding="utf-8")
+        start, end = "<!-- model_coverage: start -->", "<!-- model_coverage: end -->"
+        head, _, rest = text.partition(start)
+        write_atomic(args.docs, head + start + "\n" + markdown(rows, meta) + end + rest.partition(end)[2])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

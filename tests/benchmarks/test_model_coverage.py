@@ -1,0 +1,45 @@
+"""benchmarks/model_coverage.py on a fixed subset of Hugging Face model types (issue 32, item 7; CI runs these, the
+full table is the benchmark's): each is built tiny, patched with InvAct, trained beside the stock model. Every
+activation and norm module is rewritten or named in a skip, the saved bytes fall, InvAct trains within 1e-5."""
+
+import runpy
+
+import pytest
+from _helpers import ROOT
+
+pytest.importorskip("transformers")
+COVERAGE = runpy.run_path(str(ROOT / "benchmarks" / "model_coverage.py"))
+#: llama's block with other norm classes or scales (mistral, gemma: 1 + w, qwen3: QK-norms), a fused gate/up (phi3),
+#: post-LN (bert, roberta), T5 (no mean, no bias; ReLU), ViT and GPT-2 (Conv1D).
+SUBSET = ("llama", "gemma", "qwen3", "phi3", "bert", "roberta", "t5", "vit", "gpt2")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    jobs = {j[0]: j for j in COVERAGE["model_types"]()}
+    return {name: COVERAGE["measure"](*jobs[name]) for name in SUBSET}
+
+
+@pytest.mark.parametrize("name", SUBSET)
+def test_every_module_is_rewritten_or_reported_and_nothing_grows(rows, name):
+    row = rows[name]
+    assert "error" not in row and "train_error" not in row, row
+    assert row["unreported"] == [], row
+    assert row["saving"] > 0.05, row
+    assert row["train_difference"] <= 1e-5 and row["forward_difference"] <= 1e-5, row
+
+
+def test_blocks_like_llamas_save_within_five_points_of_it(rows):
+    llama = rows["llama"]["saving"]
+    for name in ("gemma", "phi3"):
+        assert rows[name]["saving"] > llama - 0.05, (name, rows[name]["saving"], llama)
+
+
+def test_post_ln_encoders_get_ms_ln(rows):
+    for name in ("bert", "roberta"):
+        assert rows[name]["norms_rewritten"] >= 4, rows[name]
+
+
+def test_the_table_says_what_was_left_and_why(rows):
+    text = COVERAGE["markdown"](list(rows.values()), {"transformers": "x", "torch": "y"})
+    assert text.count("\n| ") == len(SUBSET) + 1 and "| t5 | seq2seq |" in text
