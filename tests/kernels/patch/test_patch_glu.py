@@ -173,7 +173,8 @@ def test_hf_swiglu_models_train_exactly_and_save_alike(name):
     report = patch_model(ours, activation="invact", example_input={"input_ids": ids})
     assert len(report.glus) == 2 and len(report.norms) == 5, report  # the final norm's output is shared
     before, after = report.saved_bytes
-    assert 1 - after / before > 0.25, report.saved_bytes  # measured: llama 30.2 %, phi3 28.8 %
+    print(f"{name}: saved for backward {before} → {after} bytes ({100 * (1 - after / before):.1f} % less)")
+    assert 1 - after / before > 0.25, report.saved_bytes  # measured (-s prints it)
     losses = []
     for model in (stock, ours):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
