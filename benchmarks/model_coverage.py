@@ -39,7 +39,15 @@ TINY = {"hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "interm
         "head_dim": 8, "d_kv": 8, "vocab_size": 128, "max_position_embeddings": 64, "n_positions": 64,
         "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
         "image_size": 32, "patch_size": 8, "num_channels": 3, "kv_lora_rank": 16, "q_lora_rank": 16,
-        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8}
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "rotary_dim": 8, "n_group": 1,
+        "topk_group": 1}
+#: The fallback when a model cannot be built from :data:`TINY` (its sizes depend on each other in ways a generic
+#: shrink breaks): its own widths, 2 layers, a small vocabulary.
+DEPTH_ONLY = {k: v for k, v in TINY.items() if k in (
+    "num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers", "num_decoder_layers",
+    "vocab_size", "max_position_embeddings", "n_positions", "image_size")}
+#: The largest model built (the fallback keeps a model's own widths: DeepSeek-V3's are 7168).
+MAX_PARAMETERS = 30_000_000
 #: Training steps compared with the stock model (issue 32: InvAct training stays within 1e-5 relative).
 STEPS = 10
 
@@ -55,29 +63,32 @@ def model_types() -> list[tuple[str, str, str]]:
     return sorted(seen.values())
 
 
-def tiny_config(model_type: str):
-    """The model type's default config with every size in :data:`TINY` it has, sub-configs too; per-layer lists cut
+def tiny_config(model_type: str, sizes: dict = TINY):
+    """The model type's default config with every size in ``sizes`` it has, sub-configs too; per-layer lists cut
     to the new layer count; special token ids kept inside the vocabulary."""
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(model_type)
-    _shrink(config)
+    _shrink(config, sizes)
     return config
 
 
-def _shrink(config, depth: int = 0) -> None:
+def _shrink(config, sizes: dict, depth: int = 0) -> None:
     from transformers import PretrainedConfig
 
     layers = next((getattr(config, k) for k in ("num_hidden_layers", "num_layers", "n_layer")
                    if isinstance(getattr(config, k, None), int)), None)
-    for key, value in TINY.items():
+    for key, value in sizes.items():
         if isinstance(getattr(config, key, None), int) and not isinstance(getattr(config, key), bool):
-            setattr(config, key, value)
+            try:
+                setattr(config, key, value)
+            except AttributeError:  # a derived, read-only property (Falcon's head_dim)
+                pass
     for key, value in list(vars(config).items()):
         if isinstance(value, list) and layers and len(value) == layers and key not in ("architectures",):
             setattr(config, key, value[:TINY["num_hidden_layers"]])
         elif isinstance(value, PretrainedConfig) and depth < 3:
-            _shrink(value, depth + 1)
+            _shrink(value, sizes, depth + 1)
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
                 "cls_token_id", "mask_token_id"):
         v = getattr(config, key, None)
@@ -122,7 +133,13 @@ def _loss(model, batch: dict, labels: dict) -> torch.Tensor:
 
 
 def _train(model, batch: dict, labels: dict) -> list[float]:
-    torch.manual_seed(0)
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(0)  # dropout; numpy and random: wav2vec2-style time masks
+    np.random.seed(0)
+    random.seed(0)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
@@ -157,15 +174,24 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
     from approxbp.kernels import patch_model
 
     row = {"model_type": model_type, "head": head, "class": class_name}
-    try:
-        config = tiny_config(model_type)
-        torch.manual_seed(0)
-        stock = getattr(transformers, class_name)(config).float()
-        batch, labels = example_batch(head, config)
-        with torch.no_grad():
-            stock.eval()(**batch)
-    except Exception as err:  # noqa: BLE001 - a model we cannot build tiny is a row that says so
-        return {**row, "error": f"stock tiny model: {type(err).__name__}: {' '.join(str(err).split())[:200]}"}
+    for sizes in (TINY, DEPTH_ONLY):
+        try:
+            config = tiny_config(model_type, sizes)
+            with torch.device("meta"):  # sized before anything is allocated
+                params = sum(p.numel() for p in getattr(transformers, class_name)(config).parameters())
+            if params > MAX_PARAMETERS:
+                raise ValueError(f"{params / 1e6:.0f} M parameters at these sizes (over {MAX_PARAMETERS / 1e6:.0f} M)")
+            torch.manual_seed(0)
+            stock = getattr(transformers, class_name)(config).float()
+            batch, labels = example_batch(head, config)
+            with torch.no_grad():
+                stock.eval()(**batch)
+            row["sizes"] = "tiny" if sizes is TINY else "2 layers, own widths"
+            break
+        except Exception as err:  # noqa: BLE001 - a model we cannot build small is a row that says so
+            error = f"stock small model: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    else:
+        return {**row, "error": error}
     acts, norms = inventory(stock)
     ours = copy.deepcopy(stock)
     try:

@@ -48,7 +48,10 @@ class _NormInputLinearFn(torch.autograd.Function):
     def forward(ctx, z, weight, bias, alpha, beta):
         ctx.save_for_backward(z, weight, alpha, beta)
         ctx.has_bias = bias is not None
-        return nn.functional.linear(_NormInputLinearFn._input(z, alpha, beta), weight, bias)
+        out = nn.functional.linear(_NormInputLinearFn._input(z, alpha, beta), weight, bias)
+        # a view (F.linear of a strided input) could not be written in place by the model (data2vec-audio masks
+        # time steps with hidden[mask] = …): autograd forbids in-place ops on a custom Function's view outputs
+        return out if out._base is None else out.clone()
 
     @staticmethod
     def backward(ctx, dy):  # in dy's dtype (autocast's, when the forward's Linear ran under it)

@@ -476,17 +476,27 @@ TRAIN_SEED = 0
 
 @contextlib.contextmanager
 def _mode(model: nn.Module, training: bool, grad: bool = False):
-    """Within: ``model`` in train or eval mode, without grad (``grad=True``: with), the RNG seeded with
-    :data:`TRAIN_SEED`; on leaving, the RNG state, every module's mode and every buffer (BatchNorm's running
-    statistics) are restored, so that a probe run changes nothing the model keeps."""
+    """Within: ``model`` in train or eval mode, without grad (``grad=True``: with), torch's, numpy's and Python's
+    RNGs seeded with :data:`TRAIN_SEED` (wav2vec2-style models draw their time masks from numpy); on leaving, the
+    RNG states, every module's mode and every buffer (BatchNorm's running statistics) are restored, so that a probe
+    run changes nothing the model keeps."""
+    import random
+
+    import numpy as np
+
     was = {m: m.training for m in model.modules()}
     buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
+    states = (np.random.get_state(), random.getstate())
     model.train(training)
     try:
         with torch.set_grad_enabled(grad), torch.random.fork_rng(devices=[]):
             torch.manual_seed(TRAIN_SEED)
+            np.random.seed(TRAIN_SEED)
+            random.seed(TRAIN_SEED)
             yield
     finally:
+        np.random.set_state(states[0])
+        random.setstate(states[1])
         with torch.no_grad():
             for b, value in buffers:
                 b.copy_(value)
@@ -573,6 +583,9 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
             unproven = _unproven_regions(model, example_input, found, branches)
     modules = dict(model.named_modules())
     shared = _shared_parameters(model)
+    for name, m in modules.items():  # proven norms that never ran (a BART decoder's cross-attention norm, run as a
+        if name not in found and is_mergeable_norm(m):  # causal LM): nothing proves how their output is read
+            report.skipped.append(f"{name}: not run on the example input (or not reached by tracing); left as it is")
     for name, (consumers, other) in found.items():  # rewritten by an earlier call: new readers must see α, β
         if swaps.merged(modules[name]) is not None:  # (correctness, never gated by the saving)
             _wrap_new_adapters(model, modules, name, consumers, other, report, undo)
