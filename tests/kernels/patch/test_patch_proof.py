@@ -246,3 +246,58 @@ def test_an_inplace_activation_is_swapped_and_the_report_says_so():
     report = patch_model(model, activation="invact", example_input=torch.randn(3, 4))
     assert len(report.activations) == 1 and "inplace=True" in report.activations[0], report
     assert not report.skipped
+
+
+def test_a_norm_that_never_runs_is_named_in_skipped():
+    """BART's decoder run as a causal LM never calls its cross-attention norm: nothing proves how its output is read."""
+    class Unused(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.spare, self.lin = torch.nn.LayerNorm(8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(self.ln(x))
+
+    model = Unused()
+    report = patch_model(model, activation=None, example_input=torch.randn(2, 8))
+    assert len(report.norms) == 1 and report.skipped == [
+        "spare: not run on the example input (or not reached by tracing); left as it is"], report
+
+
+def test_train_mode_draws_from_numpy_are_seeded_for_the_proof():
+    """wav2vec2-style models draw their time masks from numpy in train mode: both proof runs must draw the same."""
+    import numpy as np
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.lin = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.lin(self.ln(x))
+            if self.training:
+                h = h * torch.from_numpy(np.random.rand(*h.shape) > 0.5).to(h.dtype)
+            return h
+
+    np.random.seed(1)
+    state = np.random.get_state()[1].copy()
+    report = patch_model(Masked(), activation=None, example_input=torch.randn(4, 8))
+    assert len(report.norms) == 1 and np.array_equal(np.random.get_state()[1], state)  # the caller's draws intact
+
+
+def test_a_consumer_output_written_in_place_works():
+    """data2vec-audio writes its feature projection's output in place in train mode (hidden[mask] = embed, after a
+    p = 0 dropout that returns its input): autograd forbids that on a custom Function's view output (F.linear of a
+    3-d input is one), so the wrapped consumer never returns a view."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Data2VecAudioConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                           intermediate_size=64, conv_dim=(32, 32), conv_stride=(5, 2),
+                                           conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                           num_conv_pos_embedding_groups=4, mask_time_length=2, num_labels=2)
+    torch.manual_seed(0)
+    model = transformers.Data2VecAudioForSequenceClassification(cfg)
+    x = {"input_values": torch.randn(2, 4000)}
+    report = patch_model(model, activation="invact", example_input=x)
+    assert any(n.startswith("data2vec_audio.feature_projection.layer_norm") for n in report.norms), report
+    model.train()
+    model(**x, labels=torch.tensor([0, 1])).loss.backward()
