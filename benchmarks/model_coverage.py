@@ -190,6 +190,8 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
             break
         except Exception as err:  # noqa: BLE001 - a model we cannot build small is a row that says so
             error = f"stock small model: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+            if isinstance(err, TimeoutError):
+                return {**row, "error": error}
     else:
         return {**row, "error": error}
     acts, norms = inventory(stock)
@@ -216,13 +218,27 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
     return row
 
 
+#: Work limit per model, in seconds of its worker (a state-space scan or a huge default sequence on the CPU).
+PER_MODEL_S = 120
+
+
+def _over_time(signum, frame):
+    raise TimeoutError(f"over {PER_MODEL_S} s on this machine")
+
+
 def _measure_safely(job) -> dict:
+    import signal
+
+    signal.signal(signal.SIGALRM, _over_time)
+    signal.alarm(PER_MODEL_S)
     try:
         torch.set_num_threads(1)
         return measure(*job)
-    except Exception:  # noqa: BLE001 - one model's crash is its row, not the run's end
+    except BaseException:  # noqa: BLE001 - one model's crash (or time-out) is its row, not the run's end
         return {"model_type": job[0], "head": job[1], "class": job[2],
                 "error": "crashed: " + traceback.format_exc(limit=1).strip().splitlines()[-1][:200]}
+    finally:
+        signal.alarm(0)
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
