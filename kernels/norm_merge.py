@@ -91,14 +91,15 @@ class _AffineOutFn(torch.autograd.Function):
         return dz, da, None if dbeta is None else dbeta.to(dy.dtype)
 
 
-#: The attribute of a shared-output norm's y that holds (z, y's version when z was attached).
+#: The attribute of a shared-output norm's y that holds (the norm, z, y's version when z was attached).
 _Z = "_approxbp_z"
 
 
-def attached_z(y: torch.Tensor) -> torch.Tensor | None:
-    """The z a shared-output MS-norm attached to its output y, while y is unchanged since (None otherwise)."""
+def attached_z(y: torch.Tensor, norm: nn.Module) -> torch.Tensor | None:
+    """The z that the shared-output MS-norm ``norm`` attached to its output y, while y is unchanged since (None
+    otherwise: another norm's output, as when layer drop skips a block and a consumer gets an earlier norm's y)."""
     found = getattr(y, _Z, None)
-    return found[0] if found is not None and found[1] == y._version else None
+    return found[1] if found is not None and found[0] is norm and found[2] == y._version else None
 
 
 class _SharedOutput:
@@ -121,7 +122,7 @@ class _SharedOutput:
         y = _AffineOutFn.apply(z, alpha, form.beta(self)) if alpha is not None or form.beta(self) is not None \
             else z.view_as(z)
         if not torch.compiler.is_compiling():
-            setattr(y, _Z, (z, y._version))
+            setattr(y, _Z, (self, z, y._version))
         return y
 
 
@@ -150,7 +151,7 @@ class NormInputLinear(nn.Linear):
         norm = self.__dict__["norm"]
         weight = self.weight.t() if self.transposed else self.weight
         if isinstance(norm, _SharedOutput):  # it reads y: z is attached to it (else y is read as stock)
-            found = None if torch.compiler.is_compiling() else attached_z(z)
+            found = None if torch.compiler.is_compiling() else attached_z(z, norm)
             if found is None:
                 return nn.functional.linear(z, weight, self.bias)
             z = found

@@ -807,14 +807,17 @@ def _data_dependent_branches(model: nn.Module, example_input, args=None) -> str 
     """Why one run of ``model`` cannot stand for every input (None when it can): torch._dynamo traces one forward
     and reports a graph break at Python control flow on a tensor's value (``if x.sum() > 0``, ``.item()``), where
     another input would run other code. ``args``: (positional, keyword) arguments instead of ``example_input``.
-    Runs in eval mode without grad, with the RNG state restored."""
-    try:
-        with _mode(model, False):
-            explain = torch._dynamo.explain(model)
-            result = explain(*args[0], **args[1]) if args is not None else _call(explain, example_input)
-    except Exception as err:  # noqa: BLE001 - what cannot be checked is not rewritten
-        return f"could not check with torch._dynamo ({type(err).__name__}: {' '.join(str(err).split())[:80]})"
-    reasons = [" ".join(str(r.reason).split()) for r in result.break_reasons]
+    Runs in eval mode and in train mode (wav2vec2's layer drop branches on ``torch.rand([])`` only when
+    training), without grad, with the RNG state restored."""
+    reasons = []
+    for training in (False, True):
+        try:
+            with _mode(model, training):
+                explain = torch._dynamo.explain(model)
+                result = explain(*args[0], **args[1]) if args is not None else _call(explain, example_input)
+        except Exception as err:  # noqa: BLE001 - what cannot be checked is not rewritten
+            return f"could not check with torch._dynamo ({type(err).__name__}: {' '.join(str(err).split())[:80]})"
+        reasons += [" ".join(str(r.reason).split()) for r in result.break_reasons]
     dependent = [r for r in reasons if any(k in r for k in ("generic_jump", "data-dependent", "data dependent",
                                                             "Data-dependent", "item()", "__bool__"))]
     return "; ".join(sorted(set(r[:80] for r in dependent))) or None
