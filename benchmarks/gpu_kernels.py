@@ -123,6 +123,35 @@ def activation_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
     return rows
 
 
+def glu_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
+    """act(g)·u: torch eager (saves g, act(g), u), torch.compile, our exact fused GLU (saves g, u) and Liger's
+    SwiGLU/GeGLU. The benchmarked tensor holds g and u as its two contiguous halves (rows of 4096)."""
+    import torch.nn.functional as F
+    from approxbp.kernels.glu import GLUSpec, glu
+
+    e = torch.tensor([], dtype=dtype).element_size()
+    rows_ = max(numel // 4096, 2) // 2
+    x = torch.randn(2 * rows_, 4096, dtype=dtype, device=device)
+    g = torch.randn(rows_, 4096, dtype=dtype, device=device)  # dh
+    use = device == "cuda" or None
+    out = []
+    for name, act in (("swiglu", F.silu), ("geglu", F.gelu)):
+        spec = GLUSpec("silu" if name == "swiglu" else "gelu")
+        stock = lambda t, act=act: act(t[:rows_]) * t[rows_:]  # noqa: E731
+        # bytes per element of the benchmarked tensor (g and u): forward 3, backward 5 per element of h
+        impls = {"torch eager": (stock, 1.5 * e, 2.5 * e), "torch.compile": (torch.compile(stock), 1.5 * e, 2.5 * e),
+                 "exact fused GLU": (lambda t, spec=spec: glu(t[:rows_], t[rows_:], spec, use), 1.5 * e, 2.5 * e)}
+        try:
+            from liger_kernel.transformers.functional import liger_geglu, liger_swiglu
+
+            lig = liger_swiglu if name == "swiglu" else liger_geglu
+            impls["liger"] = (lambda t, lig=lig: lig(t[:rows_], t[rows_:]), 1.5 * e, 2.5 * e)
+        except ImportError:
+            pass
+        out += _rows(name, impls, x, g, copy_bps)
+    return out
+
+
 #: The table behind each of our implementations above (for the static prediction of ``approxbp cost``).
 TABLES = {"ReGELU2": "relu_sum/gelu-k2-primitive.json", "ReLU-sum k=4": "relu_sum/gelu-k4-primitive.json",
           "InvActGELU": "invact/gelu-fast.json", "ReSiLU2": "relu_sum/silu-k2-primitive.json",
@@ -298,12 +327,14 @@ def main() -> int:
         bps = result["copy_GBps"] * 1e9
         result["activations"] = activation_rows(numel, dtype, device, bps)
         result["norms"] = norm_rows(max(numel // 4096, 1), 4096, dtype, device, bps)
+        result["glus"] = glu_rows(numel, dtype, device, bps)
     if "training" not in args.skip:
         kw = {"d": 64, "blocks": 1, "batch": 2, "tokens": 16} if SMOKE else {}
         result["training_steps"] = training_step_rows(device, **kw)
     if "vit-lora" not in args.skip:
         result["vit_lora"] = vit_lora_rows(device)
-    failed = [r for r in result.get("activations", []) + result.get("norms", []) if "error" in r]
+    failed = [r for r in result.get("activations", []) + result.get("norms", []) + result.get("glus", [])
+              if "error" in r]
     for r in failed:
         print(f"FAILED {r['op']} / {r['impl']}: {r['error']}")
     if SMOKE:
