@@ -16,7 +16,6 @@ import argparse
 import copy
 import json
 import math
-import re
 import sys
 import time
 import traceback
@@ -164,7 +163,9 @@ def inventory(model) -> tuple[list[str], list[str]]:
 
 
 def _mentioned(name: str, skipped: list[str]) -> bool:
-    pattern = re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", name)
+    from approxbp.kernels.patch import path_pattern
+
+    pattern = path_pattern(name)
     return any(name in s or pattern in s for s in skipped)
 
 
@@ -201,9 +202,8 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
     except Exception as err:  # noqa: BLE001
         return {**row, "acts": len(acts), "norms": len(norms),
                 "error": f"patch_model: {type(err).__name__}: {' '.join(str(err).split())[:300]}"}
-    glu_acts = [n for n in acts if any(n.startswith(g.split(":")[0] + ".") for g in report.glus)]
-    done = {line.split(":")[0] for line in report.activations} | set(glu_acts)
-    done |= {line.split(" → ")[0].split(" (")[0] for line in report.norms}
+    glu_acts = [n for n in acts if any(n.startswith(report.subject(g) + ".") for g in report.glus)]
+    done = report.rewritten() | set(glu_acts)
     unreported = [n for n in acts + norms if n not in done and not _mentioned(n, report.skipped)]
     before, after = report.saved_bytes or (0, 0)
     row.update(acts=len(acts), acts_swapped=len(report.activations), glus=len(report.glus), acts_in_glus=len(glu_acts),
@@ -250,7 +250,7 @@ def _measure_safely(job) -> dict:
     try:
         torch.set_num_threads(1)
         return measure(*job)
-    except BaseException:  # noqa: BLE001 - one model's crash (or time-out) is its row, not the run's end
+    except Exception:  # noqa: BLE001 - one model's crash (or time-out) is its row, not the run's end
         return {"model_type": job[0], "head": job[1], "class": job[2],
                 "error": "crashed: " + traceback.format_exc(limit=1).strip().splitlines()[-1][:200]}
     finally:

@@ -88,7 +88,7 @@ class _AffineOutFn(torch.autograd.Function):
         dz = dy * alpha.to(dy.dtype) if alpha is not None else dy
         da = (rows(dy) * rows(z).to(dy.dtype)).sum(0).to(alpha.dtype) if z is not None else None
         dbeta = rows(dy).sum(0) if ctx.needs_input_grad[2] else None
-        return dz, da, None if dbeta is None else dbeta.to(dy.dtype)
+        return dz, da, dbeta
 
 
 #: The attribute of a shared-output norm's y that holds (the norm, z, y's version when z was attached).
@@ -109,18 +109,9 @@ class _SharedOutput:
     needs the stock precision under autocast). Compiled (dynamo), no z is attached: the consumers read y as stock."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from . import ops
-        from .norms import _eps
-
-        form = self.norm_form
-        if x.shape[-1] != self.normalized_shape:
-            raise ValueError(f"{type(self).__name__} expects last dimension {self.normalized_shape}, got "
-                             f"{tuple(x.shape)}")
-        z = ops.ms_norm(x, _eps(self.eps, x), form.center, x.is_cuda if self.use_triton is None else self.use_triton,
-                        None)
-        alpha = form.alpha(self)
-        y = _AffineOutFn.apply(z, alpha, form.beta(self)) if alpha is not None or form.beta(self) is not None \
-            else z.view_as(z)
+        z = self.normalise(x, None)
+        alpha, beta = self.norm_form.alpha(self), self.norm_form.beta(self)
+        y = _AffineOutFn.apply(z, alpha, beta) if alpha is not None or beta is not None else z.view_as(z)
         if not torch.compiler.is_compiling():
             setattr(y, _Z, (self, z, y._version))
         return y

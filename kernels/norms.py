@@ -129,6 +129,8 @@ def _eps(eps: float | None, x: torch.Tensor) -> float:
 class MSLayerNorm(nn.Module):
     """LayerNorm without affine whose backward needs only its output and σ⁻¹ (Algorithm 2)."""
 
+    center = True  # σ⁻¹·H·x (LayerNorm); MSRMSNorm: σ⁻¹·x
+
     def __init__(self, normalized_shape: int, eps: float | None = 1e-5, use_triton: bool | None = None):
         super().__init__()
         # eps=None: the input dtype's machine epsilon at each call, as nn.RMSNorm(eps=None) does
@@ -136,9 +138,16 @@ class MSLayerNorm(nn.Module):
         self.eps = None if eps is None else float(eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.normalise(x, ops.autocast_dtype(x))
+
+    def normalise(self, x: torch.Tensor, out_dtype: torch.dtype | None) -> torch.Tensor:
+        """z in ``out_dtype`` (None: x's; :func:`ms_norm` explains the autocast policy); saves z and σ⁻¹."""
         if x.shape[-1] != self.normalized_shape:
-            raise ValueError(f"MSLayerNorm expects last dimension {self.normalized_shape}, got {tuple(x.shape)}")
-        return ms_norm(x, _eps(self.eps, x), True, self.use_triton)
+            raise ValueError(f"{type(self).__name__} expects last dimension {self.normalized_shape}, got "
+                             f"{tuple(x.shape)}")
+        check_input(x, type(self).__name__)
+        use_triton = x.is_cuda if self.use_triton is None else self.use_triton
+        return ops.ms_norm(x, _eps(self.eps, x), self.center, use_triton, out_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
@@ -147,10 +156,7 @@ class MSLayerNorm(nn.Module):
 class MSRMSNorm(MSLayerNorm):
     """RMSNorm without affine whose backward needs only its output and σ⁻¹ (Algorithm 3)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.normalized_shape:
-            raise ValueError(f"MSRMSNorm expects last dimension {self.normalized_shape}, got {tuple(x.shape)}")
-        return ms_norm(x, _eps(self.eps, x), False, self.use_triton)
+    center = False
 
 
 def __getattr__(name):

@@ -60,6 +60,15 @@ class PatchReport:
     #: Bytes saved for backward by one training forward on the example (stock, patched); None: not measured.
     saved_bytes: tuple[int, int] | None = None
 
+    @staticmethod
+    def subject(line: str) -> str:
+        """The module path a line of ``activations``, ``norms`` or ``glus`` is about (its first word)."""
+        return re.match(r"[^\s:]*", line)[0]
+
+    def rewritten(self) -> set[str]:
+        """The module paths this patch rewrote: activations swapped, norms made MS-norms, gated MLPs fused."""
+        return {self.subject(line) for line in (*self.activations, *self.norms, *self.glus)}
+
     def __str__(self) -> str:
         diff = ("" if self.max_output_difference is None
                 else f"; max |output difference| on the example {self.max_output_difference:.3g}")
@@ -252,7 +261,7 @@ def _fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: _Undo, example
                 _move_hooks(modules[name], new)
                 _replace(model, modules, name, new, undo)
                 report.glus.append(f"{name}: {type(modules[name]).__name__} → GatedMLP({new.extra_repr()})")
-    fused = {line.split(":")[0] for line in report.glus}
+    fused = {report.subject(line) for line in report.glus}
     for where in dict.fromkeys(m for m, _ in functional):
         owner = modules[where]
         if where in fused or _class_key(owner) in ACTIVATION_CLASSES or type(owner).__name__ in OURS:
@@ -270,16 +279,16 @@ def _why_not_fused(modules, name, layout, act, x) -> str | None:
     return prove(modules[name], layout, act, x)
 
 
-def _pattern(name: str) -> str:
+def path_pattern(name: str) -> str:
     """A module path with its layer indices as ``*``: the rewrites of one pattern are measured together."""
     return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", name)
 
 
 def _by_pattern(items: list, name=lambda item: item) -> list[tuple[str, list]]:
-    """``items`` grouped by the :func:`_pattern` of their module path, patterns in order of first appearance."""
+    """``items`` grouped by the :func:`path_pattern` of their module path, patterns in order of first appearance."""
     groups: dict[str, list] = {}
     for item in items:
-        groups.setdefault(_pattern(name(item)), []).append(item)
+        groups.setdefault(path_pattern(name(item)), []).append(item)
     return list(groups.items())
 
 
@@ -317,7 +326,7 @@ class _Savings:
         if now < self.bytes:
             self.bytes = now
             return
-        done = [line.split(":")[0] for kept, mark in zip(lists, marks[1:]) for line in kept[mark:]]
+        done = [self.report.subject(line) for kept, mark in zip(lists, marks[1:]) for line in kept[mark:]]
         self.undo.rollback(marks[0])
         for kept, mark in zip(lists, marks[1:]):
             del kept[mark:]
@@ -642,6 +651,8 @@ def _hooks(module: nn.Module, tables=HOOK_TABLES) -> list[str]:
     return [t.strip("_").replace("_", " ") for t in tables if getattr(module, t, None)]
 
 
+#: How a norm's output read as a model output (a hidden state) is listed among its other readers.
+RETURNED = "returned as a model output"
 #: Ops that keep nothing of a norm's output for backward: a norm whose other readers are only these (or the model's
 #: return: a hidden state) becomes a shared-output MS-norm (post-LN encoders' residual add, Swin's pad).
 KEEPS_NOTHING = ("add", "sub", "constant_pad_nd")
@@ -652,8 +663,6 @@ def _keeps_nothing(reader: str) -> bool:
     or the model's return (a shared-output MS-norm returns the stock value)."""
     return reader.split(" in ")[0] in KEEPS_NOTHING or reader == RETURNED
 
-
-RETURNED = "returned as a model output"
 
 
 def _why_not_rewritten(modules: dict, name: str, consumers: list[str], other: set[str]) -> str | None:

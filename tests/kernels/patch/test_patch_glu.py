@@ -131,7 +131,9 @@ def test_a_swap_that_saves_nothing_is_undone_and_said():
     x = torch.randn(4, 16, dtype=torch.float64)
     report = patch_model(model, activation="relu-sum", example_input=x, glu=False)
     assert not report.activations and type(model[1].mlp.act) is nn.SiLU
-    assert any(s.startswith("*.mlp.act (activations): saves nothing here") for s in report.skipped), report
+    assert any(s.startswith("*.mlp.act (activations): saves nothing here") and s.endswith("kept as it was: 1.mlp.act")
+               for s in report.skipped), report
+    assert report.rewritten() == {"1.norm"}  # the module paths, read off every kind of report line
     (y0, g0), (y1, g1) = _train_step(stock, x), _train_step(model, x)
     assert torch.allclose(y0, y1) and all(torch.allclose(a, b) for a, b in zip(g0, g1))
 
