@@ -85,10 +85,11 @@ def _parser_fit(sub, add) -> None:
     inv.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
                      "None: the expression itself")
     inv.add_argument("--form", default="fast",
-                     choices=("paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast"),
+                     choices=("paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact"),
                      help="fast: ours for kernels (≤ 1e-6, one √ and one log); newton: ours, the accuracy "
                           "reference; paper/released: published (gelu, silu); refit-*: their forms refitted; "
-                          "sr: symbolic regression")
+                          "sr: symbolic regression; exact: derived in closed form for a piecewise activation "
+                          "flat left of 0 (relu2: q = 2√y)")
     inv.add_argument("--backend", choices=("pyoperon", "pysr"), default="pyoperon", help="with --form sr")
     inv.add_argument("--sr-generations", type=int, default=150,
                      help="with --form sr: generations per branch (a count, not a time, so the result is reproducible)")

@@ -63,6 +63,12 @@ REGISTRY: dict[str, str] = {
     "mish": "x*tanh(log(1 + exp(x)))",
 }
 
+#: Piecewise activations: not smooth, so no fit takes them (the ReLU-sum and InvAct fits need h′ and h″), but exact
+#: tables derived from the expression serve them (``fitting.invact_exact``: ReLU², f′(f⁻¹(y)) = 2√y, issue 32).
+PIECEWISE: dict[str, str] = {
+    "relu2": "Max(0, x)**2",
+}
+
 def allowed_functions() -> dict:
     """The activation grammar: :func:`.backends.grammar` ("activation") and the variable x."""
     return {**grammar("activation"), "x": x}
@@ -105,7 +111,7 @@ def _parse(text: str) -> sp.Expr:
     the position or the construct at fault; refuse non-smooth functions and singular expressions."""
     expr = parse_expression(text, allowed_functions(), "activation expression")
     rough = sorted({type(a).__name__ for a in sp.preorder_traversal(expr)} & set(rough_functions()))
-    if rough:
+    if rough and expr not in _piecewise_exprs():
         raise ValueError(f"activation expression {text!r} is not smooth ({', '.join(rough)}): the "
                          "fits need h′ and h″ everywhere; write a smooth activation")
     if expr.free_symbols - {x}:
@@ -114,6 +120,11 @@ def _parse(text: str) -> sp.Expr:
         raise ValueError(f"activation expression {text!r} is not a function of x")
     _check_finite(text, expr)
     return expr
+
+
+@functools.cache
+def _piecewise_exprs() -> tuple:
+    return tuple(parse_expression(t, allowed_functions(), "activation expression") for t in PIECEWISE.values())
 
 
 def _float_integers(e: sp.Expr) -> sp.Expr:
@@ -265,8 +276,8 @@ def get_activation(name_or_expr: str | Activation) -> Activation:
     if not isinstance(name_or_expr, str) or not name_or_expr.strip():
         raise TypeError(f"activation must be a registry name or an expression string in x, got {name_or_expr!r}")
     key = name_or_expr.strip().lower()
-    if key in REGISTRY:
-        return Activation(key, _parse(REGISTRY[key]))
+    if key in REGISTRY or key in PIECEWISE:
+        return Activation(key, _parse(REGISTRY.get(key) or PIECEWISE[key]))
     allowed = allowed_functions()
     if name_or_expr.strip().isidentifier() and name_or_expr.strip() not in allowed:
         raise ValueError(

@@ -164,6 +164,22 @@ def _np_softplus():
     return lambda u: np.logaddexp(0.0, u)
 
 
+def _np_heaviside():
+    import numpy as np
+
+    return lambda u, *half: np.heaviside(u, 0.5)
+
+
+def _torch_heaviside():
+    import torch
+
+    def step(u, *half):  # H(0) = ½, sympy's convention; a Python number stays a number
+        if not isinstance(u, torch.Tensor):
+            return 1.0 if u > 0 else 0.5 if u == 0 else 0.0
+        return torch.where(u > 0, 1.0, torch.where(u == 0, 0.5, 0.0)).to(u.dtype)
+    return step
+
+
 def _np_select():
     import numpy as np
 
@@ -337,6 +353,10 @@ FUNCTIONS: dict[str, Fn] = {f.name: f for f in (
     Fn("softplus", _ours("softplus"), numpy=Lazy(_np_softplus), mpmath=_mp(lambda mp, u: mp.log1p(mp.exp(u))),
        torch=Lazy(_torch_softplus), arb=(_softplus, _sigmoid), triton="_softplus({0})", fp32_ulps=8.0,
        expand=_log1p_exp, branch_cut=True),
+    # The unit step H (H(0) = ½): the derivative of a piecewise activation (Max(0, x)**2: 2·H(x)·Max(0, x))
+    Fn("Heaviside", _sp("Heaviside"), numpy=Lazy(_np_heaviside), mpmath=_mp(lambda mp, u: mp.mpf(u > 0) + (u == 0) / 2),
+       torch=Lazy(_torch_heaviside), triton="tl.where(({0}) > 0.0, 1.0, tl.where(({0}) == 0.0, 0.5, 0.0))",
+       smooth=False, in_activations=False),
     Fn("select", _ours("select"), numpy=Lazy(_np_select), mpmath=None, torch=Lazy(_torch_select), triton=_triton_select,
        smooth=False, in_activations=False),
     # Written as their elementary forms: log1p and expm1 are exact as log(1 + u) and e^u − 1; the float64

@@ -26,7 +26,9 @@ from .relu_sum import MAX_BITS
 
 SCHEMA = "approxbp.table/1"
 FAMILIES = ("relu-sum", "invact")
-SOURCES = ("fit", "paper")
+#: fit: fitted here; paper: a paper's published coefficients; derived: exact, derived from the expression in closed
+#: form (``fitting.invact_exact``), with the derivation in ``reference``.
+SOURCES = ("fit", "paper", "derived")
 OBJECTIVES = ("primitive", "derivative")
 #: |Σw − 1| and |Σw·c| allowed in a fitted relu-sum table.
 CONSTRAINT_TOL = 1e-12
@@ -102,7 +104,7 @@ def validate(t: Any, where: str = "<table>") -> dict:
     _check_expression(t, where)
     if _need(t, "source", str, where) not in SOURCES:
         _fail(where, "source", f"must be one of {SOURCES}")
-    if t["source"] == "paper":
+    if t["source"] in ("paper", "derived"):
         _need(t, "reference", str, where)
     prov = _need(t, "provenance", dict, where)
     for f in ("method", "command", "package_version"):
@@ -147,14 +149,14 @@ def _check_certified(t: dict, where: str) -> None:
 
 def _check_expression(t: dict, where: str) -> None:
     """The expression parses (restricted grammar, never evaluated) and is the function the name says."""
-    from .activations import REGISTRY, get_activation
+    from .activations import PIECEWISE, REGISTRY, get_activation
 
     try:
         expr = get_activation(t["expression"]).expr
     except ValueError as err:
         _fail(where, "expression", str(err))
     name = t["activation"]
-    named = REGISTRY.get(name)
+    named = REGISTRY.get(name) or PIECEWISE.get(name)
     if named is None and name != t["expression"]:
         try:
             named = get_activation(name).expression

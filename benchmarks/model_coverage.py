@@ -28,7 +28,18 @@ import torch
 HEADS = (("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"), ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
          ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
          ("image-cls", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
-         ("audio-cls", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"))
+         ("audio-cls", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"),
+         ("image-text-to-text", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"))
+#: The model types Liger-Kernel patches (its ``MODEL_TYPE_TO_APPLY_LIGER_FN``, Nov 2026): issue 32 asks for every one
+#: that transformers has; the docs page lists each with its row.
+LIGER_FAMILIES = (
+    "deepseek_v3", "deepseek_v4", "exaone4", "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
+    "gemma4_text", "glm4", "glm4v", "glm4v_moe", "gpt_oss", "granite", "hunyuan_v1_dense", "hunyuan_v1_moe",
+    "internvl", "llama", "llama4", "llama4_text", "llava", "ministral", "mistral", "mixtral", "mllama",
+    "mllama_text_model", "muse_glimmer", "nemotron", "olmo2", "olmo3", "paligemma", "phi3", "pixtral", "qwen2",
+    "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_vl", "qwen2_vl_text", "qwen3", "qwen3_5", "qwen3_5_moe",
+    "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "qwen3_vl_moe_text",
+    "qwen3_vl_text", "smollm3", "smolvlm")
 #: Config attributes set (where the config has them) to make any model tiny.
 TINY = {"hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "intermediate_size": 64, "ffn_dim": 64,
         "d_ff": 64, "n_inner": 64, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "moe_intermediate_size": 32,
@@ -38,8 +49,11 @@ TINY = {"hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "interm
         "head_dim": 8, "d_kv": 8, "vocab_size": 128, "max_position_embeddings": 64, "n_positions": 64,
         "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
         "image_size": 32, "patch_size": 8, "num_channels": 3, "kv_lora_rank": 16, "q_lora_rank": 16,
-        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "rotary_dim": 8, "n_group": 1,
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "rotary_dim": 8, "n_group": 1, "depth": 2,
         "topk_group": 1}
+#: Sizes a config may leave None, to be derived from the others at full size (Ministral's head_dim, Nemotron's
+#: key/value heads): the derivation is for the full model, so the tiny one sets them.
+DERIVED_WHEN_NONE = ("head_dim", "num_key_value_heads")
 #: The fallback when a model cannot be built from :data:`TINY` (its sizes depend on each other in ways a generic
 #: shrink breaks): its own widths, 2 layers, a small vocabulary.
 DEPTH_ONLY = {k: v for k, v in TINY.items() if k in (
@@ -78,11 +92,17 @@ def _shrink(config, sizes: dict, depth: int = 0) -> None:
     layers = next((getattr(config, k) for k in ("num_hidden_layers", "num_layers", "n_layer")
                    if isinstance(getattr(config, k, None), int)), None)
     for key, value in sizes.items():
-        if isinstance(getattr(config, key, None), int) and not isinstance(getattr(config, key), bool):
+        unset = key in DERIVED_WHEN_NONE and key in vars(config) and getattr(config, key) is None
+        if unset or isinstance(getattr(config, key, None), int) and not isinstance(getattr(config, key), bool):
             try:
                 setattr(config, key, value)
             except AttributeError:  # a derived, read-only property (Falcon's head_dim)
                 pass
+    rope = getattr(config, "rope_parameters", None)
+    multimodal = any(tag in str(getattr(config, "model_type", "")) for tag in ("_vl", "4v"))  # qwen2_vl, glm4v
+    if isinstance(rope, dict) and (isinstance(rope.get("mrope_section"), list) or multimodal):
+        rope["mrope_section"] = [1, 1, sizes["head_dim"] // 2 - 2]  # (t, h, w) sections of head_dim / 2 (default
+        # [16, 24, 24], written into the modeling code, not the config)
     for key, value in list(vars(config).items()):
         if isinstance(value, list) and layers and len(value) == layers and key not in ("architectures",):
             setattr(config, key, value[:TINY["num_hidden_layers"]])
@@ -102,6 +122,8 @@ def _shrink(config, sizes: dict, depth: int = 0) -> None:
 def example_batch(head: str, config) -> tuple[dict, dict]:
     """(example input, its labels) for one head: 2 sequences of 12 tokens, 2 images or 2 clips."""
     gen = torch.Generator().manual_seed(0)
+    if head == "image-text-to-text":  # text only (image_batch adds images where the model's count is known)
+        head = "causal-lm"
     if head in ("causal-lm", "masked-lm", "seq2seq"):
         vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", 128)
         ids = torch.randint(3, vocab, (2, 12), generator=gen)
@@ -120,6 +142,24 @@ def example_batch(head: str, config) -> tuple[dict, dict]:
     if bins:
         return {"input_features": torch.randn(2, bins, 3000, generator=gen)}, labels
     return {"input_values": torch.randn(2, 4000, generator=gen)}, labels
+
+
+#: The image token a tiny vision-language model is given (inside its 128-token vocabulary).
+IMAGE_TOKEN = 5
+
+
+def image_batch(config, batch: dict) -> dict | None:
+    """``batch`` with two images and their image tokens for a LLaVA-style model (one token per vision patch), whose
+    forward then counts image tokens with ``.item()`` (issue 32, cause 2); None for other layouts."""
+    vision = getattr(config, "vision_config", None)
+    size, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    key = next((k for k in ("image_token_id", "image_token_index") if getattr(config, k, None) is not None), None)
+    if key is None or not isinstance(size, int) or not isinstance(patch, int) or config.model_type != "llava":
+        return None
+    setattr(config, key, IMAGE_TOKEN)
+    n = (size // patch) ** 2
+    ids = torch.cat([batch["input_ids"][:, :2], torch.full((2, n), IMAGE_TOKEN), batch["input_ids"][:, 2:]], 1)
+    return {"input_ids": ids, "pixel_values": torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))}
 
 
 def _loss(model, batch: dict, labels: dict) -> torch.Tensor:
@@ -182,12 +222,16 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
                 params = sum(p.numel() for p in getattr(transformers, class_name)(config).parameters())
             if params > MAX_PARAMETERS:
                 raise ValueError(f"{params / 1e6:.0f} M parameters at these sizes (over {MAX_PARAMETERS / 1e6:.0f} M)")
+            batch, labels = example_batch(head, config)
+            if head == "image-text-to-text" and (images := image_batch(config, batch)) is not None:
+                batch, labels = images, {"labels": images["input_ids"]}
             torch.manual_seed(0)
             stock = getattr(transformers, class_name)(config).float()
-            batch, labels = example_batch(head, config)
             with torch.no_grad():
                 stock.eval()(**batch)
             row["sizes"] = "tiny" if sizes is TINY else "2 layers, own widths"
+            if head == "image-text-to-text":
+                row["input"] = "text and images" if "pixel_values" in batch else "text only"
             break
         except Exception as err:  # noqa: BLE001 - a model we cannot build small is a row that says so
             error = f"stock small model: {type(err).__name__}: {' '.join(str(err).split())[:200]}"

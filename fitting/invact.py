@@ -35,7 +35,7 @@ from scipy.optimize import least_squares
 from .relu_sum import package_version
 from .result import FitResult
 
-FORMS = ("paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast")
+FORMS = ("paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact")
 
 
 def refit(ia: InvertedActivation, form: Form, branch: str, norm: str = "l2", iterations: int = 30) -> Form:
@@ -150,6 +150,10 @@ def _invact_table(activation, form, seed, backend, sr_generations, progress) -> 
     act = get_activation(activation)
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    if form == "exact":  # piecewise activations (ReLU²): derived in closed form, no fit
+        from .invact_exact import exact_table
+
+        return exact_table(act)
     ia = InvertedActivation(act)
     check_right_tail(ia)
     extra, combined = None, None  # combined: the fast form's one q(y, b) for both branches

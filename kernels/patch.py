@@ -610,18 +610,23 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
 def _rewrite_norm(model, modules, name, consumers, other, unproven, shared, foreign, report, undo) -> None:
     """One norm: MS-norm merged into its frozen consumers (eq. 58), or kept affine in wrapped trainable ones."""
     free = sorted(other) if consumers and other and all(map(_keeps_nothing, other)) else []
-    why = unproven.get(name) or _why_not_rewritten(modules, name, consumers, set() if free else other)
+    ops_only = sorted(other) if not consumers and other and not any(map(_mutates, other)) else []
+    why = unproven.get(name) or _why_not_rewritten(modules, name, consumers, set() if free else other,
+                                                   ops_only=bool(ops_only))
     if why:
         report.skipped.append(f"{name}: {why}")
         return
-    if free or _trainable(modules[name], [modules[c] for c in consumers if not _is_adapter(c)]):
-        ms, wrapped = keep_affine(modules[name], [modules[c] for c in consumers], shared_output=bool(free))
+    if free or ops_only or _trainable(modules[name], [modules[c] for c in consumers if not _is_adapter(c)]):
+        ms, wrapped = keep_affine(modules[name], [modules[c] for c in consumers], shared_output=bool(free or ops_only))
         _replace(model, modules, name, ms, undo)
         for c, w in zip(consumers, wrapped):
             _move_hooks(modules[c], w)  # forward hooks see the same output (the others block: _hooks)
             _replace(model, modules, c, w, undo)
-        report.norms.append(f"{name} → {type(ms).__name__}, α, β kept and applied by {consumers}"
-                            + (f"; {', '.join(free)} (keeping nothing for backward) read α⊙z + β" if free else ""))
+        made = f"{name} → {type(ms).__name__}"
+        report.norms.append(
+            f"{made}, saving z and σ⁻¹ in place of its input; its readers get α⊙z + β ({'; '.join(ops_only)})"
+            if ops_only else f"{made}, α, β kept and applied by {consumers}"
+            + (f"; {', '.join(free)} (keeping nothing for backward) read α⊙z + β" if free else ""))
         return
     why = _why_not_merged(modules, consumers, shared, foreign)
     if why:
@@ -665,11 +670,23 @@ def _keeps_nothing(reader: str) -> bool:
 
 
 
-def _why_not_rewritten(modules: dict, name: str, consumers: list[str], other: set[str]) -> str | None:
-    """Why the norm ``name`` may not become an MS-norm read by ``consumers`` (None when it may)."""
+def _mutates(reader: str) -> bool:
+    """``reader`` (an entry of a norm's other readers) writes into the norm's output: an in-place op (``add_``,
+    ``index_put_``) or an item assignment. A norm that returns α⊙z + β must not see it written (z is saved)."""
+    op = reader.split(" in ")[0]
+    return op.endswith("_") or op == "setitem"
+
+
+def _why_not_rewritten(modules: dict, name: str, consumers: list[str], other: set[str],
+                       ops_only: bool = False) -> str | None:
+    """Why the norm ``name`` may not become an MS-norm read by ``consumers`` (None when it may). ``ops_only``: no
+    Linear reads it, only ops that do not write into it (``other``): it then saves z and σ⁻¹ in place of its input
+    and returns α⊙z + β (a post-norm before a residual add, a QK-norm before RoPE)."""
     norm = modules[name]
-    if other or not consumers:
-        return "output feeds something other than Linear layers" + (f" ({', '.join(sorted(other))})" if other else "")
+    if not ops_only and (other or not consumers):
+        mutating = sorted(filter(_mutates, other))
+        return ("output feeds something other than Linear layers" + (f" ({', '.join(sorted(other))})" if other else "")
+                + (f", and {', '.join(mutating)} write(s) into it" if mutating and not consumers else ""))
     if hooks := _hooks(norm):
         return f"has {', '.join(hooks)}; rewritten, it would return z, so they would see another tensor"
     for c in consumers:
