@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import mpmath
 import numpy as np
 
-from .activations import Activation, get_activation
+from .activations import PIECEWISE, Activation, get_activation
 
 BRANCHES = ("left", "right")
 _TAYLOR_DEGREE = 24
@@ -49,7 +49,9 @@ class InvertedActivation:
             raise ValueError(
                 f"activation {act.name!r} does not have exactly two monotone branches (decreasing, then "
                 f"increasing): f' changes sign {changes} time(s) on [-60, 60]; inverted activations need "
-                "f = GELU/SiLU-like shapes with one minimiser T")
+                "f = GELU/SiLU-like shapes with one minimiser T"
+                + ("; a piecewise activation flat left of 0 (relu2) takes the exact form (--form exact)"
+                   if changes == 0 and act.name in PIECEWISE else ""))
         i = int(np.argmax(d > 0))
         with mpmath.workdps(60):
             T = mpmath.findroot(lambda v: act.mp(v, 1, None), (mpmath.mpf(grid[i - 1]), mpmath.mpf(grid[i])),

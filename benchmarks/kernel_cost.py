@@ -25,7 +25,7 @@ def held_to_budget(name: str) -> bool:
     """The kernels held to 0.9 of the budget: ReLU-sum k ≤ 4, the fast InvAct forms, the MS-norms and BDIA (not the
     k ≥ 5 searches over knots in memory, nor the newton/paper/SR InvAct forms, which exist for comparison)."""
     if name.startswith("invact "):
-        return "-fast " in name
+        return "-fast " in name or "-exact " in name
     k = re.search(r"-k(\d+)-", name)
     return int(k[1]) <= 4 if k else not name.startswith("torch-like")
 

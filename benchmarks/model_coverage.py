@@ -333,6 +333,30 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def liger_markdown(rows: list[dict]) -> str:
+    """One line per Liger-Kernel model type (:data:`LIGER_FAMILIES`): its row's saving and what is left, or why it
+    is not measured; types this transformers lacks are named once."""
+    by_type = {r["model_type"]: r for r in rows}
+    present = [t for t in LIGER_FAMILIES if t in by_type]
+    covered = [t for t in present if "error" not in by_type[t] and not by_type[t]["unreported"]
+               and (by_type[t]["saving"] or 0) > 0]
+    lines = [f"Of Liger-Kernel's {len(LIGER_FAMILIES)} model types, {len(present)} are in this transformers; "
+             f"{len(covered)} are built, patched and save memory with every module rewritten or reported. "
+             f"Not in this transformers: {', '.join(t for t in LIGER_FAMILIES if t not in by_type) or 'none'}.", "",
+             "| Liger model type | saving | activations / norms rewritten | left as they are (first reason) |",
+             "|---|---|---|---|"]
+    for t in present:
+        r = by_type[t]
+        if "error" in r:
+            lines.append(f"| {t} | — | — | not measured: {_cell(r['error'])} |")
+            continue
+        left = _cell(r["skipped"][0]) + (f" (+{len(r['skipped']) - 1} more)" if len(r["skipped"]) > 1 else "")
+        lines.append(f"| {t}{' (text and images)' if r.get('input') == 'text and images' else ''} | "
+                     f"{100 * (r['saving'] or 0):.1f} % | {r['acts_swapped'] + r['acts_in_glus']} of {r['acts']} / "
+                     f"{r['norms_rewritten']} of {r['norms']} | {left or 'nothing'} |")
+    return "\n".join(lines) + "\n"
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")[:160]
 
@@ -363,9 +387,11 @@ def main() -> int:
                                                                     isinstance(v, float) and math.isnan(v)) else v))
     if args.docs:
         text = args.docs.read_text(encoding="utf-8")
-        start, end = "<!-- model_coverage: start -->", "<!-- model_coverage: end -->"
-        head, _, rest = text.partition(start)
-        write_atomic(args.docs, head + start + "\n" + markdown(rows, meta) + end + rest.partition(end)[2])
+        for key, body in (("model_coverage", markdown(rows, meta)), ("liger", liger_markdown(rows))):
+            start, end = f"<!-- {key}: start -->", f"<!-- {key}: end -->"
+            head, _, rest = text.partition(start)
+            text = head + start + "\n" + body + end + rest.partition(end)[2]
+        write_atomic(args.docs, text)
     return 0
 
 

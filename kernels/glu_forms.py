@@ -119,8 +119,6 @@ def layout_of(rec: _Record, activation_of) -> tuple[GLULayout, str] | str | None
     if rec.x is None or len(acts) != 1 or len(others) not in (2, 3) or not _same(others[-1].out, rec.out):
         return None
     act_child, act, inp = acts[0]
-    if act not in GLU_ACTIVATIONS:
-        return f"gated by {act}, which has no exact fused GLU"
     *inputs, down = others
     if not all(_same(c.inp, rec.x) for c in inputs) or _same(down.inp, rec.x):
         return None
@@ -129,12 +127,14 @@ def layout_of(rec: _Record, activation_of) -> tuple[GLULayout, str] | str | None
         if len(gate) != 1:
             return None
         up = inputs[1] if gate[0] is inputs[0] else inputs[0]
-        return GLULayout(gate[0].child, up.child, down.child, act=act_child, up_first=up is inputs[0]), act
-    fused = inputs[0]
-    if not _within(inp, fused.out) or inp.shape[-1] * 2 != fused.out.shape[-1]:
-        return None
-    first = inp.storage_offset() == fused.out.storage_offset()
-    return GLULayout(fused.child, None, down.child, act=act_child, gate_first=first), act
+        layout = GLULayout(gate[0].child, up.child, down.child, act=act_child, up_first=up is inputs[0])
+    else:
+        fused = inputs[0]
+        if not _within(inp, fused.out) or inp.shape[-1] * 2 != fused.out.shape[-1]:
+            return None
+        first = inp.storage_offset() == fused.out.storage_offset()
+        layout = GLULayout(fused.child, None, down.child, act=act_child, gate_first=first)
+    return (layout, act) if act in GLU_ACTIVATIONS else f"gated by {act}, which has no exact fused GLU"
 
 
 def prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:

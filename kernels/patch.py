@@ -43,6 +43,7 @@ ACTIVATION_CLASSES = {
     "QuickGELUActivation": "quick_gelu",
     "SiLU": "silu", "SiLUActivation": "silu",
     "Mish": "mish", "MishActivation": "mish",
+    "ReLUSquaredActivation": "relu2",  # Nemotron, Primer: the exact table in either mode (no ReLU-sum fits it)
 }
 #: Class-name fragments of modules that look like activations; one that is not replaced is reported as skipped.
 ACTIVATION_LIKE = ("GELU", "SiLU", "Swish", "Mish", "Activation", "ReLU", "Tanh", "Sigmoid", "Softplus", "ELU")
@@ -99,6 +100,8 @@ def _table_for(module: nn.Module, activation, bits: int):
         return None, "already saves only its output (the next Linear saves it anyway): nothing to gain"
     if name is None:
         return None, "no table family for this activation"
+    if activation in ("relu-sum", "invact") and (T.data_dir() / "invact" / f"{name}-exact.json").is_file():
+        return f"invact/{name}-exact", None  # f′(f⁻¹(y)) in closed form (ReLU²): exact, in either mode
     if activation == "relu-sum":
         return f"relu_sum/{T.relu_sum_name(name, bits, 'primitive')}", None
     if activation == "invact":

@@ -80,7 +80,12 @@ def test_paper_eq5_error_matches_the_published_figure():
 INVACT = T.table_paths("invact")
 
 
-@pytest.mark.parametrize("path", INVACT, ids=[p.stem for p in INVACT])
+#: Tables measured on InvertedActivation's branches (a derived exact table, relu2's, has a flat left branch with no
+#: inverse: tests/fitting/test_invact_exact.py re-derives and re-measures it).
+MEASURED = [p for p in INVACT if T.load(p).source != "derived"]
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=[p.stem for p in MEASURED])
 def test_invact_table_metrics_remeasure(path):
     t = T.load(path)
     ia = InvertedActivation(t["activation"])

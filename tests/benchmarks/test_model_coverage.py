@@ -11,8 +11,11 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # 9 models × (patch + 20 training steps): about a minute on 2 cores; CI runs it
 COVERAGE = runpy.run_path(str(ROOT / "benchmarks" / "model_coverage.py"))
 #: llama's block with other norm classes or scales (mistral, gemma: 1 + w, qwen3: QK-norms), a fused gate/up (phi3),
-#: post-LN (bert, roberta), T5 (no mean, no bias; ReLU), ViT and GPT-2 (Conv1D).
-SUBSET = ("llama", "gemma", "qwen3", "phi3", "bert", "roberta", "t5", "vit", "gpt2")
+#: post-LN (bert, roberta), T5 (no mean, no bias; ReLU), ViT and GPT-2 (Conv1D); post-sub-layer norms read only by
+#: the residual add (glm4), ReLU² (nemotron, exact table), Mistral's code under another name (ministral), and a
+#: vision-language model run with images, whose top-level forward counts image tokens with .item() (llava).
+SUBSET = ("llama", "gemma", "qwen3", "phi3", "bert", "roberta", "t5", "vit", "gpt2", "glm4", "nemotron", "ministral",
+          "llava")
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ def test_every_module_is_rewritten_or_reported_and_nothing_grows(rows, name):
 
 def test_blocks_like_llamas_save_within_five_points_of_it(rows):
     llama = rows["llama"]["saving"]
-    for name in ("gemma", "phi3"):
+    for name in ("gemma", "phi3", "glm4", "ministral", "qwen3"):
         assert rows[name]["saving"] > llama - 0.05, (name, rows[name]["saving"], llama)
 
 
@@ -41,6 +44,20 @@ def test_post_ln_encoders_get_ms_ln(rows):
         assert rows[name]["norms_rewritten"] >= 4, rows[name]
 
 
+def test_relu_squared_gets_its_exact_table(rows):
+    assert rows["nemotron"]["acts_swapped"] == rows["nemotron"]["acts"] == 2, rows["nemotron"]
+
+
+def test_a_vision_language_models_language_tower_gets_its_norms(rows):
+    row = rows["llava"]
+    assert row["input"] == "text and images", row
+    # 2 norms in each of 2 language-model layers and of 2 vision layers; the final norm feeds lm_head at the top
+    # level, where the model branches, so it is skipped with that reason
+    assert row["norms_rewritten"] >= 8 and not any(".language_model.layers." in s for s in row["skipped"]), row
+
+
 def test_the_table_says_what_was_left_and_why(rows):
     text = COVERAGE["markdown"](list(rows.values()), {"transformers": "x", "torch": "y"})
     assert text.count("\n| ") == len(SUBSET) + 1 and "| t5 | seq2seq |" in text
+    liger = COVERAGE["liger_markdown"](list(rows.values()))
+    assert "| llava (text and images) |" in liger and "| t5 |" not in liger

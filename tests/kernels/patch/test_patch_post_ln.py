@@ -151,3 +151,72 @@ def test_branches_only_taken_in_train_mode_are_found():
             run.append(loss.item())
         losses.append(torch.tensor(run, dtype=torch.float64))
     assert torch.allclose(losses[0], losses[1], rtol=1e-9), losses
+
+
+class HFRMSNorm(nn.Module):
+    """Hugging Face's RMSNorm as GLM-4/OLMo-2/Qwen3 write it (fp32 input, pow, mean, rsqrt, two products): it keeps
+    its input, the normalised product and σ⁻¹ for backward."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight, self.variance_epsilon = nn.Parameter(1 + 0.3 * torch.randn(d)), eps
+
+    def forward(self, x):
+        h = x.to(torch.float32) if x.dtype != torch.float64 else x
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype)
+
+
+class PostNormBlock(nn.Module):
+    """GLM-4's sub-layer: h = x + post(mix(pre(x))); the post-norm is read only by the residual add. And a QK-norm read
+    only by a rotation (Qwen3's RoPE: mul by a constant, neg, cat), then by a product with a trained tensor."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.pre, self.mix, self.post, self.qk = HFRMSNorm(d), nn.Linear(d, d), HFRMSNorm(d), HFRMSNorm(d)
+        self.key = nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        h = x + self.post(self.mix(self.pre(x)))
+        q = self.qk(h)
+        half = q.shape[-1] // 2
+        rotated = q * 0.6 + torch.cat([-q[..., half:], q[..., :half]], -1) * 0.8
+        return h + rotated * self.key
+
+
+class WritesIntoIt(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.norm, self.mix = HFRMSNorm(d), nn.Linear(d, d)
+
+    def forward(self, x):
+        y = self.norm(self.mix(x))
+        y.add_(1.0)
+        return x + y
+
+
+@pytest.mark.parametrize("example", [True, False], ids=["dispatch", "fx"])
+def test_norms_read_only_by_ops_save_their_output_in_place_of_their_input(example):
+    """Issue 32: GLM-4's post-norms and Qwen3's QK-norms (no Linear reads them) were skipped; now each saves z and σ⁻¹
+    in place of its input and returns α⊙z + β, and the model trains exactly as stock."""
+    torch.manual_seed(0)
+    stock = nn.Sequential(PostNormBlock(), PostNormBlock()).double()
+    ours = copy.deepcopy(stock)
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    report = patch_model(ours, activation=None, example_input=x if example else None)
+    alone = [n for n in report.norms if "in place of its input" in n]
+    assert {n.split()[0] for n in alone} == {f"{i}.{m}" for i in (0, 1) for m in ("post", "qk")}, report
+    assert "add" in next(n for n in alone if n.startswith("0.post")), report
+    (y0, g0), (y1, g1) = _step(stock, x), _step(ours, x)
+    assert torch.allclose(y0, y1, rtol=1e-12, atol=1e-12)
+    assert all(torch.allclose(g0[k], g1[k], rtol=1e-9, atol=1e-12) for k in g0)
+    if example:
+        before, after = report.saved_bytes
+        assert after < before, report.saved_bytes
+
+
+def test_a_norm_whose_output_is_written_in_place_is_skipped_with_the_op_named():
+    torch.manual_seed(0)
+    model = WritesIntoIt().double()
+    report = patch_model(model, activation=None, example_input=torch.randn(2, 16, dtype=torch.float64))
+    assert not report.norms and any("add_" in s and "write(s) into it" in s for s in report.skipped), report
