@@ -35,17 +35,43 @@ def plot_relu_sum(table: dict, paper: dict | None = None, x_range=(-6.0, 6.0)):
     return fig
 
 
-def relu_sum_error_vs_bits(activation: str, objective: str = "primitive") -> tuple[np.ndarray, np.ndarray]:
-    """(k, loss) from the committed tables, k = 1..8."""
-    ks = np.arange(1, 9)
-    return ks, np.array([T.load(f"relu_sum/{T.relu_sum_name(activation, k, objective)}").loss for k in ks])
+def relu_sum_error_vs_bits(activation: str, objective: str = "primitive", bits=range(1, 9), seed: int = 0,
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """(k, loss): the committed table's loss for each k where the package has one (k = 1..8 for the registry's
+    activations), else a fit made now (any activation or expression; :func:`.relu_sum.fit_relu_sum`, 2 restarts)."""
+    from .relu_sum import fit_relu_sum
+
+    ks, losses = np.array(list(bits)), []
+    for k in ks:
+        try:
+            losses.append(T.load(f"relu_sum/{T.relu_sum_name(activation, int(k), objective)}").loss)
+        except FileNotFoundError:
+            fit = fit_relu_sum(activation, int(k), objective, restarts=2, seed=seed, workers=1, progress=False)
+            losses.append(fit.table.loss)
+    return ks, np.array(losses)
 
 
-def plot_invact(activation: str, forms=("paper", "released", "newton")):
-    """g(y) = f'(f⁻¹(y)) on both branches, and |g − q| for each committed form (Inverted Activations Fig. 2)."""
+def _invact_tables(activation: str, forms, tables) -> list:
+    """The committed ``forms`` of ``activation`` that exist, then the given tables (paths, dicts or tables)."""
+    found = []
+    for form in forms:
+        try:
+            found.append(T.load(f"invact/{activation}-{form}"))
+        except FileNotFoundError:
+            continue
+    return found + [T.load(t) if isinstance(t, str) or hasattr(t, "is_file") else T.as_table(t) for t in tables]
+
+
+def plot_invact(activation: str, forms=("paper", "released", "newton"), tables=()):
+    """g(y) = f'(f⁻¹(y)) on both branches, and |g − q| for each committed form of ``activation`` and each of
+    ``tables`` (a user's table, path or fit: Inverted Activations Fig. 2 for any activation)."""
     from matplotlib.figure import Figure
 
     ia = InvertedActivation(activation)
+    shown = _invact_tables(ia.activation.name, forms, tables)
+    if not shown:
+        raise ValueError(f"no invact table to plot for {ia.activation.name!r}: the package has none of {forms}; "
+                         "pass tables=[fit_invact(activation).table] (or a table path)")
     fig = Figure(figsize=(11, 7))
     axes = fig.subplots(2, 2)
     for col, side in enumerate(("left", "right")):
@@ -53,11 +79,8 @@ def plot_invact(activation: str, forms=("paper", "released", "newton")):
         yv = yv[1:-1]
         g = ia.g(yv, side)
         axes[0, col].plot(yv, g, "k", lw=2, label="g = f′∘f⁻¹ (exact)")
-        for form in forms:
-            try:
-                t = T.load(f"invact/{activation}-{form}")
-            except FileNotFoundError:
-                continue
+        for t in shown:
+            form = t.form if t.source == "fit" else f"{t.form} (published)"
             b = getattr(t, side)
             q = Form.from_table(b)(yv)
             axes[0, col].plot(yv, q, "--", label=f"{form}")
@@ -69,6 +92,7 @@ def plot_invact(activation: str, forms=("paper", "released", "newton")):
         for ax in axes[:, col]:
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=8)
-    fig.suptitle(f"Inverted {activation}: published vs ours")
+    published = any(t.source == "paper" for t in shown)
+    fig.suptitle(f"Inverted {ia.activation.name}: {'published vs ours' if published else 'our forms'}")
     fig.tight_layout()
     return fig
