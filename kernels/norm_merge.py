@@ -292,12 +292,15 @@ def _refuse_stock_layout(module, state_dict, prefix, *args) -> None:
 
 
 def _warn_merged_layout(module, state_dict, prefix, local_metadata) -> None:
-    """Saving a model whose norms are merged gives a state dict the stock class cannot load as it was trained."""
+    """Saving a model whose norms are merged gives a state dict the stock class cannot load as it was trained. One
+    text for every norm (no module path), so Python's default filter shows it once, not once per merged norm (peft's
+    ``save_pretrained`` reads the whole state dict and keeps the adapters, which are unaffected)."""
     import warnings
 
-    warnings.warn(f"{prefix or 'a '}norm is merged into its frozen consumers (eq. 58): this state dict is not the "
-                  "stock layout (norm weights missing, consumer weights scaled); save "
-                  "approxbp.kernels.patched_state_dict(model), or unpatch(model) first", UserWarning, stacklevel=3)
+    warnings.warn("norms are merged into their frozen consumers (eq. 58): this model's state dict is not the stock "
+                  "layout (norm weights missing, consumer weights scaled); save "
+                  "approxbp.kernels.patched_state_dict(model), or unpatch(model) first. Adapter-only saves (peft's "
+                  "save_pretrained) are unaffected", UserWarning, stacklevel=3)
 
 
 @torch.no_grad()
