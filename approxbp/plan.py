@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from approxbp.attention import gpu_attention
 from approxbp.kernels.saved import charged
 
 MODES = ("bf16", "autocast", "lora", "compile")
@@ -157,7 +158,7 @@ def measure(model: nn.Module, inputs: dict, mode: str, traced: bool = False) -> 
 
     hook = dict(model.named_modules())[block].register_forward_pre_hook(grab, with_kwargs=True)
     try:
-        with charged(saved, list(model.parameters()), model), ctx:
+        with charged(saved, list(model.parameters()), model), ctx, gpu_attention():
             out = model(**inputs)
     finally:
         hook.remove()
@@ -200,7 +201,7 @@ def traced_step(model: nn.Module, inputs: dict, mode: str = "bf16") -> StepMemor
     def peak_now() -> dict:  # the peak so far, by category (one device)
         return next(iter(tracker.get_tracker_snapshot("peak").values()))
 
-    with as_kernels(), tracker:
+    with as_kernels(), gpu_attention(), tracker:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
             loss = _loss_of(model(**inputs))
         after_forward = peak_now()["Total"]
