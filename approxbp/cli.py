@@ -193,6 +193,9 @@ def _parser_plan(sub, add) -> None:
     pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")
     pln.add_argument("--maximize", choices=("batch", "seq_len"), default=None,
                      help="find the largest batch or sequence length that fits --budget (the plan is for it)")
+    pln.add_argument("--use", default=None, help="evaluate this assignment instead of choosing one: exact, "
+                     "relu-sum-k1…k4 or invact for every activation layer, each optionally +ms-norm (or ms-norm "
+                     "alone), or a plan JSON (--out of an earlier plan); with --maximize, the largest size it fits")
     pln.add_argument("--out", type=Path, default=None, help="write the plan as JSON here (patch_model(plan=…))")
     pln.add_argument("--figure", type=Path, default=None, help="write the memory figure (PNG) here")
     _no_progress(pln)
@@ -717,8 +720,11 @@ def _plan(args, argv) -> int:
         if budget is None:
             raise ValueError("--maximize needs --budget")
         best, result = P.maximize(args.model, args.maximize, args.batch, args.seq, args.mode, budget, args.lora_r,
-                                  progress=tell, checkpoint=args.checkpoint, traced=args.trace or None)
+                                  progress=tell, checkpoint=args.checkpoint, traced=args.trace or None, use=args.use)
         print(f"largest {args.maximize} that fits {P.size(budget)}: {best}")
+    elif args.use:
+        result = P.evaluate(args.model, args.batch, args.seq, args.mode, args.use, args.lora_r, progress=tell,
+                            checkpoint=args.checkpoint, traced=args.trace or None, budget=budget)
     else:
         result = P.plan(args.model, args.batch, args.seq, args.mode, budget, args.lora_r, progress=tell,
                         checkpoint=args.checkpoint, traced=args.trace or None)

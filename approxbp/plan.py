@@ -469,6 +469,7 @@ class Plan:
     estimate: int | None = None  # the knapsack's additive prediction of the peak; ``after`` is measured
     checkpoint: bool = False  # activation checkpointing
     traced: bool = False  # a whole step traced (MemTracker) rather than the forward's saved tensors
+    use: str | None = None  # the assignment evaluated (--use), or None: chosen by the planner
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -577,6 +578,47 @@ def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = 
                 options, ms, estimate, checkpoint, bool(base.moment))  # only a traced step has a moment
 
 
+def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
+    """``--use``: (one option for every activation layer, or {layer: option} from a plan JSON; MS-norms on/off).
+    ``exact``, ``relu-sum-k2``, ``invact``, … (:data:`OPTIONS`), each optionally ``+ms-norm``; ``ms-norm`` alone;
+    or the path of a plan written by ``approxbp plan --out``."""
+    if text.endswith(".json"):
+        try:
+            data = json.loads(Path(text).read_text(encoding="utf-8"))
+            layers, ms = {p: layer["option"] for p, layer in data["layers"].items()}, data["ms_norm"]["chosen"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"--use {text}: not a plan written by `approxbp plan --out` ({err})") from None
+        if bad := sorted({o for o in layers.values() if o not in OPTIONS}):
+            raise ValueError(f"--use {text}: unknown options {bad}; expected {', '.join(OPTIONS)}")
+        return layers, bool(ms)
+    parts = text.split("+")
+    acts = [p for p in parts if p != "ms-norm"]
+    if len(acts) > 1 or any(p not in OPTIONS for p in acts) or len(parts) != len(set(parts)):
+        raise ValueError(f"--use {text!r}: expected one of {', '.join(OPTIONS)}, optionally +ms-norm (or ms-norm "
+                         "alone), or a plan JSON")
+    return (acts[0] if acts else "exact"), "ms-norm" in parts
+
+
+def evaluate(model_text: str, batch: int, seq: int, mode: str, use: str, lora_r: int = 8, fake: bool = True,
+             progress=None, checkpoint: bool = False, traced: bool | None = None, budget: int | None = None) -> Plan:
+    """The exact step (``before``) and the step with the given assignment (``after``, :func:`parse_use`), both
+    measured; no option is tried and nothing is chosen. ``budget`` is only recorded (and reported)."""
+    say = progress or (lambda msg: None)
+    option, ms = parse_use(use)
+    step = stepper(model_text, mode, lora_r, fake, checkpoint, traced)
+    say("exact model")
+    base = step(batch, seq)
+    assignment = {p: option for p in base.layers} if isinstance(option, str) else option
+    if unknown := sorted(set(assignment) - set(base.layers)):
+        raise ValueError(f"--use {use}: the plan names layers this model does not have ({', '.join(unknown[:3])})")
+    say(f"the assignment {use}")
+    after = step(batch, seq, assignment, ms) if ms or set(assignment.values()) - {"exact"} else base
+    layers = {p: {"activation": base.layers[p], "option": o, "table": option_table(base.layers[p], o),
+                  "error": gradient_error(base.layers[p], o)} for p, o in assignment.items()}
+    return Plan(model_text, mode, batch, seq if base.uses_seq else None, budget, _summary(base), _summary(after),
+                layers, {}, {"chosen": ms, "saving": None}, None, checkpoint, bool(base.moment), use)
+
+
 #: --maximize seq_len searches multiples of this many tokens.
 SEQ_GRAIN = 64
 #: --maximize probes batch sizes and sequence lengths up to this (a larger one is no device's step).
@@ -584,14 +626,18 @@ MAX_PROBE = 1 << 20
 
 
 def maximize(model_text: str, what: str, batch: int, seq: int, mode: str, budget: int, lora_r: int = 8,
-             progress=None, checkpoint: bool = False, traced: bool | None = None) -> tuple[int, Plan]:
+             progress=None, checkpoint: bool = False, traced: bool | None = None,
+             use: str | None = None) -> tuple[int, Plan]:
     """The largest ``what`` (``batch`` or ``seq_len``) whose step fits ``budget`` with the most-saving replacements
-    (chosen at the given sizes), by doubling then bisection (sequence lengths in multiples of :data:`SEQ_GRAIN`),
-    one fake step per probe; then the least-error plan at that size."""
+    (chosen at the given sizes) or with the assignment ``use`` (:func:`parse_use`; ``exact`` for the stock model),
+    by doubling then bisection (sequence lengths in multiples of :data:`SEQ_GRAIN`), one fake step per probe; then
+    the least-error plan (or ``use``'s evaluation) at that size."""
     if what not in ("batch", "seq_len"):
         raise ValueError(f"--maximize {what!r}: expected batch or seq_len")
     say = progress or (lambda msg: None)
-    first = plan(model_text, batch, seq, mode, None, lora_r, progress=progress, checkpoint=checkpoint, traced=traced)
+    kwargs = dict(progress=progress, checkpoint=checkpoint, traced=traced)
+    first = (plan(model_text, batch, seq, mode, None, lora_r, **kwargs) if use is None else
+             evaluate(model_text, batch, seq, mode, use, lora_r, **kwargs))
     if what == "seq_len" and first.seq is None:
         raise ValueError(f"--maximize seq_len: {model_text}'s inputs do not depend on the sequence length")
     step = stepper(model_text, mode, lora_r, checkpoint=checkpoint, traced=traced)
@@ -616,7 +662,8 @@ def maximize(model_text: str, what: str, batch: int, seq: int, mode: str, budget
     if lo == 0:
         raise ValueError(f"even {what} = 1 does not fit {size(budget)} with every saving applied")
     b, n = (lo, seq) if what == "batch" else (batch, lo)
-    return lo, plan(model_text, b, n, mode, budget, lora_r, progress=progress, checkpoint=checkpoint, traced=traced)
+    return lo, (plan(model_text, b, n, mode, budget, lora_r, **kwargs) if use is None else
+                evaluate(model_text, b, n, mode, use, lora_r, budget=budget, **kwargs))
 
 
 def _choose(layers: dict[str, str], options: dict[str, dict], ms_saving: int, peak: int,
@@ -687,17 +734,22 @@ def report(p: Plan) -> str:
         lines.append(f"  {'one block, App. B units':<26}{p.before['block_units']:>12.3f}"
                      f"{p.after['block_units']:>12.3f}   ({p.before['block'] or 'the model'}: saved bytes / a 16-bit "
                      "[b, n, c] tensor)")
-    lines.append("options (saving of the peak per layer, measured in this graph; gradient error: "
-                 "E_N(0,1)[(h̃′ − f′)²]^½ or InvAct's certified L∞):")
-    for act, opts in p.options.items():
-        lines.append("  " + act + ": " + ", ".join(f"{o} {size(v['saving_per_layer'])} / {v['error']:.2g}"
-                                                  for o, v in opts.items()))
-    lines.append(f"  MS-norms (all mergeable norms): {size(p.ms_norm['saving'])}, exact; "
-                 f"{'chosen' if p.ms_norm['chosen'] else 'not chosen'}")
+    if p.use is None:
+        lines.append("options (saving of the peak per layer, measured in this graph; gradient error: "
+                     "E_N(0,1)[(h̃′ − f′)²]^½ or InvAct's certified L∞):")
+        for act, opts in p.options.items():
+            lines.append("  " + act + ": " + ", ".join(f"{o} {size(v['saving_per_layer'])} / {v['error']:.2g}"
+                                                      for o, v in opts.items()))
+        lines.append(f"  MS-norms (all mergeable norms): {size(p.ms_norm['saving'])}, exact; "
+                     f"{'chosen' if p.ms_norm['chosen'] else 'not chosen'}")
+    else:
+        lines.append(f"the given assignment (--use {p.use}); MS-norms {'on' if p.ms_norm['chosen'] else 'off'}; "
+                     "gradient error per layer: E_N(0,1)[(h̃′ − f′)²]^½ or InvAct's certified L∞")
     chosen: dict[str, list[str]] = {}
     for path, layer in sorted(p.layers.items()):
-        chosen.setdefault(f"{layer['activation']} → {layer['option']}", []).append(path)  # not a table
-    lines.append("choice:")
+        what = f"{layer['activation']} → {layer['option']}" + (f" (error {layer['error']:.2g})" if p.use else "")
+        chosen.setdefault(what, []).append(path)  # not a table
+    lines.append("choice:" if p.use is None else "assignment:")
     lines += [f"  {what}: {len(paths)} layers ({paths[0]}{', …' if len(paths) > 1 else ''})"
               for what, paths in chosen.items()]
     return "\n".join(lines)

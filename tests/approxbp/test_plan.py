@@ -231,3 +231,37 @@ def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_
         p.write_text(bad if isinstance(bad, str) else json.dumps(bad))
         with pytest.raises(ValueError, match=field):
             patch_model(model, plan=p)
+
+
+def test_use_evaluates_a_given_assignment_on_fake_and_real_tensors(tmp_path):
+    """Issue 33, item 2: --use measures the assignment it is given (no option tried, nothing chosen); a plan's own
+    JSON evaluates to that plan's numbers, and fake tensors give the real measurement."""
+    chosen = P.plan(LLAMA, batch=2, seq=16, mode="bf16")
+    path = tmp_path / "plan.json"
+    path.write_text(chosen.to_json())
+    again = P.evaluate(LLAMA, 2, 16, "bf16", str(path))
+    assert again.after == chosen.after and again.before == chosen.before and again.use == str(path)
+    fake = P.evaluate(LLAMA, 2, 16, "bf16", "relu-sum-k2+ms-norm")
+    real = P.evaluate(LLAMA, 2, 16, "bf16", "relu-sum-k2+ms-norm", fake=False)
+    assert fake.after == real.after and fake.ms_norm["chosen"]
+    assert {layer["option"] for layer in fake.layers.values()} == {"relu-sum-k2"}
+    assert fake.after["activations"] < fake.before["activations"]
+    exact = P.evaluate(LLAMA, 2, 16, "bf16", "exact")
+    assert exact.after == exact.before and "the given assignment (--use exact)" in P.report(exact)
+
+
+@pytest.mark.slow  # about 40 s: two searches of fake steps
+def test_maximize_with_a_given_assignment_finds_the_largest_size_that_fits():
+    budget = P.parse_size("3MiB")
+    best, result = P.maximize(LLAMA, "batch", 2, 16, "bf16", budget, use="exact")
+    assert result.use == "exact" and result.batch == best and result.after["peak"] <= budget
+    assert P.evaluate(LLAMA, best + 1, 16, "bf16", "exact").after["peak"] > budget
+    saving, _ = P.maximize(LLAMA, "batch", 2, 16, "bf16", budget, use="invact+ms-norm")
+    assert saving > best
+
+
+@pytest.mark.parametrize("text, message", [("relu-sum-k9", "expected one of"), ("invact+relu-sum-k2", "expected one"),
+                                           ("ms-norm+ms-norm", "expected one"), ("missing.json", "not a plan")])
+def test_use_refuses_what_it_cannot_evaluate(text, message):
+    with pytest.raises(ValueError, match=message):
+        P.parse_use(text)
