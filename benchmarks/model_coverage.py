@@ -86,26 +86,36 @@ def tiny_config(model_type: str, sizes: dict = TINY):
     return config
 
 
+def _get(config, key: str):
+    """config.key, or None (Gemma-4 raises on per-layer attributes read globally)."""
+    try:
+        return getattr(config, key, None)
+    except Exception:  # noqa: BLE001 - an attribute that cannot be read globally is not one to shrink
+        return None
+
+
 def _shrink(config, sizes: dict, depth: int = 0) -> None:
     from transformers import PretrainedConfig
 
-    layers = next((getattr(config, k) for k in ("num_hidden_layers", "num_layers", "n_layer")
-                   if isinstance(getattr(config, k, None), int)), None)
+    layers = next((_get(config, k) for k in ("num_hidden_layers", "num_layers", "n_layer")
+                   if isinstance(_get(config, k), int)), None)
+    keep = _kept_layers(config, layers)
     for key, value in sizes.items():
-        unset = key in DERIVED_WHEN_NONE and key in vars(config) and getattr(config, key) is None
-        if unset or isinstance(getattr(config, key, None), int) and not isinstance(getattr(config, key), bool):
+        unset = key in DERIVED_WHEN_NONE and key in vars(config) and _get(config, key) is None
+        if unset or isinstance(_get(config, key), int) and not isinstance(_get(config, key), bool):
             try:
-                setattr(config, key, value)
+                setattr(config, key, len(keep) if keep and key == "num_hidden_layers" else value)
             except AttributeError:  # a derived, read-only property (Falcon's head_dim)
                 pass
-    rope = getattr(config, "rope_parameters", None)
-    multimodal = any(tag in str(getattr(config, "model_type", "")) for tag in ("_vl", "4v"))  # qwen2_vl, glm4v
+    rope = _get(config, "rope_parameters")
+    multimodal = any(tag in str(_get(config, "model_type")) for tag in ("_vl", "4v"))  # qwen2_vl, glm4v
     if isinstance(rope, dict) and (isinstance(rope.get("mrope_section"), list) or multimodal):
-        rope["mrope_section"] = [1, 1, sizes["head_dim"] // 2 - 2]  # (t, h, w) sections of head_dim / 2 (default
-        # [16, 24, 24], written into the modeling code, not the config)
+        # (t, h, w) sections of the rotary half (default [16, 24, 24], written into the modeling code, not the config)
+        half = int(sizes["head_dim"] * (_get(config, "partial_rotary_factor") or 1.0)) // 2
+        rope["mrope_section"] = [half // 3, half // 3, half - 2 * (half // 3)]
     for key, value in list(vars(config).items()):
         if isinstance(value, list) and layers and len(value) == layers and key not in ("architectures",):
-            setattr(config, key, value[:TINY["num_hidden_layers"]])
+            setattr(config, key, [value[i] for i in keep] if keep else value[:TINY["num_hidden_layers"]])
         elif isinstance(value, PretrainedConfig) and depth < 3:
             _shrink(value, sizes, depth + 1)
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
@@ -117,6 +127,17 @@ def _shrink(config, sizes: dict, depth: int = 0) -> None:
             setattr(config, key, [t if t < TINY["vocab_size"] else 1 for t in v])
     if hasattr(config, "num_labels"):
         config.num_labels = 2
+
+
+def _kept_layers(config, layers: int | None) -> list[int] | None:
+    """The layer indices a tiny model keeps when its layers are of several types (Qwen3-Next's linear and full
+    attention): the first of each type, then the first ones, two at least; None when every layer is alike."""
+    types = _get(config, "layer_types")
+    if not (isinstance(types, list) and layers and len(types) == layers and len(set(types)) > 1):
+        return None
+    first = list(dict.fromkeys(types))
+    keep = sorted({types.index(t) for t in first} | set(range(max(0, TINY["num_hidden_layers"] - len(first)))))
+    return keep
 
 
 def example_batch(head: str, config) -> tuple[dict, dict]:
@@ -350,7 +371,8 @@ def liger_markdown(rows: list[dict]) -> str:
         if "error" in r:
             lines.append(f"| {t} | — | — | not measured: {_cell(r['error'])} |")
             continue
-        left = _cell(r["skipped"][0]) + (f" (+{len(r['skipped']) - 1} more)" if len(r["skipped"]) > 1 else "")
+        left = _cell(r["skipped"][0]) + (f" (+{len(r['skipped']) - 1} more)" if len(r["skipped"]) > 1 else "") \
+            if r["skipped"] else ""
         lines.append(f"| {t}{' (text and images)' if r.get('input') == 'text and images' else ''} | "
                      f"{100 * (r['saving'] or 0):.1f} % | {r['acts_swapped'] + r['acts_in_glus']} of {r['acts']} / "
                      f"{r['norms_rewritten']} of {r['norms']} | {left or 'nothing'} |")
@@ -367,7 +389,12 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--docs", type=Path, default=None, help="write the table into this markdown page")
+    p.add_argument("--from-results", action="store_true", help="with --docs: write the page from the results JSON "
+                   "in --out, measuring nothing")
     args = p.parse_args()
+    if args.from_results:
+        saved = json.loads((args.out / "model_coverage.json").read_text(encoding="utf-8"))
+        return _write_docs(args.docs, saved["rows"], saved["meta"])
     import transformers
     from approxbp.approximations.files import write_atomic
 
@@ -385,13 +412,19 @@ def main() -> int:
     write_atomic(args.out / "model_coverage.json", json.dumps({"meta": meta, "rows": rows}, indent=1,
                                                                 default=lambda v: None if v is None or (
                                                                     isinstance(v, float) and math.isnan(v)) else v))
-    if args.docs:
-        text = args.docs.read_text(encoding="utf-8")
-        for key, body in (("model_coverage", markdown(rows, meta)), ("liger", liger_markdown(rows))):
-            start, end = f"<!-- {key}: start -->", f"<!-- {key}: end -->"
-            head, _, rest = text.partition(start)
-            text = head + start + "\n" + body + end + rest.partition(end)[2]
-        write_atomic(args.docs, text)
+    return _write_docs(args.docs, rows, meta) if args.docs else 0
+
+
+def _write_docs(page: Path, rows: list[dict], meta: dict) -> int:
+    """The two generated parts of the docs page, between their markers."""
+    from approxbp.approximations.files import write_atomic
+
+    text = page.read_text(encoding="utf-8")
+    for key, body in (("model_coverage", markdown(rows, meta)), ("liger", liger_markdown(rows))):
+        start, end = f"<!-- {key}: start -->", f"<!-- {key}: end -->"
+        head, _, rest = text.partition(start)
+        text = head + start + "\n" + body + end + rest.partition(end)[2]
+    write_atomic(page, text)
     return 0
 
 
