@@ -189,7 +189,20 @@ def _parser_plan(sub, add) -> None:
                      "block recomputed in backward; the whole step is traced by PyTorch's MemTracker)")
     pln.add_argument("--trace", action="store_true", help="trace a whole step (forward, backward, AdamW) with "
                      "MemTracker for the true peak and its moment, rather than the forward's saved tensors")
-    pln.add_argument("--lora-r", type=int, default=8, help="LoRA rank in --mode lora")
+    pln.add_argument("--lora-r", type=int, default=8, help="LoRA rank (with --train lora or --mode lora)")
+    setup = pln.add_argument_group("the set-up, option by option (each overrides --mode's preset)")
+    setup.add_argument("--weights", choices=("fp32", "bf16", "fp16"), default=None, help="stored weight dtype")
+    setup.add_argument("--autocast", choices=("off", "bf16", "fp16"), default=None, help="the forward's autocast")
+    setup.add_argument("--train", choices=("full", "lora", "none"), default=None,
+                       help="what trains: every parameter, LoRA adapters on a frozen base (peft's layout: fp32 "
+                            "adapters on a 16-bit base), or nothing")
+    setup.add_argument("--lora-targets", default=None, help="comma-separated Linear names, or all-linear (every "
+                       "Linear but the output head); default: the attention query and value")
+    setup.add_argument("--optimizer", choices=("adamw", "adamw-8bit", "sgd"), default=None,
+                       help="its state: AdamW's two moments, bitsandbytes' 8-bit moments, or none (plain SGD)")
+    setup.add_argument("--compile", action="store_true", help="torch.compile (inductor's partitioner)")
+    setup.add_argument("--shard", type=int, default=None, help="ranks that shard parameters, gradients and "
+                       "optimizer states (FSDP2 / ZeRO-3); activations are per rank")
     pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")
     pln.add_argument("--maximize", choices=("batch", "seq_len"), default=None,
                      help="find the largest batch or sequence length that fits --budget (the plan is for it)")
@@ -705,6 +718,22 @@ def _fit_free_levels(args, argv) -> int:
     return 0
 
 
+def _setup(args):
+    """--mode's preset with every set-up option given on the command line in place of its own."""
+    from dataclasses import replace
+
+    from approxbp.setup import PRESETS
+
+    changes = {k: getattr(args, k) for k in ("weights", "autocast", "train", "optimizer", "shard")
+               if getattr(args, k) is not None}
+    if args.lora_targets:
+        changes["lora_targets"] = args.lora_targets if args.lora_targets == "all-linear" else tuple(
+            t.strip() for t in args.lora_targets.split(",") if t.strip())
+    if args.compile:
+        changes["compile"] = True
+    return replace(PRESETS[args.mode], **changes)
+
+
 def _plan(args, argv) -> int:
     """``approxbp plan``: the step's memory before and after, the choice per layer, the options measured."""
     from approxbp import plan as P
@@ -716,6 +745,7 @@ def _plan(args, argv) -> int:
     tell = (lambda msg: print(f"[plan] {msg}", file=sys.stderr, flush=True)) if _progress(args) else None
     t0 = time.perf_counter()
     budget = P.parse_size(args.budget) if args.budget else None
+    args.mode = _setup(args)
     if args.maximize:
         if budget is None:
             raise ValueError("--maximize needs --budget")

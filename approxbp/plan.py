@@ -40,8 +40,19 @@ from torch import nn
 
 from approxbp.attention import gpu_attention
 from approxbp.kernels.saved import charged
+from approxbp.setup import (  # noqa: F401 (LORA_TARGETS, LoRALinear: read from here by callers of 0.1)
+    DTYPES,
+    LORA_TARGETS,
+    LoRALinear,
+    Setup,
+    add_lora,
+    as_setup,
+    optimizer_bytes,
+    per_rank,
+    weights_for,
+)
 
-MODES = ("bf16", "autocast", "lora", "compile")
+MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.setup.PRESETS
 OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact")
 #: Short keys of ``llama:hidden=4096,layers=32,…`` → Hugging Face config fields.
 CONFIG_KEYS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
@@ -136,16 +147,22 @@ def _loss_of(out) -> torch.Tensor:
     raise TypeError(f"cannot find a floating output to make a loss of: {type(out).__name__}")
 
 
-def measure(model: nn.Module, inputs: dict, mode: str, traced: bool = False) -> StepMemory:
+def _autocast(setup: Setup):
+    return torch.autocast("cpu", dtype=DTYPES.get(setup.autocast, torch.bfloat16), enabled=setup.autocast != "off")
+
+
+def measure(model: nn.Module, inputs: dict, mode: str | Setup, traced: bool = False) -> StepMemory:
     """One training step's memory (forward with the saved-tensor hooks; the backward is not needed for what is
-    saved). ``mode`` is applied by :func:`prepare` before; ``autocast`` runs the forward under bf16 autocast,
-    ``compile`` under torch.compile with inductor's partitioner (what it saves is charged to the model as a whole:
-    module hooks do not fire inside a compiled graph). ``traced``: a whole step by :func:`traced_step` instead."""
+    saved). The set-up (:class:`~approxbp.setup.Setup` or a preset) is applied by :func:`prepare` before; its
+    autocast runs the forward under autocast, its compile under torch.compile with inductor's partitioner (what it
+    saves is charged to the model as a whole: module hooks do not fire inside a compiled graph); parameters,
+    gradients and optimizer states are one rank's shard. ``traced``: a whole step by :func:`traced_step` instead."""
+    setup = as_setup(mode)
     if traced:
-        return traced_step(model, inputs, mode)
+        return traced_step(model, inputs, setup)
     saved: dict[str, int] = {}
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
-    if mode == "compile":  # inductor's min-cut partitioner without its code generation: the same saved tensors
+    ctx = _autocast(setup)
+    if setup.compile:  # inductor's min-cut partitioner without its code generation: the same saved tensors
         torch._dynamo.reset()  # a fresh cache per model: a recompile limit would silently fall back to eager
         model.compile(backend="aot_eager_decomp_partition")  # in place: the module hooks fire once, outside
     block = first_block(model)
@@ -163,17 +180,20 @@ def measure(model: nn.Module, inputs: dict, mode: str, traced: bool = False) -> 
     finally:
         hook.remove()
     _loss_of(out)  # a loss exists (the step is a training step)
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    params = per_rank(list(model.parameters()), setup.shard)
+    trained = [q for p, q in zip(model.parameters(), params) if p.requires_grad]
+    trainable = sum(p.numel() * p.element_size() for p in trained)
+    total = sum(p.numel() * p.element_size() for p in params)
     kinds = {n: type(m).__name__ for n, m in model.named_modules()}
-    return StepMemory(total, trainable, 2 * trainable, saved, kinds, block, seen_input[0] if seen_input else 0)
+    return StepMemory(total, trainable, optimizer_bytes(trained, setup.optimizer), saved, kinds, block,
+                      seen_input[0] if seen_input else 0)
 
 
 #: Where the memory alive at a traced step's peak is charged (module hooks cannot split it).
 AT_PEAK = "(alive at the peak)"
 
 
-def traced_step(model: nn.Module, inputs: dict, mode: str = "bf16") -> StepMemory:
+def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> StepMemory:
     """A whole training step (forward, backward, AdamW step) under PyTorch's ``MemTracker``: the peak of the memory
     alive, by category, and its moment. For activation checkpointing, where the peak is not the end of the forward
     but the backward's recomputation of a block, with the checkpointed blocks' inputs and part of the gradients
@@ -185,8 +205,12 @@ def traced_step(model: nn.Module, inputs: dict, mode: str = "bf16") -> StepMemor
 
     from approxbp.kernels.ops import as_kernels
 
+    setup = as_setup(mode)
+    if setup.shard > 1 or setup.optimizer == "adamw-8bit":
+        raise ValueError("--trace/--checkpoint run a real step of one process with torch's optimizers: not with "
+                         "--shard or --optimizer adamw-8bit (plan those without tracing)")
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable)
+    opt = torch.optim.AdamW(trainable) if setup.optimizer == "adamw" else torch.optim.SGD(trainable, lr=1e-3)
     for p in trainable:
         p.grad = torch.zeros_like(p)
     opt.step()
@@ -202,7 +226,7 @@ def traced_step(model: nn.Module, inputs: dict, mode: str = "bf16") -> StepMemor
         return next(iter(tracker.get_tracker_snapshot("peak").values()))
 
     with as_kernels(), gpu_attention(), tracker:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+        with _autocast(setup):
             loss = _loss_of(model(**inputs))
         after_forward = peak_now()["Total"]
         loss.backward()
@@ -251,60 +275,21 @@ def first_block(model: nn.Module) -> str:
     return ""
 
 
-@contextlib.contextmanager
-def weights_for(mode: str):
-    """Within: new modules get the mode's weight dtype (fake tensors cannot be converted after the fact)."""
-    if mode not in MODES:
-        raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32 if mode == "autocast" else torch.bfloat16)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
-
-
-#: Linear layers (or GPT-2's Conv1D) that get LoRA adapters in ``lora`` mode (peft's defaults: attention query and
-#: value; GPT-2's fused c_attn).
-LORA_TARGETS = ("q_proj", "v_proj", "query", "value", "c_attn", "q", "v")
-
-
-class LoRALinear(nn.Module):
-    """y = base(x) + lora_B(lora_A(x))·(2/r): peft's layout (``base_layer``, ``lora_A``, ``lora_B``, so patch_model
-    treats it as peft's), built here because peft's device moves cannot run on fake tensors."""
-
-    def __init__(self, base: nn.Module, r: int):
-        super().__init__()
-        self.base_layer, self.scale = base, 2.0 / r
-        d_in, d_out = (base.in_features, base.out_features) if isinstance(base, nn.Linear) else base.weight.shape
-        self.lora_A = nn.Linear(d_in, r, bias=False)
-        self.lora_B = nn.Linear(r, d_out, bias=False)
-
-    def forward(self, x):
-        return self.base_layer(x) + self.lora_B(self.lora_A(x)) * self.scale
-
-
-def prepare(model: nn.Module, mode: str, lora_r: int = 8, checkpoint: bool = False) -> nn.Module:
-    """The training mode, on a model built under :func:`weights_for`: ``bf16`` (bf16 weights, all trainable; also
-    ``compile``), ``autocast`` (fp32 weights, bf16 compute), ``lora`` (bf16 weights frozen, rank-``lora_r``
-    adapters on the attention query and value projections, :data:`LORA_TARGETS`); ``checkpoint``: activation
-    checkpointing on top (:func:`checkpoint_blocks`; not with ``compile``)."""
+def prepare(model: nn.Module, mode: str | Setup, lora_r: int = 8, checkpoint: bool = False) -> nn.Module:
+    """The training set-up (a :class:`~approxbp.setup.Setup` or a ``--mode`` preset), on a model built under
+    :func:`~approxbp.setup.weights_for`: ``train`` full (all trainable), lora (frozen, rank-``lora_r`` adapters on
+    the set-up's targets, in peft's layout) or none (frozen); ``checkpoint``: activation checkpointing on top
+    (:func:`checkpoint_blocks`; not with compile)."""
+    setup = as_setup(mode)
     if checkpoint:
-        if mode == "compile":
+        if setup.compile:
             raise ValueError("--checkpoint with --mode compile: not supported (torch.compile's own activation "
                              "checkpointing is not modelled); plan bf16, autocast or lora with it")
         checkpoint_blocks(model)
-    if mode == "lora":
+    if setup.train == "lora":
+        add_lora(model, setup.lora_targets, lora_r)
+    elif setup.train == "none":
         model.requires_grad_(False)
-        adapted = 0
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if name in LORA_TARGETS and (isinstance(child, nn.Linear) or type(child).__name__ == "Conv1D"):
-                    setattr(parent, name, LoRALinear(child, lora_r))
-                    adapted += 1
-        if not adapted:
-            raise ValueError(f"--mode lora: no Linear named {', '.join(LORA_TARGETS)} to adapt, so nothing would "
-                             "train")
     return model.train()
 
 
@@ -482,12 +467,13 @@ def _summary(m: StepMemory) -> dict:
             "block": m.block, "block_units": None if units is None else round(units, 4), "peak_moment": m.moment}
 
 
-def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True, checkpoint: bool = False,
+def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = True, checkpoint: bool = False,
             traced: bool | None = None):
     """run(batch, seq, assignment, ms_norm) → the :class:`StepMemory` of one step of the model (built afresh,
     on fake tensors unless ``fake=False``) with those replacements; its ``layers`` are the activation layers found
     before them. ``checkpoint``: activation checkpointing; ``traced`` (default: with checkpointing) a whole step
     traced by :func:`traced_step` rather than the tensors saved by the forward."""
+    setup = as_setup(mode)
     traced = checkpoint if traced is None else traced
     build = model_spec(model_text)
     scope = _fake_like_real if fake else contextlib.nullcontext
@@ -499,7 +485,7 @@ def stepper(model_text: str, mode: str, lora_r: int = 8, fake: bool = True, chec
                 model, make_inputs = build()
                 model = prepare(model, mode, lora_r, checkpoint)
             inputs = make_inputs(batch, seq)
-            inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() and mode != "autocast" else v
+            inputs = {k: v.to(setup.dtype) if v.is_floating_point() and setup.autocast == "off" else v
                       for k, v in inputs.items()}
             layers = activation_layers(model)
             if assignment or ms_norm:
@@ -531,7 +517,7 @@ def _fake_like_real():
         yield
 
 
-def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = None, lora_r: int = 8,
+def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int | None = None, lora_r: int = 8,
          fake: bool = True, progress=None, checkpoint: bool = False, traced: bool | None = None) -> Plan:
     """Measure the exact model and each option, then choose (see the module docstring; ``checkpoint``, ``traced``:
     :func:`stepper`'s)."""
@@ -572,7 +558,8 @@ def plan(model_text: str, batch: int, seq: int, mode: str, budget: int | None = 
         target -= after.peak - budget
     else:
         raise ValueError(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
-    return Plan(model_text, mode, batch, seq if base.uses_seq else None, budget, _summary(base), _summary(after),
+    return Plan(model_text, as_setup(mode).describe(), batch, seq if base.uses_seq else None, budget, _summary(base),
+                _summary(after),
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                      **options[layers[p]][o]} for p, o in choice.items()},
                 options, ms, estimate, checkpoint, bool(base.moment))  # only a traced step has a moment
@@ -599,7 +586,7 @@ def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
     return (acts[0] if acts else "exact"), "ms-norm" in parts
 
 
-def evaluate(model_text: str, batch: int, seq: int, mode: str, use: str, lora_r: int = 8, fake: bool = True,
+def evaluate(model_text: str, batch: int, seq: int, mode: str | Setup, use: str, lora_r: int = 8, fake: bool = True,
              progress=None, checkpoint: bool = False, traced: bool | None = None, budget: int | None = None) -> Plan:
     """The exact step (``before``) and the step with the given assignment (``after``, :func:`parse_use`), both
     measured; no option is tried and nothing is chosen. ``budget`` is only recorded (and reported)."""
@@ -615,7 +602,8 @@ def evaluate(model_text: str, batch: int, seq: int, mode: str, use: str, lora_r:
     after = step(batch, seq, assignment, ms) if ms or set(assignment.values()) - {"exact"} else base
     layers = {p: {"activation": base.layers[p], "option": o, "table": option_table(base.layers[p], o),
                   "error": gradient_error(base.layers[p], o)} for p, o in assignment.items()}
-    return Plan(model_text, mode, batch, seq if base.uses_seq else None, budget, _summary(base), _summary(after),
+    return Plan(model_text, as_setup(mode).describe(), batch, seq if base.uses_seq else None, budget, _summary(base),
+                _summary(after),
                 layers, {}, {"chosen": ms, "saving": None}, None, checkpoint, bool(base.moment), use)
 
 
@@ -625,7 +613,7 @@ SEQ_GRAIN = 64
 MAX_PROBE = 1 << 20
 
 
-def maximize(model_text: str, what: str, batch: int, seq: int, mode: str, budget: int, lora_r: int = 8,
+def maximize(model_text: str, what: str, batch: int, seq: int, mode: str | Setup, budget: int, lora_r: int = 8,
              progress=None, checkpoint: bool = False, traced: bool | None = None,
              use: str | None = None) -> tuple[int, Plan]:
     """The largest ``what`` (``batch`` or ``seq_len``) whose step fits ``budget`` with the most-saving replacements

@@ -1,0 +1,151 @@
+"""A training set-up, as orthogonal options (issue 33, item 1): the planner's ``--mode`` names are presets of it.
+
+weights (the stored dtype), autocast (the forward's compute dtype, or off), train (full, lora, none), the LoRA
+targets and rank, the optimizer (its state bytes), torch.compile, and sharding over N ranks (FSDP2 / ZeRO-3:
+parameters, gradients and optimizer states split dim-0-wise over the ranks; activations are per rank). LoRA
+adapters are laid out as peft lays them out by default: fp32 adapters on a 16-bit base (peft's
+``autocast_adapter_dtype``), the input cast to the adapter's dtype and the sum cast back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: Linear layers (or GPT-2's Conv1D) that get LoRA adapters by default (peft's defaults: attention query and value;
+#: GPT-2's fused c_attn).
+LORA_TARGETS = ("q_proj", "v_proj", "query", "value", "c_attn", "q", "v")
+#: Output heads that peft's ``all-linear`` leaves alone.
+HEADS = ("lm_head", "classifier", "score", "qa_outputs", "head", "output", "embed_out")
+OPTIMIZERS = ("adamw", "adamw-8bit", "sgd")
+#: bitsandbytes' 8-bit AdamW: one byte per moment, and one fp32 absmax per block of this many values per moment.
+BNB_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One training set-up (see the module docstring)."""
+
+    weights: str = "bf16"
+    autocast: str = "off"
+    train: str = "full"
+    lora_targets: tuple[str, ...] | str = LORA_TARGETS  # or "all-linear"
+    optimizer: str = "adamw"
+    compile: bool = False
+    shard: int = 1
+
+    def __post_init__(self):
+        checks = (("weights", self.weights, DTYPES), ("autocast", self.autocast, ("off", "bf16", "fp16")),
+                  ("train", self.train, ("full", "lora", "none")), ("optimizer", self.optimizer, OPTIMIZERS))
+        for name, value, allowed in checks:
+            if value not in allowed:
+                raise ValueError(f"--{name} {value!r}: expected one of {', '.join(allowed)}")
+        if not (isinstance(self.shard, int) and self.shard >= 1):
+            raise ValueError(f"--shard {self.shard!r}: expected a positive number of ranks")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.weights]
+
+    def describe(self) -> str:
+        """One line: ``bf16`` for the bf16 preset, else every option that differs from it."""
+        for name, preset in PRESETS.items():
+            if preset == self:
+                return name
+        parts = [f"{self.weights} weights", *([f"{self.autocast} autocast"] if self.autocast != "off" else []),
+                 {"full": "full training", "none": "no training"}.get(self.train, "LoRA on " + (
+                     self.lora_targets if isinstance(self.lora_targets, str) else "/".join(self.lora_targets))),
+                 self.optimizer, *(["compiled"] if self.compile else []),
+                 *([f"sharded over {self.shard}"] if self.shard > 1 else [])]
+        return ", ".join(parts)
+
+
+#: ``--mode`` presets: bf16 weights all trained; fp32 weights under bf16 autocast; frozen bf16 weights with LoRA on
+#: the attention query/value projections; bf16 under torch.compile.
+PRESETS = {"bf16": Setup(), "autocast": Setup(weights="fp32", autocast="bf16"), "lora": Setup(train="lora"),
+           "compile": Setup(compile=True)}
+
+
+def as_setup(mode: str | Setup) -> Setup:
+    """A :class:`Setup`, or a preset's name."""
+    if isinstance(mode, Setup):
+        return mode
+    if mode not in PRESETS:
+        raise ValueError(f"mode {mode!r}: expected one of {', '.join(PRESETS)}")
+    return PRESETS[mode]
+
+
+@contextlib.contextmanager
+def weights_for(setup: str | Setup):
+    """Within: new modules get the set-up's weight dtype (fake tensors cannot be converted after the fact)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(as_setup(setup).dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+class LoRALinear(nn.Module):
+    """y = base(x) + lora_B(lora_A(x))·(2/r), laid out as peft lays it out (``base_layer``, ``lora_A``, ``lora_B``,
+    so patch_model treats it as peft's; built here because peft's device moves cannot run on fake tensors): on a
+    16-bit base the adapters are fp32, x is cast to fp32 for them and their sum is cast back."""
+
+    def __init__(self, base: nn.Module, r: int):
+        super().__init__()
+        self.base_layer, self.scale = base, 2.0 / r
+        d_in, d_out = (base.in_features, base.out_features) if isinstance(base, nn.Linear) else base.weight.shape
+        dtype = torch.float32 if base.weight.dtype in (torch.bfloat16, torch.float16) else base.weight.dtype
+        self.lora_A = nn.Linear(d_in, r, bias=False, dtype=dtype)
+        self.lora_B = nn.Linear(r, d_out, bias=False, dtype=dtype)
+
+    def forward(self, x):
+        y = self.base_layer(x)
+        adapter = self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * self.scale
+        return (y + adapter).to(y.dtype)
+
+
+def _adaptable(name: str, child: nn.Module, targets) -> bool:
+    if not (isinstance(child, nn.Linear) or type(child).__name__ == "Conv1D"):
+        return False
+    return name not in HEADS if targets == "all-linear" else name in targets
+
+
+def add_lora(model: nn.Module, targets, r: int) -> int:
+    """Freeze ``model`` and put rank-``r`` adapters on its Linears named in ``targets`` (or every Linear but the
+    output head, ``all-linear``); the number adapted."""
+    model.requires_grad_(False)
+    adapted = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if _adaptable(name, child, targets):
+                setattr(parent, name, LoRALinear(child, r))
+                adapted += 1
+    if not adapted:
+        raise ValueError(f"--train lora: no Linear named {targets if isinstance(targets, str) else ', '.join(targets)}"
+                         " to adapt, so nothing would train")
+    return adapted
+
+
+def optimizer_bytes(params: list[torch.Tensor], optimizer: str) -> int:
+    """The optimizer's state for ``params``: AdamW two moments in the parameter dtype (as torch.optim.AdamW keeps
+    them); 8-bit AdamW one byte per moment plus an fp32 absmax per block of :data:`BNB_BLOCK`; plain SGD none."""
+    if optimizer == "sgd":
+        return 0
+    if optimizer == "adamw":
+        return sum(2 * p.numel() * p.element_size() for p in params)
+    return sum(2 * (p.numel() + 4 * math.ceil(p.numel() / BNB_BLOCK)) for p in params)
+
+
+def per_rank(params: list[torch.Tensor], ranks: int) -> list[torch.Tensor]:
+    """Each parameter's shard on one of ``ranks`` ranks (dim 0 split, the last shard padded, as FSDP2 does), as
+    meta tensors of that shape and dtype."""
+    if ranks == 1:
+        return params
+    return [torch.empty((math.ceil(p.shape[0] / ranks), *p.shape[1:]) if p.dim() else (), dtype=p.dtype,
+                        device="meta") for p in params]

@@ -1,0 +1,70 @@
+"""The planner's set-up options (issue 33, item 1): LoRA as peft lays it out (fp32 adapters on a 16-bit base, any
+targets, all-linear), fp32 weights under autocast, optimizers and sharding. On real tensors the planner's saved
+bytes and trainable bytes equal those of a real peft model counted with saved_tensors_hooks."""
+
+import pytest
+import torch
+from approxbp.kernels.saved import charged
+
+from approxbp import plan as P
+from approxbp.setup import PRESETS, Setup, optimizer_bytes, per_rank
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
+
+
+def _peft_llama(weights: torch.dtype, targets):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                   vocab_size=100)
+    model = transformers.LlamaForCausalLM(cfg).to(weights)
+    return peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=targets, lora_dropout=0.0)).train()
+
+
+@pytest.mark.parametrize("setup, targets", [
+    (PRESETS["lora"], ["q_proj", "v_proj"]),
+    (Setup(train="lora", lora_targets="all-linear"), "all-linear"),
+    (Setup(weights="fp32", autocast="bf16", train="lora"), ["q_proj", "v_proj"]),  # the papers' AMP with LoRA
+    (Setup(train="lora", lora_targets=("gate_proj", "up_proj", "down_proj")), ["gate_proj", "up_proj", "down_proj"]),
+])
+def test_lora_plans_what_a_real_peft_model_saves_and_trains(setup, targets):
+    step = P.stepper(LLAMA, setup, fake=False)(2, 16)
+    model = _peft_llama(setup.dtype, targets)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    saved = {}
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setup.autocast != "off"):
+        with charged(saved, list(model.parameters()), model):
+            model(input_ids=ids)
+    assert sum(saved.values()) == step.activations
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert {p.dtype for p in trainable} == {torch.float32}  # peft's default: fp32 adapters, on a 16-bit base too
+    assert sum(p.numel() * p.element_size() for p in trainable) == step.gradients
+    assert step.optimizer == 2 * step.gradients
+    assert P.stepper(LLAMA, setup)(2, 16).saved == step.saved  # fake tensors: the same, byte for byte
+
+
+def test_optimizers_and_shards():
+    params = [torch.empty(1000, 10, dtype=torch.bfloat16, device="meta"), torch.empty(7, dtype=torch.bfloat16,
+                                                                                       device="meta")]
+    assert optimizer_bytes(params, "adamw") == 2 * 2 * 10007 and optimizer_bytes(params, "sgd") == 0
+    assert optimizer_bytes(params, "adamw-8bit") == 2 * (10000 + 4 * 40) + 2 * (7 + 4 * 1)  # bnb: 1 B + absmax/256
+    shards = per_rank(params, 3)
+    assert [tuple(p.shape) for p in shards] == [(334, 10), (3,)]  # dim 0 split, the last shard padded (FSDP2)
+    whole, sharded = (P.stepper(LLAMA, Setup(optimizer=o, shard=n))(2, 16) for o, n in (("adamw", 1), ("sgd", 4)))
+    assert sharded.activations == whole.activations and sharded.optimizer == 0
+    assert whole.parameters / 4 <= sharded.parameters < whole.parameters / 4 * 1.05
+
+
+@pytest.mark.parametrize("bad, message", [(dict(weights="fp8"), "--weights"), (dict(train="qlora"), "--train"),
+                                          (dict(shard=0), "--shard"), (dict(optimizer="adam"), "--optimizer")])
+def test_bad_set_ups_are_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        Setup(**bad)
+
+
+def test_the_cli_builds_the_set_up_from_options():
+    from approxbp.cli import main
+
+    assert main(["plan", LLAMA, "--seq", "16", "--batch", "2", "--weights", "fp32", "--autocast", "bf16", "--train",
+                 "lora", "--lora-targets", "all-linear", "--use", "exact", "--no-progress"]) == 0
