@@ -191,7 +191,9 @@ def _parser_plan(sub, add) -> None:
                      "MemTracker for the true peak and its moment, rather than the forward's saved tensors")
     pln.add_argument("--lora-r", type=int, default=8, help="LoRA rank (with --train lora or --mode lora)")
     setup = pln.add_argument_group("the set-up, option by option (each overrides --mode's preset)")
-    setup.add_argument("--weights", choices=("fp32", "bf16", "fp16"), default=None, help="stored weight dtype")
+    setup.add_argument("--weights", choices=("fp32", "bf16", "fp16", "nf4"), default=None,
+                       help="stored weight dtype; nf4: the frozen base Linears in QLoRA's 4-bit NF4 with double-"
+                            "quantised absmax, computing in bf16")
     setup.add_argument("--autocast", choices=("off", "bf16", "fp16"), default=None, help="the forward's autocast")
     setup.add_argument("--train", choices=("full", "lora", "none"), default=None,
                        help="what trains: every parameter, LoRA adapters on a frozen base (peft's layout: fp32 "

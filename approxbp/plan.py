@@ -49,6 +49,8 @@ from approxbp.setup import (  # noqa: F401 (LORA_TARGETS, LoRALinear: read from 
     as_setup,
     optimizer_bytes,
     per_rank,
+    quantized_weights,
+    stored_bytes,
     weights_for,
 )
 
@@ -180,10 +182,10 @@ def measure(model: nn.Module, inputs: dict, mode: str | Setup, traced: bool = Fa
     finally:
         hook.remove()
     _loss_of(out)  # a loss exists (the step is a training step)
-    params = per_rank(list(model.parameters()), setup.shard)
-    trained = [q for p, q in zip(model.parameters(), params) if p.requires_grad]
+    params = list(model.parameters())
+    trained = [q for p, q in zip(params, per_rank(params, setup.shard)) if p.requires_grad]
     trainable = sum(p.numel() * p.element_size() for p in trained)
-    total = sum(p.numel() * p.element_size() for p in params)
+    total = stored_bytes(params, quantized_weights(model, setup), setup.shard)
     kinds = {n: type(m).__name__ for n, m in model.named_modules()}
     return StepMemory(total, trainable, optimizer_bytes(trained, setup.optimizer), saved, kinds, block,
                       seen_input[0] if seen_input else 0)

@@ -40,17 +40,21 @@ class Setup:
     shard: int = 1
 
     def __post_init__(self):
-        checks = (("weights", self.weights, DTYPES), ("autocast", self.autocast, ("off", "bf16", "fp16")),
+        checks = (("weights", self.weights, (*DTYPES, "nf4")), ("autocast", self.autocast, ("off", "bf16", "fp16")),
                   ("train", self.train, ("full", "lora", "none")), ("optimizer", self.optimizer, OPTIMIZERS))
         for name, value, allowed in checks:
             if value not in allowed:
                 raise ValueError(f"--{name} {value!r}: expected one of {', '.join(allowed)}")
         if not (isinstance(self.shard, int) and self.shard >= 1):
             raise ValueError(f"--shard {self.shard!r}: expected a positive number of ranks")
+        if self.weights == "nf4" and self.train == "full":
+            raise ValueError("--weights nf4 stores the base Linears in 4 bits, which do not train: use --train lora "
+                             "(QLoRA) or --train none")
 
     @property
     def dtype(self) -> torch.dtype:
-        return DTYPES[self.weights]
+        """The dtype modules are built in: nf4's base Linears compute in bf16 (QLoRA's compute dtype)."""
+        return DTYPES.get(self.weights, torch.bfloat16)
 
     def describe(self) -> str:
         """One line: ``bf16`` for the bf16 preset, else every option that differs from it."""
@@ -140,6 +144,27 @@ def optimizer_bytes(params: list[torch.Tensor], optimizer: str) -> int:
     if optimizer == "adamw":
         return sum(2 * p.numel() * p.element_size() for p in params)
     return sum(2 * (p.numel() + 4 * math.ceil(p.numel() / BNB_BLOCK)) for p in params)
+
+
+def nf4_bytes(numel: int) -> int:
+    """One weight stored as QLoRA stores it (bitsandbytes' NF4 with double quantisation): 4 bits per value, one
+    8-bit absmax per block of 64 values, one fp32 scale per block of 256 of those absmax values."""
+    return math.ceil(numel / 2) + math.ceil(numel / 64) + 4 * math.ceil(numel / (64 * 256))
+
+
+def quantized_weights(model: nn.Module, setup: Setup) -> set[int]:
+    """ids of the weights stored in NF4 under ``--weights nf4``: every frozen Linear's but the output head's, as
+    transformers' bitsandbytes integration quantises them (its default skips ``lm_head``)."""
+    if setup.weights != "nf4":
+        return set()
+    return {id(m.weight) for n, m in model.named_modules() if isinstance(m, nn.Linear)
+            and not m.weight.requires_grad and n.rpartition(".")[2] not in HEADS}
+
+
+def stored_bytes(params: list[torch.Tensor], quantized: set[int], shard: int) -> int:
+    """Bytes of one rank's shard of ``params`` (those in ``quantized`` as NF4)."""
+    return sum(nf4_bytes(q.numel()) if id(p) in quantized else q.numel() * q.element_size()
+               for p, q in zip(params, per_rank(params, shard)))
 
 
 def per_rank(params: list[torch.Tensor], ranks: int) -> list[torch.Tensor]:

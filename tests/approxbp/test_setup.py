@@ -68,3 +68,31 @@ def test_the_cli_builds_the_set_up_from_options():
 
     assert main(["plan", LLAMA, "--seq", "16", "--batch", "2", "--weights", "fp32", "--autocast", "bf16", "--train",
                  "lora", "--lora-targets", "all-linear", "--use", "exact", "--no-progress"]) == 0
+
+
+def test_nf4_stores_4_127_bits_per_parameter_as_qlora_says():
+    """QLoRA (Dettmers et al. 2023, §3): double quantisation brings the constants from 0.5 to 0.127 bits per
+    parameter, so 4.127 bits in all for large blocks of weights."""
+    from approxbp.setup import nf4_bytes
+
+    n = 4096 * 11008
+    assert 8 * nf4_bytes(n) / n == pytest.approx(4.127, abs=5e-4)
+
+
+def test_qlora_counts_the_frozen_base_linears_in_nf4_and_the_rest_as_it_is():
+    from approxbp.setup import HEADS, nf4_bytes
+
+    setup = Setup(weights="nf4", train="lora")
+    step = P.stepper(LLAMA, setup)(2, 16)
+    bf16 = P.stepper(LLAMA, PRESETS["lora"])(2, 16)
+    assert step.saved == bf16.saved and step.gradients == bf16.gradients  # compute in bf16: the same activations
+    with P.weights_for(setup):
+        model = P.prepare(P.model_spec(LLAMA)()[0], setup)
+    want = sum(nf4_bytes(m.weight.numel()) if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad
+               and n.rpartition(".")[2] not in HEADS else 0 for n, m in model.named_modules())
+    rest = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+               if not (n.endswith(".weight") and isinstance(model.get_submodule(n.rpartition(".")[0]), torch.nn.Linear)
+                       and not p.requires_grad and n.rpartition(".")[0].rpartition(".")[2] not in HEADS))
+    assert step.parameters == want + rest < bf16.parameters / 2
+    with pytest.raises(ValueError, match="do not train"):
+        Setup(weights="nf4")
