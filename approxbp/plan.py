@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from approxbp.attention import gpu_attention
+from approxbp.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
 from approxbp.kernels.saved import charged
 from approxbp.setup import (  # noqa: F401 (LORA_TARGETS, LoRALinear: read from here by callers of 0.1)
     DTYPES,
@@ -323,6 +324,13 @@ def model_spec(text: str) -> Callable[[], tuple[nn.Module, Callable[[int, int], 
         cause = " ".join(str(err).split())
         raise ValueError(f"{text}: transformers refused this config: {cause[-300:]}") from None
 
+    return hf_builder(config)
+
+
+def hf_builder(config) -> Callable[[], tuple[nn.Module, Callable[[int, int], dict]]]:
+    """A builder of (the Hugging Face model of ``config``, inputs(batch, seq)); its ``config`` is kept on it."""
+    import transformers
+
     def build():
         vision = hasattr(config, "image_size") and hasattr(config, "patch_size")
         auto = transformers.AutoModelForImageClassification if vision else transformers.AutoModelForCausalLM
@@ -334,6 +342,7 @@ def model_spec(text: str) -> Callable[[], tuple[nn.Module, Callable[[int, int], 
             images.ignores_seq = True  # the sequence is the image's patches
             return model, images
         return model, lambda b, n: {"input_ids": torch.zeros(b, n, dtype=torch.long)}
+    build.config = config
     return build
 
 
@@ -470,31 +479,46 @@ def _summary(m: StepMemory) -> dict:
 
 
 def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = True, checkpoint: bool = False,
-            traced: bool | None = None):
+            traced: bool | None = None, whole: bool = False):
     """run(batch, seq, assignment, ms_norm) → the :class:`StepMemory` of one step of the model (built afresh,
     on fake tensors unless ``fake=False``) with those replacements; its ``layers`` are the activation layers found
     before them. ``checkpoint``: activation checkpointing; ``traced`` (default: with checkpointing) a whole step
-    traced by :func:`traced_step` rather than the tensors saved by the forward."""
+    traced by :func:`traced_step` rather than the tensors saved by the forward. A Hugging Face model of more than
+    3 alike blocks is measured at 2 and 3 blocks and extrapolated (:mod:`approxbp.extrapolate`) unless ``whole``
+    or an assignment treats its blocks differently."""
     setup = as_setup(mode)
     traced = checkpoint if traced is None else traced
     build = model_spec(model_text)
     scope = _fake_like_real if fake else contextlib.nullcontext
+    count = None if whole or not hasattr(build, "config") else layer_count(build.config)
+    small = {n: hf_builder(shrunk(build.config, count[0], n)) for n in SMALL} if count and count[1] > SMALL[-1] \
+        else None
+    prefix: list[str] = []  # the blocks' path prefix ("model.layers."), known after the first small run
 
-    def run(batch: int, seq: int, assignment: dict[str, str] | None = None, ms_norm: bool = False) -> StepMemory:
+    def one(builder, batch: int, seq: int, assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
         with scope():
             torch.manual_seed(0)
-            with weights_for(mode), _no_init() if fake else contextlib.nullcontext():
-                model, make_inputs = build()
-                model = prepare(model, mode, lora_r, checkpoint)
+            with weights_for(setup), _no_init() if fake else contextlib.nullcontext():
+                model, make_inputs = builder()
+                model = prepare(model, setup, lora_r, checkpoint)
             inputs = make_inputs(batch, seq)
             inputs = {k: v.to(setup.dtype) if v.is_floating_point() and setup.autocast == "off" else v
                       for k, v in inputs.items()}
             layers = activation_layers(model)
             if assignment or ms_norm:
                 apply(model, assignment or {}, ms_norm, inputs)
-            step = measure(model, inputs, mode, traced)
+            step = measure(model, inputs, setup, traced)
             step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
             return step
+
+    def run(batch: int, seq: int, assignment: dict[str, str] | None = None, ms_norm: bool = False) -> StepMemory:
+        if small and not prefix:
+            prefix.append(one(small[SMALL[-1]], batch, seq, None, False).block.rpartition(".")[0] + ".")
+        part = small_assignment(assignment or {}, prefix[0], count[1]) if small and prefix[0] != "." else None
+        if part is None:
+            return one(build, batch, seq, assignment, ms_norm)
+        two, three = (one(small[n], batch, seq, part, ms_norm) for n in SMALL)
+        return extrapolate(two, three, count[1], prefix[0])
 
     return run
 
