@@ -50,6 +50,7 @@ TINY = {"hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "interm
         "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
         "image_size": 32, "patch_size": 8, "num_channels": 3, "kv_lora_rank": 16, "q_lora_rank": 16,
         "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "rotary_dim": 8, "n_group": 1, "depth": 2,
+        "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 8,
         "topk_group": 1}
 #: Sizes a config may leave None, to be derived from the others at full size (Ministral's head_dim, Nemotron's
 #: key/value heads): the derivation is for the full model, so the tiny one sets them.
@@ -107,6 +108,11 @@ def _shrink(config, sizes: dict, depth: int = 0) -> None:
                 setattr(config, key, len(keep) if keep and key == "num_hidden_layers" else value)
             except AttributeError:  # a derived, read-only property (Falcon's head_dim)
                 pass
+    if isinstance(_get(config, "kv_lora_rank"), int):  # multi-head latent attention: one key/value per head, and a
+        if isinstance(_get(config, "num_key_value_heads"), int):  # query/key width derived from its two parts
+            config.num_key_value_heads = config.num_attention_heads
+        if isinstance(_get(config, "qk_head_dim"), int):
+            config.qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
     rope = _get(config, "rope_parameters")
     multimodal = any(tag in str(_get(config, "model_type")) for tag in ("_vl", "4v"))  # qwen2_vl, glm4v
     if isinstance(rope, dict) and (isinstance(rope.get("mrope_section"), list) or multimodal):
@@ -236,9 +242,13 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
     from approxbp.kernels import patch_model
 
     row = {"model_type": model_type, "head": head, "class": class_name}
-    for sizes in (TINY, DEPTH_ONLY):
+    # a causal-LM head that cannot take its composite config (Llama-4, Qwen3.5) is given the text model's
+    for sizes, text in ((TINY, False), (TINY, True), (DEPTH_ONLY, False)):
         try:
             config = tiny_config(model_type, sizes)
+            if text and (head != "causal-lm" or config.get_text_config() is config):
+                continue
+            config = config.get_text_config() if text else config
             with torch.device("meta"):  # sized before anything is allocated
                 params = sum(p.numel() for p in getattr(transformers, class_name)(config).parameters())
             if params > MAX_PARAMETERS:
@@ -250,7 +260,7 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
             stock = getattr(transformers, class_name)(config).float()
             with torch.no_grad():
                 stock.eval()(**batch)
-            row["sizes"] = "tiny" if sizes is TINY else "2 layers, own widths"
+            row["sizes"] = ("tiny" if sizes is TINY else "2 layers, own widths") + (", text model" if text else "")
             if head == "image-text-to-text":
                 row["input"] = "text and images" if "pixel_values" in batch else "text only"
             break
