@@ -98,4 +98,4 @@ def extrapolate(two, three, layers: int, prefix: str):
                    gradients=three.gradients + steps * (three.gradients - two.gradients),
                    optimizer=three.optimizer + steps * (three.optimizer - two.optimizer),
                    saved=_renamed(three.saved, prefix, layers, linear), kinds=_renamed(three.kinds, prefix, layers),
-                   layers=_renamed(three.layers, prefix, layers), moment=moment)
+                   layers=_renamed(three.layers, prefix, layers), moment=moment, blocks_measured=SMALL)

@@ -77,6 +77,7 @@ class StepMemory:
     layers: dict[str, str] = field(default_factory=dict)  # the activation layers found before any replacement
     moment: str = ""  # a traced step's peak: "backward of model.layers.3"; "": the end of the forward
     uses_seq: bool = True  # False: the model's inputs do not depend on --seq (an image model)
+    blocks_measured: tuple[int, ...] = ()  # (2, 3): extrapolated from models of that many blocks; (): measured whole
 
     @property
     def block_units(self) -> float | None:
@@ -246,7 +247,8 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
                     moment = f"{phase} of {stats.mod_fqn}"
     alive = peak[_MemRefType.ACT] + peak[_MemRefType.TEMP] + peak[_MemRefType.OTH]
     return StepMemory(peak[_MemRefType.PARAM] + peak[_MemRefType.BUFFER], peak[_MemRefType.GRAD],
-                      peak[_MemRefType.OPT], {AT_PEAK: alive}, {AT_PEAK: "alive at the peak"}, moment=moment)
+                      peak[_MemRefType.OPT], {AT_PEAK: alive}, {AT_PEAK: "alive at the peak"}, first_block(model),
+                      moment=moment)
 
 
 def checkpoint_blocks(model: nn.Module) -> nn.Module:
@@ -475,7 +477,8 @@ def _summary(m: StepMemory) -> dict:
     units = m.block_units
     return {"parameters": m.parameters, "gradients": m.gradients, "optimizer": m.optimizer,
             "activations": m.activations, "peak": m.peak, "activations_by_kind": m.by_kind(),
-            "block": m.block, "block_units": None if units is None else round(units, 4), "peak_moment": m.moment}
+            "block": m.block, "block_units": None if units is None else round(units, 4), "peak_moment": m.moment,
+            "blocks_measured": list(m.blocks_measured)}
 
 
 def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = True, checkpoint: bool = False,
@@ -748,6 +751,9 @@ def report(p: Plan) -> str:
         lines.append(f"  {'one block, App. B units':<26}{p.before['block_units']:>12.3f}"
                      f"{p.after['block_units']:>12.3f}   ({p.before['block'] or 'the model'}: saved bytes / a 16-bit "
                      "[b, n, c] tensor)")
+    if p.before.get("blocks_measured"):
+        lines.append(f"  (its blocks are alike: measured at {' and '.join(map(str, p.before['blocks_measured']))} "
+                     "blocks and extrapolated, approxbp/extrapolate.py)")
     if p.use is None:
         lines.append("options (saving of the peak per layer, measured in this graph; gradient error: "
                      "E_N(0,1)[(h̃′ − f′)²]^½ or InvAct's certified L∞):")
