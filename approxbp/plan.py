@@ -56,7 +56,9 @@ from approxbp.setup import (  # noqa: F401 (LORA_TARGETS, LoRALinear: read from 
 )
 
 MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.setup.PRESETS
-OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact")
+#: Per activation layer; ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no
+#: gradient error; saves nothing where the layer is in no gated MLP).
+OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact", "glu")
 #: Short keys of ``llama:hidden=4096,layers=32,…`` → Hugging Face config fields.
 CONFIG_KEYS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
                "intermediate": "intermediate_size", "vocab": "vocab_size", "kv_heads": "num_key_value_heads",
@@ -402,8 +404,8 @@ def _width(model: nn.Module) -> int:
 
 # ---- options -----------------------------------------------------------------------------------------------------
 def option_table(activation: str, option: str) -> str | None:
-    """The packaged table of an option for a registry activation (None for ``exact``)."""
-    if option == "exact":
+    """The packaged table of an option for a registry activation (None for ``exact`` and ``glu``)."""
+    if option in ("exact", "glu"):
         return None
     if option == "invact":
         return f"invact/{activation}-fast"
@@ -441,13 +443,14 @@ def activation_layers(model: nn.Module) -> dict[str, str]:
 
 
 def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: dict | None = None) -> nn.Module:
-    """Replace each layer by its option (``exact`` keeps it) and merge the norms (patch_model's rules). Gated MLPs
-    keep their activation as a layer of its own here (``glu=False``): the options are per activation layer."""
+    """Replace each layer by its option (``exact`` keeps it; ``glu`` fuses its gated MLP) and merge the norms
+    (patch_model's rules). Other gated MLPs keep their activation as a layer of its own: the options are per layer."""
     from approxbp.kernels.patch import patch_model
 
     tables = {path: option_table(act, assignment[path]) or "exact"
               for path, act in activation_layers(model).items() if path in assignment}
-    patch_model(model, activation=tables or None, norm=ms_norm, example_input=inputs, check=False, glu=False)
+    fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu"}
+    patch_model(model, activation=tables or None, norm=ms_norm, example_input=inputs, check=False, glu=fused)
     return model
 
 

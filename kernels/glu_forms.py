@@ -137,15 +137,34 @@ def layout_of(rec: _Record, activation_of) -> tuple[GLULayout, str] | str | None
     return (layout, act) if act in GLU_ACTIVATIONS else f"gated by {act}, which has no exact fused GLU"
 
 
+def _float64_twin(module: nn.Module, gen: torch.Generator) -> nn.Module:
+    """A copy of ``module`` in eval mode whose parameters and floating buffers are real random float64 tensors of
+    the same shapes (so the proof holds for any weights, and a fake-tensor model — the planner's — can be probed)."""
+    twin = copy.copy(module)
+    held = {k: _float64_twin(v, gen) for k, v in module.__dict__.items() if isinstance(v, nn.Module)}  # a norm that
+    twin.__dict__ = {**module.__dict__, **held, "_parameters": dict(module._parameters),  # NormInputLinear reads
+                     "_buffers": dict(module._buffers),
+                     "_modules": {n: _float64_twin(c, gen) if c is not None else None
+                                  for n, c in module._modules.items()}}
+    for name, p in module._parameters.items():
+        if p is not None:
+            twin._parameters[name] = nn.Parameter(0.5 * torch.randn(tuple(p.shape), generator=gen,
+                                                                    dtype=torch.float64), requires_grad=False)
+    for name, b in module._buffers.items():
+        if b is not None and b.is_floating_point():
+            twin._buffers[name] = torch.randn(tuple(b.shape), generator=gen, dtype=torch.float64)
+    return twin.eval()
+
+
 def prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:
     """Why ``GatedMLP(module, layout, act)`` may not replace ``module`` (None when it may): both run in float64 on
     random inputs shaped like ``x`` at three scales and must agree to 1e-9 relative."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), torch.no_grad():
-        stock = copy.deepcopy(module).double().eval()
-        ours = GatedMLP(stock, layout, act)
         gen = torch.Generator().manual_seed(0)
+        stock = _float64_twin(module, gen)
+        ours = GatedMLP(stock, layout, act)
         worst = 0.0
         for scale in (0.3, 2.0, 8.0):
             probe = scale * torch.randn(tuple(x.shape), generator=gen, dtype=torch.float64)

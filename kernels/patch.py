@@ -9,6 +9,7 @@ import inspect
 import itertools
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,7 +135,7 @@ def _replacement(module: nn.Module, activation, bits: int, family_of):
 
 
 def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, example_input=None,
-                bits: int = 2, plan=None, check: bool = True, glu: bool = True) -> PatchReport:
+                bits: int = 2, plan=None, check: bool = True, glu: bool | Collection[str] = True) -> PatchReport:
     """In place: replace every activation in :data:`ACTIVATION_CLASSES` (nn.GELU both ways, nn.SiLU, nn.Mish and
     the Hugging Face GELU/NewGELU/FastGELU/QuickGELU/SiLU/Mish classes) by its drop-in: ``activation='relu-sum'``
     (the k = ``bits`` primitive ReLU-sum table of that activation), ``'invact'`` (its fast invact table), a table
@@ -161,10 +162,10 @@ def patch_model(model: nn.Module, activation="relu-sum", norm: bool = True, exam
     down(act(gate(x))·up(x)) with split or fused gate/up projections and the activation as a module or a function,
     becomes a :class:`~.glu.GatedMLP` (the exact fused op: saves g and u, no gradient error; it saves at least what
     an approximate activation would there) once a float64 probe proves it computes the same; its activation is then
-    not swapped. Activations called as functions anywhere else are listed in ``skipped``."""
+    not swapped. Activations called as functions anywhere else are listed in ``skipped``. ``glu`` may also be the
+    set of module paths to fuse (the planner's per-layer ``glu`` option; a plan's choices give it)."""
     if plan is not None:
-        activation, norm = _plan_choices(plan, model)
-        glu = False
+        activation, norm, glu = _plan_choices(plan, model)
     if not (activation in ACTIVATIONS or isinstance(activation, dict) or _is_table(activation)):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, a table path or a mapping, got {activation!r}")
 
@@ -231,7 +232,7 @@ def _swap_activations(model: nn.Module, report: PatchReport, undo: _Undo, activa
                        else ""))
 
 
-def _fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: _Undo, example_input, fuse: bool,
+def _fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: _Undo, example_input, fuse,
                      savings: _Savings) -> None:
     """Replace every proven gated MLP by a :class:`~.glu.GatedMLP` (``fuse``); report activations called as
     functions outside them (one run of the example records both, :func:`~.glu_forms.record_calls`)."""
@@ -248,8 +249,9 @@ def _fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: _Undo, example
         return of
 
     records, functional = record_calls(model, run)
+    wanted = (lambda name: fuse) if isinstance(fuse, bool) else (lambda name: name in fuse)
     found = {name: layout_of(rec, activation_of(name)) for name, rec in records.items()
-             if fuse and not isinstance(modules[name], GatedMLP)}
+             if wanted(name) and not isinstance(modules[name], GatedMLP)}
     found = {name: f for name, f in found.items() if f is not None}
     for pattern, group in _by_pattern(list(found)):
         with savings.group(f"{pattern} (gated MLPs)"):
@@ -343,8 +345,9 @@ class _Savings:
             self.report.skipped.append("saved bytes: not measured, nothing in the model requires grad on the example")
 
 
-def _plan_choices(plan, model: nn.Module) -> tuple[dict, bool]:
-    """An ``approxbp plan`` (JSON file or dict) → ({module path in ``model``: table path or "exact"}, MS-norms on).
+def _plan_choices(plan, model: nn.Module) -> tuple[dict, bool, set[str]]:
+    """An ``approxbp plan`` (JSON file or dict) → ({module path in ``model``: table path or "exact"}, MS-norms on,
+    the gated MLPs to fuse: the parents of the layers whose option is ``glu``).
     The plan's layer paths are matched to the model's activation modules as they are or as a suffix (peft wraps
     the planned model as ``base_model.model.…``); each must match exactly one, and every activation of the model
     must be in the plan, else it was made for another model and is refused. Malformed plans are refused by field."""
@@ -363,18 +366,20 @@ def _plan_choices(plan, model: nn.Module) -> tuple[dict, bool]:
         raise ValueError(f"{where}: 'ms_norm' must be {{'chosen': true or false, …}}, as `approxbp plan --out` "
                          "writes it")
     ours = [n for n, m in model.named_modules() if _class_key(m) in ACTIVATION_CLASSES]
-    chosen, unmatched = {}, []
+    chosen, unmatched, fused = {}, [], set()
     for path, layer in layers.items():
         hits = [n for n in ours if n == path or n.endswith("." + path)]
         if len(hits) != 1:
             unmatched.append(f"{path} ({'no' if not hits else len(hits)} matching activation modules)")
             continue
         chosen[hits[0]] = T.resolve(layer["table"]) if layer["table"] else "exact"
+        if layer.get("option") == "glu":
+            fused.add(hits[0].rpartition(".")[0])
     missing = [n for n in ours if n not in chosen]
     if unmatched or missing:
         raise ValueError(f"{where} was made for another model: {len(layers)} planned layers, {len(ours)} activation "
                          f"modules here; unmatched in the plan: {unmatched[:3]}; not in the plan: {missing[:3]}")
-    return chosen, ms["chosen"]
+    return chosen, ms["chosen"], fused
 
 
 def _computes_differently(old: nn.Module, new: nn.Module, checked: dict) -> str | None:

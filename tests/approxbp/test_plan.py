@@ -208,7 +208,8 @@ def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_
     path = tmp_path / "plan.json"
     path.write_text(made.to_json())
     chosen = [p for p, layer in made.layers.items() if layer["table"]]
-    assert chosen
+    fused = [p for p, layer in made.layers.items() if layer["option"] == "glu"]  # the exact GLU: no table
+    assert chosen or fused
 
     def build(text=LLAMA):
         torch.manual_seed(0)
@@ -218,8 +219,8 @@ def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_
     model, x = build()
     model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
     report = patch_model(model, plan=path, example_input=x)
-    assert len(report.activations) == len(chosen), report
-    assert all(a.startswith("base_model.model.") for a in report.activations)
+    assert len(report.activations) == len(chosen) and len(report.glus) == len(fused), report
+    assert all(a.startswith("base_model.model.") for a in report.activations + report.glus)
     for other in (LLAMA.replace("layers=2", "layers=4"), "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100"):
         model, x = build(other)
         with pytest.raises(ValueError, match="made for another model"):
