@@ -156,18 +156,40 @@ def _float64_twin(module: nn.Module, gen: torch.Generator) -> nn.Module:
     return twin.eval()
 
 
+#: Proofs made in this process, by what they depend on (:func:`_proof_key`): a model's 80 alike MLPs, or the
+#: planner's many runs of one model, are proven once.
+_PROVEN: dict = {}
+
+
+def _proof_key(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor):
+    """What a proof depends on: the class, its plain attributes, every parameter's path and shape, the layout, the
+    activation and the input's feature size (the weights are random in the proof, so their values do not matter)."""
+    plain = sorted((k, v) for k, v in vars(module).items() if isinstance(v, int | float | str | bool))
+    shapes = tuple((n, tuple(p.shape)) for n, p in module.named_parameters())
+    return type(module), tuple(plain), shapes, layout, act, x.dim(), x.shape[-1] if x.dim() else None
+
+
 def prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:
-    """Why ``GatedMLP(module, layout, act)`` may not replace ``module`` (None when it may): both run in float64 on
-    random inputs shaped like ``x`` at three scales and must agree to 1e-9 relative."""
+    """Why ``GatedMLP(module, layout, act)`` may not replace ``module`` (None when it may): both run in float64,
+    with random weights, on random inputs of ``x``'s feature size (a few rows) at three scales and must agree to
+    1e-9 relative. Cached per :func:`_proof_key`."""
+    key = _proof_key(module, layout, act, x)
+    if key not in _PROVEN:
+        _PROVEN[key] = _prove(module, layout, act, x)
+    return _PROVEN[key]
+
+
+def _prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    rows = (*(1,) * (x.dim() - 2), min(x.shape[-2], 8), x.shape[-1]) if x.dim() >= 2 else tuple(x.shape)
     with unset_fake_temporarily(), torch.no_grad():
         gen = torch.Generator().manual_seed(0)
         stock = _float64_twin(module, gen)
         ours = GatedMLP(stock, layout, act)
         worst = 0.0
         for scale in (0.3, 2.0, 8.0):
-            probe = scale * torch.randn(tuple(x.shape), generator=gen, dtype=torch.float64)
+            probe = scale * torch.randn(rows, generator=gen, dtype=torch.float64)
             try:
                 want, got = stock(probe), ours(probe)
             except Exception as err:  # noqa: BLE001 - what cannot be checked is not rewritten
