@@ -50,7 +50,8 @@ TINY = {"hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "interm
         "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
         "image_size": 32, "patch_size": 8, "num_channels": 3, "kv_lora_rank": 16, "q_lora_rank": 16,
         "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "rotary_dim": 8, "n_group": 1, "depth": 2,
-        "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 8, "out_hidden_size": 32,
+        "projector_hidden_size": 64,
         "topk_group": 1}
 #: Sizes a config may leave None, to be derived from the others at full size (Ministral's head_dim, Nemotron's
 #: key/value heads): the derivation is for the full model, so the tiny one sets them.
@@ -117,7 +118,8 @@ def _shrink(config, sizes: dict, depth: int = 0) -> None:
     multimodal = any(tag in str(_get(config, "model_type")) for tag in ("_vl", "4v"))  # qwen2_vl, glm4v
     if isinstance(rope, dict) and (isinstance(rope.get("mrope_section"), list) or multimodal):
         # (t, h, w) sections of the rotary half (default [16, 24, 24], written into the modeling code, not the config)
-        half = int(sizes["head_dim"] * (_get(config, "partial_rotary_factor") or 1.0)) // 2
+        factor = rope.get("partial_rotary_factor") or _get(config, "partial_rotary_factor") or 1.0
+        half = int(sizes["head_dim"] * factor) // 2
         rope["mrope_section"] = [half // 3, half // 3, half - 2 * (half // 3)]
     for key, value in list(vars(config).items()):
         if isinstance(value, list) and layers and len(value) == layers and key not in ("architectures",):
