@@ -319,9 +319,16 @@ def _relative(ref: list[float], got: list[float]) -> float:
 TRAIN_TOLERANCE, PERTURBATION = 1e-5, 1e-6
 
 
+#: Address space per worker: a model that would need more fails its row with a MemoryError instead of the kernel
+#: killing the worker, which would end the whole run (GLM-5-Next's tiny config asks for tens of GiB).
+WORKER_BYTES = 9 << 30
+
+
 def _measure_safely(job) -> dict:
+    import resource
     import signal
 
+    resource.setrlimit(resource.RLIMIT_AS, (WORKER_BYTES, resource.getrlimit(resource.RLIMIT_AS)[1]))
     signal.signal(signal.SIGALRM, _over_time)
     signal.alarm(PER_MODEL_S)
     try:
