@@ -319,16 +319,22 @@ def _relative(ref: list[float], got: list[float]) -> float:
 TRAIN_TOLERANCE, PERTURBATION = 1e-5, 1e-6
 
 
-#: Address space per worker: a model that would need more fails its row with a MemoryError instead of the kernel
-#: killing the worker, which would end the whole run (GLM-5-Next's tiny config asks for tens of GiB).
-WORKER_BYTES = 9 << 30
+#: Address space one model may add to its worker: one that would need more fails its row with a MemoryError
+#: instead of the kernel killing the worker, which would end the whole run (GLM-5-Next's tiny config asks for tens
+#: of GiB). Relative to what the worker has mapped already (workers are reused, and their mappings grow).
+MODEL_BYTES = 8 << 30
 
 
 def _measure_safely(job) -> dict:
+    import os
     import resource
     import signal
 
-    resource.setrlimit(resource.RLIMIT_AS, (WORKER_BYTES, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    with open("/proc/self/statm") as f:  # pages mapped now
+        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    soft = mapped + MODEL_BYTES
+    resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
     signal.signal(signal.SIGALRM, _over_time)
     signal.alarm(PER_MODEL_S)
     try:
