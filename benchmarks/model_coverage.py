@@ -330,11 +330,12 @@ def _measure_safely(job) -> dict:
     import resource
     import signal
 
-    with open("/proc/self/statm") as f:  # pages mapped now
-        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    soft = mapped + MODEL_BYTES
-    resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+    if os.path.exists("/proc/self/statm"):  # Linux: pages mapped now (elsewhere no limit is set)
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        soft = mapped + MODEL_BYTES
+        resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
     signal.signal(signal.SIGALRM, _over_time)
     signal.alarm(PER_MODEL_S)
     try:
