@@ -409,6 +409,25 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")[:160]
 
 
+def _rows(jobs: list, workers: int):
+    """The rows, in order. A worker the kernel kills (out of memory, a crash in C++) breaks the pool: the model it
+    ran gets a row saying so, and a new pool takes the rest."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    done = 0
+    while done < len(jobs):
+        with ProcessPoolExecutor(workers) as pool:
+            try:
+                for row in pool.map(_measure_safely, jobs[done:]):
+                    done += 1
+                    yield row
+            except BrokenProcessPool:
+                job = jobs[done]
+                done += 1
+                yield {"model_type": job[0], "head": job[1], "class": job[2],
+                       "error": "crashed: its worker process was killed (out of memory, or a crash in C++)"}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", default=None, help="comma-separated model types (default: every one)")
@@ -426,13 +445,12 @@ def main() -> int:
 
     jobs = [j for j in model_types() if args.only is None or j[0] in args.only.split(",")]
     t0, rows = time.perf_counter(), []
-    with ProcessPoolExecutor(args.jobs) as pool:
-        for i, row in enumerate(pool.map(_measure_safely, jobs)):
-            rows.append(row)
-            status = row.get("error", "")[:60] or (f"saving {100 * (row['saving'] or 0):.1f} %, "
-                                                  f"unreported {len(row['unreported'])}")
-            print(f"[{i + 1}/{len(jobs)} {time.perf_counter() - t0:.0f} s] {row['model_type']}: {status}",
-                  file=sys.stderr, flush=True)
+    for row in _rows(jobs, args.jobs):
+        rows.append(row)
+        status = row.get("error", "")[:60] or (f"saving {100 * (row['saving'] or 0):.1f} %, "
+                                              f"unreported {len(row['unreported'])}")
+        print(f"[{len(rows)}/{len(jobs)} {time.perf_counter() - t0:.0f} s] {row['model_type']}: {status}",
+              file=sys.stderr, flush=True)
     meta = {"transformers": transformers.__version__, "torch": torch.__version__, "steps": STEPS,
             "seconds": round(time.perf_counter() - t0)}
     write_atomic(args.out / "model_coverage.json", json.dumps({"meta": meta, "rows": rows}, indent=1,
