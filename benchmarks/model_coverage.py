@@ -410,8 +410,9 @@ def _cell(text: str) -> str:
 
 
 def _rows(jobs: list, workers: int):
-    """The rows, in order. A worker the kernel kills (out of memory, a crash in C++) breaks the pool: the model it
-    ran gets a row saying so, and a new pool takes the rest."""
+    """The rows, in order. A worker the kernel kills (out of memory, a crash in C++) breaks the pool: the first
+    model without a row gets one saying so (with 2 workers it may be the neighbour of the one that crashed, which
+    then crashes the next pool and gets its own row), and a new pool takes the rest."""
     from concurrent.futures.process import BrokenProcessPool
 
     done = 0
