@@ -770,8 +770,8 @@ def report(p: Plan) -> str:
                      "gradient error per layer: E_N(0,1)[(h̃′ − f′)²]^½ or InvAct's certified L∞")
     chosen: dict[str, list[str]] = {}
     for path, layer in sorted(p.layers.items()):
-        what = f"{layer['activation']} → {layer['option']}" + (f" (error {layer['error']:.2g})" if p.use else "")
-        chosen.setdefault(what, []).append(path)  # not a table
+        error = f" (error {layer['error']:.2g})" if p.use else ""
+        chosen.setdefault(f"{layer['activation']} → {layer['option']}{error}", []).append(path)  # not a table
     lines.append("choice:" if p.use is None else "assignment:")
     lines += [f"  {what}: {len(paths)} layers ({paths[0]}{', …' if len(paths) > 1 else ''})"
               for what, paths in chosen.items()]
