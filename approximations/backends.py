@@ -180,6 +180,12 @@ def _torch_heaviside():
     return step
 
 
+def _mp_heaviside():
+    import mpmath
+
+    return lambda u, *half: mpmath.mpf(u > 0) + mpmath.mpf(u == 0) / 2  # H(0) = ½, as sympy's
+
+
 def _np_select():
     import numpy as np
 
@@ -354,7 +360,7 @@ FUNCTIONS: dict[str, Fn] = {f.name: f for f in (
        torch=Lazy(_torch_softplus), arb=(_softplus, _sigmoid), triton="_softplus({0})", fp32_ulps=8.0,
        expand=_log1p_exp, branch_cut=True),
     # The unit step H (H(0) = ½): the derivative of a piecewise activation (Max(0, x)**2: 2·H(x)·Max(0, x))
-    Fn("Heaviside", _sp("Heaviside"), numpy=Lazy(_np_heaviside), mpmath=_mp(lambda mp, u: mp.mpf(u > 0) + (u == 0) / 2),
+    Fn("Heaviside", _sp("Heaviside"), numpy=Lazy(_np_heaviside), mpmath=Lazy(_mp_heaviside),
        torch=Lazy(_torch_heaviside), triton="tl.where(({0}) > 0.0, 1.0, tl.where(({0}) == 0.0, 0.5, 0.0))",
        smooth=False, in_activations=False),
     Fn("select", _ours("select"), numpy=Lazy(_np_select), mpmath=None, torch=Lazy(_torch_select), triton=_triton_select,

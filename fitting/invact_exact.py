@@ -51,7 +51,11 @@ def _measured(activation: str, q: sp.Expr) -> dict:
     """L∞ and L2 of q against f′(f⁻¹(y)) (f⁻¹ by mpmath at 30 digits) on the right; f′ on the left (q = 0)."""
     act = get_activation(activation)
     q_of = sp.lambdify(sp.Symbol("y"), q, "numpy")
-    mp_f, mp_df = (sp.lambdify(x, e, "mpmath") for e in (act.expr, sp.diff(act.expr, x)))
+    def mp_f(t):
+        return act.mp(t, 0, None)
+
+    def mp_df(t):
+        return act.mp(t, 1, None)
     errors = []
     with mpmath.workdps(30):
         for yv in np.logspace(-12, np.log10(RIGHT_SPAN), CHECK_POINTS):

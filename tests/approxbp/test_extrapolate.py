@@ -22,7 +22,9 @@ def _same(a, b, extrapolated=True):
 def test_extrapolated_steps_equal_whole_ones(spec, mode):
     fast, whole = P.stepper(spec, mode), P.stepper(spec, mode, whole=True)
     base = whole(2, 16)
-    _same(fast(2, 16), base)
+    step = fast(2, 16)
+    assert step.blocks_measured == (2, 3) and step.peak == base.peak > 0
+    _same(step, base)
     every = {p: "invact" for p in base.layers}
     _same(fast(2, 16, every, True), whole(2, 16, every, True))
 
