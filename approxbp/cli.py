@@ -117,6 +117,8 @@ def _parser_reproduce(sub, add) -> None:
     rep.add_argument("--full", action="store_true", help="also regenerate every committed table and check their "
                      "consistency across k and activations")
     rep.add_argument("--out", type=Path, default=None, help="with --full: table folder (None: packaged data)")
+    rep.add_argument("--memory", action="store_true", help="also every memory row of Approx-BP Tables 1–4, 9, 11 "
+                     "and InvAct App. A.1, each as the `approxbp plan` command that produces it (about 5 minutes)")
     _add_common(rep)
 
 
@@ -174,11 +176,17 @@ def _parser_cost(sub, add) -> None:
     _no_progress(cst)
 
 
+#: approxbp.tasks.TASKS's names (the parser imports no torch; a test checks they agree).
+TASK_NAMES = ("base", "causal-lm", "masked-lm", "seq-cls", "token-cls", "qa", "image-cls", "audio-cls", "clip")
+
+
 def _parser_plan(sub, add) -> None:
     pln = add(sub, "plan", help="a training step's memory measured on fake tensors (no hardware, no weights) and a "
               "replacement per layer: exact, ReLU-sum k = 1…4, InvAct, MS-norms, chosen under --budget")
-    pln.add_argument("model", help="a Hugging Face config JSON file, a model type with sizes "
-                     "(llama:hidden=4096,layers=32,heads=32,intermediate=11008,vocab=32000), or "
+    pln.add_argument("model", help="a Hugging Face config JSON file, the hub id of a config shipped with approxbp "
+                     "(the papers' models: google/vit-base-patch16-224-in21k, huggyllama/llama-7b, …), or a model "
+                     "type, each optionally with :key=value,… overrides "
+                     "(llama:hidden=4096,layers=32,heads=32,intermediate=11008,vocab=32000); or "
                      "module:package.module:factory")
     pln.add_argument("--batch", type=int, default=1, help="batch size")
     pln.add_argument("--seq", type=int, default=512, help="sequence length (text models)")
@@ -195,13 +203,18 @@ def _parser_plan(sub, add) -> None:
                        help="stored weight dtype; nf4: the frozen base Linears in QLoRA's 4-bit NF4 with double-"
                             "quantised absmax, computing in bf16")
     setup.add_argument("--autocast", choices=("off", "bf16", "fp16"), default=None, help="the forward's autocast")
-    setup.add_argument("--train", choices=("full", "lora", "none"), default=None,
+    setup.add_argument("--train", choices=("full", "lora", "lora-fa", "none"), default=None,
                        help="what trains: every parameter, LoRA adapters on a frozen base (peft's layout: fp32 "
-                            "adapters on a 16-bit base), or nothing")
+                            "adapters on a 16-bit base), LoRA-FA (A frozen: only B trains), or nothing")
+    setup.add_argument("--adapters", choices=("auto", "fp32", "bf16", "fp16"), default=None, help="the LoRA adapters' dtype (auto: peft's "
+                       "default, fp32 on a 16-bit base; QLoRA's script casts them to bf16)")
+    setup.add_argument("--task", choices=TASK_NAMES, default=None, help="the head and its loss (default: the "
+                       "config's architectures, else causal-lm, or image-cls for a vision config)")
     setup.add_argument("--lora-targets", default=None, help="comma-separated Linear names, or all-linear (every "
                        "Linear but the output head); default: the attention query and value")
-    setup.add_argument("--optimizer", choices=("adamw", "adamw-8bit", "sgd"), default=None,
-                       help="its state: AdamW's two moments, bitsandbytes' 8-bit moments, or none (plain SGD)")
+    setup.add_argument("--optimizer", choices=("adamw", "adamw-8bit", "paged-adamw", "sgd"), default=None,
+                       help="its state: AdamW's two moments (the parameters' dtype), bitsandbytes' 8-bit moments, "
+                       "its paged AdamW's fp32 moments (QLoRA's; counted as resident), or none (plain SGD)")
     setup.add_argument("--compile", action="store_true", help="torch.compile (inductor's partitioner)")
     setup.add_argument("--shard", type=int, default=None, help="ranks that shard parameters, gradients and "
                        "optimizer states (FSDP2 / ZeRO-3); activations are per rank")
@@ -383,6 +396,8 @@ def _reproduce(args, argv) -> int:
     if args.full:
         verdicts += _regenerate_all(args, progress)
     verdicts += _peer_rows(args)
+    if args.memory:
+        verdicts += _memory_rows(progress)
     ok, line = verdict(verdicts)
     print(f"reproduce finished in {time.perf_counter() - t0:.1f} s: {line}")
     return 0 if ok else 1
@@ -406,6 +421,19 @@ def _paper_rows(args, progress: bool) -> list[tuple[str, bool]]:
     print("\nInverted Activations rows: published forms vs ours (newton), per branch")
     print(format_invact_rows(inv))
     return [(r.label, r.ok) for r in rows] + invact_verdicts(inv)
+
+
+def _memory_rows(progress: bool) -> list[tuple[str, bool]]:
+    """The papers' memory rows: planner vs paper; a row holds when within the targets or explained by a measured
+    cause (approxbp.paper_memory)."""
+    from approxbp import paper_memory as M
+
+    tell = (lambda msg: print(f"[memory] {msg}", file=sys.stderr, flush=True)) if progress else None
+    rows = M.reproduce(progress=tell)
+    print(f"\nThe papers' memory rows: paper vs `approxbp plan` (targets: absolute within {M.ABSOLUTE:.0%} for "
+          f"Tables 1–2, changes within {M.POINTS:.0f} points; commands: docs/memory.md)")
+    print(M.text(rows))
+    return [(f"{r.group.table}, {r.group.setup}, {M.METHODS[r.use]}", r.within or bool(r.explanation)) for r in rows]
 
 
 def _regenerate_all(args, progress: bool) -> list[tuple[str, bool]]:
@@ -726,7 +754,7 @@ def _setup(args):
 
     from approxbp.setup import PRESETS
 
-    changes = {k: getattr(args, k) for k in ("weights", "autocast", "train", "optimizer", "shard")
+    changes = {k: getattr(args, k) for k in ("weights", "autocast", "train", "optimizer", "shard", "adapters", "task")
                if getattr(args, k) is not None}
     if args.lora_targets:
         changes["lora_targets"] = args.lora_targets if args.lora_targets == "all-linear" else tuple(

@@ -41,6 +41,8 @@ from torch import nn
 from approxbp.attention import gpu_attention
 from approxbp.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
 from approxbp.kernels.saved import charged
+from approxbp.tasks import build as build_task
+from approxbp.tasks import task_of
 from approxbp.setup import (  # noqa: F401 (LORA_TARGETS, LoRALinear: read from here by callers of 0.1)
     DTYPES,
     LORA_TARGETS,
@@ -212,9 +214,9 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     from approxbp.kernels.ops import as_kernels
 
     setup = as_setup(mode)
-    if setup.shard > 1 or setup.optimizer == "adamw-8bit":
+    if setup.shard > 1 or setup.optimizer in ("adamw-8bit", "paged-adamw"):
         raise ValueError("--trace/--checkpoint run a real step of one process with torch's optimizers: not with "
-                         "--shard or --optimizer adamw-8bit (plan those without tracing)")
+                         f"--shard or --optimizer {setup.optimizer} (plan those without tracing)")
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable) if setup.optimizer == "adamw" else torch.optim.SGD(trainable, lr=1e-3)
     for p in trainable:
@@ -285,7 +287,7 @@ def first_block(model: nn.Module) -> str:
 def prepare(model: nn.Module, mode: str | Setup, lora_r: int = 8, checkpoint: bool = False) -> nn.Module:
     """The training set-up (a :class:`~approxbp.setup.Setup` or a ``--mode`` preset), on a model built under
     :func:`~approxbp.setup.weights_for`: ``train`` full (all trainable), lora (frozen, rank-``lora_r`` adapters on
-    the set-up's targets, in peft's layout) or none (frozen); ``checkpoint``: activation checkpointing on top
+    the set-up's targets, in peft's layout), lora-fa (the same with A frozen) or none (frozen); ``checkpoint``: activation checkpointing on top
     (:func:`checkpoint_blocks`; not with compile)."""
     setup = as_setup(mode)
     if checkpoint:
@@ -293,60 +295,73 @@ def prepare(model: nn.Module, mode: str | Setup, lora_r: int = 8, checkpoint: bo
             raise ValueError("--checkpoint with --mode compile: not supported (torch.compile's own activation "
                              "checkpointing is not modelled); plan bf16, autocast or lora with it")
         checkpoint_blocks(model)
-    if setup.train == "lora":
-        add_lora(model, setup.lora_targets, lora_r)
+    if setup.train in ("lora", "lora-fa"):
+        add_lora(model, setup.lora_targets, lora_r, DTYPES.get(setup.adapters), freeze_a=setup.train == "lora-fa")
     elif setup.train == "none":
         model.requires_grad_(False)
     return model.train()
 
 
 # ---- models ----------------------------------------------------------------------------------------------------
-def model_spec(text: str) -> Callable[[], tuple[nn.Module, Callable[[int, int], dict]]]:
-    """MODEL as the CLI takes it → a builder of (model, inputs(batch, seq)). A Hugging Face config JSON file, a
-    model type with sizes (``llama:hidden=4096,layers=32,heads=32,intermediate=11008,vocab=32000``), or
-    ``module:package.module:factory`` (the factory returns the model, or (model, inputs(batch, seq)))."""
+#: Hugging Face configs of the papers' models, shipped so that a plan needs no download: hub id → file.
+CONFIGS = Path(__file__).parent / "configs"
+
+
+def bundled_configs() -> list[str]:
+    """The hub ids whose configs ship with approxbp (``approxbp plan google/vit-base-patch16-224-in21k``)."""
+    return sorted(p.stem.replace("--", "/") for p in CONFIGS.glob("*.json"))
+
+
+def model_spec(text: str, task: str | None = None) -> Callable[[], tuple[nn.Module, Callable[[int, int], dict]]]:
+    """MODEL as the CLI takes it → a builder of (model, inputs(batch, seq)). A Hugging Face config JSON file, the hub
+    id of a config that ships with approxbp (:func:`bundled_configs`), or a model type, each optionally followed by
+    ``:key=value,…`` overrides (``text_config.hidden_act=gelu`` sets a nested config's field) (``llama:hidden=4096,layers=32,heads=32,intermediate=11008,vocab=32000``); or
+    ``module:package.module:factory`` (the factory returns the model, or (model, inputs(batch, seq))). ``task``:
+    the head (:mod:`approxbp.tasks`)."""
     if text.startswith("module:"):
         return _factory_spec(text)
     import transformers
 
-    if Path(text).suffix == ".json":
-        fields = json.loads(Path(text).read_text())
+    head, _, rest = text.partition(":")
+    bundled = CONFIGS / (head.replace("/", "--") + ".json")
+    if Path(head).suffix == ".json" or (bundled.is_file() and "/" in head):
+        fields = json.loads((bundled if "/" in head and bundled.is_file() else Path(head)).read_text())
         kind = fields.pop("model_type", None)
         if kind is None:
             raise ValueError(f"{text}: a Hugging Face config needs its model_type")
+    elif "/" in head:
+        raise ValueError(f"{head}: no such config here (nothing is downloaded); give its config.json, or one of "
+                         f"{', '.join(bundled_configs())}")
     else:
-        kind, _, rest = text.partition(":")
-        fields = {}
-        for item in filter(None, rest.split(",")):
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise ValueError(f"{text}: expected key=value, got {item!r}")
-            fields[CONFIG_KEYS.get(key.strip(), key.strip())] = _config_value(value)
+        kind, fields = head, {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"{text}: expected key=value, got {item!r}")
+        *parents, name = key.strip().split(".")  # text_config.hidden_act=gelu: a field of a nested config
+        into = fields
+        for parent in parents:
+            into = into.setdefault(parent, {})
+            if not isinstance(into, dict):
+                raise ValueError(f"{text}: {key.strip()}: {parent} is not a nested config")
+        into[CONFIG_KEYS.get(name, name)] = _config_value(value)
     try:
         config = transformers.AutoConfig.for_model(kind, **fields)
     except Exception as err:  # noqa: BLE001 - transformers' own validation errors, said in one line
         cause = " ".join(str(err).split())
         raise ValueError(f"{text}: transformers refused this config: {cause[-300:]}") from None
 
-    return hf_builder(config)
+    return hf_builder(config, task)
 
 
-def hf_builder(config) -> Callable[[], tuple[nn.Module, Callable[[int, int], dict]]]:
-    """A builder of (the Hugging Face model of ``config``, inputs(batch, seq)); its ``config`` is kept on it."""
-    import transformers
+def hf_builder(config, task: str | None = None) -> Callable[[], tuple[nn.Module, Callable[[int, int], dict]]]:
+    """A builder of (the Hugging Face model of ``config`` with ``task``'s head (:func:`approxbp.tasks.task_of`),
+    inputs(batch, seq) with its labels); ``config`` and ``task`` are kept on it."""
+    task = task_of(config, task)
 
     def build():
-        vision = hasattr(config, "image_size") and hasattr(config, "patch_size")
-        auto = transformers.AutoModelForImageClassification if vision else transformers.AutoModelForCausalLM
-        model = auto.from_config(config)
-        model.tie_weights()  # done by the weight init, which a fake run skips
-        if vision:
-            def images(b, n):
-                return {"pixel_values": torch.randn(b, config.num_channels, config.image_size, config.image_size)}
-            images.ignores_seq = True  # the sequence is the image's patches
-            return model, images
-        return model, lambda b, n: {"input_ids": torch.zeros(b, n, dtype=torch.long)}
-    build.config = config
+        return build_task(config, task)
+    build.config, build.task = config, task
     return build
 
 
@@ -494,10 +509,10 @@ def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = Tr
     or an assignment treats its blocks differently."""
     setup = as_setup(mode)
     traced = checkpoint if traced is None else traced
-    build = model_spec(model_text)
+    build = model_spec(model_text, setup.task)
     scope = _fake_like_real if fake else contextlib.nullcontext
     count = None if whole or not hasattr(build, "config") else layer_count(build.config)
-    small = {n: hf_builder(shrunk(build.config, count[0], n)) for n in SMALL} if count and count[1] > SMALL[-1] \
+    small = {n: hf_builder(shrunk(build.config, count[0], n), build.task) for n in SMALL} if count and count[1] > SMALL[-1] \
         else None
     prefix: list[str] = []  # the blocks' path prefix ("model.layers."), known after the first small run
 
@@ -508,7 +523,8 @@ def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = Tr
                 model, make_inputs = builder()
                 model = prepare(model, setup, lora_r, checkpoint)
             inputs = make_inputs(batch, seq)
-            inputs = {k: v.to(setup.dtype) if v.is_floating_point() and setup.autocast == "off" else v
+            inputs = {k: v.to(setup.dtype) if torch.is_tensor(v) and v.is_floating_point() and setup.autocast == "off"
+                      else v
                       for k, v in inputs.items()}
             layers = activation_layers(model)
             if assignment or ms_norm:

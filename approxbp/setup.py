@@ -1,10 +1,13 @@
 """A training set-up, as orthogonal options (issue 33, item 1): the planner's ``--mode`` names are presets of it.
 
-weights (the stored dtype), autocast (the forward's compute dtype, or off), train (full, lora, none), the LoRA
-targets and rank, the optimizer (its state bytes), torch.compile, and sharding over N ranks (FSDP2 / ZeRO-3:
-parameters, gradients and optimizer states split dim-0-wise over the ranks; activations are per rank). LoRA
-adapters are laid out as peft lays them out by default: fp32 adapters on a 16-bit base (peft's
-``autocast_adapter_dtype``), the input cast to the adapter's dtype and the sum cast back.
+weights (the stored dtype), autocast (the forward's compute dtype, or off), train (full, lora, lora-fa, none),
+the LoRA targets and rank, the optimizer (its state bytes), torch.compile, sharding over N ranks (FSDP2 / ZeRO-3:
+parameters, gradients and optimizer states split dim-0-wise over the ranks; activations are per rank), and the task
+(the model's head and loss). LoRA adapters are laid out as peft lays them out by default: fp32 adapters on a 16-bit
+base (peft's ``autocast_adapter_dtype``), the input cast to the adapter's dtype and the sum cast back; ``adapters``
+may name their dtype instead (QLoRA's reference script casts them to bf16). LoRA-FA (Zhang et al. 2023) freezes
+the down-projection A at its initialisation, so only B trains and the layer keeps A·x (r values per token) in place
+of x.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LORA_TARGETS = ("q_proj", "v_proj", "query", "value", "c_attn", "q", "v")
 #: Output heads that peft's ``all-linear`` leaves alone.
 HEADS = ("lm_head", "classifier", "score", "qa_outputs", "head", "output", "embed_out")
-OPTIMIZERS = ("adamw", "adamw-8bit", "sgd")
+OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "sgd")
+TRAIN = ("full", "lora", "lora-fa", "none")
+ADAPTERS = ("auto", "fp32", "bf16", "fp16")
 #: bitsandbytes' 8-bit AdamW: one byte per moment, and one fp32 absmax per block of this many values per moment.
 BNB_BLOCK = 256
 
@@ -38,10 +43,13 @@ class Setup:
     optimizer: str = "adamw"
     compile: bool = False
     shard: int = 1
+    adapters: str = "auto"  # the LoRA adapters' dtype; auto: peft's (fp32 on a 16-bit base)
+    task: str | None = None  # the head (approxbp.tasks.TASKS); None: the config's architectures, else a default
 
     def __post_init__(self):
         checks = (("weights", self.weights, (*DTYPES, "nf4")), ("autocast", self.autocast, ("off", "bf16", "fp16")),
-                  ("train", self.train, ("full", "lora", "none")), ("optimizer", self.optimizer, OPTIMIZERS))
+                  ("train", self.train, TRAIN), ("optimizer", self.optimizer, OPTIMIZERS),
+                  ("adapters", self.adapters, ADAPTERS))
         for name, value, allowed in checks:
             if value not in allowed:
                 raise ValueError(f"--{name} {value!r}: expected one of {', '.join(allowed)}")
@@ -50,6 +58,11 @@ class Setup:
         if self.weights == "nf4" and self.train == "full":
             raise ValueError("--weights nf4 stores the base Linears in 4 bits, which do not train: use --train lora "
                              "(QLoRA) or --train none")
+        if self.task is not None:
+            from approxbp.tasks import TASKS
+
+            if self.task not in TASKS:
+                raise ValueError(f"--task {self.task!r}: expected one of {', '.join(TASKS)}")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -62,10 +75,13 @@ class Setup:
             if preset == self:
                 return name
         parts = [f"{self.weights} weights", *([f"{self.autocast} autocast"] if self.autocast != "off" else []),
-                 {"full": "full training", "none": "no training"}.get(self.train, "LoRA on " + (
+                 {"full": "full training", "none": "no training"}.get(self.train, (
+                     "LoRA-FA" if self.train == "lora-fa" else "LoRA") + " on " + (
                      self.lora_targets if isinstance(self.lora_targets, str) else "/".join(self.lora_targets))),
+                 *([f"{self.adapters} adapters"] if self.adapters != "auto" else []),
                  self.optimizer, *(["compiled"] if self.compile else []),
-                 *([f"sharded over {self.shard}"] if self.shard > 1 else [])]
+                 *([f"sharded over {self.shard}"] if self.shard > 1 else []),
+                 *([f"task {self.task}"] if self.task else [])]
         return ", ".join(parts)
 
 
@@ -98,13 +114,14 @@ def weights_for(setup: str | Setup):
 class LoRALinear(nn.Module):
     """y = base(x) + lora_B(lora_A(x))·(2/r), laid out as peft lays it out (``base_layer``, ``lora_A``, ``lora_B``,
     so patch_model treats it as peft's; built here because peft's device moves cannot run on fake tensors): on a
-    16-bit base the adapters are fp32, x is cast to fp32 for them and their sum is cast back."""
+    16-bit base the adapters are fp32 (``dtype`` None), x is cast to the adapters' dtype and their sum cast back."""
 
-    def __init__(self, base: nn.Module, r: int):
+    def __init__(self, base: nn.Module, r: int, dtype: torch.dtype | None = None):
         super().__init__()
         self.base_layer, self.scale = base, 2.0 / r
         d_in, d_out = (base.in_features, base.out_features) if isinstance(base, nn.Linear) else base.weight.shape
-        dtype = torch.float32 if base.weight.dtype in (torch.bfloat16, torch.float16) else base.weight.dtype
+        if dtype is None:
+            dtype = torch.float32 if base.weight.dtype in (torch.bfloat16, torch.float16) else base.weight.dtype
         self.lora_A = nn.Linear(d_in, r, bias=False, dtype=dtype)
         self.lora_B = nn.Linear(r, d_out, bias=False, dtype=dtype)
 
@@ -120,15 +137,18 @@ def _adaptable(name: str, child: nn.Module, targets) -> bool:
     return name not in HEADS if targets == "all-linear" else name in targets
 
 
-def add_lora(model: nn.Module, targets, r: int) -> int:
-    """Freeze ``model`` and put rank-``r`` adapters on its Linears named in ``targets`` (or every Linear but the
-    output head, ``all-linear``); the number adapted."""
+def add_lora(model: nn.Module, targets, r: int, dtype: torch.dtype | None = None, freeze_a: bool = False) -> int:
+    """Freeze ``model`` and put rank-``r`` adapters (of ``dtype``; None: peft's) on its Linears named in
+    ``targets`` (or every Linear but the output head, ``all-linear``); ``freeze_a``: LoRA-FA, A frozen. The number
+    adapted."""
     model.requires_grad_(False)
     adapted = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if _adaptable(name, child, targets):
-                setattr(parent, name, LoRALinear(child, r))
+                lora = LoRALinear(child, r, dtype)
+                lora.lora_A.requires_grad_(not freeze_a)
+                setattr(parent, name, lora)
                 adapted += 1
     if not adapted:
         raise ValueError(f"--train lora: no Linear named {targets if isinstance(targets, str) else ', '.join(targets)}"
@@ -138,11 +158,14 @@ def add_lora(model: nn.Module, targets, r: int) -> int:
 
 def optimizer_bytes(params: list[torch.Tensor], optimizer: str) -> int:
     """The optimizer's state for ``params``: AdamW two moments in the parameter dtype (as torch.optim.AdamW keeps
-    them); 8-bit AdamW one byte per moment plus an fp32 absmax per block of :data:`BNB_BLOCK`; plain SGD none."""
+    them); bitsandbytes' paged AdamW (QLoRA's) two fp32 moments, in CUDA unified memory, counted as resident on the
+    device; 8-bit AdamW one byte per moment plus an fp32 absmax per block of :data:`BNB_BLOCK`; plain SGD none."""
     if optimizer == "sgd":
         return 0
     if optimizer == "adamw":
         return sum(2 * p.numel() * p.element_size() for p in params)
+    if optimizer == "paged-adamw":
+        return sum(8 * p.numel() for p in params)
     return sum(2 * (p.numel() + 4 * math.ceil(p.numel() / BNB_BLOCK)) for p in params)
 
 

@@ -35,7 +35,7 @@ def test_lora_plans_what_a_real_peft_model_saves_and_trains(setup, targets):
     saved = {}
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setup.autocast != "off"):
         with charged(saved, list(model.parameters()), model):
-            model(input_ids=ids)
+            model(input_ids=ids, labels=ids)  # the planner trains on the head's own loss
     assert sum(saved.values()) == step.activations
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert {p.dtype for p in trainable} == {torch.float32}  # peft's default: fp32 adapters, on a 16-bit base too

@@ -1,0 +1,246 @@
+"""The papers' memory tables, row by row, as ``approxbp plan`` commands (issue 33, item 6; ``approxbp reproduce
+--memory``): Approx-BP Tables 1, 2, 3, 4, 9 and 11 and Inverted Activations App. A.1.
+
+Each group is one set-up written as the plan command that produces it; its rows differ only in ``--use`` (the
+exact model, ReGELU2/ReSiLU2 = ``relu-sum-k2``, MS-LN/MS-RMSNorm = ``ms-norm``, both, InvAct). A row's
+*reduction* is its change against the group's exact row, (v − v₀)/v₀, from the printed values on the paper's side.
+Targets (issue 33): the absolute value within 15 % where the paper states the whole set-up (Tables 1 and 2), and
+every reduction within 3 points. A row outside them carries the measured cause that explains it
+(:data:`EXPLAINED`), never a fitted constant. Mesa's rows (8-bit activation quantisation) are not approxbp's and
+are left out.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+
+#: The targets: an absolute value within this fraction, a reduction within this many points.
+ABSOLUTE, POINTS = 0.15, 3.0
+METHODS = {"exact": "exact", "relu-sum-k2": "ReGELU2/ReSiLU2", "ms-norm": "MS-norm",
+           "relu-sum-k2+ms-norm": "ReGELU2/ReSiLU2 + MS-norm", "invact": "InvAct"}
+
+
+@dataclass(frozen=True)
+class Group:
+    """One set-up of a table: its plan command (without ``--use``), what is compared (``peak`` bytes,
+    ``activations`` reduction in %, or the ``batch`` / ``seq_len`` that ``--maximize`` finds), the rows (``--use``,
+    the paper's value in ``unit``), whether the paper states the set-up fully (the absolute target applies), and
+    the settings it leaves open with the values used and why."""
+
+    table: str
+    setup: str
+    command: str
+    what: str
+    unit: str
+    rows: tuple[tuple[str, float], ...]
+    absolute: bool = False
+    open: str = ""
+
+
+VIT_B, VIT_L = "google/vit-base-patch16-224-in21k:num_labels=100", "google/vit-large-patch16-224-in21k:num_labels=100"
+#: Approx-BP App. H: ViTs at batch 64 under PyTorch's AMP (fp32 weights, fp16 autocast: the 2080 Ti has no bf16)
+#: with AdamW; the peak of a whole step (--trace), as torch.cuda.max_memory_allocated reports it.
+AMP = "--task image-cls --batch 64 --weights fp32 --autocast fp16 --optimizer adamw --trace"
+QLORA = ("--weights nf4 --train lora --adapters bf16 --lora-r 64 --lora-targets all-linear --optimizer paged-adamw")
+EAGER = ("transformers of 2023, which the paper's experiments ran, computed BERT's, RoBERTa's and LLaMA's "
+         "attention eagerly (SDPA became their default in 4.36–4.41), saving the n² scores: the config's "
+         "attn_implementation=eager.")
+QLORA_OPEN = ("The paper does not print the sequence length: QLoRA's Alpaca script pads each batch to its longest "
+              "example (up to 1024 + 256 tokens), so the peak is that of the run's longest batch. 512 tokens are "
+              f"used. {EAGER}")
+
+
+def _rows(uses: tuple[str, ...], values: tuple[float, ...]) -> tuple[tuple[str, float], ...]:
+    return tuple(zip(uses, values))
+
+
+USES4 = ("exact", "relu-sum-k2", "ms-norm", "relu-sum-k2+ms-norm")
+GROUPS = (
+    Group("Approx-BP Table 1", "ViT-B, LoRA r = 4 on q, v", f"{VIT_B} {AMP} --train lora --lora-r 4", "peak", "MiB",
+          _rows(USES4, (3827, 3087, 3441, 2717)), absolute=True),
+    Group("Approx-BP Table 1", "ViT-B, LoRA r = 4 on all linear", f"{VIT_B} {AMP} --train lora --lora-r 4 "
+          "--lora-targets all-linear", "peak", "MiB", _rows(USES4, (5128, 4380, 4316, 3601)), absolute=True),
+    Group("Approx-BP Table 1", "ViT-B, LoRA-FA r = 4 on q, v", f"{VIT_B} {AMP} --train lora-fa --lora-r 4", "peak",
+          "MiB", _rows(("exact", "relu-sum-k2"), (3386, 2597)), absolute=True),
+    Group("Approx-BP Table 1", "ViT-B, LoRA-FA r = 4 on all linear", f"{VIT_B} {AMP} --train lora-fa --lora-r 4 "
+          "--lora-targets all-linear", "peak", "MiB", _rows(("exact", "relu-sum-k2"), (3430, 2717)), absolute=True),
+    Group("Approx-BP Table 2", "ViT-B, full tuning", f"{VIT_B} {AMP} --train full", "peak", "GiB",
+          _rows(USES4, (5.6, 4.9, 4.9, 4.1)), absolute=True),
+    Group("Approx-BP Table 2", "ViT-L, full tuning", f"{VIT_L} {AMP} --train full", "peak", "GiB",
+          _rows(USES4, (15.7, 13.7, 13.5, 11.5)), absolute=True),
+    Group("Approx-BP Table 3", "LLaMA-7B, QLoRA r = 64 on all linear, batch 4",
+          f"huggyllama/llama-7b:attn_implementation=eager --batch 4 --seq 512 {QLORA}", "peak", "GiB", _rows(USES4, (20.6, 19.0, 18.0, 14.6)),
+          open=QLORA_OPEN),
+    Group("Approx-BP Table 3", "LLaMA-13B, QLoRA r = 64 on all linear, batch 4",
+          f"huggyllama/llama-13b:attn_implementation=eager --batch 4 --seq 512 {QLORA}", "peak", "GiB", _rows(USES4, (31.4, 29.0, 27.5, 22.3)),
+          open=QLORA_OPEN),
+    Group("Approx-BP Table 4", "RoBERTa-base, LoRA r = 64 on q, k, fp32, batch 32",
+          "FacebookAI/roberta-base:attn_implementation=eager --task seq-cls --batch 32 --seq 128 --weights fp32 "
+          "--train lora --lora-r 64 --lora-targets query,key --optimizer adamw", "peak", "MiB",
+          _rows(USES4, (6517, 5438, 6253, 5173)),
+          open="The paper does not print the sequence length: GLUE fine-tuning with transformers' run_glue.py "
+               f"pads every example to its default max_seq_length, 128 tokens, which is used. {EAGER}"),
+    Group("Approx-BP Table 9", "LLaMA-7B, QLoRA, batch 1: the longest sequence on an RTX 4090 (24 GiB)",
+          f"huggyllama/llama-7b:attn_implementation=eager --batch 1 --seq 1024 {QLORA} --budget 24GiB --maximize seq_len", "seq_len", "tokens",
+          _rows(USES4, (1354, 1504, 1654, 1979)),
+          open="The RTX 4090's 24 GiB is the budget (its CUDA context and allocator slack are not modelled); "
+               "sequence lengths are searched in multiples of 64 tokens."),
+    Group("Approx-BP Table 11", "BERT-base on SQuAD v2, fp32: the largest batch per RTX 3060 (12 GiB)",
+          "google-bert/bert-base-uncased:attn_implementation=eager --task qa --batch 16 --seq 384 --weights fp32 "
+          "--train full --optimizer adamw --budget 12GiB --maximize batch", "batch", "samples",
+          _rows(("exact", "relu-sum-k2+ms-norm"), (30, 36)),
+          open="The paper does not print the sequence length: run_qa.py's default max_seq_length, 384, is used; "
+               f"data parallelism's gradient buckets (one more copy of the gradients) are not modelled. {EAGER}"),
+    Group("InvAct App. A.1", "BERT-base, sequence 1024", "google-bert/bert-base-uncased:max_position_embeddings=1024 "
+          "--task base --batch 1 --seq 1024 --weights fp32 --train full", "activations", "%",
+          _rows(("invact",), (-22.9,)), open=("A.1 leaves the batch, the dtype and the head open: batch 1 and fp32 "
+                                                "are used (the saving is a ratio of saved activations, linear in the "
+                                                "batch), and each model as AutoModel loads its hub id (--task base: "
+                                                "no head; CLIP's own contrastive loss). BERT's 512 positions are "
+                                                "extended to 1024 for the sequence A.1 states.")),
+    Group("InvAct App. A.1", "Audio Spectrogram Transformer, 1024 × 128 spectrogram",
+          "MIT/ast-finetuned-audioset-10-10-0.4593 --task base --batch 1 --weights fp32 --train full",
+          "activations", "%", _rows(("invact",), (-24.0,)), open=""),
+    Group("InvAct App. A.1", "ViT-B (in21k)", "google/vit-base-patch16-224-in21k --task base --batch 1 "
+          "--weights fp32 --train full", "activations", "%", _rows(("invact",), (-23.8,)),
+          open=""),
+    Group("InvAct App. A.1", "CLIP ViT-L/14, text length 77, one image per text",
+          "openai/clip-vit-large-patch14 --task clip --batch 1 --seq 77 --weights fp32 --train full", "activations",
+          "%", _rows(("invact",), (-23.4,)), open=""),
+)
+
+_CASTS = ("Under AMP, Hugging Face's ViT LayerNorm returns fp32 and each adapted Linear keeps its own fp16 cast of "
+          "it for its lora_A (q, k, v: three copies of one LayerNorm output, 18.5 MiB each per block at batch 64, "
+          "measured by the planner's per-module saved bytes: `approxbp.plan.stepper(...)(64, 1).saved`), which no "
+          "norm rewrite can share; the paper's timm ViT has one fused qkv Linear and its MS-LN hands the Linears "
+          "one 16-bit z. MS-LN here removes each LayerNorm's fp32 input only.")
+_QUICK = ("CLIP's activation is quick_gelu, x·σ(1.702x), which Hugging Face computes in two ops that save two tensors "
+          "of the fc1 width (8.03 MiB per vision block at batch 1, measured per module) where a GELU saves one; "
+          "InvAct removes both. With GELU in its place InvAct saves −24.0 % (measured: `approxbp plan "
+          "openai/clip-vit-large-patch14:text_config.hidden_act=gelu,vision_config.hidden_act=gelu --task clip --seq "
+          "77 --weights fp32 --use invact`), the paper's −23.4 % within 1 point.")
+#: (table, setup, --use) → the measured cause of a row outside the targets.
+EXPLAINED: dict[tuple[str, str, str], str] = {
+    ("Approx-BP Table 1", "ViT-B, LoRA r = 4 on all linear", "ms-norm"): _CASTS,
+    ("Approx-BP Table 1", "ViT-B, LoRA r = 4 on all linear", "relu-sum-k2+ms-norm"): _CASTS,
+    ("InvAct App. A.1", "CLIP ViT-L/14, text length 77, one image per text", "invact"): _QUICK,
+}
+
+
+def command(group: Group, use: str) -> str:
+    """The row as one ``approxbp plan`` command."""
+    return f"approxbp plan {group.command} --use {use}"
+
+
+def run_row(group: Group, use: str):
+    """(the compared value in the group's unit, the plan) of one row, by running its command's arguments through
+    the CLI's own parser (so the printed command is what ran)."""
+    from approxbp import plan as P
+    from approxbp.cli import _setup, build_parser
+
+    args = build_parser().parse_args(shlex.split(command(group, use))[1:])
+    setup = _setup(args)
+    common = dict(lora_r=args.lora_r, traced=args.trace or None)
+    if args.maximize:
+        best, result = P.maximize(args.model, args.maximize, args.batch, args.seq, setup, P.parse_size(args.budget),
+                                  use=use, **common)
+        return float(best), result
+    result = P.evaluate(args.model, args.batch, args.seq, setup, use, **common)
+    if group.what == "activations":
+        before, after = result.before["activations"], result.after["activations"]
+        return 100.0 * (after - before) / before, result
+    return result.after["peak"] / (1 << (30 if group.unit == "GiB" else 20)), result
+
+
+@dataclass
+class Row:
+    group: Group
+    use: str
+    paper: float
+    ours: float
+    paper_change: float | None  # % against the group's exact row (the paper's printed values); None for it
+    our_change: float | None
+    seconds: float
+
+    @property
+    def absolute_off(self) -> float | None:
+        """|ours − paper| / paper where the absolute target applies, else None."""
+        return abs(self.ours - self.paper) / self.paper if self.group.absolute else None
+
+    @property
+    def points_off(self) -> float | None:
+        if self.group.what == "activations":
+            return abs(self.ours - self.paper)
+        if self.paper_change is None:
+            return None
+        return abs(self.our_change - self.paper_change)
+
+    @property
+    def within(self) -> bool:
+        a, p = self.absolute_off, self.points_off
+        return (a is None or a <= ABSOLUTE) and (p is None or p <= POINTS)
+
+    @property
+    def explanation(self) -> str | None:
+        return EXPLAINED.get((self.group.table, self.group.setup, self.use))
+
+
+def reproduce(groups=GROUPS, progress=None) -> list[Row]:
+    """Every row of ``groups``, run."""
+    say = progress or (lambda msg: None)
+    rows: list[Row] = []
+    total = sum(len(g.rows) for g in groups)
+    t_start = time.perf_counter()
+    for g in groups:
+        base = None
+        for use, paper in g.rows:
+            done = len(rows)
+            eta = "" if not done else f", about {(time.perf_counter() - t_start) / done * (total - done):.0f} s left"
+            say(f"[{done + 1}/{total}{eta}] {g.table}, {g.setup}: {METHODS[use]}")
+            t0 = time.perf_counter()
+            ours, _ = run_row(g, use)
+            if use == "exact":
+                base = (paper, ours)
+            change = (lambda v, v0: 100.0 * (v - v0) / v0) if base and use != "exact" else None
+            rows.append(Row(g, use, paper, ours, change and change(paper, base[0]), change and change(ours, base[1]),
+                            time.perf_counter() - t0))
+    return rows
+
+
+def _value(x: float, unit: str) -> str:
+    return f"{x:+.1f} %" if unit == "%" else f"{x:.0f}" if unit in ("MiB", "tokens", "samples") else f"{x:.2f}"
+
+
+def _change(x: float | None) -> str:
+    return "" if x is None else f" ({x:+.0f} %)"
+
+
+def markdown(rows: list[Row]) -> str:
+    """The rows as one markdown table per paper table, each row with its command; then the open settings."""
+    out: list[str] = []
+    for table in dict.fromkeys(r.group.table for r in rows):
+        out += [f"### {table}", "", "| set-up | method | paper | planner | verdict | command |", "|---|---|---|---|---|---|"]
+        for r in (r for r in rows if r.group.table == table):
+            u = r.group.unit
+            verdict = "within" if r.within else ("explained¹" if r.explanation else "**outside**")
+            out.append(f"| {r.group.setup} | {METHODS[r.use]} | {_value(r.paper, u)} {u}{_change(r.paper_change)} | "
+                       f"{_value(r.ours, u)} {u}{_change(r.our_change)} | {verdict} | `{command(r.group, r.use)}` |")
+        notes = dict.fromkeys(r.group.open for r in rows if r.group.table == table and r.group.open)
+        out += ["", *[f"- {n}" for n in notes], ""]
+    causes = {r.explanation for r in rows if not r.within and r.explanation}
+    if causes:
+        out += ["¹ Outside the targets, for these measured causes:", "", *[f"- {c}" for c in sorted(causes)], ""]
+    return "\n".join(out)
+
+
+def text(rows: list[Row]) -> str:
+    """The rows for a terminal: paper, planner, their changes, the verdict."""
+    lines = []
+    for r in rows:
+        u = r.group.unit
+        verdict = "within" if r.within else ("explained" if r.explanation else "OUTSIDE")
+        lines.append(f"{r.group.table:18} {r.group.setup[:44]:44} {METHODS[r.use]:26} paper {_value(r.paper, u):>7}"
+                     f"{_change(r.paper_change):8} ours {_value(r.ours, u):>7}{_change(r.our_change):8} {verdict}")
+    return "\n".join(lines)
