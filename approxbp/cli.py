@@ -206,8 +206,11 @@ def _parser_plan(sub, add) -> None:
     setup.add_argument("--train", choices=("full", "lora", "lora-fa", "none"), default=None,
                        help="what trains: every parameter, LoRA adapters on a frozen base (peft's layout: fp32 "
                             "adapters on a 16-bit base), LoRA-FA (A frozen: only B trains), or nothing")
-    setup.add_argument("--adapters", choices=("auto", "fp32", "bf16", "fp16"), default=None, help="the LoRA adapters' dtype (auto: peft's "
+    setup.add_argument("--adapters", choices=("auto", "fp32", "bf16", "fp16"), default=None,
+                       help="the LoRA adapters' dtype (auto: peft's "
                        "default, fp32 on a 16-bit base; QLoRA's script casts them to bf16)")
+    setup.add_argument("--norms", choices=("auto", "fp32"), default=None, help="the norms' weights: the weights' "
+                       "dtype, or fp32 as QLoRA's script keeps them (a 16-bit input times them is fp32)")
     setup.add_argument("--task", choices=TASK_NAMES, default=None, help="the head and its loss (default: the "
                        "config's architectures, else causal-lm, or image-cls for a vision config)")
     setup.add_argument("--lora-targets", default=None, help="comma-separated Linear names, or all-linear (every "
@@ -221,6 +224,7 @@ def _parser_plan(sub, add) -> None:
     pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")
     pln.add_argument("--maximize", choices=("batch", "seq_len"), default=None,
                      help="find the largest batch or sequence length that fits --budget (the plan is for it)")
+    pln.add_argument("--grain", type=int, default=64, help="--maximize seq_len searches multiples of this many tokens")
     pln.add_argument("--use", default=None, help="evaluate this assignment instead of choosing one: exact, "
                      "relu-sum-k1…k4 or invact for every activation layer, each optionally +ms-norm (or ms-norm "
                      "alone), or a plan JSON (--out of an earlier plan); with --maximize, the largest size it fits")
@@ -754,8 +758,8 @@ def _setup(args):
 
     from approxbp.setup import PRESETS
 
-    changes = {k: getattr(args, k) for k in ("weights", "autocast", "train", "optimizer", "shard", "adapters", "task")
-               if getattr(args, k) is not None}
+    names = ("weights", "autocast", "train", "optimizer", "shard", "adapters", "norms", "task")
+    changes = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.lora_targets:
         changes["lora_targets"] = args.lora_targets if args.lora_targets == "all-linear" else tuple(
             t.strip() for t in args.lora_targets.split(",") if t.strip())
@@ -780,7 +784,8 @@ def _plan(args, argv) -> int:
         if budget is None:
             raise ValueError("--maximize needs --budget")
         best, result = P.maximize(args.model, args.maximize, args.batch, args.seq, args.mode, budget, args.lora_r,
-                                  progress=tell, checkpoint=args.checkpoint, traced=args.trace or None, use=args.use)
+                                  progress=tell, checkpoint=args.checkpoint, traced=args.trace or None, use=args.use,
+                                  grain=args.grain)
         print(f"largest {args.maximize} that fits {P.size(budget)}: {best}")
     elif args.use:
         result = P.evaluate(args.model, args.batch, args.seq, args.mode, args.use, args.lora_r, progress=tell,

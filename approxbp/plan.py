@@ -41,8 +41,6 @@ from torch import nn
 from approxbp.attention import gpu_attention
 from approxbp.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
 from approxbp.kernels.saved import charged
-from approxbp.tasks import build as build_task
-from approxbp.tasks import task_of
 from approxbp.setup import (  # noqa: F401 (LORA_TARGETS, LoRALinear: read from here by callers of 0.1)
     DTYPES,
     LORA_TARGETS,
@@ -50,12 +48,16 @@ from approxbp.setup import (  # noqa: F401 (LORA_TARGETS, LoRALinear: read from 
     Setup,
     add_lora,
     as_setup,
+    norms_in_fp32,
     optimizer_bytes,
     per_rank,
+    quantize_base,
     quantized_weights,
     stored_bytes,
     weights_for,
 )
+from approxbp.tasks import build as build_task
+from approxbp.tasks import task_of
 
 MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.setup.PRESETS
 #: Per activation layer; ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no
@@ -287,7 +289,8 @@ def first_block(model: nn.Module) -> str:
 def prepare(model: nn.Module, mode: str | Setup, lora_r: int = 8, checkpoint: bool = False) -> nn.Module:
     """The training set-up (a :class:`~approxbp.setup.Setup` or a ``--mode`` preset), on a model built under
     :func:`~approxbp.setup.weights_for`: ``train`` full (all trainable), lora (frozen, rank-``lora_r`` adapters on
-    the set-up's targets, in peft's layout), lora-fa (the same with A frozen) or none (frozen); ``checkpoint``: activation checkpointing on top
+    the set-up's targets, in peft's layout), lora-fa (the same with A frozen) or none (frozen); ``checkpoint``:
+    activation checkpointing on top
     (:func:`checkpoint_blocks`; not with compile)."""
     setup = as_setup(mode)
     if checkpoint:
@@ -297,6 +300,10 @@ def prepare(model: nn.Module, mode: str | Setup, lora_r: int = 8, checkpoint: bo
         checkpoint_blocks(model)
     if setup.train in ("lora", "lora-fa"):
         add_lora(model, setup.lora_targets, lora_r, DTYPES.get(setup.adapters), freeze_a=setup.train == "lora-fa")
+    if setup.weights == "nf4":
+        quantize_base(model)
+    if setup.norms == "fp32":
+        norms_in_fp32(model)
     elif setup.train == "none":
         model.requires_grad_(False)
     return model.train()
@@ -315,7 +322,8 @@ def bundled_configs() -> list[str]:
 def model_spec(text: str, task: str | None = None) -> Callable[[], tuple[nn.Module, Callable[[int, int], dict]]]:
     """MODEL as the CLI takes it → a builder of (model, inputs(batch, seq)). A Hugging Face config JSON file, the hub
     id of a config that ships with approxbp (:func:`bundled_configs`), or a model type, each optionally followed by
-    ``:key=value,…`` overrides (``text_config.hidden_act=gelu`` sets a nested config's field) (``llama:hidden=4096,layers=32,heads=32,intermediate=11008,vocab=32000``); or
+    ``:key=value,…`` overrides (``llama:hidden=4096,layers=32,heads=32,intermediate=11008,vocab=32000``;
+    ``text_config.hidden_act=gelu`` sets a nested config's field); or
     ``module:package.module:factory`` (the factory returns the model, or (model, inputs(batch, seq))). ``task``:
     the head (:mod:`approxbp.tasks`)."""
     if text.startswith("module:"):
@@ -512,8 +520,9 @@ def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = Tr
     build = model_spec(model_text, setup.task)
     scope = _fake_like_real if fake else contextlib.nullcontext
     count = None if whole or not hasattr(build, "config") else layer_count(build.config)
-    small = {n: hf_builder(shrunk(build.config, count[0], n), build.task) for n in SMALL} if count and count[1] > SMALL[-1] \
-        else None
+    small = None
+    if count and count[1] > SMALL[-1]:
+        small = {n: hf_builder(shrunk(build.config, count[0], n), build.task) for n in SMALL}
     prefix: list[str] = []  # the blocks' path prefix ("model.layers."), known after the first small run
 
     def one(builder, batch: int, seq: int, assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
@@ -663,10 +672,10 @@ MAX_PROBE = 1 << 20
 
 def maximize(model_text: str, what: str, batch: int, seq: int, mode: str | Setup, budget: int, lora_r: int = 8,
              progress=None, checkpoint: bool = False, traced: bool | None = None,
-             use: str | None = None) -> tuple[int, Plan]:
+             use: str | None = None, grain: int = SEQ_GRAIN) -> tuple[int, Plan]:
     """The largest ``what`` (``batch`` or ``seq_len``) whose step fits ``budget`` with the most-saving replacements
     (chosen at the given sizes) or with the assignment ``use`` (:func:`parse_use`; ``exact`` for the stock model),
-    by doubling then bisection (sequence lengths in multiples of :data:`SEQ_GRAIN`), one fake step per probe; then
+    by doubling then bisection (sequence lengths in multiples of ``grain`` tokens), one fake step per probe; then
     the least-error plan (or ``use``'s evaluation) at that size."""
     if what not in ("batch", "seq_len"):
         raise ValueError(f"--maximize {what!r}: expected batch or seq_len")
@@ -685,7 +694,9 @@ def maximize(model_text: str, what: str, batch: int, seq: int, mode: str | Setup
         say(f"{what} = {v}: peak {size(peak)}")
         return peak <= budget
 
-    grain = 1 if what == "batch" else SEQ_GRAIN
+    if not (isinstance(grain, int) and grain >= 1):
+        raise ValueError(f"--grain {grain!r}: expected a positive number of tokens")
+    grain = 1 if what == "batch" else grain
     lo, hi = 0, max(grain, (batch if what == "batch" else seq) // grain * grain)
     while fits(hi):
         if hi >= MAX_PROBE:

@@ -28,6 +28,7 @@ HEADS = ("lm_head", "classifier", "score", "qa_outputs", "head", "output", "embe
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "sgd")
 TRAIN = ("full", "lora", "lora-fa", "none")
 ADAPTERS = ("auto", "fp32", "bf16", "fp16")
+NORMS = ("auto", "fp32")
 #: bitsandbytes' 8-bit AdamW: one byte per moment, and one fp32 absmax per block of this many values per moment.
 BNB_BLOCK = 256
 
@@ -44,12 +45,13 @@ class Setup:
     compile: bool = False
     shard: int = 1
     adapters: str = "auto"  # the LoRA adapters' dtype; auto: peft's (fp32 on a 16-bit base)
+    norms: str = "auto"  # the norms' weights: auto (the weights' dtype) or fp32 (QLoRA's script, peft's k-bit prep)
     task: str | None = None  # the head (approxbp.tasks.TASKS); None: the config's architectures, else a default
 
     def __post_init__(self):
         checks = (("weights", self.weights, (*DTYPES, "nf4")), ("autocast", self.autocast, ("off", "bf16", "fp16")),
                   ("train", self.train, TRAIN), ("optimizer", self.optimizer, OPTIMIZERS),
-                  ("adapters", self.adapters, ADAPTERS))
+                  ("adapters", self.adapters, ADAPTERS), ("norms", self.norms, NORMS))
         for name, value, allowed in checks:
             if value not in allowed:
                 raise ValueError(f"--{name} {value!r}: expected one of {', '.join(allowed)}")
@@ -79,6 +81,7 @@ class Setup:
                      "LoRA-FA" if self.train == "lora-fa" else "LoRA") + " on " + (
                      self.lora_targets if isinstance(self.lora_targets, str) else "/".join(self.lora_targets))),
                  *([f"{self.adapters} adapters"] if self.adapters != "auto" else []),
+                 *([f"{self.norms} norms"] if self.norms != "auto" else []),
                  self.optimizer, *(["compiled"] if self.compile else []),
                  *([f"sharded over {self.shard}"] if self.shard > 1 else []),
                  *([f"task {self.task}"] if self.task else [])]
@@ -131,6 +134,39 @@ class LoRALinear(nn.Module):
         return (y + adapter).to(y.dtype)
 
 
+class NF4Linear(nn.Linear):
+    """A frozen base Linear as bitsandbytes' ``Linear4bit`` computes: its input cast to the compute dtype (the
+    weight's, bf16), its output cast back to the input's dtype (so an fp32 input gives an fp32 output)."""
+
+    def forward(self, x):
+        return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+
+def quantize_base(model: nn.Module) -> int:
+    """Every frozen Linear but the output heads computes as bitsandbytes' 4-bit Linear (:class:`NF4Linear`); the
+    number of them. Their storage is counted by :func:`quantized_weights`."""
+    count = 0
+    for name, m in model.named_modules():
+        leaf = name.rpartition(".")[2]
+        if type(m) is nn.Linear and not m.weight.requires_grad and leaf not in HEADS and not leaf.startswith("lora_"):
+            m.__class__ = NF4Linear
+            count += 1
+    return count
+
+
+def norms_in_fp32(model: nn.Module) -> int:
+    """The parameters of every module whose name contains "norm" made fp32, as QLoRA's script does after peft's
+    ``prepare_model_for_kbit_training``; the number of modules. A 16-bit hidden state times an fp32 weight is fp32,
+    so the norms' outputs, and what reads them, become fp32."""
+    count = 0
+    for name, m in model.named_modules():
+        if "norm" in name.rpartition(".")[2].lower():
+            for pname, p in list(m.named_parameters(recurse=False)):
+                setattr(m, pname, nn.Parameter(p.detach().float(), requires_grad=p.requires_grad))
+            count += 1
+    return count
+
+
 def _adaptable(name: str, child: nn.Module, targets) -> bool:
     if not (isinstance(child, nn.Linear) or type(child).__name__ == "Conv1D"):
         return False
@@ -176,12 +212,12 @@ def nf4_bytes(numel: int) -> int:
 
 
 def quantized_weights(model: nn.Module, setup: Setup) -> set[int]:
-    """ids of the weights stored in NF4 under ``--weights nf4``: every frozen Linear's but the output head's, as
-    transformers' bitsandbytes integration quantises them (its default skips ``lm_head``)."""
+    """ids of the weights stored in NF4 under ``--weights nf4``: those of :func:`quantize_base`'s Linears (every
+    frozen Linear but the output heads and the adapters, as transformers' bitsandbytes integration quantises them:
+    its default skips ``lm_head``)."""
     if setup.weights != "nf4":
         return set()
-    return {id(m.weight) for n, m in model.named_modules() if isinstance(m, nn.Linear)
-            and not m.weight.requires_grad and n.rpartition(".")[2] not in HEADS}
+    return {id(m.weight) for m in model.modules() if isinstance(m, NF4Linear)}
 
 
 def stored_bytes(params: list[torch.Tensor], quantized: set[int], shard: int) -> int:

@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from approxbp import paper_memory as M
 from approxbp.approximations.files import write_atomic
+
+from approxbp import paper_memory as M
 
 RESULTS = Path(__file__).parent / "results" / "paper_memory.json"
 BEGIN, END = "<!-- paper-memory: begin (python benchmarks/paper_memory.py) -->", "<!-- paper-memory: end -->"

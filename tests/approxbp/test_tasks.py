@@ -15,7 +15,8 @@ from approxbp.tasks import TASKS, task_of
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 TINY_BERT = "bert:hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=64,vocab_size=100"
-TINY_VIT = "vit:hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=64,image_size=32,patch_size=8"
+TINY_VIT = ("vit:hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=64,image_size=32,"
+            "patch_size=8")
 TINY_AST = ("audio-spectrogram-transformer:hidden_size=32,num_hidden_layers=2,num_attention_heads=4,"
             "intermediate_size=64,max_length=64,num_mel_bins=32")
 TINY_CLIP = ("clip:text_config.hidden_size=32,text_config.intermediate_size=64,text_config.num_hidden_layers=2,"
@@ -108,3 +109,12 @@ def test_the_papers_configs_ship_and_load_without_a_download():
     assert build.config.text_config.hidden_act == "gelu" and build.config.vision_config.hidden_act == "quick_gelu"
     with pytest.raises(ValueError, match="nothing is downloaded"):
         P.model_spec("meta-llama/Llama-3.1-8B")
+
+
+def test_qlora_as_its_script_sets_it_up_plans_on_fake_tensors_what_real_ones_save():
+    """QLoRA's script: NF4 base Linears computing in bf16 and casting back to their input's dtype, fp32 norms, bf16
+    adapters, bf16 autocast: the fake step saves what the real one saves."""
+    setup = Setup(weights="nf4", norms="fp32", autocast="bf16", train="lora", adapters="bf16",
+                  lora_targets="all-linear", optimizer="paged-adamw")
+    real, fake = (P.stepper(LLAMA, setup, fake=f)(2, 16) for f in (False, True))
+    assert real.saved == fake.saved and real.optimizer == 8 * real.gradients // 2

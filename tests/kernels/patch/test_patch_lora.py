@@ -184,3 +184,28 @@ def test_saving_a_merged_model_warns_and_patched_state_dict_is_the_stock_layout(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         patched_state_dict(model)
+
+
+def test_norms_kept_in_fp32_over_a_16_bit_base_are_left_as_they_are():
+    """QLoRA's script keeps the norms' weights in fp32 over a bf16 model: α⊙z is then fp32, which a merged form
+    computing in the Linears' bf16 would not be. The norms are skipped with that reason; the output is unchanged."""
+    from approxbp import plan as P
+    from approxbp.setup import Setup
+
+    torch.manual_seed(0)
+    setup = Setup(weights="nf4", norms="fp32", autocast="bf16", train="lora", adapters="bf16",
+                  lora_targets="all-linear")
+    with P.weights_for(setup):
+        model, inputs = P.model_spec("llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100")()
+        model = P.prepare(model, setup, 8)
+    for name, p in model.named_parameters():
+        if "lora_B" in name or "norm" in name:
+            torch.nn.init.normal_(p, 1.0 if "norm" in name else 0.0, 0.2)
+    x = inputs(2, 8)
+    patched = copy.deepcopy(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model(**x).logits
+        report = patch_model(patched, activation=None, norm=True, example_input=x)
+        got = patched(**x).logits
+    assert not report.norms and sum("float32 weights promote" in s for s in report.skipped) == 5
+    assert torch.equal(want, got)
