@@ -7,6 +7,7 @@ projection chunked in two), an activation of the gate and down(…) last is a ca
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -137,23 +138,43 @@ def layout_of(rec: _Record, activation_of) -> tuple[GLULayout, str] | str | None
     return (layout, act) if act in GLU_ACTIVATIONS else f"gated by {act}, which has no exact fused GLU"
 
 
-def _float64_twin(module: nn.Module, gen: torch.Generator) -> nn.Module:
+def _float64_twin(module: nn.Module, gen: torch.Generator, f: int = 1) -> nn.Module:
     """A copy of ``module`` in eval mode whose parameters and floating buffers are real random float64 tensors of
-    the same shapes (so the proof holds for any weights, and a fake-tensor model — the planner's — can be probed)."""
+    the same shapes (so the proof holds for any weights, and a fake-tensor model — the planner's — can be probed),
+    each dimension that ``f`` divides divided by it (:func:`_narrowing`)."""
     twin = copy.copy(module)
-    held = {k: _float64_twin(v, gen) for k, v in module.__dict__.items() if isinstance(v, nn.Module)}  # a norm that
+    held = {k: _float64_twin(v, gen, f) for k, v in module.__dict__.items() if isinstance(v, nn.Module)}  # a norm
     twin.__dict__ = {**module.__dict__, **held, "_parameters": dict(module._parameters),  # NormInputLinear reads
                      "_buffers": dict(module._buffers),
-                     "_modules": {n: _float64_twin(c, gen) if c is not None else None
+                     "_modules": {n: _float64_twin(c, gen, f) if c is not None else None
                                   for n, c in module._modules.items()}}
+
+    def shape(t: torch.Tensor) -> tuple[int, ...]:
+        return tuple(d // f if d % f == 0 else d for d in t.shape)
     for name, p in module._parameters.items():
         if p is not None:
-            twin._parameters[name] = nn.Parameter(0.5 * torch.randn(tuple(p.shape), generator=gen,
-                                                                    dtype=torch.float64), requires_grad=False)
+            twin._parameters[name] = nn.Parameter(0.5 * torch.randn(shape(p), generator=gen, dtype=torch.float64),
+                                                  requires_grad=False)
     for name, b in module._buffers.items():
         if b is not None and b.is_floating_point():
-            twin._buffers[name] = torch.randn(tuple(b.shape), generator=gen, dtype=torch.float64)
+            twin._buffers[name] = torch.randn(shape(b), generator=gen, dtype=torch.float64)
     return twin.eval()
+
+
+#: A proof's float64 twin holds at most this many weights (256 MiB); a wider MLP is proven narrowed.
+PROOF_NUMEL = 1 << 25
+
+
+def _narrowing(module: nn.Module, features: int) -> int:
+    """1 when the twin fits :data:`PROOF_NUMEL`; else the largest factor f dividing the input's feature size and every
+    weight dimension of at least 64 (so 2·i stays twice i, the split halves of a fused gate/up) that leaves each of
+    them at least 16 wide. Dividing them all by f keeps the algebra the proof checks; a forward that reads sizes it
+    stored itself then fails the proof, and the MLP is left as it is."""
+    if sum(p.numel() for p in module.parameters()) <= PROOF_NUMEL:
+        return 1
+    dims = [features, *(d for p in module.parameters() for d in p.shape if d >= 64)]
+    g = math.gcd(*dims)
+    return max((f for f in range(1, g + 1) if g % f == 0 and min(dims) // f >= 16), default=1)
 
 
 #: Proofs made in this process, by what they depend on (:func:`_proof_key`): a model's 80 alike MLPs, or the
@@ -182,10 +203,13 @@ def prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> st
 def _prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    rows = (*(1,) * (x.dim() - 2), min(x.shape[-2], 8), x.shape[-1]) if x.dim() >= 2 else tuple(x.shape)
+    f = _narrowing(module, x.shape[-1]) if x.dim() >= 2 else 1
+    if f == 1 and sum(p.numel() for p in module.parameters()) > PROOF_NUMEL:
+        return "too wide to prove in float64 here, and its widths have no common factor to narrow it by"
+    rows = (*(1,) * (x.dim() - 2), min(x.shape[-2], 8), x.shape[-1] // f) if x.dim() >= 2 else tuple(x.shape)
     with unset_fake_temporarily(), torch.no_grad():
         gen = torch.Generator().manual_seed(0)
-        stock = _float64_twin(module, gen)
+        stock = _float64_twin(module, gen, f)
         ours = GatedMLP(stock, layout, act)
         worst = 0.0
         for scale in (0.3, 2.0, 8.0):

@@ -190,3 +190,35 @@ def test_hf_swiglu_models_train_exactly_and_save_alike(name):
         losses.append(torch.tensor(run))
     rel = float(((losses[1] - losses[0]) / losses[0]).abs().max())
     assert rel <= 1e-6, rel  # HF computes its RMSNorm in float32 even in a float64 model: 4e-8 apart
+
+
+class SizedMLP(FusedModuleMLP):
+    """Splits its fused projection by a size it stored, which a narrowed proof cannot follow."""
+
+    def __init__(self, d=16, f=32):
+        super().__init__(d, f)
+        self.f = f
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.f, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+@pytest.mark.parametrize("mlp, fused", [(lambda: SplitMLP(64, 192), True), (lambda: FusedModuleMLP(64, 192), True),
+                                        (lambda: NotQuite(64, 192), False), (lambda: SizedMLP(64, 192), False)],
+                         ids=["split", "fused", "not-quite", "sized"])
+def test_an_mlp_too_wide_for_a_float64_twin_is_proven_narrowed(monkeypatch, mlp, fused):
+    """A 405B MLP's float64 twin would take 21 GB: over the proof's size its widths are divided by a common factor
+    (here 64, 192 and 384 by 4), which keeps 2·i twice i; what is not proven that way is left as it is."""
+    from approxbp.kernels import glu_forms
+
+    monkeypatch.setattr(glu_forms, "PROOF_NUMEL", 1000)
+    monkeypatch.setattr(glu_forms, "_PROVEN", {})
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), Block(mlp(), d=64)).double()
+    stock = copy.deepcopy(model)
+    assert glu_forms._narrowing(model[1].mlp, 64) == 4
+    report = patch_model(model, activation=None, norm=False, example_input=torch.randn(2, 5, 64, dtype=torch.float64))
+    assert isinstance(model[1].mlp, GatedMLP) == fused, report
+    x = torch.randn(3, 64, dtype=torch.float64)
+    assert torch.allclose(model(x), stock(x), rtol=1e-12, atol=1e-12)
