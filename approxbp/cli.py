@@ -73,7 +73,8 @@ def _parser_fit(sub, add) -> None:
                     help="constrained: eq. 13 (Σw = 1, Σw·c = 0, the interval by the tail rule); free: FewBit's "
                     "family (every level free, uniform weight on --interval; derivative objective only)")
     rs.add_argument("--interval", type=float, nargs=2, metavar=("A", "B"), default=None,
-                    help="with --levels free: the domain (default FewBit's -100 100)")
+                    help="the domain: with --levels free FewBit's -100 100 by default; constrained: in place of the "
+                    "tail rule's interval (the mass outside it is reported in the table, not fitted)")
     rs.add_argument("--method", choices=("auto", *METHODS), default="auto",
                     help="auto = anneal for k ≤ 4, polish above; every method ends in the certified polish")
     rs.add_argument("--out", type=Path, default=None, help="table path (None: print only)")
@@ -346,13 +347,10 @@ def _fit_relu_sum(args, argv) -> int:
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
 
     progress = _progress(args)
-    if args.interval is not None:
-        raise ValueError("--interval applies to --levels free; eq. 13's interval comes from the tail rule "
-                         "(eqs. 45/46)")
     args.objective = args.objective or "primitive"
     fit = fit_relu_sum(named_activation(args.activation, args.name), args.bits, args.objective,
-                       method=args.method, restarts=args.restarts,
-                       seed=args.seed, workers=args.workers, progress=progress, command=cli_command(argv))
+                       method=args.method, restarts=args.restarts, seed=args.seed, workers=args.workers,
+                       progress=progress, command=cli_command(argv), interval=args.interval)
     table = fit.table
     print(_summary(table))
     print(f"  restarts    {fit.message}")

@@ -294,6 +294,43 @@ def reference_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     return out
 
 
+def exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
+    """The plain one-line Triton kernels of an activation that reference.py does not hold (a user's), rendered from
+    its expression (:func:`approxbp.kernels.codegen.render_reference`) into a temporary module."""
+    import importlib.util
+
+    import triton
+
+    from approxbp.approximations.activations import Activation
+    from approxbp.kernels.codegen import render_reference
+
+    folder = Path(tempfile.mkdtemp(prefix="approxbp-reference-"))
+    path = folder / "reference_kernel.py"
+    path.write_text(render_reference(Activation.from_expression(name, expression)), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"approxbp_reference_{abs(hash(expression))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    grid = (triton.cdiv(ELEMENTS, module.BLOCK),)
+    with capture() as launches:
+        module.forward_kernel[grid](x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
+        module.backward_kernel[grid](x, x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
+    return [(f"exact {name} fwd (plain)", launches[0], ELEMENTS), (f"exact {name} bwd (plain)", launches[1], ELEMENTS)]
+
+
+def reference_jobs(tables: list[Path]) -> list[tuple[str, str]]:
+    """(name, expression) of each activation of ``tables`` without a reference kernel pair: its baseline."""
+    from approxbp.approximations import tables as T
+    from approxbp.kernels import reference
+
+    found: dict[str, str] = {}
+    for p in tables:
+        t = T.load(p)
+        if t.family in ("relu-sum", "invact") and t.activation not in reference.KERNELS:
+            found.setdefault(t.expression, t.activation)
+    return [(name, expression) for expression, name in found.items()]
+
+
 def default_tables() -> list[Path]:
     """Every packaged relu-sum and invact table."""
     from approxbp.approximations import tables as T
@@ -316,14 +353,16 @@ def launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Laun
 
 def _measure_group(job) -> list[KernelCost]:
     table, dtype, arch = job
-    return [measure(name, launch, elements, dtype, arch) for name, launch, elements in
-            launches_for(table, DTYPES[dtype])]
+    launches = exact_launches(*table, DTYPES[dtype]) if isinstance(table, tuple) else launches_for(table, DTYPES[dtype])
+    return [measure(name, launch, elements, dtype, arch) for name, launch, elements in launches]
 
 
 def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, extras: bool = True,
         workers: int | None = None, progress=None) -> list[KernelCost]:
     """Measure the kernels of ``tables`` (default: every packaged table) and, with ``extras``, the MS-norms, BDIA, GLUs
-    and the torch-like references, in ``workers`` processes (default: all cores); ``progress(i, n, what)``."""
+    and the torch-like references, in ``workers`` processes (default: all cores); ``progress(i, n, what)``. Given
+    tables of an activation without a reference pair (a user's) also get its plain exact kernels as their
+    baseline."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -335,6 +374,8 @@ def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, e
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     jobs = [(T.resolve(p), dtype, arch) for p in (tables if tables is not None else default_tables())]
     jobs += [(None, dtype, arch)] if extras else []
+    jobs += [(pair, dtype, arch) for pair in reference_jobs([j[0] for j in jobs if j[0] is not None])] \
+        if tables is not None else []
     workers = min(workers or os.cpu_count() or 1, len(jobs))
     results: list[KernelCost] = []
     with contextlib.ExitStack() as stack:
@@ -343,7 +384,9 @@ def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, e
         for i, (job, group) in enumerate(zip(jobs, groups)):
             results += group
             if progress:
-                progress(i + 1, len(jobs), Path(job[0]).stem if job[0] else "MS-norms, BDIA, GLUs, references")
+                what = (f"exact {job[0][0]} (plain)" if isinstance(job[0], tuple) else Path(job[0]).stem if job[0]
+                        else "MS-norms, BDIA, GLUs, references")
+                progress(i + 1, len(jobs), what)
     return results
 
 

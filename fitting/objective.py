@@ -21,6 +21,7 @@ import mpmath
 import numpy as np
 from approxbp.approximations import Activation, ReLUSum, get_activation
 from approxbp.approximations.relu_sum import check_bits
+from approxbp.approximations.tails import Tail, mass_beyond, tail
 from scipy.linalg import solveh_banded
 
 OBJECTIVES = ("primitive", "derivative")
@@ -63,6 +64,10 @@ def _tail_mass(act: Activation, objective: str, a: float, b: float) -> float:
     return float(left + right)
 
 
+#: The interval search stops here: a tail whose mass beyond ±CAP is still over ε/2 is algebraic (or slower).
+CAP = 64.0
+
+
 @lru_cache(maxsize=64)
 def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[float, float, float, str]:
     act = Activation.from_expression(name, expression)
@@ -73,35 +78,54 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
         b, how = -2 * math.log(eps / 2), "Approx-BP eq. 51: B = −A = −2 ln(ε/2)"
         return -b, b, _tail_mass(act, objective, -b, b), how
     order = 0 if objective == "primitive" else 1
+    tails = {side: _square_integrable(act, order, side, name) for side in ("left", "right")}
 
-    def side(sign: int) -> float:
+    def side(which: str) -> float:
         def mass(L):
-            with mpmath.workdps(30):
-                if sign < 0:
-                    return float(mpmath.quad(lambda v: act.mp(v, order, None) ** 2, [-mpmath.inf, -L]))
-                return float(mpmath.quad(lambda v: (act.mp(v, order, None) - (v if order == 0 else 1)) ** 2,
-                                         [L, mpmath.inf]))
+            return mass_beyond(act, order, which, L, tails[which])
+        if mass(CAP) > eps / 2:
+            raise ValueError(
+                f"activation {name!r}: {tails[which].describe()}, so its tail mass beyond |x| = {CAP:g} is "
+                f"{mass(CAP):.3g}, over ε/2 = {eps / 2:g}: no practical interval holds the tail rule; give one "
+                "(--interval A B; the mass outside it is then reported, not fitted)")
         lo, hi = 0.5, 1.0
         while mass(hi) > eps / 2:
             lo, hi = hi, hi * 2
-            if hi > 1e4:
-                raise ValueError(f"activation {name!r}: tail mass does not fall below {eps / 2:g} by |x| = 1e4")
         for _ in range(40):
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if mass(mid) > eps / 2 else (lo, mid)
         return math.ceil(hi * 1000) / 1000
 
-    a, b = -side(-1), side(+1)
-    return a, b, _tail_mass(act, objective, a, b), f"numerical: each tail ≤ ε/2 = {eps / 2:g} (mpmath quad)"
+    a, b = -side("left"), side("right")
+    mass = mass_beyond(act, order, "left", -a, tails["left"]) + mass_beyond(act, order, "right", b, tails["right"])
+    return a, b, mass, f"numerical: each tail ≤ ε/2 = {eps / 2:g} (mpmath quad)"
 
 
-def interval_for(act: Activation, objective: str) -> tuple[float, float, float, str]:
+def _square_integrable(act: Activation, order: int, side: str, name: str) -> Tail:
+    t = tail(act, order, side)
+    if not t.square_integrable:
+        raise ValueError(f"activation {name!r}: {t.describe()}, so ∫ of its square beyond any interval is infinite; "
+                         "the ReLU-sum objectives (Approx-BP eqs. 14, 63) need it finite")
+    return t
+
+
+def interval_for(act: Activation, objective: str, interval: tuple[float, float] | None = None
+                 ) -> tuple[float, float, float, str]:
     """[A, B], the tail mass outside it (mpmath), and how it was chosen.
 
     GELU and SiLU use the paper's closed forms with ε = 1e-8 (eqs. 45, 51; their true tails are far
     smaller). Other activations get the narrowest interval whose tails are each ≤ ε/2 with ε = 1e-16:
-    a tail comparable to the achievable loss (≈1e-10 at k = 8) would let knots gather at the ends."""
+    a tail comparable to the achievable loss (≈1e-10 at k = 8) would let knots gather at the ends. A given
+    ``interval`` (A < 0 < B) is used as it is, its outside mass reported."""
     check_objective(objective)
+    if interval is not None:
+        a, b = (float(v) for v in interval)
+        if not (math.isfinite(a) and math.isfinite(b) and a < 0 < b):
+            raise ValueError(f"--interval {a:g} {b:g}: expected finite A < 0 < B")
+        order = 0 if objective == "primitive" else 1
+        tails = {side: _square_integrable(act, order, side, act.name) for side in ("left", "right")}
+        mass = mass_beyond(act, order, "left", -a, tails["left"]) + mass_beyond(act, order, "right", b, tails["right"])
+        return a, b, mass, f"given: --interval {a:g} {b:g} (mass outside {mass:.3g}, not fitted)"
     eps = 1e-8 if act.name in ("gelu", "silu") else 1e-16
     return _interval(act.expression, act.name, objective, eps)
 

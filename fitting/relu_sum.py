@@ -329,11 +329,12 @@ class ReluSumFit(FitResult):
 def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "primitive", method: str = "auto",
                  restarts: int = 4, seed: int = 0, workers: int | None = None, progress: bool = True,
                  command: str | None = None, structured: bool = True,
-                 lower_knots: np.ndarray | None = None) -> ReluSumFit:
+                 lower_knots: np.ndarray | None = None, interval: tuple[float, float] | None = None) -> ReluSumFit:
     """Fit h̃ (eq. 13) to ``activation``: ``restarts`` seeded runs of ``method`` plus the structured starts
     (``structured=False`` leaves those out), each polished; the best one becomes the table. One structured start
     refines the k − 1 solution: ``lower_knots`` (a sweep over k passes the previous fit's ``x``; it must come from
-    the default method with the same restarts and seed), else that fit is run first (and k − 2 before it, …)."""
+    the default method with the same restarts and seed), else that fit is run first (and k − 2 before it, …).
+    ``interval``: [A, B] in place of the tail rule's (:func:`~.objective.interval_for`)."""
     t0 = time.perf_counter()
     act = get_activation(activation)
     bits = check_bits(bits)
@@ -347,7 +348,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     act.check_relu_sum_asymptotics()
-    A, B, tail, how = interval_for(act, objective)
+    A, B, tail, how = interval_for(act, objective, interval)
     obj = ReluSumObjective(act, bits, objective, (A, B))
     if obj.n == 1:  # Σw=1 and Σw·c=0 leave exactly ReLU(x)
         c, best_restart, method_used = np.array([0.0]), 0, "closed-form"
@@ -356,7 +357,8 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
         lower = None
         if structured:
             lower = lower_knots if lower_knots is not None else fit_relu_sum(
-                act, bits - 1, objective, restarts=restarts, seed=seed, workers=workers, progress=False).x
+                act, bits - 1, objective, restarts=restarts, seed=seed, workers=workers, progress=False,
+                interval=interval).x
         children = np.random.SeedSequence(seed).spawn(restarts)
         common = (act.name, act.expression, bits, objective, (A, B))
         jobs = [_Job(*common, method, s, i) for i, s in enumerate(children)]

@@ -138,3 +138,45 @@ def test_compiled_float32_primitives_are_single_mufu_instructions():
     assert not got["invact gelu-fast bwd bf16"][1]
     assert got["gelu-k2-derivative fwd bf16"][0] == ["MUFU.EX2", "MUFU.RCP"], got  # the 16-bit Φ, no erf
     assert not any(op in ("MUFU.RCP", "MUFU.LG2") for op in got["invact gelu-fast bwd fp64"][0])
+
+
+def test_a_new_activation_gets_its_plain_exact_kernels_as_the_baseline(tmp_path):
+    """A user's table (SERF, k = 1): cost prints the exact activation's own one-line kernels beside the table's."""
+    from approxbp.cli import main
+
+    table = tmp_path / "serf.json"
+    assert main(["fit", "relu-sum", "--activation", "x*erf(log(1+exp(x)))", "--name", "serf", "--bits", "1",
+                 "--restarts", "1", "--workers", "1", "--no-progress", "--out", str(table)]) == 0
+    out = tmp_path / "cost.json"
+    r = subprocess.run([sys.executable, "-m", "approxbp", "cost", str(table), "--json", str(out), "--no-progress"],
+                       env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = {k["name"]: k for k in json.loads(out.read_text())["kernels"]}
+    assert {"exact serf fwd (plain)", "exact serf bwd (plain)"} <= set(rows)
+    assert rows["exact serf fwd (plain)"]["bytes_per_element"] == pytest.approx(4.0)  # x in, y out, nothing kept
+    assert rows["exact serf bwd (plain)"]["bytes_per_element"] == pytest.approx(6.0)  # g, x in; dx out
+
+
+def test_the_plain_exact_kernels_compute_the_activation_and_its_derivative(tmp_path):
+    """Run under TRITON_INTERPRET against the float64 expression."""
+    import importlib.util
+
+    import torch
+    from approxbp.approximations import get_activation
+    from approxbp.kernels.codegen import render_reference
+
+    act = get_activation("x*erf(log(1+exp(x)))")
+    path = tmp_path / "ref.py"
+    path.write_text(render_reference(act))
+    spec = importlib.util.spec_from_file_location("serf_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x = torch.linspace(-12, 12, 5000)
+    g = torch.randn(5000)
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    grid = (2,)
+    module.forward_kernel[grid](x, y, 5000, BLOCK=module.BLOCK)
+    module.backward_kernel[grid](g, x, dx, 5000, BLOCK=module.BLOCK)
+    xd = x.double().numpy()
+    assert torch.allclose(y.double(), torch.from_numpy(act.f(xd)), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(dx.double(), g.double() * torch.from_numpy(act.df(xd)), rtol=1e-5, atol=1e-6)

@@ -52,8 +52,8 @@ def test_cli_free_levels(capsys, tmp_path):
     assert (tmp_path / "q.json").is_file()
     assert main(["fit", "relu-sum", "--activation", "silu", "--bits", "3", "--levels", "free",
                  "--objective", "primitive"]) == 2
-    assert main(["fit", "relu-sum", "--activation", "silu", "--bits", "3", "--interval", "-9", "9"]) == 2
-    assert "--interval applies to --levels free" in capsys.readouterr().err
+    assert main(["fit", "relu-sum", "--activation", "silu", "--bits", "3", "--interval", "1", "9"]) == 2
+    assert "expected finite A < 0 < B" in capsys.readouterr().err  # eq. 13's own interval must hold 0
 
 
 def test_free_levels_fit_any_bit_width():

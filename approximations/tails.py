@@ -1,0 +1,95 @@
+"""How an activation's ReLU-sum residual vanishes far from 0 (Approx-BP eq. 13: h → 0 as x → −∞, h − x → 0 as
+x → +∞), and the residual's mass beyond a point, for any tail: exponential (GELU, SiLU), double exponential
+(TanhExp's x·tanh(eˣ)), algebraic (squareplus's 1/|x|).
+
+The residual t(x) = h⁽ᵐ⁾(x) on the left and h⁽ᵐ⁾(x) − (x or 1) on the right (m = 0 primitive, 1 derivative) is
+evaluated in 50-digit mpmath at |x| = 8, 16, …, :data:`FAR` only, never at infinity: a double exponential there
+needs an exponent of 10¹⁹ digits, which is what exhausted memory. Its kind is read off the samples: *fast* when
+|t(FAR)| < 1e-30 and falling; *algebraic* with power p when |t| halves 2ᵖ-fold per doubling of |x| (p > 0, the last
+three doublings within 0.25 of each other); else it does not vanish. The mass ∫ t² beyond L is integrated on
+finite pieces up to FAR, plus, for an algebraic tail, the power law's own remainder beyond FAR
+(t(FAR)²·FAR/(2p − 1)); it is finite only for p > 1/2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mpmath
+
+#: The farthest |x| sampled and integrated to (beyond it: the power law, or nothing for a fast tail).
+FAR = 512.0
+SAMPLES = tuple(2.0 ** k for k in range(3, 10))  # 8 … 512
+FAST = 1e-30
+
+
+@dataclass(frozen=True)
+class Tail:
+    """One side's residual: ``kind`` fast, algebraic (∝ |x|^−power) or none; |t| at :data:`SAMPLES`."""
+
+    side: str  # "left" (x → −∞) or "right" (x → +∞)
+    order: int
+    kind: str
+    power: float | None
+    values: tuple[float, ...]
+
+    @property
+    def vanishes(self) -> bool:
+        return self.kind != "none"
+
+    @property
+    def square_integrable(self) -> bool:
+        return self.kind == "fast" or (self.kind == "algebraic" and self.power > 0.5)
+
+    def describe(self) -> str:
+        what = "h" + "′" * self.order + ("" if self.side == "left" else (" − x" if self.order == 0 else " − 1"))
+        far = f"{'−' if self.side == 'left' else ''}{FAR:g}"
+        if self.kind == "fast":
+            return f"{what} falls faster than any power ({mpmath.nstr(self.values[-1], 3)} at x = {far})"
+        if self.kind == "algebraic":
+            return f"{what} falls like |x|^−{self.power:.3g} ({mpmath.nstr(self.values[-1], 3)} at x = {far})"
+        return f"{what} does not tend to 0 ({mpmath.nstr(self.values[-1], 6)} at x = {far})"
+
+
+def residual(act, order: int, side: str):
+    """t(v) in mpmath at the caller's precision (see the module docstring)."""
+    if side == "left":
+        return lambda v: act.mp(v, order, None)
+    return lambda v: act.mp(v, order, None) - (v if order == 0 else 1)
+
+
+def tail(act, order: int, side: str) -> Tail:
+    """The residual's kind on one side, from 50-digit samples at |x| = 8 … :data:`FAR`."""
+    t = residual(act, order, side)
+    sign = -1 if side == "left" else 1
+    with mpmath.workdps(50):
+        values = tuple(float(abs(t(mpmath.mpf(sign * v)))) for v in SAMPLES)
+    if not all(math.isfinite(v) for v in values):
+        return Tail(side, order, "none", None, values)
+    if values[-1] < FAST and values[-1] <= values[-2]:
+        return Tail(side, order, "fast", None, values)
+    if min(values[-4:]) > 0:
+        powers = [math.log2(a / b) for a, b in zip(values[-4:], values[-3:])]
+        if min(powers) > 0 and max(powers) - min(powers) < 0.25:
+            return Tail(side, order, "algebraic", powers[-1], values)
+    return Tail(side, order, "none", None, values)
+
+
+def mass_beyond(act, order: int, side: str, at: float, kind: Tail | None = None) -> float:
+    """∫ t² over (−∞, −at] (left) or [at, ∞) (right), at ≥ 0: 30-digit quadrature on pieces up to :data:`FAR`
+    plus the algebraic remainder beyond it (see the module docstring)."""
+    kind = kind or tail(act, order, side)
+    t = residual(act, order, side)
+    sign = -1 if side == "left" else 1
+    points = [at]
+    while points[-1] < FAR:
+        points.append(min(FAR, max(2 * points[-1], points[-1] + 1)))
+    with mpmath.workdps(30):
+        inside = mpmath.quad(lambda v: t(sign * v) ** 2, points) if len(points) > 1 else mpmath.mpf(0)
+    rest = 0.0
+    if kind.kind == "algebraic":
+        rest = math.inf if kind.power <= 0.5 else kind.values[-1] ** 2 * FAR / (2 * kind.power - 1)
+    elif kind.kind == "none":
+        rest = math.inf
+    return float(inside) + rest
