@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import math
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -440,21 +439,11 @@ def option_table(activation: str, option: str) -> str | None:
 def gradient_error(activation: str, option: str) -> float:
     """E_{x∼N(0,1)}[(h̃′(x) − f′(x))²]^½ for a ReLU-sum table (its levels between its knots, against the exact
     derivative), the certified (else sampled) L∞ of an InvAct table, 0 for exact."""
-    from approxbp.approximations import get_activation
     from approxbp.approximations import tables as T
+    from approxbp.approximations.gradient_error import gradient_error as of_table
 
     table = option_table(activation, option)
-    if table is None:
-        return 0.0
-    t = T.load(T.resolve(table))
-    if t.family == "invact":
-        cert = t.metrics.get("certified") or {}
-        return max(float((cert.get(b) or {}).get("bound", t.metrics[f"linf_{b}"])) for b in ("left", "right"))
-    x = np.linspace(-10, 10, 400_001)
-    approx = np.asarray(t.levels)[np.searchsorted(np.asarray(t.knots), x, side="left")]
-    exact = get_activation(t.expression).df(x)
-    w = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
-    return float(math.sqrt(np.sum(w * (approx - exact) ** 2) * (x[1] - x[0])))
+    return 0.0 if table is None else of_table(T.load(T.resolve(table)))
 
 
 def activation_layers(model: nn.Module) -> dict[str, str]:

@@ -227,9 +227,18 @@ def _swap_activations(model: nn.Module, report: PatchReport, undo: _Undo, activa
                 _move_hooks(child, new)
                 undo.setattr(parent, child_name, new)
                 report.activations.append(
-                    f"{where}: {type(child).__name__} → {type(new).__name__}({new.extra_repr()})"
+                    f"{where}: {type(child).__name__} → {type(new).__name__}({new.extra_repr()}); "
+                    f"{error_of(new.spec.path)}"
                     + ("; inplace=True dropped: the drop-in returns a new tensor" if getattr(child, "inplace", False)
                        else ""))
+
+
+@functools.cache
+def error_of(path) -> str:
+    """The drop-in's gradient error, said once per table (:mod:`approxbp.approximations.gradient_error`)."""
+    from approxbp.approximations.gradient_error import describe
+
+    return describe(T.load(path))
 
 
 def _fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: _Undo, example_input, fuse,

@@ -136,3 +136,15 @@ def test_accurate_gelu_is_swapped_and_hardswish_is_listed_as_skipped():
     report = patch_model(m, activation="relu-sum", norm=False)
     assert type(m[1]).__name__ == "ReLUSumActivation" and "gelu_tanh-k2-primitive" in report.activations[0]
     assert any("Hardswish" in s and "no table family" in s for s in report.skipped), report
+
+
+def test_the_report_says_each_drop_ins_gradient_error():
+    """Where the user chooses, the price is said: the ReLU-sum table's E_N(0,1)[(h̃′ − f′)²]^½ and InvAct's certified
+    L∞, the same numbers the planner weighs (approxbp.plan.gradient_error)."""
+    from approxbp import plan as P
+
+    for family, option in (("relu-sum", "relu-sum-k2"), ("invact", "invact")):
+        model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+        line = patch_model(model, activation=family, example_input=torch.randn(2, 8)).activations[0]
+        assert f"gradient error {P.gradient_error('gelu', option):.2g}" in line
+    assert 0.2 < P.gradient_error("gelu", "relu-sum-k2") < 0.3 and P.gradient_error("gelu", "invact") < 1e-6
