@@ -794,30 +794,47 @@ def report(p: Plan) -> str:
     return "\n".join(lines)
 
 
+#: One colour per category in every figure (tab10's), so that two plans' figures read alike.
+COLOURS = {"parameters": 0, "gradients": 1, "optimizer": 2, "activation functions": 3, "norms": 4,
+           "linear / embedding inputs": 5, "attention": 6, "MLP products (SwiGLU)": 8, "other": 7, AT_PEAK: 9}
+
+
 def figure(p: Plan, path: Path) -> Path:
-    """Stacked bars of the step's memory by category, exact and planned (as Approx-BP's Fig. 2)."""
+    """Stacked bars of the step's memory by category, exact and planned (as Approx-BP's Fig. 2): fixed colours per
+    category, the budget as a line, the saving written over the planned bar."""
+    import io
+    import textwrap
+
     import matplotlib
     from matplotlib.figure import Figure
 
     from approxbp.approximations.files import write_atomic
 
-    kinds = sorted(set(p.before["activations_by_kind"]) | set(p.after["activations_by_kind"]))
+    kinds = sorted(set(p.before["activations_by_kind"]) | set(p.after["activations_by_kind"]),
+                   key=lambda k: COLOURS.get(k, 99))
+    palette = matplotlib.colormaps["tab10"]
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.subplots()
     for i, step in enumerate((p.before, p.after)):
         bottom = 0.0
-        for j, key in enumerate((*CATEGORIES, *kinds)):
+        for key in (*CATEGORIES, *kinds):
             v = (step[key] if key in CATEGORIES else step["activations_by_kind"].get(key, 0)) / 2**30
-            ax.bar(i, v, bottom=bottom, color=matplotlib.colormaps["tab10"](j), label=key if i == 0 else None,
-                   width=0.55)
+            ax.bar(i, v, bottom=bottom, color=palette(COLOURS.get(key, 7)), label=key if i == 0 else None, width=0.55)
             bottom += v
-    ax.set_xticks([0, 1], ["exact", "planned"])
+    before, after = p.before["peak"], p.after["peak"]
+    saved = before - after
+    note = (f"−{size(saved)} ({-100 * saved / before:.0f} %)" if saved > 0 else
+            "the exact step fits the budget:\nnothing replaced" if p.budget and before <= p.budget else "no saving")
+    ax.annotate(note, (1, after / 2**30), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                fontsize=9)
+    if p.budget:
+        ax.axhline(p.budget / 2**30, color="black", linestyle="--", linewidth=1, label=f"budget {size(p.budget)}")
+    ax.set_ylim(0, max(before, after, p.budget or 0) / 2**30 * 1.15)
+    ax.set_xticks([0, 1], ["exact", "planned" if p.use is None else f"--use {p.use}"[:24]])
     ax.set_ylabel("GiB")
-    ax.set_title(_title(p, short=True), fontsize=10)
+    ax.set_title("\n".join(textwrap.wrap(_title(p, short=True), 64)), fontsize=9)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     return write_atomic(Path(path), buf.getvalue())

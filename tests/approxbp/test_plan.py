@@ -266,3 +266,16 @@ def test_maximize_with_a_given_assignment_finds_the_largest_size_that_fits():
 def test_use_refuses_what_it_cannot_evaluate(text, message):
     with pytest.raises(ValueError, match=message):
         P.parse_use(text)
+
+
+def test_the_figure_keeps_one_colour_per_category_and_draws_the_budget(tmp_path):
+    """Every category the planner reports has its own fixed colour; with a budget the exact step already fits, the
+    figure says that nothing was replaced (the two bars are then the same on purpose)."""
+    from approxbp.kernels.patch import ACTIVATION_CLASSES
+
+    names = {P._category(k) for k in (*ACTIVATION_CLASSES, "LayerNorm", "Linear", "LlamaAttention", "LlamaMLP", "x")}
+    assert names | set(P.CATEGORIES) | {P.AT_PEAK} <= set(P.COLOURS)
+    assert len(set(P.COLOURS.values())) == len(P.COLOURS)
+    plan = P.plan(LLAMA, 2, 16, "bf16", budget=1 << 40)
+    assert plan.after["peak"] == plan.before["peak"]
+    assert P.figure(plan, tmp_path / "f.png").stat().st_size > 10_000
