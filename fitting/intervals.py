@@ -85,7 +85,10 @@ class Ball:
 
 
 def _nonneg(b: arb) -> arb:
-    """A ball known to be ≥ 0 whose representation dips below 0 by rounding only (``box`` of a Max)."""
+    """A ball known to be ≥ 0 whose representation dips below 0 by rounding only (``box`` of a Max); a complex ball
+    (Arb's integration, whose integrand checks its branch cuts itself) as it is."""
+    if not isinstance(b, arb):
+        return b
     lo = b.lower()
     if lo < 0 and -lo <= arb(2) ** -(PRECISION - 40) * (1 + abs(b.upper())):
         return b.nonnegative_part()

@@ -25,17 +25,36 @@ from flint import arb
 from . import intervals as iv
 from .intervals import Ball, Evaluator, box
 
+#: What must stay off the cut (−∞, 0] for a branch-cut function of u to be holomorphic: its argument's real part > 0.
+CUT_ARGUMENT = {"log": lambda u: u, "sqrt": lambda u: u, "softplus": lambda u: 1 + sp.exp(u), "log1p": lambda u: 1 + u}
+
 
 def complex_function(expr: sp.Expr, var: sp.Symbol):
-    """z ↦ expr(z) on complex balls (acb), for Arb's rigorous integration: the same :class:`~.intervals.Evaluator`.
-    Functions with branch cuts or kinks are refused (Arb would need their analyticity checked on every ball)."""
+    """(z, analytic) ↦ expr(z) on complex balls (acb), for Arb's rigorous integration: the same
+    :class:`~.intervals.Evaluator`. Where Arb asks for holomorphy (``analytic``), every log, square root, softplus,
+    log1p and non-integer power must have its argument's real part certainly > 0 on the ball (off the cut
+    (−∞, 0]); where that is not proven the value is NaN and Arb subdivides. log(1 + eᶻ) is holomorphic in
+    |Im z| < π/2, so softplus and Mish integrate. Kinks (abs, max, Heaviside, …) are refused."""
+    from flint import acb
+
+    guards = []
     for e in sp.preorder_traversal(expr):
+        if not e.free_symbols:
+            continue
         name = type(e).__name__
-        kink = name in (*backends.branch_cuts(), *backends.rough_functions())
-        if (kink or isinstance(e, sp.Pow) and not e.exp.is_Integer) and e.free_symbols:
+        if name in backends.rough_functions() or (name in backends.branch_cuts() and name not in CUT_ARGUMENT):
             raise ValueError(f"the certifier cannot integrate {e} rigorously (a branch cut or a kink)")
+        if isinstance(e, sp.Pow) and not e.exp.is_Integer:
+            guards.append(e.base)
+        elif name in CUT_ARGUMENT:
+            guards.append(CUT_ARGUMENT[name](e.args[0]))
     ev = Evaluator()
-    return lambda z: ev(expr, {var: Ball(z)}).v
+
+    def f(z, analytic: bool = False):
+        if analytic and not all(ev(g, {var: Ball(z)}).v.real > 0 for g in guards):
+            return acb(arb.nan())
+        return ev(expr, {var: Ball(z)}).v
+    return f
 
 
 def relu_sum_objective(t) -> arb:
@@ -63,7 +82,7 @@ def relu_sum_objective(t) -> arb:
 
         def integrand(z, analytic, a=a, value=value, slope=slope):
             approx = acb(value) + acb(slope) * (z - a) if order == 0 else acb(slope)
-            r = target(z) - approx
+            r = target(z, analytic) - approx
             return r * r
 
         total += acb.integral(integrand, a, b, rel_tol=2.0 ** -80).real
@@ -282,14 +301,14 @@ class DerivativeObjectiveK2(_ProjectedK2):
 
         sq = complex_function(self.dh**2, X_SYMBOL)
         sq1 = complex_function((self.dh - 1) ** 2, X_SYMBOL)
-        self.K = acb.integral(lambda z, _: sq(z), self.A, self.B, rel_tol=2.0**-90).real
+        self.K = acb.integral(sq, self.A, self.B, rel_tol=2.0**-90).real
         self.hB = self._h(self.B)
         # ∫h′² and ∫(h′ − 1)² from A to each grid point (rigorous, cumulative): monotone lower bounds of the terms
         self.grid = [self.A + (self.B - self.A) * i / GRID_CELLS for i in range(GRID_CELLS + 1)]
         self.P, self.Q = [arb(0)], [arb(0)]
         for a, b in zip(self.grid[:-1], self.grid[1:]):
-            self.P.append(self.P[-1] + acb.integral(lambda z, _: sq(z), a, b, rel_tol=2.0**-60).real)
-            self.Q.append(self.Q[-1] + acb.integral(lambda z, _: sq1(z), a, b, rel_tol=2.0**-60).real)
+            self.P.append(self.P[-1] + acb.integral(sq, a, b, rel_tol=2.0**-60).real)
+            self.Q.append(self.Q[-1] + acb.integral(sq1, a, b, rel_tol=2.0**-60).real)
 
     def monotone_lower(self, lo: list, hi: list) -> float:
         """J = ∫_A^{c₁} h′² + V(c₁, c₂) + V(c₂, c₃) + μ²(c₃ − c₁) + ∫_{c₃}^B (h′ − 1)², each term ≥ 0, where
@@ -424,8 +443,7 @@ class PrimitiveObjectiveK2(_ProjectedK2):
         self.cum = {name: [arb(0)] for name in integrands}
         for a, b in zip(self.grid[:-1], self.grid[1:]):
             for name, f in self._complex.items():
-                self.cum[name].append(self.cum[name][-1] + acb.integral(lambda z, _, f=f: f(z), a, b,
-                                                                         rel_tol=2.0**-100).real)
+                self.cum[name].append(self.cum[name][-1] + acb.integral(f, a, b, rel_tol=2.0**-100).real)
         self._cache: dict = {}
         self.ev = Evaluator(calls={name: self._moment(name) for name in integrands})
         self._plain = Evaluator()
@@ -489,7 +507,7 @@ class PrimitiveObjectiveK2(_ProjectedK2):
             from flint import acb
 
             f = self._complex[name]
-            return self.cum[name][-1] + acb.integral(lambda u, _: f(u), self.B, m, rel_tol=2.0**-100).real
+            return self.cum[name][-1] + acb.integral(f, self.B, m, rel_tol=2.0**-100).real
         slope = self._plain(self._real[name], {X_SYMBOL: Ball(z)}).v
         return self._G(name, m) + slope * (z - m)
 
