@@ -145,6 +145,7 @@ def _parser_atlas(sub, add) -> None:
     atl.add_argument("--name", action="append", default=None,
                      help="repeatable: a label for each --activation expression, in order (titles, file names)")
     _out(atl, "error_atlas.json and the PNGs")
+    _no_progress(atl)
 
 
 def _parser_bdia(sub, add) -> None:
@@ -528,7 +529,7 @@ def _atlas(args, argv) -> int:
     if len(names) > len(acts):
         raise ValueError(f"{len(names)} --name for {len(acts)} --activation: give one label per expression")
     named = [named_activation(a, names[i] if i < len(names) else None) for i, a in enumerate(acts)]
-    written = write_atlas(_figures_dir(args.out), tuple(named))
+    written = write_atlas(_figures_dir(args.out), tuple(named), progress=_progress(args))
     rows = json.loads(written[0].read_text())["rows"]
     for act, entries in rows.items():
         print(f"{act}: L2 (N(0,1)-weighted) of the backward multiplier, per saved bit")

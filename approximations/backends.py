@@ -257,6 +257,8 @@ def _softplus(z):
 
 
 def _tanh(z):
+    if not hasattr(z, "tanh"):  # a power series (arb_series has no tanh): 1 − 2/(e^{2z} + 1)
+        return 1 - 2 / ((2 * z).exp() + 1)
     return _mono(lambda u: u.tanh(), z)
 
 

@@ -76,9 +76,14 @@ def _table(folder: str, stem: str, cache: Path | None, make, what: str):
     return table
 
 
-def atlas(activation, cache: Path | None = None) -> list[dict]:
+#: Tables per activation: ReLU-sum k = 1…8 for both objectives, and the InvAct fast form.
+STEPS = 8 * 2 + 1
+
+
+def atlas(activation, cache: Path | None = None, bar=None) -> list[dict]:
     """Rows {family, bits, label, linf, l2_uniform, l2_normal} for one activation (a registry name, an expression
-    or an Activation, e.g. from ``named_activation``); tables fitted for it are kept in ``cache``."""
+    or an Activation, e.g. from ``named_activation``); tables fitted for it are kept in ``cache``; ``bar`` (a
+    :func:`~.progress.progress` bar) advances once per table (:data:`STEPS`)."""
     from .invact import fit_invact
     from .relu_sum import fit_relu_sum
 
@@ -95,6 +100,8 @@ def atlas(activation, cache: Path | None = None) -> list[dict]:
                        lambda k=k, o=objective: fit_relu_sum(act, k, o, progress=False).table,
                        f"{act.name!r} k={k} {objective}")
             rs = ReLUSum(t.weights, t.knots)
+            if bar is not None:
+                bar.update()
             rows.append({"family": f"relu-sum-{objective}", "bits": k,
                          "label": f"ReLU-sum k={k} ({objective})", **_errors(d - rs.derivative(X))})
     ia = InvertedActivation(act)
@@ -110,18 +117,24 @@ def atlas(activation, cache: Path | None = None) -> list[dict]:
         else:  # the kernels' form: fitted (and kept) for any activation
             fit = lambda: fit_invact(act, "fast").table  # noqa: E731
             t = _table("invact", f"{act.name}-fast", cache, fit, f"{act.name!r} InvAct")
+            if bar is not None:
+                bar.update()
         q = TableBackward(t)(torch.from_numpy(fx), torch.from_numpy(left)).numpy()  # float64: the kernels' rule
         rows.append({"family": f"invact-{form}", "bits": 1, "label": f"InvAct ({form})", **_errors(d - q)})
     return rows
 
 
-def write_atlas(out: Path, activations=("gelu", "silu")) -> list[Path]:
+def write_atlas(out: Path, activations=("gelu", "silu"), progress: bool = False) -> list[Path]:
     """Data (JSON) and one figure per activation: error vs saved bits per element, log scale. Tables fitted for
-    activations the package lacks are kept in ``out/atlas_tables`` and reused."""
+    activations the package lacks are kept in ``out/atlas_tables`` and reused. ``progress``: one step per table
+    of every activation, with the time left (a bar on a terminal, a line every 10 s in a log)."""
+    from .progress import progress as bar_of
 
     out.mkdir(parents=True, exist_ok=True)
     acts = [get_activation(a) for a in activations]
-    data = {a.name: atlas(a, out / "atlas_tables") for a in acts}
+    bar = bar_of(total=STEPS * len(acts), desc="atlas tables", enabled=progress, unit="table")
+    data = {a.name: atlas(a, out / "atlas_tables", bar) for a in acts}
+    bar.close()
     paths = [out / "error_atlas.json"]
     write_atomic(paths[0], json.dumps({"x_range": [-8, 8], "points": X.size, "rows": data}, indent=1) + "\n")
     for a, rows in data.items():

@@ -19,7 +19,10 @@ class _Lines:
         if now - self.last >= self.every or (self.total is not None and self.n >= self.total):
             self.last = now
             of = f"/{self.total}" if self.total is not None else ""
-            print(f"{self.desc}: {self.n}{of} ({now - self.t0:.0f} s)", file=sys.stderr, flush=True)
+            spent = now - self.t0
+            eta = (f", about {spent / self.n * (self.total - self.n):.0f} s left"
+                   if self.total is not None and 0 < self.n < self.total else "")
+            print(f"{self.desc}: {self.n}{of} ({spent:.0f} s{eta})", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         pass

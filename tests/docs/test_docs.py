@@ -40,3 +40,15 @@ def test_the_readme_example_runs_and_saves_memory():
     assert r.returncode == 0, r.stderr[-2000:]
     before, after = map(int, re.search(r"saved for backward: (\d+) → (\d+) bytes", r.stdout).groups())
     assert after < before
+
+
+def test_the_relu_sum_api_example_prints_what_its_comment_says():
+    """docs/relu-sum.md's worked example: its first lines run as written and fit.message is the quoted text."""
+    page = (ROOT / "docs" / "relu-sum.md").read_text(encoding="utf-8")
+    block = page.split("## Python API, worked example", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    lines = block.splitlines()
+    upto = next(i for i, line in enumerate(lines) if line.startswith("print(fit.message)"))
+    namespace: dict = {}
+    exec("\n".join(lines[:upto]), namespace)  # the page's own code (ours, not a user's)
+    quoted = re.search(r'# "(.*)"', lines[upto])[1]
+    assert namespace["fit"].message == quoted

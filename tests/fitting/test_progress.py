@@ -1,0 +1,27 @@
+"""Long jobs talk (issue 35): in a log (no terminal) a progress line says how far it got and about how long is left,
+counted in work done, not guessed from the clock alone; the atlas counts its tables."""
+
+from approxbp.fitting import atlas
+from approxbp.fitting.progress import progress
+
+
+def test_a_log_line_says_the_count_and_the_time_left(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
+    bar = progress(total=4, desc="tables", every=0.0)
+    bar.update()
+    bar.update()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("tables: 2/4 (") and "s left)" in lines[-1]
+    bar.update(2)
+    assert "left" not in capsys.readouterr().err  # done: no time left to state
+
+
+def test_the_atlas_counts_one_step_per_table():
+    assert atlas.STEPS == 17  # ReLU-sum k = 1…8 × 2 objectives + the InvAct fast form
+
+
+def test_the_atlas_advances_its_bar_per_table(monkeypatch):
+    steps = []
+    bar = type("Bar", (), {"update": lambda self, k=1: steps.append(k)})()
+    atlas.atlas("gelu", None, bar)  # packaged tables: nothing is fitted
+    assert len(steps) == atlas.STEPS
