@@ -221,14 +221,12 @@ def reproduce(groups=GROUPS, progress=None) -> list[Row]:
     """Every row of ``groups``, run."""
     say = progress or (lambda msg: None)
     rows: list[Row] = []
-    total = sum(len(g.rows) for g in groups)
-    t_start = time.perf_counter()
+    todo = [(g, use) for g in groups for use, _ in g.rows]
     for g in groups:
         base = None
         for use, paper in g.rows:
             done = len(rows)
-            eta = "" if not done else f", about {(time.perf_counter() - t_start) / done * (total - done):.0f} s left"
-            say(f"[{done + 1}/{total}{eta}] {g.table}, {g.setup}: {METHODS[use]}")
+            say(f"[{done + 1}/{len(todo)}{_time_left(rows, todo[done:])}] {g.table}, {g.setup}: {METHODS[use]}")
             t0 = time.perf_counter()
             ours, _ = run_row(g, use)
             if use == "exact":
@@ -237,6 +235,19 @@ def reproduce(groups=GROUPS, progress=None) -> list[Row]:
             rows.append(Row(g, use, paper, ours, change and change(paper, base[0]), change and change(ours, base[1]),
                             time.perf_counter() - t0))
     return rows
+
+
+def _time_left(rows: list[Row], todo: list[tuple[Group, str]]) -> str:
+    """About how long the rows left take: each at the mean time of the rows of its kind run so far (a --maximize
+    row runs many steps), else of all rows."""
+    if not rows:
+        return ""
+    mean = sum(r.seconds for r in rows) / len(rows)
+    by_kind: dict[str, list[float]] = {}
+    for r in rows:
+        by_kind.setdefault(r.group.what, []).append(r.seconds)
+    left = sum(sum(by_kind[g.what]) / len(by_kind[g.what]) if g.what in by_kind else mean for g, _ in todo)
+    return f", about {left:.0f} s left"
 
 
 def _value(x: float, unit: str) -> str:
