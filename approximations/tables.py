@@ -373,6 +373,13 @@ def header(path: str | Path, family: str | None = None) -> tuple[str, str]:
     return found, definition_sha256(t)
 
 
+def stored_metrics(path: str | Path) -> dict:
+    """A table file's metrics, its schema checked, without parsing its expressions (what the run time reports)."""
+    t = read_json(path)
+    _kind(t, str(path))
+    return dict(t.get("metrics") or {})
+
+
 def load(path: str | Path) -> Table:
     """Read, validate and type one table (a path, or ``family/name`` inside the packaged data)."""
     p = resolve(path)

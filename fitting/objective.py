@@ -78,14 +78,14 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
         b, how = -2 * math.log(eps / 2), "Approx-BP eq. 51: B = −A = −2 ln(ε/2)"
         return -b, b, _tail_mass(act, objective, -b, b), how
     order = 0 if objective == "primitive" else 1
-    tails = {side: _square_integrable(act, order, side, name) for side in ("left", "right")}
+    left, right = (_square_integrable(act, order, s, name) for s in ("left", "right"))
 
-    def side(which: str) -> float:
+    def side(t: Tail) -> float:
         def mass(L):
-            return mass_beyond(act, order, which, L, tails[which])
+            return mass_beyond(act, order, t.side, L, t)
         if mass(CAP) > eps / 2:
             raise ValueError(
-                f"activation {name!r}: {tails[which].describe()}, so its tail mass beyond |x| = {CAP:g} is "
+                f"activation {name!r}: {t.describe()}, so its tail mass beyond |x| = {CAP:g} is "
                 f"{mass(CAP):.3g}, over ε/2 = {eps / 2:g}: no practical interval holds the tail rule; give one "
                 "(--interval A B; the mass outside it is then reported, not fitted)")
         lo, hi = 0.5, 1.0
@@ -96,9 +96,13 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
             lo, hi = (mid, hi) if mass(mid) > eps / 2 else (lo, mid)
         return math.ceil(hi * 1000) / 1000
 
-    a, b = -side("left"), side("right")
-    mass = mass_beyond(act, order, "left", -a, tails["left"]) + mass_beyond(act, order, "right", b, tails["right"])
-    return a, b, mass, f"numerical: each tail ≤ ε/2 = {eps / 2:g} (mpmath quad)"
+    a, b = -side(left), side(right)
+    return a, b, _outside(act, order, a, b, left, right), f"numerical: each tail ≤ ε/2 = {eps / 2:g} (mpmath quad)"
+
+
+def _outside(act: Activation, order: int, a: float, b: float, left: Tail, right: Tail) -> float:
+    """The residual's mass outside [a, b] (:func:`~approxbp.approximations.tails.mass_beyond` on each side)."""
+    return mass_beyond(act, order, "left", -a, left) + mass_beyond(act, order, "right", b, right)
 
 
 def _square_integrable(act: Activation, order: int, side: str, name: str) -> Tail:
@@ -123,8 +127,8 @@ def interval_for(act: Activation, objective: str, interval: tuple[float, float] 
         if not (math.isfinite(a) and math.isfinite(b) and a < 0 < b):
             raise ValueError(f"--interval {a:g} {b:g}: expected finite A < 0 < B")
         order = 0 if objective == "primitive" else 1
-        tails = {side: _square_integrable(act, order, side, act.name) for side in ("left", "right")}
-        mass = mass_beyond(act, order, "left", -a, tails["left"]) + mass_beyond(act, order, "right", b, tails["right"])
+        left, right = (_square_integrable(act, order, s, act.name) for s in ("left", "right"))
+        mass = _outside(act, order, a, b, left, right)
         return a, b, mass, f"given: --interval {a:g} {b:g} (mass outside {mass:.3g}, not fitted)"
     eps = 1e-8 if act.name in ("gelu", "silu") else 1e-16
     return _interval(act.expression, act.name, objective, eps)

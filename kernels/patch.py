@@ -228,17 +228,28 @@ def _swap_activations(model: nn.Module, report: PatchReport, undo: _Undo, activa
                 undo.setattr(parent, child_name, new)
                 report.activations.append(
                     f"{where}: {type(child).__name__} → {type(new).__name__}({new.extra_repr()}); "
-                    f"{error_of(new.spec.path)}"
+                    f"{error_of(new.spec)}"
                     + ("; inplace=True dropped: the drop-in returns a new tensor" if getattr(child, "inplace", False)
                        else ""))
 
 
 @functools.cache
-def error_of(path) -> str:
-    """The drop-in's gradient error, said once per table (:mod:`approxbp.approximations.gradient_error`)."""
-    from approxbp.approximations.gradient_error import describe
+def error_of(spec) -> str:
+    """The drop-in's gradient error, said once per table (:mod:`approxbp.approximations.gradient_error`) without
+    the build side: an InvAct table's stored L∞, or a ReLU-sum table's levels against the derivative of its
+    generated twin of f (torch autograd in float64)."""
+    from approxbp.approximations.gradient_error import describe, invact_error, relu_sum_error
 
-    return describe(T.load(path))
+    if T.header(spec.path)[0] == "invact":
+        return describe("invact", invact_error(T.stored_metrics(spec.path)))
+
+    def df(x):  # real tensors, with grad, whatever the caller's mode (the planner's fake tensors)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily(), torch.enable_grad():
+            v = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+            return torch.autograd.grad(spec.module.activation_twin(v).sum(), v)[0].numpy()
+    return describe("relu-sum", relu_sum_error(spec.module.KNOTS, spec.module.LEVELS, df))
 
 
 def _fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: _Undo, example_input, fuse,
