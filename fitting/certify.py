@@ -46,6 +46,7 @@ from .optimality import (  # noqa: F401  (the ReLU-sum certificates, re-exported
     complex_function,
     relu_sum_objective,
 )
+from .progress import heartbeat
 
 #: |x| up to which InvAct certificates reach (y up to f(2^64) ≈ 1.8e19; beyond, Arb cannot enclose e^{x³}).
 X_LIMIT = 2.0**64
@@ -89,7 +90,7 @@ def _split(lo: float | arb, hi: float | arb) -> arb:
 
 
 def supremum(bound_on, pieces, rtol: float = RTOL, budget_s: float = 120.0, claim: float = math.inf,
-             what: str = "", max_boxes: int | None = None) -> Certificate:
+             what: str = "", max_boxes: int | None = None, say=None) -> Certificate:
     """A certified sup |err| over the union of ``pieces`` [(lo, hi), …]. ``bound_on(lo, hi)`` returns
     (upper bound of |err| on [lo, hi], lower bound of |err(m)| at a point m, m as a float).
 
@@ -109,8 +110,10 @@ def supremum(bound_on, pieces, rtol: float = RTOL, budget_s: float = 120.0, clai
     for lo, hi in pieces:
         push(arb(lo), arb(hi))
     converged = True
+    tick = heartbeat(say, what)
     while heap:
         up = -heap[0][0]
+        tick(lambda up=up: f"{count} boxes, bound {up:.4e}, attained {best:.4e}")
         if up <= best * (1 + rtol) or up == 0.0:
             break
         if time.perf_counter() - start > budget_s or (max_boxes is not None and count >= max_boxes):
@@ -275,8 +278,8 @@ def _x_pieces(t: InvActTable, branch: str) -> list[tuple[float, float]]:
 
 
 def certify_invact_branch(t, branch: str, budget_s: float = 600.0, rtol: float = RTOL,
-                          rounded: bool = False, max_boxes: int = MAX_BOXES, rule: InvactRule | None = None
-                          ) -> Certificate:
+                          rounded: bool = False, max_boxes: int = MAX_BOXES, rule: InvactRule | None = None,
+                          say=None) -> Certificate:
     """Certified sup over x of |q_s(f(x)) − f′(x)| for one branch of an InvAct table, in real arithmetic with
     the table's numbers (``rounded``: each number rounded to float32, as the kernels write it; ``rule``: the
     branch's InvactRule when the caller has built it)."""
@@ -284,7 +287,7 @@ def certify_invact_branch(t, branch: str, budget_s: float = 600.0, rtol: float =
     t = as_table(t)
     rule = rule or InvactRule(t, branch, rounded=rounded)
     return supremum(rule.bound_on, _x_pieces(t, branch), rtol, budget_s, claim_of(t, branch),
-                    f"{t.name} {branch}: |q(f(x)) − f′(x)|", max_boxes=max_boxes)
+                    f"{t.name} {branch}: |q(f(x)) − f′(x)|", max_boxes=max_boxes, say=say)
 
 
 def float32_error(t, branch: str, budget_s: float = 60.0, max_boxes: int = 3000) -> Certificate:
@@ -351,7 +354,7 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
             iv.setup()
             rule = InvactRule(t, branch, rounded=rounded)
             cert = certify_invact_branch(t, branch, budget_s, rtol, rounded=rounded, rule=rule,
-                                         max_boxes=MAX_BOXES if max_boxes is None else max_boxes)
+                                         max_boxes=MAX_BOXES if max_boxes is None else max_boxes, say=progress)
             # a running error analysis treats each rounding as independent: it cannot see Newton's self-correction
             # and bounds the newton forms' float32 evaluation by 1e-3…inf (measured in float32: ≤ 3.5e-5)
             newton = rule.steps is not None
@@ -381,7 +384,7 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
     lines.append(f"{t.name:<28} objective ∈ [{float(enclosure.lower()):.16e}, {float(enclosure.upper()):.16e}]; "
                  f"recorded loss {t.loss:.16e} {'inside (1e-12)' if consistent else 'OUTSIDE: FAILED'}")
     if t.bits <= 2:
-        g = certify_relu_sum_global(t, budget_s=budget_s, max_boxes=max_boxes)
+        g = certify_relu_sum_global(t, budget_s=budget_s, max_boxes=max_boxes, say=progress)
         entry["global_gap"] = _round(g.gap, True)
         ok &= g.passed
         lines.append(f"{'':<28} global optimum: gap {g.gap:.2e} (target {g.target_gap:.0e}) "

@@ -24,6 +24,7 @@ from flint import arb
 
 from . import intervals as iv
 from .intervals import Ball, Evaluator, box
+from .progress import heartbeat
 
 #: What must stay off the cut (−∞, 0] for a branch-cut function of u to be holomorphic: its argument's real part > 0.
 CUT_ARGUMENT = {"log": lambda u: u, "sqrt": lambda u: u, "softplus": lambda u: 1 + sp.exp(u), "log1p": lambda u: 1 + u}
@@ -548,7 +549,7 @@ class PrimitiveObjectiveK2(_ProjectedK2):
 
 
 def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0,
-                            max_boxes: int | None = None) -> OptimalityCertificate:
+                            max_boxes: int | None = None, say=None) -> OptimalityCertificate:
     """Global optimality of a k ≤ 2 table over knots in its interval [A, B]. k = 1: Σw = 1 and Σw·c = 0 leave one
     feasible point (w = 1, c = 0), so the table is the optimum when it is that point. k = 2, either objective:
     branch and bound over knot boxes (:class:`DerivativeObjectiveK2`, :class:`PrimitiveObjectiveK2`): the box with
@@ -598,8 +599,10 @@ def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0
     note = f"branch and bound over knot boxes ({t.objective} objective, closed-form projection)"
     if local is not None:
         note += f"; strictly convex within ±{radius:g} of the table's knots (interval Hessian)"
+    tick = heartbeat(say, f"{t.name} global optimum")
     while heap:
         low = heap[0][0]
+        tick(lambda low=low: f"{count} boxes, gap {(value - low) / value:.3e}")
         if value - low <= target_gap * value or time.perf_counter() - start > budget_s or (
                 max_boxes is not None and count >= max_boxes):
             break

@@ -52,3 +52,19 @@ def progress(iterable: Iterable | None = None, total: int | None = None, desc: s
         bar.close()
 
     return gen()
+
+
+def heartbeat(say, what: str, every: float = 10.0):
+    """tick(text) that says ``what: text (N s)`` through ``say`` at most once every ``every`` seconds: a long
+    search (a branch and bound) tells a log how far it got. ``say`` None: a tick that says nothing."""
+    if say is None:
+        return lambda text: None
+    t0 = last = time.perf_counter()
+
+    def tick(text) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if now - last >= every:
+            last = now
+            say(f"{what}: {text() if callable(text) else text} ({now - t0:.0f} s)")
+    return tick

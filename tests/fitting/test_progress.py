@@ -25,3 +25,29 @@ def test_the_atlas_advances_its_bar_per_table(monkeypatch):
     bar = type("Bar", (), {"update": lambda self, k=1: steps.append(k)})()
     atlas.atlas("gelu", None, bar)  # packaged tables: nothing is fitted
     assert len(steps) == atlas.STEPS
+
+
+def test_a_heartbeat_speaks_at_most_once_per_period():
+    from approxbp.fitting.progress import heartbeat
+
+    said = []
+    tick = heartbeat(said.append, "search", every=0.0)
+    tick(lambda: "3 boxes")
+    assert said and said[0].startswith("search: 3 boxes (")
+    quiet = heartbeat(said.append, "search", every=3600.0)
+    quiet("never")
+    assert len(said) == 1 and heartbeat(None, "x")("y") is None
+
+
+def test_a_long_certificate_tells_the_log(monkeypatch):
+    """A branch and bound with progress on says how far it got while it searches (every 0 s here)."""
+    import importlib
+
+    from approxbp.fitting import progress as P
+
+    C = importlib.import_module("approxbp.fitting.certify")  # the package exports a function of that name
+
+    said = []
+    monkeypatch.setattr(C, "heartbeat", lambda say, what, every=10.0: P.heartbeat(say, what, 0.0))
+    C.certify_invact_branch("invact/gelu-fast", "right", budget_s=600, max_boxes=50, say=said.append)
+    assert any("boxes, bound" in s for s in said)
