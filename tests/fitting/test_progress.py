@@ -49,5 +49,7 @@ def test_a_long_certificate_tells_the_log(monkeypatch):
 
     said = []
     monkeypatch.setattr(C, "heartbeat", lambda say, what, every=10.0: P.heartbeat(say, what, 0.0))
-    C.certify_invact_branch("invact/gelu-fast", "right", budget_s=600, max_boxes=50, say=said.append)
+    from approxbp.approximations import tables as T
+
+    C.certify_invact_branch(T.load("invact/gelu-fast"), "right", budget_s=600, max_boxes=50, say=said.append)
     assert any("boxes, bound" in s for s in said)
