@@ -119,7 +119,7 @@ def _parser_reproduce(sub, add) -> None:
                      "consistency across k and activations")
     rep.add_argument("--out", type=Path, default=None, help="with --full: table folder (None: packaged data)")
     rep.add_argument("--memory", action="store_true", help="also every memory row of Approx-BP Tables 1–4, 9, 11 "
-                     "and InvAct App. A.1, each as the `approxbp plan` command that produces it (6 min on a 2-core CPU)")
+                     "and InvAct App. A.1, each as the `approxbp plan` command that produces it (6 min, 2 cores)")
     _add_common(rep)
 
 
