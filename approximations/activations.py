@@ -153,10 +153,17 @@ def _merge_exp_sigmoid(m: sp.Mul) -> sp.Expr:
     return sp.Mul(*rest, sp.exp(a), sigmoid(-s.args[0]) ** j, s ** (n - j))
 
 
-@functools.lru_cache(maxsize=256)
 def _parse(text: str) -> sp.Expr:
     """Parse ``text`` into a sympy expression in x with the restricted grammar (never evaluated), failing with
-    the position or the construct at fault; refuse non-smooth functions and singular expressions."""
+    the position or the construct at fault; refuse non-smooth functions and singular expressions. Cached per
+    function set, so that adding or removing a function (:mod:`.backends`) is seen at once."""
+    from . import backends
+
+    return _parse_with(text, tuple(sorted(backends.FUNCTIONS)))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_with(text: str, functions: tuple[str, ...]) -> sp.Expr:
     expr = parse_expression(text, allowed_functions(), "activation expression")
     rough = sorted({type(a).__name__ for a in sp.preorder_traversal(expr)} & set(rough_functions()))
     if rough and expr not in _piecewise_exprs():
