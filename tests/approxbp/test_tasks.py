@@ -1,4 +1,4 @@
-"""Heads, labels and the new set-up options (issue 33, item 1): every task builds its head and trains on its own loss,
+"""Heads, labels and the set-up options: every task builds its head and trains on its own loss,
 the planner's fake step equals a real one byte for byte, LoRA-FA and bf16 adapters save what a real peft model
 saves, and the bundled configs of the papers' models load."""
 

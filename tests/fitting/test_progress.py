@@ -1,4 +1,4 @@
-"""Long jobs talk (issue 35): in a log (no terminal) a progress line says how far it got and about how long is left,
+"""Long jobs talk: in a log (no terminal) a progress line says how far it got and about how long is left,
 counted in work done, not guessed from the clock alone; the atlas counts its tables."""
 
 from approxbp.fitting import atlas
