@@ -192,7 +192,9 @@ def _readme_commands() -> dict[str, list[str]]:
     return out
 
 
-SLOW = ("reproduce --full", "train-toy", "figures", "atlas")
+#: Not run verbatim (each over minutes, and covered elsewhere): reproduce --full and --memory
+#: (tests/approxbp/test_paper_memory.py runs memory rows and the --memory verdicts), the toy GPT, figures, atlas.
+SLOW = ("reproduce --full", "reproduce --memory", "train-toy", "figures", "atlas")
 
 
 def test_the_docs_show_commands():
