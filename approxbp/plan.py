@@ -299,12 +299,12 @@ def prepare(model: nn.Module, mode: str | Setup, lora_r: int = 8, checkpoint: bo
         checkpoint_blocks(model)
     if setup.train in ("lora", "lora-fa"):
         add_lora(model, setup.lora_targets, lora_r, DTYPES.get(setup.adapters), freeze_a=setup.train == "lora-fa")
-    if setup.weights == "nf4":
+    elif setup.train == "none":
+        model.requires_grad_(False)
+    if setup.weights == "nf4":  # after freezing: the frozen base Linears are the quantised ones
         quantize_base(model)
     if setup.norms == "fp32":
         norms_in_fp32(model)
-    elif setup.train == "none":
-        model.requires_grad_(False)
     return model.train()
 
 

@@ -96,3 +96,16 @@ def test_qlora_counts_the_frozen_base_linears_in_nf4_and_the_rest_as_it_is():
     assert step.parameters == want + rest < bf16.parameters / 2
     with pytest.raises(ValueError, match="do not train"):
         Setup(weights="nf4")
+
+
+def test_nothing_trains_under_train_none_whatever_the_weights_and_norms():
+    """Freezing comes before the NF4 base and the fp32 norms: with --train none every base Linear is NF4 and no
+    parameter trains."""
+    from approxbp.setup import NF4Linear
+
+    for setup in (Setup(weights="nf4", train="none"), Setup(train="none", norms="fp32")):
+        with P.weights_for(setup):
+            model = P.prepare(P.model_spec(LLAMA)()[0], setup)
+        assert not any(p.requires_grad for p in model.parameters())
+        assert any(isinstance(m, NF4Linear) for m in model.modules()) == (setup.weights == "nf4")
+    assert P.stepper(LLAMA, Setup(weights="nf4", train="none"))(2, 16).gradients == 0
