@@ -42,6 +42,16 @@ class Tail:
     def square_integrable(self) -> bool:
         return self.kind == "fast" or (self.kind == "algebraic" and self.power > 0.5)
 
+    @property
+    def beyond_far(self) -> float:
+        """∫ t² beyond :data:`FAR`: 0 for a fast tail, the power law's own t(FAR)²·FAR/(2p − 1) for an algebraic one
+        (∞ for p ≤ ½), ∞ for one that does not vanish."""
+        if self.kind == "fast":
+            return 0.0
+        if self.kind == "algebraic" and self.power > 0.5:
+            return self.values[-1] ** 2 * FAR / (2 * self.power - 1)
+        return math.inf
+
     def describe(self) -> str:
         what = "h" + "′" * self.order + ("" if self.side == "left" else (" − x" if self.order == 0 else " − 1"))
         far = f"{'−' if self.side == 'left' else ''}{FAR:g}"
@@ -76,20 +86,14 @@ def tail(act, order: int, side: str) -> Tail:
     return Tail(side, order, "none", None, values)
 
 
-def mass_beyond(act, order: int, side: str, at: float, kind: Tail | None = None) -> float:
-    """∫ t² over (−∞, −at] (left) or [at, ∞) (right), at ≥ 0: 30-digit quadrature on pieces up to :data:`FAR`
-    plus the algebraic remainder beyond it (see the module docstring)."""
-    kind = kind or tail(act, order, side)
-    t = residual(act, order, side)
-    sign = -1 if side == "left" else 1
+def mass_beyond(act, shape: Tail, at: float) -> float:
+    """∫ t² over (−∞, −at] (left) or [at, ∞) (right) of the residual whose ``shape`` :func:`tail` found, at ≥ 0:
+    30-digit quadrature on pieces up to :data:`FAR`, plus :attr:`Tail.beyond_far`."""
+    t = residual(act, shape.order, shape.side)
+    sign = -1 if shape.side == "left" else 1
     points = [at]
     while points[-1] < FAR:
         points.append(min(FAR, max(2 * points[-1], points[-1] + 1)))
     with mpmath.workdps(30):
         inside = mpmath.quad(lambda v: t(sign * v) ** 2, points) if len(points) > 1 else mpmath.mpf(0)
-    rest = 0.0
-    if kind.kind == "algebraic":
-        rest = math.inf if kind.power <= 0.5 else kind.values[-1] ** 2 * FAR / (2 * kind.power - 1)
-    elif kind.kind == "none":
-        rest = math.inf
-    return float(inside) + rest
+    return float(inside) + shape.beyond_far

@@ -78,15 +78,15 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
         b, how = -2 * math.log(eps / 2), "Approx-BP eq. 51: B = −A = −2 ln(ε/2)"
         return -b, b, _tail_mass(act, objective, -b, b), how
     order = 0 if objective == "primitive" else 1
-    left, right = (_square_integrable(act, order, s, name) for s in ("left", "right"))
+    left, right = _tails(act, order, name)
 
     def side(t: Tail) -> float:
         def mass(L):
-            return mass_beyond(act, order, t.side, L, t)
-        if mass(CAP) > eps / 2:
+            return mass_beyond(act, t, L)
+        if (far := mass(CAP)) > eps / 2:
             raise ValueError(
                 f"activation {name!r}: {t.describe()}, so its tail mass beyond |x| = {CAP:g} is "
-                f"{mass(CAP):.3g}, over ε/2 = {eps / 2:g}: no practical interval holds the tail rule; give one "
+                f"{far:.3g}, over ε/2 = {eps / 2:g}: no practical interval holds the tail rule; give one "
                 "(--interval A B; the mass outside it is then reported, not fitted)")
         lo, hi = 0.5, 1.0
         while mass(hi) > eps / 2:
@@ -97,20 +97,22 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
         return math.ceil(hi * 1000) / 1000
 
     a, b = -side(left), side(right)
-    return a, b, _outside(act, order, a, b, left, right), f"numerical: each tail ≤ ε/2 = {eps / 2:g} (mpmath quad)"
+    return a, b, _outside(act, a, b, left, right), f"numerical: each tail ≤ ε/2 = {eps / 2:g} (mpmath quad)"
 
 
-def _outside(act: Activation, order: int, a: float, b: float, left: Tail, right: Tail) -> float:
+def _outside(act: Activation, a: float, b: float, left: Tail, right: Tail) -> float:
     """The residual's mass outside [a, b] (:func:`~approxbp.approximations.tails.mass_beyond` on each side)."""
-    return mass_beyond(act, order, "left", -a, left) + mass_beyond(act, order, "right", b, right)
+    return mass_beyond(act, left, -a) + mass_beyond(act, right, b)
 
 
-def _square_integrable(act: Activation, order: int, side: str, name: str) -> Tail:
-    t = tail(act, order, side)
-    if not t.square_integrable:
-        raise ValueError(f"activation {name!r}: {t.describe()}, so ∫ of its square beyond any interval is infinite; "
-                         "the ReLU-sum objectives (Approx-BP eqs. 14, 63) need it finite")
-    return t
+def _tails(act: Activation, order: int, name: str) -> tuple[Tail, Tail]:
+    """The residual's (left, right) tails, each square-integrable, else the reason in one line."""
+    tails = tuple(tail(act, order, side) for side in ("left", "right"))
+    for t in tails:
+        if not t.square_integrable:
+            raise ValueError(f"activation {name!r}: {t.describe()}, so ∫ of its square beyond any interval is "
+                             "infinite; the ReLU-sum objectives (Approx-BP eqs. 14, 63) need it finite")
+    return tails
 
 
 def interval_for(act: Activation, objective: str, interval: tuple[float, float] | None = None
@@ -126,9 +128,8 @@ def interval_for(act: Activation, objective: str, interval: tuple[float, float] 
         a, b = (float(v) for v in interval)
         if not (math.isfinite(a) and math.isfinite(b) and a < 0 < b):
             raise ValueError(f"--interval {a:g} {b:g}: expected finite A < 0 < B")
-        order = 0 if objective == "primitive" else 1
-        left, right = (_square_integrable(act, order, s, act.name) for s in ("left", "right"))
-        mass = _outside(act, order, a, b, left, right)
+        left, right = _tails(act, 0 if objective == "primitive" else 1, act.name)
+        mass = _outside(act, a, b, left, right)
         return a, b, mass, f"given: --interval {a:g} {b:g} (mass outside {mass:.3g}, not fitted)"
     eps = 1e-8 if act.name in ("gelu", "silu") else 1e-16
     return _interval(act.expression, act.name, objective, eps)
