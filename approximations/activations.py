@@ -84,19 +84,34 @@ def stable_form(expr: sp.Expr) -> sp.Expr:
     (so the derivative of x·(1 − 2/(e^(2eˣ) + 1)) holds no e^(2eˣ))."""
     u = sp.Wild("u")
     expr = expr.replace(sp.log(1 + sp.exp(u)), lambda u: _softplus(u))
-    expr = expr.replace(lambda e: e.is_Pow and _whole(e.exp) is not None and _whole(e.exp) < 0
-                        and _exp_of_one_plus(e.base) is not None,
-                        lambda e: sigmoid(-_exp_of_one_plus(e.base)) ** -_whole(e.exp))
-    expr = expr.replace(lambda e: e.is_Mul and _exp_sigmoid_pair(e) is not None,
-                        lambda e: _merge_exp_sigmoid(e))  # e^u·σ(−u) = σ(u)
-    expr = expr.replace(lambda e: e.is_Add and _one_minus_two_sigmoid(e) is not None,
-                        lambda e: _one_minus_two_sigmoid(e))  # 1 − 2σ(v) = −tanh(v/2)
+    for rule in (_sigmoid_power, _merge_exp_sigmoid, _one_minus_two_sigmoid):
+        expr = _rewrite(expr, rule)
     return expr.replace(1 + sp.tanh(u), lambda u: 2 * sigmoid(2 * u))
 
 
-def _one_minus_two_sigmoid(e: sp.Add):
+def _rewrite(expr: sp.Expr, rule) -> sp.Expr:
+    """``expr`` with each subexpression e for which ``rule(e)`` is not None replaced by it (bottom-up, each rule
+    applied once per node)."""
+    found: dict = {}
+
+    def query(e) -> bool:
+        new = rule(e)
+        if new is not None:
+            found[e] = new
+        return new is not None
+    return expr.replace(query, lambda e: found[e])
+
+
+def _sigmoid_power(e: sp.Expr):
+    """(1 + eᵘ)⁻ⁿ = σ(−u)ⁿ, or None."""
+    n = _whole(e.exp) if e.is_Pow else None
+    u = _exp_of_one_plus(e.base) if n is not None and n < 0 else None
+    return None if u is None else sigmoid(-u) ** -n
+
+
+def _one_minus_two_sigmoid(e: sp.Expr):
     """The sum with its terms 1 and −2σ(v) replaced by −tanh(v/2) (no cancellation where σ(v) → ½), or None."""
-    one = next((a for a in e.args if a.is_Number and float(a) == 1.0), None)
+    one = next((a for a in e.args if a.is_Number and float(a) == 1.0), None) if e.is_Add else None
     if one is None:
         return None
     for term in e.args:
@@ -140,15 +155,18 @@ def _exp_sigmoid_pair(m: sp.Mul):
         u = -s.args[0]
         for e in exps:
             for term in (e.args[0].args if e.args[0].is_Add else (e.args[0],)):
-                j = sp.simplify(term / u)
+                j = term / u  # j·u / u cancels by itself; nothing else is an integer
                 if j.is_Integer and 1 <= j <= n:
                     return e, f, s, n, int(j), e.args[0] - term
     return None
 
 
-def _merge_exp_sigmoid(m: sp.Mul) -> sp.Expr:
-    """e^(a+ju)·σ(−u)ⁿ = e^a·σ(u)ʲ·σ(−u)ⁿ⁻ʲ."""
-    e, f, s, n, j, a = _exp_sigmoid_pair(m)
+def _merge_exp_sigmoid(m: sp.Expr):
+    """e^(a+ju)·σ(−u)ⁿ = e^a·σ(u)ʲ·σ(−u)ⁿ⁻ʲ, or None."""
+    pair = _exp_sigmoid_pair(m) if m.is_Mul else None
+    if pair is None:
+        return None
+    e, f, s, n, j, a = pair
     rest = [g for g in m.args if g is not e and g is not f]
     return sp.Mul(*rest, sp.exp(a), sigmoid(-s.args[0]) ** j, s ** (n - j))
 
