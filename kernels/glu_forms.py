@@ -165,16 +165,16 @@ def _float64_twin(module: nn.Module, gen: torch.Generator, f: int = 1) -> nn.Mod
 PROOF_NUMEL = 1 << 25
 
 
-def _narrowing(module: nn.Module, features: int) -> int:
-    """1 when the twin fits :data:`PROOF_NUMEL`; else the largest factor f dividing the input's feature size and every
-    weight dimension of at least 64 (so 2·i stays twice i, the split halves of a fused gate/up) that leaves each of
-    them at least 16 wide. Dividing them all by f keeps the algebra the proof checks; a forward that reads sizes it
-    stored itself then fails the proof, and the MLP is left as it is."""
+def _narrowing(module: nn.Module, features: int) -> int | None:
+    """1 when the twin fits :data:`PROOF_NUMEL`; else the largest factor f > 1 dividing the input's feature size and
+    every weight dimension of at least 64 (so 2·i stays twice i, the split halves of a fused gate/up) that leaves
+    each of them at least 16 wide, or None when there is none. Dividing them all by f keeps the algebra the proof
+    checks; a forward that reads sizes it stored itself then fails the proof, and the MLP is left as it is."""
     if sum(p.numel() for p in module.parameters()) <= PROOF_NUMEL:
         return 1
     dims = [features, *(d for p in module.parameters() for d in p.shape if d >= 64)]
     g = math.gcd(*dims)
-    return max((f for f in range(1, g + 1) if g % f == 0 and min(dims) // f >= 16), default=1)
+    return max((f for f in range(2, g + 1) if g % f == 0 and min(dims) // f >= 16), default=None)
 
 
 #: Proofs made in this process, by what they depend on (:func:`_proof_key`): a model's 80 alike MLPs, or the
@@ -204,7 +204,7 @@ def _prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> s
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     f = _narrowing(module, x.shape[-1]) if x.dim() >= 2 else 1
-    if f == 1 and sum(p.numel() for p in module.parameters()) > PROOF_NUMEL:
+    if f is None:
         return "too wide to prove in float64 here, and its widths have no common factor to narrow it by"
     rows = (*(1,) * (x.dim() - 2), min(x.shape[-2], 8), x.shape[-1] // f) if x.dim() >= 2 else tuple(x.shape)
     with unset_fake_temporarily(), torch.no_grad():
