@@ -635,25 +635,12 @@ def _merge_norms(model: nn.Module, report: PatchReport, undo: _Undo, example_inp
                 _rewrite_norm(model, modules, name, *found[name], unproven, shared, foreign, report, undo)
 
 
-def _promotes(modules, name, consumers) -> str | None:
-    """Why not, when the norm's weights are wider than the Linears that read it (QLoRA keeps norms in fp32 over a
-    bf16 model): α⊙z is then promoted to fp32, which the merged form, computing in the Linears' dtype, would not."""
-    own = {p.dtype for p in modules[name].parameters()}
-    weights = {getattr(getattr(modules[c], "base_layer", modules[c]), "weight", None) for c in consumers}
-    theirs = {w.dtype for w in weights if isinstance(w, torch.Tensor)}
-    if own and theirs and not own <= theirs:
-        return (f"its {'/'.join(sorted(str(d).removeprefix('torch.') for d in own))} weights promote what its "
-                f"{'/'.join(sorted(str(d).removeprefix('torch.') for d in theirs))} readers get; merged, they would "
-                "not (left as it is)")
-    return None
-
-
 def _rewrite_norm(model, modules, name, consumers, other, unproven, shared, foreign, report, undo) -> None:
     """One norm: MS-norm merged into its frozen consumers (eq. 58), or kept affine in wrapped trainable ones."""
     free = sorted(other) if consumers and other and all(map(_keeps_nothing, other)) else []
     ops_only = sorted(other) if not consumers and other and not any(map(_mutates, other)) else []
-    why = unproven.get(name) or _promotes(modules, name, consumers) or _why_not_rewritten(
-        modules, name, consumers, set() if free else other, ops_only=bool(ops_only))
+    why = unproven.get(name) or _why_not_rewritten(modules, name, consumers, set() if free else other,
+                                                   ops_only=bool(ops_only))
     if why:
         report.skipped.append(f"{name}: {why}")
         return
@@ -737,6 +724,13 @@ def _why_not_rewritten(modules: dict, name: str, consumers: list[str], other: se
     wrong = [c for c in consumers if consumer_features(modules[c])[0] != dim]
     if wrong:
         return f"consumer(s) {wrong} do not read its {dim} features as their input features"
+    own = {p.dtype for p in norm.parameters()}  # QLoRA keeps norms in fp32 over a bf16 model: α⊙z is then fp32,
+    theirs = {w.dtype for c in consumers  # which a merged form, computing in the Linears' dtype, would not be
+              if isinstance(w := getattr(getattr(modules[c], "base_layer", modules[c]), "weight", None), torch.Tensor)}
+    if own and theirs and not own <= theirs:
+        return (f"its {'/'.join(sorted(str(d).removeprefix('torch.') for d in own))} weights promote what its "
+                f"{'/'.join(sorted(str(d).removeprefix('torch.') for d in theirs))} readers get; merged, they would "
+                "not (left as it is)")
     return None
 
 
