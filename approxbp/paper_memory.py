@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: The targets: an absolute value within this fraction, a reduction within this many points.
 ABSOLUTE, POINTS = 0.15, 3.0
@@ -223,18 +223,25 @@ def reproduce(groups=GROUPS, progress=None) -> list[Row]:
     rows: list[Row] = []
     todo = [(g, use) for g in groups for use, _ in g.rows]
     for g in groups:
-        base = None
         for use, paper in g.rows:
             done = len(rows)
             say(f"[{done + 1}/{len(todo)}{_time_left(rows, todo[done:])}] {g.table}, {g.setup}: {METHODS[use]}")
             t0 = time.perf_counter()
             ours, _ = run_row(g, use)
-            if use == "exact":
-                base = (paper, ours)
-            change = (lambda v, v0: 100.0 * (v - v0) / v0) if base and use != "exact" else None
-            rows.append(Row(g, use, paper, ours, change and change(paper, base[0]), change and change(ours, base[1]),
-                            time.perf_counter() - t0))
-    return rows
+            rows.append(Row(g, use, paper, ours, None, None, time.perf_counter() - t0))
+    return with_changes(rows)
+
+
+def with_changes(rows: list[Row]) -> list[Row]:
+    """``rows`` with each one's change, paper's and ours, against its group's exact row (None for that row and where
+    the group has none), in %."""
+    exact = {r.group: r for r in rows if r.use == "exact"}
+
+    def change(v: float, v0: float) -> float:
+        return 100.0 * (v - v0) / v0
+    return [replace(r, paper_change=change(r.paper, exact[r.group].paper),
+                    our_change=change(r.ours, exact[r.group].ours))
+            if r.use != "exact" and r.group in exact else r for r in rows]
 
 
 def _time_left(rows: list[Row], todo: list[tuple[Group, str]]) -> str:

@@ -29,17 +29,8 @@ def to_json(rows: list[M.Row], seconds: float) -> dict:
 def from_json(data: dict) -> list[M.Row]:
     """Rows rebuilt from the JSON against the current groups (a row whose group changed is dropped)."""
     groups = {(g.table, g.setup): g for g in M.GROUPS}
-    rows, base = [], {}
-    for d in data["rows"]:
-        g = groups.get((d["table"], d["setup"]))
-        if g is None:
-            continue
-        if d["use"] == "exact":
-            base[g] = (d["paper"], d["ours"])
-        b = base.get(g) if d["use"] != "exact" else None
-        rows.append(M.Row(g, d["use"], d["paper"], d["ours"], b and 100 * (d["paper"] - b[0]) / b[0],
-                          b and 100 * (d["ours"] - b[1]) / b[1], d["seconds"]))
-    return rows
+    return M.with_changes([M.Row(groups[d["table"], d["setup"]], d["use"], d["paper"], d["ours"], None, None,
+                                 d["seconds"]) for d in data["rows"] if (d["table"], d["setup"]) in groups])
 
 
 def write_docs(path: Path, rows: list[M.Row], seconds: float) -> None:
