@@ -304,12 +304,12 @@ def exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tuple
     from approxbp.approximations.activations import Activation
     from approxbp.kernels.codegen import render_reference
 
-    folder = Path(tempfile.mkdtemp(prefix="approxbp-reference-"))
-    path = folder / "reference_kernel.py"
-    path.write_text(render_reference(Activation.from_expression(name, expression)), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(f"approxbp_reference_{abs(hash(expression))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory(prefix="approxbp-reference-") as folder:  # Triton keeps the kernels' source
+        path = Path(folder) / "reference_kernel.py"
+        path.write_text(render_reference(Activation.from_expression(name, expression)), encoding="utf-8")
+        spec = importlib.util.spec_from_file_location("approxbp_reference_kernel", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
     grid = (triton.cdiv(ELEMENTS, module.BLOCK),)
     with capture() as launches:

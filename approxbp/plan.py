@@ -331,8 +331,9 @@ def model_spec(text: str, task: str | None = None) -> Callable[[], tuple[nn.Modu
 
     head, _, rest = text.partition(":")
     bundled = CONFIGS / (head.replace("/", "--") + ".json")
-    if Path(head).suffix == ".json" or (bundled.is_file() and "/" in head):
-        fields = json.loads((bundled if "/" in head and bundled.is_file() else Path(head)).read_text())
+    source = bundled if "/" in head and bundled.is_file() else Path(head) if Path(head).suffix == ".json" else None
+    if source is not None:
+        fields = json.loads(source.read_text())
         kind = fields.pop("model_type", None)
         if kind is None:
             raise ValueError(f"{text}: a Hugging Face config needs its model_type")
