@@ -18,6 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+#: fitting.invact.FORMS (the CLI imports no fitting code to build its parser; a test keeps the two equal).
+INVACT_FORMS = ("auto", "paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact")
+
 
 def _int_in(lo: int, hi: int):
     """An argparse type: an integer in [lo, hi], refused in one line otherwise."""
@@ -85,12 +88,12 @@ def _parser_fit(sub, add) -> None:
     inv.add_argument("--activation", required=True, help="registry name or an expression in x")
     inv.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
                      "None: the expression itself")
-    inv.add_argument("--form", default="fast",
-                     choices=("paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact"),
-                     help="fast: ours for kernels (≤ 1e-6, one √ and one log); newton: ours, the accuracy "
-                          "reference; paper/released: published (gelu, silu); refit-*: their forms refitted; "
-                          "sr: symbolic regression; exact: derived in closed form for a piecewise activation "
-                          "flat left of 0 (relu2: q = 2√y)")
+    inv.add_argument("--form", default="auto", choices=INVACT_FORMS,
+                     help="auto: exact where it applies, else fast; fast: ours for kernels (≤ 1e-6, one √ and one "
+                          "log); newton: ours, the accuracy reference; paper/released: published (gelu, silu); "
+                          "refit-*: their forms refitted; sr: symbolic regression; exact: derived in closed form for "
+                          "an increasing activation (one branch, no bit: softplus q = 1 − e^(−y)) or one flat left of "
+                          "0 (relu2: q = 2√y)")
     inv.add_argument("--backend", choices=("pyoperon", "pysr"), default="pyoperon", help="with --form sr")
     inv.add_argument("--sr-generations", type=int, default=150,
                      help="with --form sr: generations per branch (a count, not a time, so the result is reproducible)")
@@ -374,9 +377,10 @@ def _fit_invact(args, argv) -> int:
                        backend=args.backend,
                        sr_generations=args.sr_generations, progress=progress).table
     m = table.metrics
-    print(f"invact · {table.activation} · form={table.form} · T={table.turning_point:.17g} "
-          f"· f(T)={table.f_T:.17g}")
-    for side in ("left", "right"):
+    print(f"invact · {table.activation} · form={table.form} · "
+          + ("monotone: one branch, no bit · inf f = " if table.monotone else
+             f"T={table.turning_point:.17g} · f(T)=") + f"{table.f_T:.17g}")
+    for side in table.branches:
         q = textwrap.shorten(getattr(table, side).expression, 70, placeholder=" …")  # cut at a space, not mid-token
         print(f"  {side:<5} L∞ {m[f'linf_{side}']:.3e}  L2 {m[f'l2_{side}']:.3e}  "
               f"{getattr(table, side).operations} operations  q = {q}")
@@ -599,7 +603,7 @@ def _tables(args, argv) -> int:
             extra = f"k={t.bits} {t.objective:<10} loss={t.loss:.6e}"
         else:
             m = t.metrics
-            extra = f"{t.form:<10} L∞ left {m['linf_left']:.2e} right {m['linf_right']:.2e}"
+            extra = f"{t.form:<10} " + " ".join(f"L∞ {b} {m[f'linf_{b}']:.2e}" for b in t.branches)
         name = T.packaged_name(p)
         shown = f"{name}.json" if name else p
         print(f"{shown!s:<48} {t.source:<5} {extra}")

@@ -68,6 +68,17 @@ REGISTRY: dict[str, str] = {
 PIECEWISE: dict[str, str] = {
     "relu2": "Max(0, x)**2",
 }
+#: Increasing activations with inf f = 0: the inverted-activation family serves them with one exact branch and no
+#: bit (``fitting.invact_exact.monotone_table``: softplus f′(f⁻¹(y)) = 1 − e^(−y)); patching uses that table in
+#: either mode. (Their ReLU-sum fits are the user's: pass the expression.)
+MONOTONE: dict[str, str] = {
+    "softplus": "log(1 + exp(x))",
+}
+
+
+def named_expression(name: str) -> str | None:
+    """The expression of a named activation (:data:`REGISTRY`, :data:`PIECEWISE`, :data:`MONOTONE`), else None."""
+    return REGISTRY.get(name) or PIECEWISE.get(name) or MONOTONE.get(name)
 
 def allowed_functions() -> dict:
     """The activation grammar: :func:`.backends.grammar` ("activation") and the variable x."""
@@ -342,8 +353,8 @@ def get_activation(name_or_expr: str | Activation) -> Activation:
     if not isinstance(name_or_expr, str) or not name_or_expr.strip():
         raise TypeError(f"activation must be a registry name or an expression string in x, got {name_or_expr!r}")
     key = name_or_expr.strip().lower()
-    if key in REGISTRY or key in PIECEWISE:
-        return Activation(key, _parse(REGISTRY.get(key) or PIECEWISE[key]))
+    if named_expression(key):
+        return Activation(key, _parse(named_expression(key)))
     allowed = allowed_functions()
     if name_or_expr.strip().isidentifier() and name_or_expr.strip() not in allowed:
         raise ValueError(
@@ -367,7 +378,7 @@ def named_activation(activation: str, name: str | None = None) -> Activation:
     if not isinstance(name, str) or not (SAFE_NAME.fullmatch(name) and name[0].isalpha()):
         raise ValueError(f"activation name {name!r} must match {SAFE_NAME.pattern} and start with a letter "
                          "(letters, digits, _ . + -; at most 64 characters)")
-    registered = REGISTRY.get(name.lower())
+    registered = named_expression(name.lower())
     if registered is not None and _parse(registered) != act.expr:
         raise ValueError(f"{name!r} is the registry's {registered}, not {act.expression}; choose another name")
     return Activation(name, act.expr)

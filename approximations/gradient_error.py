@@ -23,9 +23,10 @@ def relu_sum_error(knots, levels, df: Callable[[np.ndarray], np.ndarray]) -> flo
 
 
 def invact_error(metrics: dict) -> float:
-    """The larger branch's certified L∞ (else its sampled L∞)."""
+    """The larger branch's certified L∞ (else its sampled L∞); a monotone table has the right branch only."""
     cert = metrics.get("certified") or {}
-    return max(float((cert.get(b) or {}).get("bound", metrics[f"linf_{b}"])) for b in ("left", "right"))
+    return max(float((cert.get(b) or {}).get("bound", metrics[f"linf_{b}"]))
+               for b in ("left", "right") if f"linf_{b}" in metrics)
 
 
 def gradient_error(t) -> float:

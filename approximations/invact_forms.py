@@ -277,21 +277,29 @@ def backward_rule(t) -> sp.Expr:
     dx = dy · q_s(y) (Inverted Activations §2): the one home of the rule, which TableBackward lambdifies for torch
     and kernels/codegen prints into Triton. y is first clamped to ≥ f(T) (rounding may put it below). With a
     ``combined`` form q = q_combined(y, b). Otherwise q = q_left(min(y, left_max)) on the left; on the right
-    q = h′(y) beyond right_max (the tail rule) and q_right(min(y, right_max)) below."""
+    q = h′(y) beyond right_max (the tail rule) and q_right(min(y, right_max)) below. A monotone table has the right
+    branch only, for every y (a derived one without the tail rule: its q holds everywhere)."""
     y, b = sp.symbols("y b")
     yc = sp.Max(y, sp.Float(t.f_T, 17))
     if t.combined is not None:
         return Q_COMBINED(yc, b)
-    left_max, right_max = sp.Float(t.left.domain[1], 17), sp.Float(t.right.domain[1], 17)
-    return select(b, Q_LEFT(sp.Min(yc, left_max)), select(yc - right_max, H_GRAD(yc), Q_RIGHT(sp.Min(yc, right_max))))
+    if t.monotone and t.source == "derived":  # one branch, exact for every y: no tail rule, b never read
+        return Q_RIGHT(yc)
+    right_max = sp.Float(t.right.domain[1], 17)
+    right = select(yc - right_max, H_GRAD(yc), Q_RIGHT(sp.Min(yc, right_max)))
+    if t.monotone:  # one branch: b is never read (no bit is saved)
+        return right
+    return select(b, Q_LEFT(sp.Min(yc, sp.Float(t.left.domain[1], 17))), right)
 
 
 class TableBackward:
     """:func:`backward_rule` for torch tensors: q = rule(y, left) with y in float32 (float64 stays float64)."""
 
     def __init__(self, t):
-        parts = {"q_left": Form.from_table(t.left).torch_fn(), "q_right": Form.from_table(t.right).torch_fn(),
+        parts = {"q_right": Form.from_table(t.right).torch_fn(),
                  "activation_grad": get_activation(t.expression).torch_fn(1)}
+        if t.left is not None:
+            parts["q_left"] = Form.from_table(t.left).torch_fn()
         if t.combined is not None:
             parts["q_combined"] = Form.from_table(t.combined, ("y", "b")).torch_fn([sp.Symbol("b")])
         self._rule = sp.lambdify(sp.symbols("y b"), backward_rule(t), modules=[parts, torch_namespace()])

@@ -128,13 +128,18 @@ def _check_certified(t: dict, where: str) -> None:
     attained and ≥ the sampled L∞; ReLU-sum tables an objective enclosure that holds the recorded loss."""
     c = _need(t["metrics"], "certified", dict, f"{where} metrics")
     if t["family"] == "invact":
-        for side in ("left", "right"):
+        for side in branches_of(t):
             b = _need(c, side, dict, f"{where} metrics.certified")
             for f in ("bound", "attained", "claim", "float32_evaluation"):
                 if not (_number(b.get(f)) and b[f] >= 0) and not (f == "float32_evaluation" and b.get(f) is None):
                     _fail(where, f"metrics.certified.{side}.{f}", "must be a finite number ≥ 0"
                           + (" (or null: no finite bound)" if f == "float32_evaluation" else ""))
             sampled = t["metrics"][f"linf_{side}"]
+            if b.get("identity", False) is not False:  # proven exact (a derived table): the sample is rounding
+                if b["identity"] is not True or b["bound"] != 0 or t["source"] != "derived":
+                    _fail(where, f"metrics.certified.{side}.identity", "must be true, with bound 0, on a derived "
+                          "table only")
+                continue
             if b["bound"] < max(b["attained"], sampled * (1 - 1e-9)):
                 _fail(where, f"metrics.certified.{side}.bound", f"{b['bound']!r} is below the error attained "
                       f"({b['attained']!r}) or sampled ({sampled!r}): not a bound")
@@ -149,14 +154,14 @@ def _check_certified(t: dict, where: str) -> None:
 
 def _check_expression(t: dict, where: str) -> None:
     """The expression parses (restricted grammar, never evaluated) and is the function the name says."""
-    from .activations import PIECEWISE, REGISTRY, get_activation
+    from .activations import get_activation, named_expression
 
     try:
         expr = get_activation(t["expression"]).expr
     except ValueError as err:
         _fail(where, "expression", str(err))
     name = t["activation"]
-    named = REGISTRY.get(name) or PIECEWISE.get(name)
+    named = named_expression(name)
     if named is None and name != t["expression"]:
         try:
             named = get_activation(name).expression
@@ -173,18 +178,25 @@ def _validate_invact(t: dict, where: str) -> None:
     form = _need(t, "form", str, where)
     if not SAFE_NAME.fullmatch(form):
         _fail(where, "form", f"must match {SAFE_NAME.pattern}, got {form!r}")
-    for f in ("turning_point", "f_T"):
+    monotone = t.get("monotone", False)
+    if not isinstance(monotone, bool):
+        _fail(where, "monotone", f"must be true or false, got {monotone!r}")
+    for f in ("f_T",) if monotone else ("turning_point", "f_T"):
         v = _need(t, f, (int, float), where)
         if not math.isfinite(v):
             _fail(where, f, "must be finite")
     act = get_activation(t["expression"])
-    T_, f_T = t["turning_point"], t["f_T"]
-    slope, value = float(act.df(T_)), float(act.f(T_))
-    if abs(slope) > 1e-9:
-        _fail(where, "turning_point", f"h′({T_!r}) = {slope:.3g}, not 0: not the minimiser of {t['expression']}")
-    if abs(value - f_T) > 1e-12 * max(1.0, abs(f_T)):
-        _fail(where, "f_T", f"records {f_T!r} but h(T) = {value!r}")
-    for side in ("left", "right"):
+    if monotone:
+        _check_monotone(t, act, where)
+    else:
+        T_, f_T = t["turning_point"], t["f_T"]
+        slope, value = float(act.df(T_)), float(act.f(T_))
+        if abs(slope) > 1e-9:
+            _fail(where, "turning_point", f"h′({T_!r}) = {slope:.3g}, not 0: not the minimiser of {t['expression']}")
+        if abs(value - f_T) > 1e-12 * max(1.0, abs(f_T)):
+            _fail(where, "f_T", f"records {f_T!r} but h(T) = {value!r}")
+    f_T = t["f_T"]
+    for side in branches_of(t):
         b = _need(t, side, dict, where)
         _need(b, "expression", str, f"{where} {side}")
         coeffs = _need(b, "coefficients", dict, f"{where} {side}")
@@ -216,10 +228,37 @@ def _validate_invact(t: dict, where: str) -> None:
         except ValueError as err:
             _fail(where, "combined.expression", str(err))
         _check_combined(t, where)
-    for m in ("linf_left", "l2_left", "linf_right", "l2_right"):
+    for m in (f"{k}_{side}" for side in branches_of(t) for k in ("linf", "l2")):
         v = _need(t["metrics"], m, (int, float), f"{where} metrics")
         if not (math.isfinite(v) and v >= 0):
             _fail(where, f"metrics.{m}", f"must be finite and ≥ 0, got {v}")
+
+
+def branches_of(t) -> tuple[str, ...]:
+    """The branches an invact table (JSON or typed) holds: ("right",) for a monotone activation (one branch, no
+    bit), else ("left", "right")."""
+    return ("right",) if (t.get("monotone", False) if isinstance(t, dict) else t.monotone) else ("left", "right")
+
+
+#: Where a monotone table's activation is checked: increasing on [−MONOTONE_SPAN, MONOTONE_SPAN], and f_T its
+#: infimum (f(−1e8) within 1e-6 of f_T: exponential or algebraic left tails both pass).
+MONOTONE_SPAN = 60.0
+
+
+def _check_monotone(t: dict, act, where: str) -> None:
+    """A monotone table (one branch, y = f(x) ↦ f′(f⁻¹(y)) with no branch bit): f increases, f_T = inf f, and no
+    turning point, left branch or combined form is given."""
+    for f in ("turning_point", "left", "combined"):
+        if f in t:
+            _fail(where, f, "a monotone table has one branch: no turning point, left branch or combined form")
+    grid = np.linspace(-MONOTONE_SPAN, MONOTONE_SPAN, 4001)
+    with np.errstate(all="ignore"):
+        slope, low = act.df(grid), float(act.f(-1e8))
+    if not np.all(slope > 0):
+        bad = grid[np.argmin(np.where(np.isfinite(slope), slope, -np.inf))]
+        _fail(where, "monotone", f"h′({bad:.4g}) = {float(act.df(bad)):.3g}: {t['expression']} is not increasing")
+    if not (math.isfinite(low) and abs(low - t["f_T"]) <= 1e-6 * max(1.0, abs(t["f_T"]))):
+        _fail(where, "f_T", f"records {t['f_T']!r} but h(−1e8) = {low!r}: f_T must be lim_(x→−∞) h")
 
 
 def _check_combined(t: dict, where: str) -> None:
@@ -522,19 +561,26 @@ class ReluSumTable(_Table):
 @dataclass(frozen=True, eq=False)
 class InvActTable(_Table):
     """An inverted-activation table: T, f(T), the two branch forms q_left/q_right and, optionally, the combined
-    form q(y, b) (Inverted Activations §2)."""
+    form q(y, b) (Inverted Activations §2). A ``monotone`` table (softplus, squareplus) has one branch, q_right on
+    the whole range [f_T = inf f, …), no turning point and no branch bit."""
 
     family: ClassVar[str] = "invact"
     folder: ClassVar[str] = "invact"
     form: str
-    turning_point: float
+    turning_point: float | None
     f_T: float
-    left: Branch
+    left: Branch | None
     right: Branch
     combined: Branch | None
+    monotone: bool
     @property
     def name(self) -> str:
         return f"{self.activation}-{self.form}"
+
+    @property
+    def branches(self) -> tuple[str, ...]:
+        """:func:`branches_of` this table."""
+        return branches_of(self)
 
 
 Table = ReluSumTable | InvActTable
@@ -551,6 +597,8 @@ def from_json(d: dict, where: str = "<table>") -> Table:
         v = d.get(f.name)
         if f.name in ("left", "right", "combined"):
             v = None if v is None else Branch.from_json(v)
+        elif f.name == "monotone":
+            v = bool(v)
         elif isinstance(v, list):
             v = tuple(v)
         values[f.name] = v

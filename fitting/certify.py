@@ -152,7 +152,7 @@ class InvactRule:
                  log_error: tuple[float, float] = (0.0, 0.0)):
         act = get_activation(t.expression)
         const = float32 if rounded else number
-        forms = {"q_left": (Form.from_table(t.left), ()), "q_right": (Form.from_table(t.right), ())}
+        forms = {f"q_{b}": (Form.from_table(getattr(t, b)), ()) for b in t.branches}
         if t.combined is not None:
             forms["q_combined"] = (Form.from_table(t.combined, ("y", "b")), (sp.Symbol("b"),))
         calls = {name: self._form_call(form, extra) for name, (form, extra) in forms.items()}
@@ -270,8 +270,9 @@ class NewtonSteps:
 
 
 def _x_pieces(t: InvActTable, branch: str) -> list[tuple[float, float]]:
-    """The branch's x-range [−2^64, T] or [T, 2^64], pre-split at ±1 and ±16 (geometric splits take over)."""
-    T = t.turning_point
+    """The branch's x-range [−2^64, T] or [T, 2^64] (a monotone table's one branch: [−2^64, 2^64]), pre-split at
+    ±1 and ±16 (geometric splits take over)."""
+    T = -X_LIMIT if t.monotone else t.turning_point
     cuts = [c for c in (-16.0, -1.0, 0.0, 1.0, 16.0) if (c < T if branch == "left" else c > T)]
     ends = [-X_LIMIT, *cuts, T] if branch == "left" else [T, *cuts, X_LIMIT]
     return list(zip(ends[:-1], ends[1:]))
@@ -348,11 +349,19 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
     say = progress or (lambda msg: None)
     lines, ok = [], True
     if t.family == "invact":
-        entry = {}
-        for branch in ("left", "right"):
+        entry, newton = {}, False
+        for branch in t.branches:
             say(f"{t.name} {branch}")
             iv.setup()
             rule = InvactRule(t, branch, rounded=rounded)
+            if identity_proof(t, branch):  # exact: the real-number error is 0, only float32 evaluation remains
+                f32 = float32_error(t, branch, budget_s=min(60.0, budget_s)).bound
+                entry[branch] = {"bound": 0.0, "attained": 0.0, "at_x": 0.0, "claim": claim_of(t, branch),
+                                 "identity": True,
+                                 "float32_evaluation": _round(f32, True) if math.isfinite(f32) else None}
+                lines.append(f"{t.name:<22} {branch:<5} exact: sympy proves q(f(x)) − f′(x) ≡ 0; float32 evaluation "
+                             + (f"≤ {f32:.2e}" if math.isfinite(f32) else "not bounded"))
+                continue
             cert = certify_invact_branch(t, branch, budget_s, rtol, rounded=rounded, rule=rule,
                                          max_boxes=MAX_BOXES if max_boxes is None else max_boxes, say=progress)
             # a running error analysis treats each rounding as independent: it cannot see Newton's self-correction
@@ -369,10 +378,14 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
                          f"{verdict}; float32 evaluation "
                          f"{'not bounded (Newton steps)' if newton else f'≤ {f32:.2e}'}; "
                          f"{cert.boxes} boxes, {cert.seconds:.1f} s{'' if cert.converged else ' (budget reached)'}")
-        entry["method"] = ("Arb ball arithmetic (python-flint): adaptive subdivision of x over [-2^64, T] and "
-                           "[T, 2^64] with the mean-value form" + ("; Newton steps by error propagation" if newton
-                                                                   else "; float32 evaluation: running error bound"))
-        if not all(math.isfinite(entry[b]["bound"]) for b in ("left", "right")):
+        pieces = "[-2^64, 2^64] (one branch)" if t.monotone else "[-2^64, T] and [T, 2^64]"
+        if all(entry[b].get("identity") for b in t.branches):
+            entry["method"] = "sympy: q(f(x)) − f′(x) ≡ 0 on every branch; float32 evaluation: running error bound"
+        else:
+            entry["method"] = (f"Arb ball arithmetic (python-flint): adaptive subdivision of x over {pieces} with "
+                               "the mean-value form" + ("; Newton steps by error propagation" if newton
+                                                        else "; float32 evaluation: running error bound"))
+        if not all(math.isfinite(entry[b]["bound"]) for b in t.branches):
             lines.append(f"{t.name:<22} no finite bound within the budget: nothing to store")
             return None, lines, False
         return entry, lines, ok
@@ -395,11 +408,34 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
     return entry, lines, ok
 
 
+def identity_proof(t, branch: str) -> bool:
+    """Whether sympy proves q(f(x)) − f′(x) ≡ 0 on a derived (closed-form) table's branch (x < T left, x > T right,
+    every x for a monotone table): ``simplify``, else each √A made a symbol s with s² = A and the numerator reduced
+    modulo those relations (squareplus: q = y²/(y² + 1) at y = (x + s)/2, s² = x² + 4). False: not proven."""
+    if t.source != "derived":
+        return False
+    act = get_activation(t.expression)
+    xs = sp.Symbol("x", real=True) if t.monotone else sp.Symbol("x", negative=branch == "left",
+                                                                 positive=branch == "right")
+    shift = 0 if t.monotone else t.turning_point
+    f = act.expr.subs(X_SYMBOL, xs + shift)
+    e = Form.from_table(getattr(t, branch)).full().subs(FORM_Y, f) - sp.diff(f, xs)
+    if sp.simplify(e) == 0:
+        return True
+    roots = {p.base: sp.Symbol(f"s{i}", positive=True)
+             for i, p in enumerate(e.atoms(sp.Pow)) if abs(p.exp) == sp.S.Half}
+    num = sp.expand(sp.numer(sp.together(e.xreplace({sp.sqrt(a): s for a, s in roots.items()}
+                                                    | {1 / sp.sqrt(a): 1 / s for a, s in roots.items()}))))
+    for a, s in roots.items():
+        num = sp.expand(sp.rem(num, s**2 - a, s))
+    return num == 0
+
+
 def certifiable(t) -> bool:
     """The packaged tables ``approxbp certify`` runs on by default: the InvAct ``fast`` forms (the kernels'
-    default) and ``newton`` forms (the accuracy reference; their steps certified by :class:`NewtonSteps`), and the
-    fitted ReLU-sum tables of gelu and silu with k ≤ 2."""
+    default), the monotone exact ones and ``newton`` forms (the accuracy reference; their steps certified by
+    :class:`NewtonSteps`), and the fitted ReLU-sum tables of gelu and silu with k ≤ 2."""
     t = as_table(t)
     if t.family == "invact":
-        return t.form in ("fast", "newton")
+        return t.form in ("fast", "newton") or t.monotone
     return t.bits <= 2 and t.source == "fit" and t.activation in ("gelu", "silu")

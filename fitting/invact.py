@@ -7,6 +7,9 @@
   fast     ours for kernels (fitting.invact_fast, the default): one rational in the signed root ±√(y − f(T))
            for both branches plus a y·poly(log(−y)) left tail; L∞ ≤ 1e-6, one √ and one log per element
   sr       symbolic regression (fitting.symbolic), constants refitted in float64
+  exact    derived in closed form (fitting.invact_exact): ReLU², and increasing activations (softplus,
+           squareplus), which have one branch and need no bit
+  auto     exact where it applies, else fast (the default)
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from scipy.optimize import least_squares
 from .relu_sum import package_version
 from .result import FitResult
 
-FORMS = ("paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact")
+FORMS = ("auto", "paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact")
 
 
 def refit(ia: InvertedActivation, form: Form, branch: str, norm: str = "l2", iterations: int = 30) -> Form:
@@ -134,15 +137,15 @@ def check_right_tail(ia: InvertedActivation) -> float:
 NEWTON_DEFAULTS = {"left": (3, 2), "right": (4, 1)}  # (rational degree, Newton steps), chosen by measurement
 
 
-def fit_invact(activation: str = "gelu", form: str = "fast", seed: int = 0,
+def fit_invact(activation: str = "gelu", form: str = "auto", seed: int = 0,
                backend: str = "pyoperon", sr_generations: int = 150, progress: bool = True) -> FitResult:
     """Build a table for one activation and form (see the module docstring); the :class:`~.result.FitResult`
     holds it as ``table``, its worse branch L∞ as ``fun``."""
     table = _invact_table(activation, form, seed, backend, sr_generations, progress)
-    worst = max(table.metrics["linf_left"], table.metrics["linf_right"])
+    worst = max(table.metrics[f"linf_{b}"] for b in table.branches)
     return FitResult(table=table, fun=worst, success=True, seconds=table.provenance.get("seconds"),
-                     message=f"{table.name}: L∞ {table.metrics['linf_left']:.3g} (left), "
-                             f"{table.metrics['linf_right']:.3g} (right)")
+                     message=f"{table.name}: L∞ " + ", ".join(f"{table.metrics[f'linf_{b}']:.3g} ({b})"
+                                                              for b in table.branches))
 
 
 def _invact_table(activation, form, seed, backend, sr_generations, progress) -> T.InvActTable:
@@ -150,10 +153,12 @@ def _invact_table(activation, form, seed, backend, sr_generations, progress) -> 
     act = get_activation(activation)
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-    if form == "exact":  # piecewise activations (ReLU²): derived in closed form, no fit
-        from .invact_exact import exact_table
+    if form in ("auto", "exact"):  # auto: exact where it applies (monotone, ReLU²), else fast
+        from .invact_exact import exact_table, takes_exact
 
-        return exact_table(act)
+        if form == "exact" or takes_exact(act):
+            return exact_table(act)
+        form = "fast"
     ia = InvertedActivation(act)
     check_right_tail(ia)
     extra, combined = None, None  # combined: the fast form's one q(y, b) for both branches

@@ -3,8 +3,10 @@ activation that is flat left of T = 0 and strictly increasing right of it, f′(
 
     q(y) = 0 on the left branch (f′ = 0 there),   q(y) = f_r′(f_r⁻¹(y)) on the right (sympy ``solve``),
 
-e.g. ReLU²: f = max(0, x)², q = 2√y. No fit and no approximation: the backward is exact to rounding. The table's
-metrics are measured, not assumed: q against f′(f⁻¹(y)) with f⁻¹ found by mpmath's root finder at 30 digits.
+e.g. ReLU²: f = max(0, x)², q = 2√y. An activation increasing everywhere with inf f = 0 (softplus, squareplus) has
+one branch: q(y) = f′(f⁻¹(y)) from y alone, no bit at all (a ``monotone`` table). No fit and no approximation: the
+backward is exact to rounding. The table's metrics are measured, not assumed: q against f′(f⁻¹(y)) with f⁻¹ found
+by mpmath's root finder at 60 digits.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import numpy as np
 import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
-from approxbp.approximations.activations import x
+from approxbp.approximations.activations import named_expression, x
 from approxbp.approximations.invact_forms import Form
 from approxbp.approximations.tables import SCHEMA
+from approxbp.approximations.tails import tail
 
 from .relu_sum import package_version
 
@@ -47,32 +50,76 @@ def derive_exact(activation: str) -> tuple[sp.Expr, sp.Expr]:
     return right.subs(pos, x), q.subs(y, sp.Symbol("y"))
 
 
-def _measured(activation: str, q: sp.Expr) -> dict:
-    """L∞ and L2 of q against f′(f⁻¹(y)) (f⁻¹ by mpmath at 30 digits) on the right; f′ on the left (q = 0)."""
+def is_monotone(act) -> bool:
+    """h′ > 0 wherever the tables check it (:data:`~approxbp.approximations.tables.MONOTONE_SPAN`)."""
+    grid = np.linspace(-T.MONOTONE_SPAN, T.MONOTONE_SPAN, 4001)
+    with np.errstate(all="ignore"):
+        return bool(np.all(act.df(grid) > 0))
+
+
+def takes_exact(act) -> bool:
+    """Whether ``act`` is served by an exact table (``form="auto"`` picks it): increasing everywhere (one branch, no
+    bit), or flat left of 0 and increasing right of it (ReLU²)."""
+    act = get_activation(act)
+    with np.errstate(all="ignore"):
+        flat = bool(np.all(act.df(np.linspace(-10.0, -1e-3, 101)) == 0))
+    return is_monotone(act) or flat
+
+
+def derive_monotone(activation) -> sp.Expr:
+    """q(y) = f′(f⁻¹(y)) for an increasing activation with inf f = 0 (softplus: 1 − e^(−y); squareplus
+    (x + √(x² + 4))/2: y²/(y² + 1)), by sympy ``solve``; a ValueError with the reason when there is no such closed
+    form. One branch: the saved output alone gives the gradient, no bit (Inverted Activations §2)."""
+    act = get_activation(activation)
+    if not is_monotone(act):
+        raise ValueError(f"{act.name}: not increasing on [−{T.MONOTONE_SPAN:g}, {T.MONOTONE_SPAN:g}]")
+    if not tail(act, 0, "left").vanishes:
+        raise ValueError(f"{act.name}: a monotone table needs h → 0 as x → −∞ ({tail(act, 0, 'left').describe()})")
+    xr, y = sp.Symbol("x", real=True), sp.Symbol("y", positive=True)
+    f = act.expr.subs(x, xr)
+    probe = float(act.f(0.5))
+    roots = [r for r in sp.solve(sp.Eq(f, y), xr)
+             if abs(complex(sp.N(f.subs(xr, r.subs(y, probe)))) - probe) < 1e-9 * (1 + probe)]
+    if len(roots) != 1:
+        raise ValueError(f"{act.name}: sympy finds {len(roots)} real inverses of y = {act.expression} in closed "
+                         "form, not one; a fitted monotone form is not implemented")
+    q = sp.diff(f, xr).subs(xr, roots[0])
+    q = sp.simplify(q.replace(lambda e: e.is_Pow and abs(e.exp) == sp.S.Half,  # √((y²+1)²/y²) = (y²+1)/y
+                              lambda e: sp.factor(sp.together(e.base)) ** e.exp))
+    return q.subs(y, sp.Symbol("y"))
+
+
+def _measured(activation, q: sp.Expr, left: bool = True) -> dict:
+    """L∞ and L2 of q against f′(f⁻¹(y)) (f⁻¹ by mpmath at 60 digits, bracketed) for y from 1e-12 to RIGHT_SPAN;
+    with ``left``, f′ on the left of 0 (q = 0 there)."""
     act = get_activation(activation)
     q_of = sp.lambdify(sp.Symbol("y"), q, "numpy")
-    def mp_f(t):
-        return act.mp(t, 0, None)
 
-    def mp_df(t):
-        return act.mp(t, 1, None)
+    def f_minus(yv):
+        return lambda t: act.mp(t, 0, None) - yv
+
     errors = []
-    with mpmath.workdps(30):
+    with mpmath.workdps(60):
         for yv in np.logspace(-12, np.log10(RIGHT_SPAN), CHECK_POINTS):
-            root = mpmath.findroot(lambda t, yv=yv: mp_f(t) - yv, (mpmath.mpf(0), mpmath.mpf(2 * max(yv, 1))),
-                                   solver="illinois", verify=False)
-            errors.append(abs(float(q_of(yv)) - float(mp_df(root))))
-        left = [abs(float(mp_df(mpmath.mpf(v)))) for v in np.linspace(-10, -1e-12, CHECK_POINTS)]
+            lo, hi = mpmath.mpf(0 if left else -1), mpmath.mpf(2 * max(yv, 1))
+            while f_minus(yv)(lo) > 0:  # a monotone activation's inverse of a small y lies far left (−1e12)
+                lo *= 2
+            root = mpmath.findroot(f_minus(yv), (lo, hi), solver="illinois", maxsteps=500)
+            errors.append(abs(float(q_of(yv)) - float(act.mp(root, 1, None))))
+        flat = [abs(float(act.mp(mpmath.mpf(v), 1, None))) for v in np.linspace(-10, -1e-12, CHECK_POINTS)]
     right = np.array(errors)
-    return {"linf_left": max(left), "l2_left": float(np.sqrt(np.mean(np.square(left)))),
-            "linf_right": float(right.max()), "l2_right": float(np.sqrt(np.mean(right**2)))}
+    out = {"linf_right": float(right.max()), "l2_right": float(np.sqrt(np.mean(right**2)))}
+    return {"linf_left": max(flat), "l2_left": float(np.sqrt(np.mean(np.square(flat)))), **out} if left else out
 
 
 def exact_table(activation: str) -> T.InvActTable:
     """The exact invact table of ``activation`` (form ``exact``, source ``derived``): q = 0 on the left branch, the
-    derived q(y) on the right, and the combined q(y, b) the kernels evaluate."""
+    derived q(y) on the right, and the combined q(y, b) the kernels evaluate; for an increasing activation one
+    branch and no bit (:func:`monotone_table`)."""
     t0 = time.perf_counter()
     act = get_activation(activation)
+    if is_monotone(act):
+        return monotone_table(act, t0)
     right_f, q = derive_exact(activation)
     zero, f_T = Form.parse("0*y"), float(act.f(0.0))
     right = Form.parse(str(q))
@@ -86,5 +133,26 @@ def exact_table(activation: str) -> T.InvActTable:
         "combined": combined.to_json(), "metrics": _measured(activation, q),
         "provenance": {"method": "closed form (sympy solve), checked against mpmath at 30 digits", "seed": None,
                        "command": f"approxbp fit invact --activation {act.name} --form exact",
+                       "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3)},
+    })
+
+
+def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
+    """The one-branch exact table of an increasing activation: q(y) = f′(f⁻¹(y)) (:func:`derive_monotone`) on
+    [0, RIGHT_SPAN], h′(y) beyond it like every invact table; no turning point and no branch bit."""
+    t0 = time.perf_counter() if t0 is None else t0
+    act = get_activation(activation)
+    q = derive_monotone(activation)
+    metrics = _measured(act, q, left=False)
+    given = act.name if named_expression(act.name) else act.expression
+    return T.from_json({
+        "schema": SCHEMA, "family": "invact", "activation": act.name, "expression": act.expression,
+        "created": _dt.date.today().isoformat(), "source": "derived", "form": "exact", "monotone": True, "f_T": 0.0,
+        "variable": "y",
+        "reference": f"derived: f increasing with inf f = 0, f′(f⁻¹(y)) = {q} (Inverted Activations §2: one "
+                     "branch, no bit)",
+        "right": Form.parse(str(q)).to_json((0.0, RIGHT_SPAN)), "metrics": metrics,
+        "provenance": {"method": "closed form (sympy solve), checked against mpmath at 30 digits", "seed": None,
+                       "command": f"approxbp fit invact --activation '{given}' --form exact",
                        "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3)},
     })

@@ -592,8 +592,8 @@ def render_relu_sum(table_path: Path, t: dict | None = None) -> str:
     ) + _twins(_activation_twin(act, 0, "activation_twin"))
 
 
-INVACT_TEMPLATE = HEADER_TEMPLATE + '''\
-TURNING_POINT = {T!r}
+INVACT_HEAD = HEADER_TEMPLATE + '''\
+{monotone}TURNING_POINT = {T!r}
 F_T = {f_T!r}
 LEFT_MAX = {left_max!r}
 RIGHT_MAX = {right_max!r}
@@ -603,18 +603,40 @@ RIGHT_MAX = {right_max!r}
 def activation_grad(x):
     # h′, used beyond the fitted right domain (y > RIGHT_MAX), where f⁻¹(y) = y to within h's tail
     return {grad_source}
-
-
-@triton.jit
-def q_left(y):
 {left}
-
 
 @triton.jit
 def q_right(y):
 {right}
 {combined}
+'''
+#: A monotone table's kernels: y = f(x) and nothing else saved; backward reads y alone (one branch, no bit).
+MONOTONE_KERNELS = '''
+@triton.jit
+def forward_kernel(x_ptr, y_ptr, n_elem, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n_elem
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+    if x.dtype != tl.float64:
+        x = x.to(tl.float32)
+    y = activation(x, x_ptr.dtype.element_ty.primitive_bitwidth <= 16)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
 
+
+@triton.jit
+def backward_kernel(grad_ptr, y_ptr, out_ptr, n_elem, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n_elem
+    y = tl.load(y_ptr + offs, mask=inside, other=0.0)
+    if y.dtype != tl.float64:
+        y = y.to(tl.float32)
+    q = {rule}  # approximations.invact_forms.backward_rule
+    g = tl.load(grad_ptr + offs, mask=inside, other=0.0)
+    if g.dtype != tl.float64:
+        g = g.to(tl.float32)
+    tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
+'''
+INVACT_KERNELS = '''
 @triton.jit
 def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
     byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -668,25 +690,30 @@ def render_invact(table_path: Path, t: dict | None = None) -> str:
     if t.family != "invact":
         raise ValueError(f"{table_path}: expected an invact table, got family {t.family!r}")
     act = get_activation(t.expression)
-    doc = (f"{t.activation} inverted activation ({t.form} form): forward is the exact activation plus one "
-           "packed branch bit s = [x < T] per element (8 per byte); backward is grad × q_s(y) from the saved output "
-           f"y.\nTable: {_relative(table_path)} (definition sha256 {T.definition_sha256(t)}).")
+    saved = ("nothing but y (increasing: one branch, no bit); backward is grad × q(y)" if t.monotone else
+             "one packed branch bit s = [x < T] per element (8 per byte); backward is grad × q_s(y)")
+    doc = (f"{t.activation} inverted activation ({t.form} form): forward is the exact activation plus {saved} from "
+           f"the saved output y.\nTable: {_relative(table_path)} (definition sha256 {T.definition_sha256(t)}).")
     code = {"source": triton_source(act.expr, lowp=True), "grad_source": triton_source(act.derivative_expr(1)),
-            "left": _jit_body(t.left), "right": _jit_body(t.right),
+            "left": "" if t.monotone else f"\n\n@triton.jit\ndef q_left(y):\n{_jit_body(t.left)}\n",
+            "right": _jit_body(t.right),
             "combined": (f"\n\n@triton.jit\ndef q_combined(y, b):\n{_jit_body(t.combined, ('y', 'b'))}\n"
                          if t.combined is not None else ""),
             "rule": TritonPrinter().doprint(backward_rule(t))}
-    return INVACT_TEMPLATE.format(
-        docstring=repr(doc), **_identity(table_path, t), T=t.turning_point, f_T=t.f_T, left_max=t.left.domain[1],
-        left_body="\n".join(_by_storage_dtype("x_ptr.dtype.element_ty", lambda dt: [
-            f"        left = x < {(_round_up(t.turning_point, dt) if dt else t.turning_point)!r}"], "    ")),
-        right_max=t.right.domain[1], helpers=_import_helpers(*code.values()), **code) + _invact_twins(t, act)
+    left_body = "" if t.monotone else "\n".join(_by_storage_dtype("x_ptr.dtype.element_ty", lambda dt: [
+        f"        left = x < {(_round_up(t.turning_point, dt) if dt else t.turning_point)!r}"], "    "))
+    template = INVACT_HEAD + (MONOTONE_KERNELS if t.monotone else INVACT_KERNELS)
+    return template.format(
+        docstring=repr(doc), **_identity(table_path, t), monotone="MONOTONE = True\n" if t.monotone else "",
+        T=t.turning_point, f_T=t.f_T,
+        left_max=None if t.monotone else t.left.domain[1], left_body=left_body, right_max=t.right.domain[1],
+        helpers=_import_helpers(*code.values()), **code) + _invact_twins(t, act)
 
 
 def _invact_twins(t, act) -> str:
     """h, h′, the branch forms and the backward rule (approximations.invact_forms.backward_rule) for torch."""
     defs = [_activation_twin(act, 0, "activation_twin"), _activation_twin(act, 1, "activation_grad_twin"),
-            _form_twin(t.left, "q_left_twin"), _form_twin(t.right, "q_right_twin")]
+            *([] if t.monotone else [_form_twin(t.left, "q_left_twin")]), _form_twin(t.right, "q_right_twin")]
     if t.combined is not None:
         defs.append(_form_twin(t.combined, "q_combined_twin", ("y", "b")))
     rule = backward_rule(t)

@@ -1,6 +1,7 @@
 """Inverted activations for training (Inverted Activations §2, Listing 2): y = f(x) exactly; saved for
 backward are y itself (the tensor the next layer saves anyway) and a 1-bit branch flag s = [x < T],
-packed 8 per byte little-end-first; backward returns dy · q_s(y) from an invact table.
+packed 8 per byte little-end-first; backward returns dy · q_s(y) from an invact table. A monotone table
+(softplus, squareplus: one branch) saves y alone.
 
 CUDA tensors (or ``use_triton=True``, e.g. on the CPU under ``TRITON_INTERPRET=1``) run the module that
 ``approxbp export`` generated from the table; other tensors run the pure-PyTorch twin below.
@@ -12,7 +13,6 @@ serves (``fit_invact`` refuses an activation where that tail rule errs by more t
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -20,7 +20,7 @@ import triton
 
 from . import ops
 from .guards import check_input, check_triton_device
-from .launch import BIT_BLOCK_BYTES, num_warps
+from .launch import BIT_BLOCK_BYTES, ELEMENT_BLOCK, num_warps
 from .modules import GeneratedSpec
 from .packing import byte_codes, pack, unpack_into
 
@@ -34,11 +34,18 @@ class InvActSpec(GeneratedSpec):
     def __init__(self, table: str | Path | dict, kernels_dir: str | Path | None = None):
         super().__init__(table, kernels_dir)
         self.T, self.f_T = self.module.TURNING_POINT, self.module.F_T
+        #: an increasing activation: one branch, so no bit is saved (the "bits" tensor is empty)
+        self.monotone = getattr(self.module, "MONOTONE", False)
         self._f = self.module.activation_twin
+
+    def bit_bytes(self, n: int) -> int:
+        """Bytes of branch bits saved for ``n`` elements: one bit each, none for a monotone table."""
+        return 0 if self.monotone else (n + 7) // 8
 
     def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xc = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 math; fp64 stays fp64
-        return self._f(xc).to(x.dtype), pack(xc < self.T, 1)
+        bits = x.new_empty((0,), dtype=torch.uint8) if self.monotone else pack(xc < self.T, 1)
+        return self._f(xc).to(x.dtype), bits
 
     def forward_only_torch(self, x: torch.Tensor) -> torch.Tensor:
         """y = f(x) without branch bits (no gradient wanted): the twin's y, bit for bit."""
@@ -51,7 +58,8 @@ class InvActSpec(GeneratedSpec):
         return self.module.backward_rule_twin(y, left.to(y.dtype))
 
     def backward_torch(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        left = unpack_into(packed, byte_codes(1, y.device, torch.bool), y.numel()).view(y.shape)
+        left = (torch.zeros((), dtype=torch.bool, device=y.device) if self.monotone else
+                unpack_into(packed, byte_codes(1, y.device, torch.bool), y.numel()).view(y.shape))
         q = self.q(y, left)
         return (g.to(q.dtype) * q).to(g.dtype)
 
@@ -60,8 +68,11 @@ class InvActSpec(GeneratedSpec):
         check_triton_device(x)
         xc = x.contiguous()
         y = torch.empty_like(xc)
-        packed = torch.empty(math.ceil(xc.numel() / 8), dtype=torch.uint8, device=x.device)
-        if xc.numel():
+        packed = torch.empty(self.bit_bytes(xc.numel()), dtype=torch.uint8, device=x.device)
+        if xc.numel() and self.monotone:
+            self.module.forward_kernel[(triton.cdiv(xc.numel(), ELEMENT_BLOCK),)](
+                xc, y, xc.numel(), BLOCK=ELEMENT_BLOCK, num_warps=num_warps(x.dtype))
+        elif xc.numel():
             grid = (triton.cdiv(packed.numel(), BIT_BLOCK_BYTES),)
             self.module.forward_kernel[grid](xc, y, packed, xc.numel(), packed.numel(), BLOCK=BIT_BLOCK_BYTES,
                                              num_warps=num_warps(x.dtype))
@@ -70,7 +81,10 @@ class InvActSpec(GeneratedSpec):
     def backward_triton(self, g: torch.Tensor, y: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         gc, yc = g.contiguous(), y.contiguous()
         out = torch.empty_like(gc)
-        if gc.numel():
+        if gc.numel() and self.monotone:
+            self.module.backward_kernel[(triton.cdiv(gc.numel(), ELEMENT_BLOCK),)](
+                gc, yc, out, gc.numel(), BLOCK=ELEMENT_BLOCK, num_warps=num_warps(g.dtype))
+        elif gc.numel():
             grid = (triton.cdiv(packed.numel(), BIT_BLOCK_BYTES),)
             self.module.backward_kernel[grid](gc, yc, packed, out, gc.numel(), packed.numel(), BLOCK=BIT_BLOCK_BYTES,
                                               num_warps=num_warps(g.dtype))

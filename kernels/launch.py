@@ -15,6 +15,10 @@ RELU_SUM_SPAN = 4096
 BIT_BLOCK_BYTES = 512
 
 
+#: Elements per program of the kernels that save no bits (a monotone InvAct table's), as the others' 4096.
+ELEMENT_BLOCK = 4096
+
+
 #: Rows of 8 elements per ReLU-sum program (``ROWS`` of the generated kernels); a thread packs whole rows.
 RELU_SUM_ROWS = RELU_SUM_SPAN // 8
 

@@ -8,7 +8,7 @@ call path reads files, parses tables or touches numpy. ``use_triton`` picks the 
 or the CPU under ``TRITON_INTERPRET=1``) or the twin; ``out_dtype`` is the autocast policy (see ``autocast_dtype``).
 
     approxbp::relu_sum_forward(x, key, use_triton) → (y, packed codes, NaN bytes)   saves codes + NaN bytes
-    approxbp::invact_forward(x, key, use_triton, out_dtype) → (y, branch bits)       saves y + bits
+    approxbp::invact_forward(x, key, use_triton, out_dtype) → (y, branch bits)       saves y + bits (none: monotone)
     approxbp::ms_norm_forward(x, eps, center, use_triton, out_dtype) → (z, σ⁻¹)       saves z + σ⁻¹
     approxbp::glu_forward(g, u, key, use_triton) → act(g)·u                          saves g + u
 
@@ -172,7 +172,7 @@ def invact_forward(x: Tensor, key: str, use_triton: bool, out_dtype: torch.dtype
 @invact_forward.register_fake
 def _(x, key, use_triton, out_dtype):
     return (torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format),
-            x.new_empty(((x.numel() + 7) // 8,), dtype=torch.uint8))
+            x.new_empty((spec_of(key).bit_bytes(x.numel()),), dtype=torch.uint8))
 
 
 @torch.library.custom_op("approxbp::invact_backward", mutates_args=())

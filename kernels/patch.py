@@ -45,6 +45,7 @@ ACTIVATION_CLASSES = {
     "SiLU": "silu", "SiLUActivation": "silu",
     "Mish": "mish", "MishActivation": "mish",
     "ReLUSquaredActivation": "relu2",  # Nemotron, Primer: the exact table in either mode (no ReLU-sum fits it)
+    "Softplus": "softplus",  # increasing: the exact one-branch table (saves y alone), in either mode
 }
 #: Class-name fragments of modules that look like activations; one that is not replaced is reported as skipped.
 ACTIVATION_LIKE = ("GELU", "SiLU", "Swish", "Mish", "Activation", "ReLU", "Tanh", "Sigmoid", "Softplus", "ELU")
@@ -101,6 +102,9 @@ def _table_for(module: nn.Module, activation, bits: int):
         return None, "already saves only its output (the next Linear saves it anyway): nothing to gain"
     if name is None:
         return None, "no table family for this activation"
+    if key == "Softplus" and (module.beta != 1 or module.threshold < 20):  # torch returns x beyond the threshold
+        return None, (f"beta = {module.beta:g}, threshold = {module.threshold:g}: not the table's log(1 + eˣ) (it "
+                      "serves beta = 1, threshold ≥ 20, where float32 cannot tell them apart)")
     if activation in ("relu-sum", "invact") and (T.data_dir() / "invact" / f"{name}-exact.json").is_file():
         return f"invact/{name}-exact", None  # f′(f⁻¹(y)) in closed form (ReLU²): exact, in either mode
     if activation == "relu-sum":

@@ -159,3 +159,11 @@ def test_a_huge_table_is_refused_unread(tmp_path):
     t["right"]["coefficients"] |= {f"c{i}": 1.0 for i in range(300)}
     with pytest.raises(T.TableError, match="at most 256"):
         T.load(write_json(tmp_path, t))
+
+
+def test_the_cli_offers_every_invact_form_and_no_other():
+    from approxbp.fitting.invact import FORMS
+
+    from approxbp.cli import INVACT_FORMS
+
+    assert INVACT_FORMS == FORMS
