@@ -162,3 +162,24 @@ def test_no_numpy_warning_reaches_the_user(recwarn):
     fit = fit_relu_sum("x*sigmoid(2*x)", 2, "derivative", workers=1, progress=False)
     assert fit.fun == pytest.approx(3.028345e-2, rel=1e-6)
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_given_interval_may_put_the_outermost_knots_on_its_ends():
+    """squareplus (algebraic tails) on [−20, 20] at k = 3: the optimum's outermost knots sit at ±20, where eq. 13's
+    constraints cost nothing inside the interval; the fit keeps them (it once refused every restart as "collapsed")
+    and its loss is scipy quad's ∫(h − h̃)² over the interval."""
+    from scipy.integrate import quad
+
+    fit = fit_relu_sum("(x + sqrt(x**2 + 4))/2", 3, "primitive", interval=(-20, 20), restarts=2, workers=1,
+                       progress=False)
+    c, w = np.asarray(fit.table.knots), np.asarray(fit.table.weights)
+    assert c[0] == -20 and c[-1] == 20 and np.min(np.diff(c)) > 1
+    h = get_activation("(x + sqrt(x**2 + 4))/2").f
+
+    def residual2(v):
+        return (h(v) - float(np.dot(w, np.maximum(v - c, 0)))) ** 2
+
+    edges = [-20, *c[1:-1], 20]
+    loss = sum(quad(residual2, a, b, epsabs=0, epsrel=1e-12, limit=200)[0] for a, b in zip(edges[:-1], edges[1:]))
+    assert fit.fun == pytest.approx(loss, rel=1e-9)
+    assert fit.fun < 0.05  # k = 2 on the same interval: 0.2985
