@@ -67,6 +67,11 @@ def plot_invact(activation: str, forms=("paper", "released", "newton"), tables=(
     ``tables`` (a user's table, path or fit: Inverted Activations Fig. 2 for any activation)."""
     from matplotlib.figure import Figure
 
+    from .invact_exact import is_monotone
+
+    act = get_activation(activation)
+    if is_monotone(act):  # one branch: the packaged exact table (softplus) and the given ones
+        return _plot_monotone(act, _invact_tables(act.name, ("exact",), tables))
     ia = InvertedActivation(activation)
     shown = _invact_tables(ia.activation.name, forms, tables)
     if not shown:
@@ -94,5 +99,33 @@ def plot_invact(activation: str, forms=("paper", "released", "newton"), tables=(
             ax.legend(fontsize=8)
     published = any(t.source == "paper" for t in shown)
     fig.suptitle(f"Inverted {ia.activation.name}: {'published vs ours' if published else 'our forms'}")
+    fig.tight_layout()
+    return fig
+
+
+def _plot_monotone(act, shown: list):
+    """One branch (an increasing activation): g = f′ against y = f(x) over x ∈ [−30, 30], and |g − q| for each
+    monotone table in ``shown`` (an exact table's error is float64 rounding)."""
+    from matplotlib.figure import Figure
+
+    if not shown:
+        raise ValueError(f"no invact table to plot for {act.name!r}: pass tables=[fit_invact(activation).table]")
+    xv = np.linspace(-30.0, 30.0, 4001)
+    yv, g = act.f(xv), act.df(xv)
+    fig = Figure(figsize=(11, 4))
+    left, right = fig.subplots(1, 2)
+    left.plot(yv, g, "k", lw=2, label="g = f′∘f⁻¹ (exact)")
+    for t in shown:
+        q = Form.from_table(t.right)(yv)
+        left.plot(yv, q, "--", label=f"{t.form}: q = {t.right.expression}")
+        right.semilogy(yv, np.abs(g - q) + 1e-18, label=f"{t.form} (L∞ {t.metrics['linf_right']:.1e})")
+    left.set_title("one branch: f increases, so y alone gives f′(f⁻¹(y)) (no bit)")
+    for ax, label in ((left, "f′(f⁻¹(y))"), (right, "|g − q|")):
+        ax.set_xscale("symlog", linthresh=1e-3)
+        ax.set_xlabel("y = f(x)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Inverted {act.name} (monotone)")
     fig.tight_layout()
     return fig

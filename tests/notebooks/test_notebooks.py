@@ -43,9 +43,11 @@ def test_notebook_executes_and_shows_its_figures(path, tmp_path):
 
 @pytest.mark.slow  # fits made in the notebook: 30–70 s each on 2 cores
 @pytest.mark.parametrize("name, activation", [("relu_sum_explorer", "x*erf(log(1+exp(x)))"),
-                                              ("inverted_activation_explorer", "x*sigmoid(1.5*x)")])
+                                              ("inverted_activation_explorer", "x*sigmoid(1.5*x)"),
+                                              ("inverted_activation_explorer", "(x + sqrt(x**2 + 4))/2")])
 def test_explorers_run_on_a_user_expression(name, activation, tmp_path):
     outputs = _run(ROOT / "notebooks" / f"{name}.ipynb", tmp_path, activation)
     assert _images(outputs) >= 2
     text = "".join(o.get("text", "") for o in outputs)
     assert "ours" in text or name == "inverted_activation_explorer"
+    assert "sqrt" not in activation or "one branch; q(y) = y**2/(y**2 + 1)" in text
