@@ -164,24 +164,23 @@ def command(group: Group, use: str) -> str:
     return f"approxbp plan {group.command} --use {use}"
 
 
-def run_row(group: Group, use: str):
-    """(the compared value in the group's unit, the plan) of one row, by running its command's arguments through
-    the CLI's own parser (so the printed command is what ran)."""
+def run_group(group: Group) -> list[float]:
+    """The compared value of each row of ``group``, in its unit, by running the rows' commands' arguments through
+    the CLI's own parser (so the printed commands are what ran). They differ in ``--use`` only, so the exact step is
+    measured once for all of them; a ``--maximize`` row searches on its own."""
     from approxbp import plan as P
     from approxbp.cli import _setup, build_parser
 
-    args = build_parser().parse_args(shlex.split(command(group, use))[1:])
-    setup = _setup(args)
-    common = dict(lora_r=args.lora_r, traced=args.trace or None)
+    parsed = [build_parser().parse_args(shlex.split(command(group, use))[1:]) for use, _ in group.rows]
+    args = parsed[0]
+    setup, common = _setup(args), dict(lora_r=args.lora_r, traced=args.trace or None)
     if args.maximize:
-        best, result = P.maximize(args.model, args.maximize, args.batch, args.seq, setup, P.parse_size(args.budget),
-                                  use=use, grain=args.grain, **common)
-        return float(best), result
-    result = P.evaluate(args.model, args.batch, args.seq, setup, use, **common)
+        return [float(P.maximize(args.model, args.maximize, args.batch, args.seq, setup, P.parse_size(args.budget),
+                                 use=a.use, grain=args.grain, **common)[0]) for a in parsed]
+    plans = P.evaluate_each(args.model, args.batch, args.seq, setup, [a.use for a in parsed], **common)
     if group.what == "activations":
-        before, after = result.before["activations"], result.after["activations"]
-        return 100.0 * (after - before) / before, result
-    return result.after["peak"] / (1 << (30 if group.unit == "GiB" else 20)), result
+        return [100.0 * (p.after["activations"] - p.before["activations"]) / p.before["activations"] for p in plans]
+    return [p.after["peak"] / (1 << (30 if group.unit == "GiB" else 20)) for p in plans]
 
 
 @dataclass
@@ -223,12 +222,12 @@ def reproduce(groups=GROUPS, progress=None) -> list[Row]:
     rows: list[Row] = []
     todo = [(g, use) for g in groups for use, _ in g.rows]
     for g in groups:
-        for use, paper in g.rows:
-            done = len(rows)
-            say(f"[{done + 1}/{len(todo)}{_time_left(rows, todo[done:])}] {g.table}, {g.setup}: {METHODS[use]}")
-            t0 = time.perf_counter()
-            ours, _ = run_row(g, use)
-            rows.append(Row(g, use, paper, ours, None, None, time.perf_counter() - t0))
+        done = len(rows)
+        say(f"[{done + 1}–{done + len(g.rows)}/{len(todo)}{_time_left(rows, todo[done:])}] {g.table}, {g.setup}")
+        t0 = time.perf_counter()
+        values = run_group(g)
+        each = (time.perf_counter() - t0) / len(g.rows)
+        rows += [Row(g, use, paper, ours, None, None, each) for (use, paper), ours in zip(g.rows, values)]
     return with_changes(rows)
 
 

@@ -637,21 +637,31 @@ def evaluate(model_text: str, batch: int, seq: int, mode: str | Setup, use: str,
              progress=None, checkpoint: bool = False, traced: bool | None = None, budget: int | None = None) -> Plan:
     """The exact step (``before``) and the step with the given assignment (``after``, :func:`parse_use`), both
     measured; no option is tried and nothing is chosen. ``budget`` is only recorded (and reported)."""
+    return evaluate_each(model_text, batch, seq, mode, (use,), lora_r, fake, progress, checkpoint, traced, budget)[0]
+
+
+def evaluate_each(model_text: str, batch: int, seq: int, mode: str | Setup, uses, lora_r: int = 8, fake: bool = True,
+                  progress=None, checkpoint: bool = False, traced: bool | None = None,
+                  budget: int | None = None) -> list[Plan]:
+    """:func:`evaluate` for each assignment of ``uses``, the exact step measured once for all of them."""
     say = progress or (lambda msg: None)
-    option, ms = parse_use(use)
+    parsed = [parse_use(use) for use in uses]
     step = stepper(model_text, mode, lora_r, fake, checkpoint, traced)
     say("exact model")
     base = step(batch, seq)
-    assignment = {p: option for p in base.layers} if isinstance(option, str) else option
-    if unknown := sorted(set(assignment) - set(base.layers)):
-        raise ValueError(f"--use {use}: the plan names layers this model does not have ({', '.join(unknown[:3])})")
-    say(f"the assignment {use}")
-    after = step(batch, seq, assignment, ms) if ms or set(assignment.values()) - {"exact"} else base
-    layers = {p: {"activation": base.layers[p], "option": o, "table": option_table(base.layers[p], o),
-                  "error": gradient_error(base.layers[p], o)} for p, o in assignment.items()}
-    return Plan(model_text, as_setup(mode).describe(), batch, seq if base.uses_seq else None, budget, _summary(base),
-                _summary(after),
-                layers, {}, {"chosen": ms, "saving": None}, None, checkpoint, bool(base.moment), use)
+    plans = []
+    for use, (option, ms) in zip(uses, parsed):
+        assignment = {p: option for p in base.layers} if isinstance(option, str) else option
+        if unknown := sorted(set(assignment) - set(base.layers)):
+            raise ValueError(f"--use {use}: the plan names layers this model does not have ({', '.join(unknown[:3])})")
+        say(f"the assignment {use}")
+        after = step(batch, seq, assignment, ms) if ms or set(assignment.values()) - {"exact"} else base
+        layers = {p: {"activation": base.layers[p], "option": o, "table": option_table(base.layers[p], o),
+                      "error": gradient_error(base.layers[p], o)} for p, o in assignment.items()}
+        plans.append(Plan(model_text, as_setup(mode).describe(), batch, seq if base.uses_seq else None, budget,
+                          _summary(base), _summary(after), layers, {}, {"chosen": ms, "saving": None}, None, checkpoint,
+                          bool(base.moment), use))
+    return plans
 
 
 #: --maximize seq_len searches multiples of this many tokens.
