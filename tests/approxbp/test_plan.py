@@ -251,6 +251,15 @@ def test_use_evaluates_a_given_assignment_on_fake_and_real_tensors(tmp_path):
     assert exact.after == exact.before and "the given assignment (--use exact)" in P.report(exact)
 
 
+def test_evaluating_several_assignments_at_once_gives_each_ones_plan():
+    """evaluate_each measures the exact step once for all the assignments: each plan equals evaluate's alone."""
+    uses = ["exact", "invact", "relu-sum-k2+ms-norm"]
+    together = P.evaluate_each(LLAMA, 2, 16, "bf16", uses)
+    for use, plan in zip(uses, together):
+        alone = P.evaluate(LLAMA, 2, 16, "bf16", use)
+        assert (plan.use, plan.before, plan.after, plan.layers) == (alone.use, alone.before, alone.after, alone.layers)
+
+
 @pytest.mark.slow  # about 40 s: two searches of fake steps
 def test_maximize_with_a_given_assignment_finds_the_largest_size_that_fits():
     budget = P.parse_size("3MiB")
