@@ -748,11 +748,14 @@ def _fit_free_levels(args, argv) -> int:
         print(f"  FewBit   builtin table {value:.10e} (measured here: "
               + (f"{100 * gap:.1f} % above ours, a local optimum)" if gap > 1e-9 else "ours equals it)"))
     if args.out:
-        record = {"schema": "approxbp.free-levels/1", "note": "FewBit's family, not an approxbp.table (no Σw = 1, "
+        from approxbp.approximations.tables import FREE_LEVELS_SCHEMA
+
+        record = {"schema": FREE_LEVELS_SCHEMA, "note": "FewBit's family, not an approxbp.table (no Σw = 1, "
                   "Σw·c = 0)", "activation": fit.activation, "bits": fit.bits, "interval": list(interval),
                   "borders": fit.borders.tolist(), "levels": fit.levels.tolist(), "loss": fit.loss,
                   "starts": fit.starts, "command": cli_command(argv)}
-        print(f"  wrote    {write_atomic(args.out, json.dumps(record, indent=1) + chr(10))}")
+        print(f"  wrote    {write_atomic(args.out, json.dumps(record, indent=1) + chr(10))} (a study result: "
+              "export, cost, certify and the drop-ins take eq. 13's or InvAct's tables)")
     return 0
 
 

@@ -25,6 +25,8 @@ from .files import SAFE_NAME, write_atomic
 from .relu_sum import MAX_BITS
 
 SCHEMA = "approxbp.table/1"
+#: What ``approxbp fit relu-sum --levels free`` writes (FewBit's family): a study result, never a kernel's table.
+FREE_LEVELS_SCHEMA = "approxbp.free-levels/1"
 FAMILIES = ("relu-sum", "invact")
 #: fit: fitted here; paper: a paper's published coefficients; derived: exact, derived from the expression in closed
 #: form (``fitting.invact_exact``), with the derivation in ``reference``.
@@ -80,6 +82,9 @@ def _held(t: Any) -> Any:
 def _kind(t: dict, where: str) -> str:
     """The schema this approxbp reads and a known family; returns the family."""
     schema = _need(t, "schema", str, where)
+    if schema == FREE_LEVELS_SCHEMA:
+        _fail(where, "schema", "a free-level (FewBit) fit: approxbp makes no kernels, drop-in or certificate from "
+              "one (not implemented); eq. 13's ReLU-sum tables (--levels constrained) and InvAct tables have them")
     if schema != SCHEMA:
         _fail(where, "schema", f"unsupported schema {schema!r}; this approxbp reads {SCHEMA!r}")
     family = _need(t, "family", str, where)

@@ -101,9 +101,11 @@ def _measured(activation, q: sp.Expr, left: bool = True) -> dict:
     errors = []
     with mpmath.workdps(60):
         for yv in np.logspace(-12, np.log10(RIGHT_SPAN), CHECK_POINTS):
-            lo, hi = mpmath.mpf(0 if left else -1), mpmath.mpf(2 * max(yv, 1))
+            lo, hi = mpmath.mpf(0 if left else -1), mpmath.mpf(1)
             while f_minus(yv)(lo) > 0:  # a monotone activation's inverse of a small y lies far left (−1e12)
                 lo *= 2
+            while f_minus(yv)(hi) < 0:  # the tightest power of 2 above: eˣ at 2y would need 10⁴ digits
+                hi *= 2
             root = mpmath.findroot(f_minus(yv), (lo, hi), solver="illinois", maxsteps=500)
             errors.append(abs(float(q_of(yv)) - float(act.mp(root, 1, None))))
         flat = [abs(float(act.mp(mpmath.mpf(v), 1, None))) for v in np.linspace(-10, -1e-12, CHECK_POINTS)]

@@ -160,3 +160,10 @@ def test_refitting_an_unchanged_table_changes_no_bytes(tmp_path):
     t2["metrics"]["tail_mass"] = 0.0
     T.save(t2, p)
     assert p.read_bytes() != before
+
+
+def test_a_free_level_fit_is_refused_as_a_table_with_the_reason(tmp_path):
+    path = tmp_path / "free.json"
+    path.write_text('{"schema": "approxbp.free-levels/1", "activation": "gelu", "bits": 2}')
+    with pytest.raises(T.TableError, match="free-level .FewBit. fit: approxbp makes no kernels"):
+        T.load(path)
