@@ -7,8 +7,18 @@ both; tests/test_architecture.py holds the direction).
 from .consistency import check_consistency
 from .invact import fit_invact
 from .objective import ReluSumObjective, interval_for, quadrature
-from .relu_sum import METHODS, ReluSumFit, certify, equidistributed_knots, fit_relu_sum
+from .relu_sum import METHODS, ReluSumFit, equidistributed_knots, fit_relu_sum, local_certificate
 from .result import FitResult
 
-__all__ = ["ReluSumObjective", "interval_for", "quadrature", "METHODS", "certify", "equidistributed_knots",
+__all__ = ["ReluSumObjective", "interval_for", "quadrature", "METHODS", "local_certificate", "equidistributed_knots",
            "fit_relu_sum", "ReluSumFit", "FitResult", "fit_invact", "check_consistency"]
+
+
+def __getattr__(name):
+    """``approxbp.fitting.certify`` is always the module ``fitting/certify.py`` (the rigorous certificates), before
+    and after it is imported; calling it is the deprecated spelling of :func:`local_certificate`."""
+    if name == "certify":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.certify")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 import time
+import types
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -439,3 +442,18 @@ def certifiable(t) -> bool:
     if t.family == "invact":
         return t.form in ("fast", "newton") or t.monotone
     return t.bits <= 2 and t.source == "fit" and t.activation in ("gelu", "silu")
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as the function ``approxbp.fitting.certify`` was until 0.1 (deprecated)."""
+
+    def __call__(self, obj, c):
+        warnings.warn("approxbp.fitting.certify(obj, c) is renamed approxbp.fitting.local_certificate; "
+                      "approxbp.fitting.certify is the module of the rigorous certificates", DeprecationWarning,
+                      stacklevel=2)
+        from .relu_sum import local_certificate
+
+        return local_certificate(obj, c)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -353,7 +353,8 @@ class DerivativeObjectiveK2(_ProjectedK2):
         return m, iv._ipow(m, 2) * d
 
     def parts(self, c1, d1, d2):
-        """(J − μ-term, μ-term, m₁₂, m₂₃, μ, h′(c₁), h′(c₂), h′(c₃)) at knots c₁, c₂ = c₁ + d₁, c₃ = c₂ + d₂ (balls).
+        """(J − μ-term, μ-term, m₁₂, m₂₃, μ, c₃) at knots c₁, c₂ = c₁ + d₁, c₃ = c₂ + d₂ (balls; m: the secant
+        slopes of h, μ None where d₁ + d₂ may vanish).
         The μ-term (c₃ − h(c₃) + h(c₁))²/(d₁ + d₂) is given by its lower bound (upper end lower + 1) where
         d₁ + d₂ may vanish, since only lower bounds are used there."""
         c2 = c1 + d1

@@ -255,8 +255,9 @@ def torch_objective(obj: ReluSumObjective, panels: int = 16):
 
 
 # ---- certification ------------------------------------------------------------------------------
-def certify(obj: ReluSumObjective, c: np.ndarray) -> dict:
-    """Gradient ∞-norm and the smallest Hessian eigenvalue (central differences of the exact gradient)."""
+def local_certificate(obj: ReluSumObjective, c: np.ndarray) -> dict:
+    """Gradient ∞-norm and the smallest Hessian eigenvalue (central differences of the exact gradient): the fit's
+    local optimality check (the rigorous certificates live in :mod:`.certify`)."""
     c = np.sort(c)
     _, g = obj(c)
     out = {"grad_inf_norm": float(np.max(np.abs(g)))}
@@ -390,7 +391,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
             valid = [r for r in results if r.degenerate is None]
             best_restart, _, c, _, _ = min(valid, key=lambda r: (r.loss, r.index))
     rs = obj.solution(c)
-    cert = certify(obj, rs.knots)
+    cert = local_certificate(obj, rs.knots)
     loss = obj.loss(rs)
     losses = [float(r.loss) if r.degenerate is None else None for r in results]
     at_best = sum(v is not None and v <= loss * (1 + SAME_LOSS) + 1e-300 for v in losses)

@@ -1,7 +1,6 @@
 """Certified numerics (fitting/certify.py, fitting/intervals.py): every bound must hold against independent
 references (mpmath at 50 digits, scipy quad, a float32 emulation), and a wrong table must fail its claim."""
 
-import importlib
 import json
 import math
 
@@ -15,13 +14,12 @@ from approxbp.approximations.elementary import LG2_ABS_ERROR, LN2
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import Form
 from approxbp.approximations.tables import TableError, data_dir, from_json, load
+from approxbp.fitting import certify as C  # the module, whatever was imported before
+from approxbp.fitting import intervals as iv
 from approxbp.fitting.objective import ReluSumObjective
 from flint import arb
 
 from approxbp.cli import main
-
-C = importlib.import_module("approxbp.fitting.certify")
-iv = importlib.import_module("approxbp.fitting.intervals")
 
 INVACT = data_dir() / "invact"
 RELU = data_dir() / "relu_sum"
@@ -279,3 +277,15 @@ def test_reproduce_full_stores_certificates_and_fails_on_a_wrong_table(tmp_path,
     bad.write_text(json.dumps(_perturbed(INVACT / "silu-fast.json", 1 + 1e-3)))
     assert not _certify_regenerated([bad], progress=False)
     assert "VIOLATED" in capsys.readouterr().out
+
+
+def test_fitting_certify_is_the_module_and_calling_it_is_the_deprecated_local_certificate():
+    import approxbp.fitting as F
+    from approxbp.approximations import get_activation
+
+    assert F.certify is C and isinstance(F.certify, type(F)) and "certify" not in F.__all__
+    obj = ReluSumObjective(get_activation("gelu"), 2, "primitive", (-8.0, 8.0))
+    c = np.array([-1.0, 0.0, 1.5])
+    with pytest.warns(DeprecationWarning, match="renamed approxbp.fitting.local_certificate"):
+        old = F.certify(obj, c)
+    assert old == F.local_certificate(obj, c)

@@ -41,11 +41,8 @@ def test_a_heartbeat_speaks_at_most_once_per_period():
 
 def test_a_long_certificate_tells_the_log(monkeypatch):
     """A branch and bound with progress on says how far it got while it searches (every 0 s here)."""
-    import importlib
-
+    from approxbp.fitting import certify as C
     from approxbp.fitting import progress as P
-
-    C = importlib.import_module("approxbp.fitting.certify")  # the package exports a function of that name
 
     said = []
     monkeypatch.setattr(C, "heartbeat", lambda say, what, every=10.0: P.heartbeat(say, what, 0.0))
