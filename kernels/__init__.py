@@ -18,7 +18,6 @@ else:
     from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec, invact
     from .norm_merge import merge_norm
     from .norms import MSLayerNorm, MSRMSNorm
-    from .packing import pack, unpack
     from .patch import PatchReport, patch_model, patched_state_dict, unpatch
     from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, relu_sum
     from .saved import saved_bytes
@@ -30,9 +29,17 @@ else:
             from . import codegen
 
             return getattr(codegen, name)
+        if name in ("pack", "unpack"):  # internals, exported until 0.1
+            import warnings
+
+            from . import packing
+
+            warnings.warn(f"approxbp.kernels.{name} is internal: import it from approxbp.kernels.packing",
+                          DeprecationWarning, stacklevel=2)
+            return getattr(packing, name)
         raise AttributeError(f"module 'approxbp.kernels' has no attribute {name!r}")
 
     __all__ = ["export", "triton_source", "ReGELU2", "ReLUSumActivation", "relu_sum", "ReLUSumSpec",
-               "ReSiLU2", "pack", "unpack", "saved_bytes", "MSLayerNorm", "MSRMSNorm", "merge_norm",
+               "ReSiLU2", "saved_bytes", "MSLayerNorm", "MSRMSNorm", "merge_norm",
                "invact", "InvActGELU", "InvActivation", "InvActSiLU", "InvActSpec",
                "PatchReport", "patch_model", "unpatch", "patched_state_dict"]
