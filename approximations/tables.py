@@ -441,14 +441,6 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def sha256(path: str | Path) -> str:
-    """Deprecated: :func:`file_sha256` (the name clashed with ``Table.sha256``, a definition hash)."""
-    import warnings
-
-    warnings.warn("approxbp tables.sha256(path) is renamed file_sha256(path)", DeprecationWarning, stacklevel=2)
-    return file_sha256(path)
-
-
 def table_paths(family: str | None = None) -> list[Path]:
     """All packaged tables (of one family), sorted."""
     root = data_dir()

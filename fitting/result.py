@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 from scipy.optimize import OptimizeResult
 
 
@@ -12,18 +10,4 @@ class FitResult(OptimizeResult):
     typed, validated table: ``tables.save`` it, then ``approxbp export`` it), ``fun`` (its headline error: the
     objective J of eq. 13 for a ReLU sum, the worse branch's L∞ for InvAct), ``success``, ``message`` and ``seconds``
     (the fit itself). ``fit_relu_sum`` adds ``x`` (knots), ``nfev``, ``restarts``, ``restart_labels``, ``at_best`` and
-    ``untrusted`` (:class:`~approxbp.fitting.ReluSumFit`).
-
-    Until 0.1, ``fit_invact`` returned the table itself: its fields are still read through (``result.left``) with a
-    DeprecationWarning; read ``result.table.left``."""
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            table = dict.get(self, "table")
-            if table is None or name.startswith("_") or not hasattr(table, name):
-                raise
-            warnings.warn(f"a fit returns a FitResult: read .table.{name} (reading .{name} is deprecated)",
-                          DeprecationWarning, stacklevel=2)
-            return getattr(table, name)
+    ``untrusted`` (:class:`~approxbp.fitting.ReluSumFit`)."""

@@ -157,17 +157,3 @@ class MSRMSNorm(MSLayerNorm):
     """RMSNorm without affine whose backward needs only its output and σ⁻¹ (Algorithm 3)."""
 
     center = False
-
-
-def __getattr__(name):
-    """The model surgery that puts these norms in place lives in :mod:`.norm_merge` (merge_norm, keep_affine, the
-    adapter Linears); its names are still read from here."""
-    if name in _MOVED:
-        from . import norm_merge
-
-        return getattr(norm_merge, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_MOVED = ("AffineInputLinear", "NormInputLinear", "norm_dim_eps", "keep_affine", "is_mergeable_norm", "merge_norm",
-          "unmerge_norm")
