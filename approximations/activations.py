@@ -17,40 +17,9 @@ import sympy as sp
 from .backends import grammar, mpmath_namespace, numpy_namespace, rough_functions, torch_namespace  # noqa: F401
 from .expressions import parse as parse_expression
 from .files import SAFE_NAME
+from .functions import Phi, select, sigmoid, softplus  # noqa: F401 (the grammar's own functions, re-exported)
 
 x = sp.Symbol("x", real=True)
-
-
-
-class Phi(sp.Function):
-    """The standard normal CDF Φ(z) = (1 + erf(z/√2))/2, kept as one function so that evaluators use
-    tail-accurate implementations (scipy ndtr, torch.special.ndtr, mpmath ncdf) instead of 1 + erf."""
-
-    is_real = True
-
-    def fdiff(self, argindex=1):
-        z = self.args[0]
-        return sp.exp(-(z**2) / 2) / sp.sqrt(2 * sp.pi)
-
-
-class select(sp.Function):  # noqa: N801 (the name users write)
-    """select(c, a, b) = a where c > 0, else b: a branch-free choice (tl.where / np.where / torch.where), for
-    piecewise forms. Both a and b are evaluated; NaN in c selects b."""
-
-    nargs = 3
-    is_real = True
-
-
-class sigmoid(sp.Function):  # noqa: N801 (the name users write)
-    """σ(z) = 1/(1 + e^{−z}) with σ' = σ(z)·σ(−z): evaluated by expit / torch.sigmoid / tl.sigmoid, so neither
-    σ nor its derivative overflows or cancels for large |z|."""
-
-    is_real = True
-
-    def fdiff(self, argindex=1):
-        z = self.args[0]
-        return sigmoid(z) * sigmoid(-z)
-
 
 #: Registry of named activations. gelu = x·Φ(x) is the erf form of Approx-BP eq. 40; gelu_tanh is
 #: x/2·(1 + tanh(√(2/π)(x + 0.044715x³))) written as x·σ(2√(2/π)(x + 0.044715x³)) (the same function,
@@ -85,7 +54,7 @@ def allowed_functions() -> dict:
     return {**grammar("activation"), "x": x}
 
 
-_softplus = softplus = sp.Function("softplus")  # log(1 + e^u), written back by stable_form
+_softplus = softplus  # log(1 + e^u), written back by stable_form
 
 
 def stable_form(expr: sp.Expr) -> sp.Expr:

@@ -71,11 +71,11 @@ def _sp(name: str) -> Callable[[], Any]:
 
 
 def _ours(name: str) -> Callable[[], Any]:
-    """One of the sympy function classes defined in :mod:`.activations` (Phi, sigmoid, softplus, select)."""
+    """One of the sympy function classes defined in :mod:`.functions` (Phi, sigmoid, softplus, select)."""
     def resolve():
-        from . import activations
+        from . import functions
 
-        return getattr(activations, name)
+        return getattr(functions, name)
     return resolve
 
 

@@ -1,0 +1,40 @@
+"""The sympy function classes of the expression grammar that sympy lacks: Φ, σ, softplus and select. Their own
+module (sympy only), so that the function table (:mod:`.backends`) and the activations (:mod:`.activations`) both
+import them and neither imports the other for them."""
+
+from __future__ import annotations
+
+import sympy as sp
+
+
+class Phi(sp.Function):
+    """The standard normal CDF Φ(z) = (1 + erf(z/√2))/2, kept as one function so that evaluators use
+    tail-accurate implementations (scipy ndtr, torch.special.ndtr, mpmath ncdf) instead of 1 + erf."""
+
+    is_real = True
+
+    def fdiff(self, argindex=1):
+        z = self.args[0]
+        return sp.exp(-(z**2) / 2) / sp.sqrt(2 * sp.pi)
+
+
+class select(sp.Function):  # noqa: N801 (the name users write)
+    """select(c, a, b) = a where c > 0, else b: a branch-free choice (tl.where / np.where / torch.where), for
+    piecewise forms. Both a and b are evaluated; NaN in c selects b."""
+
+    nargs = 3
+    is_real = True
+
+
+class sigmoid(sp.Function):  # noqa: N801 (the name users write)
+    """σ(z) = 1/(1 + e^{−z}) with σ' = σ(z)·σ(−z): evaluated by expit / torch.sigmoid / tl.sigmoid, so neither
+    σ nor its derivative overflows or cancels for large |z|."""
+
+    is_real = True
+
+    def fdiff(self, argindex=1):
+        z = self.args[0]
+        return sigmoid(z) * sigmoid(-z)
+
+
+softplus = sp.Function("softplus")  # log(1 + e^u): kept whole so evaluators use a stable log1p form
