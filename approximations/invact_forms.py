@@ -68,13 +68,10 @@ class Form:
         return cls(parse_expression(text, names, "form expression"), coefficients, tuple(parsed))
 
     @classmethod
-    def from_table(cls, branch: dict, variables: tuple[str, ...] = ("y",)) -> Form:
-        """The form of one branch ({expression, coefficients, assignments?}) of an invact table; the table's
-        ``combined`` form q(y, b) (b = 1 on the left branch) takes ``variables=("y", "b")``."""
-        from .tables import Branch
-
-        b = branch if isinstance(branch, Branch) else Branch.from_json(branch)
-        return cls.parse(b.expression, b.coefficients, b.assignments, variables)
+    def from_table(cls, branch, variables: tuple[str, ...] = ("y",)) -> Form:
+        """The form of one branch (a :class:`~.tables.Branch`: expression, coefficients, assignments) of an invact
+        table; the table's ``combined`` form q(y, b) (b = 1 on the left branch) takes ``variables=("y", "b")``."""
+        return cls.parse(branch.expression, branch.coefficients, branch.assignments, variables)
 
     def full(self) -> sp.Expr:
         """The expression with every assignment substituted (a shared DAG in memory; never print or walk

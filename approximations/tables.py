@@ -220,7 +220,7 @@ def _validate_invact(t: dict, where: str) -> None:
                 isinstance(a, list) and len(a) == 2 and all(isinstance(e, str) for e in a) for a in assignments):
             _fail(where, f"{side}.assignments", "must be a list of [name, expression] pairs")
         try:
-            Form.from_table(b)
+            Form.from_table(Branch.from_json(b))
         except ValueError as err:
             _fail(where, f"{side}.expression", str(err))
     if "combined" in t:  # q(y, b), b = 1 on the left branch: one evaluation for both branches (the fast form)
@@ -229,7 +229,7 @@ def _validate_invact(t: dict, where: str) -> None:
         if len(_need(c, "coefficients", dict, f"{where} combined")) > MAX_COEFFICIENTS:
             _fail(where, "combined.coefficients", f"a form has at most {MAX_COEFFICIENTS} coefficients")
         try:
-            Form.from_table(c, ("y", "b"))
+            Form.from_table(Branch.from_json(c), ("y", "b"))
         except ValueError as err:
             _fail(where, "combined.expression", str(err))
         _check_combined(t, where)
@@ -283,7 +283,7 @@ def _combined_problem(forms: str) -> str | None:
     from .invact_forms import Form
 
     combined_json, *branches = json.loads(forms)
-    combined = Form.from_table(combined_json, ("y", "b"))
+    combined = Form.from_table(Branch.from_json(combined_json), ("y", "b"))
     run = combined.compile(numpy_namespace(), [sp.Symbol("b"), *map(sp.Symbol, combined.coefficients)])
     for side, b, branch in zip(("left", "right"), (1.0, 0.0), branches):
         lo, hi = branch["domain"]
@@ -291,7 +291,7 @@ def _combined_problem(forms: str) -> str | None:
         with np.errstate(all="ignore"):
             got = np.broadcast_to(np.asarray(run(ys, np.full_like(ys, b), *combined.coefficients.values()),
                                              dtype=np.float64), ys.shape)
-        want = Form.from_table(branch)(ys)
+        want = Form.from_table(Branch.from_json(branch))(ys)
         err = np.abs(got - want)
         if not np.all(np.isfinite(got)) or not np.all(err <= 1e-9 * (1 + np.abs(want))):
             bad = int(np.argmax(np.where(np.isfinite(got), err, np.inf)))

@@ -91,7 +91,7 @@ def test_invact_table_metrics_remeasure(path):
     ia = InvertedActivation(t["activation"])
     assert t["turning_point"] == ia.T and t["f_T"] == ia.f_T
     for side in ("left", "right"):
-        form = Form.from_table(t[side])
+        form = Form.from_table(getattr(t, side))
         linf, l2 = branch_metrics(ia, form, side)
         if side == "right":  # the branch's rule: the form on its domain, q = h′(y) beyond (silu: the larger, 2.7e-7)
             linf = max(linf, right_tail_error(ia))

@@ -17,7 +17,7 @@ ACTS = ["gelu", "silu", "gelu_tanh", "quick_gelu", "mish"]
 
 def _load(act):
     t = T.load(f"invact/{act}-fast")
-    return t, Form.from_table(t["combined"], ("y", "b"))
+    return t, Form.from_table(t.combined, ("y", "b"))
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -46,7 +46,7 @@ def test_fast_form_operation_budget(act):
 def test_combined_form_is_both_branch_forms():
     t, combined = _load("gelu")
     yv = np.linspace(t["f_T"], 0, 1001)
-    assert np.array_equal(Form.from_table(t["left"])(yv), branch(combined, "left")(yv))
+    assert np.array_equal(Form.from_table(t.left)(yv), branch(combined, "left")(yv))
     assert combined.expression.has(b)
 
 
