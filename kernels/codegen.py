@@ -146,14 +146,11 @@ def _tanh_series(terms: int = 13) -> str:
     """Horner form of tanh's odd Taylor series z·Σ a_j z^{2j}, j < terms (relative error < 1e-17 at |z| = 0.3)."""
     z = sp.Symbol("z")
     poly = sp.Poly(sp.series(sp.tanh(z), z, 0, 2 * terms + 1).removeO() / z, z)
-    coeffs = [float(poly.coeff_monomial(z ** (2 * j))) for j in range(terms)]
-    body = repr(coeffs[-1])
-    for c in reversed(coeffs[:-1]):
-        body = f"{c!r} + z2 * ({body})"
-    return body
+    return _horner(tuple(float(poly.coeff_monomial(z ** (2 * j))) for j in range(terms)), "z2")
 
 
 def _horner(coeffs: tuple[float, ...], var: str) -> str:
+    """c₀ + var·(c₁ + var·(…)) as Triton source, the coefficients printed by repr (exact float64)."""
     body = repr(coeffs[-1])
     for c in reversed(coeffs[:-1]):
         body = f"{c!r} + {var} * ({body})"
