@@ -1,5 +1,6 @@
 """Small helpers several test files share: a packaged table's raw JSON, writing one to a temporary file, saving and
-exporting a user's table (what a user runs before training), and the exact float64 gradient of GELU/SiLU."""
+exporting a user's table (what a user runs before training), the exact float64 gradient of GELU/SiLU, and SGD steps
+that train two models alike."""
 
 import json
 from pathlib import Path
@@ -43,3 +44,13 @@ def exact_grad(x: torch.Tensor, act: str) -> torch.Tensor:
 def skips_only_returned_norms(report) -> bool:
     """Only a norm whose output the model returns (the final norm is the last hidden state) was skipped."""
     return len(report.skipped) <= 1 and all("returned as a model output" in s for s in report.skipped)
+
+
+def sgd_steps(model: torch.nn.Module, x: torch.Tensor, steps: int = 3, lr: float = 0.1) -> torch.nn.Module:
+    """``steps`` plain SGD steps on mean(model(x)²), in place: two models trained alike from the same weights."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    return model

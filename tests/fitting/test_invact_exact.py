@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from _helpers import sgd_steps
 from approxbp.approximations import tables as T
 from approxbp.fitting.invact import fit_invact
 from approxbp.fitting.invact_exact import derive_exact, exact_table
@@ -73,11 +74,5 @@ def test_patch_model_swaps_relu_squared_for_the_exact_table_and_trains_as_stock(
     report = patch_model(model, activation=activation, example_input=x)
     assert isinstance(model.act, InvActivation) and model.act.spec.table["form"] == "exact", report
     assert report.saved_bytes[1] < report.saved_bytes[0]  # relu's output r is no longer kept beside y = r²
-    for m in (stock, model):
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        for _ in range(3):
-            opt.zero_grad()
-            m(x).square().mean().backward()
-            opt.step()
-    for a, b in zip(stock.parameters(), model.parameters()):
+    for a, b in zip(sgd_steps(stock, x).parameters(), sgd_steps(model, x).parameters()):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-15)

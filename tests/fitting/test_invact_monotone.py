@@ -8,6 +8,7 @@ import json
 import mpmath
 import pytest
 import torch
+from _helpers import sgd_steps
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.fitting.certify import certify_table, identity_proof
@@ -128,11 +129,5 @@ def test_patch_model_swaps_nn_softplus_and_trains_as_stock():
     assert isinstance(model[1], InvActivation) and model[1].spec.monotone, report
     assert isinstance(model[3], nn.Softplus) and any("beta = 2" in s for s in report.skipped), report
     assert report.saved_bytes[1] < report.saved_bytes[0], report
-    for m in (stock, model):
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        for _ in range(3):
-            opt.zero_grad()
-            m(x).square().mean().backward()
-            opt.step()
-    for a, b in zip(stock.parameters(), model.parameters()):
+    for a, b in zip(sgd_steps(stock, x).parameters(), sgd_steps(model, x).parameters()):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
