@@ -86,7 +86,12 @@ def derive_monotone(activation) -> sp.Expr:
     q = sp.diff(f, xr).subs(xr, roots[0])
     q = sp.simplify(q.replace(lambda e: e.is_Pow and abs(e.exp) == sp.S.Half,  # √((y²+1)²/y²) = (y²+1)/y
                               lambda e: sp.factor(sp.together(e.base)) ** e.exp))
-    return q.subs(y, sp.Symbol("y"))
+    for form in (sp.factor_terms(sp.expand(q)), q):  # (e^(y²) − 1)·e^(−y²) overflows; 1 − e^(−y²) does not
+        with np.errstate(all="ignore"):
+            values = sp.lambdify(y, form, "numpy")(np.geomspace(1e-12, RIGHT_SPAN, 97))
+        if np.all(np.isfinite(values)):
+            return form.subs(y, sp.Symbol("y"))
+    raise ValueError(f"{act.name}: q(y) = {q} is not finite in float64 on [1e-12, {RIGHT_SPAN:g}]")
 
 
 def _measured(activation, q: sp.Expr, left: bool = True) -> dict:
