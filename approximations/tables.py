@@ -250,18 +250,28 @@ def branches_of(t) -> tuple[str, ...]:
 MONOTONE_SPAN = 60.0
 
 
+def not_increasing_at(act) -> float | None:
+    """Where h′ is smallest on [−MONOTONE_SPAN, MONOTONE_SPAN] if it is not > 0 there (NaN counts), else None: the
+    one test of "increasing" that the tables and the fits share."""
+    grid = np.linspace(-MONOTONE_SPAN, MONOTONE_SPAN, 4001)
+    with np.errstate(all="ignore"):
+        slope = act.df(grid)
+    if np.all(slope > 0):
+        return None
+    return float(grid[np.argmin(np.where(np.isfinite(slope), slope, -np.inf))])
+
+
 def _check_monotone(t: dict, act, where: str) -> None:
     """A monotone table (one branch, y = f(x) ↦ f′(f⁻¹(y)) with no branch bit): f increases, f_T = inf f, and no
     turning point, left branch or combined form is given."""
     for f in ("turning_point", "left", "combined"):
         if f in t:
             _fail(where, f, "a monotone table has one branch: no turning point, left branch or combined form")
-    grid = np.linspace(-MONOTONE_SPAN, MONOTONE_SPAN, 4001)
-    with np.errstate(all="ignore"):
-        slope, low = act.df(grid), float(act.f(-1e8))
-    if not np.all(slope > 0):
-        bad = grid[np.argmin(np.where(np.isfinite(slope), slope, -np.inf))]
+    bad = not_increasing_at(act)
+    if bad is not None:
         _fail(where, "monotone", f"h′({bad:.4g}) = {float(act.df(bad)):.3g}: {t['expression']} is not increasing")
+    with np.errstate(all="ignore"):
+        low = float(act.f(-1e8))
     if not (math.isfinite(low) and abs(low - t["f_T"]) <= 1e-6 * max(1.0, abs(t["f_T"]))):
         _fail(where, "f_T", f"records {t['f_T']!r} but h(−1e8) = {low!r}: f_T must be lim_(x→−∞) h")
 

@@ -356,7 +356,6 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
         for branch in t.branches:
             say(f"{t.name} {branch}")
             iv.setup()
-            rule = InvactRule(t, branch, rounded=rounded)
             if identity_proof(t, branch):  # exact: the real-number error is 0, only float32 evaluation remains
                 f32 = float32_error(t, branch, budget_s=min(60.0, budget_s)).bound
                 entry[branch] = {"bound": 0.0, "attained": 0.0, "at_x": 0.0, "claim": claim_of(t, branch),
@@ -365,6 +364,7 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
                 lines.append(f"{t.name:<22} {branch:<5} exact: sympy proves q(f(x)) − f′(x) ≡ 0; float32 evaluation "
                              + (f"≤ {f32:.2e}" if math.isfinite(f32) else "not bounded"))
                 continue
+            rule = InvactRule(t, branch, rounded=rounded)  # the ball rule only where no identity proves the branch
             cert = certify_invact_branch(t, branch, budget_s, rtol, rounded=rounded, rule=rule,
                                          max_boxes=MAX_BOXES if max_boxes is None else max_boxes, say=progress)
             # a running error analysis treats each rounding as independent: it cannot see Newton's self-correction
