@@ -55,18 +55,18 @@ def forward_us(module, x) -> float:
 def entry_points_us(rounds=15, calls=200) -> dict:
     """Forward+backward through the custom op (what dynamo traces) against the eager autograd.Function (what the
     drop-ins call outside dynamo), interleaved, best of ``rounds``: the custom op's own dispatch cost."""
-    from approxbp.kernels import ops
+    from approxbp.kernels import invact, norms, relu_sum
 
     x = torch.randn(8, 8, requires_grad=True)
     g = torch.ones_like(x)
     r, i = ReGELU2(), InvActGELU()
     paths = {
-        ("ReGELU2", "custom op"): lambda: ops.relu_sum_forward(x, r.spec.key, False)[0].backward(g),
-        ("ReGELU2", "eager Function"): lambda: ops.relu_sum(x, r.spec, False).backward(g),
-        ("InvActGELU", "custom op"): lambda: ops.invact_forward(x, i.spec.key, False, None)[0].backward(g),
-        ("InvActGELU", "eager Function"): lambda: ops.invact(x, i.spec, False, None).backward(g),
-        ("MSLayerNorm", "custom op"): lambda: ops.ms_norm_forward(x, 1e-5, True, False, None)[0].backward(g),
-        ("MSLayerNorm", "eager Function"): lambda: ops.ms_norm(x, 1e-5, True, False, None).backward(g),
+        ("ReGELU2", "custom op"): lambda: relu_sum.relu_sum_forward(x, r.spec.key, False)[0].backward(g),
+        ("ReGELU2", "eager Function"): lambda: relu_sum.dispatch(x, r.spec, False).backward(g),
+        ("InvActGELU", "custom op"): lambda: invact.invact_forward(x, i.spec.key, False, None)[0].backward(g),
+        ("InvActGELU", "eager Function"): lambda: invact.dispatch(x, i.spec, False, None).backward(g),
+        ("MSLayerNorm", "custom op"): lambda: norms.ms_norm_forward(x, 1e-5, True, False, None)[0].backward(g),
+        ("MSLayerNorm", "eager Function"): lambda: norms.dispatch(x, 1e-5, True, False, None).backward(g),
     }
     best = dict.fromkeys(paths, float("inf"))
     for _ in range(rounds):

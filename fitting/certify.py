@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
-import sys
 import time
-import types
-import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -33,6 +30,7 @@ import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as X_SYMBOL
+from approxbp.approximations.deprecated import callable_module
 from approxbp.approximations.elementary import LG2_ABS_ERROR, LN2
 from approxbp.approximations.invact_forms import Form, backward_rule
 from approxbp.approximations.invact_forms import y as FORM_Y
@@ -50,6 +48,7 @@ from .optimality import (  # noqa: F401  (the ReLU-sum certificates, re-exported
     relu_sum_objective,
 )
 from .progress import heartbeat
+from .relu_sum import local_certificate
 
 #: |x| up to which InvAct certificates reach (y up to f(2^64) ≈ 1.8e19; beyond, Arb cannot enclose e^{x³}).
 X_LIMIT = 2.0**64
@@ -444,16 +443,6 @@ def certifiable(t) -> bool:
     return t.bits <= 2 and t.source == "fit" and t.activation in ("gelu", "silu")
 
 
-class _CallableModule(types.ModuleType):
-    """This module, callable as the function ``approxbp.fitting.certify`` was until 0.1 (deprecated)."""
-
-    def __call__(self, obj, c):
-        warnings.warn("approxbp.fitting.certify(obj, c) is renamed approxbp.fitting.local_certificate; "
-                      "approxbp.fitting.certify is the module of the rigorous certificates", DeprecationWarning,
-                      stacklevel=2)
-        from .relu_sum import local_certificate
-
-        return local_certificate(obj, c)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+callable_module(__name__, local_certificate, "approxbp.fitting.certify(obj, c)",
+                "approxbp.fitting.local_certificate(obj, c) (approxbp.fitting.certify is the module of the rigorous "
+                "certificates)")

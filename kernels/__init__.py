@@ -15,11 +15,12 @@ if __name__ != "approxbp.kernels":
 
     sys.modules[__name__] = importlib.import_module("approxbp.kernels")
 else:
-    from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec, invact
+    from . import invact, relu_sum  # the modules (each callable as its 0.1 function, deprecated)
+    from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec
     from .norm_merge import merge_norm
     from .norms import MSLayerNorm, MSRMSNorm
     from .patch import PatchReport, patch_model, patched_state_dict, unpatch
-    from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, relu_sum
+    from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2
     from .saved import saved_bytes
 
     def __getattr__(name):
@@ -30,12 +31,11 @@ else:
 
             return getattr(codegen, name)
         if name in ("pack", "unpack"):  # internals, exported until 0.1
-            import warnings
+            from approxbp.approximations.deprecated import warn_renamed
 
             from . import packing
 
-            warnings.warn(f"approxbp.kernels.{name} is internal: import it from approxbp.kernels.packing",
-                          DeprecationWarning, stacklevel=2)
+            warn_renamed(f"approxbp.kernels.{name} (internal)", f"approxbp.kernels.packing.{name}")
             return getattr(packing, name)
         raise AttributeError(f"module 'approxbp.kernels' has no attribute {name!r}")
 

@@ -17,11 +17,13 @@ from pathlib import Path
 
 import torch
 import triton
+from approxbp.approximations.deprecated import callable_module
+from torch import Tensor
 
 from . import ops
 from .guards import check_input, check_triton_device
 from .launch import BIT_BLOCK_BYTES, ELEMENT_BLOCK, num_warps
-from .modules import GeneratedSpec
+from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
 
 
@@ -91,12 +93,89 @@ class InvActSpec(GeneratedSpec):
         return out
 
 
+# ---- the two entry points (kernels/ops.py): custom ops under dynamo, an eager Function otherwise --------------
+def _forward(x, spec, use_triton, out_dtype):
+    y, bits = (spec.forward_triton if use_triton else spec.forward_torch)(x)
+    y = y.view(x.shape)
+    return (y if out_dtype is None else y.to(out_dtype)), bits
+
+
+def _backward(g, y, bits, spec, use_triton, dtype):
+    g = g.to(dtype)
+    return (spec.backward_triton if use_triton else spec.backward_torch)(g, y, bits).view(g.shape)
+
+
+@torch.library.custom_op("approxbp::invact_forward", mutates_args=())
+def invact_forward(x: Tensor, key: str, use_triton: bool, out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+    return _forward(x, spec_of(key), use_triton, out_dtype)
+
+
+@invact_forward.register_fake
+def _(x, key, use_triton, out_dtype):
+    return (torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format),
+            x.new_empty((spec_of(key).bit_bytes(x.numel()),), dtype=torch.uint8))
+
+
+@torch.library.custom_op("approxbp::invact_backward", mutates_args=())
+def invact_backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: bool, dtype: torch.dtype) -> Tensor:
+    return _backward(g, y, bits, spec_of(key), use_triton, dtype)
+
+
+@invact_backward.register_fake
+def _(g, y, bits, key, use_triton, dtype):
+    return torch.empty_like(g, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+def _setup(ctx, inputs, output):
+    x, ctx.key, ctx.use_triton, _ = inputs
+    ctx.dtype = x.dtype
+    ctx.save_for_backward(*output)
+
+
+def _grad(ctx, gy, _):
+    y, bits = ctx.saved_tensors
+    return invact_backward(gy, y, bits, ctx.key, ctx.use_triton, ctx.dtype), None, None, None
+
+
+invact_forward.register_autograd(_grad, setup_context=_setup)
+
+
+class InvActFunction(ops.FirstOrder):
+    @staticmethod
+    def forward(x, spec, use_triton, out_dtype):
+        return _forward(x, spec, use_triton, out_dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        y, bits = output
+        ctx.mark_non_differentiable(bits)
+        ctx.save_for_backward(y, bits)
+        ctx.spec, ctx.use_triton, ctx.dtype = inputs[1], inputs[2], inputs[0].dtype
+
+    @staticmethod
+    @ops.once_differentiable
+    def backward(ctx, gy, _bits):
+        return _backward(gy, *ctx.saved_tensors, ctx.spec, ctx.use_triton, ctx.dtype), None, None, None
+
+
+def dispatch(x: Tensor, spec: InvActSpec, use_triton: bool, out_dtype: torch.dtype | None) -> Tensor:
+    """y = f(x) in ``out_dtype`` (default x's); saves y and one branch bit per element:
+    ``approxbp::invact_forward`` under dynamo, the twin's plain forward without grad, :class:`InvActFunction`
+    otherwise."""
+    if ops.opaque():
+        return invact_forward(x, spec.key, use_triton, out_dtype)[0]
+    if not use_triton and not ops.needs_grad(x):
+        y = spec.forward_only_torch(x)
+        return y if out_dtype is None else y.to(out_dtype)
+    return ops.apply(InvActFunction, x, spec, use_triton, out_dtype)[0]
+
+
 def invact(x: torch.Tensor, spec: InvActSpec, use_triton: bool | None = None) -> torch.Tensor:
-    """y = f(x) exactly; saves y and one branch bit per element; dx = dy · q_s(y). An autograd.Function in eager
-    mode, the custom op ``approxbp::invact_forward`` under dynamo (see ops). Under autocast a wider input gives y
-    in the autocast dtype (ops.autocast_dtype), so that the next Linear saves the same tensor."""
+    """y = f(x) exactly; saves y and one branch bit per element; dx = dy · q_s(y) (:func:`dispatch` on a checked
+    input). Under autocast a wider input gives y in the autocast dtype (ops.autocast_dtype), so that the next
+    Linear saves the same tensor."""
     check_input(x, "InvActivation")
-    return ops.invact(x, spec, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))
+    return dispatch(x, spec, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))
 
 
 class InvActivation(torch.nn.Module):
@@ -130,3 +209,7 @@ class InvActSiLU(InvActivation):
 
     def __init__(self, form: str = "fast", use_triton: bool | None = None):
         super().__init__(f"silu-{form}", use_triton)
+
+
+callable_module(__name__, invact, "approxbp.kernels.invact(x, spec)",
+                "approxbp.kernels.invact.invact(x, spec) (approxbp.kernels.invact is its module)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch import nn
+from torch import Tensor, nn
 
 from . import ops
 from .guards import check_input, check_triton_device
@@ -113,13 +113,78 @@ def ms_norm_backward_impl(dz, z, rstd, center: bool, use_triton: bool, dtype):
     return (dx * rstd).to(dtype)
 
 
+# ---- the two entry points (kernels/ops.py): custom ops under dynamo, an eager Function otherwise --------------
+@torch.library.custom_op("approxbp::ms_norm_forward", mutates_args=())
+def ms_norm_forward(x: Tensor, eps: float, center: bool, use_triton: bool,
+                    out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+    return ms_norm_forward_impl(x, eps, center, use_triton, out_dtype)
+
+
+@ms_norm_forward.register_fake
+def _(x, eps, center, use_triton, out_dtype):
+    acc = torch.promote_types(x.dtype, torch.float32)
+    return (torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format),
+            x.new_empty((*x.shape[:-1], 1), dtype=acc))
+
+
+@torch.library.custom_op("approxbp::ms_norm_backward", mutates_args=())
+def ms_norm_backward(dz: Tensor, z: Tensor, rstd: Tensor, center: bool, use_triton: bool,
+                     dtype: torch.dtype) -> Tensor:
+    return ms_norm_backward_impl(dz, z, rstd, center, use_triton, dtype)
+
+
+@ms_norm_backward.register_fake
+def _(dz, z, rstd, center, use_triton, dtype):
+    return torch.empty_like(dz, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+def _setup(ctx, inputs, output):
+    x, _, ctx.center, ctx.use_triton, _ = inputs
+    ctx.dtype = x.dtype
+    ctx.save_for_backward(*output)
+
+
+def _grad(ctx, dz, _):
+    z, rstd = ctx.saved_tensors
+    return ms_norm_backward(dz, z, rstd, ctx.center, ctx.use_triton, ctx.dtype), None, None, None, None
+
+
+ms_norm_forward.register_autograd(_grad, setup_context=_setup)
+
+
+class MSNormFunction(ops.FirstOrder):
+    @staticmethod
+    def forward(x, eps, center, use_triton, out_dtype):
+        return ms_norm_forward_impl(x, eps, center, use_triton, out_dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        z, rstd = output
+        ctx.mark_non_differentiable(rstd)
+        ctx.save_for_backward(z, rstd)
+        ctx.center, ctx.use_triton, ctx.dtype = inputs[2], inputs[3], inputs[0].dtype
+
+    @staticmethod
+    @ops.once_differentiable
+    def backward(ctx, dz, _rstd):
+        z, rstd = ctx.saved_tensors
+        return ms_norm_backward_impl(dz, z, rstd, ctx.center, ctx.use_triton, ctx.dtype), None, None, None, None
+
+
+def dispatch(x: Tensor, eps: float, center: bool, use_triton: bool, out_dtype: torch.dtype | None) -> Tensor:
+    """z = σ⁻¹·H·x (``center``) or σ⁻¹·x; saves z and σ⁻¹: ``approxbp::ms_norm_forward`` under dynamo,
+    :class:`MSNormFunction` otherwise."""
+    if ops.opaque():
+        return ms_norm_forward(x, eps, center, use_triton, out_dtype)[0]
+    return ops.apply(MSNormFunction, x, eps, center, use_triton, out_dtype)[0]
+
+
 def ms_norm(x: torch.Tensor, eps: float, center: bool, use_triton: bool | None = None) -> torch.Tensor:
-    """The MS-norm (an autograd.Function in eager mode, ``approxbp::ms_norm_forward`` under dynamo); saves z (the
-    output, shared with the next Linear) and σ⁻¹. Under autocast z is returned in the autocast dtype
-    (ops.autocast_dtype): the consumer Linear would cast it anyway and save its own copy, so sharing needs z in
-    that dtype."""
+    """The MS-norm (:func:`dispatch` on a checked input); saves z (the output, shared with the next Linear) and σ⁻¹.
+    Under autocast z is returned in the autocast dtype (ops.autocast_dtype): the consumer Linear would cast it
+    anyway and save its own copy, so sharing needs z in that dtype."""
     check_input(x, "MSLayerNorm" if center else "MSRMSNorm")
-    return ops.ms_norm(x, eps, center, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))
+    return dispatch(x, eps, center, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))
 
 
 def _eps(eps: float | None, x: torch.Tensor) -> float:
@@ -147,7 +212,7 @@ class MSLayerNorm(nn.Module):
                              f"{tuple(x.shape)}")
         check_input(x, type(self).__name__)
         use_triton = x.is_cuda if self.use_triton is None else self.use_triton
-        return ops.ms_norm(x, _eps(self.eps, x), self.center, use_triton, out_dtype)
+        return dispatch(x, _eps(self.eps, x), self.center, use_triton, out_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"

@@ -23,12 +23,14 @@ from pathlib import Path
 import torch
 import triton
 from approxbp.approximations import tables as T
+from approxbp.approximations.deprecated import callable_module
+from torch import Tensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import ops
 from .guards import check_input, check_triton_device
 from .launch import RELU_SUM_ROWS, RELU_SUM_SPAN, num_warps
-from .modules import GeneratedSpec
+from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
 
 
@@ -117,11 +119,86 @@ class ReLUSumSpec(GeneratedSpec):
         return out
 
 
+# ---- the two entry points (kernels/ops.py): custom ops under dynamo, an eager Function otherwise --------------
+def _forward(x, spec, use_triton):
+    y, packed, nan = (spec.forward_triton if use_triton else spec.forward_torch)(x)
+    return y.view(x.shape), packed, nan
+
+
+def _backward(g, packed, nan, spec, use_triton):
+    return (spec.backward_triton if use_triton else spec.backward_torch)(g, packed, nan, g.numel()).view(g.shape)
+
+
+@torch.library.custom_op("approxbp::relu_sum_forward", mutates_args=())
+def relu_sum_forward(x: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _forward(x, spec_of(key), use_triton)
+
+
+@relu_sum_forward.register_fake
+def _(x, key, use_triton):
+    spec = spec_of(key)
+    n = x.numel()
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty((spec.packed_bytes(n),), dtype=torch.uint8),
+            x.new_empty(((n + spec.nan_span - 1) // spec.nan_span,), dtype=torch.uint8))
+
+
+@torch.library.custom_op("approxbp::relu_sum_backward", mutates_args=())
+def relu_sum_backward(g: Tensor, packed: Tensor, nan: Tensor, key: str, use_triton: bool) -> Tensor:
+    return _backward(g, packed, nan, spec_of(key), use_triton)
+
+
+@relu_sum_backward.register_fake
+def _(g, packed, nan, key, use_triton):
+    return torch.empty_like(g, memory_format=torch.contiguous_format)
+
+
+def _setup(ctx, inputs, output):
+    _, ctx.key, ctx.use_triton = inputs
+    ctx.save_for_backward(output[1], output[2])
+
+
+def _grad(ctx, gy, *_):
+    packed, nan = ctx.saved_tensors
+    return relu_sum_backward(gy, packed, nan, ctx.key, ctx.use_triton), None, None
+
+
+relu_sum_forward.register_autograd(_grad, setup_context=_setup)
+
+
+class ReLUSumFunction(ops.FirstOrder):
+    @staticmethod
+    def forward(x, spec, use_triton):
+        return _forward(x, spec, use_triton)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, packed, nan = output
+        ctx.mark_non_differentiable(packed, nan)
+        ctx.save_for_backward(packed, nan)
+        ctx.spec, ctx.use_triton = inputs[1], inputs[2]
+
+    @staticmethod
+    @ops.once_differentiable
+    def backward(ctx, gy, _packed, _nan):
+        return _backward(gy, *ctx.saved_tensors, ctx.spec, ctx.use_triton), None, None
+
+
+def dispatch(x: Tensor, spec: ReLUSumSpec, use_triton: bool) -> Tensor:
+    """y = h(x); saves the packed codes and NaN bytes: ``approxbp::relu_sum_forward`` under dynamo, the twin's
+    plain forward without grad, :class:`ReLUSumFunction` otherwise."""
+    if ops.opaque():
+        return relu_sum_forward(x, spec.key, use_triton)[0]
+    if not use_triton and not ops.needs_grad(x):
+        return spec.forward_only_torch(x)
+    return ops.apply(ReLUSumFunction, x, spec, use_triton)[0]
+
+
 def relu_sum(x: torch.Tensor, spec: ReLUSumSpec, use_triton: bool | None = None) -> torch.Tensor:
-    """y = h(x) exactly; saves the packed k-bit codes (and a NaN byte per block); dx = dy · LEVELS[code].
-    An autograd.Function in eager mode, the custom op ``approxbp::relu_sum_forward`` under dynamo (see ops)."""
+    """y = h(x) exactly; saves the packed k-bit codes (and a NaN byte per block); dx = dy · LEVELS[code]
+    (:func:`dispatch` on a checked input; ``use_triton`` None: on CUDA tensors)."""
     check_input(x, "ReLUSumActivation")
-    return ops.relu_sum(x, spec, x.is_cuda if use_triton is None else use_triton)
+    return dispatch(x, spec, x.is_cuda if use_triton is None else use_triton)
 
 
 class ReLUSumActivation(torch.nn.Module):
@@ -153,3 +230,7 @@ class ReSiLU2(ReLUSumActivation):
 
     def __init__(self, paper: bool = False, use_triton: bool | None = None):
         super().__init__(T.relu_sum_name("silu", 2, "primitive", "paper" if paper else "fit"), use_triton)
+
+
+callable_module(__name__, relu_sum, "approxbp.kernels.relu_sum(x, spec)",
+                "approxbp.kernels.relu_sum.relu_sum(x, spec) (approxbp.kernels.relu_sum is its module)")

@@ -184,13 +184,14 @@ def test_the_project_blocks_plan_to_the_memory_table(name, cls):
 def test_planning_leaves_no_fake_tensor_in_shared_caches():
     """Drop-ins built during a fake-tensor plan share specs and cached constants with later real ones; a cached fake
     tensor read by a real (compiled) kernel crashed the process. Every cache holds real tensors."""
-    from approxbp.kernels import ReGELU2, ops
+    from approxbp.kernels import ReGELU2
+    from approxbp.kernels.modules import SPECS
     from approxbp.kernels.packing import _place_values, byte_codes
     from torch._subclasses.fake_tensor import FakeTensor
 
     P.plan(GPT2, batch=1, seq=8, mode="bf16")
     cached = [byte_codes(b, torch.device("cpu")) for b in (1, 2, 4, 8)] + [_place_values(2, torch.device("cpu"))]
-    for spec in ops.SPECS.values():
+    for spec in SPECS.values():
         cached += [t for t in vars(spec).values() if isinstance(t, torch.Tensor)]
         cached += [t for consts in getattr(spec, "_dev", {}).values() for t in consts]
     assert cached and not any(isinstance(t, FakeTensor) for t in cached)

@@ -286,6 +286,6 @@ def test_fitting_certify_is_the_module_and_calling_it_is_the_deprecated_local_ce
     assert F.certify is C and isinstance(F.certify, type(F)) and "certify" not in F.__all__
     obj = ReluSumObjective(get_activation("gelu"), 2, "primitive", (-8.0, 8.0))
     c = np.array([-1.0, 0.0, 1.5])
-    with pytest.warns(DeprecationWarning, match="renamed approxbp.fitting.local_certificate"):
+    with pytest.warns(DeprecationWarning, match="use approxbp.fitting.local_certificate"):
         old = F.certify(obj, c)
     assert old == F.local_certificate(obj, c)

@@ -204,12 +204,12 @@ def test_kernels_folder_imported_by_its_bare_name_is_the_installed_package(monke
 def test_fake_relu_sum_forward_has_the_real_shapes(name, n):
     """torch.compile plans with the fake kernel: its packed size must be the real one (whole rows, whole words)."""
     from approxbp.approximations import tables as T
-    from approxbp.kernels import ops
+    from approxbp.kernels.modules import register
     from approxbp.kernels.relu_sum import ReLUSumSpec
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     spec = ReLUSumSpec(T.resolve(name, "relu-sum"))
-    key = ops.register(spec)
+    key = register(spec)
     real = torch.ops.approxbp.relu_sum_forward(torch.randn(n), key, False)
     with FakeTensorMode():
         fake = torch.ops.approxbp.relu_sum_forward(torch.empty(n), key, False)

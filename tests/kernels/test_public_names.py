@@ -15,3 +15,47 @@ def test_packing_helpers_are_internal_and_the_old_names_warn():
     assert old is pack
     bits = torch.tensor([True, False, True, True, False, False, False, True])
     assert int(old(bits, 1)[0]) == 0b10001101  # little-end first: element j is bit j
+
+
+@pytest.mark.parametrize("family", ["relu_sum", "invact"])
+def test_a_family_name_is_its_module_and_the_old_function_call_warns(family):
+    """``import approxbp.kernels.relu_sum as m`` gives the module (0.1 gave the function); calling the package's name
+    as 0.1 did still works, with a warning naming the function that replaced it."""
+    import importlib
+
+    import approxbp.kernels as K
+    from approxbp.kernels import InvActGELU, ReGELU2
+
+    module = importlib.import_module(f"approxbp.kernels.{family}")
+    assert getattr(K, family) is module and module.__name__ == f"approxbp.kernels.{family}"
+    spec = (ReGELU2() if family == "relu_sum" else InvActGELU()).spec
+    x = torch.linspace(-4, 4, 33, requires_grad=True)
+    with pytest.warns(DeprecationWarning, match=f"approxbp.kernels.{family}.{family}"):
+        old = getattr(K, family)(x, spec)
+    new = getattr(module, family)(x, spec)
+    assert torch.equal(old, new)
+
+
+def test_a_new_spec_family_registers_itself_and_is_rebuilt_from_its_key():
+    """One file per family: a Spec subclass with a ``family`` is found by ``spec_of`` without touching a hub."""
+    from approxbp.kernels.modules import FAMILIES, SPECS, Spec, spec_of
+
+    class Doubling(Spec):
+        family = "test-doubling"
+
+        def __init__(self, factor: str):
+            self.key, self.factor = f"{self.family}:{factor}", int(factor)
+
+        @classmethod
+        def from_key(cls, rest):
+            return cls(rest)
+
+    try:
+        assert FAMILIES["test-doubling"] is Doubling
+        assert spec_of("test-doubling:3").factor == 3 and "test-doubling:3" in SPECS
+        with pytest.raises(KeyError, match="no spec family 'nonesuch'"):
+            spec_of("nonesuch:1")
+    finally:
+        FAMILIES.pop("test-doubling", None)
+        SPECS.pop("test-doubling:3", None)
+    assert {"relu-sum", "invact", "glu"} <= set(FAMILIES)

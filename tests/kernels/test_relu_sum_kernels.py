@@ -19,13 +19,11 @@ from approxbp.kernels import (
     ReLUSumActivation,
     ReLUSumSpec,
     ReSiLU2,
-    pack,
     saved_bytes,
-    unpack,
 )
 from approxbp.kernels.codegen import HELPERS_MODULE, render, render_helpers
 from approxbp.kernels.modules import module_name
-from approxbp.kernels.packing import storage_bits
+from approxbp.kernels.packing import pack, storage_bits, unpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
