@@ -449,10 +449,10 @@ def gradient_error(activation: str, option: str) -> float:
 
 def activation_layers(model: nn.Module) -> dict[str, str]:
     """Module path → registry activation of every activation patch_model can replace."""
-    from approxbp.kernels.patch import ACTIVATION_CLASSES, _class_key
+    from approxbp.kernels.patch import ACTIVATION_CLASSES, class_key
 
-    return {n: ACTIVATION_CLASSES[_class_key(m)] for n, m in model.named_modules()
-            if _class_key(m) in ACTIVATION_CLASSES}
+    return {n: ACTIVATION_CLASSES[class_key(m)] for n, m in model.named_modules()
+            if class_key(m) in ACTIVATION_CLASSES}
 
 
 def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: dict | None = None) -> nn.Module:
@@ -463,7 +463,7 @@ def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: d
     tables = {path: option_table(act, assignment[path]) or "exact"
               for path, act in activation_layers(model).items() if path in assignment}
     fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu"}
-    patch_model(model, activation=tables or None, norm=ms_norm, example_input=inputs, check=False, glu=fused)
+    patch_model(model, family=None, tables=tables or None, norms=ms_norm, example_input=inputs, check=False, glu=fused)
     return model
 
 

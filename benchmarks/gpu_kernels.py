@@ -235,7 +235,7 @@ def training_step_rows(device, d=1024, blocks=8, batch=16, tokens=1024, steps=5)
             torch.manual_seed(0)
             model = ToyGPT(32000, d, blocks, heads=d // 64, context=tokens)
             if variant != "exact":
-                patch_model(model, activation=variant)
+                patch_model(model, family=variant)
             model = model.to(device, torch.float32 if mode == "autocast" else torch.bfloat16)
             run = torch.compile(model) if mode == "compile" else model
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -279,11 +279,11 @@ def vit_lora_rows(device, batch=64, steps=5) -> list[dict]:
             torch.manual_seed(0)
             model = transformers.ViTForImageClassification(cfg)
             if variant != "exact":
-                patch_model(model, activation=variant, example_input={"pixel_values": pixels[:1].cpu()})
+                patch_model(model, family=variant, example_input={"pixel_values": pixels[:1].cpu()})
             lora = peft.LoraConfig(r=4, target_modules=["query", "value", "q_proj", "v_proj"])  # transformers 4 / 5
             model = peft.get_peft_model(model, lora)
             if variant != "exact":  # the adapters get the merged norms' α, β: exact LoRA gradients (README)
-                patch_model(model, activation=None, example_input={"pixel_values": pixels[:1].cpu()})
+                patch_model(model, family=None, example_input={"pixel_values": pixels[:1].cpu()})
             model = model.to(device, torch.float32 if mode == "autocast" else torch.bfloat16)
             px = pixels.to(torch.float32 if mode == "autocast" else torch.bfloat16)
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)

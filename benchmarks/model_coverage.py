@@ -275,7 +275,7 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
     acts, norms = inventory(stock)
     ours = copy.deepcopy(stock)
     try:
-        report = patch_model(ours, activation="invact", example_input=batch)
+        report = patch_model(ours, family="invact", example_input=batch)
     except Exception as err:  # noqa: BLE001
         return {**row, "acts": len(acts), "norms": len(norms),
                 "error": f"patch_model: {type(err).__name__}: {' '.join(str(err).split())[:300]}"}

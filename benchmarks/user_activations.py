@@ -103,7 +103,7 @@ def train(expression: str, table: Path) -> dict:
     stock = nn.Sequential(nn.Linear(16, 64), UserAct(), nn.Linear(64, 1))
     model = copy.deepcopy(stock)
     x, target = torch.randn(256, 16), torch.randn(256, 1)
-    report = patch_model(model, activation={"UserAct": str(table)}, example_input=x)
+    report = patch_model(model, family=None, tables={"UserAct": str(table)}, example_input=x)
     losses = []
     for m in (stock, model):
         opt = torch.optim.SGD(m.parameters(), lr=0.01)

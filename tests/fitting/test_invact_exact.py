@@ -71,7 +71,7 @@ def test_patch_model_swaps_relu_squared_for_the_exact_table_and_trains_as_stock(
     stock = SquaredMLP().double()
     model = copy.deepcopy(stock)
     x = torch.randn(4, 8, dtype=torch.float64)
-    report = patch_model(model, activation=activation, example_input=x)
+    report = patch_model(model, family=activation, example_input=x)
     assert isinstance(model.act, InvActivation) and model.act.spec.table["form"] == "exact", report
     assert report.saved_bytes[1] < report.saved_bytes[0]  # relu's output r is no longer kept beside y = r²
     for a, b in zip(sgd_steps(stock, x).parameters(), sgd_steps(model, x).parameters()):

@@ -125,7 +125,7 @@ def test_patch_model_swaps_nn_softplus_and_trains_as_stock():
                           nn.Linear(8, 1)).double()
     model = copy.deepcopy(stock)
     x = torch.randn(16, 8, dtype=torch.float64)
-    report = patch_model(model, activation="invact", example_input=x)
+    report = patch_model(model, family="invact", example_input=x)
     assert isinstance(model[1], InvActivation) and model[1].spec.monotone, report
     assert isinstance(model[3], nn.Softplus) and any("beta = 2" in s for s in report.skipped), report
     assert report.saved_bytes[1] < report.saved_bytes[0], report

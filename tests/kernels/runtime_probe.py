@@ -50,7 +50,7 @@ for use_triton in (False, True):
 
 model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), torch.nn.GELU(),
                             torch.nn.Linear(16, 4))
-K.patch_model(model, activation="invact", norm=True, example_input=torch.randn(2, 16))
+K.patch_model(model, family="invact", norms=True, example_input=torch.randn(2, 16))
 x = torch.randn(3, 16, requires_grad=True)
 model(x).sum().backward()
 ran.append("patch_model")

@@ -26,7 +26,7 @@ def _gpt(n_blocks=2, d=32, seed=0):
 
 def _patched(activation="relu-sum", use_triton=False, **kw):
     model = _gpt(**kw)
-    report = patch_model(model, activation=activation)
+    report = patch_model(model, family=activation)
     assert len(report.norms) == 2 * len([m for m in model if isinstance(m, GPTBlock)]) + 1, report
     for m in model.modules():
         if hasattr(m, "use_triton"):
@@ -95,7 +95,7 @@ def test_patched_hf_llama_has_zero_graph_breaks(use_triton):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     ids = torch.randint(0, 64, (1, 16))
-    report = patch_model(model, activation="relu-sum", example_input={"input_ids": ids})
+    report = patch_model(model, family="relu-sum", example_input={"input_ids": ids})
     assert report.norms and report.glus  # the SwiGLU MLPs: the exact fused op
     for m in model.modules():
         if hasattr(m, "use_triton"):

@@ -68,7 +68,7 @@ def test_anything_else_is_named_with_the_reason(module, says):
     assert says in norm_form(module)
     model = nn.Sequential(module, nn.Linear(8, 4)) if not isinstance(module, nn.LayerNorm) else None
     if model is not None:
-        report = patch_model(model, activation=None)
+        report = patch_model(model, family=None)
         assert not report.norms and any(says in s for s in report.skipped), report
 
 
@@ -87,7 +87,7 @@ def test_an_offset_or_unlisted_norm_is_rewritten_exactly(make, frozen):
     stock.requires_grad_(not frozen)
     model = copy.deepcopy(stock)
     x = torch.randn(4, 5, 8, dtype=torch.float64)
-    report = patch_model(model, activation=None, example_input=x)
+    report = patch_model(model, family=None, example_input=x)
     assert len(report.norms) == 1 and ("merged into" in report.norms[0]) == frozen, report
     tol = 1e-6 if "Gemma" in type(stock[0]).__name__ else 1e-12  # Gemma's norm computes in float32 inside
     torch.testing.assert_close(model(x), stock(x), rtol=tol, atol=tol)
@@ -113,7 +113,7 @@ def test_a_gemma_model_gets_its_norms():
                 p.add_(0.3 * torch.randn_like(p))
     model = copy.deepcopy(stock)
     ids = torch.randint(0, 50, (2, 8))
-    report = patch_model(model, activation=None, example_input={"input_ids": ids})
+    report = patch_model(model, family=None, example_input={"input_ids": ids})
     assert len(report.norms) == 4, report  # 2 per layer; the final norm is the last hidden state
     for m in (stock, model):
         m(input_ids=ids, labels=ids).loss.backward()

@@ -17,7 +17,7 @@ def _frozen():
         model[0].bias.add_(torch.randn(8))
     stock = copy.deepcopy(model).requires_grad_(False)
     model.requires_grad_(False)
-    report = patch_model(model, activation=None)
+    report = patch_model(model, family=None)
     assert report.norms and "merged into" in report.norms[0], report
     return stock, model
 
@@ -70,7 +70,7 @@ def test_unpatch_keeps_a_deliberately_mixed_model_as_it_was():
     torch.manual_seed(0)
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 4).to(torch.bfloat16)).requires_grad_(False)
     model[0].register_forward_hook(lambda m, i, o: o.to(torch.bfloat16))
-    patch_model(model, activation=None)  # the hook on the norm blocks its rewrite: nothing merged
+    patch_model(model, family=None)  # the hook on the norm blocks its rewrite: nothing merged
     assert model[0].weight.dtype == torch.float32
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 4).to(torch.bfloat16)).requires_grad_(False)
     from approxbp.kernels.norm_merge import merge_norm, unmerge_norm

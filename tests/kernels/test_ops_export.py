@@ -60,7 +60,7 @@ def test_an_exported_patched_block_runs_in_a_fresh_process(tmp_path):
     torch.manual_seed(0)
     block = GPTBlock(d=16, hidden=32, heads=2, causal=True)
     x = torch.randn(2, 5, 16)
-    report = patch_model(block, activation="invact", example_input=x)
+    report = patch_model(block, family="invact", example_input=x)
     assert report.activations and report.norms
     assert_same_gradients_in_a_fresh_process(block, x, tmp_path)
 

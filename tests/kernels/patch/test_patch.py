@@ -56,9 +56,11 @@ def test_untraceable_model_is_reported_not_broken():
     assert isinstance(m.ln, torch.nn.LayerNorm)
 
 
-def test_bad_activation_choice():
-    with pytest.raises(ValueError, match="activation must be one of"):
-        patch_model(torch.nn.Linear(2, 2), activation="relu")
+def test_bad_family_or_table_choice():
+    with pytest.raises(ValueError, match="family must be one of"):
+        patch_model(torch.nn.Linear(2, 2), family="relu")
+    with pytest.raises(ValueError, match="tables must be a table path"):
+        patch_model(torch.nn.Linear(2, 2), tables="no-such-table")
 
 
 class _TwiceNorm(torch.nn.Module):
@@ -113,7 +115,7 @@ def test_every_call_site_is_accounted_for(cls, untraceable):
     before = m(x)
     for frozen in (False, True):
         mm = copy.deepcopy(m).requires_grad_(not frozen)
-        report = patch_model(mm, activation=None, example_input=x if untraceable else None)
+        report = patch_model(mm, family=None, example_input=x if untraceable else None)
         assert not report.norms and report.skipped, report
         assert torch.allclose(mm(x), before, rtol=1e-12, atol=1e-12)
 
@@ -139,7 +141,7 @@ def test_a_data_dependent_branch_stops_norm_rewrites_on_the_dispatch_path():
         m.ln.bias.normal_(0.0, 0.5)
     pos, neg = torch.ones(2, 4, dtype=torch.float64), -torch.ones(2, 4, dtype=torch.float64) + 0.1 * torch.arange(4)
     before = m(neg)
-    report = patch_model(m, activation=None, example_input=pos)
+    report = patch_model(m, family=None, example_input=pos)
     assert not report.norms and "branches on tensor values" in report.skipped[0], report
     assert torch.equal(m(neg), before)
 
@@ -155,14 +157,14 @@ def test_multi_dim_layernorm_is_skipped_not_broken():
         model[0].bias.normal_()
     x = torch.randn(5, 8, 8)
     before = model(x)
-    report = patch_model(model, activation=None)
+    report = patch_model(model, family=None)
     assert isinstance(model[0], torch.nn.LayerNorm) and "normalises over (8, 8)" in str(report.skipped)
     assert torch.equal(model(x), before)
 
 
 @pytest.mark.parametrize("frozen", [True, False])  # merged into frozen consumers / α, β kept for trainable ones
 def test_patching_is_all_or_nothing(monkeypatch, frozen):
-    from approxbp.kernels import patch as P
+    from approxbp.kernels import norm_patch as P
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8, bias=False), torch.nn.GELU(),
@@ -212,9 +214,9 @@ def test_tied_consumer_weight_is_not_merged():
     ids = torch.randint(0, 11, (2, 5))
     before = m(ids)
     frozen = copy.deepcopy(m).requires_grad_(False)
-    report = patch_model(frozen, activation=None)  # merging into W would change the tied embedding too
+    report = patch_model(frozen, family=None)  # merging into W would change the tied embedding too
     assert "tied weights" in str(report.skipped) and not report.norms
-    report = patch_model(m, activation=None)  # trainable: α, β are kept, W is untouched, so tying is no obstacle
+    report = patch_model(m, family=None)  # trainable: α, β are kept, W is untouched, so tying is no obstacle
     assert len(report.norms) == 1 and m.lm_head.weight is m.wte.weight
     assert (m(ids) - before).abs().max() <= 1e-12 and (frozen(ids) - before).abs().max() <= 1e-12
 
@@ -256,7 +258,7 @@ def test_a_branch_at_the_top_level_keeps_the_blocks_norms(branchy_second):
             b.ln.weight.normal_(1.0, 0.5)
     x = torch.randn(2, 3, 4, dtype=torch.float64)
     before = m(x)
-    report = patch_model(m, activation=None, example_input=x)
+    report = patch_model(m, family=None, example_input=x)
     assert len(report.norms) == (1 if branchy_second else 2), report
     if branchy_second:
         assert any(s.startswith("blocks.1.ln:") and "blocks.1 branches on tensor values" in s
@@ -280,6 +282,6 @@ def test_every_one_of_many_identical_branching_blocks_is_checked_on_its_own():
                 x = b(x)
             return x
 
-    report = patch_model(Many().double(), activation=None, example_input=torch.randn(2, 3, 4, dtype=torch.float64))
+    report = patch_model(Many().double(), family=None, example_input=torch.randn(2, 3, 4, dtype=torch.float64))
     assert not report.norms and len(report.skipped) == 12, report
     assert all(f"blocks.{i}.ln: blocks.{i} branches on tensor values" in s for i, s in enumerate(report.skipped))

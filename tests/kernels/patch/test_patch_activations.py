@@ -20,27 +20,27 @@ def _mlp(act):
 def test_every_torch_activation_is_mapped(act, table):
     m = _mlp(act)
     x = torch.randn(3, 6, dtype=torch.float64)
-    report = patch_model(m, norm=False, example_input=x)
+    report = patch_model(m, norms=False, example_input=x)
     assert len(report.activations) == 1 and table in report.activations[0], report
     assert report.max_output_difference <= 1e-12  # the forward is exact
 
 
 def test_bits_table_path_and_mapping(tmp_path):
     m = _mlp(nn.GELU())
-    patch_model(m, norm=False, bits=3)
+    patch_model(m, norms=False, bits=3)
     assert isinstance(m[1], ReLUSumActivation) and m[1].spec.bits == 3
     path = exported(T.load("invact/gelu-fast"), tmp_path / "mine.json")
     m = _mlp(nn.GELU())
-    patch_model(m, activation=str(path), norm=False)
+    patch_model(m, tables=str(path), norms=False)
     assert isinstance(m[1], InvActivation)
     m = _mlp(nn.SiLU())
-    patch_model(m, activation={nn.SiLU: "relu_sum/silu-k4-derivative"}, norm=False)
+    patch_model(m, family=None, tables={nn.SiLU: "relu_sum/silu-k4-derivative"}, norms=False)
     assert m[1].spec.table["bits"] == 4 and m[1].spec.table["objective"] == "derivative"
 
 
 def test_unreplaced_activation_like_modules_are_reported():
     m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh())
-    report = patch_model(m, norm=False)
+    report = patch_model(m, norms=False)
     relu, tanh = report.skipped
     assert "nothing to gain" in relu and "no table family" in tanh  # ReLU saves only its output already
     assert not isinstance(m[1], ReGELU2)
@@ -57,7 +57,7 @@ def test_gpt2_gelu_new_is_swapped_and_its_conv1d_norm_consumers_and_tied_lm_head
                 mod.weight.normal_(1.0, 0.3)
                 mod.bias.normal_(0.0, 0.3)
     ids = torch.randint(0, 64, (2, 16))
-    report = patch_model(model, activation="relu-sum", example_input={"input_ids": ids})
+    report = patch_model(model, family="relu-sum", example_input={"input_ids": ids})
     assert sum("NewGELUActivation" in a for a in report.activations) == 12, report.activations
     assert len(report.norms) == 25, report  # ln_1, ln_2 (Conv1D consumers) × 12; ln_f: its output shared
     assert not report.skipped and "transformer.ln_f → MSLayerNormSharedOutput" in report.norms[-1], report
@@ -73,7 +73,7 @@ def test_a_patch_that_changes_the_output_is_undone():
     m = _mlp(nn.GELU())
     x = torch.randn(3, 6, dtype=torch.float64)
     before = m(x)
-    report = patch_model(m, activation={nn.GELU: Odd()}, norm=False, example_input=x)  # checked before the swap
+    report = patch_model(m, family=None, tables={nn.GELU: Odd()}, norms=False, example_input=x)  # checked first
     assert "computes another function" in report.skipped[0] and not report.activations
     assert isinstance(m[1], nn.GELU) and torch.equal(m(x), before)
 
@@ -81,7 +81,7 @@ def test_a_patch_that_changes_the_output_is_undone():
 @pytest.mark.parametrize("table", ["relu_sum/gelu-k2-primitive", "invact/gelu-fast"])
 def test_a_table_of_another_activation_is_not_swapped_in(table):
     m = _mlp(nn.SiLU())
-    report = patch_model(m, activation=table, norm=False)
+    report = patch_model(m, tables=table, norms=False)
     assert isinstance(m[1], nn.SiLU) and "computes another function" in report.skipped[0], report
 
 
@@ -90,7 +90,7 @@ def test_hooks_on_a_replaced_activation_keep_firing():
     seen = []
     m[1].register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
     m[1].register_forward_pre_hook(lambda mod, inp: seen.append("pre"))
-    patch_model(m, activation="relu-sum", norm=False)
+    patch_model(m, family="relu-sum", norms=False)
     m(torch.randn(3, 6, dtype=torch.float64))
     assert type(m[1]).__name__ == "ReGELU2" and seen == ["pre", torch.Size([3, 6])]
 
@@ -116,7 +116,7 @@ def test_patched_state_dict_loads_into_the_stock_model_and_unpatch_restores():
     x = torch.randn(2, 7, 16, dtype=torch.float64)
     model = _stock()
     reference = model(x)
-    report = patch_model(model, activation="invact")
+    report = patch_model(model, family="invact")
     assert len(report.norms) == 5 and len(report.activations) == 2
     stock = _stock(seed=1)  # other weights, to be overwritten
     stock.load_state_dict(patched_state_dict(model))  # strict: every key of the stock model, none extra
@@ -133,7 +133,7 @@ def test_accurate_gelu_is_swapped_and_hardswish_is_listed_as_skipped():
     from transformers.activations import AccurateGELUActivation
 
     m = nn.Sequential(nn.Linear(6, 6), AccurateGELUActivation(), nn.Linear(6, 6), nn.Hardswish()).double()
-    report = patch_model(m, activation="relu-sum", norm=False)
+    report = patch_model(m, family="relu-sum", norms=False)
     assert type(m[1]).__name__ == "ReLUSumActivation" and "gelu_tanh-k2-primitive" in report.activations[0]
     assert any("Hardswish" in s and "no table family" in s for s in report.skipped), report
 
@@ -145,6 +145,6 @@ def test_the_report_says_each_drop_ins_gradient_error():
 
     for family, option in (("relu-sum", "relu-sum-k2"), ("invact", "invact")):
         model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
-        line = patch_model(model, activation=family, example_input=torch.randn(2, 8)).activations[0]
+        line = patch_model(model, family=family, example_input=torch.randn(2, 8)).activations[0]
         assert f"gradient error {P.gradient_error('gelu', option):.2g}" in line
     assert 0.2 < P.gradient_error("gelu", "relu-sum-k2") < 0.3 and P.gradient_error("gelu", "invact") < 1e-6

@@ -82,7 +82,7 @@ def test_gated_mlps_become_the_exact_fused_op_and_train_exactly(mlp):
     stock = _model(mlp())
     ours = copy.deepcopy(stock)
     x = torch.randn(4, 7, 16, dtype=torch.float64)
-    report = patch_model(ours, activation="relu-sum", example_input=x)
+    report = patch_model(ours, family="relu-sum", example_input=x)
     assert len(report.glus) == 1 and isinstance(ours[1].mlp, GatedMLP), report
     assert not report.activations and not report.skipped, report
     before, after = report.saved_bytes
@@ -95,7 +95,7 @@ def test_gated_mlps_become_the_exact_fused_op_and_train_exactly(mlp):
 
 def test_a_module_that_only_looks_gated_is_skipped_with_the_reason():
     model = _model(NotQuite())
-    report = patch_model(model, activation="invact", example_input=torch.randn(2, 16, dtype=torch.float64))
+    report = patch_model(model, family="invact", example_input=torch.randn(2, 16, dtype=torch.float64))
     assert not report.glus and len(report.activations) == 1  # its activation is still swapped
     assert any("1.mlp (NotQuite): does not compute down(act(gate)·up)" in s for s in report.skipped), report
 
@@ -103,7 +103,7 @@ def test_a_module_that_only_looks_gated_is_skipped_with_the_reason():
 def test_an_activation_with_hooks_keeps_its_mlp():
     model = _model(SplitMLP())
     model[1].mlp.act_fn.register_forward_hook(lambda m, i, o: None)
-    report = patch_model(model, activation=None, example_input=torch.randn(2, 16, dtype=torch.float64))
+    report = patch_model(model, family=None, example_input=torch.randn(2, 16, dtype=torch.float64))
     assert not report.glus and any("activation act_fn has forward hooks" in s for s in report.skipped), report
 
 
@@ -118,7 +118,7 @@ def test_functional_activations_outside_gated_mlps_are_reported():
 
     torch.manual_seed(0)
     model = nn.Sequential(Head(), nn.Linear(16, 2))
-    report = patch_model(model, activation="invact", example_input=torch.randn(3, 16))
+    report = patch_model(model, family="invact", example_input=torch.randn(3, 16))
     assert report.skipped == ["0 (Head): calls gelu as a function; only modules can be swapped, so it keeps torch's "
                               "exact backward"], report
 
@@ -129,7 +129,7 @@ def test_a_swap_that_saves_nothing_is_undone_and_said():
     stock = _model(FusedModuleMLP())
     model = copy.deepcopy(stock)
     x = torch.randn(4, 16, dtype=torch.float64)
-    report = patch_model(model, activation="relu-sum", example_input=x, glu=False)
+    report = patch_model(model, family="relu-sum", example_input=x, glu=False)
     assert not report.activations and type(model[1].mlp.act) is nn.SiLU
     assert any(s.startswith("*.mlp.act (activations): saves nothing here") and s.endswith("kept as it was: 1.mlp.act")
                for s in report.skipped), report
@@ -142,7 +142,7 @@ def test_unpatch_gives_back_the_stock_mlp_with_its_own_children():
     stock = _model(SplitMLP())
     model = copy.deepcopy(stock)
     x = torch.randn(2, 16, dtype=torch.float64)
-    patch_model(model, activation="invact", example_input=x)  # the norm feeds gate and up: both wrapped
+    patch_model(model, family="invact", example_input=x)  # the norm feeds gate and up: both wrapped
     unpatch(model)
     assert type(model[1].mlp) is SplitMLP and all(type(c) in (nn.Linear, nn.SiLU) for c in model[1].mlp.children())
     with torch.no_grad():
@@ -151,7 +151,7 @@ def test_unpatch_gives_back_the_stock_mlp_with_its_own_children():
 
 def test_the_planner_keeps_per_activation_choices():
     model = _model(SplitMLP())
-    report = patch_model(model, activation="invact", example_input=torch.randn(2, 16, dtype=torch.float64),
+    report = patch_model(model, family="invact", example_input=torch.randn(2, 16, dtype=torch.float64),
                          glu=False)
     assert not report.glus and len(report.activations) == 1
 
@@ -172,7 +172,7 @@ def test_hf_swiglu_models_train_exactly_and_save_alike(name):
     stock = _hf(name)
     ours = copy.deepcopy(stock)
     ids = torch.randint(2, 64, (2, 16), generator=torch.Generator().manual_seed(1))
-    report = patch_model(ours, activation="invact", example_input={"input_ids": ids})
+    report = patch_model(ours, family="invact", example_input={"input_ids": ids})
     assert len(report.glus) == 2 and len(report.norms) == 5, report  # the final norm's output is shared
     before, after = report.saved_bytes
     print(f"{name}: saved for backward {before} → {after} bytes ({100 * (1 - after / before):.1f} % less)")
@@ -218,7 +218,7 @@ def test_an_mlp_too_wide_for_a_float64_twin_is_proven_narrowed(monkeypatch, mlp,
     model = nn.Sequential(nn.Linear(64, 64), Block(mlp(), d=64)).double()
     stock = copy.deepcopy(model)
     assert glu_forms._narrowing(model[1].mlp, 64) == 4
-    report = patch_model(model, activation=None, norm=False, example_input=torch.randn(2, 5, 64, dtype=torch.float64))
+    report = patch_model(model, family=None, norms=False, example_input=torch.randn(2, 5, 64, dtype=torch.float64))
     assert isinstance(model[1].mlp, GatedMLP) == fused, report
     x = torch.randn(3, 64, dtype=torch.float64)
     assert torch.allclose(model(x), stock(x), rtol=1e-12, atol=1e-12)

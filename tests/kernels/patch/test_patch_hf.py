@@ -42,8 +42,8 @@ def test_patch_hf_model_training_step(build, norm_cls, acts, activation):
     model.train()
     merged = copy.deepcopy(model)  # the same merge with exact activations: the gradient reference
     example = {k: v for k, v in batch.items() if k != "labels"}
-    ref_report = patch_model(merged, activation=None, example_input=example, glu=False)
-    report = patch_model(model, activation=activation, example_input=example, glu=False)  # the drop-ins in a GLU
+    ref_report = patch_model(merged, family=None, example_input=example, glu=False)
+    report = patch_model(model, family=activation, example_input=example, glu=False)  # the drop-ins in a GLU
     assert report.norms == ref_report.norms and skips_only_returned_norms(report)
     norms = 5  # 2 blocks × 2 norms + the final one (Llama's is its last hidden state: its output shared); 2 MLPs
     assert len(report.norms) == norms and len(report.activations) == 2
@@ -74,13 +74,13 @@ def test_unpatched_forward_is_preserved_by_norm_merging():
     model.eval()
     ref = copy.deepcopy(model)
     example = {"pixel_values": batch["pixel_values"]}
-    patch_model(model, activation=None, example_input=example)
+    patch_model(model, family=None, example_input=example)
     with torch.no_grad():
         assert torch.allclose(model(**example).logits, ref(**example).logits, rtol=1e-12, atol=1e-12)
 
 
 def test_hf_model_without_example_input_reports_why_norms_are_skipped():
     model, _ = _llama()
-    report = patch_model(model, activation="relu-sum")
+    report = patch_model(model, family="relu-sum")
     assert len(report.activations) == 2 and not report.norms
     assert "example_input" in report.skipped[0]

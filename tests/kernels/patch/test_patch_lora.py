@@ -53,7 +53,7 @@ def test_lora_then_patch_merges_into_the_base_linear_and_keeps_adapter_gradients
     model, x, labels = _vit()
     model = _lora(model)
     ref = copy.deepcopy(model)
-    report = patch_model(model, activation=None, example_input=x)
+    report = patch_model(model, family=None, example_input=x)
     assert len(report.norms) == 5 and not report.skipped and report.max_output_difference < 1e-12
     assert "adapters" in report.norms[0] and "base_layer" in report.norms[0]
     wrapped = [m for m in model.modules() if isinstance(m, AffineInputLinear)]
@@ -73,7 +73,7 @@ def test_lora_then_patch_state_dict_loads_into_the_stock_lora_model():
     model, x, _ = _vit()
     model = _lora(model)
     stock = copy.deepcopy(model)
-    patch_model(model, activation="relu-sum", example_input=x)
+    patch_model(model, family="relu-sum", example_input=x)
     torch.manual_seed(1)
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -89,11 +89,11 @@ def test_lora_then_patch_state_dict_loads_into_the_stock_lora_model():
 def test_adapters_train_and_base_weights_stay_frozen(order):
     model, x, labels = _vit()
     if order == "patch-then-lora":
-        report = patch_model(model, activation="relu-sum", example_input=x)
+        report = patch_model(model, family="relu-sum", example_input=x)
         model = _lora(model)
     else:
         model = _lora(model)
-        report = patch_model(model, activation="relu-sum", example_input=x)
+        report = patch_model(model, family="relu-sum", example_input=x)
     assert len(report.norms) == 5 and len(report.activations) == 2
     assert sum(isinstance(m, MSLayerNorm) for m in model.modules()) == 5
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
@@ -127,12 +127,12 @@ def test_lora_saving_per_block_matches_the_frozen_linear_column(order, adapter_f
     exact = peft.get_peft_model(build(), cfg, autocast_adapter_dtype=adapter_fp32)
     if order == "patch-then-lora":
         block = build()
-        patch_model(block, activation="relu-sum", example_input=x)
+        patch_model(block, family="relu-sum", example_input=x)
         ours = peft.get_peft_model(block, cfg, autocast_adapter_dtype=adapter_fp32)
-        patch_model(ours, activation=None, example_input=x)  # the adapters get α, β (exact LoRA)
+        patch_model(ours, family=None, example_input=x)  # the adapters get α, β (exact LoRA)
     else:
         ours = peft.get_peft_model(build(), cfg, autocast_adapter_dtype=adapter_fp32)
-        patch_model(ours, activation="relu-sum", example_input=x)
+        patch_model(ours, family="relu-sum", example_input=x)
 
     def per_token_d(model):
         """Saved bytes per token·d as the slope between 197 and 394 tokens: per-call constants such as the
@@ -154,9 +154,9 @@ def test_patch_lora_patch_again_makes_the_adapters_exact():
     a further call changes nothing."""
     model, x, labels = _vit()
     ref = _lora(copy.deepcopy(model))
-    patch_model(model, activation=None, example_input=x)
+    patch_model(model, family=None, example_input=x)
     model = peft.get_peft_model(model, peft.LoraConfig(**LORA))  # B = 0: wrapping changes no output yet
-    report = patch_model(model, activation=None, example_input=x)
+    report = patch_model(model, family=None, example_input=x)
     assert len(report.norms) == 2 and all("patched before" in n for n in report.norms), report  # ln_before × 2
     with torch.no_grad():  # then the reference's adapter weights (B ≠ 0), as if trained
         ref_params = dict(ref.named_parameters())
@@ -168,14 +168,14 @@ def test_patch_lora_patch_again_makes_the_adapters_exact():
     assert sorted(g) == sorted(g_ref)
     for name in g:
         assert torch.allclose(g[name], g_ref[name], rtol=1e-9, atol=1e-12), name
-    again = patch_model(model, activation=None, example_input=x)
+    again = patch_model(model, family=None, example_input=x)
     assert not again.norms and not again.skipped and again.max_output_difference == 0
 
 
 def test_saving_a_merged_model_warns_and_patched_state_dict_is_the_stock_layout():
     model, x, _ = _vit()
     model.requires_grad_(False)  # frozen: the norms are merged (the paper's LoRA setting)
-    report = patch_model(model, activation=None, example_input=x)
+    report = patch_model(model, family=None, example_input=x)
     assert report.norms and all("merged into" in n for n in report.norms), report
     with pytest.warns(UserWarning, match="not the stock layout"):
         model.state_dict()
@@ -205,7 +205,7 @@ def test_norms_kept_in_fp32_over_a_16_bit_base_are_left_as_they_are():
     patched = copy.deepcopy(model)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = model(**x).logits
-        report = patch_model(patched, activation=None, norm=True, example_input=x)
+        report = patch_model(patched, family=None, norms=True, example_input=x)
         got = patched(**x).logits
     assert not report.norms and sum("float32 weights promote" in s for s in report.skipped) == 5
     assert torch.equal(want, got)

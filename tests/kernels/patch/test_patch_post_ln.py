@@ -49,7 +49,7 @@ def test_post_ln_norms_share_their_output_and_train_exactly(example):
     stock = _model()
     ours = copy.deepcopy(stock)
     x = torch.randn(3, 5, 16, dtype=torch.float64)
-    report = patch_model(ours, activation=None, example_input=x if example else None)
+    report = patch_model(ours, family=None, example_input=x if example else None)
     assert len(report.norms) == 4 and not report.skipped, report
     assert sum(isinstance(m, MSLayerNormSharedOutput) for m in ours.modules()) == 3  # the last feeds the head only
     assert "add (keeping nothing for backward) read α⊙z + β" in report.norms[0]
@@ -63,7 +63,7 @@ def test_post_ln_norms_share_their_output_and_train_exactly(example):
 
 def test_the_consumer_reads_z_and_falls_back_to_y_when_y_changed():
     model = _model()
-    patch_model(model, activation=None, example_input=torch.randn(2, 16, dtype=torch.float64))
+    patch_model(model, family=None, example_input=torch.randn(2, 16, dtype=torch.float64))
     ln, up = model[0].ln1, model[0].up
     assert isinstance(up, NormInputLinear)
     x = torch.randn(2, 16, dtype=torch.float64)
@@ -79,7 +79,7 @@ def test_shared_output_norms_compile_and_unpatch():
     stock = _model()
     ours = copy.deepcopy(stock)
     x = torch.randn(2, 4, 16, dtype=torch.float64)
-    patch_model(ours, activation=None, example_input=x)
+    patch_model(ours, family=None, example_input=x)
     torch._dynamo.reset()
     compiled = torch.compile(ours, fullgraph=True)
     (y0, g0), (y1, g1) = _step(stock, x), _step(compiled, x)
@@ -97,7 +97,7 @@ def test_hf_bert_gets_ms_ln_on_its_post_ln_norms():
                                   intermediate_size=64, max_position_embeddings=64)
     torch.manual_seed(0)
     model = transformers.BertForMaskedLM(cfg)
-    report = patch_model(model, activation="invact", example_input={"input_ids": torch.randint(3, 128, (2, 12))})
+    report = patch_model(model, family="invact", example_input={"input_ids": torch.randint(3, 128, (2, 12))})
     shared = [n for n in report.norms if "SharedOutput" in n]
     assert len(shared) == 4, report  # both LayerNorms of both layers; the embeddings' is read through dropout
     assert any(s.startswith("bert.embeddings.LayerNorm") for s in report.skipped)
@@ -109,7 +109,7 @@ def test_a_consumer_handed_another_norms_output_reads_it_as_stock():
     """Layer drop (wav2vec2) skips a block at random in training: a consumer of one shared-output norm can then get
     another norm's y. The attached z names its norm, so the consumer reads that y as the stock Linear would."""
     model = _model()
-    patch_model(model, activation=None, example_input=torch.randn(2, 16, dtype=torch.float64))
+    patch_model(model, family=None, example_input=torch.randn(2, 16, dtype=torch.float64))
     first, consumer_of_second = model[0].ln1, model[1].up  # 1.up's norm is 1.ln1
     x = torch.randn(2, 16, dtype=torch.float64)
     y = first(x)
@@ -133,7 +133,7 @@ def test_branches_only_taken_in_train_mode_are_found():
     stock = transformers.Wav2Vec2ForSequenceClassification(cfg).double()
     ours = copy.deepcopy(stock)
     x = {"input_values": torch.randn(2, 4000, dtype=torch.float64)}
-    report = patch_model(ours, activation=None, example_input=x)
+    report = patch_model(ours, family=None, example_input=x)
     assert report.norms and any("final_layer_norm" in s and "branches on tensor values" in s
                                 for s in report.skipped), report
     losses = []
@@ -203,7 +203,7 @@ def test_norms_read_only_by_ops_save_their_output_in_place_of_their_input(exampl
     stock = nn.Sequential(PostNormBlock(), PostNormBlock()).double()
     ours = copy.deepcopy(stock)
     x = torch.randn(3, 5, 16, dtype=torch.float64)
-    report = patch_model(ours, activation=None, example_input=x if example else None)
+    report = patch_model(ours, family=None, example_input=x if example else None)
     alone = [n for n in report.norms if "in place of its input" in n]
     assert {n.split()[0] for n in alone} == {f"{i}.{m}" for i in (0, 1) for m in ("post", "qk")}, report
     assert "add" in next(n for n in alone if n.startswith("0.post")), report
@@ -218,5 +218,5 @@ def test_norms_read_only_by_ops_save_their_output_in_place_of_their_input(exampl
 def test_a_norm_whose_output_is_written_in_place_is_skipped_with_the_op_named():
     torch.manual_seed(0)
     model = WritesIntoIt().double()
-    report = patch_model(model, activation=None, example_input=torch.randn(2, 16, dtype=torch.float64))
+    report = patch_model(model, family=None, example_input=torch.randn(2, 16, dtype=torch.float64))
     assert not report.norms and any("add_" in s and "write(s) into it" in s for s in report.skipped), report

@@ -76,7 +76,7 @@ def test_hidden_states_are_proven_though_the_example_never_asks_for_them():
     ids = torch.randint(0, 50, (2, 8))
     with torch.no_grad():
         before = model(input_ids=ids, output_hidden_states=True).hidden_states
-    report = patch_model(model, activation="invact", example_input={"input_ids": ids})
+    report = patch_model(model, family="invact", example_input={"input_ids": ids})
     assert any(s.startswith("model.norm → MSRMSNormSharedOutput") and "returned as a model output" in s
                for s in report.norms), report
     with torch.no_grad():
@@ -92,7 +92,7 @@ def test_a_norm_patched_in_eval_mode_sees_the_dropout_before_its_consumer(frozen
     torch.manual_seed(0)
     stock = _perturbed(NormDropLinear()).eval().requires_grad_(not frozen)
     model = copy.deepcopy(stock)
-    report = patch_model(model, activation=None, example_input=torch.randn(2, 5, 8))
+    report = patch_model(model, family=None, example_input=torch.randn(2, 5, 8))
     assert not report.norms and any("in drop" in s for s in report.skipped), report
     x = torch.randn(2, 5, 8)
     model.train(), stock.train()
@@ -117,7 +117,7 @@ def test_peft_lora_dropout_patched_after_eval_keeps_adapter_gradients_exact():
                 p.normal_()
     model = copy.deepcopy(stock).eval()
     pixels = torch.randn(2, 3, 16, 16)
-    patch_model(model, activation="invact", example_input={"pixel_values": pixels})
+    patch_model(model, family="invact", example_input={"pixel_values": pixels})
     grads = []
     for m in (stock, model):
         m.train()
@@ -137,7 +137,7 @@ def test_a_linear_reading_a_transposed_view_is_not_a_consumer(tokens):
     stock = TokenMixer(tokens, 8)
     model = copy.deepcopy(stock)
     x = torch.randn(2, tokens, 8)
-    report = patch_model(model, activation=None, example_input=x)
+    report = patch_model(model, family=None, example_input=x)
     assert isinstance(model.tok, nn.Linear) and type(model.tok) is nn.Linear, report
     assert len(report.norms) == 1 and "transposed" in report.norms[0] and "in place of its input" in report.norms[0]
     assert report.saved_bytes[1] < report.saved_bytes[0]
@@ -158,7 +158,7 @@ def test_a_reshaped_view_of_whole_rows_is_still_a_consumer():
 
     torch.manual_seed(0)
     model = _perturbed(Flat())
-    report = patch_model(model, activation=None, example_input=torch.randn(2, 3, 8))
+    report = patch_model(model, family=None, example_input=torch.randn(2, 3, 8))
     assert report.norms, report
 
 
@@ -172,7 +172,7 @@ def test_a_hook_on_a_norm_blocks_its_rewrite(traceable):
     norm.register_forward_hook(lambda m, i, o: o * 3)
     model = copy.deepcopy(stock)
     x = torch.randn(2, 3, 8)
-    report = patch_model(model, activation=None, example_input=None if traceable else x)
+    report = patch_model(model, family=None, example_input=None if traceable else x)
     assert not report.norms and any("forward hooks" in s for s in report.skipped), report
     torch.testing.assert_close(model(x), stock(x), rtol=0, atol=0)
 
@@ -183,7 +183,7 @@ def test_a_forward_pre_hook_on_a_consumer_blocks_the_rewrite():
     model = _perturbed(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 4)))
     seen = []
     model[1].register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
-    report = patch_model(model, activation=None)
+    report = patch_model(model, family=None)
     assert not report.norms and any("forward pre hooks" in s for s in report.skipped), report
 
 
@@ -203,7 +203,7 @@ def test_hooks_on_hugging_face_norms_and_consumers_keep_firing():
     with torch.no_grad():
         model(input_ids=ids)
     before = {k: list(v) for k, v in seen.items()}
-    report = patch_model(model, activation="invact", example_input={"input_ids": ids})
+    report = patch_model(model, family="invact", example_input={"input_ids": ids})
     assert any(s.startswith("model.layers.0.input_layernorm:") and "hooks" in s for s in report.skipped), report
     assert any("post_attention_layernorm" in s for s in report.norms), report
     for v in seen.values():
@@ -236,7 +236,7 @@ def test_a_frozen_consumer_whose_weight_is_used_elsewhere_is_not_merged():
         torch.manual_seed(0)
         stock = _perturbed(cls()).requires_grad_(False)
         model = copy.deepcopy(stock)
-        report = patch_model(model, activation=None, example_input=example)
+        report = patch_model(model, family=None, example_input=example)
         assert not report.norms and any("also read outside" in s for s in report.skipped), (cls, report)
         x = torch.randn(2, 3, 8)
         torch.testing.assert_close(model(x), stock(x), rtol=0, atol=0)
@@ -246,7 +246,7 @@ def test_an_inplace_activation_is_swapped_and_the_report_says_so():
     """nn.SiLU(inplace=True) overwrote the float64 check grid, so it was reported as 'computes another
     function (0.278)' and never swapped (torchvision's EfficientNet/MobileNet, many timm models)."""
     model = nn.Sequential(nn.Linear(4, 4), nn.SiLU(inplace=True), nn.Linear(4, 2))
-    report = patch_model(model, activation="invact", example_input=torch.randn(3, 4))
+    report = patch_model(model, family="invact", example_input=torch.randn(3, 4))
     assert len(report.activations) == 1 and "inplace=True" in report.activations[0], report
     assert not report.skipped
 
@@ -262,7 +262,7 @@ def test_a_norm_that_never_runs_is_named_in_skipped():
             return self.lin(self.ln(x))
 
     model = Unused()
-    report = patch_model(model, activation=None, example_input=torch.randn(2, 8))
+    report = patch_model(model, family=None, example_input=torch.randn(2, 8))
     assert len(report.norms) == 1 and report.skipped == [
         "spare: not run on the example input (or not reached by tracing); left as it is"], report
 
@@ -284,7 +284,7 @@ def test_train_mode_draws_from_numpy_are_seeded_for_the_proof():
 
     np.random.seed(1)
     state = np.random.get_state()[1].copy()
-    report = patch_model(Masked(), activation=None, example_input=torch.randn(4, 8))
+    report = patch_model(Masked(), family=None, example_input=torch.randn(4, 8))
     assert len(report.norms) == 1 and np.array_equal(np.random.get_state()[1], state)  # the caller's draws intact
 
 
@@ -306,7 +306,7 @@ def test_a_wrapped_consumer_never_returns_a_view():
     stock = Projection().double()
     model = copy.deepcopy(stock)
     x = torch.randn(2, 5, 8, dtype=torch.float64)
-    assert len(patch_model(model, activation=None, example_input=x).norms) == 1
+    assert len(patch_model(model, family=None, example_input=x).norms) == 1
     assert model.lin(model.ln(x))._base is None
     model(x).sum().backward()
     stock(x).sum().backward()

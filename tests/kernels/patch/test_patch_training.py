@@ -72,7 +72,7 @@ def test_patched_model_trains_like_the_stock_model(build, activation, tolerance)
     stock, batch = _pretrained(build)
     ours = copy.deepcopy(stock)
     example = {k: v for k, v in batch.items() if k != "labels"}
-    report = patch_model(ours, activation=activation, example_input=example)
+    report = patch_model(ours, family=activation, example_input=example)
     assert report.norms and (report.activations or report.glus) and skips_only_returned_norms(report), report
     assert ours.state_dict().keys() == stock.state_dict().keys()  # the stock layout: nothing merged
     ref, got = _train(stock, batch), _train(ours, batch)
@@ -87,7 +87,7 @@ def test_state_dicts_round_trip_with_the_stock_class(build):
     stock, batch = _pretrained(build)
     ours = copy.deepcopy(stock)
     example = {k: v for k, v in batch.items() if k != "labels"}
-    patch_model(ours, activation="invact", example_input=example)
+    patch_model(ours, family="invact", example_input=example)
     _train(ours, batch, steps=3)  # trained while patched
     fresh, _ = _pretrained(build)
     fresh.load_state_dict(ours.state_dict(), strict=True)  # patched → stock, no unpatch needed
@@ -113,7 +113,7 @@ def test_a_norm_whose_output_is_returned_returns_the_stock_value():
     model.eval()
     with torch.no_grad():
         before = model(**example)
-    report = patch_model(model, activation="invact", example_input=example)
+    report = patch_model(model, family="invact", example_input=example)
     assert any("SharedOutput" in s and "returned as a model output" in s for s in report.norms), report
     with torch.no_grad():
         after = model(**example)
@@ -131,7 +131,7 @@ def test_a_bias_free_consumer_keeps_its_trained_function_through_unpatch():
     with torch.no_grad():
         m[0].bias.normal_()
     x = torch.randn(16, 8, dtype=torch.float64)
-    patch_model(m, activation=None)
+    patch_model(m, family=None)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     for _ in range(10):
         opt.zero_grad()

@@ -39,7 +39,7 @@ def _train(cls, cfg, data, example, activation, out_dir):
     torch.manual_seed(0)
     model = cls(cfg)
     if activation is not None:
-        report = patch_model(model, activation=activation, example_input=example)
+        report = patch_model(model, family=activation, example_input=example)
         norms = 5  # Llama's final norm, its last hidden state, too: a shared-output MS-norm
         assert len(report.norms) == norms and len(report.activations) + len(report.glus) == 2, report
     args = transformers.TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=8, num_train_epochs=4,

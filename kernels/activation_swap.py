@@ -1,0 +1,189 @@
+"""The activation rewrite of :func:`~.patch.patch_model`: each activation module (torch's and Hugging Face's, by
+what its class computes, checked on a float64 grid) replaced by the drop-in of its table."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping
+
+import torch
+from approxbp.approximations import tables as T
+from torch import nn
+
+from . import swaps
+from .glu import GatedMLP
+from .invact import InvActGELU, InvActivation, InvActSiLU
+from .relu_sum import ReGELU2, ReLUSumActivation, ReSiLU2
+from .rewrite import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, move_hooks
+
+#: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
+#: stays optional) → the registry activation whose tables replace them. nn.GELU is looked up with its
+#: ``approximate`` attribute.
+ACTIVATION_CLASSES = {
+    "GELU": "gelu", "GELUActivation": "gelu",
+    "GELU/tanh": "gelu_tanh", "NewGELUActivation": "gelu_tanh", "FastGELUActivation": "gelu_tanh",
+    "PytorchGELUTanh": "gelu_tanh", "GELUTanh": "gelu_tanh", "AccurateGELUActivation": "gelu_tanh",
+    "QuickGELUActivation": "quick_gelu",
+    "SiLU": "silu", "SiLUActivation": "silu",
+    "Mish": "mish", "MishActivation": "mish",
+    "ReLUSquaredActivation": "relu2",  # Nemotron, Primer: the exact table in either mode (no ReLU-sum fits it)
+    "Softplus": "softplus",  # increasing: the exact one-branch table (saves y alone), in either mode
+}
+
+
+#: Class-name fragments of modules that look like activations; one that is not replaced is reported as skipped.
+ACTIVATION_LIKE = ("GELU", "SiLU", "Swish", "Mish", "Activation", "ReLU", "Tanh", "Sigmoid", "Softplus", "ELU")
+
+
+#: The table families patch_model swaps activations for (``family=``); None: activations are not swapped.
+PATCH_FAMILIES = ("relu-sum", "invact")
+
+
+OURS = ("ReLUSumActivation", "InvActivation", "ReGELU2", "ReSiLU2", "InvActGELU", "InvActSiLU")
+
+
+def class_key(module: nn.Module) -> str:
+    name = type(module).__name__
+    return "GELU/tanh" if name == "GELU" and getattr(module, "approximate", "none") == "tanh" else name
+
+
+def _table_for(module: nn.Module, family: str | None, tables, bits: int):
+    """(table name, path, dict or module; None) for one activation module, or (None, the reason): from ``tables``
+    (a mapping by class, class name or module path, else one table for every recognised activation), else the
+    ``family``'s packaged table of that activation."""
+    key = class_key(module)
+    if isinstance(tables, Mapping):
+        for k in (type(module), key, type(module).__name__):
+            if k in tables:
+                return tables[k], None
+        if family is None:
+            return None, "not in the tables mapping"
+    name = ACTIVATION_CLASSES.get(key)
+    if name is None and key in ("ReLU", "ReLU6"):
+        return None, "already saves only its output (the next Linear saves it anyway): nothing to gain"
+    if name is None:
+        return None, "no table family for this activation"
+    if key == "Softplus" and (module.beta != 1 or module.threshold < 20):  # torch returns x beyond the threshold
+        return None, (f"beta = {module.beta:g}, threshold = {module.threshold:g}: not the table's log(1 + eˣ) (it "
+                      "serves beta = 1, threshold ≥ 20, where float32 cannot tell them apart)")
+    if tables is not None and not isinstance(tables, Mapping):
+        return tables, None  # one table path: used for every recognised activation
+    if (T.data_dir() / "invact" / f"{name}-exact.json").is_file():
+        return f"invact/{name}-exact", None  # f′(f⁻¹(y)) in closed form (ReLU²): exact, in either family
+    if family == "relu-sum":
+        return f"relu_sum/{T.relu_sum_name(name, bits, 'primitive')}", None
+    return f"invact/{name}-fast", None
+
+
+def _replacement(module: nn.Module, family: str | None, tables, bits: int, family_of):
+    """(new module, None) or (None, why not) for an activation-like module; (None, None) for anything else.
+    ``family_of(table)`` gives a table's family (cached per patch_model call: each table file is read once)."""
+    name = type(module).__name__
+    mapped = isinstance(tables, Mapping) and (type(module) in tables or name in tables)
+    if name in OURS or not (mapped or any(f.lower() in name.lower() for f in ACTIVATION_LIKE)):
+        return None, None
+    table, why = _table_for(module, family, tables, bits)
+    if table is None:
+        return None, why
+    if isinstance(table, nn.Module):
+        return table, None
+    named = {"relu_sum/gelu-k2-primitive": ReGELU2, "relu_sum/silu-k2-primitive": ReSiLU2,
+             "invact/gelu-fast": InvActGELU, "invact/silu-fast": InvActSiLU}
+    if isinstance(table, str) and table in named:  # the papers' modules by their own names
+        return named[table](), None
+    typed = isinstance(table, dict | T.ReluSumTable | T.InvActTable)
+    family = T.as_table(table).family if typed else family_of(str(table))
+    return (ReLUSumActivation(table) if family == "relu-sum" else InvActivation(table)), None
+
+
+def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig,
+                     savings: Savings) -> None:
+    """Replace each activation module by its drop-in (``config.family``, ``config.tables``; modules
+    ``config.module_filter_fn`` refuses are left and reported), one pattern of paths at a time (:class:`Savings`)."""
+    family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])  # each table file read once
+    checked: dict = {}
+    tables = config.tables
+    sites = [(f"{parent_name + '.' if parent_name else ''}{child_name}", parent, child_name, child)
+             for parent_name, parent in model.named_modules() for child_name, child in parent.named_children()
+             if not (isinstance(parent, GatedMLP) and child_name == parent.layout.act)]  # the fused op computes it
+    for pattern, group in by_pattern(sites, lambda site: site[0]):
+        with savings.group(f"{pattern} (activations)"):
+            for where, parent, child_name, child in group:
+                chosen = tables.get(where) if isinstance(tables, Mapping) else None
+                if chosen == "exact":
+                    report.skipped.append(f"{where} ({type(child).__name__}): exact by choice")
+                    continue
+                new, why = _replacement(child, config.family, chosen or tables, config.bits, family_of)
+                if new is not None and not config.wants(child, where):
+                    new, why = None, FILTERED
+                if new is not None and (mismatch := _computes_differently(child, new, checked)):
+                    new, why = None, mismatch
+                if new is None:
+                    if why is not None:
+                        report.skipped.append(f"{where} ({type(child).__name__}): {why}")
+                    continue
+                swaps.mark_replaced(new, child)  # for unpatch (not a submodule: no state-dict keys)
+                move_hooks(child, new)
+                undo.setattr(parent, child_name, new)
+                report.activations.append(
+                    f"{where}: {type(child).__name__} → {type(new).__name__}({new.extra_repr()}); "
+                    f"{error_of(new.spec)}"
+                    + ("; inplace=True dropped: the drop-in returns a new tensor" if getattr(child, "inplace", False)
+                       else ""))
+
+
+@functools.cache
+def error_of(spec) -> str:
+    """The drop-in's gradient error, said once per table (:mod:`approxbp.approximations.gradient_error`) without
+    the build side: an InvAct table's stored L∞, or a ReLU-sum table's levels against the derivative of its
+    generated twin of f (torch autograd in float64)."""
+    from approxbp.approximations.gradient_error import describe, invact_error, relu_sum_error
+
+    if T.header(spec.path)[0] == "invact":
+        return describe("invact", invact_error(T.stored_metrics(spec.path)))
+
+    def df(x):  # real tensors, with grad, whatever the caller's mode (the planner's fake tensors)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily(), torch.enable_grad():
+            v = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+            return torch.autograd.grad(spec.module.activation_twin(v).sum(), v)[0].numpy()
+    return describe("relu-sum", relu_sum_error(spec.module.KNOTS, spec.module.LEVELS, df))
+
+
+def _computes_differently(old: nn.Module, new: nn.Module, checked: dict) -> str | None:
+    """Why ``new`` may not replace ``old`` (None when it may): both are run in float64 on a grid of [−8, 8] and must
+    agree to 1e-9, so that a table of another activation (a GELU table on a SiLU) is never swapped in silently.
+    ``checked`` remembers the verdict per (class, configuration, table) within one patch_model call."""
+    spec = getattr(new, "spec", None)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    key = (type(old), old.extra_repr(), spec.key if spec is not None else id(new))
+    if key not in checked:
+        with unset_fake_temporarily():  # real numbers even when the model is being planned on fake tensors
+            checked[key] = _compare_float64(old, new, spec)
+    return checked[key]
+
+
+def _compare_float64(old: nn.Module, new: nn.Module, spec) -> str | None:
+    x = torch.linspace(-8, 8, 1601, dtype=torch.float64)
+
+    def in_float64(m: nn.Module) -> nn.Module:  # a module with state is copied, never converted in place
+        return copy.deepcopy(m).to(torch.float64) if any(True for _ in m.parameters()) or any(
+            True for _ in m.buffers()) else m
+
+    try:
+        with torch.no_grad():
+            # forward(): the user's hooks do not fire; each side gets its own copy of the grid, since an in-place
+            # module (nn.SiLU(inplace=True)) overwrites its input
+            want = in_float64(old).forward(x.clone())
+            got = spec.forward_only_torch(x.clone()) if spec is not None else in_float64(new).forward(x.clone())
+    except Exception as err:  # noqa: BLE001 - what cannot be checked is not swapped
+        return (f"could not be checked against the drop-in on a float64 vector ({type(err).__name__}: {err}); "
+                "not swapped")
+    diff = float((got - want).abs().max())
+    if not diff <= 1e-9 * max(1.0, float(want.abs().max())):
+        what = f"table {spec.name()!r} ({spec.expression})" if spec is not None else type(new).__name__
+        return f"{what} computes another function (max |difference| {diff:.3g} on [−8, 8]); not swapped"
+    return None

@@ -1,0 +1,80 @@
+"""The gated-MLP rewrite of :func:`~.patch.patch_model`: every down(act(gate(x))·up(x)) found on the example and
+proven (:mod:`.glu_forms`) becomes a :class:`~.glu.GatedMLP`, the exact fused op."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from . import swaps
+from .activation_swap import ACTIVATION_CLASSES, OURS, class_key
+from .glu import GatedMLP
+from .glu_forms import layout_of, prove, record_calls
+from .rewrite import (
+    FILTERED,
+    PatchConfig,
+    PatchReport,
+    Savings,
+    Undo,
+    by_pattern,
+    call,
+    every_output,
+    hooks_of,
+    mode,
+    move_hooks,
+    replace,
+)
+
+
+def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_input, config: PatchConfig,
+                    savings: Savings) -> None:
+    """Replace every proven gated MLP by a :class:`~.glu.GatedMLP` (``config.glu``: all, or these paths; modules
+    ``config.module_filter_fn`` refuses are left and reported); report activations called as functions outside
+    them (one run of the example records both, :func:`~.glu_forms.record_calls`)."""
+    fuse = config.glu
+    modules = dict(model.named_modules())
+
+    def run():
+        with mode(model, False):
+            call(model, example_input, every_output(model))
+
+    def activation_of(parent: str):
+        def of(child: str):
+            m = modules.get(f"{parent}.{child}" if parent else child)
+            return ACTIVATION_CLASSES.get(class_key(m)) if m is not None else None
+        return of
+
+    records, functional = record_calls(model, run)
+    wanted = (lambda name: fuse) if isinstance(fuse, bool) else (lambda name: name in fuse)
+    found = {name: layout_of(rec, activation_of(name)) for name, rec in records.items()
+             if wanted(name) and not isinstance(modules[name], GatedMLP)}
+    found = {name: f for name, f in found.items() if f is not None}
+    for pattern, group in by_pattern(list(found)):
+        with savings.group(f"{pattern} (gated MLPs)"):
+            for name in group:
+                how = found[name]
+                why = (FILTERED if not config.wants(modules[name], name) else how if isinstance(how, str)
+                       else _why_not_fused(modules, name, *how, records[name].x))
+                if why:
+                    report.skipped.append(f"{name or 'the model'} ({type(modules[name]).__name__}): {why}")
+                    continue
+                new = GatedMLP(modules[name], *found[name])
+                swaps.mark_replaced(new, modules[name])
+                move_hooks(modules[name], new)
+                replace(model, modules, name, new, undo)
+                report.glus.append(f"{name}: {type(modules[name]).__name__} → GatedMLP({new.extra_repr()})")
+    fused = {report.subject(line) for line in report.glus}
+    for where in dict.fromkeys(m for m, _ in functional):
+        owner = modules[where]
+        if where in fused or class_key(owner) in ACTIVATION_CLASSES or type(owner).__name__ in OURS:
+            continue
+        acts = sorted({a for m, a in functional if m == where})
+        report.skipped.append(f"{where or 'the model'} ({type(owner).__name__}): calls {', '.join(acts)} as a "
+                              "function; only modules can be swapped, so it keeps torch's exact backward")
+
+
+def _why_not_fused(modules, name, layout, act, x) -> str | None:
+    if not name:
+        return "the model itself is a gated MLP; patch a model that holds it"
+    if layout.act is not None and (hooks := hooks_of(modules[f"{name}.{layout.act}"])):
+        return f"its activation {layout.act} has {', '.join(hooks)}; the fused op would not call it"
+    return prove(modules[name], layout, act, x)

@@ -1,0 +1,303 @@
+"""Who reads each norm's output: torch.fx where the model traces, else one run of the example under a dispatch
+mode that sees every op reading it (train and eval mode); and whether one run can stand for every input (a model
+that branches on tensor values is proven block by block)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import swaps
+from .norm_merge import is_mergeable_norm
+from .rewrite import call, every_output, leaves, mode
+
+#: How a norm's output read as a model output (a hidden state) is listed among its other readers.
+RETURNED = "returned as a model output"
+
+
+def watched(module: nn.Module) -> bool:
+    """A norm to patch, or an MS-norm an earlier call made (whose new consumers may need wrapping)."""
+    return is_mergeable_norm(module) or swaps.merged(module) is not None or swaps.kept_affine(module)
+
+
+def is_consumer(module: nn.Module) -> bool:
+    """nn.Linear, or Hugging Face's Conv1D (GPT-2: a Linear with its weight stored transposed)."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def _shape_query(node) -> bool:
+    """x.shape / x.size() / x.dim() read no values: they do not stop the memory sharing."""
+    if node.op == "call_function" and node.target is getattr:
+        return node.args[1] in ("shape", "dtype", "device")
+    return node.op == "call_method" and node.target in ("size", "dim")
+
+
+class _LeafTracer(torch.fx.Tracer):
+    """torch.fx's tracer, with norms (whatever library defines them) and consumers kept as calls of their module.
+    The leaves are chosen before tracing: while it traces, reading a module's parameter records a graph node."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.leaves = {id(m) for m in model.modules() if watched(m) or is_consumer(m)}
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return id(m) in self.leaves or super().is_leaf_module(m, qualname)
+
+
+def consumers_by_fx(model: nn.Module) -> tuple[dict, dict]:
+    """({norm name: (consumer names, other users)}, {consumer: graph nodes that read its parameters outside it})
+    from torch.fx.symbolic_trace, over every call site of every norm. A consumer that is also called on something
+    else, or that reads two norms, is reported as another user: a rewrite of it would change those calls too."""
+    graph = _LeafTracer(model).trace(model)
+    modules = dict(model.named_modules())
+    found: dict[str, tuple[list[str], set[str]]] = {}
+    foreign: dict[str, set[str]] = {}
+    reads: dict[str, list] = {}  # consumer → the norm (or None) each of its call sites reads
+    for node in graph.nodes:
+        if node.op == "get_attr" and node.users:  # a parameter used outside its module (F.linear(z, enc.weight.t()))
+            owner = str(node.target).rpartition(".")[0]
+            if owner in modules and is_consumer(modules[owner]):
+                foreign.setdefault(owner, set()).add(f"{node.target} read by {sorted(map(str, node.users))}")
+        if node.op != "call_module":
+            continue
+        if is_consumer(modules[node.target]):
+            src = node.args[0] if node.args else None
+            norm = src.target if getattr(src, "op", None) == "call_module" and watched(modules[src.target]) else None
+            reads.setdefault(node.target, []).append(norm)
+        if not watched(modules[node.target]):
+            continue
+        linear, other = found.setdefault(node.target, ([], set()))
+        for u in node.users:
+            if _shape_query(u):
+                continue
+            if u.op == "call_module" and is_consumer(modules[u.target]) and u.args and u.args[0] is node:
+                if u.target not in linear:
+                    linear.append(u.target)
+            else:
+                other.add(getattr(u.target, "__name__", str(u.target)))  # operator.add, torch.add: "add"
+    _account_call_sites(found, reads)
+    return found, foreign
+
+
+def data_dependent_branches(model: nn.Module, example_input, args=None) -> str | None:
+    """Why one run of ``model`` cannot stand for every input (None when it can): torch._dynamo traces one forward
+    and reports a graph break at Python control flow on a tensor's value (``if x.sum() > 0``, ``.item()``), where
+    another input would run other code. ``args``: (positional, keyword) arguments instead of ``example_input``.
+    Runs in eval mode and in train mode (wav2vec2's layer drop branches on ``torch.rand([])`` only when
+    training), without grad, with the RNG state restored."""
+    reasons = []
+    for training in (False, True):
+        try:
+            with mode(model, training):
+                explain = torch._dynamo.explain(model)
+                result = explain(*args[0], **args[1]) if args is not None else call(explain, example_input)
+        except Exception as err:  # noqa: BLE001 - what cannot be checked is not rewritten
+            return f"could not check with torch._dynamo ({type(err).__name__}: {' '.join(str(err).split())[:80]})"
+        reasons += [" ".join(str(r.reason).split()) for r in result.break_reasons]
+    dependent = [r for r in reasons if any(k in r for k in ("generic_jump", "data-dependent", "data dependent",
+                                                            "Data-dependent", "item()", "__bool__"))]
+    return "; ".join(sorted(set(r[:80] for r in dependent))) or None
+
+
+def unproven_regions(model: nn.Module, example_input, found: dict, branches: str) -> dict[str, str]:
+    """{norm: why its rewrite cannot be proven} when the whole model branches on tensor values (``branches``).
+    A norm is still proven when the smallest module holding it and all its readers (its region: a decoder layer,
+    say) has no such branch and does not return the norm's output: whatever branch the model takes, that region
+    computes the same graph around the norm."""
+    names = {n: _region(n, consumers) for n, (consumers, _) in found.items()}
+    modules = dict(model.named_modules())
+    seen, escapes = _region_calls(model, example_input, {r for r in names.values() if r}, set(names))
+    verdicts, why = {}, {}
+    for norm, region in names.items():
+        if not region or region not in seen:
+            why[norm] = (f"the model branches on tensor values ({branches}) outside any block holding this norm and "
+                         "its readers, so one run of example_input cannot prove the rewrite")
+        elif (region, norm) in escapes:
+            why[norm] = f"its output leaves {region}, and the model branches on tensor values ({branches})"
+        else:  # each region on its own: blocks of one class may take other code by their attributes
+            if region not in verdicts:
+                verdicts[region] = data_dependent_branches(modules[region], None, seen[region])
+            if verdicts[region]:
+                why[norm] = f"{region} branches on tensor values ({verdicts[region]}); one run cannot prove the rewrite"
+    return why
+
+
+def _region(norm: str, consumers: list[str]) -> str:
+    """The smallest module that holds the norm and every consumer ('' for the model itself)."""
+    parts = [n.split(".") for n in (norm, *consumers)]
+    common = [p[0] for p in itertools.takewhile(lambda p: len(set(p)) == 1, zip(*parts))]
+    return ".".join(common[:len(parts[0]) - 1]) if common == parts[0] else ".".join(common)
+
+
+def _region_calls(model: nn.Module, example_input, regions: set[str], norms: set[str]):
+    """One eval run: ({region: (args, kwargs) of its first call}, {(region, norm): the region returned the norm's
+    output})."""
+    seen, outs, escapes, handles = {}, {}, set(), []
+    modules = dict(model.named_modules())
+
+    def enter(name):
+        def hook(module, args, kwargs):
+            seen.setdefault(name, (args, kwargs))
+        return hook
+
+    def leave(name):
+        def hook(module, args, out):
+            ptrs = {t.untyped_storage()._cdata for t in leaves(out) if isinstance(t, torch.Tensor)}
+            escapes.update((name, n) for n, t in outs.items()
+                           if t.untyped_storage()._cdata in ptrs and n.startswith(name + "."))
+        return hook
+
+    def norm_out(name):
+        def hook(module, args, out):
+            outs[name] = out  # kept alive: a freed output's address could be reused by the block's output
+        return hook
+
+    for r in regions:
+        handles += [modules[r].register_forward_pre_hook(enter(r), with_kwargs=True),
+                    modules[r].register_forward_hook(leave(r))]
+    handles += [modules[n].register_forward_hook(norm_out(n)) for n in norms]
+    try:
+        with mode(model, False):
+            call(model, example_input, every_output(model))
+    finally:
+        for h in handles:
+            h.remove()
+    return seen, escapes
+
+
+def _account_call_sites(found: dict, reads: dict) -> None:
+    """Mark as another user every consumer whose call sites do not all read the same norm."""
+    for linear, other in found.values():
+        for c in linear:
+            sources = set(reads.get(c, []))
+            if None in sources:
+                other.add(f"{c} (also called on another input)")
+            elif len(sources) > 1:
+                other.add(f"{c} (reads {sorted(sources)})")
+
+
+#: Ops that read a tensor's metadata, not its values (fake tensors answer ``.device`` through dispatch).
+_METADATA = {torch.ops.prim.device, torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_numel,
+             torch.ops.aten.sym_storage_offset, torch.ops.aten.is_contiguous}
+
+
+def _whole_rows(t: torch.Tensor, out: torch.Tensor) -> bool:
+    """``t`` (a view of the norm output ``out``) holds whole rows of ``out``, features in order: a reshape or a
+    slice of rows, on which a Linear applies α, β along the right axis. A transposed or feature-sliced view is not."""
+    if t.shape == out.shape and t.stride() == out.stride() and t.storage_offset() == out.storage_offset():
+        return True
+    d = out.shape[-1] if out.dim() else 0
+    if not (out.is_contiguous() and t.dim() and t.shape[-1] == d and (t.stride(-1) == 1 or d == 1)):
+        return False
+    return (t.storage_offset() - out.storage_offset()) % max(d, 1) == 0 and all(
+        s % max(d, 1) == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+
+
+class _ReadWatch(TorchDispatchMode):
+    """Records, for each watched storage (a norm's output), the Linear modules whose ops read whole rows of it and
+    any other (non-view) op; and, for each consumer's parameters, the ops that read them outside that consumer."""
+
+    def __init__(self):
+        super().__init__()
+        self.owner: dict[int, tuple[str, torch.Tensor]] = {}  # storage pointer → (norm name, its output)
+        self.param_owner: dict[int, str] = {}  # storage pointer of a consumer's parameter → the consumer
+        self.inside: str | None = None  # the nn.Linear currently running
+        self.running: list[str] = []  # the other leaf modules running now, innermost last (to name an op's place)
+        self.found: dict[str, tuple[list[str], set[str]]] = {}
+        self.foreign: dict[str, set[str]] = {}  # consumer → ops outside it that read its parameters
+        self.keep: list[torch.Tensor] = []  # watched tensors stay alive, so that no storage pointer is reused
+        self.read_now: set[str] = set()  # the norms the running consumer call has read
+        self.reads: dict[str, list] = {}  # consumer → the norm (or None) each of its calls read
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        reads_values = not func.is_view and func.overloadpacket not in _METADATA
+        for t in pytree.tree_leaves((args, kwargs or {})):
+            if not isinstance(t, torch.Tensor):
+                continue
+            ptr = t.untyped_storage()._cdata
+            consumer = self.param_owner.get(ptr)
+            if consumer is not None and consumer != self.inside and reads_values:
+                self.foreign.setdefault(consumer, set()).add(str(func.overloadpacket.__name__))
+            if ptr not in self.owner:
+                continue
+            name, norm_out = self.owner[ptr]
+            linear, other = self.found[name]
+            if self.inside is not None:
+                if reads_values and not _whole_rows(t, norm_out):
+                    other.add(f"{self.inside} reads it through a transposed or feature-sliced view")
+                    continue
+                self.read_now.add(name)
+                if self.inside not in linear:
+                    linear.append(self.inside)
+            elif func.overloadpacket is torch.ops.aten._to_copy and isinstance(out, torch.Tensor):
+                self.watch(out, name)  # a dtype cast (peft's fp32 adapters): its readers read the norm's output too
+            elif reads_values:
+                op = str(func.overloadpacket.__name__)
+                other.add(f"{op} in {self.running[-1]}" if self.running else op)
+        return out
+
+    def watch(self, t: torch.Tensor, name: str) -> None:
+        self.keep.append(t)
+        self.owner[t.untyped_storage()._cdata] = (name, t)
+        self.found.setdefault(name, ([], set()))
+
+
+def consumers_by_dispatch(model: nn.Module, example_input) -> tuple[dict, dict]:
+    """({norm name: (consumer Linear names, other ops)}, {consumer: ops outside it that read its parameters}) from
+    the forward under :class:`_ReadWatch`, run in eval mode and in train mode (dropout between a norm and a Linear
+    is visible only there), asking for every output (:func:`every_output`)."""
+    watch, handles = _ReadWatch(), []
+
+    def on_norm(name):
+        def hook(module, inputs, out):
+            watch.watch(out, name)
+        return hook
+
+    def enter(name):
+        def hook(module, inputs):
+            watch.inside = name
+            watch.read_now = set()
+        return hook
+
+    def leave(name):
+        def hook(module, inputs, out):
+            watch.inside = None
+            watch.reads.setdefault(name, []).extend(sorted(watch.read_now) or [None])
+        return hook
+
+    def push(name):
+        return lambda module, inputs: watch.running.append(name)
+
+    def pop(module, inputs, out):
+        watch.running.pop()
+
+    for name, m in model.named_modules():
+        if watched(m):
+            handles.append(m.register_forward_hook(on_norm(name)))
+        elif name and not is_consumer(m) and next(m.children(), None) is None:  # a leaf: dropout, pooling, …
+            handles.append(m.register_forward_pre_hook(push(name)))
+            handles.append(m.register_forward_hook(pop, always_call=True))
+        elif is_consumer(m):
+            handles.append(m.register_forward_pre_hook(enter(name)))
+            handles.append(m.register_forward_hook(leave(name)))
+            for p in m.parameters(recurse=False):
+                watch.param_owner[p.untyped_storage()._cdata] = name
+    extra = every_output(model)
+    try:
+        for training in (False, True):
+            with mode(model, training), watch:
+                out = call(model, example_input, extra)
+            for t in leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
+                name = watch.owner.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
+                if name is not None:
+                    watch.found[name[0]][1].add(RETURNED)
+    finally:
+        for h in handles:
+            h.remove()
+    _account_call_sites(watch.found, watch.reads)
+    return watch.found, watch.foreign

@@ -1,0 +1,266 @@
+"""What every rewrite of :func:`~.patch.patch_model` shares: the report, the undo log, running the example (every
+output, train and eval mode, seeded dropout) and the saved-bytes check that undoes a group of rewrites that saves
+nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from .saved import charged
+
+#: How a module ``module_filter_fn`` refused is listed in the report's ``skipped``.
+FILTERED = "left out by module_filter_fn"
+
+
+@dataclass(frozen=True)
+class PatchConfig:
+    """What :func:`~.patch.patch_model` rewrites (keyword arguments of the same names build one).
+
+    ``family``: ``"relu-sum"`` (each activation's k = ``bits`` primitive ReLU-sum table), ``"invact"`` (its fast
+    InvAct table) or None (activations are not swapped, unless ``tables`` names them). An activation with an exact
+    table (ReLU², softplus) gets it in either family.
+    ``tables``: one table path for every recognised activation, or a mapping {module class, class name or module
+    path: table path, table, drop-in module or ``"exact"``}; a module the mapping does not name gets the family's.
+    ``norms``: make LayerNorms/RMSNorms MS-norms where their readers allow it (eq. 58).
+    ``glu``: fuse gated MLPs into the exact op (needs an example input): True, or the module paths to fuse.
+    ``module_filter_fn(module, fqn)``: False leaves that activation, norm or gated MLP as it is (reported)."""
+
+    family: str | None = "relu-sum"
+    tables: str | Path | Mapping | None = None
+    norms: bool = True
+    glu: bool | Collection[str] = True
+    bits: int = 2
+    module_filter_fn: Callable[[nn.Module, str], bool] | None = None
+
+    def wants(self, module: nn.Module, fqn: str) -> bool:
+        """Whether ``module_filter_fn`` lets the rewrite of ``module`` (at path ``fqn``) happen."""
+        return self.module_filter_fn is None or bool(self.module_filter_fn(module, fqn))
+
+
+@dataclass
+class PatchReport:
+    activations: list[str] = field(default_factory=list)
+    norms: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    max_output_difference: float | None = None
+    glus: list[str] = field(default_factory=list)
+    #: Bytes saved for backward by one training forward on the example (stock, patched); None: not measured.
+    saved_bytes: tuple[int, int] | None = None
+
+    @staticmethod
+    def subject(line: str) -> str:
+        """The module path a line of ``activations``, ``norms`` or ``glus`` is about (its first word)."""
+        return re.match(r"[^\s:]*", line)[0]
+
+    def rewritten(self) -> set[str]:
+        """The module paths this patch rewrote: activations swapped, norms made MS-norms, gated MLPs fused."""
+        return {self.subject(line) for line in (*self.activations, *self.norms, *self.glus)}
+
+    def __str__(self) -> str:
+        diff = ("" if self.max_output_difference is None
+                else f"; max |output difference| on the example {self.max_output_difference:.3g}")
+        glus = f", fused {len(self.glus)} gated MLPs (exact)" if self.glus else ""
+        if self.saved_bytes is not None:
+            before, after = self.saved_bytes
+            diff += (f"; saved for backward on the example: {before:,} → {after:,} bytes "
+                     f"({100 * (after - before) / max(before, 1):+.1f} %)")
+        return (f"swapped {len(self.activations)} activations, merged {len(self.norms)} norms{glus}{diff}"
+                + (f"; skipped: {'; '.join(self.skipped)}" if self.skipped else ""))
+
+
+def path_pattern(name: str) -> str:
+    """A module path with its layer indices as ``*``: the rewrites of one pattern are measured together."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", name)
+
+
+def by_pattern(items: list, name=lambda item: item) -> list[tuple[str, list]]:
+    """``items`` grouped by the :func:`path_pattern` of their module path, patterns in order of first appearance."""
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(path_pattern(name(item)), []).append(item)
+    return list(groups.items())
+
+
+def saved_on_example(model: nn.Module, example_input) -> int | None:
+    """Bytes of distinct storages saved for backward by one train-mode forward on the example (parameters, which
+    exist anyway, not counted); None when nothing in the model requires grad (nothing would be saved)."""
+    params = list(model.parameters())
+    if not any(p.requires_grad for p in params):
+        return None
+    into: dict[str, int] = {}
+    with mode(model, True, grad=True), charged(into, exclude=params):
+        call(model, example_input)
+    return sum(into.values())
+
+
+class Savings:
+    """Never a loss: the bytes saved for backward on the example, measured after each group of rewrites (one
+    pattern of module paths); a group after which they did not drop is undone and listed in ``skipped``."""
+
+    def __init__(self, model: nn.Module, example_input, report: PatchReport, undo: Undo, measure: bool):
+        self.model, self.example, self.report, self.undo = model, example_input, report, undo
+        self.bytes = saved_on_example(model, example_input) if measure and example_input is not None else None
+        self.before = self.bytes
+
+    @contextlib.contextmanager
+    def group(self, what: str):
+        lists = (self.report.norms, self.report.glus, self.report.activations)
+        marks = (len(self.undo.steps), *map(len, lists))
+        yield
+        if self.bytes is None or len(self.undo.steps) == marks[0]:
+            return
+        now = saved_on_example(self.model, self.example)
+        if now < self.bytes:
+            self.bytes = now
+            return
+        done = [self.report.subject(line) for kept, mark in zip(lists, marks[1:]) for line in kept[mark:]]
+        self.undo.rollback(marks[0])
+        for kept, mark in zip(lists, marks[1:]):
+            del kept[mark:]
+        self.report.skipped.append(f"{what}: saves nothing here (with it, one training forward on the example saves "
+                                   f"{now - self.bytes:+,} bytes more for backward); kept as it was: {', '.join(done)}")
+
+    def close(self) -> None:
+        if self.before is not None:
+            self.report.saved_bytes = (self.before, self.bytes)
+        elif self.bytes is None and self.example is not None:
+            self.report.skipped.append("saved bytes: not measured, nothing in the model requires grad on the example")
+
+
+def call(fn, example_input, extra: dict | None = None):
+    """``fn`` on ``example_input``: keyword arguments (a dict), positional ones (a tuple or list) or one tensor;
+    ``extra`` keyword arguments are added (they win over the example's own)."""
+    extra = extra or {}
+    if isinstance(example_input, dict):
+        return fn(**{**example_input, **extra})
+    args = tuple(example_input) if isinstance(example_input, tuple | list) else (example_input,)
+    return fn(*args, **extra)
+
+
+def every_output(model: nn.Module) -> dict:
+    """The keyword arguments that make ``model`` return every output it can: ``output_hidden_states=True`` where
+    its forward takes it (by name, or through ``**kwargs`` on a Hugging Face model, whose config has the flag). A
+    rewrite is proven on these outputs too: hidden states are read by embeddings, reward heads and distillation."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    takes = "output_hidden_states" in params or (
+        any(p.kind is p.VAR_KEYWORD for p in params.values())
+        and hasattr(getattr(model, "config", None), "output_hidden_states"))
+    return {"output_hidden_states": True} if takes else {}
+
+
+def leaves(out) -> list:
+    """The tensors and other leaves of a model output (tuples, dicts, ``ModelOutput`` fields)."""
+    return pytree.tree_leaves(out.to_tuple() if hasattr(out, "to_tuple") else out)
+
+
+#: The seed both runs of the train-mode check draw their dropout masks from.
+TRAIN_SEED = 0
+
+
+@contextlib.contextmanager
+def mode(model: nn.Module, training: bool, grad: bool = False):
+    """Within: ``model`` in train or eval mode, without grad (``grad=True``: with), torch's, numpy's and Python's
+    RNGs seeded with :data:`TRAIN_SEED` (wav2vec2-style models draw their time masks from numpy); on leaving, the
+    RNG states, every module's mode and every buffer (BatchNorm's running statistics) are restored, so that a probe
+    run changes nothing the model keeps."""
+    import random
+
+    import numpy as np
+
+    was = {m: m.training for m in model.modules()}
+    buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
+    states = (np.random.get_state(), random.getstate())
+    model.train(training)
+    try:
+        with torch.set_grad_enabled(grad), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(TRAIN_SEED)
+            np.random.seed(TRAIN_SEED)
+            random.seed(TRAIN_SEED)
+            yield
+    finally:
+        np.random.set_state(states[0])
+        random.setstate(states[1])
+        with torch.no_grad():
+            for b, value in buffers:
+                b.copy_(value)
+        for m, t in was.items():
+            m.training = t
+
+
+def run_example(model: nn.Module, example_input):
+    """Every floating-point output of the model on ``example_input`` (tuples, dicts, ``ModelOutput`` fields, hidden
+    states: :func:`every_output`), in eval mode and in train mode (dropout drawn from :data:`TRAIN_SEED`), without
+    grad; None without an example."""
+    if example_input is None:
+        return None
+    outs, extra = [], every_output(model)
+    for training in (False, True):
+        with mode(model, training):
+            out = call(model, example_input, extra)
+        outs += [t.detach().clone() for t in leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return outs
+
+
+class Undo:
+    """The changes patch_model made, in order, so that a failure can restore the model exactly."""
+
+    def __init__(self):
+        self.steps: list = []
+
+    def setattr(self, parent: nn.Module, name: str, new: nn.Module) -> None:
+        old = getattr(parent, name)
+        self.steps.append(lambda: setattr(parent, name, old))
+        setattr(parent, name, new)
+
+    def keep_linear(self, lin: nn.Linear) -> None:
+        weight, bias = lin.weight.detach().clone(), lin.bias
+        bias_value = None if bias is None else bias.detach().clone()
+
+        @torch.no_grad()
+        def restore():
+            lin.weight.copy_(weight)
+            if bias is None:
+                lin.bias = None
+            else:
+                lin.bias = bias
+                bias.copy_(bias_value)
+
+        self.steps.append(restore)
+
+    def rollback(self, to: int = 0) -> None:
+        """Undo the changes after the first ``to`` (all of them by default)."""
+        while len(self.steps) > to:
+            self.steps.pop()()
+
+
+def move_hooks(old: nn.Module, new: nn.Module) -> None:
+    """Forward and backward hooks registered on the replaced module keep firing on its drop-in."""
+    for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                 "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
+        if hasattr(old, attr) and getattr(old, attr):
+            getattr(new, attr).update(getattr(old, attr))
+
+
+def replace(model: nn.Module, modules: dict, name: str, new: nn.Module, undo: Undo) -> None:
+    parent_name, _, child = name.rpartition(".")
+    undo.setattr(modules[parent_name] if parent_name else model, child, new)
+
+
+#: Module hook tables; a norm with any of them, or a consumer with any but forward hooks, is not rewritten.
+HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def hooks_of(module: nn.Module, tables=HOOK_TABLES) -> list[str]:
+    return [t.strip("_").replace("_", " ") for t in tables if getattr(module, t, None)]

@@ -1,0 +1,85 @@
+"""patch_model's keyword-only interface: a typed config, a module filter, tables that override the family, and
+0.1's arguments (positional, ``activation=``, ``norm=``, ``plan=``) still accepted with a DeprecationWarning and
+giving the same model."""
+
+import copy
+import json
+
+import pytest
+import torch
+from approxbp.kernels import patch_model
+from approxbp.kernels.patch import PatchConfig
+from torch import nn
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8), nn.SiLU(),
+                         nn.Linear(8, 2)).double().requires_grad_(False)
+
+
+def _kinds(model: nn.Module) -> list[str]:
+    return [type(m).__name__ + (f"({m.spec.name()})" if hasattr(m, "spec") else "") for m in model]
+
+
+X = torch.randn(3, 8, dtype=torch.float64)
+
+
+def test_a_config_object_and_the_keywords_patch_alike():
+    a, b = _model(), _model()
+    patch_model(a, family="invact", norms=False, example_input=X)
+    patch_model(b, config=PatchConfig(family="invact", norms=False), example_input=X)
+    assert _kinds(a) == _kinds(b) and _kinds(a)[2] == "InvActGELU(gelu-fast)", _kinds(a)
+    with pytest.raises(TypeError, match="config"):
+        patch_model(_model(), PatchConfig(), config=PatchConfig())
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        patch_model(_model(), activations="invact")
+
+
+def test_the_module_filter_leaves_what_it_refuses_and_says_so():
+    model = _model()
+    report = patch_model(model, example_input=X,
+                         module_filter_fn=lambda module, fqn: fqn != "4" and not isinstance(module, nn.LayerNorm))
+    assert isinstance(model[0], nn.LayerNorm) and isinstance(model[4], nn.SiLU) and not isinstance(model[2], nn.GELU)
+    assert "0: left out by module_filter_fn" in report.skipped
+    assert any(s.startswith("4 (SiLU): left out by module_filter_fn") for s in report.skipped), report.skipped
+
+
+def test_tables_name_some_modules_and_the_family_serves_the_rest():
+    model = _model()
+    patch_model(model, family="invact", tables={nn.SiLU: "relu_sum/silu-k3-primitive"}, norms=False)
+    assert "gelu-fast" in _kinds(model)[2] and "silu-k3-primitive" in _kinds(model)[4], _kinds(model)
+    only = _model()
+    report = patch_model(only, family=None, tables={"SiLU": "relu_sum/silu-k3-primitive"}, norms=False)
+    assert isinstance(only[2], nn.GELU) and "2 (GELU): not in the tables mapping" in report.skipped
+
+
+@pytest.mark.parametrize("old, new", [
+    ((("invact", False),), {"family": "invact", "norms": False}),  # 0.1's positional activation, norm
+    (({"activation": "relu-sum", "norm": False, "bits": 3},), {"family": "relu-sum", "norms": False, "bits": 3}),
+    (({"activation": {nn.GELU: "invact/gelu-newton"}},), {"family": None, "tables": {nn.GELU: "invact/gelu-newton"}}),
+    (({"activation": None, "norm": True},), {"family": None, "norms": True}),
+])
+def test_0_1_arguments_warn_and_patch_as_their_new_names(old, new):
+    (spec,) = old
+    args, kwargs = (spec, {}) if isinstance(spec, tuple) else ((), spec)
+    a, b = _model(), _model()
+    with pytest.warns(DeprecationWarning, match="is deprecated: use"):
+        patch_model(a, *args, example_input=X, **kwargs)
+    patch_model(b, example_input=X, **new)
+    assert _kinds(a) == _kinds(b)
+    torch.testing.assert_close(a(X), b(X), rtol=0, atol=0)
+
+
+def test_the_0_1_plan_argument_warns_and_applies_the_plan(tmp_path):
+    model = _model()
+    plan = {"layers": {"2": {"table": "invact/gelu-fast", "option": "invact"}, "4": {"table": None, "option": "exact"}},
+            "ms_norm": {"chosen": False}}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    stock = copy.deepcopy(model)
+    with pytest.warns(DeprecationWarning, match=r"Plan.load\(path\).apply\(model\)"):
+        report = patch_model(model, plan=str(path), example_input=X)
+    assert type(model[0]) is nn.LayerNorm and type(model[4]) is nn.SiLU and type(model[2]).__name__ == "InvActivation"
+    assert "4 (SiLU): exact by choice" in report.skipped
+    torch.testing.assert_close(model(X), stock(X), rtol=0, atol=1e-12)
