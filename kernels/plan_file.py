@@ -13,13 +13,8 @@ from .activation_swap import ACTIVATION_CLASSES, class_key
 from .rewrite import PatchConfig
 
 
-def plan_config(plan, model: nn.Module) -> PatchConfig:
-    """An ``approxbp plan`` (JSON file or dict) → the patch that applies it to ``model``: tables {module path in
-    ``model``: table path or "exact"}, MS-norms on or off, the gated MLPs to fuse (the parents of the layers whose
-    option is ``glu``).
-    The plan's layer paths are matched to the model's activation modules as they are or as a suffix (peft wraps
-    the planned model as ``base_model.model.…``); each must match exactly one, and every activation of the model
-    must be in the plan, else it was made for another model and is refused. Malformed plans are refused by field."""
+def read_plan(plan) -> dict:
+    """A plan (JSON file path or its dict), its ``layers`` and ``ms_norm`` checked field by field."""
     where = "plan" if isinstance(plan, dict) else str(plan)
     if not isinstance(plan, dict):
         try:
@@ -34,6 +29,19 @@ def plan_config(plan, model: nn.Module) -> PatchConfig:
     if not isinstance(ms, dict) or not isinstance(ms.get("chosen"), bool):
         raise ValueError(f"{where}: 'ms_norm' must be {{'chosen': true or false, …}}, as `approxbp plan --out` "
                          "writes it")
+    return plan
+
+
+def plan_config(plan, model: nn.Module) -> PatchConfig:
+    """An ``approxbp plan`` (JSON file or dict, :func:`read_plan`) → the patch that applies it to ``model``: tables
+    {module path in ``model``: table path or "exact"}, MS-norms on or off, the gated MLPs to fuse (the parents of the
+    layers whose option is ``glu``).
+    The plan's layer paths are matched to the model's activation modules as they are or as a suffix (peft wraps
+    the planned model as ``base_model.model.…``); each must match exactly one, and every activation of the model
+    must be in the plan, else it was made for another model and is refused."""
+    where = "plan" if isinstance(plan, dict) else str(plan)
+    plan = read_plan(plan)
+    layers, ms = plan["layers"], plan["ms_norm"]
     ours = [n for n, m in model.named_modules() if class_key(m) in ACTIVATION_CLASSES]
     chosen, unmatched, fused = {}, [], set()
     for path, layer in layers.items():

@@ -1,5 +1,5 @@
 """approxbp plan: a step's memory on fake tensors equals the same measurement on real tensors, in every mode;
-the chosen plan applies through patch_model(plan=…) and saves what it said; the knapsack is optimal."""
+the chosen plan applies through Plan.load(path).apply(model) and saves what it said; the knapsack is optimal."""
 
 import itertools
 import json
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from approxbp.kernels.patch import patch_model  # noqa: E402
 
 from approxbp import plan as P  # noqa: E402
+from approxbp import step_memory  # noqa: E402
 
 LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
 GPT2 = "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100,n_positions=64"
@@ -62,7 +62,7 @@ def test_checkpointing_keeps_block_inputs_and_one_recomputed_block():
         P.stepper(deep, "compile", checkpoint=True)(2, 64)
 
 
-def test_a_plan_applies_through_patch_model_and_saves_what_it_said(tmp_path):
+def test_a_plan_applies_to_the_model_and_saves_what_it_said(tmp_path):
     budget = P.plan(LLAMA, batch=2, seq=16, mode="bf16").before["peak"] - 20_000
     chosen = P.plan(LLAMA, batch=2, seq=16, mode="bf16", budget=budget)
     assert chosen.after["peak"] <= budget
@@ -73,7 +73,7 @@ def test_a_plan_applies_through_patch_model_and_saves_what_it_said(tmp_path):
         model, inputs = P.model_spec(LLAMA)()
         model = P.prepare(model, "bf16")
     x = {k: v for k, v in inputs(2, 16).items()}
-    report = patch_model(model, plan=path, example_input=x)
+    report = P.Plan.load(path).apply(model, example_input=x)
     assert len(report.norms) == (5 if chosen.ms_norm["chosen"] else 0)  # the final one too: its output is shared
     assert P.measure(model, x, "bf16").activations == chosen.after["activations"]
 
@@ -219,20 +219,20 @@ def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_
 
     model, x = build()
     model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
-    report = patch_model(model, plan=path, example_input=x)
+    report = P.Plan.load(path).apply(model, example_input=x)
     assert len(report.activations) == len(chosen) and len(report.glus) == len(fused), report
     assert all(a.startswith("base_model.model.") for a in report.activations + report.glus)
     for other in (LLAMA.replace("layers=2", "layers=4"), "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100"):
         model, x = build(other)
         with pytest.raises(ValueError, match="made for another model"):
-            patch_model(model, plan=path, example_input=x)
+            P.Plan.load(path).apply(model, example_input=x)
     model, x = build()
     for bad, field in (({}, "layers"), ({"layers": {"a": 1}}, "layers"), ({"layers": {}, "ms_norm": None}, "ms_norm"),
-                       ("[1, 2", "not a readable plan")):
+                       ("[1, 2", "not a readable plan"), ({"layers": {}, "ms_norm": {"chosen": False}}, "no model")):
         p = tmp_path / "bad.json"
         p.write_text(bad if isinstance(bad, str) else json.dumps(bad))
         with pytest.raises(ValueError, match=field):
-            patch_model(model, plan=p)
+            P.Plan.load(p).apply(model)
 
 
 def test_use_evaluates_a_given_assignment_on_fake_and_real_tensors(tmp_path):
@@ -283,7 +283,8 @@ def test_the_figure_keeps_one_colour_per_category_and_draws_the_budget(tmp_path)
     figure says that nothing was replaced (the two bars are then the same on purpose)."""
     from approxbp.kernels.patch import ACTIVATION_CLASSES
 
-    names = {P._category(k) for k in (*ACTIVATION_CLASSES, "LayerNorm", "Linear", "LlamaAttention", "LlamaMLP", "x")}
+    kinds = (*ACTIVATION_CLASSES, "LayerNorm", "Linear", "LlamaAttention", "LlamaMLP", "x")
+    names = {step_memory._category(k) for k in kinds}
     assert names | set(P.CATEGORIES) | {P.AT_PEAK} <= set(P.COLOURS)
     assert len(set(P.COLOURS.values())) == len(P.COLOURS)
     plan = P.plan(LLAMA, 2, 16, "bf16", budget=1 << 40)

@@ -1,0 +1,106 @@
+"""A plan as text (``approxbp plan``'s report) and as a figure (the step's memory by category, before and after)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from approxbp.step_memory import AT_PEAK, size
+
+if TYPE_CHECKING:
+    from approxbp.plan import Plan
+
+
+CATEGORIES = ("parameters", "gradients", "optimizer")
+
+
+def _title(p: Plan, short: bool = False) -> str:
+    return " · ".join([p.model.split(":")[0] if short else p.model,
+                       p.mode + (" + checkpointing" if p.checkpoint else "") + (", traced" if p.traced else ""),
+                       f"batch {p.batch}", *([f"seq {p.seq}"] if p.seq is not None else [])])
+
+
+def report(p: Plan) -> str:
+    """The plan as text: the step before and after by category, the options per activation, the choice."""
+    lines = [_title(p) + (f" · budget {size(p.budget)}" if p.budget else ""),
+             f"{'':<28}{'exact':>12}{'planned':>12}"]
+    for key in (*CATEGORIES, "activations", "peak"):
+        lines.append(f"  {key:<26}{size(p.before[key]):>12}{size(p.after[key]):>12}")
+    if p.before.get("peak_moment"):
+        lines.append(f"  {'peak reached in':<26}{p.before['peak_moment']} / {p.after['peak_moment']} (a traced step: "
+                     "gradients and activations alive then)")
+    for kind in sorted(set(p.before["activations_by_kind"]) | set(p.after["activations_by_kind"])):
+        lines.append(f"    {kind:<24}{size(p.before['activations_by_kind'].get(kind, 0)):>12}"
+                     f"{size(p.after['activations_by_kind'].get(kind, 0)):>12}")
+    if p.before.get("block_units") is not None and p.after.get("block_units") is not None:
+        lines.append(f"  {'one block, App. B units':<26}{p.before['block_units']:>12.3f}"
+                     f"{p.after['block_units']:>12.3f}   ({p.before['block'] or 'the model'}: saved bytes / a 16-bit "
+                     "[b, n, c] tensor)")
+    if p.before.get("blocks_measured"):
+        lines.append(f"  (its blocks are alike: measured at {' and '.join(map(str, p.before['blocks_measured']))} "
+                     "blocks and extrapolated, approxbp/extrapolate.py)")
+    if p.use is None:
+        lines.append("options (saving of the peak per layer, measured in this graph; gradient error: "
+                     "E_N(0,1)[(h̃′ − f′)²]^½ or InvAct's certified L∞):")
+        for act, opts in p.options.items():
+            lines.append("  " + act + ": " + ", ".join(f"{o} {size(v['saving_per_layer'])} / {v['error']:.2g}"
+                                                      for o, v in opts.items()))
+        lines.append(f"  MS-norms (all mergeable norms): {size(p.ms_norm['saving'])}, exact; "
+                     f"{'chosen' if p.ms_norm['chosen'] else 'not chosen'}")
+    else:
+        lines.append(f"the given assignment (--use {p.use}); MS-norms {'on' if p.ms_norm['chosen'] else 'off'}; "
+                     "gradient error per layer: E_N(0,1)[(h̃′ − f′)²]^½ or InvAct's certified L∞")
+    chosen: dict[str, list[str]] = {}
+    for path, layer in sorted(p.layers.items()):
+        error = f" (error {layer['error']:.2g})" if p.use else ""
+        chosen.setdefault(f"{layer['activation']} → {layer['option']}{error}", []).append(path)  # not a table
+    lines.append("choice:" if p.use is None else "assignment:")
+    lines += [f"  {what}: {len(paths)} layers ({paths[0]}{', …' if len(paths) > 1 else ''})"
+              for what, paths in chosen.items()]
+    return "\n".join(lines)
+
+
+#: One colour per category in every figure (tab10's), so that two plans' figures read alike.
+COLOURS = {"parameters": 0, "gradients": 1, "optimizer": 2, "activation functions": 3, "norms": 4,
+           "linear / embedding inputs": 5, "attention": 6, "MLP products (SwiGLU)": 8, "other": 7, AT_PEAK: 9}
+
+
+def figure(p: Plan, path: Path) -> Path:
+    """Stacked bars of the step's memory by category, exact and planned (as Approx-BP's Fig. 2): fixed colours per
+    category, the budget as a line, the saving written over the planned bar."""
+    import io
+    import textwrap
+
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    from approxbp.approximations.files import write_atomic
+
+    kinds = sorted(set(p.before["activations_by_kind"]) | set(p.after["activations_by_kind"]),
+                   key=lambda k: COLOURS.get(k, 99))
+    palette = matplotlib.colormaps["tab10"]
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
+    for i, step in enumerate((p.before, p.after)):
+        bottom = 0.0
+        for key in (*CATEGORIES, *kinds):
+            v = (step[key] if key in CATEGORIES else step["activations_by_kind"].get(key, 0)) / 2**30
+            ax.bar(i, v, bottom=bottom, color=palette(COLOURS.get(key, 7)), label=key if i == 0 else None, width=0.55)
+            bottom += v
+    before, after = p.before["peak"], p.after["peak"]
+    saved = before - after
+    note = (f"−{size(saved)} ({-100 * saved / before:.0f} %)" if saved > 0 else
+            "the exact step fits the budget:\nnothing replaced" if p.budget and before <= p.budget else "no saving")
+    ax.annotate(note, (1, after / 2**30), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                fontsize=9)
+    if p.budget:
+        ax.axhline(p.budget / 2**30, color="black", linestyle="--", linewidth=1, label=f"budget {size(p.budget)}")
+    ax.set_ylim(0, max(before, after, p.budget or 0) / 2**30 * 1.15)
+    ax.set_xticks([0, 1], ["exact", "planned" if p.use is None else f"--use {p.use}"[:24]])
+    ax.set_ylabel("GiB")
+    ax.set_title("\n".join(textwrap.wrap(_title(p, short=True), 64)), fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    return write_atomic(Path(path), buf.getvalue())
