@@ -169,11 +169,11 @@ def run_group(group: Group) -> list[float]:
     the CLI's own parser (so the printed commands are what ran). They differ in ``--use`` only, so the exact step is
     measured once for all of them; a ``--maximize`` row searches on its own."""
     from approxbp import plan as P
-    from approxbp.cli import _setup, build_parser
+    from approxbp.commands.plan import parse, setup_of
 
-    parsed = [build_parser().parse_args(shlex.split(command(group, use))[1:]) for use, _ in group.rows]
+    parsed = [parse(shlex.split(command(group, use))[2:]) for use, _ in group.rows]
     args = parsed[0]
-    setup, common = _setup(args), dict(lora_r=args.lora_r, traced=args.trace or None)
+    setup, common = setup_of(args), dict(lora_r=args.lora_r, traced=args.trace or None)
     if args.maximize:
         return [float(P.maximize(args.model, args.maximize, args.batch, args.seq, setup, P.parse_size(args.budget),
                                  use=a.use, grain=args.grain, **common)[0]) for a in parsed]

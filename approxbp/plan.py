@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +35,7 @@ from torch import nn
 
 from approxbp.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
 from approxbp.models import CONFIG_KEYS, CONFIGS, bundled_configs, hf_builder, model_spec, no_init  # noqa: F401
-from approxbp.plan_report import CATEGORIES, COLOURS, figure, report  # noqa: F401
+from approxbp.plan_result import CATEGORIES, COLOURS, Plan, figure, report  # noqa: F401
 from approxbp.setup import LORA_TARGETS, LoRALinear, Setup, as_setup, weights_for  # noqa: F401 (0.1's callers)
 from approxbp.step_memory import (  # noqa: F401 (read from here by callers of 0.1)
     AT_PEAK,
@@ -52,6 +50,8 @@ from approxbp.step_memory import (  # noqa: F401 (read from here by callers of 0
 )
 
 MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.setup.PRESETS
+#: What :func:`maximize` searches for.
+MAXIMIZE = ("batch", "seq_len")
 #: Per activation layer; ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no
 #: gradient error; saves nothing where the layer is in no gated MLP).
 OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact", "glu")
@@ -96,50 +96,6 @@ def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: d
     fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu"}
     patch_model(model, family=None, tables=tables or None, norms=ms_norm, example_input=inputs, check=False, glu=fused)
     return model
-
-
-@dataclass
-class Plan:
-    model: str
-    mode: str
-    batch: int
-    seq: int | None  # None: the model's inputs do not depend on it
-    budget: int | None
-    before: dict
-    after: dict
-    layers: dict[str, dict]  # path → {"activation", "option", "saving", "error"}
-    options: dict[str, dict]  # activation → option → {"saving per layer", "error"}
-    ms_norm: dict
-    estimate: int | None = None  # the knapsack's additive prediction of the peak; ``after`` is measured
-    checkpoint: bool = False  # activation checkpointing
-    traced: bool = False  # a whole step traced (MemTracker) rather than the forward's saved tensors
-    use: str | None = None  # the assignment evaluated (--use), or None: chosen by the planner
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    @classmethod
-    def load(cls, path: str | Path) -> Plan:
-        """The plan ``approxbp plan --out`` wrote to ``path`` (refused in one line when it is not one)."""
-        from approxbp.kernels.plan_file import read_plan
-
-        data = read_plan(str(path))
-        if missing := [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]:
-            raise ValueError(f"{path}: not a plan written by `approxbp plan --out` (no {', '.join(missing)})")
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
-
-    def apply(self, model: nn.Module, *, example_input=None, check: bool = True,
-              module_filter_fn: Callable[[nn.Module, str], bool] | None = None):
-        """Patch ``model`` as planned: each planned layer's table (or exact), the gated MLPs of its ``glu`` layers
-        fused, MS-norms as chosen (:func:`approxbp.kernels.patch_model`'s rules and proofs; the plan's paths match
-        the model's as they are or as a suffix, so a peft-wrapped model takes its base model's plan). Returns the
-        patch report."""
-        from approxbp.kernels.patch import patch_model
-        from approxbp.kernels.plan_file import plan_config
-
-        config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
-        return patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
-                           example_input=example_input, check=check)
 
 
 def _summary(m: StepMemory) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,16 +44,11 @@ def paper_table(row: PaperReluSum) -> T.ReluSumTable:
     A, B, tail, how = interval_for(act, row.objective)
     rs = ReLUSum([*row.a, 1.0 - sum(row.a)], row.c)
     loss = ReluSumObjective(act, 2, row.objective, (A, B)).loss(rs)
-    return T.from_json({
-        "schema": T.SCHEMA, "family": "relu-sum", "activation": act.name, "expression": act.expression,
-        "created": _dt.date.today().isoformat(), "source": "paper", "reference": row.reference,
-        "bits": 2, "objective": row.objective, "interval": [A, B],
-        "weights": rs.weights.tolist(), "knots": rs.knots.tolist(), "levels": rs.levels.tolist(),
-        "loss": loss, "constraint_residual": rs.constraint_residual,
-        "metrics": {"tail_mass": tail, "interval_rule": how, "name_in_paper": row.label},
-        "provenance": {"method": "published", "seed": None, "command": "approxbp reproduce --full",
-                       "package_version": package_version(), "seconds": 0.0},
-    })
+    return T.ReluSumTable.new(
+        act, rs, bits=2, objective=row.objective, interval=(A, B), loss=loss, source="paper", reference=row.reference,
+        metrics={"tail_mass": tail, "interval_rule": how, "name_in_paper": row.label},
+        provenance={"method": "published", "seed": None, "command": "approxbp reproduce --full",
+                    "package_version": package_version(), "seconds": 0.0})
 
 
 @dataclass

@@ -29,6 +29,9 @@ OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "sgd")
 TRAIN = ("full", "lora", "lora-fa", "none")
 ADAPTERS = ("auto", "fp32", "bf16", "fp16")
 NORMS = ("auto", "fp32")
+#: --weights: a stored dtype, or nf4 (QLoRA's 4-bit frozen base); --autocast: the forward's autocast
+WEIGHTS = (*DTYPES, "nf4")
+AUTOCAST = ("off", "bf16", "fp16")
 #: bitsandbytes' 8-bit AdamW: one byte per moment, and one fp32 absmax per block of this many values per moment.
 BNB_BLOCK = 256
 
@@ -49,7 +52,7 @@ class Setup:
     task: str | None = None  # the head (approxbp.tasks.TASKS); None: the config's architectures, else a default
 
     def __post_init__(self):
-        checks = (("weights", self.weights, (*DTYPES, "nf4")), ("autocast", self.autocast, ("off", "bf16", "fp16")),
+        checks = (("weights", self.weights, WEIGHTS), ("autocast", self.autocast, AUTOCAST),
                   ("train", self.train, TRAIN), ("optimizer", self.optimizer, OPTIMIZERS),
                   ("adapters", self.adapters, ADAPTERS), ("norms", self.norms, NORMS))
         for name, value, allowed in checks:

@@ -34,7 +34,7 @@ from approxbp.approximations.deprecated import callable_module
 from approxbp.approximations.elementary import LG2_ABS_ERROR, LN2
 from approxbp.approximations.invact_forms import Form, backward_rule
 from approxbp.approximations.invact_forms import y as FORM_Y
-from approxbp.approximations.tables import InvActTable, as_table
+from approxbp.approximations.tables import InvActTable, as_table, load, save
 from flint import arb
 
 from . import intervals as iv
@@ -431,6 +431,21 @@ def identity_proof(t, branch: str) -> bool:
     for a, s in roots.items():
         num = sp.expand(sp.rem(num, s**2 - a, s))
     return num == 0
+
+
+def certify_files(paths, *, write: bool = False, only_default: bool = False, progress=None, **options):
+    """Certify each table file (read once, :func:`certify_table` with ``options``) and, with ``write``, store its
+    certificate in the file's metrics (``approxbp certify --write``; then export its kernels again);
+    ``only_default`` skips the tables :func:`certifiable` leaves out. Yields (table name, printable lines, whether
+    every claim holds) as each table is done."""
+    for path in paths:
+        t = load(path)
+        if only_default and not certifiable(t):
+            continue
+        entry, lines, held = certify_table(t, progress=progress, **options)
+        if write and entry is not None:
+            save(t.with_metrics(certified=entry), path)
+        yield t.name, lines, held
 
 
 def certifiable(t) -> bool:

@@ -86,6 +86,18 @@ class FreeLevelsFit:
     loss: float
     starts: dict[str, float]  # start label → its polished loss
 
+    def save(self, path: str | Path, command: str | None = None) -> Path:
+        """Write the fit as a free-levels JSON file (schema :data:`~approxbp.approximations.tables.FREE_LEVELS_SCHEMA`:
+        a study result, refused as a table by every command that takes one), atomically; returns the path."""
+        from approxbp.approximations.files import write_atomic
+        from approxbp.approximations.tables import FREE_LEVELS_SCHEMA
+
+        record = {"schema": FREE_LEVELS_SCHEMA, "note": "FewBit's family, not an approxbp.table (no Σw = 1, "
+                  "Σw·c = 0)", "activation": self.activation, "bits": self.bits, "interval": list(self.interval),
+                  "borders": self.borders.tolist(), "levels": self.levels.tolist(), "loss": self.loss,
+                  "starts": self.starts, "command": command}
+        return write_atomic(path, json.dumps(record, indent=1) + "\n")
+
 
 def fit_free_levels(activation: str, bits: int, interval=FEWBIT_INTERVAL, restarts: int = 4,
                     seed: int = 0) -> FreeLevelsFit:

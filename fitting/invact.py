@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import sys
 import time
 from dataclasses import replace
@@ -32,7 +31,6 @@ from approxbp.approximations.invact_forms import (
     published_forms,
     right_tail_error,
 )
-from approxbp.approximations.tables import SCHEMA
 from scipy.optimize import least_squares
 
 from .relu_sum import package_version
@@ -104,18 +102,13 @@ def invact_table(activation: str | Activation, left: Form, right: Form, form: st
     linf_l, l2_l = branch_metrics(ia, left, "left")
     linf_r, l2_r = branch_metrics(ia, right, "right")
     linf_r = max(linf_r, right_tail_error(ia))  # the right branch's rule includes the tail rule q = h′(y)
-    return T.from_json({
-        "schema": SCHEMA, "family": "invact", "activation": ia.activation.name,
-        "expression": ia.activation.expression, "created": _dt.date.today().isoformat(), "source": source,
-        "form": form, "turning_point": ia.T, "f_T": ia.f_T, "variable": "y",
-        "left": left.to_json(ia.domain("left")),
-        "right": right.to_json((ia.f_T, ia.f_T + 10.0)),
-        "metrics": {"linf_left": linf_l, "l2_left": l2_l, "linf_right": linf_r, "l2_right": l2_r, **(extra or {})},
-        "provenance": {"method": form, "seed": None, "command": "approxbp.fitting.invact", "package_version":
-                       package_version(), "seconds": 0.0, **(provenance or {})},
-        **({"reference": reference} if reference else {}),
-        **({"combined": combined.to_json()} if combined is not None else {}),
-    })
+    return T.InvActTable.new(
+        ia.activation, source=source, form=form, turning_point=ia.T, f_T=ia.f_T, left=left.to_json(ia.domain("left")),
+        right=right.to_json((ia.f_T, ia.f_T + 10.0)), combined=None if combined is None else combined.to_json(),
+        metrics={"linf_left": linf_l, "l2_left": l2_l, "linf_right": linf_r, "l2_right": l2_r, **(extra or {})},
+        provenance={"method": form, "seed": None, "command": "approxbp.fitting.invact",
+                    "package_version": package_version(), "seconds": 0.0, **(provenance or {})},
+        reference=reference)
 
 
 #: Largest |h′(y) − f′(f⁻¹(y))| allowed beyond the right domain, where the drop-ins use q = h′(y).

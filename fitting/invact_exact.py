@@ -11,7 +11,6 @@ by mpmath's root finder at 60 digits.
 
 from __future__ import annotations
 
-import datetime as _dt
 import time
 
 import mpmath
@@ -21,7 +20,7 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.activations import named_expression, x
 from approxbp.approximations.invact_forms import Form
-from approxbp.approximations.tables import SCHEMA
+from approxbp.approximations.table_checks import MONOTONE_SPAN, not_increasing_at
 from approxbp.approximations.tails import tail
 
 from .relu_sum import package_version
@@ -52,7 +51,7 @@ def derive_exact(activation: str) -> tuple[sp.Expr, sp.Expr]:
 
 def is_monotone(act) -> bool:
     """h′ > 0 wherever the tables check it (:func:`~approxbp.approximations.tables.not_increasing_at`)."""
-    return T.not_increasing_at(act) is None
+    return not_increasing_at(act) is None
 
 
 def takes_exact(act) -> bool:
@@ -70,7 +69,7 @@ def derive_monotone(activation) -> sp.Expr:
     form. One branch: the saved output alone gives the gradient, no bit (Inverted Activations §2)."""
     act = get_activation(activation)
     if not is_monotone(act):
-        raise ValueError(f"{act.name}: not increasing on [−{T.MONOTONE_SPAN:g}, {T.MONOTONE_SPAN:g}]")
+        raise ValueError(f"{act.name}: not increasing on [−{MONOTONE_SPAN:g}, {MONOTONE_SPAN:g}]")
     left = tail(act, 0, "left")  # 50-digit samples out to x = −512: computed once
     if not left.vanishes:
         raise ValueError(f"{act.name}: a monotone table needs h → 0 as x → −∞ ({left.describe()})")
@@ -130,17 +129,12 @@ def exact_table(activation: str) -> T.InvActTable:
     zero, f_T = Form.parse("0*y"), float(act.f(0.0))
     right = Form.parse(str(q))
     combined = Form.parse(f"select(b - 0.5, 0, {q})", variables=("y", "b"))
-    return T.from_json({
-        "schema": SCHEMA, "family": "invact", "activation": act.name, "expression": act.expression,
-        "created": _dt.date.today().isoformat(), "source": "derived", "form": "exact", "turning_point": 0.0,
-        "f_T": f_T, "variable": "y",
-        "reference": f"derived: f = {right_f} for x > 0, f′(f⁻¹(y)) = {q}; f′ = 0 for x < 0 (Inverted Activations §2)",
-        "left": zero.to_json((f_T, f_T + 1.0)), "right": right.to_json((f_T, f_T + RIGHT_SPAN)),
-        "combined": combined.to_json(), "metrics": _measured(activation, q),
-        "provenance": {"method": "closed form (sympy solve), checked against mpmath at 30 digits", "seed": None,
-                       "command": f"approxbp fit invact --activation {act.name} --form exact",
-                       "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3)},
-    })
+    return T.InvActTable.new(
+        act, source="derived", form="exact", turning_point=0.0, f_T=f_T,
+        reference=f"derived: f = {right_f} for x > 0, f′(f⁻¹(y)) = {q}; f′ = 0 for x < 0 (Inverted Activations §2)",
+        left=zero.to_json((f_T, f_T + 1.0)), right=right.to_json((f_T, f_T + RIGHT_SPAN)),
+        combined=combined.to_json(), metrics=_measured(activation, q),
+        provenance=_provenance(f"approxbp fit invact --activation {act.name} --form exact", t0))
 
 
 def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
@@ -151,14 +145,14 @@ def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
     q = derive_monotone(activation)
     metrics = _measured(act, q, left=False)
     given = act.name if named_expression(act.name) else act.expression
-    return T.from_json({
-        "schema": SCHEMA, "family": "invact", "activation": act.name, "expression": act.expression,
-        "created": _dt.date.today().isoformat(), "source": "derived", "form": "exact", "monotone": True, "f_T": 0.0,
-        "variable": "y",
-        "reference": f"derived: f increasing with inf f = 0, f′(f⁻¹(y)) = {q} (Inverted Activations §2: one "
-                     "branch, no bit)",
-        "right": Form.parse(str(q)).to_json((0.0, RIGHT_SPAN)), "metrics": metrics,
-        "provenance": {"method": "closed form (sympy solve), checked against mpmath at 30 digits", "seed": None,
-                       "command": f"approxbp fit invact --activation '{given}' --form exact",
-                       "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3)},
-    })
+    return T.InvActTable.new(
+        act, source="derived", form="exact", monotone=True, f_T=0.0,
+        reference=f"derived: f increasing with inf f = 0, f′(f⁻¹(y)) = {q} (Inverted Activations §2: one branch, no "
+                  "bit)",
+        right=Form.parse(str(q)).to_json((0.0, RIGHT_SPAN)), metrics=metrics,
+        provenance=_provenance(f"approxbp fit invact --activation '{given}' --form exact", t0))
+
+
+def _provenance(command: str, t0: float) -> dict:
+    return {"method": "closed form (sympy solve), checked against mpmath at 30 digits", "seed": None,
+            "command": command, "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3)}

@@ -15,7 +15,6 @@ best, and the table's provenance names the start that found it (``found_by``).
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import shlex
 import time
@@ -27,7 +26,6 @@ import numpy as np
 from approxbp.approximations import Activation, get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.relu_sum import check_bits
-from approxbp.approximations.tables import SCHEMA
 from scipy.optimize import dual_annealing, minimize
 
 from .grid_dp import GRIDS, grid_dp_knots
@@ -40,12 +38,10 @@ SAME_LOSS = 1e-9
 
 
 def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    """The installed approxbp's version (``approxbp.__version__``), recorded in every table's provenance."""
+    import approxbp
 
-    try:
-        return version("approxbp")
-    except PackageNotFoundError:
-        return "0+unknown"
+    return approxbp.__version__
 
 
 # ---- starting points ----------------------------------------------------------------------------
@@ -395,22 +391,15 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     loss = obj.loss(rs)
     losses = [float(r.loss) if r.degenerate is None else None for r in results]
     at_best = sum(v is not None and v <= loss * (1 + SAME_LOSS) + 1e-300 for v in losses)
-    table = T.from_json({
-        "schema": SCHEMA, "family": "relu-sum", "activation": act.name, "expression": act.expression,
-        "created": _dt.date.today().isoformat(), "source": "fit",
-        "bits": bits, "objective": objective, "interval": [A, B],
-        "weights": rs.weights.tolist(), "knots": rs.knots.tolist(), "levels": rs.levels.tolist(),
-        "loss": loss, "constraint_residual": rs.constraint_residual,
-        "metrics": {"tail_mass": tail, "interval_rule": how, "loss_upper_bound_on_R": loss + tail,
-                    "degenerate_restarts": len(results) - len(valid), "restart_losses": losses,
-                    "restart_labels": labels, "restarts_at_best": at_best, **cert},
-        "provenance": {
-            "method": method_used, "seed": seed, "restarts": restarts if obj.n > 1 else 0,
-            "best_restart": best_restart, "found_by": labels[best_restart],
-            "command": command or "approxbp.fitting.fit_relu_sum(...)",
-            "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3),
-        },
-    })
+    table = T.ReluSumTable.new(
+        act, rs, bits=bits, objective=objective, interval=(A, B), loss=loss,
+        metrics={"tail_mass": tail, "interval_rule": how, "loss_upper_bound_on_R": loss + tail,
+                 "degenerate_restarts": len(results) - len(valid), "restart_losses": losses,
+                 "restart_labels": labels, "restarts_at_best": at_best, **cert},
+        provenance={"method": method_used, "seed": seed, "restarts": restarts if obj.n > 1 else 0,
+                    "best_restart": best_restart, "found_by": labels[best_restart],
+                    "command": command or "approxbp.fitting.fit_relu_sum(...)",
+                    "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3)})
     global_on_grid = labels[best_restart].startswith("grid DP") and objective == "derivative"
     untrusted = at_best == 1 and obj.n > 1 and not global_on_grid
     message = (f"{at_best} of {len(results)} restarts reached the best loss {loss:.6e}"

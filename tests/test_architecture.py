@@ -88,8 +88,9 @@ def table_subscripts(path: Path) -> list[str]:
 
 def test_tables_are_read_by_attribute_outside_the_tables_module():
     """Issue 15: fields of a table are read as attributes of ReluSumTable / InvActTable; only
-    approximations/tables.py reads the JSON by key. (Result rows and metrics dicts use other keys.)"""
-    allowed = {ROOT / "approximations" / "tables.py"}
+    approximations/tables.py and the schema and checks it reads with (table_schema.py, table_checks.py) read the JSON
+    by key. (Result rows and metrics dicts use other keys.)"""
+    allowed = {ROOT / "approximations" / name for name in ("tables.py", "table_schema.py", "table_checks.py")}
     hits = [h for layer in ("approximations", "fitting", "kernels", "approxbp")
             for p in _sources(layer) if p not in allowed for h in table_subscripts(p)]
     assert not hits, hits
@@ -157,26 +158,56 @@ def test_the_build_side_checker_sees_an_import(tmp_path):
     assert build_side_imports(bad) == ["sympy", ".codegen:export"]
 
 
+def layer_modules(package: str) -> dict[str, Path]:
+    """Dotted name inside ``package`` → source file, subpackages included (``commands.plan``; a subpackage's
+    ``__init__`` is the subpackage itself), generated code aside."""
+    root = ROOT / package
+    found = {}
+    for p in _sources(package):
+        parts = p.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if name:
+            found[name] = p
+    return found
+
+
 def module_imports(path: Path, package: str) -> set[str]:
-    """The modules of one layer folder (``package``: approximations, fitting, kernels) a source file imports, by
-    relative or absolute name, at module level or inside a function."""
-    mods = {p.stem for p in (ROOT / package).glob("*.py")} - {"__init__"}
+    """The modules of one layer folder (``package``: approximations, fitting, kernels, or approxbp, the top layer)
+    a source file imports, by relative or absolute name, at module level or inside a function."""
+    mods = layer_modules(package)
     prefix = "approxbp" if package == "approxbp" else f"approxbp.{package}"  # the top layer: approxbp/ itself
+    here = ".".join(path.relative_to(ROOT / package).with_suffix("").parts[:-1])  # the file's subpackage
     found = set()
+
+    def resolve(dotted: str, names: list[str]) -> None:
+        for n in names:  # ``from pkg import module``
+            if f"{dotted}.{n}".strip(".") in mods:
+                found.add(f"{dotted}.{n}".strip("."))
+        while dotted and dotted not in mods:  # ``from pkg.module import name``
+            dotted = dotted.rpartition(".")[0]
+        if dotted:
+            found.add(dotted)
+
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
-            base = (node.module or "") if node.level == 1 else (node.module or "").removeprefix(prefix)
             module = node.module or ""
-            if node.level == 1 or (node.level == 0 and (module == prefix or module.startswith(prefix + "."))):
-                head = base.strip(".").split(".")[0]
-                names = [head] if head else [a.name for a in node.names]
-                found |= {n for n in names if n in mods}
-    return found - {path.stem}
+            if node.level:
+                base = here.split(".") if here else []
+                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+                resolve(".".join([*base, *module.split(".")]).strip("."), [a.name for a in node.names])
+            elif module == prefix or module.startswith(prefix + "."):
+                resolve(module.removeprefix(prefix).strip("."), [a.name for a in node.names])
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith(prefix + "."):
+                    resolve(a.name.removeprefix(prefix + "."), [])
+    me = ".".join(p for p in path.relative_to(ROOT / package).with_suffix("").parts if p != "__init__")
+    return found - {me}
 
 
 def import_cycles(package: str) -> list[set[str]]:
     """The strongly connected components of more than one module in a layer's import graph (Tarjan)."""
-    graph = {p.stem: module_imports(p, package) for p in (ROOT / package).glob("*.py") if p.stem != "__init__"}
+    graph = {name: module_imports(p, package) for name, p in layer_modules(package).items()}
     index, low, stack, on, out = {}, {}, [], set(), []
 
     def visit(v):
@@ -220,3 +251,14 @@ def test_the_cycle_finder_sees_a_circle(tmp_path, monkeypatch):
     (pkg / "c.py").write_text("from . import a\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert import_cycles("approximations") == [{"a", "b"}]
+
+
+def test_the_cycle_finder_sees_a_circle_through_a_subpackage(tmp_path, monkeypatch):
+    pkg = tmp_path / "approxbp"
+    (pkg / "commands").mkdir(parents=True)
+    (pkg / "commands" / "__init__.py").write_text("")
+    (pkg / "commands" / "plan.py").write_text("def f():\n    from approxbp.memory import g\n")
+    (pkg / "memory.py").write_text("def g():\n    from approxbp.commands import plan\n")
+    (pkg / "cli.py").write_text("from .commands import plan\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert import_cycles("approxbp") == [{"commands.plan", "memory"}]

@@ -134,7 +134,7 @@ def test_ctrl_c_ends_a_command_in_one_line(monkeypatch, capsys):
     def interrupted(args, argv):
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(cli.COMMANDS, "fit", (cli.COMMANDS["fit"][0], interrupted))
+    monkeypatch.setattr(cli.COMMANDS["fit"], "run", interrupted)
     assert main(["fit", "relu-sum", "--activation", "gelu", "--bits", "2"]) == 130
     assert capsys.readouterr().err.strip() == "approxbp: interrupted (files are written whole or not at all)"
 
@@ -164,6 +164,8 @@ def test_a_huge_table_is_refused_unread(tmp_path):
 def test_the_cli_offers_every_invact_form_and_no_other():
     from approxbp.fitting.invact import FORMS
 
-    from approxbp.cli import INVACT_FORMS
+    from approxbp.cli import build_parser
 
-    assert INVACT_FORMS == FORMS
+    fit = build_parser("fit")._subparsers._group_actions[0].choices["fit"]
+    invact = fit._subparsers._group_actions[0].choices["invact"]
+    assert next(a.choices for a in invact._actions if a.dest == "form") == FORMS

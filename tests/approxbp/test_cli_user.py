@@ -236,17 +236,17 @@ def test_figures_into_a_new_folder_replots_and_never_retrains(tmp_path, monkeypa
 
 
 def test_figure_commands_default_to_the_checkout_not_the_current_folder(tmp_path, monkeypatch):
-    from approxbp.cli import _figures_dir
+    from approxbp.commands.common import figures_dir
 
     monkeypatch.chdir(tmp_path)
-    assert _figures_dir(None) == ROOT.resolve() / "docs" / "figures"
-    assert _figures_dir(tmp_path / "x") == tmp_path / "x"
+    assert figures_dir(None) == ROOT.resolve() / "docs" / "figures"
+    assert figures_dir(tmp_path / "x") == tmp_path / "x"
 
 
 def test_sweep_fits_every_combination_and_writes_named_tables(tmp_path, capsys):
     from approxbp.approximations import tables as T
 
-    from approxbp.cli import parse_bits
+    from approxbp.commands.sweep import parse_bits
 
     assert parse_bits("1-3,5") == [1, 2, 3, 5] and parse_bits("2, 2") == [2]
     assert main(["sweep", "--activation", "gelu", "--activation", "swish2=x*sigmoid(2*x)", "--bits", "1-2",
@@ -263,7 +263,7 @@ def test_sweep_fits_every_combination_and_writes_named_tables(tmp_path, capsys):
 
 def test_sweep_checks_every_activation_first_and_carries_on_past_a_failed_fit(monkeypatch, capsys):
     """A sweep aborted on the first activation it could not fit, after fitting the ones before it."""
-    import approxbp.fitting.relu_sum as R
+    import approxbp.fitting.sweep as R
 
     assert main(["sweep", "--activation", "gelu", "--activation", "x", "--bits", "1", "--no-progress"]) == 2
     captured = capsys.readouterr()

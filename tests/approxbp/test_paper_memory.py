@@ -67,16 +67,16 @@ def test_the_committed_results_cover_every_row():
 
 
 def test_reproduce_memory_prints_the_rows_and_fails_an_unexplained_one(monkeypatch, capsys):
-    from approxbp import cli
+    from approxbp.commands import reproduce
 
     group = _group("InvAct App. A.1", "ViT-B")
     monkeypatch.setattr(M, "GROUPS", (group,))
     monkeypatch.setattr(M.reproduce, "__defaults__", ((group,), None))
-    assert cli._memory_rows(progress=False) == [(f"{group.table}, {group.setup}, InvAct", True)]
+    assert reproduce.memory_rows(progress=False) == [(f"{group.table}, {group.setup}, InvAct", True)]
     assert "paper -23.8 %" in capsys.readouterr().out
     wrong = M.Group(group.table, group.setup, group.command, group.what, group.unit, (("invact", -40.0),))
     monkeypatch.setattr(M.reproduce, "__defaults__", ((wrong,), None))
-    assert cli._memory_rows(progress=False)[0][1] is False
+    assert reproduce.memory_rows(progress=False)[0][1] is False
 
 
 def test_under_sdpa_ms_rmsnorm_saves_what_table_3_prints():

@@ -263,19 +263,19 @@ def test_tables_refuse_a_certified_bound_below_the_sampled_error():
 
 
 def test_reproduce_full_stores_certificates_and_fails_on_a_wrong_table(tmp_path, capsys):
-    from approxbp.cli import _certify_regenerated
+    from approxbp.commands.reproduce import certify_regenerated
 
     good = tmp_path / "relu_sum" / "gelu-k1-derivative.json"
     good.parent.mkdir()
     d = json.loads((RELU / "gelu-k1-derivative.json").read_text())
     d["metrics"].pop("certified", None)
     good.write_text(json.dumps(d))
-    assert _certify_regenerated([good], progress=False)
+    assert certify_regenerated([good], progress=False)
     assert load(good).metrics["certified"]["global_gap"] == 0.0
     bad = tmp_path / "invact" / "silu-fast.json"
     bad.parent.mkdir()
     bad.write_text(json.dumps(_perturbed(INVACT / "silu-fast.json", 1 + 1e-3)))
-    assert not _certify_regenerated([bad], progress=False)
+    assert not certify_regenerated([bad], progress=False)
     assert "VIOLATED" in capsys.readouterr().out
 
 

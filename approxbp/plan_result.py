@@ -1,14 +1,60 @@
-"""A plan as text (``approxbp plan``'s report) and as a figure (the step's memory by category, before and after)."""
+"""A plan, what ``approxbp plan`` returns: its JSON (``--out``; :meth:`Plan.load`), applying it to a model
+(:meth:`Plan.apply`), and its report as text and as a figure (the step's memory by category, before and after)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+from torch import nn
 
 from approxbp.step_memory import AT_PEAK, size
 
-if TYPE_CHECKING:
-    from approxbp.plan import Plan
+
+@dataclass
+class Plan:
+    model: str
+    mode: str
+    batch: int
+    seq: int | None  # None: the model's inputs do not depend on it
+    budget: int | None
+    before: dict
+    after: dict
+    layers: dict[str, dict]  # path → {"activation", "option", "saving", "error"}
+    options: dict[str, dict]  # activation → option → {"saving per layer", "error"}
+    ms_norm: dict
+    estimate: int | None = None  # the knapsack's additive prediction of the peak; ``after`` is measured
+    checkpoint: bool = False  # activation checkpointing
+    traced: bool = False  # a whole step traced (MemTracker) rather than the forward's saved tensors
+    use: str | None = None  # the assignment evaluated (--use), or None: chosen by the planner
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """The plan ``approxbp plan --out`` wrote to ``path`` (refused in one line when it is not one)."""
+        from approxbp.kernels.plan_file import read_plan
+
+        data = read_plan(str(path))
+        if missing := [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]:
+            raise ValueError(f"{path}: not a plan written by `approxbp plan --out` (no {', '.join(missing)})")
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+    def apply(self, model: nn.Module, *, example_input=None, check: bool = True,
+              module_filter_fn: Callable[[nn.Module, str], bool] | None = None):
+        """Patch ``model`` as planned: each planned layer's table (or exact), the gated MLPs of its ``glu`` layers
+        fused, MS-norms as chosen (:func:`approxbp.kernels.patch_model`'s rules and proofs; the plan's paths match
+        the model's as they are or as a suffix, so a peft-wrapped model takes its base model's plan). Returns the
+        patch report."""
+        from approxbp.kernels.patch import patch_model
+        from approxbp.kernels.plan_file import plan_config
+
+        config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
+        return patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
+                           example_input=example_input, check=check)
 
 
 CATEGORIES = ("parameters", "gradients", "optimizer")

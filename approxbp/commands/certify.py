@@ -1,0 +1,61 @@
+"""``approxbp certify``: rigorous bounds for tables (:func:`approxbp.fitting.certify.certify_files`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from approxbp.commands import common
+
+
+def add_parser(sub, add) -> None:
+    cer = add(sub, "certify", help="rigorous error bounds (interval arithmetic, python-flint): InvAct forms' sup error "
+              "over each branch, ReLU-sum objectives and global optimality for k ≤ 2")
+    common.table_paths_arg(cer, "the packaged InvAct fast/newton tables and the gelu/silu ReLU-sum tables with k ≤ 2")
+    cer.add_argument("--budget", type=float, default=600.0,
+                     help="seconds per certificate (a branch, or a B&B); InvAct branches also stop at 300 000 boxes, "
+                          "so a stored certificate does not depend on the machine")
+    cer.add_argument("--max-boxes", type=int, default=None,
+                     help="a work budget: boxes bounded per certificate (default: 300 000 for InvAct branches, "
+                          "none for a ReLU-sum B&B); the same answer on any machine, whatever its load")
+    cer.add_argument("--rtol", type=float, default=0.02,
+                     help="InvAct: refine until the bound is within this factor of the error attained")
+    cer.add_argument("--write", action="store_true", help="store the certificates in the tables' metrics "
+                     "(then run `approxbp export` for their kernels)")
+    cer.add_argument("--kernel-constants", action="store_true", help="InvAct: round the form's numbers to float32 "
+                     "first, as the kernels write them (nothing is stored)")
+    common.no_progress(cer)
+
+
+def run(args, argv) -> int:
+    """``approxbp certify``: one line per certificate; exit 1 when a claim fails."""
+    from approxbp.approximations import tables as T
+
+    progress = common.progress_on(args)
+    if not (args.budget > 0 and 0 < args.rtol < 10 and (args.max_boxes is None or args.max_boxes > 0)):
+        raise ValueError("--budget and --max-boxes must be > 0 and --rtol in (0, 10)")
+    t0 = time.perf_counter()
+    paths = args.tables or T.table_paths()
+    held = print_certificates(paths, progress, write=args.write and not args.kernel_constants,
+                              only_default=not args.tables, budget_s=args.budget, rtol=args.rtol,
+                              rounded=args.kernel_constants, max_boxes=args.max_boxes)
+    failed = [name for name, ok in held.items() if not ok]
+    print(f"{len(held)} tables in {time.perf_counter() - t0:.1f} s: "
+          + ("every certificate holds (each table's lines say what it certifies)" if not failed
+             else f"FAILED: {', '.join(failed)}"))
+    if args.write:
+        print("tables updated; regenerate their kernels with `approxbp export`")
+    return 1 if failed else 0
+
+
+def print_certificates(paths, progress: bool, write: bool, only_default: bool = False, **options) -> dict[str, bool]:
+    """Certify each table (:func:`approxbp.fitting.certify.certify_files`), printing its lines as it is done.
+    Returns name → whether its claims hold."""
+    from approxbp.fitting.certify import certify_files
+
+    tell = (lambda msg: print(f"[certify] {msg}", file=sys.stderr, flush=True)) if progress else None
+    held = {}
+    for name, lines, ok in certify_files(paths, write=write, only_default=only_default, progress=tell, **options):
+        print("\n".join(lines), flush=True)
+        held[name] = ok
+    return held

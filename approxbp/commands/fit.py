@@ -1,0 +1,147 @@
+"""``approxbp fit relu-sum|invact``: one table fitted, summarised, written to ``--out``."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from approxbp.commands import common
+
+
+def add_parser(sub, add) -> None:
+    from approxbp.fitting.invact import FORMS
+    from approxbp.fitting.objective import OBJECTIVES
+    from approxbp.fitting.relu_sum import METHODS
+    from approxbp.fitting.symbolic import BACKENDS
+
+    fit = add(sub, "fit", help="fit an approximation family and write a coefficient table")
+    fam = fit.add_subparsers(dest="family", required=True)
+    rs = add(fam, "relu-sum", help="sum of 2^k−1 ReLUs (Approx-BP eq. 13)")
+    rs.add_argument("--activation", required=True, help="registry name or an expression in x")
+    rs.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
+                    "None: the expression itself")
+    rs.add_argument("--bits", type=int, required=True, help="k: 2^k−1 ReLUs, k-bit codes (1..8)")
+    rs.add_argument("--objective", choices=OBJECTIVES, default=None,
+                    help="primitive: ∫(h−h̃)² (eq. 14); derivative: ∫(h'−h̃')² (eq. 63). Default: primitive, "
+                    "derivative with --levels free")
+    rs.add_argument("--levels", choices=("constrained", "free"), default="constrained",
+                    help="constrained: eq. 13 (Σw = 1, Σw·c = 0, the interval by the tail rule); free: FewBit's "
+                    "family (every level free, uniform weight on --interval; derivative objective only)")
+    rs.add_argument("--interval", type=float, nargs=2, metavar=("A", "B"), default=None,
+                    help="the domain: with --levels free FewBit's -100 100 by default; constrained: in place of the "
+                    "tail rule's interval (the mass outside it is reported in the table, not fitted)")
+    rs.add_argument("--method", choices=("auto", *METHODS), default="auto",
+                    help="auto = anneal for k ≤ 4, polish above; every method ends in the certified polish")
+    rs.add_argument("--out", type=Path, default=None, help="table path (None: print only)")
+    rs.add_argument("--force", action="store_true", help="with --out: replace an existing file")
+    common.add_common(rs)
+
+    inv = add(fam, "invact", help="f'∘f⁻¹ for inverted activations (Inverted Activations §2)")
+    inv.add_argument("--activation", required=True, help="registry name or an expression in x")
+    inv.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
+                     "None: the expression itself")
+    inv.add_argument("--form", default="auto", choices=FORMS,
+                     help="auto: exact where it applies, else fast; fast: ours for kernels (≤ 1e-6, one √ and one "
+                          "log); newton: ours, the accuracy reference; paper/released: published (gelu, silu); "
+                          "refit-*: their forms refitted; sr: symbolic regression; exact: derived in closed form for "
+                          "an increasing activation (one branch, no bit: softplus q = 1 − e^(−y)) or one flat left of "
+                          "0 (relu2: q = 2√y)")
+    inv.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0], help="with --form sr")
+    inv.add_argument("--sr-generations", type=int, default=150,
+                     help="with --form sr: generations per branch (a count, not a time, so the result is reproducible)")
+    inv.add_argument("--seed", type=int, default=0, help="with --form sr: the search's seed")
+    inv.add_argument("--out", type=Path, default=None, help="table path (None: print only)")
+    inv.add_argument("--force", action="store_true", help="with --out: replace an existing file")
+    common.no_progress(inv)
+
+
+def run(args, argv) -> int:
+    """``approxbp fit relu-sum|invact``: one table, summarised; written to --out (checked before the fit)."""
+    from approxbp.approximations.files import check_writable
+
+    if args.out is not None:  # fail now, not after a long fit
+        check_writable(args.out, overwrite=args.force)
+    if args.family == "invact":
+        return _fit_invact(args, argv)
+    return _fit_free_levels(args, argv) if args.levels == "free" else _fit_relu_sum(args, argv)
+
+
+def _fit_relu_sum(args, argv) -> int:
+    from approxbp.approximations import tables as T
+    from approxbp.approximations.activations import named_activation
+    from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
+
+    progress = common.progress_on(args)
+    args.objective = args.objective or "primitive"
+    fit = fit_relu_sum(named_activation(args.activation, args.name), args.bits, args.objective,
+                       method=args.method, restarts=args.restarts, seed=args.seed, workers=args.workers,
+                       progress=progress, command=cli_command(argv), interval=args.interval)
+    table = fit.table
+    print(common.relu_sum_summary(table))
+    print(f"  restarts    {fit.message}")
+    if fit.untrusted:
+        print(f"approxbp: warning: only 1 of {len(fit.restarts)} restarts reached the best loss; "
+              "run more --restarts before trusting this optimum", file=sys.stderr)
+    if args.out:
+        print(f"  wrote       {T.save(table, args.out, overwrite=args.force)}")
+    return 0
+
+
+def _fit_invact(args, argv) -> int:
+    from approxbp.approximations import tables as T
+    from approxbp.approximations.activations import named_activation
+
+    progress = common.progress_on(args)
+    from approxbp.fitting.invact import fit_invact
+
+    table = fit_invact(named_activation(args.activation, args.name), args.form, seed=args.seed,
+                       backend=args.backend,
+                       sr_generations=args.sr_generations, progress=progress).table
+    m = table.metrics
+    print(f"invact · {table.activation} · form={table.form} · "
+          + ("monotone: one branch, no bit · inf f = " if table.monotone else
+             f"T={table.turning_point:.17g} · f(T)=") + f"{table.f_T:.17g}")
+    for side in table.branches:
+        q = textwrap.shorten(getattr(table, side).expression, 70, placeholder=" …")  # cut at a space, not mid-token
+        print(f"  {side:<5} L∞ {m[f'linf_{side}']:.3e}  L2 {m[f'l2_{side}']:.3e}  "
+              f"{getattr(table, side).operations} operations  q = {q}")
+    for branch in [b for b in ("left", "right") if f"pareto_{b}" in m]:
+        print(f"  Pareto front ({branch}; pick one with approxbp.fitting.symbolic.pick_form):")
+        for i, e in enumerate(m[f"pareto_{branch}"]):
+            print(f"    [{i:2}] complexity {e['complexity']:3}  L∞ {e['linf']:.3e}  "
+                  f"{textwrap.shorten(e['expression'], 80, placeholder=' …')}")  # Pareto entry, not a table
+    if args.out:
+        print(f"  wrote {T.save(table, args.out, overwrite=args.force)}")
+    return 0
+
+
+def _fit_free_levels(args, argv) -> int:
+    """``approxbp fit relu-sum --levels free``: FewBit's family, with FewBit's own table where it has one."""
+
+    from approxbp.approximations.activations import named_activation
+    from approxbp.fitting.free_levels import FEWBIT_INTERVAL, fewbit_reference, fit_free_levels
+    from approxbp.fitting.relu_sum import cli_command
+
+    if (args.objective or "derivative") != "derivative":
+        raise ValueError("--levels free fits the derivative (FewBit's objective); drop --objective primitive")
+    act = named_activation(args.activation, args.name)
+    interval = tuple(args.interval) if args.interval else FEWBIT_INTERVAL
+    fit = fit_free_levels(act, args.bits, interval, restarts=args.restarts, seed=args.seed)
+    print(f"{fit.activation} k={fit.bits} free levels on [{interval[0]:g}, {interval[1]:g}] (FewBit's family): "
+          f"∫(h' − q)² = {fit.loss:.10e}")
+    print(f"  borders  {np.array2string(fit.borders, precision=6, max_line_width=110)}")
+    print(f"  levels   {np.array2string(fit.levels, precision=6, max_line_width=110)}")
+    print("  starts   " + ", ".join(f"{k} {v:.8e}" for k, v in fit.starts.items()))
+    theirs = fewbit_reference().get((fit.activation, fit.bits))
+    if theirs is not None and theirs.interval == interval:
+        value = theirs.loss()
+        gap = (value - fit.loss) / fit.loss
+        print(f"  FewBit   builtin table {value:.10e} (measured here: "
+              + (f"{100 * gap:.1f} % above ours, a local optimum)" if gap > 1e-9 else "ours equals it)"))
+    if args.out:
+        print(f"  wrote    {fit.save(args.out, cli_command(argv))} (a study result: export, cost, certify and the "
+              "drop-ins take eq. 13's or InvAct's tables)")
+    return 0

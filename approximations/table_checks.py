@@ -1,0 +1,264 @@
+"""Semantic validation of a table's JSON object (:func:`check`): every field, the expression parsed (restricted
+grammar, never evaluated) and checked against the activation's name, eq. 13's constraints for a ReLU-sum table, the
+turning point, domains, forms and certificates of an InvAct table. The checks that parse import sympy when run;
+reading and writing tables (:mod:`.tables`) needs none of it."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import numpy as np
+
+from .files import SAFE_NAME
+from .relu_sum import MAX_BITS
+from .table_schema import (
+    CONSTRAINT_TOL,
+    MAX_COEFFICIENTS,
+    OBJECTIVES,
+    PAPER_CONSTRAINT_TOL,
+    SOURCES,
+    Branch,
+    TableError,
+    branches_of,
+    fail,
+    floats,
+    kind,
+    need,
+    number,
+)
+
+
+def check(t: dict, where: str = "<table>") -> dict:
+    """Validate a table's JSON object field by field; return it unchanged or raise :class:`TableError`."""
+    if not isinstance(t, dict):
+        raise TableError(f"{where}: a table is a JSON object, got {type(t).__name__}")
+    family = kind(t, where)
+    for f in ("activation", "expression", "created"):
+        need(t, f, str, where)
+    if not t["activation"].isprintable() or not 0 < len(t["activation"]) <= 200:
+        fail(where, "activation", "must be 1–200 printable characters")
+    _check_expression(t, where)
+    if need(t, "source", str, where) not in SOURCES:
+        fail(where, "source", f"must be one of {SOURCES}")
+    if t["source"] in ("paper", "derived"):
+        need(t, "reference", str, where)
+    prov = need(t, "provenance", dict, where)
+    for f in ("method", "command", "package_version"):
+        need(prov, f, str, f"{where} provenance")
+    need(t, "metrics", dict, where)
+    if family == "relu-sum":
+        _validate_relu_sum(t, where)
+    else:
+        _validate_invact(t, where)
+    if "certified" in t["metrics"]:
+        _check_certified(t, where)
+    return t
+
+
+def _check_certified(t: dict, where: str) -> None:
+    """``metrics.certified`` (written by ``approxbp certify``): InvAct branches carry a rigorous bound ≥ the error
+    attained and ≥ the sampled L∞; ReLU-sum tables an objective enclosure that holds the recorded loss."""
+    c = need(t["metrics"], "certified", dict, f"{where} metrics")
+    if t["family"] == "invact":
+        for side in branches_of(t):
+            b = need(c, side, dict, f"{where} metrics.certified")
+            for f in ("bound", "attained", "claim", "float32_evaluation"):
+                if not (number(b.get(f)) and b[f] >= 0) and not (f == "float32_evaluation" and b.get(f) is None):
+                    fail(where, f"metrics.certified.{side}.{f}", "must be a finite number ≥ 0"
+                          + (" (or null: no finite bound)" if f == "float32_evaluation" else ""))
+            sampled = t["metrics"][f"linf_{side}"]
+            if b.get("identity", False) is not False:  # proven exact (a derived table): the sample is rounding
+                if b["identity"] is not True or b["bound"] != 0 or t["source"] != "derived":
+                    fail(where, f"metrics.certified.{side}.identity", "must be true, with bound 0, on a derived "
+                          "table only")
+                continue
+            if b["bound"] < max(b["attained"], sampled * (1 - 1e-9)):
+                fail(where, f"metrics.certified.{side}.bound", f"{b['bound']!r} is below the error attained "
+                      f"({b['attained']!r}) or sampled ({sampled!r}): not a bound")
+        return
+    lo_hi = c.get("objective")
+    if not (isinstance(lo_hi, list) and len(lo_hi) == 2 and all(number(v) for v in lo_hi)
+            and lo_hi[0] <= t["loss"] * (1 + 1e-12) and t["loss"] * (1 - 1e-12) <= lo_hi[1]):
+        fail(where, "metrics.certified.objective", "must be [lower, upper] around the recorded loss")
+    if "global_gap" in c and not (number(c["global_gap"]) and c["global_gap"] >= 0):
+        fail(where, "metrics.certified.global_gap", "must be a finite number ≥ 0")
+
+
+def _check_expression(t: dict, where: str) -> None:
+    """The expression parses (restricted grammar, never evaluated) and is the function the name says."""
+    from .activations import get_activation, named_expression
+
+    try:
+        expr = get_activation(t["expression"]).expr
+    except ValueError as err:
+        fail(where, "expression", str(err))
+    name = t["activation"]
+    named = named_expression(name)
+    if named is None and name != t["expression"]:
+        try:
+            named = get_activation(name).expression
+        except ValueError:
+            named = None  # a free-form label such as "my-mish": nothing to compare with
+    if named is not None and get_activation(named).expr != expr:
+        fail(where, "expression", f"{t['expression']!r} is not the activation {name!r} ({named})")
+
+
+def _validate_invact(t: dict, where: str) -> None:
+    from .activations import get_activation
+    from .invact_forms import Form
+
+    form = need(t, "form", str, where)
+    if not SAFE_NAME.fullmatch(form):
+        fail(where, "form", f"must match {SAFE_NAME.pattern}, got {form!r}")
+    monotone = t.get("monotone", False)
+    if not isinstance(monotone, bool):
+        fail(where, "monotone", f"must be true or false, got {monotone!r}")
+    for f in ("f_T",) if monotone else ("turning_point", "f_T"):
+        v = need(t, f, (int, float), where)
+        if not math.isfinite(v):
+            fail(where, f, "must be finite")
+    act = get_activation(t["expression"])
+    if monotone:
+        _check_monotone(t, act, where)
+    else:
+        T_, f_T = t["turning_point"], t["f_T"]
+        slope, value = float(act.df(T_)), float(act.f(T_))
+        if abs(slope) > 1e-9:
+            fail(where, "turning_point", f"h′({T_!r}) = {slope:.3g}, not 0: not the minimiser of {t['expression']}")
+        if abs(value - f_T) > 1e-12 * max(1.0, abs(f_T)):
+            fail(where, "f_T", f"records {f_T!r} but h(T) = {value!r}")
+    f_T = t["f_T"]
+    for side in branches_of(t):
+        b = need(t, side, dict, where)
+        need(b, "expression", str, f"{where} {side}")
+        coeffs = need(b, "coefficients", dict, f"{where} {side}")
+        if len(coeffs) > MAX_COEFFICIENTS:
+            fail(where, f"{side}.coefficients", f"{len(coeffs)} coefficients; a form has at most {MAX_COEFFICIENTS}")
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in coeffs.values()):
+            fail(where, f"{side}.coefficients", "must map names to finite numbers")
+        lo, hi = floats(b, "domain", f"{where} {side}", 2)
+        if not lo < hi:
+            fail(where, f"{side}.domain", f"must be [f(T), end] ascending, got {[lo, hi]}")
+        if abs(lo - f_T) > 1e-12 * max(1.0, abs(f_T)):
+            fail(where, f"{side}.domain", f"must start at f(T) = {f_T!r}, got {lo!r}")
+        assignments = b.get("assignments", [])
+        if not isinstance(assignments, list) or not all(
+                isinstance(a, list) and len(a) == 2 and all(isinstance(e, str) for e in a) for a in assignments):
+            fail(where, f"{side}.assignments", "must be a list of [name, expression] pairs")
+        try:
+            Form.from_table(Branch.from_json(b))
+        except ValueError as err:
+            fail(where, f"{side}.expression", str(err))
+    if "combined" in t:  # q(y, b), b = 1 on the left branch: one evaluation for both branches (the fast form)
+        c = need(t, "combined", dict, where)
+        need(c, "expression", str, f"{where} combined")
+        if len(need(c, "coefficients", dict, f"{where} combined")) > MAX_COEFFICIENTS:
+            fail(where, "combined.coefficients", f"a form has at most {MAX_COEFFICIENTS} coefficients")
+        try:
+            Form.from_table(Branch.from_json(c), ("y", "b"))
+        except ValueError as err:
+            fail(where, "combined.expression", str(err))
+        _check_combined(t, where)
+    for m in (f"{k}_{side}" for side in branches_of(t) for k in ("linf", "l2")):
+        v = need(t["metrics"], m, (int, float), f"{where} metrics")
+        if not (math.isfinite(v) and v >= 0):
+            fail(where, f"metrics.{m}", f"must be finite and ≥ 0, got {v}")
+
+
+#: Where a monotone table's activation is checked: increasing on [−MONOTONE_SPAN, MONOTONE_SPAN], and f_T its
+#: infimum (f(−1e8) within 1e-6 of f_T: exponential or algebraic left tails both pass).
+MONOTONE_SPAN = 60.0
+
+
+def not_increasing_at(act) -> float | None:
+    """Where h′ is smallest on [−MONOTONE_SPAN, MONOTONE_SPAN] if it is not > 0 there (NaN counts), else None: the
+    one test of "increasing" that the tables and the fits share."""
+    grid = np.linspace(-MONOTONE_SPAN, MONOTONE_SPAN, 4001)
+    with np.errstate(all="ignore"):
+        slope = act.df(grid)
+    if np.all(slope > 0):
+        return None
+    return float(grid[np.argmin(np.where(np.isfinite(slope), slope, -np.inf))])
+
+
+def _check_monotone(t: dict, act, where: str) -> None:
+    """A monotone table (one branch, y = f(x) ↦ f′(f⁻¹(y)) with no branch bit): f increases, f_T = inf f, and no
+    turning point, left branch or combined form is given."""
+    for f in ("turning_point", "left", "combined"):
+        if f in t:
+            fail(where, f, "a monotone table has one branch: no turning point, left branch or combined form")
+    bad = not_increasing_at(act)
+    if bad is not None:
+        fail(where, "monotone", f"h′({bad:.4g}) = {float(act.df(bad)):.3g}: {t['expression']} is not increasing")
+    with np.errstate(all="ignore"):
+        low = float(act.f(-1e8))
+    if not (math.isfinite(low) and abs(low - t["f_T"]) <= 1e-6 * max(1.0, abs(t["f_T"]))):
+        fail(where, "f_T", f"records {t['f_T']!r} but h(−1e8) = {low!r}: f_T must be lim_(x→−∞) h")
+
+
+def _check_combined(t: dict, where: str) -> None:
+    """The combined q(y, b) is what the backward evaluates: on each branch's domain it must be finite and equal the
+    branch form (b = 1 left, 0 right) to 1e-9, as every fitted table's does exactly. Checked once per distinct
+    (combined, left, right) in a process: a table is loaded at every drop-in's construction."""
+    problem = _combined_problem(json.dumps([t["combined"], t["left"], t["right"]], sort_keys=True))
+    if problem:
+        fail(where, "combined", problem)
+
+
+@functools.lru_cache(maxsize=256)
+def _combined_problem(forms: str) -> str | None:
+    import sympy as sp
+
+    from .activations import numpy_namespace
+    from .invact_forms import Form
+
+    combined_json, *branches = json.loads(forms)
+    combined = Form.from_table(Branch.from_json(combined_json), ("y", "b"))
+    run = combined.compile(numpy_namespace(), [sp.Symbol("b"), *map(sp.Symbol, combined.coefficients)])
+    for side, b, branch in zip(("left", "right"), (1.0, 0.0), branches):
+        lo, hi = branch["domain"]
+        ys = np.linspace(lo, hi, 257)[1:-1]
+        with np.errstate(all="ignore"):
+            got = np.broadcast_to(np.asarray(run(ys, np.full_like(ys, b), *combined.coefficients.values()),
+                                             dtype=np.float64), ys.shape)
+        want = Form.from_table(Branch.from_json(branch))(ys)
+        err = np.abs(got - want)
+        if not np.all(np.isfinite(got)) or not np.all(err <= 1e-9 * (1 + np.abs(want))):
+            bad = int(np.argmax(np.where(np.isfinite(got), err, np.inf)))
+            return (f"must equal the {side} form on its domain (b = {b:g}); at y = {ys[bad]:.6g} it gives "
+                    f"{float(got[bad])!r}, the {side} form {float(want[bad])!r}")
+    return None
+
+
+def _validate_relu_sum(t: dict, where: str) -> None:
+    bits = need(t, "bits", int, where)
+    if not 1 <= bits <= MAX_BITS:
+        fail(where, "bits", f"must be in 1..{MAX_BITS}, got {bits}")
+    n = 2**bits - 1
+    if need(t, "objective", str, where) not in OBJECTIVES:
+        fail(where, "objective", f"must be one of {OBJECTIVES}")
+    a, b = floats(t, "interval", where, 2)
+    if not a < b:
+        fail(where, "interval", f"must be [A, B] with A < B, got {[a, b]}")
+    w = floats(t, "weights", where, n)
+    c = floats(t, "knots", where, n)
+    levels = floats(t, "levels", where, n + 1)
+    if np.any(np.diff(c) <= 0):
+        fail(where, "knots", "must be strictly ascending (no repeated knots)")
+    if c[0] < a or c[-1] > b:
+        fail(where, "knots", f"must lie inside the interval [{a!r}, {b!r}]")
+    if np.max(np.abs(levels - np.concatenate([[0.0], np.cumsum(w)]))) > 1e-14:
+        fail(where, "levels", "do not equal the cumulative sums [0, w1, w1+w2, …] of the weights")
+    loss = need(t, "loss", (int, float), where)
+    if not (math.isfinite(loss) and loss >= 0):
+        fail(where, "loss", f"must be finite and ≥ 0, got {loss}")
+    res = need(t, "constraint_residual", (int, float), where)
+    actual = max(abs(w.sum() - 1.0), abs(float(np.dot(w, c))))
+    if abs(res - actual) > 1e-15 + 1e-9 * actual:
+        fail(where, "constraint_residual", f"records {res!r} but the weights and knots give {actual!r}")
+    tol = CONSTRAINT_TOL if t["source"] == "fit" else PAPER_CONSTRAINT_TOL
+    if actual > tol:
+        fail(where, "constraint_residual", f"{actual:.3g} > {tol:g}: Σw=1, Σw·c=0 must hold")

@@ -1,0 +1,118 @@
+"""The table schema ``approxbp.table/1``: its names and limits, the field readers that fail naming the file and the
+field, and an InvAct branch. Sympy-free: the kernels' run time reads tables through it (semantic validation:
+:mod:`.table_checks`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+SCHEMA = "approxbp.table/1"
+
+
+#: What ``approxbp fit relu-sum --levels free`` writes (FewBit's family): a study result, never a kernel's table.
+FREE_LEVELS_SCHEMA = "approxbp.free-levels/1"
+
+
+FAMILIES = ("relu-sum", "invact")
+
+
+#: fit: fitted here; paper: a paper's published coefficients; derived: exact, derived from the expression in closed
+#: form (``fitting.invact_exact``), with the derivation in ``reference``.
+SOURCES = ("fit", "paper", "derived")
+
+
+OBJECTIVES = ("primitive", "derivative")
+
+
+#: |Σw − 1| and |Σw·c| allowed in a fitted relu-sum table.
+CONSTRAINT_TOL = 1e-12
+
+
+#: The same for a ``source: paper`` table: the papers print 4–6 significant digits (Approx-BP App. E.2's
+#: ReGELU2-d coefficients give 7.9e-4).
+PAPER_CONSTRAINT_TOL = 1e-3
+
+
+#: Fields that describe how and when a table was made, not what it is: left out of :func:`definition_sha256`.
+VOLATILE = ("created", "provenance")
+
+
+#: The largest table file read (the packaged ones are under 20 KiB): a hostile file cannot make reading it slow.
+MAX_TABLE_BYTES = 1 << 20
+
+
+#: The most coefficients one InvAct form may name (the packaged forms have under 40).
+MAX_COEFFICIENTS = 256
+
+
+class TableError(ValueError):
+    """A coefficient table failed validation; the message names the file and the field."""
+
+
+def fail(where: str, field: str, msg: str):
+    raise TableError(f"{where}: field {field!r}: {msg}")
+
+
+def need(t: dict, field: str, types, where: str):
+    if field not in t:
+        fail(where, field, "missing")
+    if not isinstance(t[field], types) or isinstance(t[field], bool):
+        fail(where, field, f"expected {types}, got {type(t[field]).__name__} {t[field]!r:.80}")
+    return t[field]
+
+
+def floats(t: dict, field: str, where: str, n: int | None = None) -> np.ndarray:
+    v = need(t, field, list, where)
+    if not all(isinstance(e, int | float) and not isinstance(e, bool) for e in v):
+        fail(where, field, "expected a list of numbers")
+    arr = np.asarray(v, dtype=np.float64)
+    if not np.all(np.isfinite(arr)):
+        fail(where, field, "contains NaN or ±inf")
+    if n is not None and arr.size != n:
+        fail(where, field, f"expected {n} numbers, got {arr.size}")
+    return arr
+
+
+def number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def kind(t: dict, where: str) -> str:
+    """The schema this approxbp reads and a known family; returns the family."""
+    schema = need(t, "schema", str, where)
+    if schema == FREE_LEVELS_SCHEMA:
+        fail(where, "schema", "a free-level (FewBit) fit: approxbp makes no kernels, drop-in or certificate from "
+              "one (not implemented); eq. 13's ReLU-sum tables (--levels constrained) and InvAct tables have them")
+    if schema != SCHEMA:
+        fail(where, "schema", f"unsupported schema {schema!r}; this approxbp reads {SCHEMA!r}")
+    family = need(t, "family", str, where)
+    if family not in FAMILIES:
+        fail(where, "family", f"unknown family {family!r}; known: {FAMILIES}")
+    return family
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One InvAct q form: an expression in y (and b, for the combined form), its coefficients, the named
+    intermediates assigned before it, the y-domain it was fitted on (None for the combined form) and its
+    operation count."""
+
+    expression: str
+    coefficients: dict
+    assignments: tuple = ()
+    domain: tuple | None = None
+    operations: int | None = None
+
+    @classmethod
+    def from_json(cls, d: dict) -> Branch:
+        return cls(d["expression"], dict(d["coefficients"]), tuple(tuple(a) for a in d.get("assignments", ())),
+                   tuple(d["domain"]) if "domain" in d else None, d.get("operations"))
+
+
+def branches_of(t) -> tuple[str, ...]:
+    """The branches an invact table (JSON or typed) holds: ("right",) for a monotone activation (one branch, no
+    bit), else ("left", "right")."""
+    return ("right",) if (t.get("monotone", False) if isinstance(t, dict) else t.monotone) else ("left", "right")
