@@ -11,7 +11,7 @@ import sympy as sp
 import torch
 from approxbp.approximations import backends, get_activation
 from approxbp.approximations.invact_forms import Form
-from approxbp.kernels.codegen import _activation_twin, triton_source
+from approxbp.kernels.codegen import activation_twin, triton_source
 
 ASINH = backends.Fn("asinh", lambda: sp.asinh, arb=(lambda z: z.asinh(), lambda z: 1 / (1 + z * z).sqrt()),
                     triton="tl.log({0} + tl.sqrt({0} * {0} + 1.0))", fp32_ulps=4.0)
@@ -47,7 +47,7 @@ def test_one_entry_adds_a_function_to_parser_evaluators_and_printers(monkeypatch
     namespace = {"tl": _FakeTl()}
     assert math.isclose(eval(code, namespace, {"x": 0.25}), 0.25 * math.asinh(0.25), rel_tol=1e-15)
     twin = {}
-    exec(_activation_twin(act, 0, "h"), {**backends.torch_namespace()}, twin)  # the PyTorch twin's printer
+    exec(activation_twin(act, 0, "h"), {**backends.torch_namespace()}, twin)  # the PyTorch twin's printer
     assert torch.allclose(twin["h"](torch.tensor(xs)), torch.tensor(want), rtol=1e-15, atol=0)
 
 

@@ -1,0 +1,65 @@
+"""Generate Triton modules from coefficient tables (``approxbp export``): the build side of the kernels, never
+imported by their run time. One module per concern: :mod:`.printer` (sympy → Triton), :mod:`.helpers` (the shared
+Triton helpers, ``kernels/triton_helpers.py``), :mod:`.twins` (the PyTorch twins and the header every generated
+module starts with), and one per family: :mod:`.relu_sum`, :mod:`.invact`, :mod:`.glu`, :mod:`.reference`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from approxbp.approximations import tables as T
+from approxbp.approximations.files import write_atomic
+
+from ..glu import GLU_ACTIVATIONS
+from ..modules import module_path
+from .glu import glu_module_path, render_glu
+from .helpers import HELPERS_MODULE, render_helpers
+from .invact import render_invact
+from .printer import lower, triton_source
+from .reference import render_reference
+from .relu_sum import render_relu_sum
+from .twins import activation_twin
+
+__all__ = ["export", "export_if_stale", "render", "render_relu_sum", "render_invact", "render_glu",
+           "render_reference", "render_helpers", "glu_module_path", "triton_source", "lower", "activation_twin",
+           "HELPERS_MODULE", "GLU_ACTIVATIONS"]
+
+
+def render(table_path: Path, t: dict | None = None) -> str:
+    """The Triton module of any table (relu-sum or invact)."""
+    t = t or T.load(table_path)
+    return (render_relu_sum if t.family == "relu-sum" else render_invact)(table_path, t)
+
+
+def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> list[Path]:
+    """(Re)generate a Triton module per table (every packaged table by default) into ``out_dir`` or
+    :func:`kernel_dir`; returns the written paths."""
+    written = []
+    if not tables and out_dir is None:  # the packaged set: the shared helpers and the GLU modules too
+        write_atomic(HELPERS_MODULE, render_helpers())
+        written.append(HELPERS_MODULE)
+        for activation in GLU_ACTIVATIONS:
+            write_atomic(glu_module_path(activation), render_glu(activation))
+            written.append(glu_module_path(activation))
+    for p in tables or T.table_paths("relu-sum") + T.table_paths("invact"):
+        t = T.load(p)
+        target = module_path(p, t.family, out_dir)
+        write_atomic(target, render(Path(p), t))
+        written.append(target)
+    return written
+
+
+def export_if_stale(table_path: Path, out_dir: Path | None = None) -> Path | None:
+    """Export one table unless its module is already there and current (a note on stderr when it writes);
+    returns the written path, or None."""
+    from ..modules import generated_module
+
+    try:
+        generated_module(table_path, T.header(table_path)[0], out_dir)
+        return None
+    except RuntimeError:
+        target = export([Path(table_path)], out_dir)[0]
+        print(f"approxbp: generated Triton kernels for {table_path} into {target.parent}", file=sys.stderr)
+        return target
