@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .balls import monotone, square
+
 SAME = "same"
 
 
@@ -201,35 +203,6 @@ def _mp(fn: Callable[[Any], Any]) -> Lazy:
 
 
 # ---- Arb ball forms (f, f′): methods, so that arb and acb (Arb's complex integration) both evaluate them ----------
-def _box(lo, hi):
-    from flint import arb
-
-    return arb(lo).union(arb(hi))
-
-
-def _mono(fn, z, increasing: bool = True):
-    """fn on a real ball by its endpoints (fn monotone): ball arithmetic alone turns exp on [0.75, 33] into a ball
-    that contains negative numbers. Complex balls (Arb's integration) are evaluated directly."""
-    from flint import arb
-
-    if not isinstance(z, arb) or z.is_exact() or not z.is_finite():
-        return fn(z)
-    a, b = fn(z.lower()), fn(z.upper())
-    return _box(a.lower(), b.upper()) if increasing else _box(b.lower(), a.upper())
-
-
-def arb_square(z):
-    """z² of a ball, tight when it holds 0 (real balls by their endpoints; complex balls directly)."""
-    from flint import arb
-
-    if not isinstance(z, arb):
-        return z * z
-    lo, hi = z.lower() ** 2, z.upper() ** 2
-    if z.lower() >= 0 or z.upper() <= 0:
-        return _box(lo, hi)
-    return _box(0, max(lo, hi)).nonnegative_part()
-
-
 def _pi():
     from flint import arb
 
@@ -237,43 +210,43 @@ def _pi():
 
 
 def _exp(z):
-    return _mono(lambda u: u.exp(), z)
+    return monotone(lambda u: u.exp(), z)
 
 
 def _normal_pdf(z):
-    return _exp(-arb_square(z) / 2) / (2 * _pi()).sqrt()
+    return _exp(-square(z) / 2) / (2 * _pi()).sqrt()
 
 
 def _sigmoid(z):
-    return _mono(lambda u: 1 / (1 + (-u).exp()), z)
+    return monotone(lambda u: 1 / (1 + (-u).exp()), z)
 
 
 def _softplus(z):
     from flint import arb
 
     if isinstance(z, arb):
-        return _mono(lambda u: u.exp().log1p() if u < 0 else u + (-u).exp().log1p(), z)
+        return monotone(lambda u: u.exp().log1p() if u < 0 else u + (-u).exp().log1p(), z)
     return (1 + z.exp()).log()
 
 
 def _tanh(z):
     if not hasattr(z, "tanh"):  # a power series (arb_series has no tanh): 1 − 2/(e^{2z} + 1)
         return 1 - 2 / ((2 * z).exp() + 1)
-    return _mono(lambda u: u.tanh(), z)
+    return monotone(lambda u: u.tanh(), z)
 
 
 def _sqrt(z):
-    return _mono(lambda u: u.sqrt(), z)
+    return monotone(lambda u: u.sqrt(), z)
 
 
 def _erf_slope(z):
-    return 2 * _exp(-arb_square(z)) / _pi().sqrt()
+    return 2 * _exp(-square(z)) / _pi().sqrt()
 
 
 def _Phi(z):  # noqa: N802
     from flint import arb
 
-    return _mono(lambda u: (-u / arb(2).sqrt()).erfc() / 2, z)
+    return monotone(lambda u: (-u / arb(2).sqrt()).erfc() / 2, z)
 
 
 # ---- Triton forms that look at their arguments (build time: they receive sympy nodes) -----------------------------
@@ -333,22 +306,22 @@ def _triton_sinh(p, e):
 #: by ``certify.log_error`` instead.
 FUNCTIONS: dict[str, Fn] = {f.name: f for f in (
     Fn("exp", _sp("exp"), arb=(_exp, _exp), triton="tl.exp({0})", fp32_ulps=2.0),
-    Fn("log", _sp("log"), arb=(lambda z: _mono(lambda u: u.log(), z), lambda z: 1 / z), triton="tl.log({0})",
+    Fn("log", _sp("log"), arb=(lambda z: monotone(lambda u: u.log(), z), lambda z: 1 / z), triton="tl.log({0})",
        branch_cut=True),
     Fn("sqrt", _sp("sqrt"), arb=(_sqrt, lambda z: 1 / (2 * _sqrt(z))), triton="tl.sqrt({0})", fp32_ulps=1.0,
        branch_cut=True),
-    Fn("erf", _sp("erf"), arb=(lambda z: _mono(lambda u: u.erf(), z), _erf_slope), triton="tl.math.erf({0})",
+    Fn("erf", _sp("erf"), arb=(lambda z: monotone(lambda u: u.erf(), z), _erf_slope), triton="tl.math.erf({0})",
        fp32_ulps=2.0),
-    Fn("erfc", _sp("erfc"), arb=(lambda z: _mono(lambda u: u.erfc(), z, False), lambda z: -_erf_slope(z)),
+    Fn("erfc", _sp("erfc"), arb=(lambda z: monotone(lambda u: u.erfc(), z, False), lambda z: -_erf_slope(z)),
        triton="(1.0 - tl.math.erf({0}))", fp32_ulps=4.0),  # 1 − erf: cancels for large arguments (tl has no erfc)
-    Fn("tanh", _sp("tanh"), arb=(_tanh, lambda z: 1 - arb_square(_tanh(z))), triton="_tanh({0})", fp32_ulps=2.0),
-    Fn("sinh", _sp("sinh"), arb=(lambda z: _mono(lambda u: u.sinh(), z), lambda z: z.cosh()), triton=_triton_sinh,
+    Fn("tanh", _sp("tanh"), arb=(_tanh, lambda z: 1 - square(_tanh(z))), triton="_tanh({0})", fp32_ulps=2.0),
+    Fn("sinh", _sp("sinh"), arb=(lambda z: monotone(lambda u: u.sinh(), z), lambda z: z.cosh()), triton=_triton_sinh,
        fp32_ulps=3.0),
-    Fn("cosh", _sp("cosh"), arb=(lambda z: z.cosh(), lambda z: _mono(lambda u: u.sinh(), z)),
+    Fn("cosh", _sp("cosh"), arb=(lambda z: z.cosh(), lambda z: monotone(lambda u: u.sinh(), z)),
        triton="(0.5 * (tl.exp({0}) + tl.exp(-({0}))))", fp32_ulps=3.0),
     Fn("sin", _sp("sin"), arb=(lambda z: z.sin(), lambda z: z.cos()), triton="tl.sin({0})", fp32_ulps=2.0),
     Fn("cos", _sp("cos"), arb=(lambda z: z.cos(), lambda z: -z.sin()), triton="tl.cos({0})", fp32_ulps=2.0),
-    Fn("atan", _sp("atan"), arb=(lambda z: _mono(lambda u: u.atan(), z), lambda z: 1 / (1 + arb_square(z))),
+    Fn("atan", _sp("atan"), arb=(lambda z: monotone(lambda u: u.atan(), z), lambda z: 1 / (1 + square(z))),
        fp32_ulps=2.0),  # no Triton form: export refuses it
     Fn("Abs", _sp("Abs"), torch=abs, triton="tl.abs({0})", aliases=("abs",), smooth=False),
     Fn("Max", _sp("Max"), torch=Lazy(_torch_max), triton=_triton_max, smooth=False),

@@ -1,7 +1,7 @@
 """Semantic validation of a table's JSON object (:func:`check`): every field, the expression parsed (restricted
 grammar, never evaluated) and checked against the activation's name, eq. 13's constraints for a ReLU-sum table, the
-turning point, domains, forms and certificates of an InvAct table. The checks that parse import sympy when run;
-reading and writing tables (:mod:`.tables`) needs none of it."""
+turning point, domains, forms and certificates of an InvAct table. It parses with sympy;
+reading and writing tables (:mod:`.tables`) imports this module only when it validates."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import json
 import math
 
 import numpy as np
+import sympy as sp
 
+from .activations import get_activation, named_expression, numpy_namespace
 from .files import SAFE_NAME
+from .invact_forms import Form
 from .relu_sum import MAX_BITS
 from .table_schema import (
     CONSTRAINT_TOL,
@@ -88,7 +91,6 @@ def _check_certified(t: dict, where: str) -> None:
 
 def _check_expression(t: dict, where: str) -> None:
     """The expression parses (restricted grammar, never evaluated) and is the function the name says."""
-    from .activations import get_activation, named_expression
 
     try:
         expr = get_activation(t["expression"]).expr
@@ -106,8 +108,6 @@ def _check_expression(t: dict, where: str) -> None:
 
 
 def _validate_invact(t: dict, where: str) -> None:
-    from .activations import get_activation
-    from .invact_forms import Form
 
     form = need(t, "form", str, where)
     if not SAFE_NAME.fullmatch(form):
@@ -129,29 +129,8 @@ def _validate_invact(t: dict, where: str) -> None:
             fail(where, "turning_point", f"h′({T_!r}) = {slope:.3g}, not 0: not the minimiser of {t['expression']}")
         if abs(value - f_T) > 1e-12 * max(1.0, abs(f_T)):
             fail(where, "f_T", f"records {f_T!r} but h(T) = {value!r}")
-    f_T = t["f_T"]
     for side in branches_of(t):
-        b = need(t, side, dict, where)
-        need(b, "expression", str, f"{where} {side}")
-        coeffs = need(b, "coefficients", dict, f"{where} {side}")
-        if len(coeffs) > MAX_COEFFICIENTS:
-            fail(where, f"{side}.coefficients", f"{len(coeffs)} coefficients; a form has at most {MAX_COEFFICIENTS}")
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                   for v in coeffs.values()):
-            fail(where, f"{side}.coefficients", "must map names to finite numbers")
-        lo, hi = floats(b, "domain", f"{where} {side}", 2)
-        if not lo < hi:
-            fail(where, f"{side}.domain", f"must be [f(T), end] ascending, got {[lo, hi]}")
-        if abs(lo - f_T) > 1e-12 * max(1.0, abs(f_T)):
-            fail(where, f"{side}.domain", f"must start at f(T) = {f_T!r}, got {lo!r}")
-        assignments = b.get("assignments", [])
-        if not isinstance(assignments, list) or not all(
-                isinstance(a, list) and len(a) == 2 and all(isinstance(e, str) for e in a) for a in assignments):
-            fail(where, f"{side}.assignments", "must be a list of [name, expression] pairs")
-        try:
-            Form.from_table(Branch.from_json(b))
-        except ValueError as err:
-            fail(where, f"{side}.expression", str(err))
+        _check_branch(t, side, where)
     if "combined" in t:  # q(y, b), b = 1 on the left branch: one evaluation for both branches (the fast form)
         c = need(t, "combined", dict, where)
         need(c, "expression", str, f"{where} combined")
@@ -166,6 +145,33 @@ def _validate_invact(t: dict, where: str) -> None:
         v = need(t["metrics"], m, (int, float), f"{where} metrics")
         if not (math.isfinite(v) and v >= 0):
             fail(where, f"metrics.{m}", f"must be finite and ≥ 0, got {v}")
+
+def _check_branch(t: dict, side: str, where: str) -> None:
+    """One branch of an InvAct table: its form parses (restricted grammar), its coefficients are finite numbers
+    (at most MAX_COEFFICIENTS), its y-domain starts at f(T) and ascends."""
+    f_T = t["f_T"]
+    b = need(t, side, dict, where)
+    need(b, "expression", str, f"{where} {side}")
+    coeffs = need(b, "coefficients", dict, f"{where} {side}")
+    if len(coeffs) > MAX_COEFFICIENTS:
+        fail(where, f"{side}.coefficients", f"{len(coeffs)} coefficients; a form has at most {MAX_COEFFICIENTS}")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+               for v in coeffs.values()):
+        fail(where, f"{side}.coefficients", "must map names to finite numbers")
+    lo, hi = floats(b, "domain", f"{where} {side}", 2)
+    if not lo < hi:
+        fail(where, f"{side}.domain", f"must be [f(T), end] ascending, got {[lo, hi]}")
+    if abs(lo - f_T) > 1e-12 * max(1.0, abs(f_T)):
+        fail(where, f"{side}.domain", f"must start at f(T) = {f_T!r}, got {lo!r}")
+    assignments = b.get("assignments", [])
+    if not isinstance(assignments, list) or not all(
+            isinstance(a, list) and len(a) == 2 and all(isinstance(e, str) for e in a) for a in assignments):
+        fail(where, f"{side}.assignments", "must be a list of [name, expression] pairs")
+    try:
+        Form.from_table(Branch.from_json(b))
+    except ValueError as err:
+        fail(where, f"{side}.expression", str(err))
+
 
 
 #: Where a monotone table's activation is checked: increasing on [−MONOTONE_SPAN, MONOTONE_SPAN], and f_T its
@@ -210,10 +216,7 @@ def _check_combined(t: dict, where: str) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _combined_problem(forms: str) -> str | None:
-    import sympy as sp
 
-    from .activations import numpy_namespace
-    from .invact_forms import Form
 
     combined_json, *branches = json.loads(forms)
     combined = Form.from_table(Branch.from_json(combined_json), ("y", "b"))

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import sympy as sp
-from approxbp.approximations import get_activation
+from approxbp.approximations import balls, get_activation
 from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as X_SYMBOL
 from approxbp.approximations.deprecated import callable_module
@@ -266,8 +266,8 @@ class NewtonSteps:
 
         for _ in range(self.steps):
             d = rule.truth(rule.df, {X_SYMBOL: Ball(xs + e)}).v
-            denom = iv._square(d) + self.eps2
-            e = e * self.eps2 / denom + curvature(e) * iv._square(e) * d / (2 * denom)
+            denom = balls.square(d) + self.eps2
+            e = e * self.eps2 / denom + curvature(e) * balls.square(e) * d / (2 * denom)
         return upper(curvature(e) * e)
 
 
@@ -280,24 +280,24 @@ def _x_pieces(t: InvActTable, branch: str) -> list[tuple[float, float]]:
     return list(zip(ends[:-1], ends[1:]))
 
 
+@iv.at_precision
 def certify_invact_branch(t, branch: str, budget_s: float = 600.0, rtol: float = RTOL,
                           rounded: bool = False, max_boxes: int = MAX_BOXES, rule: InvactRule | None = None,
                           say=None) -> Certificate:
     """Certified sup over x of |q_s(f(x)) − f′(x)| for one branch of an InvAct table, in real arithmetic with
     the table's numbers (``rounded``: each number rounded to float32, as the kernels write it; ``rule``: the
     branch's InvactRule when the caller has built it)."""
-    iv.setup()
     t = as_table(t)
     rule = rule or InvactRule(t, branch, rounded=rounded)
     return supremum(rule.bound_on, _x_pieces(t, branch), rtol, budget_s, claim_of(t, branch),
                     f"{t.name} {branch}: |q(f(x)) − f′(x)|", max_boxes=max_boxes, say=say)
 
 
+@iv.at_precision
 def float32_error(t, branch: str, budget_s: float = 60.0, max_boxes: int = 3000) -> Certificate:
     """A bound on |fl32(q_s(y)) − q_s(y)| over the branch's float32 outputs y: what rounding in the kernel adds
     to the real-number error. Each y-box gets a running error bound of the rule's expression (intervals.py); the
     worst boxes are bisected until ``max_boxes`` (no attained value exists to stop against)."""
-    iv.setup()
     t = as_table(t)
     rule = InvactRule(t, branch, fp32=True, log_error=log_error())
     top = float(np.finfo(np.float32).max)
@@ -315,12 +315,12 @@ def float32_error(t, branch: str, budget_s: float = 60.0, max_boxes: int = 3000)
 
 
 # ---- the kernels' log ------------------------------------------------------------------------------------------
+@iv.at_precision
 def log_error() -> tuple[float, float]:
     """(A, B) with |_log(v) − log v| ≤ A + B·|log v| for positive float32 v: the kernels' log is fl(L·c), L =
     lg2.approx(v) = log2 v + δ with |δ| ≤ Δ (elementary.LG2_ABS_ERROR), c = float32(ln 2). Then
     |fl(L·c) − log v| ≤ |log2 v|·|c − ln 2| + Δ·c + (|log2 v| + Δ)·c·u, so A = Δ·c·(1 + u) and
     B = (|c − ln 2| + c·u)/ln 2."""
-    iv.setup()
     c, ln2, u = float32(LN2), arb(2).log(), arb(iv.U32)
     return upper(arb(LG2_ABS_ERROR) * c * (1 + u)), upper((abs(c - ln2) + c * u) / ln2)
 
@@ -337,6 +337,7 @@ def _round(v: float, up: bool) -> float:
     return float(f"{(math.ceil if up else math.floor)(v / scale) * scale:.{DIGITS}g}")
 
 
+@iv.at_precision
 def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
                   rounded: bool = False, max_boxes: int | None = None) -> tuple[dict | None, list[str], bool]:
     """Certify one table: (the ``metrics["certified"]`` entry or None when a bound is not finite, printable lines,
@@ -348,56 +349,66 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
     (target 1e-9). Each certificate stops at ``budget_s`` seconds or ``max_boxes`` boxes (InvAct default
     :data:`MAX_BOXES`), whichever comes first."""
     t = as_table(t)
-    say = progress or (lambda msg: None)
-    lines, ok = [], True
     if t.family == "invact":
-        entry, newton = {}, False
-        for branch in t.branches:
-            say(f"{t.name} {branch}")
-            iv.setup()
-            if identity_proof(t, branch):  # exact: the real-number error is 0, only float32 evaluation remains
-                f32 = float32_error(t, branch, budget_s=min(60.0, budget_s)).bound
-                entry[branch] = {"bound": 0.0, "attained": 0.0, "at_x": 0.0, "claim": claim_of(t, branch),
-                                 "identity": True,
-                                 "float32_evaluation": _round(f32, True) if math.isfinite(f32) else None}
-                lines.append(f"{t.name:<22} {branch:<5} exact: sympy proves q(f(x)) − f′(x) ≡ 0; float32 evaluation "
-                             + (f"≤ {f32:.2e}" if math.isfinite(f32) else "not bounded"))
-                continue
-            rule = InvactRule(t, branch, rounded=rounded)  # the ball rule only where no identity proves the branch
-            cert = certify_invact_branch(t, branch, budget_s, rtol, rounded=rounded, rule=rule,
-                                         max_boxes=MAX_BOXES if max_boxes is None else max_boxes, say=progress)
-            # a running error analysis treats each rounding as independent: it cannot see Newton's self-correction
-            # and bounds the newton forms' float32 evaluation by 1e-3…inf (measured in float32: ≤ 3.5e-5)
-            newton = rule.steps is not None
-            f32 = math.inf if newton else float32_error(t, branch, budget_s=min(60.0, budget_s)).bound
-            entry[branch] = {"bound": _round(cert.bound, True), "attained": _round(cert.attained, False),
-                             "at_x": float(f"{cert.where:.6g}"), "claim": cert.claim,
+        return _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes)
+    return _certify_relu_sum_table(t, budget_s, progress, max_boxes)
+
+
+def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes) -> tuple[dict | None, list[str], bool]:
+    """:func:`certify_table` for an InvAct table: each branch proven exact (sympy identity) or bounded in balls."""
+    say = progress or (lambda msg: None)
+    lines, ok, entry, newton = [], True, {}, False
+    for branch in t.branches:
+        say(f"{t.name} {branch}")
+        if identity_proof(t, branch):  # exact: the real-number error is 0, only float32 evaluation remains
+            f32 = float32_error(t, branch, budget_s=min(60.0, budget_s)).bound
+            entry[branch] = {"bound": 0.0, "attained": 0.0, "at_x": 0.0, "claim": claim_of(t, branch),
+                             "identity": True,
                              "float32_evaluation": _round(f32, True) if math.isfinite(f32) else None}
-            ok &= cert.passed
-            verdict = "ok" if cert.passed else ("VIOLATED" if cert.attained > cert.claim else "NOT CERTIFIED (budget)")
-            lines.append(f"{t.name:<22} {branch:<5} certified {cert.bound:.4e} (attained {cert.attained:.4e} at "
-                         f"x = {cert.where:.6g}; sampled {t.metrics[f'linf_{branch}']:.4e}) claim {cert.claim:.2e} "
-                         f"{verdict}; float32 evaluation "
-                         f"{'not bounded (Newton steps)' if newton else f'≤ {f32:.2e}'}; "
-                         f"{cert.boxes} boxes, {cert.seconds:.1f} s{'' if cert.converged else ' (budget reached)'}")
-        pieces = "[-2^64, 2^64] (one branch)" if t.monotone else "[-2^64, T] and [T, 2^64]"
-        if all(entry[b].get("identity") for b in t.branches):
-            entry["method"] = "sympy: q(f(x)) − f′(x) ≡ 0 on every branch; float32 evaluation: running error bound"
-        else:
-            entry["method"] = (f"Arb ball arithmetic (python-flint): adaptive subdivision of x over {pieces} with "
-                               "the mean-value form" + ("; Newton steps by error propagation" if newton
-                                                        else "; float32 evaluation: running error bound"))
-        if not all(math.isfinite(entry[b]["bound"]) for b in t.branches):
-            lines.append(f"{t.name:<22} no finite bound within the budget: nothing to store")
-            return None, lines, False
-        return entry, lines, ok
-    say(t.name)
+            lines.append(f"{t.name:<22} {branch:<5} exact: sympy proves q(f(x)) − f′(x) ≡ 0; float32 evaluation "
+                         + (f"≤ {f32:.2e}" if math.isfinite(f32) else "not bounded"))
+            continue
+        rule = InvactRule(t, branch, rounded=rounded)  # the ball rule only where no identity proves the branch
+        cert = certify_invact_branch(t, branch, budget_s, rtol, rounded=rounded, rule=rule,
+                                     max_boxes=MAX_BOXES if max_boxes is None else max_boxes, say=progress)
+        # a running error analysis treats each rounding as independent: it cannot see Newton's self-correction
+        # and bounds the newton forms' float32 evaluation by 1e-3…inf (measured in float32: ≤ 3.5e-5)
+        newton = rule.steps is not None
+        f32 = math.inf if newton else float32_error(t, branch, budget_s=min(60.0, budget_s)).bound
+        entry[branch] = {"bound": _round(cert.bound, True), "attained": _round(cert.attained, False),
+                         "at_x": float(f"{cert.where:.6g}"), "claim": cert.claim,
+                         "float32_evaluation": _round(f32, True) if math.isfinite(f32) else None}
+        ok &= cert.passed
+        verdict = "ok" if cert.passed else ("VIOLATED" if cert.attained > cert.claim else "NOT CERTIFIED (budget)")
+        lines.append(f"{t.name:<22} {branch:<5} certified {cert.bound:.4e} (attained {cert.attained:.4e} at "
+                     f"x = {cert.where:.6g}; sampled {t.metrics[f'linf_{branch}']:.4e}) claim {cert.claim:.2e} "
+                     f"{verdict}; float32 evaluation "
+                     f"{'not bounded (Newton steps)' if newton else f'≤ {f32:.2e}'}; "
+                     f"{cert.boxes} boxes, {cert.seconds:.1f} s{'' if cert.converged else ' (budget reached)'}")
+    entry["method"] = _invact_method(t, entry, newton)
+    if not all(math.isfinite(entry[b]["bound"]) for b in t.branches):
+        lines.append(f"{t.name:<22} no finite bound within the budget: nothing to store")
+        return None, lines, False
+    return entry, lines, ok
+
+
+def _invact_method(t, entry: dict, newton: bool) -> str:
+    """How an InvAct table's certificate was obtained, as stored in ``metrics.certified.method``."""
+    if all(entry[b].get("identity") for b in t.branches):
+        return "sympy: q(f(x)) − f′(x) ≡ 0 on every branch; float32 evaluation: running error bound"
+    pieces = "[-2^64, 2^64] (one branch)" if t.monotone else "[-2^64, T] and [T, 2^64]"
+    return (f"Arb ball arithmetic (python-flint): adaptive subdivision of x over {pieces} with the mean-value form"
+            + ("; Newton steps by error propagation" if newton else "; float32 evaluation: running error bound"))
+
+
+def _certify_relu_sum_table(t, budget_s, progress, max_boxes) -> tuple[dict, list[str], bool]:
+    """:func:`certify_table` for a ReLU-sum table: the objective's enclosure, and global optimality for k ≤ 2."""
+    (progress or (lambda msg: None))(t.name)
     enclosure = relu_sum_objective(t)
-    consistent = bool(abs(enclosure - t.loss).upper() <= 1e-12 * abs(t.loss))
+    ok = consistent = bool(abs(enclosure - t.loss).upper() <= 1e-12 * abs(t.loss))
     entry = {"objective": [float(enclosure.lower()), float(enclosure.upper())]}
-    ok &= consistent
-    lines.append(f"{t.name:<28} objective ∈ [{float(enclosure.lower()):.16e}, {float(enclosure.upper()):.16e}]; "
-                 f"recorded loss {t.loss:.16e} {'inside (1e-12)' if consistent else 'OUTSIDE: FAILED'}")
+    lines = [f"{t.name:<28} objective ∈ [{float(enclosure.lower()):.16e}, {float(enclosure.upper()):.16e}]; "
+             f"recorded loss {t.loss:.16e} {'inside (1e-12)' if consistent else 'OUTSIDE: FAILED'}"]
     if t.bits <= 2:
         g = certify_relu_sum_global(t, budget_s=budget_s, max_boxes=max_boxes, say=progress)
         entry["global_gap"] = _round(g.gap, True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import sympy as sp
-from approxbp.approximations import backends
+from approxbp.approximations import backends, balls
 from flint import arb, ctx
 
 #: Working precision (bits) of every ball: boxes near an InvAct turning point are 1e-30 wide.
@@ -36,7 +36,20 @@ def __getattr__(name):  # FP32_ULPS: the operations' and the function set's, rea
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: A decorator: the function runs at :data:`PRECISION` bits (the caller's precision restored after).
+at_precision = balls.at_precision(PRECISION)
+
+
+def precision():
+    """Within: Arb's working precision is :data:`PRECISION` bits; the caller's is restored on leaving."""
+    return balls.precision(PRECISION)
+
+
 def setup() -> None:
+    """Set Arb's working precision to :data:`PRECISION` for good (0.1; deprecated: use :func:`precision`, scoped)."""
+    from approxbp.approximations.deprecated import warn_renamed
+
+    warn_renamed("approxbp.fitting.intervals.setup()", "the scoped `with approxbp.fitting.intervals.precision():`")
     ctx.prec = PRECISION
 
 
@@ -53,10 +66,7 @@ def float32(v) -> arb:
     return arb(float(np.float32(float(v))))
 
 
-def box(lo, hi) -> arb:
-    """The ball holding [lo, hi] (lo, hi exact)."""
-    return arb(lo).union(arb(hi))
-
+box = balls.box
 
 def upper(b: arb) -> float:
     """An upper bound of |b| as a float (rounded up); inf for NaN balls."""
@@ -121,20 +131,6 @@ def _union(*balls: arb) -> arb:
 
 def _max(*balls: arb) -> arb:
     return arb(max(b.upper() for b in balls))
-
-
-def _ipow(v: arb, n: int) -> arb:
-    """v**n for an integer n, tight for balls containing 0 (even n gives a ball ≥ 0); complex balls directly."""
-    if not isinstance(v, arb):
-        return v**n
-    if n == 0:
-        return arb(1)
-    if n < 0:
-        return 1 / _ipow(v, -n)
-    if v.lower() >= 0 or v.upper() <= 0:
-        return box(v.lower() ** n, v.upper() ** n)
-    lo, hi = v.lower() ** n, v.upper() ** n
-    return _nonneg(box(0, max(lo, hi))) if n % 2 == 0 else box(lo, hi)
 
 
 def _rounding(ulps: float, magnitude: arb) -> arb:
@@ -302,8 +298,8 @@ class Evaluator:
         raise ValueError(f"power {e} is not supported by the certifier (integer and half-integer exponents only)")
 
     def _ipow_ball(self, a: Ball, n: int) -> Ball:
-        v = _ipow(a.v, n)
-        d = None if a.d is None else arb(n) * _ipow(a.v, n - 1) * a.d
+        v = balls.ipow(a.v, n)
+        d = None if a.d is None else arb(n) * balls.ipow(a.v, n - 1) * a.d
         return Ball(v, d, None)
 
     def _select(self, c: Ball, a: Ball, b: Ball) -> Ball:
@@ -350,8 +346,6 @@ def _is_reciprocal(a) -> bool:
     return isinstance(a, sp.Pow) and a.exp == -1
 
 
-def _square(z):
-    return _ipow(z, 2) if isinstance(z, arb) else z * z
 
 
 def enclosure(point: Ball, over: Ball, x_box: arb, x_mid: arb) -> arb:
@@ -367,3 +361,36 @@ def enclosure(point: Ball, over: Ball, x_box: arb, x_mid: arb) -> arb:
         except ValueError:  # disjoint can only mean an evaluation bug
             raise ArithmeticError("the direct and mean-value enclosures are disjoint") from None
     return v
+
+
+# ---- Arb's integration: an expression as a function of a complex ball -------------------------------------------
+#: What must stay off the cut (−∞, 0] for a branch-cut function of u to be holomorphic: its argument's real part > 0.
+CUT_ARGUMENT = {"log": lambda u: u, "sqrt": lambda u: u, "softplus": lambda u: 1 + sp.exp(u), "log1p": lambda u: 1 + u}
+
+
+def complex_function(expr: sp.Expr, var: sp.Symbol):
+    """(z, analytic) ↦ expr(z) on complex balls (acb), for Arb's rigorous integration: the same
+    :class:`~.intervals.Evaluator`. Where Arb asks for holomorphy (``analytic``), every log, square root, softplus,
+    log1p and non-integer power must have its argument's real part certainly > 0 on the ball (off the cut
+    (−∞, 0]); where that is not proven the value is NaN and Arb subdivides. log(1 + eᶻ) is holomorphic in
+    |Im z| < π/2, so softplus and Mish integrate. Kinks (abs, max, Heaviside, …) are refused."""
+    from flint import acb
+
+    guards = []
+    for e in sp.preorder_traversal(expr):
+        if not e.free_symbols:
+            continue
+        name = type(e).__name__
+        if name in backends.rough_functions() or (name in backends.branch_cuts() and name not in CUT_ARGUMENT):
+            raise ValueError(f"the certifier cannot integrate {e} rigorously (a branch cut or a kink)")
+        if isinstance(e, sp.Pow) and not e.exp.is_Integer:
+            guards.append(e.base)
+        elif name in CUT_ARGUMENT:
+            guards.append(CUT_ARGUMENT[name](e.args[0]))
+    ev = Evaluator()
+
+    def f(z, analytic: bool = False):
+        if analytic and not all(ev(g, {var: Ball(z)}).v.real > 0 for g in guards):
+            return acb(arb.nan())
+        return ev(expr, {var: Ball(z)}).v
+    return f

@@ -339,53 +339,24 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     act = get_activation(activation)
     bits = check_bits(bits)
     check_objective(objective)
-    if method == "auto":
-        method = auto_method(bits)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {('auto', *METHODS)}, got {method!r}")
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
-        raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    method = _checked(method, bits, restarts, seed)
     act.check_relu_sum_asymptotics()
     A, B, tail, how = interval_for(act, objective, interval)
     obj = ReluSumObjective(act, bits, objective, (A, B))
     if obj.n == 1:  # Σw=1 and Σw·c=0 leave exactly ReLU(x)
-        c, best_restart, method_used = np.array([0.0]), 0, "closed-form"
-        results, valid, labels, nfev = [Restart(0, obj(c)[0], c, None, 1)], [0], ["closed form"], 1
+        c = np.array([0.0])
+        results, labels, best_restart, method_used, nfev = [Restart(0, obj(c)[0], c, None, 1)], ["closed form"], 0, \
+            "closed-form", 1
     else:
         lower = None
         if structured:
             lower = lower_knots if lower_knots is not None else fit_relu_sum(
                 act, bits - 1, objective, restarts=restarts, seed=seed, workers=workers, progress=False,
                 interval=interval).x
-        children = np.random.SeedSequence(seed).spawn(restarts)
-        common = (act.name, act.expression, bits, objective, (A, B))
-        jobs = [_Job(*common, method, s, i) for i, s in enumerate(children)]
-        labels = [f"{method} {i}" for i in range(restarts)]
-        for label, start in structured_starts(obj, lower) if structured else []:
-            jobs.append(_Job(*common, "start", None, len(jobs), tuple(start)))
-            labels.append(label)
-        for points in GRIDS(obj.n) if structured else ():  # computed in workers, beside the restarts
-            jobs.append(_Job(*common, "grid-dp", None, len(jobs), (points,)))
-            labels.append(f"grid DP {points}")
-        workers = min(workers or os.cpu_count() or 1, len(jobs))
-        results = _map(jobs, workers, progress, f"{act.name} k={bits} {objective}")
-        valid = [r for r in results if r.degenerate is None]
-        if not valid:
-            raise RuntimeError(f"every restart degenerated ({'; '.join(r.degenerate for r in results)}); "
-                               "try more restarts or another method")
-        best_restart, _, c, _, _ = min(valid, key=lambda r: (r.loss, r.index))
+        results, labels, nfev = _restarts(obj, act, method, restarts, seed, workers, progress, structured, lower)
+        best_restart, _, c, _, _ = min((r for r in results if r.degenerate is None), key=lambda r: (r.loss, r.index))
         method_used = f"{method}+polish"
-        nfev = sum(r.nfev for r in results)
-        if structured and bits <= RELOCATE_BITS:
-            before = obj.nfev
-            moved = relocate(obj, c)
-            results.append(Restart(len(results), obj(moved)[0], moved, _degenerate(obj, moved), obj.nfev - before))
-            labels.append("relocated best")
-            nfev += results[-1].nfev
-            valid = [r for r in results if r.degenerate is None]
-            best_restart, _, c, _, _ = min(valid, key=lambda r: (r.loss, r.index))
+    degenerate = sum(r.degenerate is not None for r in results)
     rs = obj.solution(c)
     cert = local_certificate(obj, rs.knots)
     loss = obj.loss(rs)
@@ -394,7 +365,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     table = T.ReluSumTable.new(
         act, rs, bits=bits, objective=objective, interval=(A, B), loss=loss,
         metrics={"tail_mass": tail, "interval_rule": how, "loss_upper_bound_on_R": loss + tail,
-                 "degenerate_restarts": len(results) - len(valid), "restart_losses": losses,
+                 "degenerate_restarts": degenerate, "restart_losses": losses,
                  "restart_labels": labels, "restarts_at_best": at_best, **cert},
         provenance={"method": method_used, "seed": seed, "restarts": restarts if obj.n > 1 else 0,
                     "best_restart": best_restart, "found_by": labels[best_restart],
@@ -408,6 +379,50 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     return ReluSumFit(table=table, x=rs.knots, fun=loss, success=True, message=message, nfev=nfev,
                       seconds=table.provenance.get("seconds"),
                       restarts=losses, restart_labels=labels, at_best=at_best, untrusted=untrusted)
+
+
+def _checked(method: str, bits: int, restarts, seed) -> str:
+    """The method (``auto``: :func:`auto_method`), with restarts and seed checked."""
+    method = auto_method(bits) if method == "auto" else method
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {('auto', *METHODS)}, got {method!r}")
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
+        raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return method
+
+
+def _restarts(obj: ReluSumObjective, act, method: str, restarts: int, seed: int, workers, progress: bool,
+              structured: bool, lower) -> tuple[list[Restart], list[str], int]:
+    """(every restart, its label, function evaluations): ``restarts`` seeded runs of ``method``, the structured
+    starts (``lower``: the k − 1 knots) and the grid DPs, each polished in a worker; then, for small k, the best
+    one's knots relocated. Refused when every restart degenerated."""
+    children = np.random.SeedSequence(seed).spawn(restarts)
+    common = (act.name, act.expression, obj.bits, obj.objective, (obj.A, obj.B))
+    jobs = [_Job(*common, method, s, i) for i, s in enumerate(children)]
+    labels = [f"{method} {i}" for i in range(restarts)]
+    for label, start in structured_starts(obj, lower) if structured else []:
+        jobs.append(_Job(*common, "start", None, len(jobs), tuple(start)))
+        labels.append(label)
+    for points in GRIDS(obj.n) if structured else ():  # computed in workers, beside the restarts
+        jobs.append(_Job(*common, "grid-dp", None, len(jobs), (points,)))
+        labels.append(f"grid DP {points}")
+    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    results = _map(jobs, workers, progress, f"{act.name} k={obj.bits} {obj.objective}")
+    valid = [r for r in results if r.degenerate is None]
+    if not valid:
+        raise RuntimeError(f"every restart degenerated ({'; '.join(r.degenerate for r in results)}); "
+                           "try more restarts or another method")
+    nfev = sum(r.nfev for r in results)
+    if structured and obj.bits <= RELOCATE_BITS:
+        c = min(valid, key=lambda r: (r.loss, r.index)).knots
+        before = obj.nfev
+        moved = relocate(obj, c)
+        results.append(Restart(len(results), obj(moved)[0], moved, _degenerate(obj, moved), obj.nfev - before))
+        labels.append("relocated best")
+        nfev += results[-1].nfev
+    return results, labels, nfev
 
 
 def auto_method(bits: int) -> str:

@@ -1,4 +1,4 @@
-"""The layers' import direction (issue 15): approximations ← fitting, approximations ← kernels, and the top layer
+"""The layers' import direction: approximations ← fitting, approximations ← kernels, and the top layer
 (approxbp/: CLI, reproduction, experiments) above both. Read from the source (ast), so a lazy import inside a
 function counts too."""
 
@@ -87,7 +87,7 @@ def table_subscripts(path: Path) -> list[str]:
 
 
 def test_tables_are_read_by_attribute_outside_the_tables_module():
-    """Issue 15: fields of a table are read as attributes of ReluSumTable / InvActTable; only
+    """Fields of a table are read as attributes of ReluSumTable / InvActTable; only
     approximations/tables.py and the schema and checks it reads with (table_schema.py, table_checks.py) read the JSON
     by key. (Result rows and metrics dicts use other keys.)"""
     allowed = {ROOT / "approximations" / name for name in ("tables.py", "table_schema.py", "table_checks.py")}
@@ -110,7 +110,7 @@ MIRRORS = {"approximations": "approximations", "fitting": "fitting", "kernels": 
 
 
 def test_tests_mirror_the_source_tree():
-    """Issue 24: a test file lives in the folder of what it tests; only whole-tree checks (this file) sit at the
+    """A test file lives in the folder of what it tests; only whole-tree checks (this file) sit at the
     top of tests/."""
     tests = ROOT / "tests"
     misplaced = [str(p.relative_to(tests)) for p in tests.rglob("test_*.py")
@@ -120,11 +120,19 @@ def test_tests_mirror_the_source_tree():
     assert all((ROOT / source).exists() for source in MIRRORS.values())
 
 
-def test_no_function_over_60_lines_in_the_top_layer():
-    long = [f"{p.name}:{n.name} ({n.end_lineno - n.lineno + 1} lines)" for p in sorted((ROOT / "approxbp").glob("*.py"))
+CODE_LAYERS = ("approxbp", "kernels", "approximations", "fitting")
+
+
+def test_no_function_over_60_lines_and_no_file_over_500():
+    """Hand-written code (generated modules aside) in small pieces: a function fits on a screen, a file holds one
+    concern."""
+    sources = [p for layer in CODE_LAYERS for p in _sources(layer)]
+    long = [f"{p.relative_to(ROOT)}:{n.name} ({n.end_lineno - n.lineno + 1} lines)" for p in sources
             for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.end_lineno - n.lineno + 1 > 60]
-    assert not long, long
+    big = [f"{p.relative_to(ROOT)} ({n} lines)" for p in sources
+           if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500]
+    assert not long and not big, (long, big)
 
 
 def build_side_imports(path: Path) -> list[str]:
@@ -145,7 +153,7 @@ def build_side_imports(path: Path) -> list[str]:
 
 
 def test_the_kernels_run_time_never_imports_sympy_or_the_code_generator():
-    """Issue 24, read from the source: every kernels module but the generator itself (the dynamic check is
+    """Every kernels module but the generator itself (the dynamic check is
     tests/kernels/test_runtime.py)."""
     wrong = {p.name: build_side_imports(p) for p in _sources("kernels") if "codegen" not in p.parts}
     assert not {k: v for k, v in wrong.items() if v}, wrong

@@ -1,4 +1,4 @@
-"""The planner counts attention as a GPU's fused SDPA keeps it (issue 33, item 4): with dropout, q, k, v, the output,
+"""The planner counts attention as a GPU's fused SDPA keeps it: with dropout, q, k, v, the output,
 one fp32 log-sum-exp per query row and the RNG state, never the n × n probabilities the CPU's math path keeps."""
 
 import pytest

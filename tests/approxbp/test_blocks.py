@@ -36,7 +36,7 @@ def test_the_bdia_toy_gpt_trains_through_the_online_backward():
 
 
 def test_one_toy_transformer_in_experiments_and_benchmarks():
-    """Issue 24: the toy language model is defined once (ToyGPT); no other module defines a model with a token
+    """The toy language model is defined once (ToyGPT); no other module defines a model with a token
     embedding."""
     defined = []
     for folder in ("approxbp", "benchmarks"):
@@ -48,7 +48,7 @@ def test_one_toy_transformer_in_experiments_and_benchmarks():
 
 
 def test_experiments_seed_their_own_rng_and_leave_the_callers():
-    """Issue 24: a library function that seeds for a reproducible initialisation does not reset the caller's
+    """A library function that seeds for a reproducible initialisation does not reset the caller's
     random stream (approxbp.blocks.own_rng)."""
     from approxbp.blocks import saved_per_token_per_d
 

@@ -79,7 +79,7 @@ def test_cli_out_is_checked_before_the_fit(tmp_path):
 
 
 def test_the_verdicts_live_in_reproduce_and_fail_loudly():
-    """Issue 24: the rules that decide a row (reproduce.py), apart from the CLI that prints them."""
+    """The rules that decide a row (reproduce.py), apart from the CLI that prints them."""
     from types import SimpleNamespace
 
     from approxbp.reproduce import bdia_verdict, invact_verdicts, verdict

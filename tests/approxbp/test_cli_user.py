@@ -1,4 +1,4 @@
-"""Issue 14: what a new user meets on the command line and in the Python API."""
+"""What a new user meets on the command line and in the Python API."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Identical blocks measured once (issue 33, item 5): a model of L alike blocks planned from its 2- and 3-block
+"""Identical blocks measured once: a model of L alike blocks planned from its 2- and 3-block
 models equals the whole measurement, byte for byte; blocks that differ are measured whole."""
 
 import pytest

@@ -236,7 +236,7 @@ def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_
 
 
 def test_use_evaluates_a_given_assignment_on_fake_and_real_tensors(tmp_path):
-    """Issue 33, item 2: --use measures the assignment it is given (no option tried, nothing chosen); a plan's own
+    """--use measures the assignment it is given (no option tried, nothing chosen); a plan's own
     JSON evaluates to that plan's numbers, and fake tensors give the real measurement."""
     chosen = P.plan(LLAMA, batch=2, seq=16, mode="bf16")
     path = tmp_path / "plan.json"

@@ -1,4 +1,4 @@
-"""The planner's set-up options (issue 33, item 1): LoRA as peft lays it out (fp32 adapters on a 16-bit base, any
+"""The planner's set-up options: LoRA as peft lays it out (fp32 adapters on a 16-bit base, any
 targets, all-linear), fp32 weights under autocast, optimizers and sharding. On real tensors the planner's saved
 bytes and trainable bytes equal those of a real peft model counted with saved_tensors_hooks."""
 

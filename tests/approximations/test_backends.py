@@ -1,4 +1,4 @@
-"""Issue 24: one home for the function set (approximations/backends.py). A function added there is parsed by the
+"""One home for the function set (approximations/backends.py). A function added there is parsed by the
 grammars, evaluated by numpy, mpmath, torch and Arb, and printed into Triton and into the PyTorch twin; a function
 without a Triton form is refused by export, by name."""
 
@@ -35,12 +35,11 @@ def test_one_entry_adds_a_function_to_parser_evaluators_and_printers(monkeypatch
         assert abs(act.mp(0.25, dps=None) - mpmath.mpf(0.25) * mpmath.asinh(mpmath.mpf(0.25))) < mpmath.mpf(10) ** -45
     got = act.torch_fn(0)(torch.tensor(xs))
     assert torch.allclose(got, torch.tensor(want), rtol=1e-15, atol=0)  # torch
-    from approxbp.fitting.intervals import Ball, Evaluator, setup
+    from approxbp.fitting.intervals import Ball, Evaluator, precision
     from flint import arb
 
-    setup()  # the certifier's working precision
-
-    ball = Evaluator()(act.expr, {act.expr.free_symbols.pop(): Ball(arb(0.25), arb(1))})  # Arb
+    with precision():  # the certifier's working precision
+        ball = Evaluator()(act.expr, {act.expr.free_symbols.pop(): Ball(arb(0.25), arb(1))})  # Arb
     assert ball.v.contains(arb(0.25) * arb(0.25).asinh()) and float(ball.v.rad()) < 1e-30
     code = triton_source(act.expr)  # the Triton printer
     assert "tl.log(x + tl.sqrt(x * x + 1.0))" in code

@@ -1,6 +1,6 @@
-"""benchmarks/model_coverage.py on a fixed subset of Hugging Face model types (issue 32, item 7; CI runs these, the
-full table is the benchmark's): each is built tiny, patched with InvAct, trained beside the stock model. Every
-activation and norm module is rewritten or named in a skip, the saved bytes fall, InvAct trains within 1e-5."""
+"""benchmarks/model_coverage.py on a fixed subset of Hugging Face model types (CI runs these, the full table is
+the benchmark's): each is built tiny, patched with InvAct, trained beside the stock model. Every activation and norm
+module is rewritten or named in a skip, the saved bytes fall, InvAct trains within 1e-5."""
 
 import json
 import runpy

@@ -1,4 +1,4 @@
-"""benchmarks/train_parity.py runs end to end on a few steps (issue 12, item 6): every variant, JSON and figure."""
+"""benchmarks/train_parity.py runs end to end on a few steps: every variant, JSON and figure."""
 
 import json
 import runpy

@@ -26,8 +26,8 @@ RELU = data_dir() / "relu_sum"
 
 
 @pytest.mark.parametrize("name", ["gelu", "silu", "mish", "gelu_tanh"])
+@iv.at_precision
 def test_ball_evaluation_encloses_mpmath_values_and_slopes(name):
-    iv.setup()
     act = get_activation(name)
     ev = iv.Evaluator()
     rng = np.random.default_rng(0)
@@ -289,3 +289,18 @@ def test_fitting_certify_is_the_module_and_calling_it_is_the_deprecated_local_ce
     with pytest.warns(DeprecationWarning, match="use approxbp.fitting.local_certificate"):
         old = F.certify(obj, c)
     assert old == F.local_certificate(obj, c)
+
+
+def test_the_working_precision_is_scoped_and_the_0_1_setup_warns():
+    """Arb's precision is the certifier's only inside it: a caller's precision is what it was after a certificate."""
+    from flint import ctx
+
+    before = ctx.prec
+    with iv.precision():
+        assert ctx.prec == iv.PRECISION
+    assert ctx.prec == before
+    C.log_error()  # decorated: at PRECISION inside
+    assert ctx.prec == before
+    with pytest.warns(DeprecationWarning, match="precision"):
+        iv.setup()
+    ctx.prec = before

@@ -74,7 +74,7 @@ def test_bad_input_is_refused(kwargs, match):
 
 
 def test_committed_tables_are_consistent_across_k_and_activations():
-    """Issue 14: the asymptotic law (≈16×/≈4× per bit from k = 4), gelu ≈ gelu_tanh, quick_gelu = scaled silu."""
+    """The asymptotic law (≈16×/≈4× per bit from k = 4), gelu ≈ gelu_tanh, quick_gelu = scaled silu."""
     from approxbp.fitting.consistency import check_consistency
 
     assert check_consistency() == []
@@ -148,7 +148,7 @@ def test_grid_dp_is_the_exact_optimum_over_its_grid():
                                               pytest.param("gelu_tanh", 8.3489196e-4, marks=pytest.mark.slow),
                                               pytest.param("mish", 9.7898641e-4, marks=pytest.mark.slow)])
 def test_k5_derivative_fits_reach_the_independent_global_optimum(activation, best):
-    """Issue 21's independent search (a grid DP over the end knots, then L-BFGS) found these; the restarts alone
+    """An independent search (a grid DP over the end knots, then L-BFGS) found these; the restarts alone
     stopped 0.6–0.7 % above. The fit's grid-DP start reaches them."""
     fit = fit_relu_sum(activation, 5, "derivative", progress=False)
     assert fit.fun <= best * (1 + 1e-7)

@@ -39,7 +39,7 @@ def test_fewbit_tables_measured_here_match_the_published_values_and_ours_are_at_
         ours = fit_free_levels(act, bits, r.interval).loss
         assert ours <= r.best_found * (1 + 1e-8), (act, bits)  # the peer file's independent global search
         assert ours <= r.recorded * (1 + 1e-9)
-    # where FewBit's builtin tables are local optima, by these margins (issue 21: +30 %, +57 %, +14 %)
+    # where FewBit's builtin tables are local optima, by these margins: +30 %, +57 %, +14 %
     for (act, bits), above in {("gelu", 4): 0.30, ("silu", 3): 0.57, ("silu", 4): 0.14}.items():
         assert ref[act, bits].recorded / fit_free_levels(act, bits).loss - 1 == pytest.approx(above, abs=0.005)
 

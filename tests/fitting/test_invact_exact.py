@@ -1,4 +1,4 @@
-"""Exact inverted-activation tables (issue 32, item 6): ReLU² (Nemotron, Primer) saves only its output y and
+"""Exact inverted-activation tables: ReLU² (Nemotron, Primer) saves only its output y and
 backpropagates with f′(f⁻¹(y)) = 2√y, exactly; every other activation is refused with the reason."""
 
 import copy

@@ -1,4 +1,4 @@
-"""Issue 11: the `fast` inverted-activation form — L∞ ≤ 1e-6 on both branches, at most two transcendental and 48
+"""The `fast` inverted-activation form — L∞ ≤ 1e-6 on both branches, at most two transcendental and 48
 other (fused) operations per element for both branches together, identical in the twin and the kernel."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Issue 10 (CPU part): the saving in every mode people train in — autocast, torch.compile (zero graph breaks,
+"""The saving in every mode people train in — autocast, torch.compile (zero graph breaks,
 fullgraph), DDP, FSDP2 and activation checkpointing — with the drop-ins as custom ops."""
 
 import os

@@ -51,7 +51,7 @@ def test_an_exported_program_runs_in_a_fresh_process(tmp_path):
 
 
 def test_an_exported_patched_block_runs_in_a_fresh_process(tmp_path):
-    """Issue 24's criterion as written: a patch_model'ed block (LayerNorms merged, GELU swapped for InvAct), exported
+    """a patch_model'ed block (LayerNorms merged, GELU swapped for InvAct), exported
     and saved, gives the same gradients in a process that imported only approxbp.kernels."""
     from approxbp.kernels import patch_model
 

@@ -267,7 +267,7 @@ def test_generated_kernels_record_the_definition_hash():
 
 
 def test_user_kernels_come_from_export_and_construction_only_reads_them(tmp_path):
-    """Issue 24: a drop-in never writes kernels. A user table without them is refused at construction with the
+    """A drop-in never writes kernels. A user table without them is refused at construction with the
     command to run; after `approxbp export` it builds; a table edited since is refused as stale."""
     from approxbp.kernels import ReLUSumActivation
 

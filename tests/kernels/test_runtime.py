@@ -1,4 +1,4 @@
-"""Issue 24: the kernels' run time is apart from the build side. Importing approxbp.kernels, building every public
+"""The kernels' run time is apart from the build side. Importing approxbp.kernels, building every public
 drop-in, patching a model and running forward and backward (twin and Triton paths) imports neither sympy nor the code
 generator and writes no file (tests/kernels/runtime_probe.py, in a fresh process, with an audit hook on writes)."""
 

@@ -1,5 +1,5 @@
 """Every notebook runs top to bottom on a fresh install (a failing cell fails the suite) and shows its figures; the
-two explorers take a user's activation in their parameters cell (issue 35)."""
+two explorers take a user's activation in their parameters cell."""
 
 
 import nbformat

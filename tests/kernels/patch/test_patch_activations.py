@@ -1,4 +1,4 @@
-"""Issue 12 (items 1–2): every activation mapped to its tables, the table or k chosen by the user, tied weights
+"""Every activation mapped to its tables, the table or k chosen by the user, tied weights
 left alone, and the example input checked before and after."""
 
 import pytest
@@ -110,7 +110,7 @@ def _stock(seed=0):
 
 
 def test_patched_state_dict_loads_into_the_stock_model_and_unpatch_restores():
-    """Issue 12 item 3: a patched model's weights go back into the stock architecture with identical outputs."""
+    """A patched model's weights go back into the stock architecture with identical outputs."""
     from approxbp.kernels import patched_state_dict, unpatch
 
     x = torch.randn(2, 7, 16, dtype=torch.float64)

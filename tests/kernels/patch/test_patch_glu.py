@@ -1,4 +1,4 @@
-"""patch_model on gated MLPs (issue 32, causes 4 and 5): found by what they run (split or fused gate/up, the
+"""patch_model on gated MLPs: found by what they run (split or fused gate/up, the
 activation as a module or a function), proven in float64, replaced by the exact fused GLU, which trains exactly as
 the stock model; activations called as functions elsewhere are reported; a rewrite that saves nothing is undone."""
 

@@ -1,4 +1,4 @@
-"""patch_model with peft LoRA in both orders (issue 12, item 4): norms merge into the frozen base Linear only,
+"""patch_model with peft LoRA in both orders: norms merge into the frozen base Linear only,
 the adapters keep their own weights and train, and the saved bytes per block match the memory table's
 frozen-linear column."""
 

@@ -1,4 +1,4 @@
-"""Norms whose output also feeds ops that keep nothing for backward (issue 32, cause 3): post-LN encoders' residual
+"""Norms whose output also feeds ops that keep nothing for backward: post-LN encoders' residual
 add. The norm becomes a shared-output MS-norm: it returns y = α⊙z + β (the stock value) with z attached, its Linear
 consumers read and save z, and the add reads y; the model trains exactly as the stock one and saves less."""
 
@@ -197,8 +197,8 @@ class WritesIntoIt(nn.Module):
 
 @pytest.mark.parametrize("example", [True, False], ids=["dispatch", "fx"])
 def test_norms_read_only_by_ops_save_their_output_in_place_of_their_input(example):
-    """Issue 32: GLM-4's post-norms and Qwen3's QK-norms (no Linear reads them) were skipped; now each saves z and σ⁻¹
-    in place of its input and returns α⊙z + β, and the model trains exactly as stock."""
+    """A norm no Linear reads (GLM-4's post-norms, Qwen3's QK-norms) saves z and σ⁻¹ in place of its input and
+    returns α⊙z + β, and the model trains exactly as stock."""
     torch.manual_seed(0)
     stock = nn.Sequential(PostNormBlock(), PostNormBlock()).double()
     ours = copy.deepcopy(stock)

@@ -1,4 +1,4 @@
-"""Fine-tuning a patched model with the Hugging Face Trainer (issue 12, item 5): tiny random-init Llama and ViT on
+"""Fine-tuning a patched model with the Hugging Face Trainer: tiny random-init Llama and ViT on
 small synthetic tasks, bf16 autocast where the CPU supports it. Patched and exact losses both fall, and after
 ``unpatch`` the checkpoint loads into the stock class with the trained model's outputs."""
 
