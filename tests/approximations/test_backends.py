@@ -40,7 +40,7 @@ def test_one_entry_adds_a_function_to_parser_evaluators_and_printers(monkeypatch
 
     with precision():  # the certifier's working precision
         ball = Evaluator()(act.expr, {act.expr.free_symbols.pop(): Ball(arb(0.25), arb(1))})  # Arb
-    assert ball.v.contains(arb(0.25) * arb(0.25).asinh()) and float(ball.v.rad()) < 1e-30
+        assert ball.v.contains(arb(0.25) * arb(0.25).asinh()) and float(ball.v.rad()) < 1e-30
     code = triton_source(act.expr)  # the Triton printer
     assert "tl.log(x + tl.sqrt(x * x + 1.0))" in code
     namespace = {"tl": _FakeTl()}
