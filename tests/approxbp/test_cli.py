@@ -169,3 +169,16 @@ def test_the_cli_offers_every_invact_form_and_no_other():
     fit = build_parser("fit")._subparsers._group_actions[0].choices["fit"]
     invact = fit._subparsers._group_actions[0].choices["invact"]
     assert next(a.choices for a in invact._actions if a.dest == "form") == FORMS
+
+
+@pytest.mark.parametrize("name, owner", [("parse_bits", "approxbp.commands.sweep"),
+                                         ("INVACT_FORMS", "approxbp.fitting.invact"), ("TASK_NAMES", "approxbp.tasks")])
+def test_the_0_1_names_of_the_cli_module_still_read_with_a_warning(name, owner):
+    import approxbp.cli as cli
+
+    with pytest.warns(DeprecationWarning, match=owner):
+        value = getattr(cli, name)
+    if name == "parse_bits":
+        assert value("1-2,4") == [1, 2, 4]
+    else:
+        assert "fast" in value or "causal-lm" in value
