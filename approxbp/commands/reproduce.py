@@ -17,7 +17,7 @@ def add_parser(sub, add) -> None:
                      "consistency across k and activations")
     rep.add_argument("--out", type=Path, default=None, help="with --full: table folder (None: packaged data)")
     rep.add_argument("--memory", action="store_true", help="also every memory row of Approx-BP Tables 1–4, 9, 11 "
-                     "and InvAct App. A.1, each as the `approxbp plan` command that produces it (6 min, 2 cores)")
+                     "and InvAct App. A.1, each as the `approxbp plan` command that produces it (8 min, 2 cores)")
     common.add_common(rep)
 
 
