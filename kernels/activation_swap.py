@@ -36,8 +36,6 @@ ACTIVATION_CLASSES = {
 ACTIVATION_LIKE = ("GELU", "SiLU", "Swish", "Mish", "Activation", "ReLU", "Tanh", "Sigmoid", "Softplus", "ELU")
 
 
-#: The table families patch_model swaps activations for (``family=``); None: activations are not swapped.
-PATCH_FAMILIES = ("relu-sum", "invact")
 
 
 OURS = ("ReLUSumActivation", "InvActivation", "ReGELU2", "ReSiLU2", "InvActGELU", "InvActSiLU")

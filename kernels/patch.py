@@ -6,23 +6,30 @@ error. The rewrites live in :mod:`.activation_swap`, :mod:`.glu_patch` and :mod:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 
 import torch
-from approxbp.approximations import tables as T
 from approxbp.approximations.deprecated import warn_renamed
 from torch import nn
 
 from . import swaps
-from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, OURS, PATCH_FAMILIES, class_key, swap_activations
+from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, OURS, class_key, swap_activations
 from .glu import GatedMLP
 from .glu_patch import fuse_gated_mlps
 from .norm_merge import unmerge_norm
 from .norm_patch import merge_norms
 from .plan_file import plan_config
-from .rewrite import PatchConfig, PatchReport, Savings, Undo, every_output, path_pattern, run_example
+from .rewrite import (
+    PATCH_FAMILIES,
+    PatchConfig,
+    PatchReport,
+    Savings,
+    Undo,
+    every_output,
+    is_table,
+    path_pattern,
+    run_example,
+)
 
 __all__ = ["patch_model", "unpatch", "patched_state_dict", "PatchConfig", "PatchReport", "ACTIVATION_CLASSES",
            "ACTIVATION_LIKE", "OURS", "PATCH_FAMILIES", "class_key", "every_output", "path_pattern"]
@@ -102,7 +109,7 @@ def _config(model, args: tuple, old: dict, new: dict, example_input, check) -> t
         activation = old.pop("activation")
         if activation in PATCH_FAMILIES or activation is None:
             config = replace(config, family=activation)
-        elif isinstance(activation, dict) or _is_table(activation):
+        elif isinstance(activation, dict) or is_table(activation):
             config = replace(config, family=None, tables=activation)
         else:
             raise ValueError(f"activation must be one of {(*PATCH_FAMILIES, None)}, a table path or a mapping, got "
@@ -110,18 +117,7 @@ def _config(model, args: tuple, old: dict, new: dict, example_input, check) -> t
     if old.get("plan") is not None:
         warn_renamed("patch_model(plan=…)", "approxbp.plan.Plan.load(path).apply(model)", stacklevel=4)
         return plan_config(old["plan"], model), example_input, check
-    if config.family not in (*PATCH_FAMILIES, None):
-        raise ValueError(f"family must be one of {(*PATCH_FAMILIES, None)}, got {config.family!r}")
-    if not (config.tables is None or isinstance(config.tables, Mapping) or _is_table(config.tables)):
-        raise ValueError(f"tables must be a table path, a packaged table name or a mapping, got {config.tables!r}")
     return config, example_input, check
-
-
-def _is_table(value) -> bool:
-    try:
-        return isinstance(value, str | Path) and T.resolve(value).is_file()
-    except FileNotFoundError:
-        return False
 
 
 def _compare_outputs(before: list, after: list) -> float:

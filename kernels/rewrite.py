@@ -13,12 +13,15 @@ from pathlib import Path
 
 import torch
 import torch.utils._pytree as pytree
+from approxbp.approximations import tables as T
 from torch import nn
 
 from .saved import charged
 
 #: How a module ``module_filter_fn`` refused is listed in the report's ``skipped``.
 FILTERED = "left out by module_filter_fn"
+#: The table families patch_model swaps activations for (``family=``); None: activations are not swapped.
+PATCH_FAMILIES = ("relu-sum", "invact")
 
 
 @dataclass(frozen=True)
@@ -41,9 +44,23 @@ class PatchConfig:
     bits: int = 2
     module_filter_fn: Callable[[nn.Module, str], bool] | None = None
 
+    def __post_init__(self):
+        if self.family not in (*PATCH_FAMILIES, None):
+            raise ValueError(f"family must be one of {(*PATCH_FAMILIES, None)}, got {self.family!r}")
+        if not (self.tables is None or isinstance(self.tables, Mapping) or is_table(self.tables)):
+            raise ValueError(f"tables must be a table path, a packaged table name or a mapping, got {self.tables!r}")
+
     def wants(self, module: nn.Module, fqn: str) -> bool:
         """Whether ``module_filter_fn`` lets the rewrite of ``module`` (at path ``fqn``) happen."""
         return self.module_filter_fn is None or bool(self.module_filter_fn(module, fqn))
+
+
+def is_table(value) -> bool:
+    """Whether ``value`` names a table file (a path or a packaged name)."""
+    try:
+        return isinstance(value, str | Path) and T.resolve(value).is_file()
+    except FileNotFoundError:
+        return False
 
 
 @dataclass

@@ -61,6 +61,10 @@ def test_bad_family_or_table_choice():
         patch_model(torch.nn.Linear(2, 2), family="relu")
     with pytest.raises(ValueError, match="tables must be a table path"):
         patch_model(torch.nn.Linear(2, 2), tables="no-such-table")
+    from approxbp.kernels.patch import PatchConfig
+
+    with pytest.raises(ValueError, match="family must be one of"):  # a config is checked when it is made
+        PatchConfig(family="relu")
 
 
 class _TwiceNorm(torch.nn.Module):
