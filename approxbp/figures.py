@@ -6,8 +6,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-#: The toy GPT's committed results (a source checkout's), re-plotted rather than retrained.
-COMMITTED_TOY_GPT = Path(__file__).resolve().parent.parent / "docs" / "figures" / "bdia_toy_gpt.json"
+#: The source checkout's docs/figures (where the figures are committed, the toy GPT's results beside them).
+CHECKOUT_FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
+
+
+def figures_dir(out: Path | None) -> Path:
+    """``out``, or the source checkout's docs/figures (never the current directory's by surprise)."""
+    if out is not None:
+        return out
+    if CHECKOUT_FIGURES.is_dir() and (CHECKOUT_FIGURES.parents[1] / "pyproject.toml").is_file():
+        return CHECKOUT_FIGURES
+    raise ValueError("pass --out DIR: this approxbp is not a source checkout with docs/figures")
 
 
 def write_figures(out: Path) -> list[Path]:
@@ -30,7 +39,8 @@ def write_figures(out: Path) -> list[Path]:
         written.append(out / f"invact_{act}.png")
         save_figure(f, written[-1], dpi=110)
     written += bdia.write_analysis(out, progress=False)
-    results = next((p for p in (out / "bdia_toy_gpt.json", COMMITTED_TOY_GPT) if p.is_file()), None)
+    candidates = (out / "bdia_toy_gpt.json", CHECKOUT_FIGURES / "bdia_toy_gpt.json")
+    results = next((p for p in candidates if p.is_file()), None)
     if results is None:
         print("no bdia_toy_gpt.json to re-plot: retraining the toy GPT (about 2–3 minutes on 2 cores)",
               file=sys.stderr)

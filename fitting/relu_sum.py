@@ -345,8 +345,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     obj = ReluSumObjective(act, bits, objective, (A, B))
     if obj.n == 1:  # Σw=1 and Σw·c=0 leave exactly ReLU(x)
         c = np.array([0.0])
-        results, labels, best_restart, method_used, nfev = [Restart(0, obj(c)[0], c, None, 1)], ["closed form"], 0, \
-            "closed-form", 1
+        results, labels, nfev, method_used = [Restart(0, obj(c)[0], c, None, 1)], ["closed form"], 1, "closed-form"
     else:
         lower = None
         if structured:
@@ -354,8 +353,8 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
                 act, bits - 1, objective, restarts=restarts, seed=seed, workers=workers, progress=False,
                 interval=interval).x
         results, labels, nfev = _restarts(obj, act, method, restarts, seed, workers, progress, structured, lower)
-        best_restart, _, c, _, _ = min((r for r in results if r.degenerate is None), key=lambda r: (r.loss, r.index))
         method_used = f"{method}+polish"
+    best_restart, _, c, _, _ = _best(results)
     degenerate = sum(r.degenerate is not None for r in results)
     rs = obj.solution(c)
     cert = local_certificate(obj, rs.knots)
@@ -410,19 +409,23 @@ def _restarts(obj: ReluSumObjective, act, method: str, restarts: int, seed: int,
         labels.append(f"grid DP {points}")
     workers = min(workers or os.cpu_count() or 1, len(jobs))
     results = _map(jobs, workers, progress, f"{act.name} k={obj.bits} {obj.objective}")
-    valid = [r for r in results if r.degenerate is None]
-    if not valid:
+    if all(r.degenerate is not None for r in results):
         raise RuntimeError(f"every restart degenerated ({'; '.join(r.degenerate for r in results)}); "
                            "try more restarts or another method")
     nfev = sum(r.nfev for r in results)
     if structured and obj.bits <= RELOCATE_BITS:
-        c = min(valid, key=lambda r: (r.loss, r.index)).knots
+        c = _best(results).knots
         before = obj.nfev
         moved = relocate(obj, c)
         results.append(Restart(len(results), obj(moved)[0], moved, _degenerate(obj, moved), obj.nfev - before))
         labels.append("relocated best")
         nfev += results[-1].nfev
     return results, labels, nfev
+
+
+def _best(results: list[Restart]) -> Restart:
+    """The usable restart with the lowest loss (the earliest among equals)."""
+    return min((r for r in results if r.degenerate is None), key=lambda r: (r.loss, r.index))
 
 
 def auto_method(bits: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from approxbp.commands import common
+from approxbp.figures import figures_dir
 
 
 def add_parser(sub, add) -> None:
@@ -27,7 +28,7 @@ def run(args, argv) -> int:
     if len(names) > len(acts):
         raise ValueError(f"{len(names)} --name for {len(acts)} --activation: give one label per expression")
     named = [named_activation(a, names[i] if i < len(names) else None) for i, a in enumerate(acts)]
-    written = write_atlas(common.figures_dir(args.out), tuple(named), progress=common.progress_on(args))
+    written = write_atlas(figures_dir(args.out), tuple(named), progress=common.progress_on(args))
     rows = json.loads(written[0].read_text())["rows"]
     for act, entries in rows.items():
         print(f"{act}: L2 (N(0,1)-weighted) of the backward multiplier, per saved bit")

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from approxbp.commands import common
+from approxbp.figures import figures_dir
 
 
 def add_parser(sub, add) -> None:
     bd = add(sub, "bdia", help="BDIA reversible stacks: error analysis and a toy BDIA-GPT")
     bds = bd.add_subparsers(dest="action", required=True)
     ana = add(bds, "analyze", help="reconstruction error vs block (Fig. 2/6), forward quantisation, memory")
-    ana.add_argument("--blocks", type=common.int_in(2, 10**6), default=1000, help="K, the number of blocks (2…10⁶)")
-    ana.add_argument("--level", type=common.int_in(-60, 60), action="append", default=None,
+    ana.add_argument("--blocks", type=_int_in(2, 10**6), default=1000, help="K, the number of blocks (2…10⁶)")
+    ana.add_argument("--level", type=_int_in(-60, 60), action="append", default=None,
                      help="quantisation level l, repeatable (None: -2 0 5 9 12)")
     ana.add_argument("--dtype", choices=("float32", "float64"), action="append", default=None,
                      help="repeatable (None: both)")
@@ -20,8 +22,8 @@ def add_parser(sub, add) -> None:
     common.out_arg(ana, "bdia_analysis.json/.png")
     common.no_progress(ana)
     toy = add(bds, "train-toy", help="standard vs BDIA training of a 6-block GPT toy on the CPU (minutes)")
-    toy.add_argument("--steps", type=common.int_in(1, 10**7), default=300, help="training steps per model")
-    toy.add_argument("--level", type=common.int_in(-60, 60), default=9, help="quantisation level l (−60…60)")
+    toy.add_argument("--steps", type=_int_in(1, 10**7), default=300, help="training steps per model")
+    toy.add_argument("--level", type=_int_in(-60, 60), default=9, help="quantisation level l (−60…60)")
     toy.add_argument("--seed", type=int, default=0, help="seed of data, init and γ")
     common.out_arg(toy, "bdia_toy_gpt.json/.png")
     common.no_progress(toy)
@@ -34,7 +36,7 @@ def run(args, argv) -> int:
 
     from approxbp import bdia_experiments as bdia
 
-    out = common.figures_dir(args.out)
+    out = figures_dir(args.out)
     if args.action == "analyze":
         dtypes = tuple(getattr(torch, d) for d in (args.dtype or ("float32", "float64")))
         written = bdia.write_analysis(out, args.blocks, tuple(args.level or bdia.LEVELS), dtypes, args.seed,
@@ -63,3 +65,18 @@ def run(args, argv) -> int:
     for p in written:
         print(f"wrote {p}")
     return 0
+
+
+def _int_in(lo: int, hi: int):
+    """An argparse type: an integer in [lo, hi], refused in one line otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} is outside {lo}…{hi}")
+        return v
+
+    return parse

@@ -5,23 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-
-
-def int_in(lo: int, hi: int):
-    """An argparse type: an integer in [lo, hi], refused in one line otherwise."""
-
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"{v} is outside {lo}…{hi}")
-        return v
-
-    return parse
-
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="root seed; restarts use independent child seeds")
@@ -47,37 +30,3 @@ def out_arg(p: argparse.ArgumentParser, what: str) -> None:
 
 def progress_on(args) -> bool:
     return not getattr(args, "no_progress", False)
-
-
-def figures_dir(out: Path | None) -> Path:
-    """``--out``, or the source checkout's docs/figures (never the current directory's by surprise)."""
-    if out is not None:
-        return out
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "docs" / "figures").is_dir() and (checkout / "pyproject.toml").is_file():
-        return checkout / "docs" / "figures"
-    raise ValueError("pass --out DIR: this approxbp is not a source checkout with docs/figures")
-
-
-def relu_sum_summary(t) -> str:
-    """The one-screen summary of a fitted ReluSumTable."""
-    m = t.metrics
-    lines = [
-        f"{t.family} · {t.activation} · k={t.bits} · objective={t.objective} · "
-        f"interval=[{t.interval[0]:.6g}, {t.interval[1]:.6g}]",
-        f"  expression  {t.expression}",
-        f"  loss        {t.loss:.15e}   (tail mass outside interval {m['tail_mass']:.2e})",
-        f"  knots       {short(t.knots, 8)}",
-        f"  weights     {short(t.weights, 8)}",
-        f"  levels      {short(t.levels, 6)}",
-        f"  constraints max(|Σw−1|, |Σw·c|) = {t.constraint_residual:.2e}",
-        f"  certificate |∇J|∞ = {m['grad_inf_norm']:.2e}, λ_min(∇²J) = {m.get('hessian_min_eig', float('nan')):.3e}",
-        f"  provenance  {t.provenance['method']}, seed {t.provenance['seed']}, "
-        f"{t.provenance['restarts']} restarts, {t.provenance['seconds']:.2f} s",
-    ]
-    return "\n".join(lines)
-
-
-def short(values, precision: int) -> str:
-    """An array on at most two lines (k ≥ 5 tables are summarised: first and last entries; the table has all)."""
-    return np.array2string(np.array(values), precision=precision, max_line_width=100, threshold=16, edgeitems=3)

@@ -80,7 +80,7 @@ def _fit_relu_sum(args, argv) -> int:
                        method=args.method, restarts=args.restarts, seed=args.seed, workers=args.workers,
                        progress=progress, command=cli_command(argv), interval=args.interval)
     table = fit.table
-    print(common.relu_sum_summary(table))
+    print(_summary(table))
     print(f"  restarts    {fit.message}")
     if fit.untrusted:
         print(f"approxbp: warning: only 1 of {len(fit.restarts)} restarts reached the best loss; "
@@ -145,3 +145,27 @@ def _fit_free_levels(args, argv) -> int:
         print(f"  wrote    {fit.save(args.out, cli_command(argv))} (a study result: export, cost, certify and the "
               "drop-ins take eq. 13's or InvAct's tables)")
     return 0
+
+
+def _summary(t) -> str:
+    """The one-screen summary of a fitted ReluSumTable."""
+    m = t.metrics
+    lines = [
+        f"{t.family} · {t.activation} · k={t.bits} · objective={t.objective} · "
+        f"interval=[{t.interval[0]:.6g}, {t.interval[1]:.6g}]",
+        f"  expression  {t.expression}",
+        f"  loss        {t.loss:.15e}   (tail mass outside interval {m['tail_mass']:.2e})",
+        f"  knots       {_short(t.knots, 8)}",
+        f"  weights     {_short(t.weights, 8)}",
+        f"  levels      {_short(t.levels, 6)}",
+        f"  constraints max(|Σw−1|, |Σw·c|) = {t.constraint_residual:.2e}",
+        f"  certificate |∇J|∞ = {m['grad_inf_norm']:.2e}, λ_min(∇²J) = {m.get('hessian_min_eig', float('nan')):.3e}",
+        f"  provenance  {t.provenance['method']}, seed {t.provenance['seed']}, "
+        f"{t.provenance['restarts']} restarts, {t.provenance['seconds']:.2f} s",
+    ]
+    return "\n".join(lines)
+
+
+def _short(values, precision: int) -> str:
+    """An array on at most two lines (k ≥ 5 tables are summarised: first and last entries; the table has all)."""
+    return np.array2string(np.array(values), precision=precision, max_line_width=100, threshold=16, edgeitems=3)

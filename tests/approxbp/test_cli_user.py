@@ -236,7 +236,7 @@ def test_figures_into_a_new_folder_replots_and_never_retrains(tmp_path, monkeypa
 
 
 def test_figure_commands_default_to_the_checkout_not_the_current_folder(tmp_path, monkeypatch):
-    from approxbp.commands.common import figures_dir
+    from approxbp.figures import figures_dir
 
     monkeypatch.chdir(tmp_path)
     assert figures_dir(None) == ROOT.resolve() / "docs" / "figures"
