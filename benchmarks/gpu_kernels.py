@@ -152,6 +152,48 @@ def glu_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
     return out
 
 
+def correctness_rows(device, dtype) -> list[dict]:
+    """Correct before fast: each of our GPU implementations against the pure-PyTorch reference path on the CPU
+    (same module, same bf16/fp16/fp32 input upcast to float32), on fresh random data of an odd shape (tails of the
+    grid included), outputs poisoned with NaN first. rel = ‖gpu − ref‖ / ‖ref‖ for y and for dx (dg, du)."""
+    from approxbp.kernels import InvActGELU, InvActSiLU, MSLayerNorm, MSRMSNorm, ReGELU2, ReLUSumActivation, ReSiLU2
+    from approxbp.kernels.glu import GLUSpec, glu
+
+    torch.manual_seed(1234)
+    shape = (3, 1237) if SMOKE else (257, 4099)
+    mods = {"ReGELU2": ReGELU2(), "ReLU-sum k=4": ReLUSumActivation("gelu-k4-primitive"),
+            "InvActGELU": InvActGELU(), "ReSiLU2": ReSiLU2(), "InvActSiLU": InvActSiLU(),
+            "MS-layernorm": MSLayerNorm(shape[-1]), "MS-rmsnorm": MSRMSNorm(shape[-1])}
+    calls = {k: (lambda t, m=m: m(t[0]), 1) for k, m in mods.items()}
+    for name in ("silu", "gelu"):
+        calls[f"exact fused GLU ({name})"] = (lambda t, spec=GLUSpec(name): glu(t[0], t[1], spec), 2)
+
+    def run(fn, ins, g):
+        ins = [t.detach().clone().requires_grad_(True) for t in ins]
+        y = fn(ins)
+        y.backward(g)
+        return [y.detach().float().cpu()] + [t.grad.float().cpu() for t in ins]
+
+    out = []
+    for name, (fn, n_in) in calls.items():
+        ins = [torch.randn(shape, dtype=dtype) * 3 for _ in range(n_in)]
+        g = torch.randn(shape, dtype=dtype)
+        try:
+            ref = run(fn, [t.float() for t in ins], g.float())
+            got = run(fn, [t.to(device) for t in ins], g.to(device))
+        except Exception as err:  # noqa: BLE001 - one failing implementation must not lose the others
+            out.append({"impl": name, "error": f"{type(err).__name__}: {str(err)[:200]}"})
+            continue
+        rel = [float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(got, ref, strict=True)]
+        nan = any(bool(torch.isnan(a).any()) for a in got)
+        out.append({"impl": name, "shape": list(shape), "dtype": str(dtype), "rel_y": rel[0], "rel_dx": rel[1:],
+                    "any_nan": nan})
+        if not SMOKE:
+            print(f"check {name:<24} rel y {rel[0]:.2e}  rel dx {', '.join(f'{r:.2e}' for r in rel[1:])}"
+                  f"{'  NaN!' if nan else ''}")
+    return out
+
+
 #: The table behind each of our implementations above (for the static prediction of ``approxbp cost``).
 TABLES = {"ReGELU2": "relu_sum/gelu-k2-primitive.json", "ReLU-sum k=4": "relu_sum/gelu-k4-primitive.json",
           "InvActGELU": "invact/gelu-fast.json", "ReSiLU2": "relu_sum/silu-k2-primitive.json",
@@ -248,9 +290,14 @@ def training_step_rows(device, d=1024, blocks=8, batch=16, tokens=1024, steps=5)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-            peak, secs = _measure(step, device, steps)
-            out.append({"model": f"gpt d={d} × {blocks}", "tokens": batch * tokens, "mode": mode, "variant": variant,
-                        "peak_bytes": peak, "step_s": secs})
+            row = {"model": f"gpt d={d} × {blocks}", "tokens": batch * tokens, "mode": mode, "variant": variant}
+            try:
+                row["peak_bytes"], row["step_s"] = _measure(step, device, steps)
+            except Exception as err:  # noqa: BLE001 - keep the other configurations' numbers
+                row["error"] = f"{type(err).__name__}: {str(err)[:200]}"
+            out.append(row)
+            if not SMOKE:
+                print("step", {k: v for k, v in row.items() if k != "model"}, flush=True)
             del model, run, opt
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -295,9 +342,15 @@ def vit_lora_rows(device, batch=64, steps=5) -> list[dict]:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-            peak, secs = _measure(step, device, steps)
-            out.append({"model": "vit-b/16 lora r=4", "batch": batch, "mode": mode, "variant": variant,
-                        "peak_bytes": peak, "images_per_s": None if secs is None else batch / secs})
+            row = {"model": "vit-b/16 lora r=4", "batch": batch, "mode": mode, "variant": variant}
+            try:
+                peak, secs = _measure(step, device, steps)
+                row.update(peak_bytes=peak, images_per_s=None if secs is None else batch / secs)
+            except Exception as err:  # noqa: BLE001 - keep the other configurations' numbers
+                row["error"] = f"{type(err).__name__}: {str(err)[:200]}"
+            out.append(row)
+            if not SMOKE:
+                print("step", {k: v for k, v in row.items() if k != "model"}, flush=True)
             del model, opt
     return out
 
@@ -323,25 +376,38 @@ def main() -> int:
     result = {"device": "smoke (cpu)" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,
               "python": platform.python_version(), "numel": numel, "dtype": str(dtype)}
     result["copy_GBps"] = copy_bandwidth(numel, dtype, device) / 1e9
+    slug = re.sub(r"\W+", "_", result["device"]).strip("_").lower()
+    path = args.out / f"gpu_kernels_{slug}.json"
+
+    def save():  # after every section, so a later section's failure keeps the earlier numbers
+        if not SMOKE:
+            write_atomic(path, json.dumps(result, indent=1) + "\n")
+
     if "kernels" not in args.skip:
+        result["correctness"] = correctness_rows(device, dtype)
+        save()
         bps = result["copy_GBps"] * 1e9
         result["activations"] = activation_rows(numel, dtype, device, bps)
+        save()
         result["norms"] = norm_rows(max(numel // 4096, 1), 4096, dtype, device, bps)
+        save()
         result["glus"] = glu_rows(numel, dtype, device, bps)
+        save()
+    if "vit-lora" not in args.skip:
+        result["vit_lora"] = vit_lora_rows(device)
+        save()
     if "training" not in args.skip:
         kw = {"d": 64, "blocks": 1, "batch": 2, "tokens": 16} if SMOKE else {}
         result["training_steps"] = training_step_rows(device, **kw)
-    if "vit-lora" not in args.skip:
-        result["vit_lora"] = vit_lora_rows(device)
+        save()
     failed = [r for r in result.get("activations", []) + result.get("norms", []) + result.get("glus", [])
+              + result.get("correctness", []) + result.get("training_steps", []) + result.get("vit_lora", [])
               if "error" in r]
     for r in failed:
-        print(f"FAILED {r['op']} / {r['impl']}: {r['error']}")
+        print(f"FAILED {r.get('op', r.get('model', ''))} / {r.get('impl', r.get('variant'))}: {r['error']}")
     if SMOKE:
         print(f"smoke run: every section ran ({len(failed)} implementation(s) failed); nothing written")
         return 1 if failed else 0
-    slug = re.sub(r"\W+", "_", result["device"]).strip("_").lower()
-    path = write_atomic(args.out / f"gpu_kernels_{slug}.json", json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 1 if failed else 0
 

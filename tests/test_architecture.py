@@ -270,3 +270,19 @@ def test_the_cycle_finder_sees_a_circle_through_a_subpackage(tmp_path, monkeypat
     (pkg / "cli.py").write_text("from .commands import plan\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert import_cycles("approxbp") == [{"commands.plan", "memory"}]
+
+
+def test_every_folder_with_an_init_is_a_listed_package():
+    """A non-editable install (pip install ., as on a GPU machine) ships every subpackage of the source folders."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed, roots = set(tool["packages"]), tool["package-dir"]
+    found = set()
+    for package, folder in roots.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            if "__pycache__" in rel.parts or rel.parts[:1] == ("_generated",):
+                continue
+            found.add(".".join((package, *rel.parts)))
+    assert found - listed == set(), f"folders missing from [tool.setuptools] packages: {sorted(found - listed)}"

@@ -25,7 +25,8 @@ def activation(x, LOWP: tl.constexpr):
 
 @triton.jit
 def _nan_max(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    # cast back: Triton 3.6 takes a 16-bit maximum in fp32, and a reduction's combine must keep its element type
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL).to(a.dtype)
 
 
 @triton.jit
