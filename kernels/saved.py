@@ -14,10 +14,12 @@ def charged(into: dict[str, int], exclude=(), model: nn.Module | None = None):
     """Within: every tensor saved for backward adds its storage's bytes, once per storage, to ``into[where]``:
     ``where`` is the innermost module of ``model`` running when it was saved (module forward hooks keep the stack;
     "(outside modules)" otherwise, or "" without a model). Storages of ``exclude`` (e.g. parameters, which exist
-    anyway) are skipped. Storages are told apart by their StorageImpl, so fake tensors (no data pointer) work."""
+    anyway) are skipped. Storages are told apart by their StorageImpl (so fake tensors, with no data pointer, work),
+and every storage seen is held until the count ends: a saved tensor freed during the forward cannot hand its
+StorageImpl's address to a new storage, which would then go uncounted."""
     names = {m: n for n, m in model.named_modules()} if model is not None else {}
     stack: list[str] = []
-    seen = {p.untyped_storage()._cdata for p in exclude}
+    held = {(s := p.untyped_storage())._cdata: s for p in exclude}  # identity → storage, alive for the count
 
     def pre(module, args):
         if module in names:
@@ -29,8 +31,8 @@ def charged(into: dict[str, int], exclude=(), model: nn.Module | None = None):
 
     def pack(t: torch.Tensor):
         s = t.untyped_storage()
-        if s._cdata not in seen:
-            seen.add(s._cdata)
+        if s._cdata not in held:
+            held[s._cdata] = s
             key = stack[-1] if stack else ("(outside modules)" if names else "")
             into[key] = into.get(key, 0) + s.nbytes()
         return t
@@ -41,6 +43,7 @@ def charged(into: dict[str, int], exclude=(), model: nn.Module | None = None):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
     finally:
+        held.clear()
         for h in handles:
             h.remove()
 
