@@ -4,6 +4,7 @@ initialisation."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 from collections.abc import Callable
@@ -54,6 +55,7 @@ def model_spec(text: str, task: str | None = None) -> Callable[[], tuple[nn.Modu
                          f"{', '.join(bundled_configs())}")
     else:
         kind, fields = head, {}
+    typed = []
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition("=")
         if not sep:
@@ -65,6 +67,8 @@ def model_spec(text: str, task: str | None = None) -> Callable[[], tuple[nn.Modu
             if not isinstance(into, dict):
                 raise ValueError(f"{text}: {key.strip()}: {parent} is not a nested config")
         into[CONFIG_KEYS.get(name, name)] = _config_value(value)
+        typed.append((parents, CONFIG_KEYS.get(name, name), key.strip(), _config_value(value)))
+    _refuse_unknown_keys(text, kind, typed)
     try:
         config = transformers.AutoConfig.for_model(kind, **fields)
     except Exception as err:  # noqa: BLE001 - transformers' own validation errors, said in one line
@@ -72,6 +76,43 @@ def model_spec(text: str, task: str | None = None) -> Callable[[], tuple[nn.Modu
         raise ValueError(f"{text}: transformers refused this config: {cause[-300:]}") from None
 
     return hf_builder(config, task)
+
+
+_MISSING = object()
+
+
+def _refuse_unknown_keys(text: str, kind: str, typed: list) -> None:
+    """Refuse a typed ``key=value`` that ``kind``'s config does not know (transformers keeps an unknown key as an
+    attribute and builds the default-sized model, so ``llama:hiden=64`` would plan a 4096-wide model). Known: a
+    field or attribute of the default config, or a key that changes some other field (``rope_theta`` →
+    ``rope_parameters``) or none (``attn_implementation``, kept privately)."""
+    import difflib
+
+    import transformers
+
+    try:
+        default = transformers.AutoConfig.for_model(kind)
+    except Exception:  # noqa: BLE001 - an unknown model type is refused with transformers' own words below
+        return
+    for parents, name, raw, value in typed:
+        ref = default
+        for parent in parents:
+            ref = getattr(ref, parent, None)
+        if ref is None or isinstance(ref, dict):
+            continue
+        known = ref.to_dict()
+        if name in known or hasattr(ref, name):
+            continue
+        if not parents:
+            with contextlib.suppress(Exception):
+                changed = transformers.AutoConfig.for_model(kind, **{name: value}).to_dict()
+                moved = {k for k in set(changed) | set(known) if changed.get(k, _MISSING) != known.get(k, _MISSING)}
+                if moved != {name}:
+                    continue
+        near = difflib.get_close_matches(name, [*known, *CONFIG_KEYS], n=1)
+        raise ValueError(f"{text}: {raw}: the {type(ref).__name__} has no field {name!r}"
+                         + (f" (did you mean {near[0]!r}?)" if near else "")
+                         + "; transformers would keep it unused and plan the default size")
 
 
 def hf_builder(config, task: str | None = None) -> Callable[[], tuple[nn.Module, Callable[[int, int], dict]]]:

@@ -4,7 +4,8 @@
 Each group is one set-up written as the plan command that produces it; its rows differ only in ``--use`` (the
 exact model, ReGELU2/ReSiLU2 = ``relu-sum-k2``, MS-LN/MS-RMSNorm = ``ms-norm``, both, InvAct). A row's
 *reduction* is its change against the group's exact row, (v − v₀)/v₀, from the printed values on the paper's side.
-Targets (issue 33): the absolute value within 15 % where the paper states the whole set-up (Tables 1 and 2), and
+Targets (issue 33): the absolute value within 15 % where the set-up is known (Tables 1 and 2 from the paper, Table 3
+from the authors' scripts), and
 every reduction within 3 points. A row outside them carries the measured cause that explains it
 (:data:`EXPLAINED`), never a fitted constant. Mesa's rows (8-bit activation quantisation) are not approxbp's and
 are left out.
@@ -43,14 +44,18 @@ VIT_B, VIT_L = "google/vit-base-patch16-224-in21k:num_labels=100", "google/vit-l
 #: Approx-BP App. H: ViTs at batch 64 under PyTorch's AMP (fp32 weights, fp16 autocast: the 2080 Ti has no bf16)
 #: with AdamW; the peak of a whole step (--trace), as torch.cuda.max_memory_allocated reports it.
 AMP = "--task image-cls --batch 64 --weights fp32 --autocast fp16 --optimizer adamw --trace"
-LLAMA7, LLAMA13 = "huggyllama/llama-7b:attn_implementation=eager", "huggyllama/llama-13b:attn_implementation=eager"
+#: §6: "FlashAttention is used in the ViT and LLaMA experiments": SDPA (no n² scores saved), transformers' default.
+LLAMA7, LLAMA13 = "huggyllama/llama-7b", "huggyllama/llama-13b"
+#: Table 9 alone keeps eager attention: the cause given for its rows measures both implementations.
+LLAMA7_EAGER = "huggyllama/llama-7b:attn_implementation=eager"
 QLORA = ("--weights nf4 --train lora --adapters bf16 --lora-r 64 --lora-targets all-linear --optimizer paged-adamw")
-EAGER = ("transformers of 2023, which the paper's experiments ran, computed BERT's, RoBERTa's and LLaMA's "
-         "attention eagerly (SDPA became their default in 4.36–4.41), saving the n² scores: the config's "
-         "attn_implementation=eager.")
-QLORA_OPEN = ("The paper does not print the sequence length: QLoRA's Alpaca script pads each batch to its longest "
-              "example (up to 1024 + 256 tokens), so the peak is that of the run's longest batch. 512 tokens are "
-              f"used. {EAGER}")
+EAGER = ("transformers of 2023, which the paper's experiments ran, computed BERT's and RoBERTa's attention eagerly "
+         "(SDPA became their default in 4.36–4.41), saving the n² scores: the config's attn_implementation=eager.")
+QLORA_OPEN = ("The paper does not print the sequence length: the authors' script (LowMemoryBP "
+              "experiments/llama_exp/scripts/finetune_llama_7b.sh) caps source and target at 512 + 128 tokens and "
+              "groups batches by length, so the run's peak is that of a batch of 640-token examples, which is used. "
+              "Attention is SDPA, as §6 says (FlashAttention in the LLaMA experiments). Not modelled: LoRA dropout "
+              "0.1 (its masks) and the model split over the GPUs (the paper reports the larger GPU's peak).")
 
 
 def _rows(uses: tuple[str, ...], values: tuple[float, ...]) -> tuple[tuple[str, float], ...]:
@@ -72,19 +77,22 @@ GROUPS = (
     Group("Approx-BP Table 2", "ViT-L, full tuning", f"{VIT_L} {AMP} --train full", "peak", "GiB",
           _rows(USES4, (15.7, 13.7, 13.5, 11.5)), absolute=True),
     Group("Approx-BP Table 3", "LLaMA-7B, QLoRA r = 64 on all linear, batch 4",
-          f"{LLAMA7} --batch 4 --seq 512 {QLORA}", "peak", "GiB", _rows(USES4, (20.6, 19.0, 18.0, 14.6)),
-          open=QLORA_OPEN),
+          f"{LLAMA7} --batch 4 --seq 640 {QLORA}", "peak", "GiB", _rows(USES4, (20.6, 19.0, 18.0, 14.6)),
+          absolute=True, open=QLORA_OPEN),
     Group("Approx-BP Table 3", "LLaMA-13B, QLoRA r = 64 on all linear, batch 4",
-          f"{LLAMA13} --batch 4 --seq 512 {QLORA}", "peak", "GiB", _rows(USES4, (31.4, 29.0, 27.5, 22.3)),
-          open=QLORA_OPEN),
+          f"{LLAMA13} --batch 4 --seq 640 {QLORA}", "peak", "GiB", _rows(USES4, (31.4, 29.0, 27.5, 22.3)),
+          absolute=True, open=QLORA_OPEN),
     Group("Approx-BP Table 4", "RoBERTa-base, LoRA r = 64 on q, k, fp32, batch 32",
-          "FacebookAI/roberta-base:attn_implementation=eager --task seq-cls --batch 32 --seq 128 --weights fp32 "
+          "FacebookAI/roberta-base:attn_implementation=eager --task seq-cls --batch 32 --seq 256 --weights fp32 "
           "--train lora --lora-r 64 --lora-targets query,key --optimizer adamw", "peak", "MiB",
-          _rows(USES4, (6517, 5438, 6253, 5173)),
-          open="The paper does not print the sequence length: GLUE fine-tuning with transformers' run_glue.py "
-               f"pads every example to its default max_seq_length, 128 tokens, which is used. {EAGER}"),
+          _rows(USES4, (6517, 5438, 6253, 5173)), absolute=True,
+          open="The authors' script (LowMemoryBP experiments/roberta_exp/scripts/finetune_roberta.sh, run_glue.py) "
+               "pads every example to --max_seq_length 256, batch 32, fp32, peft LoRA r = 64 on query and key "
+               "without dropout, and splits the model over 2 GPUs by layers (device_map=\"auto\"); the paper "
+               "reports the sum of the 2 GPUs' peaks, which a layer split keeps equal to one device's peak up to the "
+               f"activations passed between them, so one device is planned. {EAGER}"),
     Group("Approx-BP Table 9", "LLaMA-7B, QLoRA, batch 1: the longest sequence on an RTX 4090 (24 GiB)",
-          f"{LLAMA7} --batch 1 --seq 1024 {QLORA} --budget 24GiB --maximize seq_len --grain 8",
+          f"{LLAMA7_EAGER} --batch 1 --seq 1024 {QLORA} --budget 24GiB --maximize seq_len --grain 8",
           "seq_len", "tokens",
           _rows(USES4, (1354, 1504, 1654, 1979)),
           open="The RTX 4090's 24 GiB is the budget (its CUDA context and allocator slack are not modelled); "
@@ -113,38 +121,58 @@ GROUPS = (
           "%", _rows(("invact",), (-23.4,)), open=""),
 )
 
-_CASTS = ("Under AMP, Hugging Face's ViT LayerNorm returns fp32 and each adapted Linear keeps its own fp16 cast of "
-          "it for its lora_A (q, k, v: three copies of one LayerNorm output, 18.5 MiB each per block at batch 64, "
-          "measured by the planner's per-module saved bytes: `approxbp.plan.stepper(...)(64, 1).saved`), which no "
-          "norm rewrite can share; the paper's timm ViT has one fused qkv Linear and its MS-LN hands the Linears "
-          "one 16-bit z. MS-LN here removes each LayerNorm's fp32 input only.")
-_QUICK = ("CLIP's activation is quick_gelu, x·σ(1.702x), which Hugging Face computes in two ops that save two tensors "
-          "of the fc1 width (8.03 MiB per vision block at batch 1, measured per module) where a GELU saves one; "
-          "InvAct removes both. With GELU in its place InvAct saves −24.0 % (measured: `approxbp plan "
-          "openai/clip-vit-large-patch14:text_config.hidden_act=gelu,vision_config.hidden_act=gelu --task clip --seq "
-          "77 --weights fp32 --use invact`), the paper's −23.4 % within 1 point.")
-_FULL = ("Hugging Face's ViT has separate q, k, v Linears; under AMP each keeps its own fp16 cast of the fp32 "
-         "LayerNorm output (3 × 19.6 MiB per block at batch 64, the planner's per-module saved bytes), where the "
-         "paper's timm ViT has one fused qkv Linear and one copy. The MS-LN rewrite hands all three one shared 16-bit "
-         "z, so here it also removes two copies per block that the paper's model never had: 2 × 19.6 MiB × 12 blocks "
-         "= 470 MiB, 8 % of the ViT-B step, the size of the gap (ViT-L alike).")
-_ADDITIVE = ("The paper's own rows are not additive: together its two rewrites save 6.0 GiB (LLaMA-7B) and 9.1 GiB "
-             "(13B), 1.8 and 2.8 GiB more than the sums of their single rows (1.6 + 2.6, 2.4 + 3.9). They remove "
-             "disjoint saved tensors (SiLU's input; the norms' fp32 inputs), so in a saved-tensor account their "
-             "savings add: measured per block of LLaMA-7B at batch 4 × 512, −37.7 and −61.5 MiB apart, −99.1 MiB "
-             "together.")
-_EAGER_N2 = ("Eager attention, which reproduces the exact row (1400 tokens against 1354), keeps n² scores: 11.5 GiB "
-             "at 1354 tokens and 23.9 GiB at 1979 (measured: the self_attn modules' saved bytes), so with the "
-             "5.4 GiB of weights and optimizer states, 24 GiB holds at most about 1724 tokens even if every other "
-             "activation were freed: no norm or activation rewrite reaches the paper's +22 % and +46 %. With SDPA "
-             "(no n² terms) the exact model holds 2344 tokens, not 1354. No one attention implementation gives the "
-             "table's rows in a saved-tensor account.")
-_SDPA = ("The paper does not say which attention its transformers ran. Eager attention (used here: it gives Table "
-         "9's exact row) keeps n² scores the norms do not touch, which dilutes the MS-norm saving; under SDPA, "
-         "transformers' default since 4.36, MS-RMSNorm saves −11.9 % (LLaMA-7B) and −11.4 % (13B), within 1 point "
-         "of the paper (measured: the same command without `:attn_implementation=eager`).")
+TEST = "tests/approxbp/test_paper_memory.py::"
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why a row is outside the targets, and the test that measures it (a sentence alone explains nothing)."""
+
+    text: str
+    measured_by: str  # a test's node id: path::function
+
+
+_CASTS = Cause(
+    "Under AMP, Hugging Face's ViT LayerNorm returns fp32 and each adapted Linear's lora_A keeps its own fp16 cast "
+    "of it: q, k and v keep three copies of one LayerNorm output, 64·197·768·2 bytes (18.5 MiB) each per block at "
+    "batch 64, which no norm rewrite can share. The authors' ViT (LowMemoryBP experiments/vit_exp/model/lora.py) "
+    "has separate q, k, v Linears too, but its LoRA is an autograd Function that saves its input as given, before "
+    "autocast's cast, so its three adapters share one tensor, which their MS-LN makes 16-bit. That Function is not "
+    "modelled here: MS-LN removes each LayerNorm's fp32 input only.", TEST + "test_hf_vit_keeps_one_cast_per_linear")
+_QUICK = Cause(
+    "CLIP's activation is quick_gelu, x·σ(1.702x), which Hugging Face computes in two ops that save two tensors of "
+    "the fc1 width where a GELU saves one; InvAct removes both. With GELU in its place InvAct saves the paper's "
+    "−23.4 % within 1 point (`approxbp plan openai/clip-vit-large-patch14:text_config.hidden_act=gelu,"
+    "vision_config.hidden_act=gelu --task clip --seq 77 --weights fp32 --use invact`).",
+    TEST + "test_clip_saves_what_the_paper_says_once_its_quick_gelu_is_a_gelu")
+_FULL = Cause(
+    "Hugging Face's ViT has separate q, k, v Linears; under AMP each keeps its own fp16 cast of the fp32 LayerNorm "
+    "output (18.5 MiB each per block at batch 64). The authors' full-tuning ViT (LowMemoryBP "
+    "experiments/vit_exp/model/partial.py) has separate q, k, v too, but its Linear is an autograd Function that "
+    "saves its input as given, so the three share one copy (fp32 behind LayerNorm, 16-bit behind their MS-LN). The "
+    "MS-LN rewrite here hands all three one shared 16-bit z, so it also removes two copies per block that the "
+    "authors' model never had, and its saving comes out larger than the paper's. That Function is not modelled here.",
+    TEST + "test_hf_vit_keeps_one_cast_per_linear")
+_ADDITIVE = Cause(
+    "The paper's own rows are not additive: together its two rewrites save 6.0 GiB (LLaMA-7B) and 9.1 GiB (13B), "
+    "1.8 and 2.8 GiB more than the sums of their single rows (1.6 + 2.6, 2.4 + 3.9). They remove disjoint saved "
+    "tensors (SiLU's input; the norms' fp32 inputs), so in a saved-tensor account their savings add.",
+    TEST + "test_the_two_rewrites_savings_add_on_llama")
+_EAGER_N2 = Cause(
+    "Eager attention, which reproduces the exact row (1400 tokens against 1354), keeps n² scores: at 1979 tokens "
+    "they, the weights and the optimizer states alone exceed 24 GiB, so no norm or activation rewrite reaches the "
+    "paper's +22 % and +46 %. With SDPA (as §6 says: FlashAttention) the exact model holds 2344 tokens, not 1354. No "
+    "one attention implementation gives the table's rows in a saved-tensor account.",
+    TEST + "test_eager_attention_alone_overflows_the_4090_at_the_papers_longest_sequence")
+_OFFSET = Cause(
+    "The authors' set-up (seq 256, batch 32, fp32, LoRA r = 64 on query and key) puts the exact step 860 MiB (13 %) "
+    "above the paper's, and each rewrite saves what the paper's does to within 2 MiB (ReGELU2 1079 MiB, MS-LN 264, "
+    "both 1344): the gap is a constant in the part of the step no rewrite touches (what it is, is not measured: "
+    "the 2023 transformers' eager attention and allocator are candidates), and it carries the patched rows just "
+    "over the 15 % absolute target while their changes are within 3 points.",
+    TEST + "test_roberta_savings_equal_the_papers_to_the_mib")
 #: (table, setup, --use) → the measured cause of a row outside the targets.
-EXPLAINED: dict[tuple[str, str, str], str] = {
+EXPLAINED: dict[tuple[str, str, str], Cause] = {
     ("Approx-BP Table 1", "ViT-B, LoRA r = 4 on all linear", "ms-norm"): _CASTS,
     ("Approx-BP Table 1", "ViT-B, LoRA r = 4 on all linear", "relu-sum-k2+ms-norm"): _CASTS,
     ("InvAct App. A.1", "CLIP ViT-L/14, text length 77, one image per text", "invact"): _QUICK,
@@ -152,8 +180,8 @@ EXPLAINED: dict[tuple[str, str, str], str] = {
        for s in "BL" for u in ("ms-norm", "relu-sum-k2+ms-norm")},
     **{("Approx-BP Table 3", f"LLaMA-{s}, QLoRA r = 64 on all linear, batch 4", "relu-sum-k2+ms-norm"): _ADDITIVE
        for s in ("7B", "13B")},
-    **{("Approx-BP Table 3", f"LLaMA-{s}, QLoRA r = 64 on all linear, batch 4", "ms-norm"): _SDPA
-       for s in ("7B", "13B")},
+    **{("Approx-BP Table 4", "RoBERTa-base, LoRA r = 64 on q, k, fp32, batch 32", u): _OFFSET
+       for u in ("relu-sum-k2", "relu-sum-k2+ms-norm")},
     **{("Approx-BP Table 9", "LLaMA-7B, QLoRA, batch 1: the longest sequence on an RTX 4090 (24 GiB)", u): _EAGER_N2
        for u in ("relu-sum-k2", "ms-norm", "relu-sum-k2+ms-norm")},
 }
@@ -212,8 +240,13 @@ class Row:
         return (a is None or a <= ABSOLUTE) and (p is None or p <= POINTS)
 
     @property
-    def explanation(self) -> str | None:
+    def explanation(self) -> Cause | None:
         return EXPLAINED.get((self.group.table, self.group.setup, self.use))
+
+    @property
+    def status(self) -> str:
+        """within the targets, explained (outside, with a measured cause) or outside (unexplained)."""
+        return "within" if self.within else "explained" if self.explanation else "outside"
 
 
 def reproduce(groups=GROUPS, progress=None) -> list[Row]:
@@ -260,6 +293,11 @@ def _value(x: float, unit: str) -> str:
     return f"{x:+.1f} %" if unit == "%" else f"{x:.0f}" if unit in ("MiB", "tokens", "samples") else f"{x:.2f}"
 
 
+def _with_unit(x: float, unit: str) -> str:
+    """The value and its unit, once (a change in % carries its own sign and %)."""
+    return _value(x, unit) if unit == "%" else f"{_value(x, unit)} {unit}"
+
+
 def _change(x: float | None) -> str:
     return "" if x is None else f" ({x:+.0f} %)"
 
@@ -272,17 +310,18 @@ def markdown(rows: list[Row]) -> str:
                 "|---|---|---|---|---|"]
         for r in (r for r in rows if r.group.table == table):
             u = r.group.unit
-            verdict = "within" if r.within else ("explained¹" if r.explanation else "**outside**")
-            out.append(f"| {r.group.setup} | {METHODS[r.use]} (`{r.use}`) | {_value(r.paper, u)} {u}"
-                       f"{_change(r.paper_change)} | {_value(r.ours, u)} {u}{_change(r.our_change)} | {verdict} |")
+            verdict = {"within": "within", "explained": "outside, explained¹", "outside": "**outside**"}[r.status]
+            out.append(f"| {r.group.setup} | {METHODS[r.use]} (`{r.use}`) | {_with_unit(r.paper, u)}"
+                       f"{_change(r.paper_change)} | {_with_unit(r.ours, u)}{_change(r.our_change)} | {verdict} |")
         groups = dict.fromkeys(r.group for r in rows if r.group.table == table)
         out += ["", "Commands (one per row: add its `--use`):", ""]
         out += [f"- {g.setup}: `approxbp plan {g.command} --use …`" for g in groups]
         notes = dict.fromkeys(g.open for g in groups if g.open)
         out += ["", *[f"- {n}" for n in notes], ""]
-    causes = {r.explanation for r in rows if not r.within and r.explanation}
+    causes = dict.fromkeys(r.explanation for r in rows if r.status == "explained")
     if causes:
-        out += ["¹ Outside the targets, for these measured causes:", "", *[f"- {c}" for c in sorted(causes)], ""]
+        out += ["¹ Outside the targets, for these measured causes (each measured by the test named):", "",
+                *[f"- {c.text} Measured by `{c.measured_by}`." for c in causes], ""]
     return "\n".join(out)
 
 
@@ -291,7 +330,7 @@ def text(rows: list[Row]) -> str:
     lines = []
     for r in rows:
         u = r.group.unit
-        verdict = "within" if r.within else ("explained" if r.explanation else "OUTSIDE")
+        verdict = {"within": "within", "explained": "outside (explained)", "outside": "OUTSIDE"}[r.status]
         lines.append(f"{r.group.table:18} {r.group.setup[:44]:44} {METHODS[r.use]:26} paper {_value(r.paper, u):>7}"
                      f"{_change(r.paper_change):8} ours {_value(r.ours, u):>7}{_change(r.our_change):8} {verdict}")
     return "\n".join(lines)

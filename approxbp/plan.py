@@ -48,6 +48,7 @@ from approxbp.step_memory import (  # noqa: F401 (read from here by callers of 0
     size,
     traced_step,
 )
+from approxbp.tasks import head_of
 
 MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.setup.PRESETS
 #: What :func:`maximize` searches for.
@@ -139,6 +140,10 @@ def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = Tr
                 apply(model, assignment or {}, ms_norm, inputs)
             step = measure(model, inputs, setup, traced)
             step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
+            step.lora = tuple(sorted({n.rpartition(".")[2] for n, m in model.named_modules()
+                                      if isinstance(m, LoRALinear)}))
+            if hasattr(builder, "config"):
+                step.head = "{} ({})".format(*head_of(builder.config, setup.task))
             return step
 
     def run(batch: int, seq: int, assignment: dict[str, str] | None = None, ms_norm: bool = False) -> StepMemory:
@@ -214,7 +219,8 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
         target -= after.peak - budget
     else:
         raise ValueError(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
-    return Plan(model_text, as_setup(mode).describe(), batch, seq if base.uses_seq else None, budget, _summary(base),
+    return Plan(model_text, as_setup(mode).describe(base.lora, base.head), batch, seq if base.uses_seq else None,
+                budget, _summary(base),
                 _summary(after),
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                      **options[layers[p]][o]} for p, o in choice.items()},
@@ -267,7 +273,8 @@ def evaluate_each(model_text: str, batch: int, seq: int, mode: str | Setup, uses
         after = step(batch, seq, assignment, ms) if ms or set(assignment.values()) - {"exact"} else base
         layers = {p: {"activation": base.layers[p], "option": o, "table": option_table(base.layers[p], o),
                       "error": gradient_error(base.layers[p], o)} for p, o in assignment.items()}
-        plans.append(Plan(model_text, as_setup(mode).describe(), batch, seq if base.uses_seq else None, budget,
+        plans.append(Plan(model_text, as_setup(mode).describe(base.lora, base.head), batch,
+                          seq if base.uses_seq else None, budget,
                           _summary(base), _summary(after), layers, {}, {"chosen": ms, "saving": None}, None, checkpoint,
                           bool(base.moment), use))
     return plans

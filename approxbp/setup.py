@@ -74,21 +74,22 @@ class Setup:
         """The dtype modules are built in: nf4's base Linears compute in bf16 (QLoRA's compute dtype)."""
         return DTYPES.get(self.weights, torch.bfloat16)
 
-    def describe(self) -> str:
-        """One line: ``bf16`` for the bf16 preset, else every option that differs from it."""
-        for name, preset in PRESETS.items():
-            if preset == self:
-                return name
-        parts = [f"{self.weights} weights", *([f"{self.autocast} autocast"] if self.autocast != "off" else []),
-                 {"full": "full training", "none": "no training"}.get(self.train, (
-                     "LoRA-FA" if self.train == "lora-fa" else "LoRA") + " on " + (
-                     self.lora_targets if isinstance(self.lora_targets, str) else "/".join(self.lora_targets))),
-                 *([f"{self.adapters} adapters"] if self.adapters != "auto" else []),
-                 *([f"{self.norms} norms"] if self.norms != "auto" else []),
-                 self.optimizer, *(["compiled"] if self.compile else []),
-                 *([f"sharded over {self.shard}"] if self.shard > 1 else []),
-                 *([f"task {self.task}"] if self.task else [])]
-        return ", ".join(parts)
+    def describe(self, lora: tuple[str, ...] = (), head: str = "") -> str:
+        """One line: the preset's name (``bf16``, ``lora``, …) or every option that differs from bf16; ``lora``: the
+        Linears LoRA actually adapted (named instead of the candidate targets); ``head``: the head built and why."""
+        targets = self.lora_targets if isinstance(self.lora_targets, str) else "/".join(self.lora_targets)
+        adapted = "/".join(lora) + (" (all-linear)" if targets == "all-linear" else "") if lora else targets
+        preset = next((name for name, p in PRESETS.items() if p == self), None)
+        parts = [preset, *([f"LoRA on {adapted}"] if lora else [])] if preset else [
+            f"{self.weights} weights", *([f"{self.autocast} autocast"] if self.autocast != "off" else []),
+            {"full": "full training", "none": "no training"}.get(
+                self.train, ("LoRA-FA" if self.train == "lora-fa" else "LoRA") + " on " + adapted),
+            *([f"{self.adapters} adapters"] if self.adapters != "auto" else []),
+            *([f"{self.norms} norms"] if self.norms != "auto" else []),
+            self.optimizer, *(["compiled"] if self.compile else []),
+            *([f"sharded over {self.shard}"] if self.shard > 1 else [])]
+        parts.append(f"head {head}" if head else f"task {self.task}" if self.task else "")
+        return ", ".join(p for p in parts if p)
 
 
 #: ``--mode`` presets: bf16 weights all trained; fp32 weights under bf16 autocast; frozen bf16 weights with LoRA on

@@ -42,6 +42,8 @@ class StepMemory:
     moment: str = ""  # a traced step's peak: "backward of model.layers.3"; "": the end of the forward
     uses_seq: bool = True  # False: the model's inputs do not depend on --seq (an image model)
     blocks_measured: tuple[int, ...] = ()  # (2, 3): extrapolated from models of that many blocks; (): measured whole
+    lora: tuple[str, ...] = ()  # the names of the Linears LoRA adapted (what --lora-targets matched)
+    head: str = ""  # the head the model was built with, and why (approxbp.tasks.head_of)
 
     @property
     def block_units(self) -> float | None:

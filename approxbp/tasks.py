@@ -2,8 +2,9 @@
 issue 33 item 1). Each task builds the Hugging Face model class that carries its head and gives labels, so the
 model computes its own training loss (cross-entropy on the logits, CLIP's contrastive loss) as a training step does.
 
-Without ``--task`` the head is the one the config's ``architectures`` names, else causal-lm (image-cls for a
-vision config). The sequence length is the text's; an image's or a spectrogram's patches are fixed by the config.
+Without ``--task`` the head is the one the config's ``architectures`` names, else the family's natural
+head: masked-lm for an encoder, causal-lm for a decoder, image-cls for a vision config. The sequence length is the
+text's; an image's or a spectrogram's patches are fixed by the config.
 """
 
 from __future__ import annotations
@@ -43,17 +44,31 @@ def is_vision(config) -> bool:
 
 
 def task_of(config, task: str | None = None) -> str:
-    """``task`` if given, else the one the config's ``architectures`` names, else causal-lm (image-cls for a vision
-    config)."""
+    """The head a step is planned with (:func:`head_of`)."""
+    return head_of(config, task)[0]
+
+
+def head_of(config, task: str | None = None) -> tuple[str, str]:
+    """(head, why): ``task`` if given, else the one the config's ``architectures`` names, else the family's natural
+    head: image-cls for a vision config, masked-lm for an encoder (a model type with a masked-LM head that is not a
+    decoder: BERT, RoBERTa, …), causal-lm otherwise."""
     if task is not None:
         if task not in TASKS:
             raise ValueError(f"--task {task!r}: expected one of {', '.join(TASKS)}")
-        return task
+        return task, "--task"
     for arch in getattr(config, "architectures", None) or ():
         named = [(len(t.suffix), name) for name, t in TASKS.items() if arch.endswith(t.suffix)]
         if named:
-            return max(named)[1]
-    return "image-cls" if is_vision(config) else "causal-lm"
+            return max(named)[1], f"named by the config's architectures: {arch}"
+    if is_vision(config):
+        return "image-cls", "natural for a vision config: it names no architectures"
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    encoder = (getattr(config, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+               and not getattr(config, "is_decoder", False) and not getattr(config, "is_encoder_decoder", False))
+    if encoder:
+        return "masked-lm", "natural for an encoder: the config names no architectures"
+    return "causal-lm", "natural for a decoder: the config names no architectures"
 
 
 def inputs_for(config, task: str) -> Inputs:

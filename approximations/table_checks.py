@@ -26,10 +26,12 @@ from .table_schema import (
     TableError,
     branches_of,
     fail,
+    finite,
     floats,
     kind,
     need,
     number,
+    number_text,
 )
 
 
@@ -155,9 +157,9 @@ def _check_branch(t: dict, side: str, where: str) -> None:
     coeffs = need(b, "coefficients", dict, f"{where} {side}")
     if len(coeffs) > MAX_COEFFICIENTS:
         fail(where, f"{side}.coefficients", f"{len(coeffs)} coefficients; a form has at most {MAX_COEFFICIENTS}")
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-               for v in coeffs.values()):
-        fail(where, f"{side}.coefficients", "must map names to finite numbers")
+    for name, v in coeffs.items():
+        if finite(v) is None:
+            fail(where, f"{side}.coefficients.{name}", f"not a finite float ({number_text(v)})")
     lo, hi = floats(b, "domain", f"{where} {side}", 2)
     if not lo < hi:
         fail(where, f"{side}.domain", f"must be [f(T), end] ascending, got {[lo, hi]}")

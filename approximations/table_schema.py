@@ -59,25 +59,46 @@ def fail(where: str, field: str, msg: str):
 def need(t: dict, field: str, types, where: str):
     if field not in t:
         fail(where, field, "missing")
-    if not isinstance(t[field], types) or isinstance(t[field], bool):
-        fail(where, field, f"expected {types}, got {type(t[field]).__name__} {t[field]!r:.80}")
-    return t[field]
+    v = t[field]
+    if not isinstance(v, types) or isinstance(v, bool):
+        fail(where, field, f"expected {types}, got {type(v).__name__} {v!r:.80}")
+    if isinstance(v, int | float) and float in (types if isinstance(types, tuple) else (types,)) and finite(v) is None:
+        fail(where, field, f"not a finite float ({number_text(v)})")
+    return v
+
+
+def finite(v) -> float | None:
+    """``v`` as a finite float64, or None: not a JSON number (a string, a bool), NaN, ±inf, or an integer too large
+    for a float (JSON allows 10**400), which is checked before any arithmetic."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def number_text(v) -> str:
+    """What a value that is not a finite float is, in a few words."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"an integer of about {int(v.bit_length() * 0.30103) + 1} digits, too large for a float"
+    return f"{type(v).__name__} {v!r:.40}"
 
 
 def floats(t: dict, field: str, where: str, n: int | None = None) -> np.ndarray:
     v = need(t, field, list, where)
-    if not all(isinstance(e, int | float) and not isinstance(e, bool) for e in v):
-        fail(where, field, "expected a list of numbers")
-    arr = np.asarray(v, dtype=np.float64)
-    if not np.all(np.isfinite(arr)):
-        fail(where, field, "contains NaN or ±inf")
+    for i, e in enumerate(v):
+        if finite(e) is None:
+            fail(where, field, f"element {i} is not a finite float ({number_text(e)})")
+    arr = np.asarray([float(e) for e in v], dtype=np.float64)
     if n is not None and arr.size != n:
         fail(where, field, f"expected {n} numbers, got {arr.size}")
     return arr
 
 
 def number(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    return finite(v) is not None
 
 
 def kind(t: dict, where: str) -> str:

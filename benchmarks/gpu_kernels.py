@@ -166,7 +166,8 @@ def correctness_rows(device, dtype) -> list[dict]:
             "MS-layernorm": MSLayerNorm(shape[-1]), "MS-rmsnorm": MSRMSNorm(shape[-1])}
     calls = {k: (lambda t, m=m: m(t[0]), 1) for k, m in mods.items()}
     for name in ("silu", "gelu"):
-        calls[f"exact fused GLU ({name})"] = (lambda t, spec=GLUSpec(name): glu(t[0], t[1], spec), 2)
+        spec = GLUSpec(name)
+        calls[f"exact fused GLU ({name})"] = (lambda t, spec=spec: glu(t[0], t[1], spec), 2)
 
     def run(fn, ins, g):
         ins = [t.detach().clone().requires_grad_(True) for t in ins]

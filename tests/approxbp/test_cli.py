@@ -91,8 +91,17 @@ def test_the_verdicts_live_in_reproduce_and_fail_loudly():
     assert invact_verdicts(rows) == [("InvAct gelu left", True), ("InvAct gelu right", False)]
     assert bdia_verdict({"quantised": 0.0, "plain": 3.0}) == ("BDIA", True)
     assert bdia_verdict({"quantised": 1e-9, "plain": 3.0}) == ("BDIA", False)
-    assert verdict([("a", True), ("b", True)]) == (True, "all 2 rows match or beat the papers")
-    assert verdict([("a", True), ("b", False)]) == (False, "FAILED: b")
+    assert verdict([("a", True), ("b", "within")]) == (
+        True, "all 2 rows within the papers' targets (each matches or beats its paper)")
+    assert verdict([("a", True), ("b", False)]) == (
+        False, "1 of 2 rows within the papers' targets, 0 outside with a measured cause, 1 outside unexplained; "
+               "FAILED (unexplained): b")
+    ok, line = verdict([("a", True), ("b", "explained"), ("c", "explained")])
+    assert ok and line == ("1 of 3 rows within the papers' targets, 2 outside with a measured cause, "
+                           "0 outside unexplained")
+    assert "match" not in line  # an explained row is outside its target, never a match
+    with pytest.raises(ValueError, match="row status 'ok'"):
+        verdict([("a", "ok")])
 
 
 LLAMA_TINY = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
@@ -104,12 +113,36 @@ LLAMA_TINY = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
     (["plan", "module:nosuch.module:f"], "cannot import nosuch.module"),
     (["plan", "module:os:nope"], "os has no nope"),
     (["plan", "module:os"], "expected module:package.module:factory"),
+    (["plan", "llama:hiden=64"], "hiden: the LlamaConfig has no field 'hiden' (did you mean 'hidden'?)"),
+    (["plan", "openai/clip-vit-large-patch14:vision_config.hiden_act=gelu"], "CLIPVisionConfig has no field"),
 ])
 def test_bad_models_are_refused_in_one_line(argv, says, capsys):
     """Each of these printed a traceback."""
     assert main([*argv, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_known_keys_that_transformers_consumes_are_taken():
+    """rope_theta (read into rope_parameters) and attn_implementation (kept privately) are not config fields but
+    do something: they are not refused as unknown."""
+    from approxbp import plan as P
+
+    model, _ = P.model_spec(LLAMA_TINY + ",rope_theta=1000,attn_implementation=eager")()
+    assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("model, head, lora", [
+    ("bert:hidden=64,layers=2,heads=4,intermediate=128,vocab=100",
+     "head masked-lm (natural for an encoder: the config names no architectures)", "LoRA on query/value"),
+    (LLAMA_TINY, "head causal-lm (natural for a decoder: the config names no architectures)", "LoRA on q_proj/v_proj"),
+])
+def test_the_plan_header_names_the_head_and_the_modules_lora_adapted(model, head, lora, capsys):
+    """A config without architectures gets its family's natural head (an encoder was planned as BertLMHeadModel, a
+    causal LM), and the header names the Linears LoRA matched, not the list of candidate names."""
+    assert main(["plan", model, "--seq", "16", "--mode", "lora", "--use", "exact", "--no-progress"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert head in header and lora in header and "c_attn" not in header, header
 
 
 def test_a_bare_config_string_is_taken_as_text():

@@ -11,6 +11,7 @@ import pytest
 from approxbp import paper_memory as M
 from approxbp import plan as P
 from approxbp.cli import build_parser
+from approxbp.commands.plan import parse, setup_of
 from approxbp.setup import Setup
 
 pytest.importorskip("transformers")
@@ -35,7 +36,6 @@ def test_every_row_is_one_plan_command_on_a_shipped_config():
 
 @pytest.mark.parametrize("table, setup", [("Approx-BP Table 1", "ViT-B, LoRA r = 4 on q, v"),
                                           ("Approx-BP Table 1", "ViT-B, LoRA-FA r = 4 on q, v"),
-                                          ("Approx-BP Table 4", "RoBERTa-base"),
                                           ("InvAct App. A.1", "ViT-B")])
 def test_rows_come_within_the_papers_printed_values(table, setup):
     rows = M.reproduce([_group(table, setup)])
@@ -72,18 +72,74 @@ def test_reproduce_memory_prints_the_rows_and_fails_an_unexplained_one(monkeypat
     group = _group("InvAct App. A.1", "ViT-B")
     monkeypatch.setattr(M, "GROUPS", (group,))
     monkeypatch.setattr(M.reproduce, "__defaults__", ((group,), None))
-    assert reproduce.memory_rows(progress=False) == [(f"{group.table}, {group.setup}, InvAct", True)]
+    assert reproduce.memory_rows(progress=False) == [(f"{group.table}, {group.setup}, InvAct", "within")]
     assert "paper -23.8 %" in capsys.readouterr().out
     wrong = M.Group(group.table, group.setup, group.command, group.what, group.unit, (("invact", -40.0),))
     monkeypatch.setattr(M.reproduce, "__defaults__", ((wrong,), None))
-    assert reproduce.memory_rows(progress=False)[0][1] is False
+    assert reproduce.memory_rows(progress=False)[0][1] == "outside"
 
 
-def test_under_sdpa_ms_rmsnorm_saves_what_table_3_prints():
-    """The cause given for Table 3's MS-norm rows: without eager attention's n² scores, LLaMA-7B's MS-RMSNorm row
-    is within 1 point of the paper's (20.6 → 18.0 GiB)."""
-    group = _group("Approx-BP Table 3", "LLaMA-7B")
-    sdpa = M.Group(group.table, group.setup, group.command.replace(":attn_implementation=eager", ""), group.what,
-                   group.unit, group.rows[:1] + group.rows[2:3])
-    exact, ms = M.reproduce([sdpa])
-    assert abs(ms.our_change - ms.paper_change) < 1
+@pytest.mark.slow
+def test_table_3_on_the_authors_set_up_comes_within_its_single_rewrite_rows():
+    """LLaMA-7B QLoRA as the authors ran it (SDPA as §6 says, 512 + 128 tokens): exact, ReSiLU2 and MS-RMSNorm rows
+    within the targets (the combined row is the paper's non-additive one, explained)."""
+    rows = M.reproduce([_group("Approx-BP Table 3", "LLaMA-7B")])
+    assert [r.status for r in rows] == ["within", "within", "within", "explained"], M.text(rows)
+
+
+@pytest.mark.parametrize("train, adapted", [("lora", "lora_A"), ("full", None)])
+def test_hf_vit_keeps_one_cast_per_linear(train, adapted):
+    """The cause given for Tables 1 (all linear) and 2: under AMP, Hugging Face's ViT-B keeps three fp16 casts of one
+    fp32 LayerNorm output, one per q, k, v Linear (its lora_A when adapted), each b·n·d·2 bytes."""
+    group = _group("Approx-BP Table 1" if train == "lora" else "Approx-BP Table 2",
+                   "ViT-B, LoRA r = 4 on all" if train == "lora" else "ViT-B, full")
+    args = parse(shlex.split(M.command(group, "exact"))[2:])
+    step = P.stepper(args.model, setup_of(args), args.lora_r)(64, 1)
+    cast = 64 * 197 * 768 * 2
+    for name in ("q_proj", "k_proj", "v_proj"):
+        key = f"vit.layers.1.attention.{name}" + (f".{adapted}" if adapted else "")
+        weight_cast = (4 if adapted else 768) * 768 * 2  # and its own weight's fp16 cast (lora_A: r = 4 rows)
+        assert step.saved[key] == cast + weight_cast, (key, step.saved[key])
+
+
+@pytest.mark.slow
+def test_the_two_rewrites_savings_add_on_llama():
+    """The cause given for Table 3's combined rows: ReSiLU2 and MS-RMSNorm remove disjoint saved tensors, so in a
+    saved-tensor account the saving of both is the sum of each one's (within 1 %), unlike the paper's rows."""
+    rows = {r.use: r for r in M.reproduce([_group("Approx-BP Table 3", "LLaMA-7B")])}
+    saved = {u: rows["exact"].ours - rows[u].ours for u in ("relu-sum-k2", "ms-norm", "relu-sum-k2+ms-norm")}
+    both = saved["relu-sum-k2"] + saved["ms-norm"]
+    assert abs(saved["relu-sum-k2+ms-norm"] - both) < 0.01 * both, saved
+    paper = {r.use: r.paper for r in rows.values()}
+    assert paper["exact"] - paper["relu-sum-k2+ms-norm"] > 1.5 + (2 * paper["exact"] - paper["relu-sum-k2"]
+                                                                  - paper["ms-norm"])
+
+
+def test_every_cause_names_a_test_that_exists():
+    """An explained row points to the test that measures its cause (never a sentence alone)."""
+    import ast
+
+    root = Path(__file__).parents[2]
+    for cause in set(M.EXPLAINED.values()):
+        path, _, name = cause.measured_by.partition("::")
+        tree = ast.parse((root / path).read_text())
+        assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, cause.measured_by
+
+
+def test_roberta_savings_equal_the_papers_to_the_mib():
+    """The cause given for Table 4's patched rows: on the authors' set-up every rewrite saves what the paper's does
+    (within 2 MiB), so the absolute gap is a constant in the unpatched part of the step (860 MiB above the paper)."""
+    rows = {r.use: r for r in M.reproduce([_group("Approx-BP Table 4", "RoBERTa-base")])}
+    exact = rows.pop("exact")
+    assert exact.status == "within" and 800 < exact.ours - exact.paper < 920
+    for r in rows.values():
+        assert abs((exact.ours - r.ours) - (exact.paper - r.paper)) < 2, (r.use, exact.ours - r.ours)
+        assert r.status == ("within" if r.use == "ms-norm" else "explained"), M.text([r])
+
+
+def test_a_change_in_percent_prints_its_unit_once():
+    """InvAct's rows printed "−22.9 % %" on the docs page."""
+    group = _group("InvAct App. A.1", "ViT-B")
+    row = M.Row(group, "invact", -23.8, -23.7, None, None, 1.0)
+    table = M.markdown([row])
+    assert "| -23.8 % | -23.7 % | within |" in table and "% %" not in table

@@ -64,6 +64,38 @@ def test_reader_names_file_and_field(tmp_path, mutate, field):
         T.load(p)
 
 
+@pytest.mark.parametrize("mutate, field, says", [
+    (lambda t: t["levels"].__setitem__(1, 10**400), "levels", "element 1 is not a finite float (an integer of about 401"),
+    (lambda t: t["knots"].__setitem__(0, "1e309"), "knots", "element 0 is not a finite float (str '1e309')"),
+    (lambda t: t.update(loss=10**400), "loss", "not a finite float (an integer of about 401 digits"),
+    (lambda t: t["interval"].__setitem__(1, float("inf")), "interval", "element 1 is not a finite float (float inf)"),
+])
+def test_hostile_numbers_are_refused_before_any_arithmetic(tmp_path, mutate, field, says):
+    """An integer too large for a float ended `approxbp tables` with OverflowError; every numeric field is checked
+    as a finite float first, in one line naming file and field."""
+    t = _good()
+    mutate(t)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(t))
+    with pytest.raises(T.TableError, match=f"bad.json: field '{field}': ") as err:
+        T.load(p)
+    assert says in str(err.value)
+
+
+def test_a_hostile_invact_coefficient_is_named(tmp_path):
+    """A coefficient "1e309" (a string) was refused without naming file or field."""
+    t = json.loads(T.resolve("invact/gelu-fast").read_text())
+    name = next(iter(t["left"]["coefficients"]))
+    for value, says in (("1e309", "str '1e309'"), (10**400, "an integer of about 401 digits")):
+        t["left"]["coefficients"][name] = value
+        p = tmp_path / "inv.json"
+        p.write_text(json.dumps(t))
+        with pytest.raises(T.TableError, match=f"inv.json: field 'left.coefficients.{name}': not a finite float"):
+            T.load(p)
+        with pytest.raises(T.TableError, match=says):
+            T.load(p)
+
+
 def test_unparsable_json_and_missing_file(tmp_path):
     p = tmp_path / "x.json"
     p.write_text("{")
