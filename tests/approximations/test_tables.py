@@ -65,7 +65,8 @@ def test_reader_names_file_and_field(tmp_path, mutate, field):
 
 
 @pytest.mark.parametrize("mutate, field, says", [
-    (lambda t: t["levels"].__setitem__(1, 10**400), "levels", "element 1 is not a finite float (an integer of about 401"),
+    (lambda t: t["levels"].__setitem__(1, 10**400), "levels",
+     "element 1 is not a finite float (an integer of about 401"),
     (lambda t: t["knots"].__setitem__(0, "1e309"), "knots", "element 0 is not a finite float (str '1e309')"),
     (lambda t: t.update(loss=10**400), "loss", "not a finite float (an integer of about 401 digits"),
     (lambda t: t["interval"].__setitem__(1, float("inf")), "interval", "element 1 is not a finite float (float inf)"),
