@@ -106,8 +106,8 @@ def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: 
              for parent_name, parent in model.named_modules() for child_name, child in parent.named_children()
              if not (isinstance(parent, GatedMLP) and child_name == parent.layout.act)]  # the fused op computes it
     for pattern, group in by_pattern(sites, lambda site: site[0]):
-        with savings.group(f"{pattern} (activations)"):
-            for where, parent, child_name, child in group:
+        for sites_ in savings.attempts(f"{pattern} (activations)", group, lambda site: site[0]):
+            for where, parent, child_name, child in sites_:
                 chosen = tables.get(where) if isinstance(tables, Mapping) else None
                 if chosen == "exact":
                     report.skipped.append(f"{where} ({type(child).__name__}): exact by choice")

@@ -183,18 +183,33 @@ _PROVEN: dict = {}
 
 
 def _proof_key(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor):
-    """What a proof depends on: the class, its plain attributes, every parameter's path and shape, the layout, the
-    activation and the input's feature size (the weights are random in the proof, so their values do not matter)."""
-    plain = sorted((k, v) for k, v in vars(module).items() if isinstance(v, int | float | str | bool))
+    """What a proof depends on, or None (prove this instance): every submodule's class and plain attributes, every
+    tensor attribute that is neither parameter nor buffer by its values (the proof reads it as it is), every
+    parameter's path and shape (their values are random in the proof, so they do not matter), the layout, the
+    activation and the input's feature size. A tensor attribute whose values cannot be read (fake) gives None."""
+    parts = []
+    for path, m in module.named_modules():
+        own = {*m._parameters, *m._buffers}
+        plain = sorted((k, v) for k, v in vars(m).items() if isinstance(v, int | float | str | bool))
+        tensors = []
+        for k, v in sorted(vars(m).items()):
+            if isinstance(v, torch.Tensor) and k not in own:
+                if v.is_meta or type(v).__name__ == "FakeTensor":
+                    return None
+                data = v.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+                tensors.append((k, tuple(v.shape), str(v.dtype), hash(data)))
+        parts.append((path, type(m), tuple(plain), tuple(tensors)))
     shapes = tuple((n, tuple(p.shape)) for n, p in module.named_parameters())
-    return type(module), tuple(plain), shapes, layout, act, x.dim(), x.shape[-1] if x.dim() else None
+    return tuple(parts), shapes, layout, act, x.dim(), x.shape[-1] if x.dim() else None
 
 
 def prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:
     """Why ``GatedMLP(module, layout, act)`` may not replace ``module`` (None when it may): both run in float64,
     with random weights, on random inputs of ``x``'s feature size (a few rows) at three scales and must agree to
-    1e-9 relative. Cached per :func:`_proof_key`."""
+    1e-9 relative. Cached per :func:`_proof_key` (never across modules that differ in anything the forward reads)."""
     key = _proof_key(module, layout, act, x)
+    if key is None:
+        return _prove(module, layout, act, x)
     if key not in _PROVEN:
         _PROVEN[key] = _prove(module, layout, act, x)
     return _PROVEN[key]

@@ -49,8 +49,8 @@ def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_i
              if wanted(name) and not isinstance(modules[name], GatedMLP)}
     found = {name: f for name, f in found.items() if f is not None}
     for pattern, group in by_pattern(list(found)):
-        with savings.group(f"{pattern} (gated MLPs)"):
-            for name in group:
+        for names in savings.attempts(f"{pattern} (gated MLPs)", group):
+            for name in names:
                 how = found[name]
                 why = (FILTERED if not config.wants(modules[name], name) else how if isinstance(how, str)
                        else _why_not_fused(modules, name, *how, records[name].x))

@@ -9,7 +9,6 @@ from torch import nn
 
 from . import swaps
 from .norm_consumers import (
-    RETURNED,
     consumers_by_dispatch,
     consumers_by_fx,
     data_dependent_branches,
@@ -22,19 +21,15 @@ from .norm_merge import (
     consumer_features,
     is_mergeable_norm,
     keep_affine,
-    merge_norm,
     proven_form,
-    refuse_stock_state_dicts,
 )
 from .rewrite import (
     FILTERED,
-    HOOK_TABLES,
     PatchConfig,
     PatchReport,
     Savings,
     Undo,
     by_pattern,
-    hooks_of,
     move_hooks,
     replace,
 )
@@ -70,8 +65,8 @@ def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input
             _wrap_new_consumers(model, modules, name, consumers, other, report, undo)
     new = [n for n in found if swaps.merged(modules[n]) is None and not swaps.kept_affine(modules[n])]
     for pattern, group in by_pattern(new):
-        with savings.group(f"{pattern} (norms)"):
-            for name in group:
+        for names in savings.attempts(f"{pattern} (norms)", group):
+            for name in names:
                 if not config.wants(modules[name], name):
                     report.skipped.append(f"{name}: {FILTERED}")
                     continue
@@ -79,112 +74,52 @@ def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input
 
 
 def _rewrite_norm(model, modules, name, consumers, other, unproven, shared, foreign, report, undo) -> None:
-    """One norm: MS-norm merged into its frozen consumers (eq. 58), or kept affine in wrapped trainable ones."""
-    free = sorted(other) if consumers and other and all(map(_keeps_nothing, other)) else []
-    ops_only = sorted(other) if not consumers and other and not any(map(_mutates, other)) else []
-    why = unproven.get(name) or _why_not_rewritten(modules, name, consumers, set() if free else other,
-                                                   ops_only=bool(ops_only))
+    """One norm becomes a shared-output MS-norm: it returns the stock y = α⊙z + β (every reader, in any call, mode
+    or wrapper added later, sees the stock value) with z attached, saves z and σ⁻¹ in place of its input, and its
+    plain Linear consumers save that z in place of y (:class:`~.norm_merge.NormInputLinear`). Readers that are not
+    plain Linears read y as they always did; at worst they keep it alive (less saving, never a wrong number)."""
+    plain = [c for c in consumers if _plain_linear(modules[c])]
+    readers = sorted(other) + [f"{c} (own forward)" for c in consumers if c not in plain]
+    why = unproven.get(name) or _why_not_rewritten(modules, name, plain)
     if why:
         report.skipped.append(f"{name}: {why}")
         return
-    if free or ops_only or _trainable(modules[name], [modules[c] for c in consumers if not _is_adapter(c)]):
-        ms, wrapped = keep_affine(modules[name], [modules[c] for c in consumers], shared_output=bool(free or ops_only))
-        replace(model, modules, name, ms, undo)
-        for c, w in zip(consumers, wrapped):
-            move_hooks(modules[c], w)  # forward hooks see the same output (the others block: hooks)
-            replace(model, modules, c, w, undo)
-        made = f"{name} → {type(ms).__name__}"
-        report.norms.append(
-            f"{made}, saving z and σ⁻¹ in place of its input; its readers get α⊙z + β ({'; '.join(ops_only)})"
-            if ops_only else f"{made}, α, β kept and applied by {consumers}"
-            + (f"; {', '.join(free)} (keeping nothing for backward) read α⊙z + β" if free else ""))
-        return
-    why = _why_not_merged(modules, consumers, shared, foreign)
-    if why:
-        report.skipped.append(f"{name}: {why}")
-        return
-    adapters = [c for c in consumers if _is_adapter(c)]
-    base = [c for c in consumers if c not in adapters]
-    if not base:
-        report.skipped.append(f"{name}: only adapter Linears ({adapters}) read it; nothing to merge into")
-        return
-    norm = modules[name]
-    for c in base:
-        undo.keep_linear(modules[c])
-    ms = merge_norm(norm, [modules[c] for c in base])
-    refuse_stock_state_dicts(model)
+    ms, wrapped = keep_affine(modules[name], [modules[c] for c in plain], shared_output=True)
+    move_hooks(modules[name], ms)  # hooks see the stock output y
     replace(model, modules, name, ms, undo)
-    _wrap_adapters(model, modules, norm, adapters, undo)
-    report.norms.append(f"{name} → {type(ms).__name__} merged into {base}"
-                        + (f"; adapters {adapters} apply its α, β to their input" if adapters else ""))
+    for c, w in zip(plain, wrapped):
+        move_hooks(modules[c], w)  # and the stock input and output of each consumer
+        replace(model, modules, c, w, undo)
+    report.norms.append(f"{name} → {type(ms).__name__}: returns α⊙z + β as stock, saves z and σ⁻¹ in place of its "
+                        f"input" + (f"; {plain} save z in place of its output" if plain else "")
+                        + (f"; {', '.join(readers)} read its output as stock" if readers else ""))
 
 
-#: Ops that keep nothing of a norm's output for backward: a norm whose other readers are only these (or the model's
-#: return: a hidden state) becomes a shared-output MS-norm (post-LN encoders' residual add, Swin's pad).
-KEEPS_NOTHING = ("add", "sub", "constant_pad_nd")
+def _plain_linear(module: nn.Module) -> bool:
+    """An nn.Linear (or Hugging Face Conv1D) whose forward is the stock one: wrapping it changes only what it
+    saves. A subclass with its own forward is left to read y (its forward would be dropped otherwise)."""
+    kind = type(module)
+    if kind.__name__ == "Conv1D":
+        return True
+    return isinstance(module, nn.Linear) and kind.forward is nn.Linear.forward
 
 
-def _keeps_nothing(reader: str) -> bool:
-    """``reader`` (an entry of a norm's other readers: ``op`` or ``op in module``) is an op in :data:`KEEPS_NOTHING`,
-    or the model's return (a shared-output MS-norm returns the stock value)."""
-    return reader.split(" in ")[0] in KEEPS_NOTHING or reader == RETURNED
-
-
-def _mutates(reader: str) -> bool:
-    """``reader`` (an entry of a norm's other readers) writes into the norm's output: an in-place op (``add_``,
-    ``index_put_``) or an item assignment. A norm that returns α⊙z + β must not see it written (z is saved)."""
-    op = reader.split(" in ")[0]
-    return op.endswith("_") or op == "setitem"
-
-
-def _why_not_rewritten(modules: dict, name: str, consumers: list[str], other: set[str],
-                       ops_only: bool = False) -> str | None:
-    """Why the norm ``name`` may not become an MS-norm read by ``consumers`` (None when it may). ``ops_only``: no
-    Linear reads it, only ops that do not write into it (``other``): it then saves z and σ⁻¹ in place of its input
-    and returns α⊙z + β (a post-norm before a residual add, a QK-norm before RoPE)."""
+def _why_not_rewritten(modules: dict, name: str, consumers: list[str]) -> str | None:
+    """Why the norm ``name`` may not become a shared-output MS-norm whose plain Linear ``consumers`` save z (None
+    when it may). Other readers never stop it: they read the stock y."""
     norm = modules[name]
-    if not ops_only and (other or not consumers):
-        mutating = sorted(filter(_mutates, other))
-        return ("output feeds something other than Linear layers" + (f" ({', '.join(sorted(other))})" if other else "")
-                + (f", and {', '.join(mutating)} write(s) into it" if mutating and not consumers else ""))
-    if hooks := hooks_of(norm):
-        return f"has {', '.join(hooks)}; rewritten, it would return z, so they would see another tensor"
-    for c in consumers:
-        if hooks := hooks_of(modules[c], HOOK_TABLES[1:]):
-            return f"consumer {c} has {', '.join(hooks)}; they would see z, not the norm's output α⊙z + β"
     dim = proven_form(norm).dim
     wrong = [c for c in consumers if consumer_features(modules[c])[0] != dim]
     if wrong:
         return f"consumer(s) {wrong} do not read its {dim} features as their input features"
     own = {p.dtype for p in norm.parameters()}  # QLoRA keeps norms in fp32 over a bf16 model: α⊙z is then fp32,
-    theirs = {w.dtype for c in consumers  # which a merged form, computing in the Linears' dtype, would not be
+    theirs = {w.dtype for c in consumers  # which the consumers, computing α⊙z + β in z's dtype, would not be
               if isinstance(w := getattr(getattr(modules[c], "base_layer", modules[c]), "weight", None), torch.Tensor)}
     if own and theirs and not own <= theirs:
         return (f"its {'/'.join(sorted(str(d).removeprefix('torch.') for d in own))} weights promote what its "
-                f"{'/'.join(sorted(str(d).removeprefix('torch.') for d in theirs))} readers get; merged, they would "
-                "not (left as it is)")
+                f"{'/'.join(sorted(str(d).removeprefix('torch.') for d in theirs))} readers get; rewritten, they "
+                "would not (left as it is)")
     return None
-
-
-def _why_not_merged(modules: dict, consumers: list[str], shared: set[int], foreign: dict) -> str | None:
-    """Why a frozen norm's affine may not be folded into its consumers' weights (eq. 58; None when it may)."""
-    if any(type(modules[c]).__name__ == "Conv1D" for c in consumers):
-        return "frozen, but a consumer is a Conv1D; merging folds into nn.Linear only"
-    tied = [c for c in consumers if any(p.untyped_storage()._cdata in shared
-                                        for p in modules[c].parameters(recurse=False))]
-    if tied:
-        return f"consumer(s) {tied} share their weight with another module (tied weights); merging would change " \
-               "that module too"
-    used = {c: sorted(foreign[c]) for c in consumers if c in foreign}
-    if used:
-        return f"consumer weights are also read outside the consumer ({used}); merging would change those uses too"
-    return None
-
-
-def _trainable(norm: nn.Module, consumers: list[nn.Module]) -> bool:
-    """Merging α, β into W (eq. 58) is exact only when nothing of it trains (LoRA/QLoRA's frozen base): otherwise
-    the optimiser would see W·diag α instead of W and α, and training would change."""
-    return any(p.requires_grad for m in (norm, *consumers) for p in m.parameters())
 
 
 def _wrap_new_consumers(model, modules, name, consumers, other, report, undo) -> None:

@@ -120,29 +120,64 @@ def saved_on_example(model: nn.Module, example_input) -> int | None:
 
 
 class Savings:
-    """Never a loss: the bytes saved for backward on the example, measured after each group of rewrites (one
-    pattern of module paths); a group after which they did not drop is undone and listed in ``skipped``."""
+    """Never a loss, never a changed value: after each group of rewrites (one pattern of module paths) the example
+    is run and every output compared with the stock model's (``stock``, :func:`run_example`); a group that changes
+    one is undone and retried one module at a time, and each module that changes an output alone is undone and
+    listed in ``skipped`` (the rest stay rewritten). Then the bytes saved for backward are measured; a group after
+    which they did not drop is undone and listed too."""
 
-    def __init__(self, model: nn.Module, example_input, report: PatchReport, undo: Undo, measure: bool):
-        self.model, self.example, self.report, self.undo = model, example_input, report, undo
+    def __init__(self, model: nn.Module, example_input, report: PatchReport, undo: Undo, measure: bool,
+                 stock: list | None = None):
+        self.model, self.example, self.report, self.undo, self.stock = model, example_input, report, undo, stock
         self.bytes = saved_on_example(model, example_input) if measure and example_input is not None else None
         self.before = self.bytes
 
-    @contextlib.contextmanager
-    def group(self, what: str):
-        lists = (self.report.norms, self.report.glus, self.report.activations)
-        marks = (len(self.undo.steps), *map(len, lists))
-        yield
+    def _marks(self) -> tuple[int, ...]:
+        r = self.report
+        return len(self.undo.steps), len(r.norms), len(r.glus), len(r.activations), len(r.skipped)
+
+    def _undo_to(self, marks: tuple[int, ...]) -> list[str]:
+        """Undo everything after ``marks``; the module paths whose rewrites were undone."""
+        r = self.report
+        lists = (r.norms, r.glus, r.activations)
+        done = [r.subject(line) for kept, mark in zip(lists, marks[1:4]) for line in kept[mark:]]
+        self.undo.rollback(marks[0])
+        for kept, mark in zip((*lists, r.skipped), marks[1:]):
+            del kept[mark:]
+        return done
+
+    def _changed(self) -> str | None:
+        """How the model's outputs on the example differ from the stock ones (None: within tolerance)."""
+        if self.stock is None:
+            return None
+        return output_difference(self.stock, run_example(self.model, self.example))[1]
+
+    def attempts(self, what: str, items: list, name=lambda item: item):
+        """Yields the items of one group to rewrite: all together, and again one at a time if together they change
+        an output (:class:`Savings`). The caller rewrites each item it is given."""
+        marks = self._marks()
+        yield items
+        if len(self.undo.steps) > marks[0] and self._changed():
+            self._undo_to(marks)
+            for item in items:
+                mine = self._marks()
+                yield [item]
+                if len(self.undo.steps) > mine[0] and (why := self._changed()):
+                    self._undo_to(mine)
+                    self.report.skipped.append(f"{name(item)}: rewritten, it changed {why} on the example; kept "
+                                               "as it was")
+        self._keep_if_saving(what, marks)
+
+    def _keep_if_saving(self, what: str, marks: tuple[int, ...]) -> None:
         if self.bytes is None or len(self.undo.steps) == marks[0]:
             return
         now = saved_on_example(self.model, self.example)
         if now < self.bytes:
             self.bytes = now
             return
-        done = [self.report.subject(line) for kept, mark in zip(lists, marks[1:]) for line in kept[mark:]]
-        self.undo.rollback(marks[0])
-        for kept, mark in zip(lists, marks[1:]):
-            del kept[mark:]
+        skipped = self.report.skipped[marks[4]:]
+        done = self._undo_to(marks)
+        self.report.skipped += skipped
         self.report.skipped.append(f"{what}: saves nothing here (with it, one training forward on the example saves "
                                    f"{now - self.bytes:+,} bytes more for backward); kept as it was: {', '.join(done)}")
 
@@ -151,6 +186,22 @@ class Savings:
             self.report.saved_bytes = (self.before, self.bytes)
         elif self.bytes is None and self.example is not None:
             self.report.skipped.append("saved bytes: not measured, nothing in the model requires grad on the example")
+
+
+def output_difference(before: list, after: list) -> tuple[float, str | None]:
+    """(the largest difference between two :func:`run_example` results, what exceeds the dtype-aware tolerance
+    (fp64 1e-6, fp32 1e-3, 16-bit 5e-2, times max(1, max|output|)) or a changed structure, or None)."""
+    if len(after) != len(before) or any(a.shape != b.shape for a, b in zip(after, before)):
+        return float("inf"), "the structure of the model's outputs"
+    largest = 0.0
+    for i, (a, b) in enumerate(zip(after, before)):  # every floating output: logits, hidden states, …
+        diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        largest = max(largest, diff)
+        tol = {torch.float64: 1e-6, torch.float32: 1e-3}.get(b.dtype, 5e-2)
+        scale = max(1.0, float(b.double().abs().max())) if b.numel() else 1.0
+        if not diff <= tol * scale:
+            return largest, f"output {i} of the model by {diff:.3g} > {tol:g}·{scale:.3g}"
+    return largest, None
 
 
 def call(fn, example_input, extra: dict | None = None):
@@ -263,11 +314,15 @@ class Undo:
 
 
 def move_hooks(old: nn.Module, new: nn.Module) -> None:
-    """Forward and backward hooks registered on the replaced module keep firing on its drop-in."""
+    """Forward, forward-pre, backward and full backward hooks registered on the replaced module keep firing on its
+    drop-in, with the stock arguments (every rewrite returns the stock value). A full backward hook needs the
+    module's ``_is_full_backward_hook`` flag too: without it the hooks were kept but never called."""
     for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
                  "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
         if hasattr(old, attr) and getattr(old, attr):
             getattr(new, attr).update(getattr(old, attr))
+    if getattr(old, "_is_full_backward_hook", None) is not None:
+        new._is_full_backward_hook = old._is_full_backward_hook
 
 
 def replace(model: nn.Module, modules: dict, name: str, new: nn.Module, undo: Undo) -> None:

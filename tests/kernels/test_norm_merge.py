@@ -1,11 +1,13 @@
-"""A merged norm (eq. 58: α, β folded into frozen consumers) stays exact or refuses: unfreezing the consumers,
-loading a stock-layout state dict and unpatching after a cast each once changed the model without a word."""
+"""A merged norm (eq. 58: α, β folded into frozen consumers, by a direct ``merge_norm``; patch_model keeps α, β
+and never merges) stays exact or refuses: unfreezing the consumers, loading a stock-layout state dict and
+unpatching after a cast each once changed the model without a word."""
 
 import copy
 
 import pytest
 import torch
-from approxbp.kernels import patch_model, patched_state_dict, unpatch
+from approxbp.kernels import merge_norm, patch_model, patched_state_dict, unpatch
+from approxbp.kernels.norm_merge import refuse_stock_state_dicts
 from torch import nn
 
 
@@ -17,8 +19,8 @@ def _frozen():
         model[0].bias.add_(torch.randn(8))
     stock = copy.deepcopy(model).requires_grad_(False)
     model.requires_grad_(False)
-    report = patch_model(model, family=None)
-    assert report.norms and "merged into" in report.norms[0], report
+    model[0] = merge_norm(model[0], [model[1]])
+    refuse_stock_state_dicts(model)
     return stock, model
 
 
@@ -70,10 +72,10 @@ def test_unpatch_keeps_a_deliberately_mixed_model_as_it_was():
     torch.manual_seed(0)
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 4).to(torch.bfloat16)).requires_grad_(False)
     model[0].register_forward_hook(lambda m, i, o: o.to(torch.bfloat16))
-    patch_model(model, family=None)  # the hook on the norm blocks its rewrite: nothing merged
+    patch_model(model, family=None)  # α, β are kept (the same Parameters): the fp32 weight stays fp32
     assert model[0].weight.dtype == torch.float32
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 4).to(torch.bfloat16)).requires_grad_(False)
-    from approxbp.kernels.norm_merge import merge_norm, unmerge_norm
+    from approxbp.kernels.norm_merge import unmerge_norm
 
     ms = merge_norm(model[0], [model[1]])
     assert unmerge_norm(ms).weight.dtype == torch.float32

@@ -222,3 +222,91 @@ def test_an_mlp_too_wide_for_a_float64_twin_is_proven_narrowed(monkeypatch, mlp,
     assert isinstance(model[1].mlp, GatedMLP) == fused, report
     x = torch.randn(3, 64, dtype=torch.float64)
     assert torch.allclose(model(x), stock(x), rtol=1e-12, atol=1e-12)
+
+
+class ScaledMLP(SplitMLP):
+    """Gated, with a plain tensor attribute (not a parameter or buffer) that the forward reads."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * (self.up_proj(x) * self.scale))
+
+
+def test_a_proof_is_never_reused_for_a_module_that_reads_another_tensor():
+    """Two instances differing only in a tensor attribute shared one cached proof (keyed on class, scalars and
+    shapes): with check=False, the second was fused and its output was off by 0.091."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    for scale in (torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64)):
+        stock = nn.Sequential(ScaledMLP(scale)).double()
+        model = copy.deepcopy(stock)
+        report = patch_model(model, family=None, norms=False, example_input=x, check=False)
+        torch.testing.assert_close(model(x), stock(x), rtol=1e-12, atol=1e-12, msg=str(report))
+
+
+def test_full_backward_hooks_keep_firing_on_a_fused_mlp_and_a_swapped_activation():
+    """register_full_backward_hook on a gated MLP and on its activation was copied without the module's "full" flag:
+    stock fired ['act', 'mlp'], patched []. Now both fire, with the stock gradients for the MLP's output."""
+    torch.manual_seed(0)
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp, self.act = SplitMLP(), nn.GELU()
+
+        def forward(self, x):
+            return self.act(self.mlp(x))
+
+    stock = Outer().double()
+    model = copy.deepcopy(stock)
+    fired = {"stock": [], "patched": []}
+    for key, m in (("stock", stock), ("patched", model)):
+        m.act.register_full_backward_hook(lambda mod, gi, go, key=key: fired[key].append(("act", go[0].clone())))
+        m.mlp.register_full_backward_hook(lambda mod, gi, go, key=key: fired[key].append(("mlp", go[0].clone())))
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    report = patch_model(model, family="relu-sum", example_input=x)
+    assert report.glus and report.activations, report
+    for m in (stock, model):
+        m(x.clone().requires_grad_(True)).square().sum().backward()
+    assert [k for k, _ in fired["patched"]] == [k for k, _ in fired["stock"]] == ["act", "mlp"]
+    torch.testing.assert_close(fired["patched"][0][1], fired["stock"][0][1], rtol=1e-9, atol=1e-12)
+
+
+class TrainScaledMLP(SplitMLP):
+    """Gated, with a scale only in training: its float64 proof (eval mode) passes, the train-mode check does not."""
+
+    def forward(self, x):
+        up = self.up_proj(x) * (2.0 if self.training else 1.0)
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * up)
+
+
+def test_one_module_that_cannot_be_proven_is_skipped_and_the_rest_stay_patched():
+    """A gated MLP with a training-only scale failed the whole call ("patching changed output … the model is
+    restored"), losing every other rewrite. Now that module alone is skipped with its reason."""
+    torch.manual_seed(0)
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([SplitMLP(), TrainScaledMLP()])
+            self.norm = nn.LayerNorm(16)
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = x + layer(x)
+            return self.head(self.norm(x))
+
+    stock = Two().double()
+    model = copy.deepcopy(stock)
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    report = patch_model(model, family=None, example_input=x)
+    assert [g.split(":")[0] for g in report.glus] == ["layers.0"], report
+    assert any(s.startswith("layers.1: rewritten, it changed output") for s in report.skipped), report
+    assert report.norms, report
+    for training in (False, True):
+        model.train(training), stock.train(training)
+        torch.testing.assert_close(model(x), stock(x), rtol=1e-9, atol=1e-12)

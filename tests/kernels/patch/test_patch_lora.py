@@ -9,7 +9,7 @@ import torch
 
 peft = pytest.importorskip("peft")  # in the [dev] extra, so CI always runs this file
 transformers = pytest.importorskip("transformers")
-from approxbp.kernels.norm_merge import AffineInputLinear, NormInputLinear  # noqa: E402
+from approxbp.kernels.norm_merge import NormInputLinear  # noqa: E402
 from approxbp.kernels.norms import MSLayerNorm  # noqa: E402
 from approxbp.kernels.patch import patch_model, patched_state_dict  # noqa: E402
 from approxbp.kernels.saved import saved_bytes  # noqa: E402
@@ -49,14 +49,15 @@ def _grads(model, x, labels):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_lora_then_patch_merges_into_the_base_linear_and_keeps_adapter_gradients_exact():
+def test_lora_then_patch_keeps_the_base_linear_and_adapter_gradients_exact():
+    """The norms return the stock value; the base Linears and the adapters' lora_A save the shared z."""
     model, x, labels = _vit()
     model = _lora(model)
     ref = copy.deepcopy(model)
     report = patch_model(model, family=None, example_input=x)
     assert len(report.norms) == 5 and not report.skipped and report.max_output_difference < 1e-12
-    assert "adapters" in report.norms[0] and "base_layer" in report.norms[0]
-    wrapped = [m for m in model.modules() if isinstance(m, AffineInputLinear)]
+    assert "lora_A" in report.norms[0] and "base_layer" in report.norms[0]
+    wrapped = [n for n, m in model.named_modules() if isinstance(m, NormInputLinear) and "lora_A" in n]
     assert len(wrapped) == 4  # q and v of 2 layers
     base = model.base_model.model.vit.layers[0].attention.q_proj.base_layer
     assert not base.weight.requires_grad and base.weight.shape == (64, 64)
@@ -172,18 +173,21 @@ def test_patch_lora_patch_again_makes_the_adapters_exact():
     assert not again.norms and not again.skipped and again.max_output_difference == 0
 
 
-def test_saving_a_merged_model_warns_and_patched_state_dict_is_the_stock_layout():
+def test_a_patched_frozen_model_keeps_the_stock_state_dict_layout():
+    """Nothing is merged into a weight (α, β stay the norms' own Parameters): the patched model's state dict is the
+    stock one, saved without a warning and loaded by the stock class."""
     model, x, _ = _vit()
-    model.requires_grad_(False)  # frozen: the norms are merged (the paper's LoRA setting)
+    model.requires_grad_(False)  # frozen: the paper's LoRA setting
+    stock = copy.deepcopy(model)
     report = patch_model(model, family=None, example_input=x)
-    assert report.norms and all("merged into" in n for n in report.norms), report
-    with pytest.warns(UserWarning, match="not the stock layout"):
-        model.state_dict()
+    assert report.norms, report
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        patched_state_dict(model)
+        own = model.state_dict()
+        assert own.keys() == stock.state_dict().keys()
+        stock.load_state_dict(patched_state_dict(model))
 
 
 def test_norms_kept_in_fp32_over_a_16_bit_base_are_left_as_they_are():
@@ -209,3 +213,45 @@ def test_norms_kept_in_fp32_over_a_16_bit_base_are_left_as_they_are():
         got = patched(**x).logits
     assert not report.norms and sum("float32 weights promote" in s for s in report.skipped) == 5
     assert torch.equal(want, got)
+
+
+@pytest.mark.parametrize("lora", [dict(r=4, target_modules=["q_proj", "v_proj"]),
+                                  dict(r=4, target_modules="all-linear"),
+                                  dict(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1),
+                                  dict(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)],
+                         ids=["qv", "all-linear", "dropout", "random-init"])
+def test_peft_added_after_patching_reads_the_stock_values(lora):
+    """Patch, then peft LoRA (the usual order when a patched model goes to a trainer): lora_A read the MS-norm's z
+    in place of α⊙z + β (logits 0.27 relative off with loaded adapters; first lora_B gradients 0.365 off). The norms
+    return the stock value now: logits and every adapter gradient equal the stock model's with the same adapters,
+    in train mode (the same dropout masks) and eval mode; patching again makes the adapters save the shared z."""
+    model, x, labels = _vit()
+    stock = copy.deepcopy(model)
+    patch_model(model, family=None, example_input=x)  # the exact rewrites: any difference is a wrong value
+    pair = [peft.get_peft_model(m, peft.LoraConfig(**lora)) for m in (stock, model)]
+    adapters = {n: p for n, p in pair[0].named_parameters() if "lora_" in n}
+    with torch.no_grad():  # the same adapters in both (B ≠ 0: loaded ones, as a trained checkpoint's)
+        for name, p in adapters.items():
+            if "lora_B" in name:
+                p.normal_()
+        ours = {n: p for n, p in pair[1].named_parameters() if "lora_" in n}
+        assert ours.keys() == adapters.keys()
+        for name, p in ours.items():
+            p.copy_(adapters[name])
+    for again in (False, True):
+        if again:
+            report = patch_model(pair[1], family=None, example_input=x)
+            assert report.max_output_difference < 1e-9, report
+        for training in (True, False):
+            grads = []
+            for m in pair:
+                m.train(training)
+                torch.manual_seed(11)
+                grads.append(_grads(m, x, labels))
+            torch.manual_seed(11)
+            want = pair[0](**x).logits
+            torch.manual_seed(11)
+            torch.testing.assert_close(pair[1](**x).logits, want, rtol=1e-9, atol=1e-9)
+            assert grads[0].keys() == grads[1].keys()
+            for k in grads[0]:
+                torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-9, atol=1e-12, msg=k)
