@@ -97,9 +97,19 @@ _Z = "_approxbp_z"
 
 def attached_z(y: torch.Tensor, norm: nn.Module) -> torch.Tensor | None:
     """The z that the shared-output MS-norm ``norm`` attached to its output y, while y is unchanged since (None
-    otherwise: another norm's output, as when layer drop skips a block and a consumer gets an earlier norm's y)."""
-    found = getattr(y, _Z, None)
-    return found[1] if found is not None and found[0] is norm and found[2] == y._version else None
+    otherwise: another norm's output, as when layer drop skips a block and a consumer gets an earlier norm's y).
+    For a view of y (a classifier reading the first token, ``y[:, 0]``) the same view of z, when y and z are laid
+    out alike."""
+    base = y if hasattr(y, _Z) else y._base
+    found = getattr(base, _Z, None) if base is not None else None
+    if found is None or found[0] is not norm or found[2] != base._version:
+        return None
+    z = found[1]
+    if base is y:
+        return z
+    if z.shape != base.shape or z.stride() != base.stride() or z.storage_offset() != base.storage_offset():
+        return None
+    return z.as_strided(y.size(), y.stride(), y.storage_offset())
 
 
 class _SharedOutput:

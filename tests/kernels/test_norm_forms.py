@@ -114,7 +114,7 @@ def test_a_gemma_model_gets_its_norms():
     model = copy.deepcopy(stock)
     ids = torch.randint(0, 50, (2, 8))
     report = patch_model(model, family=None, example_input={"input_ids": ids})
-    assert len(report.norms) == 4, report  # 2 per layer; the final norm is the last hidden state
+    assert len(report.norms) == 5, report  # 2 per layer and the final one (the last hidden state: returned as stock)
     for m in (stock, model):
         m(input_ids=ids, labels=ids).loss.backward()
     for (n, a), b in zip(model.named_parameters(), stock.parameters()):  # Gemma's norms round to float32 inside
