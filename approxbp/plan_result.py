@@ -48,13 +48,19 @@ class Plan:
         """Patch ``model`` as planned: each planned layer's table (or exact), the gated MLPs of its ``glu`` layers
         fused, MS-norms as chosen (:func:`approxbp.kernels.patch_model`'s rules and proofs; the plan's paths match
         the model's as they are or as a suffix, so a peft-wrapped model takes its base model's plan). Returns the
-        patch report."""
+        patch report; without ``example_input`` the planned fused GLUs are not applied, and it says so per layer."""
         from approxbp.kernels.patch import patch_model
         from approxbp.kernels.plan_file import plan_config
 
         config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
-        return patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
-                           example_input=example_input, check=check)
+        report = patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
+                             example_input=example_input, check=check)
+        if example_input is None and config.glu:  # every planned choice is applied or reported, never "by choice"
+            planned = tuple(f"{p}." for p in config.glu)
+            report.skipped = [s for s in report.skipped if not (s.startswith(planned) and "exact by choice" in s)]
+            report.skipped += [f"{p}: planned as an exact fused GLU, not applied: a gated MLP is fused only once an "
+                               "example input proves it (pass example_input=… to apply)" for p in sorted(config.glu)]
+        return report
 
 
 CATEGORIES = ("parameters", "gradients", "optimizer")

@@ -20,6 +20,8 @@ from .saved import charged
 
 #: How a module ``module_filter_fn`` refused is listed in the report's ``skipped``.
 FILTERED = "left out by module_filter_fn"
+#: The largest ``bits`` with packaged ReLU-sum tables (k = 1…8).
+MAX_BITS = 8
 #: The table families patch_model swaps activations for (``family=``); None: activations are not swapped.
 PATCH_FAMILIES = ("relu-sum", "invact")
 
@@ -49,6 +51,20 @@ class PatchConfig:
             raise ValueError(f"family must be one of {(*PATCH_FAMILIES, None)}, got {self.family!r}")
         if not (self.tables is None or isinstance(self.tables, Mapping) or is_table(self.tables)):
             raise ValueError(f"tables must be a table path, a packaged table name or a mapping, got {self.tables!r}")
+        if isinstance(self.tables, Mapping):
+            for key, value in self.tables.items():
+                if isinstance(value, str | Path) and value != "exact" and not is_table(value):
+                    raise ValueError(f"tables[{key!r}] = {str(value)!r}: no such table file or packaged table (or "
+                                     "\"exact\")")
+        if not isinstance(self.norms, bool):
+            raise TypeError(f"norms must be True or False, got {self.norms!r}")
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 1 <= self.bits <= MAX_BITS:
+            raise ValueError(f"bits must be an integer from 1 to {MAX_BITS} (the packaged ReLU-sum tables), got "
+                             f"{self.bits!r}")
+        if isinstance(self.glu, str | bytes) or not (isinstance(self.glu, bool) or (
+                isinstance(self.glu, Collection) and all(isinstance(p, str) for p in self.glu))):
+            raise TypeError(f"glu must be True, False or a collection of module paths, got {self.glu!r} (a single "
+                            "path goes in a list: glu=[path])")
 
     def wants(self, module: nn.Module, fqn: str) -> bool:
         """Whether ``module_filter_fn`` lets the rewrite of ``module`` (at path ``fqn``) happen."""

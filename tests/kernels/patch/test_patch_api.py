@@ -83,3 +83,20 @@ def test_the_0_1_plan_argument_warns_and_applies_the_plan(tmp_path):
     assert type(model[0]) is nn.LayerNorm and type(model[4]) is nn.SiLU and type(model[2]).__name__ == "InvActivation"
     assert "4 (SiLU): exact by choice" in report.skipped
     torch.testing.assert_close(model(X), stock(X), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(norms="no"), "norms must be True or False, got 'no'"),
+    (dict(bits=0), "bits must be an integer from 1 to 8"),
+    (dict(bits=99), "bits must be an integer from 1 to 8"),
+    (dict(glu="mlp"), "a single path goes in a list"),
+    (dict(tables={"mlp.act": "no/such/table.json"}), "tables['mlp.act'] = 'no/such/table.json': no such table"),
+])
+def test_patch_config_refuses_bad_arguments_when_it_is_made(kw, says):
+    """norms="no" was taken as true; bits 0 or 99 and a missing table in a mapping surfaced only at patch time; a
+    plain string for glu was matched as a substring of module paths."""
+    from approxbp.kernels.rewrite import PatchConfig
+
+    with pytest.raises((TypeError, ValueError)) as err:
+        PatchConfig(**kw)
+    assert says in str(err.value)
