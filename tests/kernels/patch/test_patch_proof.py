@@ -316,3 +316,45 @@ def test_a_wrapped_consumer_never_returns_a_view():
     model(x).sum().backward()
     stock(x).sum().backward()
     assert all(torch.allclose(a.grad, b.grad, rtol=1e-12) for a, b in zip(model.parameters(), stock.parameters()))
+
+
+class _FlagBlock(nn.Module):
+    """A norm whose output a call flag returns, a Linear subclass with its own forward reading it, and a reader that
+    exists only in eval mode."""
+
+    class ScaledLinear(nn.Linear):
+        def forward(self, x):
+            return super().forward(2 * x)
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.fc, self.odd = nn.LayerNorm(8), nn.Linear(8, 8), self.ScaledLinear(8, 8)
+
+    def forward(self, x, return_normed=False):
+        h = self.norm(x)
+        out = self.fc(h) + self.odd(h)
+        if not self.training:
+            out = out + h.sin()  # an eval-only reader
+        return (out, h) if return_normed else out
+
+
+@pytest.mark.parametrize("example", [True], ids=["dispatch"])  # fx cannot trace the flag's branch
+def test_every_reader_in_any_call_or_mode_reads_the_stock_value(example):
+    """A call flag returning the norm's output (off by 1.26 before), a Linear subclass whose forward was dropped (0.82)
+    and an eval-only reader (1.60): each reads the stock value, in train and eval mode, with the stock gradients."""
+    torch.manual_seed(0)
+    stock = _perturbed(_FlagBlock()).double()
+    model = copy.deepcopy(stock)
+    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    report = patch_model(model, family=None, example_input=x.detach() if example else None)
+    assert report.norms and isinstance(model.odd, _FlagBlock.ScaledLinear), report
+    for training in (True, False):
+        for m in (stock, model):
+            m.train(training)
+        want, got = stock(x, return_normed=True), model(x, return_normed=True)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        gw = torch.autograd.grad(sum(t.square().sum() for t in want), [x, *stock.parameters()])
+        gg = torch.autograd.grad(sum(t.square().sum() for t in got), [x, *model.parameters()])
+        for a, b in zip(gg, gw, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
