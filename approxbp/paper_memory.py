@@ -132,27 +132,12 @@ class Cause:
     measured_by: str  # a test's node id: path::function
 
 
-_CASTS = Cause(
-    "Under AMP, Hugging Face's ViT LayerNorm returns fp32 and each adapted Linear's lora_A keeps its own fp16 cast "
-    "of it: q, k and v keep three copies of one LayerNorm output, 64·197·768·2 bytes (18.5 MiB) each per block at "
-    "batch 64, which no norm rewrite can share. The authors' ViT (LowMemoryBP experiments/vit_exp/model/lora.py) "
-    "has separate q, k, v Linears too, but its LoRA is an autograd Function that saves its input as given, before "
-    "autocast's cast, so its three adapters share one tensor, which their MS-LN makes 16-bit. That Function is not "
-    "modelled here: MS-LN removes each LayerNorm's fp32 input only.", TEST + "test_hf_vit_keeps_one_cast_per_linear")
 _QUICK = Cause(
     "CLIP's activation is quick_gelu, x·σ(1.702x), which Hugging Face computes in two ops that save two tensors of "
     "the fc1 width where a GELU saves one; InvAct removes both. With GELU in its place InvAct saves the paper's "
     "−23.4 % within 1 point (`approxbp plan openai/clip-vit-large-patch14:text_config.hidden_act=gelu,"
     "vision_config.hidden_act=gelu --task clip --seq 77 --weights fp32 --use invact`).",
     TEST + "test_clip_saves_what_the_paper_says_once_its_quick_gelu_is_a_gelu")
-_FULL = Cause(
-    "Hugging Face's ViT has separate q, k, v Linears; under AMP each keeps its own fp16 cast of the fp32 LayerNorm "
-    "output (18.5 MiB each per block at batch 64). The authors' full-tuning ViT (LowMemoryBP "
-    "experiments/vit_exp/model/partial.py) has separate q, k, v too, but its Linear is an autograd Function that "
-    "saves its input as given, so the three share one copy (fp32 behind LayerNorm, 16-bit behind their MS-LN). The "
-    "MS-LN rewrite here hands all three one shared 16-bit z, so it also removes two copies per block that the "
-    "authors' model never had, and its saving comes out larger than the paper's. That Function is not modelled here.",
-    TEST + "test_hf_vit_keeps_one_cast_per_linear")
 _ADDITIVE = Cause(
     "The paper's own rows are not additive: together its two rewrites save 6.0 GiB (LLaMA-7B) and 9.1 GiB (13B), "
     "1.8 and 2.8 GiB more than the sums of their single rows (1.6 + 2.6, 2.4 + 3.9). They remove disjoint saved "
@@ -173,11 +158,7 @@ _OFFSET = Cause(
     TEST + "test_roberta_savings_equal_the_papers_to_the_mib")
 #: (table, setup, --use) → the measured cause of a row outside the targets.
 EXPLAINED: dict[tuple[str, str, str], Cause] = {
-    ("Approx-BP Table 1", "ViT-B, LoRA r = 4 on all linear", "ms-norm"): _CASTS,
-    ("Approx-BP Table 1", "ViT-B, LoRA r = 4 on all linear", "relu-sum-k2+ms-norm"): _CASTS,
     ("InvAct App. A.1", "CLIP ViT-L/14, text length 77, one image per text", "invact"): _QUICK,
-    **{("Approx-BP Table 2", f"ViT-{s}, full tuning", u): _FULL
-       for s in "BL" for u in ("ms-norm", "relu-sum-k2+ms-norm")},
     **{("Approx-BP Table 3", f"LLaMA-{s}, QLoRA r = 64 on all linear, batch 4", "relu-sum-k2+ms-norm"): _ADDITIVE
        for s in ("7B", "13B")},
     **{("Approx-BP Table 4", "RoBERTa-base, LoRA r = 64 on q, k, fp32, batch 32", u): _OFFSET
