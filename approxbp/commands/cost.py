@@ -11,7 +11,7 @@ from approxbp.commands import common
 
 
 def add_parser(sub, add) -> None:
-    from approxbp.cost import DTYPES
+    from approxbp.commands.choices import DTYPES
 
     cst = add(sub, "cost", help="GPU cost of the generated kernels without a GPU: compile for sm_90 offline, count "
               "SASS instructions per element against the H100 budget (≈ 10.45 per byte moved)")

@@ -12,10 +12,7 @@ from approxbp.commands import common
 
 
 def add_parser(sub, add) -> None:
-    from approxbp.fitting.invact import FORMS
-    from approxbp.fitting.objective import OBJECTIVES
-    from approxbp.fitting.relu_sum import METHODS
-    from approxbp.fitting.symbolic import BACKENDS
+    from approxbp.commands.choices import BACKENDS, FORMS, METHODS, OBJECTIVES
 
     fit = add(sub, "fit", help="fit an approximation family and write a coefficient table")
     fam = fit.add_subparsers(dest="family", required=True)

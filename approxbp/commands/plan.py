@@ -20,8 +20,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def add_parser(sub, add) -> None:
-    from approxbp.plan import MAXIMIZE
-    from approxbp.setup import ADAPTERS, AUTOCAST, NORMS, OPTIMIZERS, PRESETS, TRAIN, WEIGHTS
+    from approxbp.commands.choices import ADAPTERS, AUTOCAST, MAXIMIZE, NORMS, OPTIMIZERS, PRESETS, TRAIN, WEIGHTS
     from approxbp.tasks import TASKS
 
     pln = add(sub, "plan", help="a training step's memory measured on fake tensors (no hardware, no weights) and a "

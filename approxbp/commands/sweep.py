@@ -10,7 +10,7 @@ from approxbp.commands import common
 
 
 def add_parser(sub, add) -> None:
-    from approxbp.fitting.objective import OBJECTIVES
+    from approxbp.commands.choices import OBJECTIVES
 
     swp = add(sub, "sweep", help="fit ReLU-sum tables for several activations × bit-widths × objectives, with a "
               "summary table")
@@ -29,7 +29,7 @@ def run(args, argv) -> int:
     from approxbp.approximations import tables as T
     from approxbp.approximations.activations import named_activation
     from approxbp.approximations.files import check_writable, safe_stem
-    from approxbp.fitting.objective import OBJECTIVES
+    from approxbp.commands.choices import OBJECTIVES
     from approxbp.fitting.relu_sum import cli_command
     from approxbp.fitting.sweep import sweep_relu_sum
 

@@ -6,11 +6,11 @@ from approxbp.commands import common
 
 
 def add_parser(sub, add) -> None:
-    from approxbp.approximations import tables as T
+    from approxbp.commands.choices import FAMILIES
 
     tab = add(sub, "tables", help="list and validate coefficient tables (the packaged ones, or the files given)")
     common.table_paths_arg(tab, "the packaged ones; yours are validated", name="files")
-    tab.add_argument("--family", default=None, choices=T.FAMILIES, help="only this family")
+    tab.add_argument("--family", default=None, choices=FAMILIES, help="only this family")
 
 
 def run(args, argv) -> int:

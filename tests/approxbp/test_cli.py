@@ -215,3 +215,22 @@ def test_the_0_1_names_of_the_cli_module_still_read_with_a_warning(name, owner):
         assert value("1-2,4") == [1, 2, 4]
     else:
         assert "fast" in value or "causal-lm" in value
+
+
+def test_the_parsers_choices_are_their_owners():
+    """The command line's choices are plain tuples (approxbp/commands/choices.py) equal to each owner's."""
+    import importlib
+
+    from approxbp.commands import choices
+
+    for name, (module, attr) in choices.OWNERS.items():
+        assert getattr(choices, name) == tuple(getattr(importlib.import_module(module), attr)), name
+
+
+def test_help_and_argument_errors_import_no_torch_scipy_or_sympy():
+    """`approxbp --help` imported torch, scipy and the fitting layer (4 s idle, 390 MB) before it printed a line."""
+    code = ("import sys\nfrom approxbp.cli import build_parser, main\nbuild_parser()\n"
+            "try:\n    main(['plan', 'x', '--mode', 'nope'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'scipy', 'sympy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]", out
