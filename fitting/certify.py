@@ -413,8 +413,10 @@ def _certify_relu_sum_table(t, budget_s, progress, max_boxes) -> tuple[dict, lis
         g = certify_relu_sum_global(t, budget_s=budget_s, max_boxes=max_boxes, say=progress)
         entry["global_gap"] = _round(g.gap, True)
         ok &= g.passed
-        lines.append(f"{'':<28} global optimum: gap {g.gap:.2e} (target {g.target_gap:.0e}) "
-                     f"{'ok' if g.passed else 'NOT CERTIFIED'}; {g.boxes} boxes, {g.seconds:.1f} s; {g.note}")
+        verdict = ("ok" if g.passed else "VIOLATED (a better point exists)" if "a better point exists" in g.note
+                   else "not certified (budget: the gap did not close; more --budget or boxes)")
+        lines.append(f"{'':<28} global optimum: gap {g.gap:.2e} (target {g.target_gap:.0e}) {verdict}; "
+                     f"{g.boxes} boxes, {g.seconds:.1f} s; {g.note}")
     else:
         lines.append(f"{'':<28} global optimum: not attempted (the branch and bound covers k ≤ 2); only the "
                      "objective above is certified")

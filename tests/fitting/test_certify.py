@@ -305,3 +305,15 @@ def test_the_working_precision_is_scoped_and_the_0_1_setup_warns():
     with pytest.warns(DeprecationWarning, match="precision"):
         iv.setup()
     ctx.prec = before
+
+
+@pytest.mark.slow
+def test_a_relu_sum_global_certificate_cut_short_says_budget_not_a_wrong_table():
+    """A branch and bound stopped by its box budget printed "NOT CERTIFIED", which reads like a wrong table (the
+    InvAct lines said "(budget)")."""
+    from approxbp.approximations import tables as T
+    from approxbp.fitting.certify import _certify_relu_sum_table
+
+    t = T.as_table(T.load("relu_sum/gelu-k2-derivative"))
+    _, lines, ok = _certify_relu_sum_table(t, 60, None, 5)
+    assert not ok and "not certified (budget" in lines[-1] and "NOT CERTIFIED" not in lines[-1], lines[-1]
