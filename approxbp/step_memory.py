@@ -199,10 +199,11 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     with as_kernels(), gpu_attention(), tracker:
         with _autocast(setup):
             loss = _loss_of(model(**inputs))
+        gc.collect()  # at both phase ends: the automatic collector's timing cannot move a real step's peak
         after_forward = peak_now()["Total"]
         loss.backward()
-        gc.collect()  # MemTracker's own references can tie a shared-output norm's y and z into a cycle that only the
-        after_backward = peak_now()["Total"]  # collector frees (plain training frees them at once): not a real cost
+        gc.collect()  # (MemTracker's references can tie a shared-output norm's y and z into a cycle that only the
+        after_backward = peak_now()["Total"]  # collector frees; plain training frees them at once)
         opt.step()
         opt.zero_grad(set_to_none=True)
     peak = peak_now()
