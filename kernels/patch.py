@@ -1,7 +1,7 @@
 """patch_model: swap activations for their memory-saving versions, fuse gated MLPs into the exact GLU op and make
-norms MS-norms; every rewrite proven on the example input (or skipped with its reason) and undone as a whole on any
-error. The rewrites live in :mod:`.activation_swap`, :mod:`.glu_patch` and :mod:`.norm_patch`; what they share
-(report, undo log, example runs, the saved-bytes check) in :mod:`.rewrite`."""
+norms MS-norms; every rewrite returns the stock value, is proven on the example input (or skipped with its reason,
+alone), and everything is undone on an error. The rewrites live in :mod:`.activation_swap`, :mod:`.glu_patch` and
+:mod:`.norm_patch`; what they share (report, undo log, example runs, the saved-bytes check) in :mod:`.rewrite`."""
 
 from __future__ import annotations
 
@@ -47,19 +47,17 @@ def patch_model(model: nn.Module, *args, family: str | None = "relu-sum", tables
     MLPs and make norms MS-norms, as :class:`~.rewrite.PatchConfig` describes (``family``, ``tables``, ``norms``,
     ``glu``, ``bits``, ``module_filter_fn``: keyword arguments of the same names, or ``config=``).
 
-    Norms: a LayerNorm/RMSNorm (found by what it computes) whose output feeds only Linear layers is merged into
-    them (eq. 58) when nothing of it trains, else kept affine and applied by wrapped consumers. Consumers are found
-    with torch.fx, or for models fx cannot trace (Hugging Face ones) by one run of ``example_input`` (a tensor, a
-    tuple of positional arguments or a dict of keyword arguments) under a dispatch mode that sees every op reading
-    each norm's output. A norm read by anything else, over several trailing dimensions, or whose consumer's weight
-    is shared (tied embeddings) is left alone and listed in the report's ``skipped``. Gated MLPs (with an example
-    input) become :class:`~.glu.GatedMLP` (saves g and u, no gradient error) once a float64 probe proves it.
+    Every rewrite changes what is saved for backward, never what a reader sees. Norms: a LayerNorm/RMSNorm (found by
+    what it computes) becomes a shared-output MS-norm that returns the stock α⊙z + β with z attached; its plain
+    Linear consumers (found with torch.fx, or for models fx cannot trace by one run of ``example_input`` — a tensor,
+    a tuple of positional arguments or a dict of keyword arguments — under a dispatch mode that sees every op
+    reading the norm's output) save z in place of y; every other reader reads y as stock. Gated MLPs (with an
+    example input) become :class:`~.glu.GatedMLP` (saves g and u, no gradient error) once a float64 probe proves it.
 
-    With ``example_input`` the saved bytes of one training forward are measured after each group of rewrites (a
-    group that saves nothing is undone and reported), and the model is run in eval and train mode before and
-    after: a difference above a dtype-aware tolerance (fp64 1e-6, fp32 1e-3, 16-bit 5e-2, times max(1, max|output|))
-    in any output undoes the patch and raises; ``check=False`` skips both (the planner patches fake tensors).
-    Patching is all or nothing: on any error every change made so far is undone before the error propagates.
+    With ``example_input`` each group of rewrites is run against the stock outputs (eval and train mode) and its
+    saved bytes measured: a group that changes an output is retried module by module and the module that cannot be
+    proven is undone and reported; a group that saves nothing is undone and reported. ``check=False`` skips both
+    (the planner patches fake tensors). On an error every change made so far is undone before it propagates.
 
     0.1's arguments still work, with a DeprecationWarning: ``activation`` (a family, a table path or a mapping:
     ``family``/``tables``), ``norm`` (``norms``), ``plan`` (``approxbp.plan.Plan.load(path).apply(model)``), and
