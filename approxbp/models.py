@@ -66,8 +66,9 @@ def model_spec(text: str, task: str | None = None) -> Callable[[], tuple[nn.Modu
             into = into.setdefault(parent, {})
             if not isinstance(into, dict):
                 raise ValueError(f"{text}: {key.strip()}: {parent} is not a nested config")
-        into[CONFIG_KEYS.get(name, name)] = _config_value(value)
-        typed.append((parents, CONFIG_KEYS.get(name, name), key.strip(), _config_value(value)))
+        field, parsed = CONFIG_KEYS.get(name, name), _config_value(value)
+        into[field] = parsed
+        typed.append((parents, field, key.strip(), parsed))
     _refuse_unknown_keys(text, kind, typed)
     try:
         config = transformers.AutoConfig.for_model(kind, **fields)

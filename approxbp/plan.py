@@ -124,6 +124,7 @@ def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = Tr
     if count and count[1] > SMALL[-1]:
         small = {n: hf_builder(shrunk(build.config, count[0], n), build.task) for n in SMALL}
     prefix: list[str] = []  # the blocks' path prefix ("model.layers."), known after the first small run
+    head = "{} ({})".format(*head_of(build.config, setup.task)) if hasattr(build, "config") else ""
 
     def one(builder, batch: int, seq: int, assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
         with scope():
@@ -142,8 +143,7 @@ def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = Tr
             step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
             step.lora = tuple(sorted({n.rpartition(".")[2] for n, m in model.named_modules()
                                       if isinstance(m, LoRALinear)}))
-            if hasattr(builder, "config"):
-                step.head = "{} ({})".format(*head_of(builder.config, setup.task))
+            step.head = head
             return step
 
     def run(batch: int, seq: int, assignment: dict[str, str] | None = None, ms_norm: bool = False) -> StepMemory:

@@ -53,14 +53,8 @@ class Plan:
         from approxbp.kernels.plan_file import plan_config
 
         config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
-        report = patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
-                             example_input=example_input, check=check)
-        if example_input is None and config.glu:  # every planned choice is applied or reported, never "by choice"
-            planned = tuple(f"{p}." for p in config.glu)
-            report.skipped = [s for s in report.skipped if not (s.startswith(planned) and "exact by choice" in s)]
-            report.skipped += [f"{p}: planned as an exact fused GLU, not applied: a gated MLP is fused only once an "
-                               "example input proves it (pass example_input=… to apply)" for p in sorted(config.glu)]
-        return report
+        return patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
+                           example_input=example_input, check=check)
 
 
 CATEGORIES = ("parameters", "gradients", "optimizer")

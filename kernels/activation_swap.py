@@ -110,7 +110,9 @@ def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: 
             for where, parent, child_name, child in sites_:
                 chosen = tables.get(where) if isinstance(tables, Mapping) else None
                 if chosen == "exact":
-                    report.skipped.append(f"{where} ({type(child).__name__}): exact by choice")
+                    for_glu = not isinstance(config.glu, bool) and where.rpartition(".")[0] in config.glu
+                    why = "left to its gated MLP's fused GLU (glu=)" if for_glu else "exact by choice"
+                    report.skipped.append(f"{where} ({type(child).__name__}): {why}")
                     continue
                 new, why = _replacement(child, config.family, chosen or tables, config.bits, family_of)
                 if new is not None and not config.wants(child, where):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
 from .glu import GLU_ACTIVATIONS, GatedMLP, GLULayout
@@ -194,7 +195,7 @@ def _proof_key(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor):
         tensors = []
         for k, v in sorted(vars(m).items()):
             if isinstance(v, torch.Tensor) and k not in own:
-                if v.is_meta or type(v).__name__ == "FakeTensor":
+                if v.is_meta or isinstance(v, FakeTensor):
                     return None
                 data = v.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
                 tensors.append((k, tuple(v.shape), str(v.dtype), hash(data)))
@@ -216,8 +217,6 @@ def prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> st
 
 
 def _prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     f = _narrowing(module, x.shape[-1]) if x.dim() >= 2 else 1
     if f is None:
         return "too wide to prove in float64 here, and its widths have no common factor to narrow it by"

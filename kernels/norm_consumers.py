@@ -48,20 +48,15 @@ class _LeafTracer(torch.fx.Tracer):
         return id(m) in self.leaves or super().is_leaf_module(m, qualname)
 
 
-def consumers_by_fx(model: nn.Module) -> tuple[dict, dict]:
-    """({norm name: (consumer names, other users)}, {consumer: graph nodes that read its parameters outside it})
-    from torch.fx.symbolic_trace, over every call site of every norm. A consumer that is also called on something
-    else, or that reads two norms, is reported as another user: a rewrite of it would change those calls too."""
+def consumers_by_fx(model: nn.Module) -> dict:
+    """{norm name: (consumer names, other users)} from torch.fx.symbolic_trace, over every call site of every norm.
+    A consumer that is also called on something else, or that reads two norms, is reported as another user: a
+    rewrite of it would change those calls too."""
     graph = _LeafTracer(model).trace(model)
     modules = dict(model.named_modules())
     found: dict[str, tuple[list[str], set[str]]] = {}
-    foreign: dict[str, set[str]] = {}
     reads: dict[str, list] = {}  # consumer → the norm (or None) each of its call sites reads
     for node in graph.nodes:
-        if node.op == "get_attr" and node.users:  # a parameter used outside its module (F.linear(z, enc.weight.t()))
-            owner = str(node.target).rpartition(".")[0]
-            if owner in modules and is_consumer(modules[owner]):
-                foreign.setdefault(owner, set()).add(f"{node.target} read by {sorted(map(str, node.users))}")
         if node.op != "call_module":
             continue
         if is_consumer(modules[node.target]):
@@ -80,7 +75,7 @@ def consumers_by_fx(model: nn.Module) -> tuple[dict, dict]:
             else:
                 other.add(getattr(u.target, "__name__", str(u.target)))  # operator.add, torch.add: "add"
     _account_call_sites(found, reads)
-    return found, foreign
+    return found
 
 
 def data_dependent_branches(model: nn.Module, example_input, args=None) -> str | None:
@@ -204,11 +199,9 @@ class _ReadWatch(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.owner: dict[int, tuple[str, torch.Tensor]] = {}  # storage pointer → (norm name, its output)
-        self.param_owner: dict[int, str] = {}  # storage pointer of a consumer's parameter → the consumer
         self.inside: str | None = None  # the nn.Linear currently running
         self.running: list[str] = []  # the other leaf modules running now, innermost last (to name an op's place)
         self.found: dict[str, tuple[list[str], set[str]]] = {}
-        self.foreign: dict[str, set[str]] = {}  # consumer → ops outside it that read its parameters
         self.keep: list[torch.Tensor] = []  # watched tensors stay alive, so that no storage pointer is reused
         self.read_now: set[str] = set()  # the norms the running consumer call has read
         self.reads: dict[str, list] = {}  # consumer → the norm (or None) each of its calls read
@@ -220,9 +213,6 @@ class _ReadWatch(TorchDispatchMode):
             if not isinstance(t, torch.Tensor):
                 continue
             ptr = t.untyped_storage()._cdata
-            consumer = self.param_owner.get(ptr)
-            if consumer is not None and consumer != self.inside and reads_values:
-                self.foreign.setdefault(consumer, set()).add(str(func.overloadpacket.__name__))
             if ptr not in self.owner:
                 continue
             name, norm_out = self.owner[ptr]
@@ -247,10 +237,10 @@ class _ReadWatch(TorchDispatchMode):
         self.found.setdefault(name, ([], set()))
 
 
-def consumers_by_dispatch(model: nn.Module, example_input) -> tuple[dict, dict]:
-    """({norm name: (consumer Linear names, other ops)}, {consumer: ops outside it that read its parameters}) from
-    the forward under :class:`_ReadWatch`, run in eval mode and in train mode (dropout between a norm and a Linear
-    is visible only there), asking for every output (:func:`every_output`)."""
+def consumers_by_dispatch(model: nn.Module, example_input) -> dict:
+    """{norm name: (consumer Linear names, other ops)} from the forward under :class:`_ReadWatch`, run in eval mode
+    and in train mode (dropout between a norm and a Linear is visible only there), asking for every output
+    (:func:`every_output`)."""
     watch, handles = _ReadWatch(), []
 
     def on_norm(name):
@@ -285,8 +275,6 @@ def consumers_by_dispatch(model: nn.Module, example_input) -> tuple[dict, dict]:
         elif is_consumer(m):
             handles.append(m.register_forward_pre_hook(enter(name)))
             handles.append(m.register_forward_hook(leave(name)))
-            for p in m.parameters(recurse=False):
-                watch.param_owner[p.untyped_storage()._cdata] = name
     extra = every_output(model)
     try:
         for training in (False, True):
@@ -300,4 +288,4 @@ def consumers_by_dispatch(model: nn.Module, example_input) -> tuple[dict, dict]:
         for h in handles:
             h.remove()
     _account_call_sites(watch.found, watch.reads)
-    return watch.found, watch.foreign
+    return watch.found

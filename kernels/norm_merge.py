@@ -199,6 +199,17 @@ def _ms_norm_of(form: NormForm, shared_output: bool = False) -> MSLayerNorm:
     return ms
 
 
+def consumer_wrappers(ms: nn.Module, consumers: list[nn.Module]) -> list[NormInputLinear]:
+    """Each consumer of the kept-affine MS-norm ``ms`` as a :class:`NormInputLinear` (marked for unpatch)."""
+    dim = ms.norm_form.dim
+    wrapped = [NormInputLinear(c, ms) for c in consumers]
+    for c, w in zip(consumers, wrapped):
+        if w.in_features != dim:
+            raise ValueError(f"consumer {c} must read {dim} features")
+        swaps.mark_replaced(w, c)
+    return wrapped
+
+
 def keep_affine(norm: nn.Module, consumers: list[nn.Module],
                 shared_output: bool = False) -> tuple[MSLayerNorm, list[NormInputLinear]]:
     """The non-reparameterising MS-norm (the default for trainable models): the norm becomes an MS-norm that
@@ -209,11 +220,7 @@ def keep_affine(norm: nn.Module, consumers: list[nn.Module],
     returns y = α⊙z + β with z attached (:class:`_SharedOutput`)."""
     form = proven_form(norm)
     ms = _ms_norm_of(form, shared_output)
-    wrapped = [NormInputLinear(c, ms) for c in consumers]
-    for c, w in zip(consumers, wrapped):
-        if w.in_features != form.dim:
-            raise ValueError(f"consumer {c} must read {form.dim} features")
-        swaps.mark_replaced(w, c)
+    wrapped = consumer_wrappers(ms, consumers)
     ms.weight = getattr(norm, "weight", None)  # Parameters (or None): the same objects, the same state-dict keys
     if hasattr(norm, "bias"):
         ms.bias = norm.bias

@@ -18,7 +18,9 @@ from .norm_forms import is_norm_candidate, norm_form
 from .norm_merge import (
     AffineInputLinear,
     NormInputLinear,
+    _SharedOutput,
     consumer_features,
+    consumer_wrappers,
     is_mergeable_norm,
     keep_affine,
     proven_form,
@@ -44,17 +46,16 @@ def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input
             report.skipped.append(f"{name} ({type(m).__name__}): {why}")
     unproven: dict[str, str] = {}
     try:
-        found, foreign = consumers_by_fx(model)
+        found = consumers_by_fx(model)
     except Exception as err:  # noqa: BLE001 - any tracing failure: fall back to running the model, or say why
         if example_input is None:
             report.skipped.append(f"norm merging: model is not fx-traceable ({type(err).__name__}: "
                                   f"{str(err)[:80]}); pass example_input to find consumers by running it")
             return
-        found, foreign = consumers_by_dispatch(model, example_input)
+        found = consumers_by_dispatch(model, example_input)
         if branches := data_dependent_branches(model, example_input):  # proven block by block, then
             unproven = unproven_regions(model, example_input, found, branches)
     modules = dict(model.named_modules())
-    shared = _shared_parameters(model)
     for name, m in modules.items():  # proven norms that never ran (a BART decoder's cross-attention norm, run as a
         if name not in found and is_mergeable_norm(m):  # causal LM): nothing proves how their output is read
             report.skipped.append(f"{name}: not run on the example input (or not reached by tracing); left as it is")
@@ -70,10 +71,10 @@ def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input
                 if not config.wants(modules[name], name):
                     report.skipped.append(f"{name}: {FILTERED}")
                     continue
-                _rewrite_norm(model, modules, name, *found[name], unproven, shared, foreign, report, undo)
+                _rewrite_norm(model, modules, name, *found[name], unproven, report, undo)
 
 
-def _rewrite_norm(model, modules, name, consumers, other, unproven, shared, foreign, report, undo) -> None:
+def _rewrite_norm(model, modules, name, consumers, other, unproven, report, undo) -> None:
     """One norm becomes a shared-output MS-norm: it returns the stock y = α⊙z + β (every reader, in any call, mode
     or wrapper added later, sees the stock value) with z attached, saves z and σ⁻¹ in place of its input, and its
     plain Linear consumers save that z in place of y (:class:`~.norm_merge.NormInputLinear`). Readers that are not
@@ -85,11 +86,7 @@ def _rewrite_norm(model, modules, name, consumers, other, unproven, shared, fore
         report.skipped.append(f"{name}: {why}")
         return
     ms, wrapped = keep_affine(modules[name], [modules[c] for c in plain], shared_output=True)
-    move_hooks(modules[name], ms)  # hooks see the stock output y
-    replace(model, modules, name, ms, undo)
-    for c, w in zip(plain, wrapped):
-        move_hooks(modules[c], w)  # and the stock input and output of each consumer
-        replace(model, modules, c, w, undo)
+    _install(model, modules, {name: ms, **dict(zip(plain, wrapped))}, undo)
     report.norms.append(f"{name} → {type(ms).__name__}: returns α⊙z + β as stock, saves z and σ⁻¹ in place of its "
                         f"input" + (f"; {plain} save z in place of its output" if plain else "")
                         + (f"; {', '.join(readers)} read its output as stock" if readers else ""))
@@ -122,21 +119,26 @@ def _why_not_rewritten(modules: dict, name: str, consumers: list[str]) -> str | 
     return None
 
 
+def _install(model, modules, new: dict[str, nn.Module], undo) -> None:
+    """Each module path of ``new`` gets its rewrite, with the replaced module's hooks (which see stock values)."""
+    for path, module in new.items():
+        move_hooks(modules[path], module)
+        replace(model, modules, path, module, undo)
+
+
 def _wrap_new_consumers(model, modules, name, consumers, other, report, undo) -> None:
-    """Patch, then LoRA, then patch again: Linears that read the MS-norm's z since the first call (LoRA's adapters)
-    get its α, β too, so that they see the input they see in the stock model."""
+    """Patch, then LoRA, then patch again: plain Linears that read the MS-norm's output since the first call (LoRA's
+    adapters) save its z too, as the first call's consumers do. (A kept-affine norm of the older form, which returns
+    z, wraps them only when nothing else reads it.)"""
     ms = modules[name]
-    new = [c for c in consumers if not isinstance(modules[c], NormInputLinear)]
+    new = [c for c in consumers if not isinstance(modules[c], NormInputLinear) and _plain_linear(modules[c])]
     if not new:
         return
-    if other:
+    if other and not isinstance(ms, _SharedOutput):
         report.skipped.append(f"{name}: {new} read it, but so does {sorted(other)}; left as they are")
         return
-    for c in new:
-        w = NormInputLinear(modules[c], ms)
-        swaps.mark_replaced(w, modules[c])
-        replace(model, modules, c, w, undo)
-    report.norms.append(f"{name} (patched before): {new} now apply its α, β to their input")
+    _install(model, modules, dict(zip(new, consumer_wrappers(ms, [modules[c] for c in new]))), undo)
+    report.norms.append(f"{name} (patched before): {new} now save its z in place of its output")
 
 
 def _wrap_new_adapters(model, modules, name, consumers, other, report, undo) -> None:
@@ -167,12 +169,3 @@ def _wrap_adapters(model, modules, norm, adapters, undo) -> None:
 def _is_adapter(name: str) -> bool:
     """A LoRA adapter's down-projection (peft's ``…lora_A.<adapter>``): trainable, its weight must stay its own."""
     return "lora_A" in name.split(".")
-
-
-def _shared_parameters(model: nn.Module) -> set[int]:
-    """Storage pointers of parameters reachable under more than one name (tied weights)."""
-    names: dict[int, int] = {}
-    for _, p in model.named_parameters(remove_duplicate=False):
-        ptr = p.untyped_storage()._cdata
-        names[ptr] = names.get(ptr, 0) + 1
-    return {ptr for ptr, n in names.items() if n > 1}

@@ -76,6 +76,9 @@ def patch_model(model: nn.Module, *args, family: str | None = "relu-sum", tables
             merge_norms(model, report, undo, example_input, savings, config)
         if example_input is not None and (config.glu or config.family is not None or config.tables is not None):
             fuse_gated_mlps(model, report, undo, example_input, config, savings)
+        elif not isinstance(config.glu, bool):  # named gated MLPs (a plan's) are reported, never silently left
+            report.skipped += [f"{p}: listed in glu=, not fused: a gated MLP is fused only once an example input "
+                               "proves it (pass example_input=…)" for p in sorted(config.glu)]
         if config.family is not None or config.tables is not None:
             swap_activations(model, report, undo, config, savings)
         savings.close()

@@ -152,13 +152,14 @@ class Savings:
         r = self.report
         return len(self.undo.steps), len(r.norms), len(r.glus), len(r.activations), len(r.skipped)
 
-    def _undo_to(self, marks: tuple[int, ...]) -> list[str]:
-        """Undo everything after ``marks``; the module paths whose rewrites were undone."""
+    def _undo_to(self, marks: tuple[int, ...], keep_skipped: bool = False) -> list[str]:
+        """Undo everything after ``marks`` (the reasons given for skips too, unless ``keep_skipped``); the module
+        paths whose rewrites were undone."""
         r = self.report
-        lists = (r.norms, r.glus, r.activations)
-        done = [r.subject(line) for kept, mark in zip(lists, marks[1:4]) for line in kept[mark:]]
+        lists = (r.norms, r.glus, r.activations) + (() if keep_skipped else (r.skipped,))
+        done = [r.subject(line) for kept, mark in zip(lists[:3], marks[1:4]) for line in kept[mark:]]
         self.undo.rollback(marks[0])
-        for kept, mark in zip((*lists, r.skipped), marks[1:]):
+        for kept, mark in zip(lists, marks[1:]):
             del kept[mark:]
         return done
 
@@ -191,9 +192,7 @@ class Savings:
         if now < self.bytes:
             self.bytes = now
             return
-        skipped = self.report.skipped[marks[4]:]
-        done = self._undo_to(marks)
-        self.report.skipped += skipped
+        done = self._undo_to(marks, keep_skipped=True)
         self.report.skipped.append(f"{what}: saves nothing here (with it, one training forward on the example saves "
                                    f"{now - self.bytes:+,} bytes more for backward); kept as it was: {', '.join(done)}")
 

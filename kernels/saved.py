@@ -15,8 +15,8 @@ def charged(into: dict[str, int], exclude=(), model: nn.Module | None = None):
     ``where`` is the innermost module of ``model`` running when it was saved (module forward hooks keep the stack;
     "(outside modules)" otherwise, or "" without a model). Storages of ``exclude`` (e.g. parameters, which exist
     anyway) are skipped. Storages are told apart by their StorageImpl (so fake tensors, with no data pointer, work),
-and every storage seen is held until the count ends: a saved tensor freed during the forward cannot hand its
-StorageImpl's address to a new storage, which would then go uncounted."""
+    and every storage seen is held until the count ends: a saved tensor freed during the forward cannot hand its
+    StorageImpl's address to a new storage, which would then go uncounted."""
     names = {m: n for n, m in model.named_modules()} if model is not None else {}
     stack: list[str] = []
     held = {(s := p.untyped_storage())._cdata: s for p in exclude}  # identity → storage, alive for the count
