@@ -91,6 +91,9 @@ def extrapolate(two, three, layers: int, prefix: str):
     def linear(path, value):
         return value + steps * (value - two.saved.get(path, 0))
 
+    def linear_held(path, value):
+        return value + steps * (value - two.held.get(path, 0))
+
     moment = three.moment
     if (where := re.search(re.escape(prefix) + r"(\d+)", moment)) and int(where[1]) == SMALL[-1] - 1:
         moment = moment.replace(where[0], f"{prefix}{layers - 1}")
@@ -98,4 +101,5 @@ def extrapolate(two, three, layers: int, prefix: str):
                    gradients=three.gradients + steps * (three.gradients - two.gradients),
                    optimizer=three.optimizer + steps * (three.optimizer - two.optimizer),
                    saved=_renamed(three.saved, prefix, layers, linear), kinds=_renamed(three.kinds, prefix, layers),
+                   held=_renamed(three.held, prefix, layers, linear_held),
                    layers=_renamed(three.layers, prefix, layers), moment=moment, blocks_measured=SMALL)

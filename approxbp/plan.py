@@ -104,7 +104,7 @@ def _summary(m: StepMemory) -> dict:
     return {"parameters": m.parameters, "gradients": m.gradients, "optimizer": m.optimizer,
             "activations": m.activations, "peak": m.peak, "activations_by_kind": m.by_kind(),
             "block": m.block, "block_units": None if units is None else round(units, 4), "peak_moment": m.moment,
-            "blocks_measured": list(m.blocks_measured)}
+            "blocks_measured": list(m.blocks_measured), "device_peaks": m.device_peaks() if m.devices > 1 else []}
 
 
 def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = True, checkpoint: bool = False,
@@ -183,6 +183,7 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
     """Measure the exact model and each option, then choose (see the module docstring; ``checkpoint``, ``traced``:
     :func:`stepper`'s)."""
     say = progress or (lambda msg: None)
+    _one_gpu_budget(mode, budget)
     step = stepper(model_text, mode, lora_r, fake, checkpoint, traced)
 
     def run(assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
@@ -288,6 +289,13 @@ SEQ_GRAIN = 64
 MAX_PROBE = 1 << 20
 
 
+def _one_gpu_budget(mode: str | Setup, budget: int | None) -> None:
+    """A budget is one GPU's: refused for a model split over several (``--devices``), whose peaks are reported."""
+    if budget is not None and as_setup(mode).devices > 1:
+        raise ValueError("--budget/--maximize plan one GPU's memory; with --devices N the plan reports each GPU's "
+                         "peak instead: drop --budget, or plan one GPU (--devices 1)")
+
+
 def maximize(model_text: str, what: str, batch: int, seq: int, mode: str | Setup, budget: int, lora_r: int = 8,
              progress=None, checkpoint: bool = False, traced: bool | None = None,
              use: str | None = None, grain: int = SEQ_GRAIN) -> tuple[int, Plan]:
@@ -297,6 +305,7 @@ def maximize(model_text: str, what: str, batch: int, seq: int, mode: str | Setup
     the least-error plan (or ``use``'s evaluation) at that size."""
     if what not in ("batch", "seq_len"):
         raise ValueError(f"--maximize {what!r}: expected batch or seq_len")
+    _one_gpu_budget(mode, budget)
     say = progress or (lambda msg: None)
     kwargs = dict(progress=progress, checkpoint=checkpoint, traced=traced)
     first = (plan(model_text, batch, seq, mode, None, lora_r, **kwargs) if use is None else

@@ -72,6 +72,10 @@ def report(p: Plan) -> str:
              f"{'':<28}{'exact':>12}{'planned':>12}"]
     for key in (*CATEGORIES, "activations", "peak"):
         lines.append(f"  {key:<26}{size(p.before[key]):>12}{size(p.after[key]):>12}")
+    if p.before.get("device_peaks"):
+        before, after = (" + ".join(size(b) for b in side["device_peaks"]) for side in (p.before, p.after))
+        lines.append(f"  {'per GPU (by blocks)':<26}exact {before}; planned {after} (their sum is the peak "
+                     "above; the largest must fit one GPU)")
     if p.before.get("peak_moment"):
         lines.append(f"  {'peak reached in':<26}{p.before['peak_moment']} / {p.after['peak_moment']} (a traced step: "
                      "gradients and activations alive then)")

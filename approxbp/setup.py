@@ -50,6 +50,8 @@ class Setup:
     adapters: str = "auto"  # the LoRA adapters' dtype; auto: peft's (fp32 on a 16-bit base)
     norms: str = "auto"  # the norms' weights: auto (the weights' dtype) or fp32 (QLoRA's script, peft's k-bit prep)
     task: str | None = None  # the head (approxbp.tasks.TASKS); None: the config's architectures, else a default
+    lora_dropout: float = 0.0  # peft's lora_dropout: the adapters read dropout(x) (a copy of x and its mask saved)
+    devices: int = 1  # GPUs the model is split over by blocks (device_map="auto"): each one's peak, and their sum
 
     def __post_init__(self):
         checks = (("weights", self.weights, WEIGHTS), ("autocast", self.autocast, AUTOCAST),
@@ -58,8 +60,14 @@ class Setup:
         for name, value, allowed in checks:
             if value not in allowed:
                 raise ValueError(f"--{name} {value!r}: expected one of {', '.join(allowed)}")
+        if not (isinstance(self.lora_dropout, (int, float)) and 0 <= self.lora_dropout < 1):
+            raise ValueError(f"--lora-dropout {self.lora_dropout!r}: expected a probability in [0, 1)")
         if not (isinstance(self.shard, int) and self.shard >= 1):
             raise ValueError(f"--shard {self.shard!r}: expected a positive number of ranks")
+        if not (isinstance(self.devices, int) and self.devices >= 1):
+            raise ValueError(f"--devices {self.devices!r}: expected a positive number of GPUs")
+        if self.devices > 1 and (self.shard > 1 or self.compile):
+            raise ValueError("--devices splits one model over GPUs by blocks: not with --shard or --compile")
         if self.weights == "nf4" and self.train == "full":
             raise ValueError("--weights nf4 stores the base Linears in 4 bits, which do not train: use --train lora "
                              "(QLoRA) or --train none")
@@ -85,9 +93,11 @@ class Setup:
             {"full": "full training", "none": "no training"}.get(
                 self.train, ("LoRA-FA" if self.train == "lora-fa" else "LoRA") + " on " + adapted),
             *([f"{self.adapters} adapters"] if self.adapters != "auto" else []),
+            *([f"LoRA dropout {self.lora_dropout:g}"] if self.lora_dropout else []),
             *([f"{self.norms} norms"] if self.norms != "auto" else []),
             self.optimizer, *(["compiled"] if self.compile else []),
-            *([f"sharded over {self.shard}"] if self.shard > 1 else [])]
+            *([f"sharded over {self.shard}"] if self.shard > 1 else []),
+            *([f"split over {self.devices} GPUs by blocks"] if self.devices > 1 else [])]
         parts.append(f"head {head}" if head else f"task {self.task}" if self.task else "")
         return ", ".join(p for p in parts if p)
 
@@ -119,13 +129,15 @@ def weights_for(setup: str | Setup):
 
 
 class LoRALinear(nn.Module):
-    """y = base(x) + lora_B(lora_A(x))·(2/r), laid out as peft lays it out (``base_layer``, ``lora_A``, ``lora_B``,
-    so patch_model treats it as peft's; built here because peft's device moves cannot run on fake tensors): on a
-    16-bit base the adapters are fp32 (``dtype`` None), x is cast to the adapters' dtype and their sum cast back."""
+    """y = base(x) + lora_B(lora_A(dropout(x)))·(2/r), laid out as peft lays it out (``base_layer``,
+    ``lora_dropout``, ``lora_A``, ``lora_B``, so patch_model treats it as peft's; built here because peft's device
+    moves cannot run on fake tensors): on a 16-bit base the adapters are fp32 (``dtype`` None), x is cast to the
+    adapters' dtype and their sum cast back; ``dropout`` > 0 gives lora_A its own dropped copy of x to save."""
 
-    def __init__(self, base: nn.Module, r: int, dtype: torch.dtype | None = None):
+    def __init__(self, base: nn.Module, r: int, dtype: torch.dtype | None = None, dropout: float = 0.0):
         super().__init__()
         self.base_layer, self.scale = base, 2.0 / r
+        self.lora_dropout = nn.Dropout(dropout) if dropout else nn.Identity()
         d_in, d_out = (base.in_features, base.out_features) if isinstance(base, nn.Linear) else base.weight.shape
         if dtype is None:
             dtype = torch.float32 if base.weight.dtype in (torch.bfloat16, torch.float16) else base.weight.dtype
@@ -134,7 +146,7 @@ class LoRALinear(nn.Module):
 
     def forward(self, x):
         y = self.base_layer(x)
-        adapter = self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * self.scale
+        adapter = self.lora_B(self.lora_A(self.lora_dropout(x.to(self.lora_A.weight.dtype)))) * self.scale
         return (y + adapter).to(y.dtype)
 
 
@@ -177,16 +189,17 @@ def _adaptable(name: str, child: nn.Module, targets) -> bool:
     return name not in HEADS if targets == "all-linear" else name in targets
 
 
-def add_lora(model: nn.Module, targets, r: int, dtype: torch.dtype | None = None, freeze_a: bool = False) -> int:
+def add_lora(model: nn.Module, targets, r: int, dtype: torch.dtype | None = None, freeze_a: bool = False,
+             dropout: float = 0.0) -> int:
     """Freeze ``model`` and put rank-``r`` adapters (of ``dtype``; None: peft's) on its Linears named in
-    ``targets`` (or every Linear but the output head, ``all-linear``); ``freeze_a``: LoRA-FA, A frozen. The number
-    adapted."""
+    ``targets`` (or every Linear but the output head, ``all-linear``); ``freeze_a``: LoRA-FA, A frozen;
+    ``dropout``: peft's lora_dropout. The number adapted."""
     model.requires_grad_(False)
     adapted = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if _adaptable(name, child, targets):
-                lora = LoRALinear(child, r, dtype)
+                lora = LoRALinear(child, r, dtype, dropout)
                 lora.lora_A.requires_grad_(not freeze_a)
                 setattr(parent, name, lora)
                 adapted += 1
@@ -228,6 +241,20 @@ def stored_bytes(params: list[torch.Tensor], quantized: set[int], shard: int) ->
     """Bytes of one rank's shard of ``params`` (those in ``quantized`` as NF4)."""
     return sum(nf4_bytes(q.numel()) if id(p) in quantized else q.numel() * q.element_size()
                for p, q in zip(params, per_rank(params, shard)))
+
+
+def held_by_module(model: nn.Module, setup: Setup) -> dict[str, int]:
+    """module path → bytes of the parameters it holds itself (stored as :func:`stored_bytes` stores them), with
+    their gradients and optimizer states (one rank's shard); a tensor shared by modules is charged to the first."""
+    quantized, seen, out = quantized_weights(model, setup), set(), {}
+    for name, m in model.named_modules():
+        own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        trained = [q for p, q in zip(own, per_rank(own, setup.shard)) if p.requires_grad]
+        if own:
+            out[name] = (stored_bytes(own, quantized, setup.shard) + sum(q.numel() * q.element_size() for q in trained)
+                         + optimizer_bytes(trained, setup.optimizer))
+    return out
 
 
 def per_rank(params: list[torch.Tensor], ranks: int) -> list[torch.Tensor]:

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from approxbp.attention import gpu_attention
+from approxbp.attention import as_a_gpu_runs_it
 from approxbp.kernels.saved import charged
 from approxbp.setup import (
     DTYPES,
     Setup,
     add_lora,
     as_setup,
+    held_by_module,
     norms_in_fp32,
     optimizer_bytes,
     per_rank,
@@ -45,6 +46,8 @@ class StepMemory:
     blocks_measured: tuple[int, ...] = ()  # (2, 3): extrapolated from models of that many blocks; (): measured whole
     lora: tuple[str, ...] = ()  # the names of the Linears LoRA adapted (what --lora-targets matched)
     head: str = ""  # the head the model was built with, and why (approxbp.tasks.head_of)
+    held: dict[str, int] = field(default_factory=dict)  # module path → its parameters, gradients, optimizer states
+    devices: int = 1  # GPUs the model is split over by blocks (Setup.devices)
 
     @property
     def block_units(self) -> float | None:
@@ -62,6 +65,27 @@ class StepMemory:
     @property
     def peak(self) -> int:
         return self.parameters + self.gradients + self.optimizer + self.activations
+
+    def device_peaks(self) -> list[int]:
+        """Each GPU's peak when the model is split over :attr:`devices` by blocks, as Hugging Face's
+        ``device_map="auto"`` places a model of alike blocks (accelerate's balanced map): the blocks in contiguous
+        runs of equal count, the modules before them (embeddings) on the first GPU and those after them (final
+        norm, head) on the last; a GPU's peak is what its modules hold and save. Their sum is :attr:`peak` (the
+        hidden state handed from one GPU to the next is a copy the sender frees, unless a module of its own saved
+        it, when it is counted there too; that copy is left out)."""
+        prefix = self.block.rpartition(".")[0] + "." if self.block else ""
+        paths = list(dict.fromkeys([*self.kinds, *self.held, *self.saved]))
+        index = {p: int(m[1]) for p in paths if prefix and (m := re.match(re.escape(prefix) + r"(\d+)(\.|$)", p))}
+        blocks = max(index.values(), default=-1) + 1
+        first = next((i for i, p in enumerate(paths) if p in index), len(paths))
+        peaks = [0] * self.devices
+        for i, path in enumerate(paths):
+            if path in index:
+                gpu = index[path] * self.devices // blocks
+            else:  # outside the blocks: before them on the first GPU, after them (and the model itself) on the last
+                gpu = 0 if i < first and path else self.devices - 1
+            peaks[gpu] += self.held.get(path, 0) + self.saved.get(path, 0)
+        return peaks
 
     def by_kind(self) -> dict[str, int]:
         """Saved bytes by category of the saving module: activation, norm, linear, attention, other."""
@@ -146,7 +170,7 @@ def measure(model: nn.Module, inputs: dict, mode: str | Setup, traced: bool = Fa
 
     hook = dict(model.named_modules())[block].register_forward_pre_hook(grab, with_kwargs=True)
     try:
-        with charged(saved, list(model.parameters()), model), ctx, gpu_attention():
+        with charged(saved, list(model.parameters()), model), ctx, as_a_gpu_runs_it():
             out = model(**inputs)
     finally:
         hook.remove()
@@ -157,7 +181,7 @@ def measure(model: nn.Module, inputs: dict, mode: str | Setup, traced: bool = Fa
     total = stored_bytes(params, quantized_weights(model, setup), setup.shard)
     kinds = {n: type(m).__name__ for n, m in model.named_modules()}
     return StepMemory(total, trainable, optimizer_bytes(trained, setup.optimizer), saved, kinds, block,
-                      seen_input[0] if seen_input else 0)
+                      seen_input[0] if seen_input else 0, held=held_by_module(model, setup), devices=setup.devices)
 
 
 #: Where the memory alive at a traced step's peak is charged (module hooks cannot split it).
@@ -177,9 +201,9 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     from approxbp.kernels.ops import as_kernels
 
     setup = as_setup(mode)
-    if setup.shard > 1 or setup.optimizer in ("adamw-8bit", "paged-adamw"):
-        raise ValueError("--trace/--checkpoint run a real step of one process with torch's optimizers: not with "
-                         f"--shard or --optimizer {setup.optimizer} (plan those without tracing)")
+    if setup.shard > 1 or setup.devices > 1 or setup.optimizer in ("adamw-8bit", "paged-adamw"):
+        raise ValueError("--trace/--checkpoint run a real step of one process on one device with torch's optimizers: "
+                         f"not with --shard, --devices or --optimizer {setup.optimizer} (plan those without tracing)")
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable) if setup.optimizer == "adamw" else torch.optim.SGD(trainable, lr=1e-3)
     for p in trainable:
@@ -196,7 +220,7 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     def peak_now() -> dict:  # the peak so far, by category (one device)
         return next(iter(tracker.get_tracker_snapshot("peak").values()))
 
-    with as_kernels(), gpu_attention(), tracker:
+    with as_kernels(), as_a_gpu_runs_it(), tracker:
         with _autocast(setup):
             loss = _loss_of(model(**inputs))
         gc.collect()  # at both phase ends: the automatic collector's timing cannot move a real step's peak
@@ -262,7 +286,8 @@ def prepare(model: nn.Module, mode: str | Setup, lora_r: int = 8, checkpoint: bo
                              "checkpointing is not modelled); plan bf16, autocast or lora with it")
         checkpoint_blocks(model)
     if setup.train in ("lora", "lora-fa"):
-        add_lora(model, setup.lora_targets, lora_r, DTYPES.get(setup.adapters), freeze_a=setup.train == "lora-fa")
+        add_lora(model, setup.lora_targets, lora_r, DTYPES.get(setup.adapters), freeze_a=setup.train == "lora-fa",
+                 dropout=setup.lora_dropout)
     elif setup.train == "none":
         model.requires_grad_(False)
     if setup.weights == "nf4":  # after freezing: the frozen base Linears are the quantised ones

@@ -150,8 +150,8 @@ def plot_atlas(a: str, rows: list[dict] | None = None):
     from matplotlib.figure import Figure
 
     rows = atlas(a) if rows is None else rows
-    styles = {"fewbit-uniform": ("C0", "o-"), "fewbit-normal": ("C0", "o--"), "relu-sum-primitive": ("C2", "s-"),
-              "relu-sum-derivative": ("C2", "s--"), "invact-paper": ("C3", "*"), "invact-released": ("C1", "P"),
+    styles = {"fewbit-uniform": ("C0", "o-"), "fewbit-normal": ("C9", "o--"), "relu-sum-primitive": ("C2", "s-"),
+              "relu-sum-derivative": ("C8", "s--"), "invact-paper": ("C3", "*"), "invact-released": ("C1", "P"),
               "invact-newton": ("C4", "D"), "invact-fast": ("C5", "X")}
     names = {"fewbit-uniform": "FewBit-style k-bit (uniform weight)",
              "fewbit-normal": "FewBit-style k-bit (N(0,1) weight)",

@@ -57,9 +57,13 @@ def add_parser(sub, add) -> None:
                        "config's architectures, else causal-lm, or image-cls for a vision config)")
     setup.add_argument("--lora-targets", default=None, help="comma-separated Linear names, or all-linear (every "
                        "Linear but the output head); default: the attention query and value")
+    setup.add_argument("--lora-dropout", type=float, default=None, help="peft's lora_dropout: each adapter saves "
+                       "its own dropped copy of its input and a 1-byte mask (default 0: none)")
     setup.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                        help="its state: AdamW's two moments (the parameters' dtype), bitsandbytes' 8-bit moments, "
                        "its paged AdamW's fp32 moments (QLoRA's; counted as resident), or none (plain SGD)")
+    setup.add_argument("--devices", type=int, default=None, help="GPUs the model is split over by blocks, as "
+                       "Hugging Face's device_map=\"auto\" does: each GPU's peak and their sum (not with --budget)")
     setup.add_argument("--compile", action="store_true", help="torch.compile (inductor's partitioner)")
     setup.add_argument("--shard", type=int, default=None, help="ranks that shard parameters, gradients and "
                        "optimizer states (FSDP2 / ZeRO-3); activations are per rank")
@@ -82,7 +86,8 @@ def setup_of(args):
 
     from approxbp.setup import PRESETS
 
-    names = ("weights", "autocast", "train", "optimizer", "shard", "adapters", "norms", "task")
+    names = ("weights", "autocast", "train", "optimizer", "shard", "adapters", "norms", "task", "lora_dropout",
+             "devices")
     changes = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.lora_targets:
         changes["lora_targets"] = args.lora_targets if args.lora_targets == "all-linear" else tuple(

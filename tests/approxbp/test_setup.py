@@ -14,12 +14,12 @@ peft = pytest.importorskip("peft")
 LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
 
 
-def _peft_llama(weights: torch.dtype, targets):
+def _peft_llama(weights: torch.dtype, targets, dropout: float = 0.0):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                                    vocab_size=100)
     model = transformers.LlamaForCausalLM(cfg).to(weights)
-    return peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=targets, lora_dropout=0.0)).train()
+    return peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=targets, lora_dropout=dropout)).train()
 
 
 @pytest.mark.parametrize("setup, targets", [
@@ -44,6 +44,53 @@ def test_lora_plans_what_a_real_peft_model_saves_and_trains(setup, targets):
     assert P.stepper(LLAMA, setup)(2, 16).saved == step.saved  # fake tensors: the same, byte for byte
 
 
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], "all-linear"])
+@pytest.mark.parametrize("adapters", ["auto", "bf16"])
+def test_lora_dropout_plans_what_a_real_peft_model_with_dropout_saves(targets, adapters):
+    """peft's lora_dropout: each adapter saves its own dropped copy of its input and (on a GPU) a 1-byte mask; the
+    real model is counted with dropout as CUDA runs it (:func:`approxbp.attention.gpu_dropout`)."""
+    from approxbp.attention import gpu_dropout
+
+    setup = Setup(train="lora", lora_targets=targets if isinstance(targets, str) else tuple(targets),
+                  lora_dropout=0.1, adapters=adapters)
+    step = P.stepper(LLAMA, setup, fake=False)(2, 16)
+    model = _peft_llama(setup.dtype, targets, dropout=0.1)
+    if adapters == "bf16":
+        model.to(torch.bfloat16)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    saved = {}
+    with gpu_dropout(), charged(saved, list(model.parameters()), model):
+        model(input_ids=ids, labels=ids)
+    assert sum(saved.values()) == step.activations
+    without = P.stepper(LLAMA, Setup(train="lora", lora_targets=setup.lora_targets, adapters=adapters))(2, 16)
+    assert step.activations > without.activations  # the copies and masks are counted
+    assert P.stepper(LLAMA, setup)(2, 16).saved == step.saved
+
+
+def test_the_planner_counts_a_gpus_one_byte_dropout_mask_not_the_cpus():
+    """On a CPU, F.dropout keeps a mask in the input's dtype (4 bytes per fp32 element); CUDA's native_dropout a
+    bool. RoBERTa-style models (dropout 0.1 on attention probabilities and hidden states) are planned with the
+    GPU's: Approx-BP Table 4's exact step is 1.26 GiB lighter for it (issue 45)."""
+    from approxbp.attention import gpu_dropout
+
+    x = torch.randn(4, 8, requires_grad=True)
+    for ctx, dtype in ((torch.enable_grad(), torch.float32), (gpu_dropout(), torch.bool)):
+        kept = []
+
+        def keep(t, kept=kept):
+            kept.append(t.dtype)
+            return t
+        with ctx, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            y = torch.nn.Dropout(0.5)(x)
+        assert kept == [dtype]
+        y.sum().backward()  # and the gradient is a dropout's: 0 or 1/(1 − p)
+        assert set(x.grad.flatten().tolist()) <= {0.0, 2.0}
+        x.grad = None
+    with gpu_dropout():  # eval mode, p = 0 and in place are left as they are
+        assert torch.nn.Dropout(0.5).eval()(x) is x
+        assert torch.nn.functional.dropout(x, 0.0).equal(x)
+
+
 def test_optimizers_and_shards():
     params = [torch.empty(1000, 10, dtype=torch.bfloat16, device="meta"), torch.empty(7, dtype=torch.bfloat16,
                                                                                        device="meta")]
@@ -57,7 +104,9 @@ def test_optimizers_and_shards():
 
 
 @pytest.mark.parametrize("bad, message", [(dict(weights="fp8"), "--weights"), (dict(train="qlora"), "--train"),
-                                          (dict(shard=0), "--shard"), (dict(optimizer="adam"), "--optimizer")])
+                                          (dict(shard=0), "--shard"), (dict(optimizer="adam"), "--optimizer"),
+                                          (dict(lora_dropout=1.0), "--lora-dropout"),
+                                          (dict(lora_dropout=-0.1), "--lora-dropout")])
 def test_bad_set_ups_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
         Setup(**bad)
@@ -109,3 +158,40 @@ def test_nothing_trains_under_train_none_whatever_the_weights_and_norms():
         assert not any(p.requires_grad for p in model.parameters())
         assert any(isinstance(m, NF4Linear) for m in model.modules()) == (setup.weights == "nf4")
     assert P.stepper(LLAMA, Setup(weights="nf4", train="none"))(2, 16).gradients == 0
+
+
+LLAMA4 = "llama:hidden=64,layers=4,heads=4,intermediate=128,vocab=100"
+
+
+def test_devices_split_the_step_by_blocks_and_sum_to_its_peak():
+    """--devices 2 on a 4-block LLaMA: GPU 0 holds the embeddings and blocks 0, 1 (their bf16 weights, gradients
+    and AdamW moments, 8 bytes per parameter, and what their modules save), GPU 1 the rest; counted here from a
+    real model's modules, independently of StepMemory.device_peaks."""
+    from approxbp.kernels.saved import charged
+
+    whole = P.stepper(LLAMA4, Setup(devices=2), fake=False, whole=True)(2, 16)
+    assert sum(whole.device_peaks()) == whole.peak == P.stepper(LLAMA4, Setup(), whole=True)(2, 16).peak
+    assert P.stepper(LLAMA4, Setup(devices=2))(2, 16).device_peaks() == whole.device_peaks()  # extrapolated alike
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
+                                   vocab_size=100)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).train()
+    saved = {}
+    with charged(saved, list(model.parameters()), model):
+        model(input_ids=torch.zeros(2, 16, dtype=torch.long), labels=torch.zeros(2, 16, dtype=torch.long))
+    first = ("model.embed_tokens", "model.layers.0", "model.layers.1")
+    mine = [m for n, m in model.named_modules() if n in first]
+    held = 8 * sum(p.numel() for m in mine for p in m.parameters())
+    keeps = sum(b for path, b in saved.items() if path.startswith(first))
+    assert whole.device_peaks()[0] == held + keeps
+    assert P.stepper(LLAMA4, Setup(devices=3), whole=True)(2, 16).device_peaks()[1] > 0  # 4 blocks over 3 GPUs
+
+
+def test_a_budget_is_one_gpus_and_is_refused_with_devices():
+    from approxbp.cli import main
+
+    with pytest.raises(ValueError, match="--devices"):
+        P.plan(LLAMA, 2, 16, Setup(devices=2), budget=1 << 30)
+    assert main(["plan", LLAMA, "--seq", "16", "--devices", "2", "--budget", "1GiB", "--no-progress"]) == 2
+    with pytest.raises(ValueError, match="--devices"):
+        Setup(devices=2, shard=2)
