@@ -301,18 +301,27 @@ class Activation:
         return self._cache[key]
 
     # ---- asymptotics ------------------------------------------------------------------------
-    def check_relu_sum_asymptotics(self) -> None:
-        """Refuse h unless h(x)→0 as x→−∞ and h(x)−x→0 as x→+∞ (what Approx-BP eq. 13 can match), at any rate:
-        exponential, double exponential or algebraic (:mod:`.tails`)."""
+    def relu_sum_limits(self) -> list[str]:
+        """Why eq. 13 cannot match h (h(x) → 0 as x → −∞, h(x) − x → 0 as x → +∞, at any rate: exponential, double
+        exponential or algebraic, :mod:`.tails`), one reason per side; [] when it can."""
         from .tails import tail
 
-        sides = [tail(self, 0, side) for side in ("left", "right")]
-        problems = [s.describe() for s in sides if not s.vanishes]
-        if problems:
+        return [s.describe() for s in (tail(self, 0, side) for side in ("left", "right")) if not s.vanishes]
+
+    def check_relu_sum_asymptotics(self, bits: int | None = None) -> None:
+        """Refuse h unless eq. 13 can match its limits (:meth:`relu_sum_limits`), naming the family that fits it."""
+        if problems := self.relu_sum_limits():
             raise ValueError(
                 f"activation {self.name!r} cannot be approximated by a sum of ReLUs with Σw=1, Σw·c=0 "
-                f"(Approx-BP eq. 13): " + "; ".join(problems)
-            )
+                f"(Approx-BP eq. 13): " + "; ".join(problems) + ". A way forward: "
+                f"{self.fit_command('relu-sum', '--levels free', bits=bits or 2)} (FewBit's free levels fit h′ with "
+                "no condition at ±∞)")
+
+    def fit_command(self, family: str, *options: str, bits: int | None = None) -> str:
+        """The ``approxbp fit`` command line for this activation (its registry name, else its expression)."""
+        given = self.name if named_expression(self.name) else self.expression
+        return " ".join(["approxbp fit", family, *options, "--activation", f"'{given}'",
+                         *([f"--bits {bits}"] if bits else [])])
 
 
 def get_activation(name_or_expr: str | Activation) -> Activation:

@@ -33,6 +33,7 @@ class Tail:
     kind: str
     power: float | None
     values: tuple[float, ...]
+    last: float = 0.0  # t at |x| = FAR, with its sign (values are |t|)
 
     @property
     def vanishes(self) -> bool:
@@ -56,10 +57,10 @@ class Tail:
         what = "h" + "′" * self.order + ("" if self.side == "left" else (" − x" if self.order == 0 else " − 1"))
         far = f"{'−' if self.side == 'left' else ''}{FAR:g}"
         if self.kind == "fast":
-            return f"{what} falls faster than any power ({mpmath.nstr(self.values[-1], 3)} at x = {far})"
+            return f"{what} falls faster than any power ({self.values[-1]:.3g} at x = {far})"
         if self.kind == "algebraic":
-            return f"{what} falls like |x|^−{self.power:.3g} ({mpmath.nstr(self.values[-1], 3)} at x = {far})"
-        return f"{what} does not tend to 0 ({mpmath.nstr(self.values[-1], 6)} at x = {far})"
+            return f"{what} falls like |x|^−{self.power:.3g} ({self.values[-1]:.3g} at x = {far})"
+        return f"{what} does not tend to 0 ({f'{self.last:.6g}'.replace('-', '−')} at x = {far})"
 
 
 def residual(act, order: int, side: str):
@@ -74,16 +75,17 @@ def tail(act, order: int, side: str) -> Tail:
     t = residual(act, order, side)
     sign = -1 if side == "left" else 1
     with mpmath.workdps(50):
-        values = tuple(float(abs(t(mpmath.mpf(sign * v)))) for v in SAMPLES)
+        signed = tuple(float(t(mpmath.mpf(sign * v))) for v in SAMPLES)
+    values = tuple(abs(v) for v in signed)
     if not all(math.isfinite(v) for v in values):
-        return Tail(side, order, "none", None, values)
+        return Tail(side, order, "none", None, values, signed[-1])
     if values[-1] < FAST and values[-1] <= values[-2]:
-        return Tail(side, order, "fast", None, values)
+        return Tail(side, order, "fast", None, values, signed[-1])
     if min(values[-4:]) > 0:
         powers = [math.log2(a / b) for a, b in zip(values[-4:], values[-3:])]
         if min(powers) > 0 and max(powers) - min(powers) < 0.25:
-            return Tail(side, order, "algebraic", powers[-1], values)
-    return Tail(side, order, "none", None, values)
+            return Tail(side, order, "algebraic", powers[-1], values, signed[-1])
+    return Tail(side, order, "none", None, values, signed[-1])
 
 
 def mass_beyond(act, shape: Tail, at: float) -> float:

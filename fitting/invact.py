@@ -121,9 +121,13 @@ def check_right_tail(ia: InvertedActivation) -> float:
     y_max = ia.f_T + RIGHT_SPAN
     err = right_tail_error(ia)
     if not err <= TAIL_TOL:
-        raise ValueError(f"activation {ia.activation.name!r}: beyond y = {y_max:.6g} the inverted-activation "
+        act = ia.activation
+        other = (act.fit_command("relu-sum", bits=2) + " (ReGELU2-style: eq. 13's limits hold)"
+                 if not act.relu_sum_limits() else act.fit_command("relu-sum", "--levels free", bits=2)
+                 + " (FewBit's free levels: eq. 13's limits do not hold either)")
+        raise ValueError(f"activation {act.name!r}: beyond y = {y_max:.6g} the inverted-activation "
                          f"kernels use q = h′(y), which errs by {err:.3g} > {TAIL_TOL:g} here (f⁻¹(y) − y does "
-                         "not vanish fast enough); this family does not suit it")
+                         f"not vanish fast enough); this family does not suit it. A way forward: {other}")
     return err
 
 

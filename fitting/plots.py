@@ -62,21 +62,19 @@ def _invact_tables(activation: str, forms, tables) -> list:
     return found + [T.load(t) if isinstance(t, str) or hasattr(t, "is_file") else T.as_table(t) for t in tables]
 
 
-def plot_invact(activation: str, forms=("paper", "released", "newton"), tables=()):
+def plot_invact(activation: str, forms=("paper", "released", "newton"), tables=(), note: str = ""):
     """g(y) = f'(f⁻¹(y)) on both branches, and |g − q| for each committed form of ``activation`` and each of
-    ``tables`` (a user's table, path or fit: Inverted Activations Fig. 2 for any activation)."""
+    ``tables`` (a user's table, path or fit: Inverted Activations Fig. 2 for any activation). With no table, g
+    alone, and ``note`` (why there is none: a fit's refusal) where the errors would be."""
     from matplotlib.figure import Figure
 
     from .invact_exact import is_monotone
 
     act = get_activation(activation)
     if is_monotone(act):  # one branch: the packaged exact table (softplus) and the given ones
-        return _plot_monotone(act, _invact_tables(act.name, ("exact",), tables))
+        return _plot_monotone(act, _invact_tables(act.name, ("exact",), tables), note)
     ia = InvertedActivation(activation)
     shown = _invact_tables(ia.activation.name, forms, tables)
-    if not shown:
-        raise ValueError(f"no invact table to plot for {ia.activation.name!r}: the package has none of {forms}; "
-                         "pass tables=[fit_invact(activation).table] (or a table path)")
     fig = Figure(figsize=(11, 7))
     axes = fig.subplots(2, 2)
     for col, side in enumerate(("left", "right")):
@@ -96,20 +94,31 @@ def plot_invact(activation: str, forms=("paper", "released", "newton"), tables=(
         axes[1, col].set_ylabel("|g − q|")
         for ax in axes[:, col]:
             ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+    if not shown:
+        _no_table(axes[1, 0], ia.activation.name, forms, note)
     published = any(t.source == "paper" for t in shown)
     fig.suptitle(f"Inverted {ia.activation.name}: {'published vs ours' if published else 'our forms'}")
     fig.tight_layout()
     return fig
 
 
-def _plot_monotone(act, shown: list):
+def _no_table(ax, name: str, forms, note: str) -> None:
+    """The error panel of a plot with no table: why there is none, and what to pass."""
+    import textwrap
+
+    text = note or (f"the package has none of {', '.join(forms)} for {name}: pass tables=[fit_invact(activation)"
+                    ".table] or a table path")
+    ax.text(0.02, 0.5, textwrap.fill(f"no table to compare: {text}", 70), transform=ax.transAxes, fontsize=8,
+            va="center")
+
+
+def _plot_monotone(act, shown: list, note: str = ""):
     """One branch (an increasing activation): g = f′ against y = f(x) over x ∈ [−30, 30], and |g − q| for each
     monotone table in ``shown`` (an exact table's error is float64 rounding)."""
     from matplotlib.figure import Figure
 
-    if not shown:
-        raise ValueError(f"no invact table to plot for {act.name!r}: pass tables=[fit_invact(activation).table]")
     xv = np.linspace(-30.0, 30.0, 4001)
     yv, g = act.f(xv), act.df(xv)
     fig = Figure(figsize=(11, 4))
@@ -125,7 +134,10 @@ def _plot_monotone(act, shown: list):
         ax.set_xlabel("y = f(x)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if not shown:
+        _no_table(right, act.name, ("exact",), note)
     fig.suptitle(f"Inverted {act.name} (monotone)")
     fig.tight_layout()
     return fig

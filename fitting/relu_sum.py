@@ -340,7 +340,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     bits = check_bits(bits)
     check_objective(objective)
     method = _checked(method, bits, restarts, seed)
-    act.check_relu_sum_asymptotics()
+    act.check_relu_sum_asymptotics(bits)
     A, B, tail, how = interval_for(act, objective, interval)
     obj = ReluSumObjective(act, bits, objective, (A, B))
     if obj.n == 1:  # Σw=1 and Σw·c=0 leave exactly ReLU(x)

@@ -152,6 +152,7 @@ def _summary(t) -> str:
         f"interval=[{t.interval[0]:.6g}, {t.interval[1]:.6g}]",
         f"  expression  {t.expression}",
         f"  loss        {t.loss:.15e}   (tail mass outside interval {m['tail_mass']:.2e})",
+        f"  interval    {m.get('interval_rule', '')}",
         f"  knots       {_short(t.knots, 8)}",
         f"  weights     {_short(t.weights, 8)}",
         f"  levels      {_short(t.levels, 6)}",

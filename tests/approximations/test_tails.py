@@ -52,15 +52,46 @@ def test_a_double_exponential_gets_an_interval_without_exhausting_memory():
     assert np.allclose(rewritten.df(grid), get_activation(TANHEXP).df(grid), rtol=1e-9, atol=1e-300)
 
 
-def test_an_algebraic_tail_is_refused_with_its_rate_and_fitted_on_a_given_interval():
+def test_an_algebraic_tail_gets_a_default_interval_whose_outside_mass_is_a_constant():
+    """Squareplus' residual falls like 1/|x|: no interval holds the tail rule, but beyond the outermost knot h̃ is
+    exactly 0 or x, so the mass outside any interval past the knots is a constant of the loss: ±64 by default, the
+    report says so, and a wider interval gives the same knots and the same loss + outside mass (issue 47)."""
+    from approxbp.fitting.relu_sum import fit_relu_sum
+
     act = get_activation(SQUAREPLUS)
     act.check_relu_sum_asymptotics()  # it does tend to 0, like 1/|x|
-    with pytest.raises(ValueError, match=r"falls like \|x\|\^−1 .*--interval"):
-        interval_for(act, "primitive")
+    a, b, mass, how = interval_for(act, "primitive")
+    assert (a, b) == (-64.0, 64.0) and "algebraic" in how and "constant" in how
+    assert mass == pytest.approx(2 * 1 / 64, rel=0.05)  # (h − x)² ~ 1/x² beyond ±64 on each side
+    fits = [fit_relu_sum(act, 2, "primitive", restarts=2, workers=1, progress=False, interval=i).table
+            for i in (None, (-128.0, 128.0))]
+    assert np.allclose(fits[0].knots, fits[1].knots, atol=1e-6)
+    whole = [t.loss + t.metrics["tail_mass"] for t in fits]
+    assert whole[0] == pytest.approx(whole[1], rel=1e-6)
     a, b, mass, how = interval_for(act, "primitive", (-20.0, 20.0))
     assert (a, b) == (-20.0, 20.0) and mass == pytest.approx(2 * 1 / 20, rel=0.05) and "given" in how
     with pytest.raises(ValueError, match="expected finite A < 0 < B"):
         interval_for(act, "primitive", (1.0, 2.0))
+
+
+def test_every_eq_13_refusal_names_a_way_forward_that_runs(capsys):
+    """An activation eq. 13 cannot match (h → −1 on the left, as log(1 + eˣ) − 1) is refused with the signed value
+    and the free-level command; an InvAct refusal (Smish's tail rule) with the family that fits it; both commands
+    run (issue 47)."""
+    import shlex
+
+    from approxbp.cli import main
+
+    for expression, fit in (("log(1+exp(x)) - 1", ["relu-sum", "--bits", "2"]),
+                            ("x*tanh(log(1+1/(1+exp(-x))))", ["invact"])):
+        assert main(["fit", *fit, "--activation", expression, "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert "A way forward: approxbp fit relu-sum --levels free" in err, err
+        if expression.startswith("log"):
+            assert "h does not tend to 0 (−1 at x = −512)" in err
+        command = shlex.split(err.split("A way forward: ")[1].split(" (")[0].strip())
+        assert main([*command[1:], "--no-progress"]) == 0, command
+        assert "free levels" in capsys.readouterr().out
 
 
 def test_logish_is_refused_for_its_true_reason():

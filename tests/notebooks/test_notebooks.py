@@ -51,3 +51,13 @@ def test_explorers_run_on_a_user_expression(name, activation, tmp_path):
     text = "".join(o.get("text", "") for o in outputs)
     assert "ours" in text or name == "inverted_activation_explorer"
     assert "sqrt" not in activation or "one branch; q(y) = y**2/(y**2 + 1)" in text
+
+
+def test_the_inverted_activation_explorer_draws_g_and_prints_a_refusal(tmp_path):
+    """Smish is refused by InvAct (its tail rule errs by 1.6e-4): the explorer draws g, prints the refusal with its
+    way forward, and does not raise (issue 47)."""
+    outputs = _run(ROOT / "notebooks" / "inverted_activation_explorer.ipynb", tmp_path,
+                   "x*tanh(log(1+1/(1+exp(-x))))")
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "no InvAct table:" in text and "A way forward: approxbp fit relu-sum --levels free" in text
+    assert _images(outputs) >= 2
