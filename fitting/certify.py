@@ -339,7 +339,8 @@ def _round(v: float, up: bool) -> float:
 
 @iv.at_precision
 def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
-                  rounded: bool = False, max_boxes: int | None = None) -> tuple[dict | None, list[str], bool]:
+                  rounded: bool = False, max_boxes: int | None = None, emit=None
+                  ) -> tuple[dict | None, list[str], bool]:
     """Certify one table: (the ``metrics["certified"]`` entry or None when a bound is not finite, printable lines,
     whether every claim holds).
 
@@ -347,17 +348,33 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
     evaluation bound; ``rounded``: the form's numbers rounded to float32 first. ReLU-sum: an enclosure of the
     objective (it must contain the recorded loss to 1e-12 relative), and for k ≤ 2 the global optimality gap
     (target 1e-9). Each certificate stops at ``budget_s`` seconds or ``max_boxes`` boxes (InvAct default
-    :data:`MAX_BOXES`), whichever comes first."""
+    :data:`MAX_BOXES`), whichever comes first. ``emit``: called with each line as soon as its certificate is done
+    (a branch, a bound), so that a long run says something per branch even without progress."""
     t = as_table(t)
+    lines = _Lines(emit)
     if t.family == "invact":
-        return _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes)
-    return _certify_relu_sum_table(t, budget_s, progress, max_boxes)
+        return _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines)
+    return _certify_relu_sum_table(t, budget_s, progress, max_boxes, lines)
 
 
-def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes) -> tuple[dict | None, list[str], bool]:
+class _Lines(list):
+    """The printable lines of a certificate, each also handed to ``emit`` when it is added."""
+
+    def __init__(self, emit=None):
+        super().__init__()
+        self.emit = emit
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        if self.emit is not None:
+            self.emit(line)
+
+
+def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines
+                          ) -> tuple[dict | None, list[str], bool]:
     """:func:`certify_table` for an InvAct table: each branch proven exact (sympy identity) or bounded in balls."""
     say = progress or (lambda msg: None)
-    lines, ok, entry, newton = [], True, {}, False
+    ok, entry, newton = True, {}, False
     for branch in t.branches:
         say(f"{t.name} {branch}")
         if identity_proof(t, branch):  # exact: the real-number error is 0, only float32 evaluation remains
@@ -401,14 +418,14 @@ def _invact_method(t, entry: dict, newton: bool) -> str:
             + ("; Newton steps by error propagation" if newton else "; float32 evaluation: running error bound"))
 
 
-def _certify_relu_sum_table(t, budget_s, progress, max_boxes) -> tuple[dict, list[str], bool]:
+def _certify_relu_sum_table(t, budget_s, progress, max_boxes, lines) -> tuple[dict, list[str], bool]:
     """:func:`certify_table` for a ReLU-sum table: the objective's enclosure, and global optimality for k ≤ 2."""
     (progress or (lambda msg: None))(t.name)
     enclosure = relu_sum_objective(t)
     ok = consistent = bool(abs(enclosure - t.loss).upper() <= 1e-12 * abs(t.loss))
     entry = {"objective": [float(enclosure.lower()), float(enclosure.upper())]}
-    lines = [f"{t.name:<28} objective ∈ [{float(enclosure.lower()):.16e}, {float(enclosure.upper()):.16e}]; "
-             f"recorded loss {t.loss:.16e} {'inside (1e-12)' if consistent else 'OUTSIDE: FAILED'}"]
+    lines.append(f"{t.name:<28} objective ∈ [{float(enclosure.lower()):.16e}, {float(enclosure.upper()):.16e}]; "
+                 f"recorded loss {t.loss:.16e} {'inside (1e-12)' if consistent else 'OUTSIDE: FAILED'}")
     if t.bits <= 2:
         g = certify_relu_sum_global(t, budget_s=budget_s, max_boxes=max_boxes, say=progress)
         entry["global_gap"] = _round(g.gap, True)

@@ -49,13 +49,13 @@ def run(args, argv) -> int:
 
 
 def print_certificates(paths, progress: bool, write: bool, only_default: bool = False, **options) -> dict[str, bool]:
-    """Certify each table (:func:`approxbp.fitting.certify.certify_files`), printing its lines as it is done.
-    Returns name → whether its claims hold."""
+    """Certify each table (:func:`approxbp.fitting.certify.certify_files`), printing each line as soon as its
+    certificate (a branch, a bound) is done, with or without progress. Returns name → whether its claims hold."""
     from approxbp.fitting.certify import certify_files
 
     tell = (lambda msg: print(f"[certify] {msg}", file=sys.stderr, flush=True)) if progress else None
     held = {}
-    for name, lines, ok in certify_files(paths, write=write, only_default=only_default, progress=tell, **options):
-        print("\n".join(lines), flush=True)
+    for name, _, ok in certify_files(paths, write=write, only_default=only_default, progress=tell,
+                                     emit=lambda line: print(line, flush=True), **options):
         held[name] = ok
     return held

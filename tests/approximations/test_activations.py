@@ -97,3 +97,20 @@ def test_softplus_log1p_expm1_are_in_the_grammar():
     v = np.array([-3.0, 0.5, 4.0])
     np.testing.assert_allclose(get_activation("x*expm1(-x*x)").f(v), v * np.expm1(-v * v), rtol=1e-15)
     assert get_activation("x*tanh(softplus(x))").f(np.array([800.0]))[0] == 800.0  # no overflow
+
+
+def test_a_users_gelu_is_generated_from_the_packaged_form():
+    """x·erfc(−x/√2)/2, which sympy turns into the cancelling x·(2 − erfc(x/√2))/2 (0 at x = −12 where GELU is
+    −2e-32), is the packaged x·Φ(x): evaluated, fitted and generated from it, so its kernel costs what ReGELU2's
+    does (issue 47). A function that differs by 1e-7 is not taken for GELU; the user's label stays."""
+    import numpy as np
+    from approxbp.approximations import get_activation
+    from approxbp.approximations.activations import known_form
+
+    gelu = get_activation("gelu")
+    for text in ("x*erfc(-x/sqrt(2))/2", "x*(1 + erf(x/sqrt(2)))/2", "0.5*x*(1 + erf(0.7071067811865476*x))"):
+        act = get_activation(text)
+        assert act.expr == gelu.expr and act.name == text, text
+    assert get_activation("x/(1 + exp(-x))").expr == get_activation("silu").expr
+    assert known_form("x*Phi(x)*1.0000001") is None and known_form("x*tanh(exp(x))") is None
+    assert get_activation("x*erfc(-x/sqrt(2))/2").f(np.array([-12.0]))[0] < 0  # no cancellation to 0

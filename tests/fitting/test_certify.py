@@ -317,3 +317,18 @@ def test_a_relu_sum_global_certificate_cut_short_says_budget_not_a_wrong_table()
     t = T.as_table(T.load("relu_sum/gelu-k2-derivative"))
     _, lines, ok = _certify_relu_sum_table(t, 60, None, 5)
     assert not ok and "not certified (budget" in lines[-1] and "NOT CERTIFIED" not in lines[-1], lines[-1]
+
+
+def test_each_certificate_line_is_emitted_as_soon_as_it_is_done(capsys):
+    """`approxbp certify --no-progress` was silent until a whole table was done (minutes for an InvAct table): each
+    branch's line is now handed out as its certificate ends, and the CLI prints it then (issue 47)."""
+    from approxbp.approximations.tables import load
+    from approxbp.fitting.certify import certify_table
+
+    from approxbp.commands.certify import print_certificates
+
+    seen = []
+    _, lines, ok = certify_table(load("invact/relu2-exact"), emit=seen.append)
+    assert ok and seen == list(lines) and len(seen) == 2 and "left" in seen[0] and "right" in seen[1]
+    held = print_certificates(["invact/relu2-exact"], progress=False, write=False)
+    assert list(held.values()) == [True] and capsys.readouterr().out.count("relu2-exact") == 2

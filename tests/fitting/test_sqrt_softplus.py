@@ -15,7 +15,7 @@ SQRT_SOFTPLUS = "sqrt(log(1+exp(x)))"
 
 
 def test_the_constrained_family_is_refused_with_the_tail_reason():
-    with pytest.raises(ValueError, match=r"h − x does not tend to 0 \(489\.37"):
+    with pytest.raises(ValueError, match=r"h − x does not tend to 0 \(−489\.37"):
         fit_relu_sum(SQRT_SOFTPLUS, bits=2, progress=False)
 
 
