@@ -32,10 +32,15 @@ REGISTRY: dict[str, str] = {
     "mish": "x*tanh(log(1 + exp(x)))",
 }
 
-#: Piecewise activations: not smooth, so no fit takes them (the ReLU-sum and InvAct fits need h′ and h″), but exact
-#: tables derived from the expression serve them (``fitting.invact_exact``: ReLU², f′(f⁻¹(y)) = 2√y, issue 32).
+#: Piecewise activations: not smooth, so no ReLU-sum or InvAct fit takes them (those fits need h′ and h″), but exact
+#: tables derived from the expression, piece by piece, serve them (``fitting.invact_exact``: ReLU², f′(f⁻¹(y)) = 2√y,
+#: issue 32; ELU, select(y, 1, y + 1); SELU, select(y, λ, y + λα), issue 47), and FewBit's free levels fit them.
+#: CELU with torch's default α = 1 is ELU; SELU's λ and α are torch's.
 PIECEWISE: dict[str, str] = {
     "relu2": "Max(0, x)**2",
+    "elu": "Max(0, x) + Min(0, exp(x) - 1)",
+    "celu": "Max(0, x) + Min(0, exp(x) - 1)",
+    "selu": "1.0507009873554804934193349852946*(Max(0, x) + Min(0, 1.6732632423543772848170429916717*(exp(x) - 1)))",
 }
 #: Increasing activations with inf f = 0: the inverted-activation family serves them with one exact branch and no
 #: bit (``fitting.invact_exact.monotone_table``: softplus f′(f⁻¹(y)) = 1 − e^(−y)); patching uses that table in
@@ -248,7 +253,17 @@ class Activation:
         return str(self.expr)
 
     def derivative_expr(self, order: int = 1) -> sp.Expr:
-        return sp.diff(self.expr, x, order)
+        """h^(order) by sympy; a piecewise h's unit steps with their arguments made exact
+        (:func:`.pieces.sharpen`: eˣ·H(1 − eˣ) is eˣ·H(−x))."""
+        key = f"d{order}"
+        if key not in self._cache:
+            d = sp.diff(self.expr, x, order)
+            if d.has(sp.Heaviside):
+                from .pieces import sharpen
+
+                d = sharpen(d)
+            self._cache[key] = d
+        return self._cache[key]
 
     # ---- evaluators -------------------------------------------------------------------------
     def _numpy(self, order: int):

@@ -52,8 +52,9 @@ class InvertedActivation:
                 "f = GELU/SiLU-like shapes with one minimiser T"
                 + ("; a piecewise activation flat left of 0 (relu2) takes the exact form (--form exact)"
                    if changes == 0 and act.name in PIECEWISE else
-                   "; an increasing one takes the exact one-branch form (--form exact: it needs f → 0 as x → −∞, "
-                   "h′ > 0 in float64 on [−60, 60] and a closed-form inverse)" if changes == 0 else ""))
+                   "; an increasing one takes the exact one-branch form (--form exact: it needs a finite inf f, "
+                   "h′ > 0 in float64 on [−60, 60] and a closed-form inverse on each smooth piece)" if changes == 0
+                   else ""))
         i = int(np.argmax(d > 0))
         with mpmath.workdps(60):
             T = mpmath.findroot(lambda v: act.mp(v, 1, None), (mpmath.mpf(grid[i - 1]), mpmath.mpf(grid[i])),

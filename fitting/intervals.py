@@ -5,7 +5,8 @@ of the value over X, of the derivative over X (None where a ``select`` may jump 
 float32 rounding error of a kernel that evaluates the same expression operation by operation
 (:data:`FP32_ULPS`). Nothing is sampled: every enclosure contains every value the real function takes on X.
 
-* Max, Min, Abs, select decide their branch when the balls allow it and take the union of both otherwise.
+* Max, Min, Abs, select, Heaviside decide their branch when the balls allow it and take the union of both
+  otherwise.
 * The value on a box is tightened by the mean-value form f(X) ⊂ f(m) + f′(X)·(X − m) (:func:`enclosure`).
 """
 
@@ -225,6 +226,9 @@ class Evaluator:
             return lambda vals, env: _extreme([vals[args[0]], self._neg(vals[args[0]])], True)
         if name == "select":
             return lambda vals, env: self._select(*(vals[i] for i in args))
+        if name == "Heaviside":  # the unit step (½ at 0): decided like select(u, 1, 0), the union [0, 1] across 0
+            return lambda vals, env: self._select(vals[args[0]], *(Ball(arb(c), arb(0), self._zero_error())
+                                                                   for c in (1, 0)))
         if name in self.calls:
             fn = self.calls[name]
             return lambda vals, env: fn(*(vals[i] for i in args))

@@ -18,10 +18,11 @@ import numpy as np
 import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
-from approxbp.approximations.activations import named_expression, x
+from approxbp.approximations.activations import named_expression, numpy_namespace, x
+from approxbp.approximations.functions import select
 from approxbp.approximations.invact_forms import Form
+from approxbp.approximations.pieces import pieces
 from approxbp.approximations.table_checks import MONOTONE_SPAN, not_increasing_at
-from approxbp.approximations.tails import tail
 
 from .relu_sum import package_version
 
@@ -63,47 +64,70 @@ def takes_exact(act) -> bool:
     return is_monotone(act) or flat
 
 
+def infimum(activation) -> float:
+    """inf f = lim f as x → −∞ of an increasing activation (sympy's limit of its leftmost smooth piece): 0 for
+    softplus, −1 for ELU; a ValueError when it is not finite (a saved y must still map back to one x)."""
+    act = get_activation(activation)
+    limit = sp.limit(pieces(act.expr)[0][2], x, -sp.oo)
+    if not (limit.is_real and limit.is_finite):
+        raise ValueError(f"{act.name}: f → {limit} as x → −∞; an inverted activation needs a finite infimum")
+    return float(limit)
+
+
 def derive_monotone(activation) -> sp.Expr:
-    """q(y) = f′(f⁻¹(y)) for an increasing activation with inf f = 0 (softplus: 1 − e^(−y); squareplus
-    (x + √(x² + 4))/2: y²/(y² + 1)), by sympy ``solve``; a ValueError with the reason when there is no such closed
-    form. One branch: the saved output alone gives the gradient, no bit (Inverted Activations §2)."""
+    """q(y) = f′(f⁻¹(y)) for an increasing activation with a finite infimum (softplus: 1 − e^(−y); squareplus
+    (x + √(x² + 4))/2: y²/(y² + 1); ELU: select(y, 1, y + 1), one closed form per smooth piece joined at the
+    kinks' y), by sympy ``solve`` on each piece; a ValueError with the reason when a piece has no such closed form.
+    One branch: the saved output alone gives the gradient, no bit (Inverted Activations §2)."""
     act = get_activation(activation)
     if not is_monotone(act):
         raise ValueError(f"{act.name}: not increasing on [−{MONOTONE_SPAN:g}, {MONOTONE_SPAN:g}]")
-    left = tail(act, 0, "left")  # 50-digit samples out to x = −512: computed once
-    if not left.vanishes:
-        raise ValueError(f"{act.name}: a monotone table needs h → 0 as x → −∞ ({left.describe()})")
-    xr, y = sp.Symbol("x", real=True), sp.Symbol("y", positive=True)
-    f = act.expr.subs(x, xr)
-    probe = float(act.f(0.5))
+    floor, y = infimum(act), sp.Symbol("y")
+    q = None
+    for lo, hi, f in reversed(pieces(act.expr)):
+        here = _piece_slope(act, f, lo, hi, floor)
+        q = here if q is None else select(y - float(act.f(hi)), q, here)  # y above the kink's: the piece on its right
+    return q
+
+
+def _piece_slope(act, f: sp.Expr, lo: float, hi: float, floor: float) -> sp.Expr:
+    """f′(f⁻¹(y)) on one smooth piece of an increasing activation, in y, from the one real inverse that maps back."""
+    low = floor if not np.isfinite(lo) else float(act.f(lo))
+    xr, y = sp.Symbol("x", real=True), sp.Symbol("y", positive=True) if low >= 0 else sp.Symbol("y", real=True)
+    f = f.subs(x, xr)
+    inside = 0.5 if not (np.isfinite(lo) or np.isfinite(hi)) else (lo + hi) / 2 if np.isfinite(lo + hi) else (
+        hi - 0.5 if np.isfinite(hi) else lo + 0.5)
+    probe = float(act.f(inside))
     roots = [r for r in sp.solve(sp.Eq(f, y), xr)
-             if abs(complex(sp.N(f.subs(xr, r.subs(y, probe)))) - probe) < 1e-9 * (1 + probe)]
+             if abs(complex(sp.N(r.subs(y, probe))) - inside) < 1e-9 * (1 + abs(inside))]
     if len(roots) != 1:
-        raise ValueError(f"{act.name}: sympy finds {len(roots)} real inverses of y = {act.expression} in closed "
-                         "form, not one; a fitted monotone form is not implemented")
+        raise ValueError(f"{act.name}: sympy finds {len(roots)} real inverses of y = {f} in closed form on "
+                         f"({lo:g}, {hi:g}), not one; a fitted monotone form is not implemented")
     q = sp.diff(f, xr).subs(xr, roots[0])
     q = sp.simplify(q.replace(lambda e: e.is_Pow and abs(e.exp) == sp.S.Half,  # √((y²+1)²/y²) = (y²+1)/y
                               lambda e: sp.factor(sp.together(e.base)) ** e.exp))
+    top = float(act.f(hi)) if np.isfinite(hi) else low + RIGHT_SPAN
+    grid = low + np.geomspace(1e-12, max(top - low, 1e-12), 97)
     for form in (sp.factor_terms(sp.expand(q)), q):  # (e^(y²) − 1)·e^(−y²) overflows; 1 − e^(−y²) does not
         with np.errstate(all="ignore"):
-            values = sp.lambdify(y, form, "numpy")(np.geomspace(1e-12, RIGHT_SPAN, 97))
+            values = np.broadcast_to(sp.lambdify(y, form, numpy_namespace())(grid), grid.shape)
         if np.all(np.isfinite(values)):
             return form.subs(y, sp.Symbol("y"))
-    raise ValueError(f"{act.name}: q(y) = {q} is not finite in float64 on [1e-12, {RIGHT_SPAN:g}]")
+    raise ValueError(f"{act.name}: q(y) = {q} is not finite in float64 on ({low:g}, {top:g})")
 
 
-def _measured(activation, q: sp.Expr, left: bool = True) -> dict:
-    """L∞ and L2 of q against f′(f⁻¹(y)) (f⁻¹ by mpmath at 60 digits, bracketed) for y from 1e-12 to RIGHT_SPAN;
-    with ``left``, f′ on the left of 0 (q = 0 there)."""
+def _measured(activation, q: sp.Expr, left: bool = True, floor: float = 0.0) -> dict:
+    """L∞ and L2 of q against f′(f⁻¹(y)) (f⁻¹ by mpmath at 60 digits, bracketed) for y from ``floor`` + 1e-12 to
+    ``floor`` + RIGHT_SPAN; with ``left``, f′ on the left of 0 (q = 0 there)."""
     act = get_activation(activation)
-    q_of = sp.lambdify(sp.Symbol("y"), q, "numpy")
+    q_of = sp.lambdify(sp.Symbol("y"), q, numpy_namespace())  # its select, not numpy's
 
     def f_minus(yv):
         return lambda t: act.mp(t, 0, None) - yv
 
     errors = []
     with mpmath.workdps(60):
-        for yv in np.logspace(-12, np.log10(RIGHT_SPAN), CHECK_POINTS):
+        for yv in floor + np.logspace(-12, np.log10(RIGHT_SPAN), CHECK_POINTS):
             lo, hi = mpmath.mpf(0 if left else -1), mpmath.mpf(1)
             while f_minus(yv)(lo) > 0:  # a monotone activation's inverse of a small y lies far left (−1e12)
                 lo *= 2
@@ -142,14 +166,14 @@ def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
     [0, RIGHT_SPAN], h′(y) beyond it like every invact table; no turning point and no branch bit."""
     t0 = time.perf_counter() if t0 is None else t0
     act = get_activation(activation)
-    q = derive_monotone(activation)
-    metrics = _measured(act, q, left=False)
+    q, floor = derive_monotone(activation), infimum(activation)
+    metrics = _measured(act, q, left=False, floor=floor)
     given = act.name if named_expression(act.name) else act.expression
     return T.InvActTable.new(
-        act, source="derived", form="exact", monotone=True, f_T=0.0,
-        reference=f"derived: f increasing with inf f = 0, f′(f⁻¹(y)) = {q} (Inverted Activations §2: one branch, no "
-                  "bit)",
-        right=Form.parse(str(q)).to_json((0.0, RIGHT_SPAN)), metrics=metrics,
+        act, source="derived", form="exact", monotone=True, f_T=floor,
+        reference=f"derived: f increasing with inf f = {floor:g}, f′(f⁻¹(y)) = {q} (Inverted Activations §2: one "
+                  "branch, no bit)",
+        right=Form.parse(str(q)).to_json((floor, floor + RIGHT_SPAN)), metrics=metrics,
         provenance=_provenance(f"approxbp fit invact --activation '{given}' --form exact", t0))
 
 
