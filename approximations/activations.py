@@ -41,6 +41,7 @@ PIECEWISE: dict[str, str] = {
     "elu": "Max(0, x) + Min(0, exp(x) - 1)",
     "celu": "Max(0, x) + Min(0, exp(x) - 1)",
     "selu": "1.0507009873554804934193349852946*(Max(0, x) + Min(0, 1.6732632423543772848170429916717*(exp(x) - 1)))",
+    "hardswish": "x*Min(Max(x + 3, 0), 6)/6",  # 0 below −3, x above 3: eq. 13's ReLU-sum fits it exactly there
 }
 #: Increasing activations with inf f = 0: the inverted-activation family serves them with one exact branch and no
 #: bit (``fitting.invact_exact.monotone_table``: softplus f′(f⁻¹(y)) = 1 − e^(−y)); patching uses that table in
@@ -316,6 +317,14 @@ class Activation:
         return self._cache[key]
 
     # ---- asymptotics ------------------------------------------------------------------------
+    def kinks(self) -> list[float]:
+        """Where a piecewise h switches piece (:func:`.pieces.kinks`); [] for a smooth one."""
+        if "kinks" not in self._cache:
+            from .pieces import kinks
+
+            self._cache["kinks"] = kinks(self.expr)
+        return self._cache["kinks"]
+
     def relu_sum_limits(self) -> list[str]:
         """Why eq. 13 cannot match h (h(x) → 0 as x → −∞, h(x) − x → 0 as x → +∞, at any rate: exponential, double
         exponential or algebraic, :mod:`.tails`), one reason per side; [] when it can."""

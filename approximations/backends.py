@@ -188,6 +188,24 @@ def _mp_heaviside():
     return lambda u, *half: mpmath.mpf(u > 0) + mpmath.mpf(u == 0) / 2  # H(0) = ½, as sympy's
 
 
+def _np_zero():
+    import numpy as np
+
+    return lambda u, *order: np.zeros_like(np.asarray(u, dtype=np.float64))
+
+
+def _mp_zero():
+    import mpmath
+
+    return lambda u, *order: mpmath.mpf(0)
+
+
+def _torch_zero():
+    import torch
+
+    return lambda u, *order: torch.zeros_like(u) if isinstance(u, torch.Tensor) else 0.0
+
+
 def _np_select():
     import numpy as np
 
@@ -338,6 +356,10 @@ FUNCTIONS: dict[str, Fn] = {f.name: f for f in (
     Fn("Heaviside", _sp("Heaviside"), numpy=Lazy(_np_heaviside), mpmath=Lazy(_mp_heaviside),
        torch=Lazy(_torch_heaviside), triton="tl.where(({0}) > 0.0, 1.0, tl.where(({0}) == 0.0, 0.5, 0.0))",
        smooth=False, in_activations=False),
+    # Its derivative, a point mass at a kink: 0 wherever a function is evaluated (only h″'s knot densities and
+    # the ReLU-sum fits' grids read it, away from the kinks' single points)
+    Fn("DiracDelta", _sp("DiracDelta"), numpy=Lazy(_np_zero), mpmath=Lazy(_mp_zero), torch=Lazy(_torch_zero),
+       triton="0.0 * ({0})", smooth=False, in_activations=False),
     Fn("select", _ours("select"), numpy=Lazy(_np_select), mpmath=None, torch=Lazy(_torch_select), triton=_triton_select,
        smooth=False, in_activations=False),
     # Written as their elementary forms: log1p and expm1 are exact as log(1 + u) and e^u − 1; the float64

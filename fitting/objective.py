@@ -36,10 +36,19 @@ def check_objective(objective: str) -> str:
     return objective
 
 
-def quadrature(breaks: np.ndarray, panel: float = PANEL_WIDTH):
-    """Composite Gauss–Legendre nodes on [breaks[0], breaks[-1]], split at every break.
+def quadrature(breaks: np.ndarray, panel: float = PANEL_WIDTH, splits: np.ndarray | None = None):
+    """Composite Gauss–Legendre nodes on [breaks[0], breaks[-1]], split at every break, and at every point of
+    ``splits`` (a piecewise activation's kinks, where Gauss–Legendre would lose its order) without making it a
+    segment of its own.
 
     Returns (x, weight, segment index, τ ∈ [0, 1] within the segment)."""
+    if splits is not None and len(inside := splits[(splits > breaks[0]) & (splits < breaks[-1])]):
+        edges = np.union1d(breaks, inside)
+        x, w, sub, _ = quadrature(edges, panel)
+        seg = (np.searchsorted(breaks, edges[:-1], side="right") - 1)[sub]  # the break segment holding each piece
+        widths = np.diff(breaks)
+        tau = ((x - breaks[seg]) / np.where(widths[seg] > 0, widths[seg], 1.0)).clip(0.0, 1.0)
+        return x, w, seg, tau
     widths = np.diff(breaks)
     counts = np.maximum(1, np.ceil(widths / panel)).astype(np.int64)
     seg = np.repeat(np.arange(widths.size), counts)
@@ -155,6 +164,7 @@ class ReluSumObjective:
         self.bits = check_bits(self.bits)
         check_objective(self.objective)
         self.activation.check_relu_sum_asymptotics(self.bits)
+        self.kinks = np.array(self.activation.kinks(), dtype=np.float64)  # where the quadrature splits its panels
         self.n = 2**self.bits - 1
         self.A, self.B = map(float, self.interval)
         self.target = self.activation.f if self.objective == "primitive" else self.activation.df
@@ -174,7 +184,7 @@ class ReluSumObjective:
             d = np.diff(c)
             mean = np.where(d > 0, np.diff(h) / np.where(d > 0, d, 1), self.activation.df(c[:-1]))
             return np.concatenate([[0.0], mean + self._shift(c, h), [1.0]])
-        x, w, s, tau = nodes if nodes is not None else quadrature(b)
+        x, w, s, tau = nodes if nodes is not None else quadrature(b, splits=self.kinks)
         V = np.zeros(n + 2)
         V[n], V[n + 1] = c[-1], self.B
         r0 = self.target(x) - (V[s] * (1 - tau) + V[s + 1] * tau)
@@ -223,7 +233,7 @@ class ReluSumObjective:
         if self.n > 1 and cs[-1] <= cs[0]:  # every knot at one point: eq. 13's Σw·c = 0 has no solution there
             return np.inf, np.zeros(self.n)  # a line search backs off, as from any infeasible step
         b = self._breaks(cs)
-        nodes = quadrature(b)
+        nodes = quadrature(b, splits=self.kinks)
         x, w, s, tau = nodes
         L = self.levels_for(cs, nodes)
         t = self.target(x)
@@ -254,7 +264,7 @@ class ReluSumObjective:
     def loss(self, rs: ReLUSum) -> float:
         """E(w, c) for any ReLU sum (not only optimal ones), by quadrature split at its knots."""
         inside = rs.knots[(rs.knots > self.A) & (rs.knots < self.B)]
-        x, w, s, _ = quadrature(np.concatenate([[self.A], inside, [self.B]]))
+        x, w, s, _ = quadrature(np.concatenate([[self.A], inside, [self.B]]), splits=self.kinks)
         approx = rs(x) if self.objective == "primitive" else rs.derivative(x)
         # the derivative is a step function: evaluate it at node positions (never on a knot)
         return float(np.dot(w, (self.target(x) - approx) ** 2))

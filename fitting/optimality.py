@@ -16,8 +16,10 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations.activations import x as X_SYMBOL
+from approxbp.approximations.pieces import piece
 from approxbp.approximations.tables import as_table
 from flint import arb
 
@@ -37,20 +39,25 @@ def relu_sum_objective(t) -> arb:
     t = as_table(t)
     act = get_activation(t.expression)
     order = 0 if t.objective == "primitive" else 1
-    target = complex_function(act.derivative_expr(order) if order else act.expr, X_SYMBOL)
     A, B = (arb(v) for v in t.interval)
     knots = [arb(c) for c in t.knots]
     levels = [arb(v) for v in t.levels]  # h̃′ on (−∞, c1), (c1, c2), …, (cn, ∞)
-    breaks = [A, *(c for c in knots if A < c < B), B]
+    kinks = [arb(k) for k in act.kinks()]  # a piecewise h: integrated piece by piece, each piece analytic
+    breaks = sorted({A, *(c for c in (*knots, *kinks) if A < c < B), B}, key=lambda v: float(v.mid()))
+    targets: dict = {}
     total = arb(0)
     for a, b in zip(breaks[:-1], breaks[1:]):
         mid = (a + b) / 2
+        here = piece(act.expr, float(mid.mid())) if kinks else act.expr
+        if here not in targets:
+            targets[here] = complex_function(sp.diff(here, X_SYMBOL) if order else here, X_SYMBOL)
+        target = targets[here]
         j = sum(1 for c in knots if c < mid)  # the segment's level index
         slope = levels[j]
         value = sum((levels[i + 1] - levels[i]) * (a - knots[i]).nonnegative_part() for i in range(len(knots))) \
             if order == 0 else arb(0)  # h̃(a) = Σ w_i·ReLU(a − c_i), w_i = L_{i+1} − L_i
 
-        def integrand(z, analytic, a=a, value=value, slope=slope):
+        def integrand(z, analytic, a=a, value=value, slope=slope, target=target):
             approx = acb(value) + acb(slope) * (z - a) if order == 0 else acb(slope)
             r = target(z, analytic) - approx
             return r * r

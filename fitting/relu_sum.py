@@ -334,7 +334,33 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     (``structured=False`` leaves those out), each polished; the best one becomes the table. One structured start
     refines the k − 1 solution: ``lower_knots`` (a sweep over k passes the previous fit's ``x``; it must come from
     the default method with the same restarts and seed), else that fit is run first (and k − 2 before it, …).
-    ``interval``: [A, B] in place of the tail rule's (:func:`~.objective.interval_for`)."""
+    ``interval``: [A, B] in place of the tail rule's (:func:`~.objective.interval_for`). On the tail rule's
+    interval, an optimum with a knot on its end is refitted on the interval doubled (up to :data:`WIDENINGS`
+    times): a tail that vanishes exactly (hard-swish is 0 and x beyond ±3) gives the narrowest interval, but its
+    optimal knots lie outside it (±4.5), and beyond the outermost knot h̃ is 0 or x, so widening changes nothing
+    else."""
+    options = dict(method=method, restarts=restarts, seed=seed, workers=workers, progress=progress,
+                   command=command, structured=structured, lower_knots=lower_knots)
+    fit = _fit(activation, bits, objective, interval=interval, **options)
+    for _ in range(WIDENINGS if interval is None else 0):
+        (A, B), knots = fit.table.interval, np.asarray(fit.x)
+        if not np.any(np.isclose(knots, A, rtol=0, atol=1e-6 * (B - A)) | np.isclose(knots, B, rtol=0,
+                                                                                      atol=1e-6 * (B - A))):
+            break
+        rule = fit.table.metrics["interval_rule"]
+        fit = _fit(activation, bits, objective, interval=(2 * A, 2 * B), **options)
+        why = f"[{2 * A:g}, {2 * B:g}]: on the tail rule's [{A:g}, {B:g}] ({rule}) a knot lay on an end"
+        fit.table = fit.table.with_metrics(interval_rule=why)
+    return fit
+
+
+#: How many times :func:`fit_relu_sum` may double the tail rule's interval.
+WIDENINGS = 4
+
+
+def _fit(activation, bits: int, objective: str, method: str, restarts: int, seed: int, workers, progress: bool,
+         command, structured: bool, lower_knots, interval) -> ReluSumFit:
+    """:func:`fit_relu_sum` on one interval."""
     t0 = time.perf_counter()
     act = get_activation(activation)
     bits = check_bits(bits)

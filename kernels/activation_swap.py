@@ -30,7 +30,8 @@ ACTIVATION_CLASSES = {
     "ReLUSquaredActivation": "relu2",  # Nemotron, Primer: the exact table in either mode (no ReLU-sum fits it)
     "Softplus": "softplus",  # increasing: the exact one-branch table (saves y alone), in either mode
     "ELU": "elu", "CELU": "celu", "SELU": "selu",  # increasing, piecewise: exact one-branch tables (torch's α = 1;
-}                                                 # another α computes another function and is not swapped)
+    "Hardswish": "hardswish",                     # another α computes another function and is not swapped);
+}                                                 # hard-swish: the ReLU-sum tables (eq. 13 holds beyond ±3)
 
 
 #: Class-name fragments of modules that look like activations; one that is not replaced is reported as skipped.

@@ -1,0 +1,83 @@
+"""Exact inverted activations of piecewise increasing activations with any finite infimum (issue 47): ELU, SELU,
+CELU and softplus − 1 derived piece by piece, proven by sympy per piece, served by one-branch kernels that save y
+alone, swapped in for torch's modules and trained like them; every check against torch's own autograd or mpmath."""
+
+import copy
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from _helpers import sgd_steps
+from approxbp.approximations import get_activation
+from approxbp.approximations import tables as T
+from approxbp.fitting.certify import certify_table
+from approxbp.fitting.invact_exact import derive_monotone, infimum
+from approxbp.kernels import InvActivation, patch_model
+from torch import nn
+
+TORCH = {"elu": nn.ELU(), "selu": nn.SELU(), "celu": nn.CELU()}
+
+
+@pytest.mark.parametrize("name, inf, q", [("elu", -1.0, "select(y, 1, y + 1)"), ("celu", -1.0, "select(y, 1, y + 1)"),
+                                          ("log(1+exp(x)) - 1", -1.0, "1 - exp(-1)*exp(-y)")])
+def test_closed_forms_and_infima(name, inf, q):
+    assert infimum(name) == inf and str(derive_monotone(name)) == q
+
+
+@pytest.mark.parametrize("name", ["elu", "selu", "celu"])
+def test_the_packaged_table_is_f_prime_of_the_inverse_and_certified(name):
+    """q(f(x)) = f′(x) at 40 points over 30 decades either side of the kink, to float64 rounding of the saved y
+    (near inf f, y + 1 keeps y's absolute error: 1e-16, not a relative one), and the stored certificate is sympy's
+    per-piece identity."""
+    t = T.load(f"invact/{name}-exact")
+    assert t.monotone and t.source == "derived" and t.f_T == pytest.approx(infimum(name), rel=1e-15)
+    assert t.metrics["certified"]["right"]["identity"] is True
+    entry, lines, ok = certify_table(t)
+    assert ok and entry["right"]["identity"], lines
+    act = get_activation(name)
+    from approxbp.approximations.invact_forms import Form
+
+    q = Form.from_table(t.right)
+    xs = np.concatenate([-np.logspace(-30, 1.5, 20), np.logspace(-30, 1.5, 20)])
+    with mpmath.workdps(50):
+        want = np.array([float(act.mp(mpmath.mpf(v), 1, None)) for v in xs])
+    assert np.allclose(q(act.f(xs)), want, rtol=4e-16, atol=4e-16)
+
+
+@pytest.mark.parametrize("name", ["elu", "selu", "celu"])
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_the_drop_in_saves_y_alone_and_its_gradient_is_torchs(name, use_triton):
+    """Forward and gradient equal torch's module (float32, the Triton kernel under TRITON_INTERPRET=1 included), and
+    only y is saved: no bit, since the activation increases."""
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(997) * 4, torch.tensor([0.0, -1e-30, 1e-30])]).requires_grad_()
+    ref = x.detach().clone().requires_grad_()
+    mod = InvActivation(f"invact/{name}-exact", use_triton=use_triton)
+    y, want = mod(x), TORCH[name](ref)
+    y.backward(torch.ones_like(y))
+    want.backward(torch.ones_like(want))
+    torch.testing.assert_close(y, want, rtol=2e-7, atol=2e-7)
+    torch.testing.assert_close(x.grad, ref.grad, rtol=2e-7, atol=2e-7)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        mod(x)
+    assert sum(t.numel() * t.element_size() for t in kept) <= x.numel() * 4 + 64
+
+
+def test_patch_model_swaps_torchs_elu_family_and_trains_as_stock():
+    """nn.ELU, nn.SELU and nn.CELU (torch's α) are swapped for their exact tables in either family, save less and
+    train like stock; an ELU of another α computes another function and is skipped with that reason."""
+    torch.manual_seed(0)
+    stock = nn.Sequential(nn.Linear(8, 32), nn.ELU(), nn.Linear(32, 32), nn.SELU(), nn.Linear(32, 32), nn.CELU(),
+                          nn.Linear(32, 16), nn.ELU(alpha=0.5), nn.Linear(16, 1)).double()
+    for family in ("invact", "relu-sum"):
+        model = copy.deepcopy(stock)
+        x = torch.randn(16, 8, dtype=torch.float64)
+        report = patch_model(model, family=family, example_input=x)
+        assert all(isinstance(model[i], InvActivation) for i in (1, 3, 5)), report
+        assert isinstance(model[7], nn.ELU) and any("another function" in s for s in report.skipped), report
+        assert report.saved_bytes[1] < report.saved_bytes[0], report
+        for a, b in zip(sgd_steps(copy.deepcopy(stock), x, steps=20).parameters(),
+                        sgd_steps(model, x, steps=20).parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
