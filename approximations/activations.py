@@ -18,6 +18,7 @@ from .backends import grammar, mpmath_namespace, numpy_namespace, rough_function
 from .expressions import parse as parse_expression
 from .files import SAFE_NAME
 from .functions import Phi, select, sigmoid, softplus  # noqa: F401 (the grammar's own functions, re-exported)
+from .functions import expm1 as _functions_expm1
 
 x = sp.Symbol("x", real=True)
 
@@ -61,16 +62,18 @@ def allowed_functions() -> dict:
 
 
 _softplus = softplus  # log(1 + e^u), written back by stable_form
+_expm1 = _functions_expm1  # e^u − 1, likewise
 
 
 def stable_form(expr: sp.Expr) -> sp.Expr:
     """Rewrites every evaluator uses to avoid cancellation and overflow in user expressions:
-    log(1 + exp(u)) → softplus(u), (1 + exp(u))⁻ⁿ → σ(−u)ⁿ, e^(a+u)·σ(−u)ⁿ → e^a·σ(u)·σ(−u)ⁿ⁻¹, 1 − 2σ(v) →
+    log(1 + exp(u)) → softplus(u), c·eᵘ − c → c·expm1(u) (c > 0: ELU's eˣ − 1 keeps its relative accuracy near 0),
+    (1 + exp(u))⁻ⁿ → σ(−u)ⁿ, e^(a+u)·σ(−u)ⁿ → e^a·σ(u)·σ(−u)ⁿ⁻¹, 1 − 2σ(v) →
     −tanh(v/2), 1 + tanh(u) → 2σ(2u)
     (so the derivative of x·(1 − 2/(e^(2eˣ) + 1)) holds no e^(2eˣ))."""
     u = sp.Wild("u")
     expr = expr.replace(sp.log(1 + sp.exp(u)), lambda u: _softplus(u))
-    for rule in (_sigmoid_power, _merge_exp_sigmoid, _one_minus_two_sigmoid):
+    for rule in (_sigmoid_power, _merge_exp_sigmoid, _one_minus_two_sigmoid, _exp_minus_one):
         expr = _rewrite(expr, rule)
     return expr.replace(1 + sp.tanh(u), lambda u: 2 * sigmoid(2 * u))
 
@@ -105,6 +108,19 @@ def _one_minus_two_sigmoid(e: sp.Expr):
                 and isinstance(term.args[1], sigmoid)):
             rest = [t for t in e.args if t is not term and t is not one]
             return sp.Add(*rest, -sp.tanh(term.args[1].args[0] / 2))
+    return None
+
+
+def _exp_minus_one(e: sp.Expr):
+    """The sum with its terms c·eᵘ and −c (c > 0 a number) replaced by c·expm1(u), or None."""
+    if not e.is_Add:
+        return None
+    numbers = [a for a in e.args if a.is_Number]
+    for term in e.args:
+        c, rest = term.as_coeff_Mul()
+        if isinstance(rest, sp.exp) and c.is_positive and (minus := next((n for n in numbers if n == -c), None)):
+            others = [a for a in e.args if a is not term and a is not minus]
+            return sp.Add(*others, c * _expm1(rest.args[0]))
     return None
 
 

@@ -41,7 +41,7 @@ class Fn:
     grammar is built); ``numpy``, ``mpmath``, ``torch``: the evaluator (:data:`SAME`: the library's own function of
     that name; None: none; :class:`Lazy`: made on first use); ``expand``: how the *activation* grammar writes the
     name instead (an elementary expression that ``stable_form`` turns back, e.g. softplus = log(1 + e^u)),
-    ``alias_only``: the name is only such an expansion (log1p, expm1: no function of its own); ``triton``: a format
+    ``alias_only``: the name is only such an expansion (log1p: no function of its own); ``triton``: a format
     string over the printed arguments (``"tl.exp({0})"``) or a callable (printer, expr) → str for forms that look at
     the arguments; ``smooth``: False for functions the ReLU-sum fits refuse (they need h′ and h″ everywhere);
     ``branch_cut``: Arb's integration must check analyticity; ``in_activations``: the activation grammar accepts the
@@ -362,10 +362,11 @@ FUNCTIONS: dict[str, Fn] = {f.name: f for f in (
        triton="0.0 * ({0})", smooth=False, in_activations=False),
     Fn("select", _ours("select"), numpy=Lazy(_np_select), mpmath=None, torch=Lazy(_torch_select), triton=_triton_select,
        smooth=False, in_activations=False),
-    # Written as their elementary forms: log1p and expm1 are exact as log(1 + u) and e^u − 1; the float64
-    # evaluators then lose relative (not absolute) accuracy for |u| < 1e-8
+    # Written as its elementary form: log1p is exact as log(1 + u); the float64 evaluators then lose relative (not
+    # absolute) accuracy for |u| < 1e-8. expm1 (above) is written e^u − 1 too, and stable_form turns c·e^u − c back
     Fn("log1p", None, expand=lambda u: _sp("log")()(1 + u), alias_only=True),
-    Fn("expm1", None, expand=lambda u: _sp("exp")()(u) - 1, alias_only=True),
+    Fn("expm1", _ours("expm1"), arb=(lambda z: monotone(lambda u: u.expm1(), z), _exp), triton="_expm1({0})",
+       fp32_ulps=3.0, expand=lambda u: _sp("exp")()(u) - 1),
 )}
 
 #: Named constants the grammars accept: name → (sympy name, float value).

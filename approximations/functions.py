@@ -38,3 +38,4 @@ class sigmoid(sp.Function):  # noqa: N801 (the name users write)
 
 
 softplus = sp.Function("softplus")  # log(1 + e^u): kept whole so evaluators use a stable log1p form
+expm1 = sp.Function("expm1")  # e^u − 1: kept whole so evaluators keep its relative accuracy near u = 0 (ELU)

@@ -10,8 +10,10 @@ import math
 
 import sympy as sp
 
-from .activations import x
 from .functions import select
+
+#: The activations' variable (a sympy symbol is its name and assumptions: this is activations.x).
+x = sp.Symbol("x", real=True)
 
 #: The switching functions and where each switches: the argument differences that cross 0.
 _SWITCHES = (sp.Max, sp.Min, sp.Abs, sp.Heaviside, select)

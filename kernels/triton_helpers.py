@@ -60,6 +60,14 @@ def _tanh(z):
 
 
 @triton.jit
+def _expm1(z):
+    # e^z − 1 keeping its relative accuracy near 0 (Kahan: (u − 1)·z/log(u) with u = e^z, whose roundings cancel);
+    # z where u rounds to 1, u − 1 where log(u) is large or infinite (|z| > 1: no cancellation to avoid)
+    u = tl.exp(z)
+    return tl.where(u == 1.0, z, tl.where(tl.abs(z) > 1.0, u - 1.0, (u - 1.0) * z * _rcp(tl.log(u))))
+
+
+@triton.jit
 def _softplus(z):
     # log(1 + e^z) = max(z, 0) + log1p(e^{−|z|}); log1p(t) = log(u)·t/(u − 1) with u = 1 + t (exact to
     # a few ulp, Goldberg's trick: it needs libdevice's relative accuracy of log near 1), = t when u rounds to 1

@@ -15,12 +15,13 @@ TURNING_POINT = None
 F_T = -1.0
 LEFT_MAX = None
 RIGHT_MAX = 9999.0
+from approxbp.kernels.triton_helpers import _expm1
 
 
 @triton.jit
 def activation(x, LOWP: tl.constexpr):
     # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
-    return tl.maximum(0.0, x, propagate_nan=tl.PropagateNan.ALL) + tl.minimum(0.0, tl.exp(x) - 1.0, propagate_nan=tl.PropagateNan.ALL)
+    return tl.maximum(0.0, x, propagate_nan=tl.PropagateNan.ALL) + tl.minimum(0.0, _expm1(x), propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -63,11 +64,11 @@ def backward_kernel(grad_ptr, y_ptr, out_ptr, n_elem, BLOCK: tl.constexpr):
 from approxbp.approximations.backends import torch_namespace as _torch_namespace
 
 _TORCH = _torch_namespace()
-Heaviside, Max, Min, exp, select = _TORCH['Heaviside'], _TORCH['Max'], _TORCH['Min'], _TORCH['exp'], _TORCH['select']
+Heaviside, Max, Min, exp, expm1, select = _TORCH['Heaviside'], _TORCH['Max'], _TORCH['Min'], _TORCH['exp'], _TORCH['expm1'], _TORCH['select']
 
 
 def activation_twin(x):
-    return Max(0, x) + Min(0, exp(x) - 1.0)
+    return Max(0, x) + Min(0, expm1(x))
 
 
 def activation_grad_twin(x):

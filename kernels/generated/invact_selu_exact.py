@@ -15,12 +15,13 @@ TURNING_POINT = None
 F_T = -1.7580993408473768
 LEFT_MAX = None
 RIGHT_MAX = 9998.241900659152
+from approxbp.kernels.triton_helpers import _expm1
 
 
 @triton.jit
 def activation(x, LOWP: tl.constexpr):
     # LOWP: x holds 16-bit data (its result is rounded to 8 or 11 bits)
-    return 1.0507009873554805*tl.maximum(0.0, x, propagate_nan=tl.PropagateNan.ALL) + 1.0507009873554805*tl.minimum(0.0, 1.6732632423543772*tl.exp(x) - 1.6732632423543772, propagate_nan=tl.PropagateNan.ALL)
+    return 1.0507009873554805*tl.maximum(0.0, x, propagate_nan=tl.PropagateNan.ALL) + 1.0507009873554805*tl.minimum(0.0, 1.6732632423543772*_expm1(x), propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -63,11 +64,11 @@ def backward_kernel(grad_ptr, y_ptr, out_ptr, n_elem, BLOCK: tl.constexpr):
 from approxbp.approximations.backends import torch_namespace as _torch_namespace
 
 _TORCH = _torch_namespace()
-Heaviside, Max, Min, exp, select = _TORCH['Heaviside'], _TORCH['Max'], _TORCH['Min'], _TORCH['exp'], _TORCH['select']
+Heaviside, Max, Min, exp, expm1, select = _TORCH['Heaviside'], _TORCH['Max'], _TORCH['Min'], _TORCH['exp'], _TORCH['expm1'], _TORCH['select']
 
 
 def activation_twin(x):
-    return 1.0507009873554805*Max(0, x) + 1.0507009873554805*Min(0, 1.6732632423543773*exp(x) - 1.6732632423543773)
+    return 1.0507009873554805*Max(0, x) + 1.0507009873554805*Min(0, 1.6732632423543773*expm1(x))
 
 
 def activation_grad_twin(x):

@@ -128,14 +128,21 @@ def test_patched_state_dict_loads_into_the_stock_model_and_unpatch_restores():
     assert model[3].bias is None  # a bias the merge had to create is gone again
 
 
-def test_accurate_gelu_is_swapped_and_hardswish_is_listed_as_skipped():
+def test_accurate_gelu_is_swapped_and_hardswish_takes_the_family_that_has_its_table():
+    """Hard-swish has ReLU-sum tables (issue 47) and no InvAct one: the relu-sum family swaps it; the invact family
+    skips it naming the family that has one (it raised FileNotFoundError)."""
     pytest.importorskip("transformers")
     from transformers.activations import AccurateGELUActivation
 
     m = nn.Sequential(nn.Linear(6, 6), AccurateGELUActivation(), nn.Linear(6, 6), nn.Hardswish()).double()
     report = patch_model(m, family="relu-sum", norms=False)
     assert type(m[1]).__name__ == "ReLUSumActivation" and "gelu_tanh-k2-primitive" in report.activations[0]
-    assert any("Hardswish" in s and "no table family" in s for s in report.skipped), report
+    assert type(m[3]).__name__ == "ReLUSumActivation" and "hardswish-k2-primitive" in report.activations[1]
+    m = nn.Sequential(nn.Linear(6, 6), nn.Hardswish()).double()
+    report = patch_model(m, family="invact", norms=False)
+    assert isinstance(m[1], nn.Hardswish), report
+    assert any("no packaged table invact/hardswish-fast; family='relu-sum' has relu_sum/hardswish-k2-primitive" in s
+               for s in report.skipped), report
 
 
 def test_the_report_says_each_drop_ins_gradient_error():
