@@ -25,13 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "user_activations.json"
 #: name → (expression, extra `fit relu-sum` arguments): SERF, TanhExp, squareplus (algebraic tails: fitted on the
 #: default ±64, the mass outside a constant), Logish and Smish (refused by eq. 13 and InvAct, each refusal naming the
-#: free-level fit that the next rows run).
+#: free-level fit that the next rows run), and the piecewise ELU (exact InvAct) and hard-swish (ReLU-sum).
 ACTIVATIONS = {
     "serf": ("x*erf(log(1+exp(x)))", []),
     "tanhexp": ("x*tanh(exp(x))", []),
     "squareplus": ("(x + sqrt(x**2 + 4))/2", []),
     "logish": ("x*log(1 + sigmoid(x))", []),
     "smish": ("x*tanh(log(1+1/(1+exp(-x))))", []),
+    "elu": ("elu", []),  # piecewise (issue 47): registered names, their expressions with Max and Min
+    "hardswish": ("hardswish", []),
 }
 #: Where eq. 13 refuses an activation (h − x does not tend to 0: Logish, Smish), the way forward its refusal names:
 #: FewBit's free-level family on FewBit's [−100, 100].

@@ -145,6 +145,19 @@ def fit_invact(activation: str = "gelu", form: str = "auto", seed: int = 0,
                                                               for b in table.branches))
 
 
+def _refuse_piecewise(act) -> None:
+    """The fitted forms expand h at its turning point and bound h″: a kink breaks both. Refused, with the family
+    that fits it."""
+    if not act.kinks():
+        return
+    other = (act.fit_command("relu-sum", bits=2) if not act.relu_sum_limits()
+             else act.fit_command("relu-sum", "--levels free", bits=2))
+    kinks = ", ".join(f"{k:g}" for k in act.kinks())
+    raise ValueError(f"activation {act.name!r} is piecewise (kinks at x = {kinks}) and not increasing: the fitted "
+                     "InvAct forms need a smooth h, and an exact two-branch table of its pieces is not implemented. "
+                     f"A way forward: {other}")
+
+
 def _invact_table(activation, form, seed, backend, sr_generations, progress) -> T.InvActTable:
     t0 = time.perf_counter()
     act = get_activation(activation)
@@ -156,6 +169,7 @@ def _invact_table(activation, form, seed, backend, sr_generations, progress) -> 
         if form == "exact" or takes_exact(act):
             return exact_table(act)
         form = "fast"
+    _refuse_piecewise(act)
     ia = InvertedActivation(act)
     check_right_tail(ia)
     extra, combined = None, None  # combined: the fast form's one q(y, b) for both branches

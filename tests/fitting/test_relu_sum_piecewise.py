@@ -64,3 +64,17 @@ def test_patch_model_swaps_nn_hardswish_for_its_relu_sum_drop_in():
     t = T.load("relu_sum/hardswish-k2-primitive")
     want = sum(w * (h.detach().double() > c).double() for w, c in zip(t.weights, t.knots))
     torch.testing.assert_close(h.grad.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_invact_refuses_hardswish_naming_the_relu_sum_fit_that_runs(capsys):
+    """The fitted InvAct forms need a smooth h: hard-swish is refused in one line (it ended in 'no fast form reaches
+    3e-07 … use form=newton'), naming the ReLU-sum command, which runs."""
+    import shlex
+
+    from approxbp.cli import main
+
+    assert main(["fit", "invact", "--activation", "hardswish", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "piecewise (kinks at x = -3, 3)" in err and "A way forward: approxbp fit relu-sum" in err, err
+    command = shlex.split(err.split("A way forward: ")[1])
+    assert main([*command[1:], "--restarts", "1", "--workers", "1", "--no-progress"]) == 0
