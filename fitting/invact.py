@@ -159,8 +159,7 @@ def _refuse_piecewise(act) -> None:
 
 
 def _invact_table(activation, form, seed, backend, sr_generations, progress) -> T.InvActTable:
-    t0 = time.perf_counter()
-    act = get_activation(activation)
+    t0, act = time.perf_counter(), get_activation(activation)
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     if form in ("auto", "exact"):  # auto: exact where it applies (monotone, ReLU²), else fast
