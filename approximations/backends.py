@@ -365,7 +365,8 @@ FUNCTIONS: dict[str, Fn] = {f.name: f for f in (
     # Written as its elementary form: log1p is exact as log(1 + u); the float64 evaluators then lose relative (not
     # absolute) accuracy for |u| < 1e-8. expm1 (above) is written e^u − 1 too, and stable_form turns c·e^u − c back
     Fn("log1p", None, expand=lambda u: _sp("log")()(1 + u), alias_only=True),
-    Fn("expm1", _ours("expm1"), arb=(lambda z: monotone(lambda u: u.expm1(), z), _exp), triton="_expm1({0})",
+    Fn("expm1", _ours("expm1"), mpmath=_mp(lambda mp, u: mp.expm1(u)),
+       arb=(lambda z: monotone(lambda u: u.expm1(), z), _exp), triton="_expm1({0})",
        fp32_ulps=3.0, expand=lambda u: _sp("exp")()(u) - 1),
 )}
 
