@@ -148,11 +148,16 @@ def fit_invact(activation: str = "gelu", form: str = "auto", seed: int = 0,
 def _refuse_piecewise(act) -> None:
     """The fitted forms expand h at its turning point and bound h″: a kink breaks both. Refused, with the family
     that fits it."""
+    from .invact_exact import takes_exact
+
     if not act.kinks():
         return
+    kinks = ", ".join(f"{k:g}" for k in act.kinks())
+    if takes_exact(act):  # ReLU², ELU: the exact table is the form for it
+        raise ValueError(f"activation {act.name!r} is piecewise (kinks at x = {kinks}): the fitted InvAct forms need "
+                         f"a smooth h; its exact table serves it: {act.fit_command('invact', '--form exact')}")
     other = (act.fit_command("relu-sum", bits=2) if not act.relu_sum_limits()
              else act.fit_command("relu-sum", "--levels free", bits=2))
-    kinks = ", ".join(f"{k:g}" for k in act.kinks())
     raise ValueError(f"activation {act.name!r} is piecewise (kinks at x = {kinks}) and not increasing: the fitted "
                      "InvAct forms need a smooth h, and an exact two-branch table of its pieces is not implemented. "
                      f"A way forward: {other}")
