@@ -187,8 +187,13 @@ def _parse_with(text: str, functions: tuple[str, ...]) -> sp.Expr:
     expr = parse_expression(text, allowed_functions(), "activation expression")
     rough = sorted({type(a).__name__ for a in sp.preorder_traversal(expr)} & set(rough_functions()))
     if rough and expr not in _piecewise_exprs():
-        raise ValueError(f"activation expression {text!r} is not smooth ({', '.join(rough)}): the "
-                         "fits need h′ and h″ everywhere; write a smooth activation")
+        from .pieces import kinks
+
+        try:  # piecewise (Max, Min, Abs, Heaviside): smooth between kinks that sympy locates exactly
+            kinks(expr)
+        except (ValueError, TypeError, NotImplementedError) as err:
+            raise ValueError(f"activation expression {text!r} is piecewise ({', '.join(rough)}) but its kinks "
+                             f"cannot be located in closed form ({err}); the fits split at them") from None
     if expr.free_symbols - {x}:
         raise ValueError(f"activation expression {text!r} has symbols other than x: {expr.free_symbols - {x}}")
     if x not in expr.free_symbols:

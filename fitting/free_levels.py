@@ -39,7 +39,7 @@ class FreeLevelsObjective:
         if not (np.isfinite(self.A) and np.isfinite(self.B) and self.A < self.B):
             raise ValueError(f"interval must be finite with A < B, got {interval!r}")
         df = self.activation.df
-        inner = [p for p in (0.0,) if self.A < p < self.B]
+        inner = sorted({p for p in (0.0, *self.activation.kinks()) if self.A < p < self.B})  # kinks: h′ jumps
         self.energy = sum(quad(lambda x: float(df(x)) ** 2, lo, hi, limit=500, epsabs=0, epsrel=1e-13)[0]
                           for lo, hi in zip([self.A, *inner], [*inner, self.B]))
         self.nfev = 0
@@ -71,8 +71,9 @@ class FreeLevelsObjective:
         b = np.concatenate([[self.A], np.sort(np.asarray(borders, float)), [self.B]])
         if len(levels) != b.size - 1:
             raise ValueError(f"{b.size - 1} segments need as many levels, got {len(levels)}")
-        df = self.activation.df
-        return sum(quad(lambda x, q=q: (float(df(x)) - q) ** 2, lo, hi, limit=500, epsabs=0, epsrel=1e-12)[0]
+        df, kinks = self.activation.df, self.activation.kinks()
+        return sum(quad(lambda x, q=q: (float(df(x)) - q) ** 2, lo, hi, limit=500, epsabs=0, epsrel=1e-12,
+                        points=[k for k in kinks if lo < k < hi] or None)[0]
                    for lo, hi, q in zip(b[:-1], b[1:], levels) if hi > lo)
 
 

@@ -67,6 +67,12 @@ def _table_for(module: nn.Module, family: str | None, tables, bits: int):
     if key == "Softplus" and (module.beta != 1 or module.threshold < 20):  # torch returns x beyond the threshold
         return None, (f"beta = {module.beta:g}, threshold = {module.threshold:g}: not the table's log(1 + eˣ) (it "
                       "serves beta = 1, threshold ≥ 20, where float32 cannot tell them apart)")
+    if key in ("ELU", "CELU") and module.alpha != 1.0:  # the packaged table is torch's default α = 1
+        a = f"{module.alpha:g}"
+        piece = f"{a}*(exp(x) - 1)" if key == "ELU" else f"{a}*(exp(x/{a}) - 1)"
+        return None, (f"alpha = {a}: the packaged table is α = 1; fit its exact one: approxbp fit invact "
+                      f"--activation 'Max(0, x) + Min(0, {piece})' --name {key.lower()}{a.replace('.', '_')} "
+                      f"--out {key.lower()}.json, then tables={{'{key}': '{key.lower()}.json'}}")
     if tables is not None and not isinstance(tables, Mapping):
         return tables, None  # one table path: used for every recognised activation
     if (T.data_dir() / "invact" / f"{name}-exact.json").is_file():

@@ -107,7 +107,8 @@ def test_relu_sum_expression_payload_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / MARKER).exists()
 
 
-@pytest.mark.parametrize("text,msg", [("Max(x, 0)", "not smooth"), ("x/0", "singular"), ("1/x", "singular"),
+@pytest.mark.parametrize("text,msg", [("Max(0, exp(x) - 3*x)", "kinks cannot be located"), ("x/0", "singular"),
+                                      ("1/x", "singular"),
                                       ("log(x)", "singular"), ("10**10**10", "too large"), ("x(2)", "not an allowed")])
 def test_bad_activation_expressions_get_one_clear_line(text, msg):
     from approxbp.approximations import get_activation

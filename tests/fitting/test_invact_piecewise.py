@@ -78,7 +78,7 @@ def test_the_drop_in_saves_y_alone_and_its_gradient_is_torchs(name, use_triton):
 
 def test_patch_model_swaps_torchs_elu_family_and_trains_as_stock():
     """nn.ELU, nn.SELU and nn.CELU (torch's α) are swapped for their exact tables in either family, save less and
-    train like stock; an ELU of another α computes another function and is skipped with that reason."""
+    train like stock; an ELU of another α is skipped, naming the fit of its own exact table (the next test runs it)."""
     torch.manual_seed(0)
     stock = nn.Sequential(nn.Linear(8, 32), nn.ELU(), nn.Linear(32, 32), nn.SELU(), nn.Linear(32, 32), nn.CELU(),
                           nn.Linear(32, 16), nn.ELU(alpha=0.5), nn.Linear(16, 1)).double()
@@ -87,8 +87,31 @@ def test_patch_model_swaps_torchs_elu_family_and_trains_as_stock():
         x = torch.randn(16, 8, dtype=torch.float64)
         report = patch_model(model, family=family, example_input=x)
         assert all(isinstance(model[i], InvActivation) for i in (1, 3, 5)), report
-        assert isinstance(model[7], nn.ELU) and any("another function" in s for s in report.skipped), report
+        assert isinstance(model[7], nn.ELU) and any("alpha = 0.5" in s and "approxbp fit invact" in s
+                                                    for s in report.skipped), report
         assert report.saved_bytes[1] < report.saved_bytes[0], report
         for a, b in zip(sgd_steps(copy.deepcopy(stock), x, steps=20).parameters(),
                         sgd_steps(model, x, steps=20).parameters()):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_a_users_piecewise_expression_goes_through_fit_certify_export_and_patch(tmp_path):
+    """The way forward named for nn.ELU(alpha=0.5): the user's own Max/Min expression (accepted since its kinks are
+    located exactly) is derived, proven, exported and swapped in; it trains like stock."""
+    import shlex
+
+    from approxbp.cli import main
+
+    torch.manual_seed(0)
+    stock = nn.Sequential(nn.Linear(8, 32), nn.ELU(alpha=0.5), nn.Linear(32, 1)).double()
+    reason = next(s for s in patch_model(copy.deepcopy(stock), family="invact").skipped if "alpha = 0.5" in s)
+    command = shlex.split(reason.split("fit its exact one: ")[1].split(", then")[0])
+    out = tmp_path / "elu.json"
+    assert main([*[a if a != "elu.json" else str(out) for a in command[1:]], "--no-progress"]) == 0
+    assert main(["certify", str(out), "--no-progress"]) == 0 and main(["export", str(out)]) == 0
+    model, x = copy.deepcopy(stock), torch.randn(16, 8, dtype=torch.float64)
+    report = patch_model(model, family=None, tables={"ELU": str(out)}, example_input=x)
+    assert isinstance(model[1], InvActivation) and report.saved_bytes[1] < report.saved_bytes[0], report
+    for a, b in zip(sgd_steps(copy.deepcopy(stock), x, steps=20).parameters(),
+                    sgd_steps(model, x, steps=20).parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
