@@ -371,9 +371,10 @@ class _Lines(list):
             self.emit(line)
 
 
-def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines
+def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines=None
                           ) -> tuple[dict | None, list[str], bool]:
     """:func:`certify_table` for an InvAct table: each branch proven exact (sympy identity) or bounded in balls."""
+    lines = _Lines() if lines is None else lines
     say = progress or (lambda msg: None)
     ok, entry, newton = True, {}, False
     for branch in t.branches:
@@ -419,8 +420,9 @@ def _invact_method(t, entry: dict, newton: bool) -> str:
             + ("; Newton steps by error propagation" if newton else "; float32 evaluation: running error bound"))
 
 
-def _certify_relu_sum_table(t, budget_s, progress, max_boxes, lines) -> tuple[dict, list[str], bool]:
+def _certify_relu_sum_table(t, budget_s, progress, max_boxes, lines=None) -> tuple[dict, list[str], bool]:
     """:func:`certify_table` for a ReLU-sum table: the objective's enclosure, and global optimality for k ≤ 2."""
+    lines = _Lines() if lines is None else lines
     (progress or (lambda msg: None))(t.name)
     enclosure = relu_sum_objective(t)
     ok = consistent = bool(abs(enclosure - t.loss).upper() <= 1e-12 * abs(t.loss))
