@@ -57,8 +57,11 @@ def named_expression(name: str) -> str | None:
     return REGISTRY.get(name) or PIECEWISE.get(name) or MONOTONE.get(name)
 
 def allowed_functions() -> dict:
-    """The activation grammar: :func:`.backends.grammar` ("activation") and the variable x."""
-    return {**grammar("activation"), "x": x}
+    """The activation grammar: :func:`.backends.grammar` ("activation"), ``Piecewise`` (nested selects:
+    :func:`.functions.piecewise`) and the variable x."""
+    from .functions import piecewise
+
+    return {**grammar("activation"), "Piecewise": piecewise, "x": x}
 
 
 _softplus = softplus  # log(1 + e^u), written back by stable_form

@@ -206,6 +206,10 @@ def _torch_zero():
     return lambda u, *order: torch.zeros_like(u) if isinstance(u, torch.Tensor) else 0.0
 
 
+def _mp_select():
+    return lambda c, a, b: a if c > 0 else b
+
+
 def _np_select():
     import numpy as np
 
@@ -360,8 +364,9 @@ FUNCTIONS: dict[str, Fn] = {f.name: f for f in (
     # the ReLU-sum fits' grids read it, away from the kinks' single points)
     Fn("DiracDelta", _sp("DiracDelta"), numpy=Lazy(_np_zero), mpmath=Lazy(_mp_zero), torch=Lazy(_torch_zero),
        triton="0.0 * ({0})", smooth=False, in_activations=False),
-    Fn("select", _ours("select"), numpy=Lazy(_np_select), mpmath=None, torch=Lazy(_torch_select), triton=_triton_select,
-       smooth=False, in_activations=False),
+    # select(c, a, b) = a where c > 0, else b: also what Piecewise(…) becomes, so a table of it reads back
+    Fn("select", _ours("select"), numpy=Lazy(_np_select), mpmath=Lazy(_mp_select), torch=Lazy(_torch_select),
+       triton=_triton_select, smooth=False),
     # Written as its elementary form: log1p is exact as log(1 + u); the float64 evaluators then lose relative (not
     # absolute) accuracy for |u| < 1e-8. expm1 (above) is written e^u − 1 too, and stable_form turns c·e^u − c back
     Fn("log1p", None, expand=lambda u: _sp("log")()(1 + u), alias_only=True),

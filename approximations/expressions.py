@@ -4,10 +4,12 @@ Expressions are never evaluated: the text is parsed with :mod:`ast` and only thi
 sympy objects, node by node::
 
     expr := number | name | expr (+ - * / ** ^) expr | (+ -) expr | function(expr, …) | ( expr )
+          | Piecewise((expr, expr cmp expr), …, (expr, True))     (where the names bind "Piecewise")
 
 ``name`` must be one of the given symbols or constants, ``function`` one of the given functions. No
-attributes, subscripts, keywords, lambdas, strings, comparisons or containers. Decimal literals become exact
-rationals from their written digits (as ``sympify(…, rational=True)`` does), so a table's constants round-trip.
+attributes, subscripts, keywords, lambdas, strings or containers, and comparisons only as a Piecewise condition.
+Decimal literals become exact rationals from their written digits (as ``sympify(…, rational=True)`` does), so a
+table's constants round-trip.
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
             a, b = build(node.left), build(node.right)
             fn = _BINARY[type(node.op)]
             return _power(a, b, text, what) if fn is None else fn(a, b)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Piecewise" \
+                and callable(table.get("Piecewise")):
+            return table["Piecewise"]([piece(a) for a in node.args])
         if isinstance(node, ast.Call):
             fname = node.func.id if isinstance(node.func, ast.Name) else None
             fn = table.get(fname) if fname else None
@@ -136,6 +141,21 @@ def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
         shown = ast.get_source_segment(text, node) or type(node).__name__
         raise ExpressionError(f"{what} {text!r}: {type(node).__name__} ({shown[:40]!r}) is not allowed; "
                               "expressions use numbers, names, + − * / ** and function calls only")
+
+    def piece(node: ast.AST) -> tuple[sp.Expr, sp.Expr | None]:
+        """One (value, condition) of a Piecewise: the condition as c of c > 0, None for True."""
+        if not (isinstance(node, ast.Tuple) and len(node.elts) == 2):
+            raise ExpressionError(f"{what} {text!r}: Piecewise takes (value, condition) pairs")
+        value, cond = node.elts
+        if isinstance(cond, ast.Constant) and cond.value is True:
+            return build(value), None
+        if not (isinstance(cond, ast.Compare) and len(cond.ops) == 1
+                and isinstance(cond.ops[0], ast.Gt | ast.GtE | ast.Lt | ast.LtE)):
+            shown = ast.get_source_segment(text, cond) or "?"
+            raise ExpressionError(f"{what} {text!r}: a Piecewise condition is one comparison (x > 3, x <= 0) or "
+                                  f"True, not {shown!r}")
+        lhs, rhs = build(cond.left), build(cond.comparators[0])
+        return build(value), lhs - rhs if isinstance(cond.ops[0], ast.Gt | ast.GtE) else rhs - lhs
 
     try:
         expr = build(tree.body)

@@ -25,6 +25,25 @@ class select(sp.Function):  # noqa: N801 (the name users write)
     nargs = 3
     is_real = True
 
+    def fdiff(self, argindex=1):
+        """d/dc: the step's point mass at c = 0, (a − b)·δ(c); d/da = select(c, 1, 0); d/db = select(c, 0, 1)."""
+        c, a, b = self.args
+        if argindex == 1:
+            return sp.DiracDelta(c) * (a - b)
+        return select(c, 1, 0) if argindex == 2 else select(c, 0, 1)
+
+
+def piecewise(pieces: list[tuple[sp.Expr, sp.Expr | None]]) -> sp.Expr:
+    """``Piecewise((a, cond), …, (z, True))`` as nested selects: each condition is written c > 0 (``x > 3`` is
+    c = x − 3; a condition holds strictly, so at its boundary the next piece is taken); the last piece's is True."""
+    *conditional, (last, always) = pieces
+    if always is not None or any(c is None for _, c in conditional):
+        raise ValueError("Piecewise needs a last piece (expr, True) and a condition on every other")
+    out = last
+    for value, c in reversed(conditional):
+        out = select(c, value, out)
+    return out
+
 
 class sigmoid(sp.Function):  # noqa: N801 (the name users write)
     """σ(z) = 1/(1 + e^{−z}) with σ' = σ(z)·σ(−z): evaluated by expit / torch.sigmoid / tl.sigmoid, so neither

@@ -125,3 +125,23 @@ def test_form_names_must_be_identifiers():
         Form.parse("y + a", {"os.system": 1.0})
     with pytest.raises(ExpressionError):
         Form.parse("y + a", {"a": 1.0}, [["c", "os.system"]])
+
+
+def test_piecewise_is_parsed_into_nested_selects():
+    """Piecewise((a, cond), …, (z, True)) is select(c, a, …) with each condition written c > 0 (issue 47); the
+    conditions are single comparisons, the last piece's is True, and nothing else takes a comparison."""
+    import numpy as np
+    from approxbp.approximations import get_activation
+
+    elu = get_activation("Piecewise((x, x > 0), (exp(x) - 1, True))")
+    assert elu.expression == "select(x, x, exp(x) - 1)" and elu.kinks() == [0.0]
+    grid = np.linspace(-5, 5, 101)
+    assert np.allclose(elu.f(grid), get_activation("elu").f(grid), rtol=1e-15, atol=1e-16)
+    assert np.allclose(elu.df(grid), get_activation("elu").df(grid), rtol=1e-15, atol=1e-16)
+    hs = get_activation("Piecewise((0, x < -3), (x, x >= 3), (x*(x + 3)/6, True))")
+    assert np.allclose(hs.f(grid), get_activation("hardswish").f(grid), rtol=1e-15, atol=1e-16)
+    for bad, msg in (("Piecewise((x, x > 0))", "last piece"), ("Piecewise((x, 0 < x < 1), (0, True))", "comparison"),
+                     ("Piecewise((x, x > 0), (0, x < 0))", "last piece"), ("x > 0", "not allowed"),
+                     ("Piecewise(x, True)", "pairs")):
+        with pytest.raises(ValueError, match=msg):
+            get_activation(bad)

@@ -78,3 +78,15 @@ def test_invact_refuses_hardswish_naming_the_relu_sum_fit_that_runs(capsys):
     assert "piecewise (kinks at x = -3, 3)" in err and "A way forward: approxbp fit relu-sum" in err, err
     command = shlex.split(err.split("A way forward: ")[1])
     assert main([*command[1:], "--restarts", "1", "--workers", "1", "--no-progress"]) == 0
+
+
+def test_a_users_piecewise_hardswish_fits_as_the_registered_one(tmp_path):
+    """Typed with Piecewise, hard-swish gets the registered one's optimum (same knots, same loss) and its table reads
+    back (the stored expression is in selects, which the activation grammar accepts)."""
+    user = "Piecewise((0, x < -3), (x, x > 3), (x*(x + 3)/6, True))"
+    t = fit_relu_sum(user, 2, "primitive", restarts=2, workers=1, progress=False).table
+    packaged = T.load("relu_sum/hardswish-k2-primitive")
+    assert t.loss == pytest.approx(packaged.loss, rel=1e-12) and np.allclose(t.knots, packaged.knots, atol=1e-8)
+    path = tmp_path / "user-hardswish.json"
+    T.save(t, path)
+    assert T.load(path).expression == t.expression
