@@ -94,22 +94,8 @@ def parse(text: str, names: dict[str, object], what: str = "expression", exact: 
     return _parse_cached(text.strip(), tuple(sorted(names.items(), key=lambda kv: kv[0])), what, exact)
 
 
-@lru_cache(maxsize=4096)
-def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
-    table = dict(names)
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as err:
-        col = max((err.offset or 1) - 1, 0)
-        raise ExpressionError(f"cannot parse {what} {text!r}: {err.msg} at column {col + 1}\n"
-                              f"    {text}\n    {' ' * col}^") from None
-    except (RecursionError, MemoryError, ValueError) as err:
-        raise ExpressionError(f"cannot parse {what} {text[:80]!r}…: {type(err).__name__}") from None
-
-    unknown = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - set(table))
-    if unknown:
-        raise ExpressionError(f"{what} {text!r} uses unknown name(s) {unknown}; allowed: {', '.join(sorted(table))}")
-
+def _builder(table: dict, text: str, what: str, exact: bool):
+    """The node-by-node translation of :func:`parse`'s grammar, over the names in ``table``."""
     def build(node: ast.AST) -> sp.Expr:
         if isinstance(node, ast.Constant):
             return _literal(node, text, what, exact)
@@ -156,6 +142,27 @@ def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
                                   f"True, not {shown!r}")
         lhs, rhs = build(cond.left), build(cond.comparators[0])
         return build(value), lhs - rhs if isinstance(cond.ops[0], ast.Gt | ast.GtE) else rhs - lhs
+
+    return build
+
+
+@lru_cache(maxsize=4096)
+def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
+    table = dict(names)
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as err:
+        col = max((err.offset or 1) - 1, 0)
+        raise ExpressionError(f"cannot parse {what} {text!r}: {err.msg} at column {col + 1}\n"
+                              f"    {text}\n    {' ' * col}^") from None
+    except (RecursionError, MemoryError, ValueError) as err:
+        raise ExpressionError(f"cannot parse {what} {text[:80]!r}…: {type(err).__name__}") from None
+
+    unknown = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - set(table))
+    if unknown:
+        raise ExpressionError(f"{what} {text!r} uses unknown name(s) {unknown}; allowed: {', '.join(sorted(table))}")
+
+    build = _builder(table, text, what, exact)
 
     try:
         expr = build(tree.body)
