@@ -181,7 +181,8 @@ def measure(model: nn.Module, inputs: dict, mode: str | Setup, traced: bool = Fa
     total = stored_bytes(params, quantized_weights(model, setup), setup.shard)
     kinds = {n: type(m).__name__ for n, m in model.named_modules()}
     return StepMemory(total, trainable, optimizer_bytes(trained, setup.optimizer), saved, kinds, block,
-                      seen_input[0] if seen_input else 0, held=held_by_module(model, setup), devices=setup.devices)
+                      seen_input[0] if seen_input else 0, devices=setup.devices,
+                      held=held_by_module(model, setup) if setup.devices > 1 else {})  # only a split reads it
 
 
 #: Where the memory alive at a traced step's peak is charged (module hooks cannot split it).

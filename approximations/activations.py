@@ -343,11 +343,9 @@ class Activation:
     # ---- asymptotics ------------------------------------------------------------------------
     def kinks(self) -> list[float]:
         """Where a piecewise h switches piece (:func:`.pieces.kinks`); [] for a smooth one."""
-        if "kinks" not in self._cache:
-            from .pieces import kinks
+        from .pieces import kinks
 
-            self._cache["kinks"] = kinks(self.expr)
-        return self._cache["kinks"]
+        return kinks(self.expr)
 
     def relu_sum_limits(self) -> list[str]:
         """Why eq. 13 cannot match h (h(x) → 0 as x → −∞, h(x) − x → 0 as x → +∞, at any rate: exponential, double
@@ -364,6 +362,13 @@ class Activation:
                 f"(Approx-BP eq. 13): " + "; ".join(problems) + ". A way forward: "
                 f"{self.fit_command('relu-sum', '--levels free', bits=bits or 2)} (FewBit's free levels fit h′ with "
                 "no condition at ±∞)")
+
+    def relu_sum_way_forward(self, bits: int = 2) -> str:
+        """The ReLU-sum fit that takes h, with why: eq. 13's when its limits hold, else FewBit's free levels."""
+        if self.relu_sum_limits():
+            return (self.fit_command("relu-sum", "--levels free", bits=bits)
+                    + " (FewBit's free levels: eq. 13's limits do not hold)")
+        return self.fit_command("relu-sum", bits=bits) + " (eq. 13's limits hold)"
 
     def fit_command(self, family: str, *options: str, bits: int | None = None) -> str:
         """The ``approxbp fit`` command line for this activation (its registry name, else its expression)."""
@@ -406,14 +411,20 @@ def known_form(text: str) -> str | None:
     packaged x·Φ(x)), else None. Equal when sympy finds h − h_known = 0 (both in erf/exp), or, where sympy cannot
     decide, when h and h′ agree to 1e-15 (relative, absolute below 1: float64 cannot tell them apart) at 30 digits
     on 65 points of [−12, 12] (so 0.70710678118654757·x is taken for x/√2)."""
-    expr = _parse(text)
-    for name, known_text in REGISTRY.items():
-        known = _parse(known_text)
-        if expr == known:
+    act = Activation(text, _parse(text))
+    for name in REGISTRY:
+        known = _packaged(name)
+        if act.expr == known.expr:
             return None  # already the packaged form
-        if _same_function(Activation(text, expr), Activation(name, known)):
+        if _same_function(act, known):
             return name
     return None
+
+
+@functools.cache
+def _packaged(name: str) -> Activation:
+    """A registry activation, built (and its evaluators compiled) once per process for :func:`known_form`."""
+    return Activation(name, _parse(REGISTRY[name]))
 
 
 def _same_function(a: Activation, b: Activation) -> bool:

@@ -6,6 +6,7 @@ at 0, pieces eˣ − 1 on (−∞, 0) and x on (0, ∞).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import sympy as sp
@@ -27,7 +28,12 @@ def _crossings(e: sp.Expr) -> list[sp.Expr]:
 
 def kinks(expr: sp.Expr) -> list[float]:
     """The real x, sorted, where a switch in ``expr`` changes branch (a ValueError when sympy cannot find them in
-    closed form, or finds infinitely many)."""
+    closed form, or finds infinitely many). Solved once per expression (parsing checks them, the fits read them)."""
+    return list(_kinks(expr))
+
+
+@functools.lru_cache(maxsize=256)
+def _kinks(expr: sp.Expr) -> tuple[float, ...]:
     found: set[float] = set()
     for e in sp.preorder_traversal(expr):
         if not isinstance(e, _SWITCHES):
@@ -39,7 +45,14 @@ def kinks(expr: sp.Expr) -> list[float]:
             if not isinstance(roots, sp.FiniteSet):
                 raise ValueError(f"{e}: where {u} = 0 is not a finite set sympy can solve ({roots})")
             found |= {float(r) for r in roots}
-    return sorted(found)
+    return tuple(sorted(found))
+
+
+def inside(lo: float, hi: float) -> float:
+    """A point strictly inside (lo, hi), either end possibly infinite: the middle, else 1 from the finite end."""
+    if math.isfinite(lo) and math.isfinite(hi):
+        return (lo + hi) / 2
+    return hi - 1 if math.isfinite(hi) else lo + 1 if math.isfinite(lo) else 0.0
 
 
 def piece(expr: sp.Expr, at: float, var: sp.Symbol = x) -> sp.Expr:
@@ -65,9 +78,7 @@ def pieces(expr: sp.Expr) -> list[tuple[float, float, sp.Expr]]:
     edges = [-math.inf, *kinks(expr), math.inf]
     out = []
     for lo, hi in zip(edges, edges[1:]):
-        inside = (lo + hi) / 2 if math.isfinite(lo) and math.isfinite(hi) else (hi - 1 if math.isfinite(hi) else
-                                                                                 lo + 1 if math.isfinite(lo) else 0.0)
-        out.append((lo, hi, piece(expr, inside)))
+        out.append((lo, hi, piece(expr, inside(lo, hi))))
     return out
 
 

@@ -32,8 +32,12 @@ class Tail:
     order: int
     kind: str
     power: float | None
-    values: tuple[float, ...]
-    last: float = 0.0  # t at |x| = FAR, with its sign (values are |t|)
+    signed: tuple[float, ...]  # t at SAMPLES, with its sign
+
+    @property
+    def values(self) -> tuple[float, ...]:
+        """|t| at :data:`SAMPLES`."""
+        return tuple(abs(v) for v in self.signed)
 
     @property
     def vanishes(self) -> bool:
@@ -60,7 +64,7 @@ class Tail:
             return f"{what} falls faster than any power ({self.values[-1]:.3g} at x = {far})"
         if self.kind == "algebraic":
             return f"{what} falls like |x|^−{self.power:.3g} ({self.values[-1]:.3g} at x = {far})"
-        return f"{what} does not tend to 0 ({f'{self.last:.6g}'.replace('-', '−')} at x = {far})"
+        return f"{what} does not tend to 0 ({f'{self.signed[-1]:.6g}'.replace('-', '−')} at x = {far})"
 
 
 def residual(act, order: int, side: str):
@@ -78,14 +82,14 @@ def tail(act, order: int, side: str) -> Tail:
         signed = tuple(float(t(mpmath.mpf(sign * v))) for v in SAMPLES)
     values = tuple(abs(v) for v in signed)
     if not all(math.isfinite(v) for v in values):
-        return Tail(side, order, "none", None, values, signed[-1])
+        return Tail(side, order, "none", None, signed)
     if values[-1] < FAST and values[-1] <= values[-2]:
-        return Tail(side, order, "fast", None, values, signed[-1])
+        return Tail(side, order, "fast", None, signed)
     if min(values[-4:]) > 0:
         powers = [math.log2(a / b) for a, b in zip(values[-4:], values[-3:])]
         if min(powers) > 0 and max(powers) - min(powers) < 0.25:
-            return Tail(side, order, "algebraic", powers[-1], values, signed[-1])
-    return Tail(side, order, "none", None, values, signed[-1])
+            return Tail(side, order, "algebraic", powers[-1], signed)
+    return Tail(side, order, "none", None, signed)
 
 
 def mass_beyond(act, shape: Tail, at: float) -> float:

@@ -11,7 +11,7 @@ from approxbp.approximations import get_activation
 from approxbp.approximations.activations import x as X_SYMBOL
 from approxbp.approximations.invact_forms import Form
 from approxbp.approximations.invact_forms import y as FORM_Y
-from approxbp.approximations.pieces import piece, pieces
+from approxbp.approximations.pieces import inside, piece, pieces
 
 
 def _piece_identity(act, q: sp.Expr, lo: float, hi: float, f: sp.Expr) -> bool:
@@ -19,9 +19,8 @@ def _piece_identity(act, q: sp.Expr, lo: float, hi: float, f: sp.Expr) -> bool:
     the piece's y (f increases, so the piece's x map to its y alone), x written lo + s or hi − s with s > 0. At a kink
     itself f′ is the mean of its one-sided values (H(0) = ½), which a C¹ kink (ELU's) makes the same value."""
     s = sp.Symbol("s", positive=True)
-    inside = (lo + hi) / 2 if math.isfinite(lo + hi) else hi - 1 if math.isfinite(hi) else lo + 1
     xs = lo + s if math.isfinite(lo) else hi - s if math.isfinite(hi) else sp.Symbol("x", real=True)
-    here = piece(q, float(act.f(inside)), FORM_Y)
+    here = piece(q, float(act.f(inside(lo, hi))), FORM_Y)
     fx = f.subs(X_SYMBOL, xs)
     return sp.simplify(here.subs(FORM_Y, fx) - sp.diff(f, X_SYMBOL).subs(X_SYMBOL, xs)) == 0
 

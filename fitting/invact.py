@@ -122,12 +122,9 @@ def check_right_tail(ia: InvertedActivation) -> float:
     err = right_tail_error(ia)
     if not err <= TAIL_TOL:
         act = ia.activation
-        other = (act.fit_command("relu-sum", bits=2) + " (ReGELU2-style: eq. 13's limits hold)"
-                 if not act.relu_sum_limits() else act.fit_command("relu-sum", "--levels free", bits=2)
-                 + " (FewBit's free levels: eq. 13's limits do not hold either)")
-        raise ValueError(f"activation {act.name!r}: beyond y = {y_max:.6g} the inverted-activation "
-                         f"kernels use q = h′(y), which errs by {err:.3g} > {TAIL_TOL:g} here (f⁻¹(y) − y does "
-                         f"not vanish fast enough); this family does not suit it. A way forward: {other}")
+        raise ValueError(f"activation {act.name!r}: beyond y = {y_max:.6g} the inverted-activation kernels use "
+                         f"q = h′(y), which errs by {err:.3g} > {TAIL_TOL:g} here (f⁻¹(y) − y does not vanish fast "
+                         f"enough); this family does not suit it. A way forward: {act.relu_sum_way_forward()}")
     return err
 
 
@@ -156,11 +153,9 @@ def _refuse_piecewise(act) -> None:
     if takes_exact(act):  # ReLU², ELU: the exact table is the form for it
         raise ValueError(f"activation {act.name!r} is piecewise (kinks at x = {kinks}): the fitted InvAct forms need "
                          f"a smooth h; its exact table serves it: {act.fit_command('invact', '--form exact')}")
-    other = (act.fit_command("relu-sum", bits=2) if not act.relu_sum_limits()
-             else act.fit_command("relu-sum", "--levels free", bits=2))
     raise ValueError(f"activation {act.name!r} is piecewise (kinks at x = {kinks}) and not increasing: the fitted "
                      "InvAct forms need a smooth h, and an exact two-branch table of its pieces is not implemented. "
-                     f"A way forward: {other}")
+                     f"A way forward: {act.relu_sum_way_forward()}")
 
 
 def _invact_table(activation, form, seed, backend, sr_generations, progress) -> T.InvActTable:

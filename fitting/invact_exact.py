@@ -21,7 +21,7 @@ from approxbp.approximations import tables as T
 from approxbp.approximations.activations import named_expression, numpy_namespace, x
 from approxbp.approximations.functions import select
 from approxbp.approximations.invact_forms import Form
-from approxbp.approximations.pieces import pieces
+from approxbp.approximations.pieces import inside, pieces
 from approxbp.approximations.table_checks import MONOTONE_SPAN, not_increasing_at
 
 from .relu_sum import package_version
@@ -79,7 +79,11 @@ def derive_monotone(activation) -> sp.Expr:
     (x + √(x² + 4))/2: y²/(y² + 1); ELU: select(y, 1, y + 1), one closed form per smooth piece joined at the
     kinks' y), by sympy ``solve`` on each piece; a ValueError with the reason when a piece has no such closed form.
     One branch: the saved output alone gives the gradient, no bit (Inverted Activations §2)."""
-    act = get_activation(activation)
+    return _derived_monotone(get_activation(activation))[0]
+
+
+def _derived_monotone(act) -> tuple[sp.Expr, float]:
+    """(q, inf f) of :func:`derive_monotone`, derived once for the table that records both."""
     if not is_monotone(act):
         raise ValueError(f"{act.name}: not increasing on [−{MONOTONE_SPAN:g}, {MONOTONE_SPAN:g}]")
     floor, y = infimum(act), sp.Symbol("y")
@@ -87,7 +91,7 @@ def derive_monotone(activation) -> sp.Expr:
     for lo, hi, f in reversed(pieces(act.expr)):
         here = _piece_slope(act, f, lo, hi, floor)
         q = here if q is None else select(y - float(act.f(hi)), q, here)  # y above the kink's: the piece on its right
-    return q
+    return q, floor
 
 
 def _piece_slope(act, f: sp.Expr, lo: float, hi: float, floor: float) -> sp.Expr:
@@ -95,11 +99,9 @@ def _piece_slope(act, f: sp.Expr, lo: float, hi: float, floor: float) -> sp.Expr
     low = floor if not np.isfinite(lo) else float(act.f(lo))
     xr, y = sp.Symbol("x", real=True), sp.Symbol("y", positive=True) if low >= 0 else sp.Symbol("y", real=True)
     f = f.subs(x, xr)
-    inside = 0.5 if not (np.isfinite(lo) or np.isfinite(hi)) else (lo + hi) / 2 if np.isfinite(lo + hi) else (
-        hi - 0.5 if np.isfinite(hi) else lo + 0.5)
-    probe = float(act.f(inside))
-    roots = [r for r in sp.solve(sp.Eq(f, y), xr)
-             if abs(complex(sp.N(r.subs(y, probe))) - inside) < 1e-9 * (1 + abs(inside))]
+    at = inside(lo, hi)
+    probe = float(act.f(at))
+    roots = [r for r in sp.solve(sp.Eq(f, y), xr) if abs(complex(sp.N(r.subs(y, probe))) - at) < 1e-9 * (1 + abs(at))]
     if len(roots) != 1:
         raise ValueError(f"{act.name}: sympy finds {len(roots)} real inverses of y = {f} in closed form on "
                          f"({lo:g}, {hi:g}), not one; a fitted monotone form is not implemented")
@@ -166,7 +168,7 @@ def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
     [0, RIGHT_SPAN], h′(y) beyond it like every invact table; no turning point and no branch bit."""
     t0 = time.perf_counter() if t0 is None else t0
     act = get_activation(activation)
-    q, floor = derive_monotone(activation), infimum(activation)
+    q, floor = _derived_monotone(act)
     metrics = _measured(act, q, left=False, floor=floor)
     given = act.name if named_expression(act.name) else act.expression
     return T.InvActTable.new(

@@ -79,11 +79,11 @@ def _table_for(module: nn.Module, family: str | None, tables, bits: int):
         return f"invact/{name}-exact", None  # f′(f⁻¹(y)) in closed form (ReLU²): exact, in either family
     relu_sum, invact = f"relu_sum/{T.relu_sum_name(name, bits, 'primitive')}", f"invact/{name}-fast"
     packaged = {t: (T.data_dir() / f"{t}.json").is_file() for t in (relu_sum, invact)}
-    chosen, other = (relu_sum, invact) if family == "relu-sum" else (invact, relu_sum)
+    (chosen, other), other_family = ((relu_sum, invact), "invact") if family == "relu-sum" else (
+        (invact, relu_sum), "relu-sum")
     if packaged[chosen]:
         return chosen, None
-    return None, (f"no packaged table {chosen}" + (f"; family={'relu-sum' if other == relu_sum else 'invact'!r} has "
-                                                   f"{other}" if packaged[other] else ""))
+    return None, f"no packaged table {chosen}" + (f"; family={other_family!r} has {other}" if packaged[other] else "")
 
 
 def _replacement(module: nn.Module, family: str | None, tables, bits: int, family_of):

@@ -76,7 +76,7 @@ def test_invact_refuses_hardswish_naming_the_relu_sum_fit_that_runs(capsys):
     assert main(["fit", "invact", "--activation", "hardswish", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "piecewise (kinks at x = -3, 3)" in err and "A way forward: approxbp fit relu-sum" in err, err
-    command = shlex.split(err.split("A way forward: ")[1])
+    command = shlex.split(err.split("A way forward: ")[1].split(" (")[0])
     assert main([*command[1:], "--restarts", "1", "--workers", "1", "--no-progress"]) == 0
 
 
