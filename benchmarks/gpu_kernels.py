@@ -5,6 +5,7 @@ CUDA only for numbers: on the CPU it refuses, because an interpreter timing says
     python benchmarks/gpu_kernels.py [--out benchmarks/results] [--numel 67108864] [--dtype bfloat16]
 
 1. Element-wise kernels: forward and backward of ReGELU2 / ReLU-sum k=4 / InvActGELU, ReSiLU2 / InvActSiLU,
+   the piecewise ones (exact InvAct ELU, ReLU-sum hard-swish k=2),
    MS-LayerNorm / MS-RMSNorm against torch eager, torch.compile and Liger-Kernel (when installed), on 2-D rows
    (numel/4096 × 4096). Backward is timed as (forward + backward) − forward with a fresh forward each time, so
    compiled graphs (whose buffers are donated) are timed the same way as eager ones. Reported: seconds, ratio to
@@ -14,7 +15,7 @@ CUDA only for numbers: on the CPU it refuses, because an interpreter timing says
    tokens), one AdamW step: peak ``max_memory_allocated`` and step time in bf16 eager, fp32 + autocast(bf16)
    eager, and bf16 torch.compile; exact vs ReGELU2 + MS-norm vs InvAct + MS-norm.
 3. The papers' headline (Approx-BP, LoRA r=4 on ViT-B/16, batch 64, 224², AdamW): peak memory and images/s,
-   exact vs patched, in autocast and bf16 modes (needs transformers and peft).
+   exact vs patched, in autocast, bf16 and bf16 torch.compile modes (needs transformers and peft).
 Writes gpu_kernels_<device>.json.
 """
 
@@ -93,7 +94,7 @@ def _rows(op, impls, x, g, copy_bps):
 
 
 def activation_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
-    from approxbp.kernels import InvActGELU, InvActSiLU, ReGELU2, ReLUSumActivation, ReSiLU2
+    from approxbp.kernels import InvActGELU, InvActivation, InvActSiLU, ReGELU2, ReLUSumActivation, ReSiLU2
 
     e = torch.tensor([], dtype=dtype).element_size()
     x = torch.randn(max(numel // 4096, 1), 4096, dtype=dtype, device=device)  # 2-D rows (Liger needs them)
@@ -105,7 +106,11 @@ def activation_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
                                                                                       use_triton=use), 4),
                                                    "InvActGELU": (InvActGELU(use_triton=use), 1)}),
                               ("silu", nn.SiLU(), {"ReSiLU2": (ReSiLU2(use_triton=use), 2),
-                                                   "InvActSiLU": (InvActSiLU(use_triton=use), 1)})):
+                                                   "InvActSiLU": (InvActSiLU(use_triton=use), 1)}),
+                              ("elu", nn.ELU(), {"InvActELU": (InvActivation("elu-exact", use_triton=use), 1)}),
+                              ("hardswish", nn.Hardswish(),
+                               {"ReLU-sum hard-swish k=2": (ReLUSumActivation("hardswish-k2-primitive",
+                                                                              use_triton=use), 2)})):
         impls = {"torch eager": (exact, 2 * e, 3 * e), "torch.compile": (torch.compile(exact), 2 * e, 3 * e)}
         for k, (m, bits) in ours.items():
             saved = bits / 8 + (1 / 4096 if bits > 1 else 0)  # codes (+ NaN bytes) or branch bits
@@ -113,10 +118,10 @@ def activation_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
         try:
             from liger_kernel.transformers.functional import liger_geglu, liger_swiglu
 
-            glu = liger_geglu if name == "gelu" else liger_swiglu
+            glu = {"gelu": liger_geglu, "silu": liger_swiglu}[name]
             ones = torch.ones_like(x)
             impls["liger (GLU with b = 1)"] = (lambda t, glu=glu, ones=ones: glu(t, ones), 3 * e, 5 * e)
-        except ImportError:
+        except (ImportError, KeyError):  # Liger has GLUs of GELU and SiLU only
             pass
         rows += _rows(name, impls, x, g, copy_bps)
     _add_static_predictions(rows, dtype, copy_bps)
@@ -156,13 +161,24 @@ def correctness_rows(device, dtype) -> list[dict]:
     """Correct before fast: each of our GPU implementations against the pure-PyTorch reference path on the CPU
     (same module, same bf16/fp16/fp32 input upcast to float32), on fresh random data of an odd shape (tails of the
     grid included), outputs poisoned with NaN first. rel = ‖gpu − ref‖ / ‖ref‖ for y and for dx (dg, du)."""
-    from approxbp.kernels import InvActGELU, InvActSiLU, MSLayerNorm, MSRMSNorm, ReGELU2, ReLUSumActivation, ReSiLU2
+    from approxbp.kernels import (
+        InvActGELU,
+        InvActivation,
+        InvActSiLU,
+        MSLayerNorm,
+        MSRMSNorm,
+        ReGELU2,
+        ReLUSumActivation,
+        ReSiLU2,
+    )
     from approxbp.kernels.glu import GLUSpec, glu
 
     torch.manual_seed(1234)
     shape = (3, 1237) if SMOKE else (257, 4099)
     mods = {"ReGELU2": ReGELU2(), "ReLU-sum k=4": ReLUSumActivation("gelu-k4-primitive"),
             "InvActGELU": InvActGELU(), "ReSiLU2": ReSiLU2(), "InvActSiLU": InvActSiLU(),
+            "InvActELU": InvActivation("elu-exact"),
+            "ReLU-sum hard-swish k=2": ReLUSumActivation("hardswish-k2-primitive"),
             "MS-layernorm": MSLayerNorm(shape[-1]), "MS-rmsnorm": MSRMSNorm(shape[-1])}
     calls = {k: (lambda t, m=m: m(t[0]), 1) for k, m in mods.items()}
     for name in ("silu", "gelu"):
@@ -198,10 +214,11 @@ def correctness_rows(device, dtype) -> list[dict]:
 #: The table behind each of our implementations above (for the static prediction of ``approxbp cost``).
 TABLES = {"ReGELU2": "relu_sum/gelu-k2-primitive.json", "ReLU-sum k=4": "relu_sum/gelu-k4-primitive.json",
           "InvActGELU": "invact/gelu-fast.json", "ReSiLU2": "relu_sum/silu-k2-primitive.json",
-          "InvActSiLU": "invact/silu-fast.json"}
+          "InvActSiLU": "invact/silu-fast.json", "InvActELU": "invact/elu-exact.json",
+          "ReLU-sum hard-swish k=2": "relu_sum/hardswish-k2-primitive.json"}
 
 
-def _add_static_predictions(rows: list[dict], dtype, copy_bps: float) -> None:
+def _add_static_predictions(rows: list[dict], dtype, copy_bps: float, keys=("forward", "backward")) -> None:
     """Beside each measured time, the static model's (``approxbp cost``: SASS instructions per element for sm_90):
     n · max(bytes/element / measured copy bandwidth, instructions/element / issue rate). The ratio measured /
     predicted calibrates the model."""
@@ -210,20 +227,20 @@ def _add_static_predictions(rows: list[dict], dtype, copy_bps: float) -> None:
     name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     for r in rows:
         table = TABLES.get(r.get("impl"))
-        if table is None or "forward_s" not in r:
+        if table is None or f"{keys[0]}_s" not in r:
             continue
         try:
-            fwd, bwd = cost.run([table], name, extras=False, workers=1)
+            fwd, bwd = cost.run([table], name, extras=False, workers=1)[:2]  # then a user's plain exact pair
         except Exception as err:  # noqa: BLE001 - the measurement stands without its prediction
             r["static_error"] = f"{type(err).__name__}: {str(err)[:200]}"
             continue
         n = r["shape"][0] * r["shape"][1]
-        for key, k in (("forward", fwd), ("backward", bwd)):
+        for key, k in zip(keys, (fwd, bwd), strict=True):
             predicted = n * max(k.bytes_per_element / copy_bps, k.instructions_per_element / cost.ISSUE_RATE)
             r[f"{key}_static"] = {"instructions_per_element": k.instructions_per_element, "ratio": k.ratio,
                                   "predicted_s": predicted}
             if not SMOKE:
-                print(f"{r['impl']:<14} {key:<8} measured {r[f'{key}_s'] * 1e3:8.3f} ms   static prediction "
+                print(f"{r['impl']:<14} {key:<15} measured {r[f'{key}_s'] * 1e3:8.3f} ms   static prediction "
                       f"{predicted * 1e3:8.3f} ms   ({k.instructions_per_element:.1f} instr/elem, ratio {k.ratio:.2f})")
 
 
@@ -305,8 +322,9 @@ def training_step_rows(device, d=1024, blocks=8, batch=16, tokens=1024, steps=5)
     return out
 
 
-def vit_lora_rows(device, batch=64, steps=5) -> list[dict]:
-    """Approx-BP's headline configuration: HF ViT-B/16 (random init), LoRA r=4 on query/value, AdamW."""
+def vit_lora_rows(device, batch=64, steps=5, modes=("autocast", "bf16", "compile")) -> list[dict]:
+    """Approx-BP's headline configuration: HF ViT-B/16 (random init), LoRA r=4 on query/value, AdamW; fp32 weights
+    in autocast(bf16), bf16 weights eager, and bf16 weights under torch.compile."""
     try:
         import peft
         import transformers
@@ -322,7 +340,7 @@ def vit_lora_rows(device, batch=64, steps=5) -> list[dict]:
     pixels = torch.randn(batch, 3, 224, 224, device=device)
     labels = torch.randint(0, 100, (batch,), device=device)
     out = []
-    for mode in ("autocast", "bf16"):
+    for mode in modes:
         for variant in ("exact", "relu-sum", "invact"):
             torch.manual_seed(0)
             model = transformers.ViTForImageClassification(cfg)
@@ -335,10 +353,11 @@ def vit_lora_rows(device, batch=64, steps=5) -> list[dict]:
             model = model.to(device, torch.float32 if mode == "autocast" else torch.bfloat16)
             px = pixels.to(torch.float32 if mode == "autocast" else torch.bfloat16)
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+            run = torch.compile(model) if mode == "compile" else model
 
-            def step(model=model, opt=opt, mode=mode, px=px):
+            def step(run=run, opt=opt, mode=mode, px=px):
                 with torch.autocast(device, torch.bfloat16, enabled=mode == "autocast"):
-                    loss = model(pixel_values=px, labels=labels).loss
+                    loss = run(pixel_values=px, labels=labels).loss
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -352,7 +371,7 @@ def vit_lora_rows(device, batch=64, steps=5) -> list[dict]:
             out.append(row)
             if not SMOKE:
                 print("step", {k: v for k, v in row.items() if k != "model"}, flush=True)
-            del model, opt
+            del model, run, opt
     return out
 
 
@@ -365,6 +384,8 @@ def main() -> int:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--skip", nargs="*", default=[], choices=("kernels", "training", "vit-lora"),
                    help="sections to leave out")
+    p.add_argument("--vit-modes", nargs="*", default=["autocast", "bf16", "compile"],
+                   choices=("autocast", "bf16", "compile"), help="the ViT-B LoRA section's modes")
     p.add_argument("--smoke", action="store_true", help="run every code path on tiny CPU tensors; no numbers")
     args = p.parse_args()
     SMOKE = args.smoke
@@ -395,7 +416,7 @@ def main() -> int:
         result["glus"] = glu_rows(numel, dtype, device, bps)
         save()
     if "vit-lora" not in args.skip:
-        result["vit_lora"] = vit_lora_rows(device)
+        result["vit_lora"] = vit_lora_rows(device, modes=args.vit_modes)
         save()
     if "training" not in args.skip:
         kw = {"d": 64, "blocks": 1, "batch": 2, "tokens": 16} if SMOKE else {}
