@@ -32,3 +32,25 @@ def test_smoke_run_exercises_every_section_on_the_cpu(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "every section ran (0 implementation(s) failed)" in run.stdout
     assert not list(tmp_path.iterdir())
+
+
+PROFILE = ROOT / "benchmarks" / "gpu_profile.py"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script really profiles")
+def test_the_profile_refuses_without_cuda(tmp_path):
+    run = subprocess.run([sys.executable, str(PROFILE), "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode != 0 and "no CUDA device" in run.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_the_profile_smoke_run_exercises_both_sections_on_the_cpu(tmp_path):
+    """Kernels alone vs through autograd (every drop-in's spec called directly), and the profiled ViT-B LoRA step
+    of each variant, on tiny CPU tensors. Writes nothing."""
+    run = subprocess.run([sys.executable, str(PROFILE), "--smoke", "--out", str(tmp_path)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "every section ran" in run.stdout
+    assert not list(tmp_path.iterdir())
