@@ -33,6 +33,20 @@ class AffineInputLinear(nn.Linear):
         return nn.functional.linear(z, self.weight * self.alpha.to(self.weight.dtype), bias)
 
 
+def _not_a_view(out: torch.Tensor) -> torch.Tensor:
+    """A custom Function's output that is a view cannot be written in place by the model (data2vec-audio masks time
+    steps with hidden[mask] = …), and F.linear with a bias returns a view of its 2-D product. Where the view covers
+    its whole (fresh, private) base, the same storage as a plain tensor (what matmul itself does: no copy); else a
+    copy."""
+    base = out._base
+    if base is None:
+        return out
+    if (out.is_contiguous() and base.is_contiguous() and out.numel() == base.numel()
+            and out.storage_offset() == base.storage_offset()):
+        return torch.ops.aten._unsafe_view(base, out.shape)
+    return out.clone()
+
+
 class _NormInputLinearFn(torch.autograd.Function):
     """y = (α⊙z + β)·Wᵀ + b from the MS-norm's output z (W is (out, in); Conv1D passes Wᵀ's view). Saves z (the
     tensor the MS-norm saves anyway) and references to W, α, β (parameters: no copies); u = α⊙z + β is recomputed
@@ -48,10 +62,7 @@ class _NormInputLinearFn(torch.autograd.Function):
     def forward(ctx, z, weight, bias, alpha, beta):
         ctx.save_for_backward(z, weight, alpha, beta)
         ctx.has_bias = bias is not None
-        out = nn.functional.linear(_NormInputLinearFn._input(z, alpha, beta), weight, bias)
-        # a view (F.linear of a strided input) could not be written in place by the model (data2vec-audio masks
-        # time steps with hidden[mask] = …): autograd forbids in-place ops on a custom Function's view outputs
-        return out if out._base is None else out.clone()
+        return _not_a_view(nn.functional.linear(_NormInputLinearFn._input(z, alpha, beta), weight, bias))
 
     @staticmethod
     def backward(ctx, dy):  # in dy's dtype (autocast's, when the forward's Linear ran under it)
@@ -70,6 +81,30 @@ class _NormInputLinearFn(torch.autograd.Function):
         if need_beta and beta is not None:
             dbeta = rows(du).sum(0).to(beta.dtype)
         return dz, dw, db, da, dbeta
+
+
+class _SavesZLinearFn(torch.autograd.Function):
+    """out = y·Wᵀ + b for a consumer of a shared-output norm's y = α⊙z + β: the forward reads y (the stock value,
+    computed once by the norm for all its readers), the gradient goes back to y as stock (du = dy·W, so the norm's
+    own backward forms dz = du⊙α and dα, dβ once for all readers), and only z is saved (shared with the MS-norm,
+    passed detached: no gradient edge), u = α⊙z + β recomputed in the backward for dW alone."""
+
+    @staticmethod
+    def forward(ctx, y, z, weight, bias, alpha, beta):
+        ctx.save_for_backward(z, weight, alpha, beta)
+        ctx.has_bias, ctx.y_dtype = bias is not None, y.dtype
+        return _not_a_view(nn.functional.linear(y, weight, bias))
+
+    @staticmethod
+    def backward(ctx, dy):
+        z, weight, alpha, beta = ctx.saved_tensors
+        need_y, _, need_w, need_b = ctx.needs_input_grad[:4]
+        rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+        du = dy.matmul(weight.to(dy.dtype)).to(ctx.y_dtype) if need_y else None
+        dw = rows(dy).t().matmul(rows(_NormInputLinearFn._input(z, alpha, beta)).to(dy.dtype)).to(weight.dtype) \
+            if need_w else None
+        db = rows(dy).sum(0).to(weight.dtype) if need_b and ctx.has_bias else None
+        return du, None, dw, db, None, None
 
 
 class _AffineOutFn(torch.autograd.Function):
@@ -151,12 +186,12 @@ class NormInputLinear(nn.Linear):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         norm = self.__dict__["norm"]
         weight = self.weight.t() if self.transposed else self.weight
+        form = norm.__dict__.get("norm_form", _AFFINE)  # α = w, or Gemma's 1 + w (its gradient still reaches w)
         if isinstance(norm, _SharedOutput):  # it reads y: z is attached to it (else y is read as stock)
             found = None if torch.compiler.is_compiling() else attached_z(z, norm)
             if found is None:
                 return nn.functional.linear(z, weight, self.bias)
-            z = found
-        form = norm.__dict__.get("norm_form", _AFFINE)  # α = w, or Gemma's 1 + w (its gradient still reaches w)
+            return _SavesZLinearFn.apply(z, found.detach(), weight, self.bias, form.alpha(norm), form.beta(norm))
         return _NormInputLinearFn.apply(z, weight, self.bias, form.alpha(norm), form.beta(norm))
 
     def extra_repr(self) -> str:

@@ -247,3 +247,37 @@ def test_a_consumer_of_a_view_of_y_reads_the_same_view_of_z():
     gx, = torch.autograd.grad(got.square().sum(), x)
     rx, = torch.autograd.grad(want.square().sum(), x)
     torch.testing.assert_close(gx, rx, rtol=1e-10, atol=1e-12)
+
+
+class MasksTheConsumersOutput(nn.Module):
+    """data2vec-audio's pattern: a consumer Linear's (3-D, with bias) output is written in place (hidden[mask] = 0)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.ln, self.up, self.head = nn.LayerNorm(d), nn.Linear(d, d), nn.Linear(d, 2)
+
+    def forward(self, x):
+        h = self.up(self.ln(x))
+        h[:, 0] = 0.0
+        return self.head(torch.tanh(h) + x)
+
+
+def test_a_consumers_output_written_in_place_trains_as_stock_without_a_copy():
+    """F.linear with a bias returns a view of its 2-D product, which autograd forbids writing in place when a custom
+    Function returns it; the consumer hands back the same storage as a plain tensor (no copy of every consumer
+    output, which the H100 profile of the ViT step found) and the in-place write trains as stock."""
+    from approxbp.kernels.norm_merge import _not_a_view
+
+    torch.manual_seed(0)
+    stock = MasksTheConsumersOutput().double()
+    model = copy.deepcopy(stock)
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    report = patch_model(model, family=None, example_input=x)
+    assert isinstance(model.up, NormInputLinear) and not report.skipped, report
+    (y0, g0), (y1, g1) = _step(stock, x), _step(model, x)
+    torch.testing.assert_close(y1, y0, rtol=1e-12, atol=1e-12)
+    assert all(torch.allclose(g0[k], g1[k], rtol=1e-9, atol=1e-12) for k in g0)
+    out = nn.functional.linear(x, model.up.weight, model.up.bias)
+    assert out._base is not None  # the case at hand: F.linear's own view
+    plain = _not_a_view(out)
+    assert plain._base is None and plain.data_ptr() == out.data_ptr()
