@@ -11,7 +11,7 @@ import torch
 from approxbp.approximations import tables as T
 from torch import nn
 
-from . import swaps
+from . import functional_swap, swaps
 from .glu import GatedMLP
 from .invact import InvActGELU, InvActivation, InvActSiLU
 from .relu_sum import ReGELU2, ReLUSumActivation, ReSiLU2
@@ -143,6 +143,41 @@ def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: 
                     f"{error_of(new.spec)}"
                     + ("; inplace=True dropped: the drop-in returns a new tensor" if getattr(child, "inplace", False)
                        else ""))
+
+
+def swap_functional(model: nn.Module, owners: dict[str, list[str]], report: PatchReport, undo: Undo,
+                    config: PatchConfig, savings: Savings) -> None:
+    """Swap the activations each module of ``owners`` ({path: activations}) calls as functions, at the call site
+    (:mod:`.functional_swap`), with the drop-in a module of torch's class would get (``config.family``,
+    ``config.tables`` by that class or by the module's path), checked and measured like module swaps."""
+    family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])
+    checked: dict = {}
+    tables, modules = config.tables, dict(model.named_modules())
+    for pattern, group in by_pattern(list(owners)):
+        for names in savings.attempts(f"{pattern} (activations called as functions)", group):
+            for where in names:
+                owner, dropins = modules[where], {}
+                chosen = tables.get(where) if isinstance(tables, Mapping) else None
+                for act in owners[where]:
+                    stock = functional_swap.STOCK[act]()
+                    why = "exact by choice" if chosen == "exact" else None
+                    new = None
+                    if why is None:
+                        new, why = _replacement(stock, config.family, chosen or tables, config.bits, family_of)
+                    if new is not None and not config.wants(owner, where):
+                        new, why = None, FILTERED
+                    if new is not None and (mismatch := _computes_differently(stock, new, checked)):
+                        new, why = None, mismatch
+                    if new is None:
+                        report.skipped.append(f"{where} ({type(owner).__name__}): calls {act} as a function; {why}")
+                        continue
+                    dropins[act] = new
+                    report.activations.append(f"{where}: {act} called as a function in {type(owner).__name__} → "
+                                              f"{type(new).__name__}({new.extra_repr()}) at the call site; "
+                                              f"{error_of(new.spec)}")
+                if dropins:
+                    functional_swap.install(owner, dropins)
+                    undo.steps.append(lambda owner=owner: functional_swap.uninstall(owner))
 
 
 @functools.cache

@@ -37,6 +37,15 @@ class _Record:
     functional: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # (activation, its input)
 
 
+def functional_activation(func, args, kwargs) -> str | None:
+    """The registry activation a torch function call computes (``F.gelu(x, approximate="tanh")``: gelu_tanh), or
+    None for any other call."""
+    act = _FUNCTIONAL.get(func)
+    if act == "gelu" and (kwargs or {}).get("approximate", args[1] if len(args) > 1 else "none") == "tanh":
+        return "gelu_tanh"
+    return act
+
+
 def _first_tensor(args) -> torch.Tensor | None:
     return args[0] if args and isinstance(args[0], torch.Tensor) else None
 
@@ -50,10 +59,8 @@ class _ActivationOps(TorchFunctionMode):
         self.running, self.seen = running, []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        act = _FUNCTIONAL.get(func)
+        act = functional_activation(func, args, kwargs)
         if act is not None and self.running:
-            if act == "gelu" and (kwargs or {}).get("approximate", args[1] if len(args) > 1 else "none") == "tanh":
-                act = "gelu_tanh"
             self.seen.append((self.running[-1], act, args[0]))
         return func(*args, **(kwargs or {}))
 

@@ -26,10 +26,11 @@ from .rewrite import (
 
 
 def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_input, config: PatchConfig,
-                    savings: Savings) -> None:
+                    savings: Savings) -> dict[str, list[str]]:
     """Replace every proven gated MLP by a :class:`~.glu.GatedMLP` (``config.glu``: all, or these paths; modules
-    ``config.module_filter_fn`` refuses are left and reported); report activations called as functions outside
-    them (one run of the example records both, :func:`~.glu_forms.record_calls`)."""
+    ``config.module_filter_fn`` refuses are left and reported); return the activations called as functions
+    outside them, {module path: activations} (one run of the example records both,
+    :func:`~.glu_forms.record_calls`), for :func:`~.activation_swap.swap_functional`."""
     fuse = config.glu
     modules = dict(model.named_modules())
 
@@ -63,13 +64,15 @@ def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_i
                 replace(model, modules, name, new, undo)
                 report.glus.append(f"{name}: {type(modules[name]).__name__} → GatedMLP({new.extra_repr()})")
     fused = {report.subject(line) for line in report.glus}
-    for where in dict.fromkeys(m for m, _ in functional):
+    owners = {}
+    for where, act in functional:
         owner = modules[where]
         if where in fused or class_key(owner) in ACTIVATION_CLASSES or type(owner).__name__ in OURS:
             continue
-        acts = sorted({a for m, a in functional if m == where})
-        report.skipped.append(f"{where or 'the model'} ({type(owner).__name__}): calls {', '.join(acts)} as a "
-                              "function; only modules can be swapped, so it keeps torch's exact backward")
+        owners.setdefault(where, [])
+        if act not in owners[where]:
+            owners[where].append(act)
+    return owners
 
 
 def _why_not_fused(modules, name, layout, act, x) -> str | None:

@@ -12,8 +12,8 @@ import torch
 from approxbp.approximations.deprecated import warn_renamed
 from torch import nn
 
-from . import swaps
-from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, OURS, class_key, swap_activations
+from . import functional_swap, swaps
+from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, OURS, class_key, swap_activations, swap_functional
 from .glu import GatedMLP
 from .glu_patch import fuse_gated_mlps
 from .norm_merge import unmerge_norm
@@ -74,13 +74,15 @@ def patch_model(model: nn.Module, *args, family: str | None = "relu-sum", tables
         savings = Savings(model, example_input, report, undo, measure=check, stock=before)
         if config.norms:
             merge_norms(model, report, undo, example_input, savings, config)
+        functional = {}
         if example_input is not None and (config.glu or config.family is not None or config.tables is not None):
-            fuse_gated_mlps(model, report, undo, example_input, config, savings)
+            functional = fuse_gated_mlps(model, report, undo, example_input, config, savings)
         elif not isinstance(config.glu, bool):  # named gated MLPs (a plan's) are reported, never silently left
             report.skipped += [f"{p}: listed in glu=, not fused: a gated MLP is fused only once an example input "
                                "proves it (pass example_input=…)" for p in sorted(config.glu)]
         if config.family is not None or config.tables is not None:
             swap_activations(model, report, undo, config, savings)
+            swap_functional(model, functional, report, undo, config, savings)
         savings.close()
         if before is not None:
             report.max_output_difference = _compare_outputs(before, run_example(model, example_input))
@@ -137,6 +139,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`patch_model` in place: every drop-in goes back to the module it replaced and every MS-norm is
     unmerged (consumer weights and biases restored, the original norm back in place). Returns the model."""
     for _, parent in reversed(list(model.named_modules())):  # children first: a GatedMLP hands back restored ones
+        functional_swap.uninstall(parent)
         for child_name, child in list(parent.named_children()):
             if isinstance(child, GatedMLP):
                 swaps.replaced(child)._modules.update(child._modules)  # adapters added since stay

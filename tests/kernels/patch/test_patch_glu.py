@@ -1,6 +1,6 @@
 """patch_model on gated MLPs: found by what they run (split or fused gate/up, the
 activation as a module or a function), proven in float64, replaced by the exact fused GLU, which trains exactly as
-the stock model; activations called as functions elsewhere are reported; a rewrite that saves nothing is undone."""
+the stock model (activations called as functions elsewhere: test_patch_functional.py); a rewrite that saves nothing is undone."""
 
 import copy
 
@@ -105,22 +105,6 @@ def test_an_activation_with_hooks_keeps_its_mlp():
     model[1].mlp.act_fn.register_forward_hook(lambda m, i, o: None)
     report = patch_model(model, family=None, example_input=torch.randn(2, 16, dtype=torch.float64))
     assert not report.glus and any("activation act_fn has forward hooks" in s for s in report.skipped), report
-
-
-def test_functional_activations_outside_gated_mlps_are_reported():
-    class Head(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.dense = nn.Linear(16, 16)
-
-        def forward(self, x):
-            return F.gelu(self.dense(x))
-
-    torch.manual_seed(0)
-    model = nn.Sequential(Head(), nn.Linear(16, 2))
-    report = patch_model(model, family="invact", example_input=torch.randn(3, 16))
-    assert report.skipped == ["0 (Head): calls gelu as a function; only modules can be swapped, so it keeps torch's "
-                              "exact backward"], report
 
 
 def test_a_swap_that_saves_nothing_is_undone_and_said():
