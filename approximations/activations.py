@@ -43,6 +43,10 @@ PIECEWISE: dict[str, str] = {
     "celu": "Max(0, x) + Min(0, exp(x) - 1)",
     "selu": "1.0507009873554804934193349852946*(Max(0, x) + Min(0, 1.6732632423543772848170429916717*(exp(x) - 1)))",
     "hardswish": "x*Min(Max(x + 3, 0), 6)/6",  # 0 below −3, x above 3: eq. 13's ReLU-sum fits it exactly there
+    # non-decreasing with constant pieces: one exact branch, q = 0 at the constants (torch saves their input)
+    "hardsigmoid": "Min(Max(x/6 + 1/2, 0), 1)",
+    "relu6": "Min(Max(x, 0), 6)",
+    "hardtanh": "Min(Max(x, -1), 1)",
 }
 #: Increasing activations with inf f = 0: the inverted-activation family serves them with one exact branch and no
 #: bit (``fitting.invact_exact.monotone_table``: softplus f′(f⁻¹(y)) = 1 − e^(−y)); patching uses that table in

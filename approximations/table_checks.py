@@ -192,15 +192,35 @@ def not_increasing_at(act) -> float | None:
     return float(grid[np.argmin(np.where(np.isfinite(slope), slope, -np.inf))])
 
 
+def _flat_problem(t: dict, act) -> str | None:
+    """Why a table whose h is not increasing everywhere cannot be monotone (None when it can): h′ < 0 (or NaN)
+    somewhere, or its q is not 0 at the value of a constant piece (h′ = 0 there: ReLU6's 0 and 6, hard-sigmoid's 0
+    and 1), which no increasing piece takes, so that a saved y still gives f′."""
+    grid = np.linspace(-MONOTONE_SPAN, MONOTONE_SPAN, 4001)
+    with np.errstate(all="ignore"):
+        slope = act.df(grid)
+        if not np.all(slope >= 0):
+            bad = grid[np.argmin(np.where(np.isfinite(slope), slope, -np.inf))]
+            return f"h′({bad:.4g}) = {float(act.df(bad)):.3g}: {t['expression']} is not increasing"
+        values = np.unique(act.f(grid[slope == 0]))
+        q = np.broadcast_to(np.asarray(Form.from_table(Branch.from_json(t["right"]))(values), dtype=np.float64),
+                            values.shape)
+    if np.any(q != 0):
+        i = int(np.argmax(q != 0))
+        return (f"h is constant at {values[i]:.6g} (h′ = 0), but the right form gives q = {q[i]!r} there: a "
+                "non-decreasing table needs q = 0 at its constant pieces' values")
+    return None
+
+
 def _check_monotone(t: dict, act, where: str) -> None:
-    """A monotone table (one branch, y = f(x) ↦ f′(f⁻¹(y)) with no branch bit): f increases, f_T = inf f, and no
-    turning point, left branch or combined form is given."""
+    """A monotone table (one branch, y = f(x) ↦ f′(f⁻¹(y)) with no branch bit): f increases (or does not decrease,
+    with q = 0 at its constant pieces' values), f_T = inf f, and no turning point, left branch or combined form is
+    given."""
     for f in ("turning_point", "left", "combined"):
         if f in t:
             fail(where, f, "a monotone table has one branch: no turning point, left branch or combined form")
-    bad = not_increasing_at(act)
-    if bad is not None:
-        fail(where, "monotone", f"h′({bad:.4g}) = {float(act.df(bad)):.3g}: {t['expression']} is not increasing")
+    if not_increasing_at(act) is not None and (why := _flat_problem(t, act)):
+        fail(where, "monotone", why)
     with np.errstate(all="ignore"):
         low = float(act.f(-1e8))
     if not (math.isfinite(low) and abs(low - t["f_T"]) <= 1e-6 * max(1.0, abs(t["f_T"]))):

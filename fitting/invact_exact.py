@@ -55,13 +55,39 @@ def is_monotone(act) -> bool:
     return not_increasing_at(act) is None
 
 
+def is_saturating(act) -> bool:
+    """Non-decreasing piece by piece, with constant pieces (ReLU6, hard-sigmoid, hard-tanh): every smooth piece is
+    constant or increasing on a grid inside it, at least one of each, and f is continuous at the kinks. A saved y
+    still gives f′: the constant pieces' values are taken by no increasing piece, so q = 0 there."""
+    act = get_activation(act)
+    parts = pieces(act.expr)
+    flat = [sp.diff(f, x) == 0 for _, _, f in parts]
+    if len(parts) < 2 or all(flat) or not any(flat):
+        return False
+    with np.errstate(all="ignore"):
+        for (lo, hi, _), constant in zip(parts, flat, strict=True):
+            a, b = max(lo, -MONOTONE_SPAN), min(hi, MONOTONE_SPAN)
+            if not constant and not np.all(act.df(np.linspace(a, b, 203)[1:-1]) > 0):
+                return False
+        kinks = np.array([hi for _, hi, _ in parts[:-1]])
+        return bool(np.allclose(act.f(kinks - 1e-9), act.f(kinks + 1e-9), rtol=1e-6, atol=1e-6))
+
+
+def _flat_then_increasing(act) -> bool:
+    """Constant left of 0, increasing right of it (ReLU²): the two-branch table of :func:`derive_exact` serves it
+    (its packaged table; the one-branch form would serve it too, without the bit)."""
+    parts = pieces(act.expr)
+    return len(parts) == 2 and parts[0][1] == 0.0 and sp.diff(parts[0][2], x) == 0
+
+
 def takes_exact(act) -> bool:
-    """Whether ``act`` is served by an exact table (``form="auto"`` picks it): increasing everywhere (one branch, no
-    bit), or flat left of 0 and increasing right of it (ReLU²)."""
+    """Whether ``act`` is served by an exact table (``form="auto"`` picks it): increasing everywhere, or
+    non-decreasing with constant pieces (one branch, no bit), or flat left of 0 and increasing right of it
+    (ReLU²)."""
     act = get_activation(act)
     with np.errstate(all="ignore"):
         flat = bool(np.all(act.df(np.linspace(-10.0, -1e-3, 101)) == 0))
-    return is_monotone(act) or flat
+    return is_monotone(act) or is_saturating(act) or flat
 
 
 def infimum(activation) -> float:
@@ -83,14 +109,23 @@ def derive_monotone(activation) -> sp.Expr:
 
 
 def _derived_monotone(act) -> tuple[sp.Expr, float]:
-    """(q, inf f) of :func:`derive_monotone`, derived once for the table that records both."""
-    if not is_monotone(act):
-        raise ValueError(f"{act.name}: not increasing on [−{MONOTONE_SPAN:g}, {MONOTONE_SPAN:g}]")
+    """(q, inf f) of :func:`derive_monotone`, derived once for the table that records both. A constant piece of
+    value c (:func:`is_saturating`) gives q(c) = 0: the join at its kink sends y = c to it, whichever side it is on
+    (select(u, a, b) is a for u > 0, else b)."""
+    if not (is_monotone(act) or is_saturating(act)):
+        raise ValueError(f"{act.name}: not increasing on [−{MONOTONE_SPAN:g}, {MONOTONE_SPAN:g}] (nor non-decreasing "
+                         "with constant pieces)")
     floor, y = infimum(act), sp.Symbol("y")
-    q = None
+    q, right_flat = None, False
     for lo, hi, f in reversed(pieces(act.expr)):
-        here = _piece_slope(act, f, lo, hi, floor)
-        q = here if q is None else select(y - float(act.f(hi)), q, here)  # y above the kink's: the piece on its right
+        flat = sp.diff(f, x) == 0
+        here = sp.Integer(0) if flat else _piece_slope(act, f, lo, hi, floor)
+        if q is not None:
+            c = float(act.f(hi))  # y at the kink
+            q = select(c - y, here, q) if right_flat else select(y - c, q, here)  # y = c: to the constant piece
+        else:
+            q = here
+        right_flat = flat
     return q, floor
 
 
@@ -118,18 +153,28 @@ def _piece_slope(act, f: sp.Expr, lo: float, hi: float, floor: float) -> sp.Expr
     raise ValueError(f"{act.name}: q(y) = {q} is not finite in float64 on ({low:g}, {top:g})")
 
 
+def supremum(act) -> float:
+    """sup f = lim f as x → +∞ (the rightmost smooth piece's), inf when it grows without bound."""
+    limit = sp.limit(pieces(act.expr)[-1][2], x, sp.oo)
+    return float(limit) if limit.is_real and limit.is_finite else float("inf")
+
+
 def _measured(activation, q: sp.Expr, left: bool = True, floor: float = 0.0) -> dict:
     """L∞ and L2 of q against f′(f⁻¹(y)) (f⁻¹ by mpmath at 60 digits, bracketed) for y from ``floor`` + 1e-12 to
-    ``floor`` + RIGHT_SPAN; with ``left``, f′ on the left of 0 (q = 0 there)."""
+    ``floor`` + RIGHT_SPAN, or to just below sup f, where q at the constant pieces' values (0) is checked too; with
+    ``left``, f′ on the left of 0 (q = 0 there)."""
     act = get_activation(activation)
     q_of = sp.lambdify(sp.Symbol("y"), q, numpy_namespace())  # its select, not numpy's
+    top = supremum(act) if not left else float("inf")
+    span = min(RIGHT_SPAN, (top - floor) * (1 - 1e-9))
 
     def f_minus(yv):
         return lambda t: act.mp(t, 0, None) - yv
 
-    errors = []
+    errors = [abs(float(q_of(c))) for _, _, f in pieces(act.expr) if sp.diff(f, x) == 0 and not left
+              for c in (float(f),)]  # the constant pieces: f′ = 0
     with mpmath.workdps(60):
-        for yv in floor + np.logspace(-12, np.log10(RIGHT_SPAN), CHECK_POINTS):
+        for yv in floor + np.logspace(-12, np.log10(span), CHECK_POINTS):
             lo, hi = mpmath.mpf(0 if left else -1), mpmath.mpf(1)
             while f_minus(yv)(lo) > 0:  # a monotone activation's inverse of a small y lies far left (−1e12)
                 lo *= 2
@@ -149,7 +194,7 @@ def exact_table(activation: str) -> T.InvActTable:
     branch and no bit (:func:`monotone_table`)."""
     t0 = time.perf_counter()
     act = get_activation(activation)
-    if is_monotone(act):
+    if is_monotone(act) or (is_saturating(act) and not _flat_then_increasing(act)):
         return monotone_table(act, t0)
     right_f, q = derive_exact(activation)
     zero, f_T = Form.parse("0*y"), float(act.f(0.0))
@@ -164,8 +209,9 @@ def exact_table(activation: str) -> T.InvActTable:
 
 
 def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
-    """The one-branch exact table of an increasing activation: q(y) = f′(f⁻¹(y)) (:func:`derive_monotone`) on
-    [0, RIGHT_SPAN], h′(y) beyond it like every invact table; no turning point and no branch bit."""
+    """The one-branch exact table of an increasing activation, or a non-decreasing one with constant pieces:
+    q(y) = f′(f⁻¹(y)) (:func:`derive_monotone`) on [0, RIGHT_SPAN], h′(y) beyond it like every invact table; no
+    turning point and no branch bit."""
     t0 = time.perf_counter() if t0 is None else t0
     act = get_activation(activation)
     q, floor = _derived_monotone(act)

@@ -31,7 +31,10 @@ ACTIVATION_CLASSES = {
     "Softplus": "softplus",  # increasing: the exact one-branch table (saves y alone), in either mode
     "ELU": "elu", "CELU": "celu", "SELU": "selu",  # increasing, piecewise: exact one-branch tables (torch's α = 1;
     "Hardswish": "hardswish",                     # another α computes another function and is not swapped);
-}                                                 # hard-swish: the ReLU-sum tables (eq. 13 holds beyond ±3)
+    # hard-swish: the ReLU-sum tables (eq. 13 holds beyond ±3); non-decreasing with constant pieces, whose torch
+    # backward saves the input: the exact one-branch tables (y alone; Hardtanh with its default bounds only)
+    "Hardsigmoid": "hardsigmoid", "ReLU6": "relu6", "Hardtanh": "hardtanh",
+}
 
 
 #: Class-name fragments of modules that look like activations; one that is not replaced is reported as skipped.
@@ -60,7 +63,7 @@ def _table_for(module: nn.Module, family: str | None, tables, bits: int):
         if family is None:
             return None, "not in the tables mapping"
     name = ACTIVATION_CLASSES.get(key)
-    if name is None and key in ("ReLU", "ReLU6"):
+    if name is None and key == "ReLU":
         return None, "already saves only its output (the next Linear saves it anyway): nothing to gain"
     if name is None:
         return None, "no table family for this activation"

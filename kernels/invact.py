@@ -63,6 +63,8 @@ class InvActSpec(GeneratedSpec):
         left = (torch.zeros((), dtype=torch.bool, device=y.device) if self.monotone else
                 unpack_into(packed, byte_codes(1, y.device, torch.bool), y.numel()).view(y.shape))
         q = self.q(y, left)
+        if not q.is_floating_point():  # a q of integer constants (ReLU6's select(y, select(6 − y, 1, 0), 0))
+            q = q.to(torch.promote_types(y.dtype, torch.float32))
         return (g.to(q.dtype) * q).to(g.dtype)
 
     # -- the generated Triton kernels ----------------------------------------------------------

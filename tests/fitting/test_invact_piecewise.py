@@ -115,3 +115,64 @@ def test_a_users_piecewise_expression_goes_through_fit_certify_export_and_patch(
     for a, b in zip(sgd_steps(copy.deepcopy(stock), x, steps=20).parameters(),
                     sgd_steps(model, x, steps=20).parameters()):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+SATURATING = {"hardsigmoid": nn.Hardsigmoid(), "relu6": nn.ReLU6(), "hardtanh": nn.Hardtanh()}
+
+
+@pytest.mark.parametrize("name, inf, q", [("hardsigmoid", 0.0, "select(y, select(1.0 - y, 1/6, 0), 0)"),
+                                          ("relu6", 0.0, "select(y, select(6.0 - y, 1, 0), 0)"),
+                                          ("hardtanh", -1.0, "select(y + 1.0, select(1.0 - y, 1, 0), 0)")])
+def test_non_decreasing_activations_with_constant_pieces_get_q_zero_at_the_constants(name, inf, q):
+    """ReLU6, hard-sigmoid, hard-tanh: no increasing piece takes a constant piece's value, so q(c) = 0 there and
+    the slope between: the saved y alone gives f′ (torch's own backward saves the input)."""
+    assert infimum(name) == inf and str(derive_monotone(name)) == q
+
+
+def test_a_table_whose_q_is_not_zero_at_a_constant_piece_is_refused():
+    t = T.load("invact/relu6-exact").to_json()
+    t["right"] = dict(t["right"], expression="select(6 - y, 1, 0)", operations=2)  # q(0) = 1: gradient on x < 0
+    with pytest.raises(T.TableError, match="q = 0 at its constant pieces"):
+        T.from_json(t, "relu6.json")
+
+
+@pytest.mark.parametrize("name", list(SATURATING))
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_saturating_drop_ins_give_torchs_gradient_kinks_included(name, use_triton):
+    """Forward and gradient equal torch's (float32; the kinks themselves and the constant pieces included, where
+    torch's gradient is 0), the Triton kernel under TRITON_INTERPRET=1 too; y alone is saved."""
+    torch.manual_seed(0)
+    kinks = {"hardsigmoid": (-3.0, 3.0), "relu6": (0.0, 6.0), "hardtanh": (-1.0, 1.0)}[name]
+    x = torch.cat([torch.randn(997) * 5, torch.tensor(kinks)]).requires_grad_()
+    ref = x.detach().clone().requires_grad_()
+    mod = InvActivation(f"invact/{name}-exact", use_triton=use_triton)
+    y, want = mod(x), SATURATING[name](ref)
+    g = torch.randn_like(y)
+    y.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(y, want, rtol=2e-7, atol=2e-7)
+    away = (y.detach() - want.detach()).abs() == 0  # where y is exact, so is q(y): everywhere here
+    torch.testing.assert_close(x.grad[away], ref.grad[away], rtol=2e-7, atol=2e-7)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        mod(x)
+    assert sum(t.numel() * t.element_size() for t in kept) <= x.numel() * 4 + 64
+
+
+def test_patch_model_swaps_relu6_hardsigmoid_and_hardtanh_and_saves_their_input():
+    """MobileNet's pattern (Linear → ReLU6 → Linear): torch keeps ReLU6's input and the next Linear keeps its output;
+    the exact table keeps only the output, which the Linear shares. Trains exactly as stock."""
+    torch.manual_seed(0)
+    stock = nn.Sequential(nn.Linear(8, 16), nn.ReLU6(), nn.Linear(16, 16), nn.Hardsigmoid(), nn.Linear(16, 16),
+                          nn.Hardtanh(), nn.Linear(16, 2))
+    model = copy.deepcopy(stock)
+    x = torch.randn(32, 8) * 3
+    report = patch_model(model, family="relu-sum", example_input=x)
+    assert [s.split(":")[0] for s in report.activations] == ["1", "3", "5"], report
+    assert all("InvActivation(table=" in s for s in report.activations), report
+    before, after = report.saved_bytes
+    assert after <= before - 3 * 32 * 16 * 4 + 3 * 64, report.saved_bytes  # three inputs of 32 × 16 fp32 no longer kept
+    sgd_steps(stock, x, 5)
+    sgd_steps(model, x, 5)
+    for (name, a), b in zip(stock.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
