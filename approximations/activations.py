@@ -361,11 +361,18 @@ class Activation:
     def check_relu_sum_asymptotics(self, bits: int | None = None) -> None:
         """Refuse h unless eq. 13 can match its limits (:meth:`relu_sum_limits`), naming the family that fits it."""
         if problems := self.relu_sum_limits():
+            invact = (f"{self.fit_command('invact')} (h does not decrease: its saved output alone gives h′, exact "
+                      "where each piece has a closed-form inverse), or " if self.non_decreasing() else "")
             raise ValueError(
                 f"activation {self.name!r} cannot be approximated by a sum of ReLUs with Σw=1, Σw·c=0 "
-                f"(Approx-BP eq. 13): " + "; ".join(problems) + ". A way forward: "
+                f"(Approx-BP eq. 13): " + "; ".join(problems) + f". A way forward: {invact}"
                 f"{self.fit_command('relu-sum', '--levels free', bits=bits or 2)} (FewBit's free levels fit h′ with "
                 "no condition at ±∞)")
+
+    def non_decreasing(self) -> bool:
+        """h′ ≥ 0 on [−60, 60] (a grid of 4001 points): the inverted-activation family's one-branch tables apply."""
+        with np.errstate(all="ignore"):
+            return bool(np.all(self.df(np.linspace(-60.0, 60.0, 4001)) >= 0))
 
     def relu_sum_way_forward(self, bits: int = 2) -> str:
         """The ReLU-sum fit that takes h, with why: eq. 13's when its limits hold, else FewBit's free levels."""

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "user_activations.json"
 #: name → (expression, extra `fit relu-sum` arguments): SERF, TanhExp, squareplus (algebraic tails: fitted on the
 #: default ±64, the mass outside a constant), Logish and Smish (refused by eq. 13 and InvAct, each refusal naming the
-#: free-level fit that the next rows run), and the piecewise ELU (exact InvAct) and hard-swish (ReLU-sum).
+#: free-level fit that the next rows run), and the piecewise ELU (exact InvAct), hard-swish (ReLU-sum) and hard-sigmoid (exact InvAct with constant pieces).
 ACTIVATIONS = {
     "serf": ("x*erf(log(1+exp(x)))", []),
     "tanhexp": ("x*tanh(exp(x))", []),
@@ -34,6 +34,7 @@ ACTIVATIONS = {
     "smish": ("x*tanh(log(1+1/(1+exp(-x))))", []),
     "elu": ("elu", []),  # piecewise (issue 47): registered names, their expressions with Max and Min
     "hardswish": ("hardswish", []),
+    "hardsigmoid": ("hardsigmoid", []),  # bounded, constant pieces: exact one-branch InvAct, q = 0 at 0 and 1
 }
 #: Where eq. 13 refuses an activation (h − x does not tend to 0: Logish, Smish), the way forward its refusal names:
 #: FewBit's free-level family on FewBit's [−100, 100].

@@ -176,3 +176,18 @@ def test_patch_model_swaps_relu6_hardsigmoid_and_hardtanh_and_saves_their_input(
     sgd_steps(model, x, 5)
     for (name, a), b in zip(stock.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_relu_sum_refusal_of_a_bounded_activation_names_the_exact_invact_fit_and_it_runs():
+    """Eq. 13 cannot match hard-sigmoid (h − x does not tend to 0); the refusal's first way forward is the exact
+    InvAct fit, which succeeds, exact."""
+    import re
+
+    from approxbp.fitting.invact import fit_invact
+
+    with pytest.raises(ValueError) as refused:
+        get_activation("hardsigmoid").check_relu_sum_asymptotics(2)
+    named = re.search(r"approxbp fit invact --activation '(\w+)'", str(refused.value))
+    assert named and "--levels free" in str(refused.value)
+    t = fit_invact(named.group(1), progress=False).table
+    assert t.form == "exact" and t.monotone and t.metrics["linf_right"] == 0
