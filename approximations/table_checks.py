@@ -18,6 +18,7 @@ from .invact_forms import Form
 from .relu_sum import MAX_BITS
 from .table_schema import (
     CONSTRAINT_TOL,
+    LEVELS_RULES,
     MAX_COEFFICIENTS,
     OBJECTIVES,
     PAPER_CONSTRAINT_TOL,
@@ -275,8 +276,15 @@ def _validate_relu_sum(t: dict, where: str) -> None:
         fail(where, "knots", "must be strictly ascending (no repeated knots)")
     if c[0] < a or c[-1] > b:
         fail(where, "knots", f"must lie inside the interval [{a!r}, {b!r}]")
-    if np.max(np.abs(levels - np.concatenate([[0.0], np.cumsum(w)]))) > 1e-14:
-        fail(where, "levels", "do not equal the cumulative sums [0, w1, w1+w2, …] of the weights")
+    rule = t.get("levels_rule", "eq13")
+    if rule not in LEVELS_RULES:
+        fail(where, "levels_rule", f"must be one of {LEVELS_RULES}, got {rule!r:.40}")
+    if rule == "free" and t["objective"] != "derivative":
+        fail(where, "objective", "a free-level table fits the derivative (FewBit's objective)")
+    base = levels[0] if rule == "free" else 0.0  # free: h̃′ = ℓ₀ + Σ w_i [x > c_i]; eq. 13: ℓ₀ = 0
+    if np.max(np.abs(levels - base - np.concatenate([[0.0], np.cumsum(w)]))) > 1e-14 * max(1.0, np.abs(levels).max()):
+        fail(where, "levels", "do not equal the cumulative sums [ℓ₀, ℓ₀ + w1, ℓ₀ + w1 + w2, …] of the weights"
+             + (" (ℓ₀ = 0: eq. 13)" if rule == "eq13" else ""))
     loss = need(t, "loss", (int, float), where)
     if not (math.isfinite(loss) and loss >= 0):
         fail(where, "loss", f"must be finite and ≥ 0, got {loss}")
@@ -285,5 +293,5 @@ def _validate_relu_sum(t: dict, where: str) -> None:
     if abs(res - actual) > 1e-15 + 1e-9 * actual:
         fail(where, "constraint_residual", f"records {res!r} but the weights and knots give {actual!r}")
     tol = CONSTRAINT_TOL if t["source"] == "fit" else PAPER_CONSTRAINT_TOL
-    if actual > tol:
+    if actual > tol and rule == "eq13":
         fail(where, "constraint_residual", f"{actual:.3g} > {tol:g}: Σw=1, Σw·c=0 must hold")

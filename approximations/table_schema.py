@@ -19,6 +19,12 @@ FREE_LEVELS_SCHEMA = "approxbp.free-levels/1"
 FAMILIES = ("relu-sum", "invact")
 
 
+#: How a ReLU-sum table's levels are constrained: eq13, Approx-BP's (ℓ₀ = 0, Σw = 1, Σw·c = 0: h̃ itself fits h),
+#: or free, FewBit's (every level free: only h̃′ fits h′; ``approxbp fit relu-sum --levels free``). The kernels are
+#: the same (codes → levels).
+LEVELS_RULES = ("eq13", "free")
+
+
 #: fit: fitted here; paper: a paper's published coefficients; derived: exact, derived from the expression in closed
 #: form (``fitting.invact_exact``), with the derivation in ``reference``.
 SOURCES = ("fit", "paper", "derived")
@@ -105,8 +111,9 @@ def kind(t: dict, where: str) -> str:
     """The schema this approxbp reads and a known family; returns the family."""
     schema = need(t, "schema", str, where)
     if schema == FREE_LEVELS_SCHEMA:
-        fail(where, "schema", "a free-level (FewBit) fit: approxbp makes no kernels, drop-in or certificate from "
-              "one (not implemented); eq. 13's ReLU-sum tables (--levels constrained) and InvAct tables have them")
+        fail(where, "schema", "a free-level (FewBit) fit written by an earlier approxbp as a study result: fit it "
+              "again with `approxbp fit relu-sum --levels free … --out`, which now writes a ReLU-sum table "
+              "(levels_rule: free) with kernels")
     if schema != SCHEMA:
         fail(where, "schema", f"unsupported schema {schema!r}; this approxbp reads {SCHEMA!r}")
     family = need(t, "family", str, where)

@@ -171,9 +171,10 @@ def table_paths(family: str | None = None) -> list[Path]:
     return sorted(root.glob(pattern))
 
 
-def relu_sum_name(activation: str, bits: int, objective: str, source: str = "fit") -> str:
-    """Canonical file stem, e.g. ``gelu-k2-primitive`` or ``gelu-k2-primitive-paper``."""
-    stem = f"{activation}-k{bits}-{objective}"
+def relu_sum_name(activation: str, bits: int, objective: str, source: str = "fit", levels_rule: str = "eq13") -> str:
+    """Canonical file stem, e.g. ``gelu-k2-primitive``, ``gelu-k2-primitive-paper`` or (FewBit's free levels)
+    ``gelu-k2-derivative-free``."""
+    stem = f"{activation}-k{bits}-{objective}" + ("-free" if levels_rule == "free" else "")
     return stem if source == "fit" else f"{stem}-paper"
 
 
@@ -254,19 +255,24 @@ class ReluSumTable(_Table):
     levels: tuple
     loss: float
     constraint_residual: float
+    levels_rule: str  # eq13 or free (table_schema.LEVELS_RULES); absent from an eq. 13 table's JSON
+
     @property
     def name(self) -> str:
-        return relu_sum_name(self.activation, self.bits, self.objective, self.source)
+        return relu_sum_name(self.activation, self.bits, self.objective, self.source, self.levels_rule)
 
     @classmethod
     def new(cls, activation, relu_sum, *, bits: int, objective: str, interval, loss: float, metrics: dict,
-            provenance: dict, source: str = "fit", reference: str | None = None) -> ReluSumTable:
+            provenance: dict, source: str = "fit", reference: str | None = None,
+            levels_rule: str = "eq13") -> ReluSumTable:
         """A validated table from a fit's numbers: ``activation`` (its ``name`` and ``expression``), ``relu_sum``
-        (:class:`~.relu_sum.ReLUSum`: weights, knots, levels, constraint residual) on ``interval`` [A, B]."""
+        (:class:`~.relu_sum.ReLUSum`: weights, knots, levels, constraint residual) on ``interval`` [A, B];
+        ``levels_rule="free"`` for FewBit's free levels (ℓ₀ ≠ 0, no eq. 13 constraints)."""
         return from_json(_common(cls.family, activation, source, metrics, provenance, reference) | {
             "bits": bits, "objective": objective, "interval": [float(v) for v in interval],
             "weights": relu_sum.weights.tolist(), "knots": relu_sum.knots.tolist(),
-            "levels": relu_sum.levels.tolist(), "loss": loss, "constraint_residual": relu_sum.constraint_residual})
+            "levels": relu_sum.levels.tolist(), "loss": loss, "constraint_residual": relu_sum.constraint_residual}
+            | ({"levels_rule": levels_rule} if levels_rule != "eq13" else {}))
 
 
 @dataclass(frozen=True, eq=False)
@@ -328,6 +334,8 @@ def from_json(d: dict, where: str = "<table>") -> Table:
             v = None if v is None else Branch.from_json(v)
         elif f.name == "monotone":
             v = bool(v)
+        elif f.name == "levels_rule":
+            v = v or "eq13"
         elif isinstance(v, list):
             v = tuple(v)
         values[f.name] = v

@@ -87,17 +87,36 @@ class FreeLevelsFit:
     loss: float
     starts: dict[str, float]  # start label → its polished loss
 
-    def save(self, path: str | Path, command: str | None = None) -> Path:
-        """Write the fit as a free-levels JSON file (schema :data:`~approxbp.approximations.tables.FREE_LEVELS_SCHEMA`:
-        a study result, refused as a table by every command that takes one), atomically; returns the path."""
-        from approxbp.approximations.files import write_atomic
-        from approxbp.approximations.tables import FREE_LEVELS_SCHEMA
+    def recorded_loss(self) -> float:
+        """J by quadrature split at every border (:meth:`FreeLevelsObjective.loss_of`): the fit's own value,
+        energy − Σ m·Δh, cancels to ~1e-17 where J is 0 (hard-sigmoid's two borders at ±3), which a certificate's
+        enclosure would then not hold."""
+        return FreeLevelsObjective(self.activation, self.bits, self.interval).loss_of(self.borders, self.levels)
 
-        record = {"schema": FREE_LEVELS_SCHEMA, "note": "FewBit's family, not an approxbp.table (no Σw = 1, "
-                  "Σw·c = 0)", "activation": self.activation, "bits": self.bits, "interval": list(self.interval),
-                  "borders": self.borders.tolist(), "levels": self.levels.tolist(), "loss": self.loss,
-                  "starts": self.starts, "command": command}
-        return write_atomic(path, json.dumps(record, indent=1) + "\n")
+    def table(self, command: str | None = None):
+        """The fit as a ReLU-sum table with ``levels_rule: free`` (h̃′ = ℓ₀ + Σ w_i [x > c_i], w the jumps between
+        levels): the same kernels as eq. 13's tables (codes → levels), exported, patched and costed alike."""
+        from types import SimpleNamespace
+
+        from approxbp.approximations import get_activation
+        from approxbp.approximations.tables import ReluSumTable
+
+        from .relu_sum import package_version
+
+        w = np.diff(self.levels)
+        steps = SimpleNamespace(weights=w, knots=np.asarray(self.borders, float), levels=np.asarray(self.levels),
+                                constraint_residual=max(abs(w.sum() - 1.0), abs(float(np.dot(w, self.borders)))))
+        return ReluSumTable.new(
+            get_activation(self.activation), steps, bits=self.bits, objective="derivative", interval=self.interval,
+            loss=self.recorded_loss(), levels_rule="free", metrics={"starts": self.starts},
+            provenance={"method": "FewBit's free levels: grid DP and jittered starts, each polished",
+                        "command": command or "", "package_version": package_version()})
+
+    def save(self, path: str | Path, command: str | None = None) -> Path:
+        """Write :meth:`table` to ``path`` atomically; returns the path."""
+        from approxbp.approximations.tables import save
+
+        return save(self.table(command), path)
 
 
 def fit_free_levels(activation: str, bits: int, interval=FEWBIT_INTERVAL, restarts: int = 4,

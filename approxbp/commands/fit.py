@@ -139,8 +139,8 @@ def _fit_free_levels(args, argv) -> int:
         print(f"  FewBit   builtin table {value:.10e} (measured here: "
               + (f"{100 * gap:.1f} % above ours, a local optimum)" if gap > 1e-9 else "ours equals it)"))
     if args.out:
-        print(f"  wrote    {fit.save(args.out, cli_command(argv))} (a study result: export, cost, certify and the "
-              "drop-ins take eq. 13's or InvAct's tables)")
+        print(f"  wrote    {fit.save(args.out, cli_command(argv))} (a ReLU-sum table, levels_rule free: "
+              f"approxbp export {args.out}, then tables={{…: '{args.out}'}} in patch_model)")
     return 0
 
 

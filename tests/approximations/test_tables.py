@@ -195,8 +195,23 @@ def test_refitting_an_unchanged_table_changes_no_bytes(tmp_path):
     assert p.read_bytes() != before
 
 
-def test_a_free_level_fit_is_refused_as_a_table_with_the_reason(tmp_path):
+def test_an_old_free_level_study_file_is_refused_with_the_command_that_makes_a_table(tmp_path):
     path = tmp_path / "free.json"
     path.write_text('{"schema": "approxbp.free-levels/1", "activation": "gelu", "bits": 2}')
-    with pytest.raises(T.TableError, match="free-level .FewBit. fit: approxbp makes no kernels"):
+    with pytest.raises(T.TableError, match="fit it again with `approxbp fit relu-sum --levels free"):
         T.load(path)
+
+
+def test_a_free_level_table_keeps_levels_rule_free_and_eq_13_tables_are_unchanged():
+    """ℓ₀ ≠ 0 and no Σw = 1 are allowed only with levels_rule free (and only for the derivative objective); an eq.
+    13 table's JSON has no levels_rule field, so every packaged table's hash is what it was."""
+    t = T.load("relu_sum/gelu-k2-derivative")
+    assert t.levels_rule == "eq13" and "levels_rule" not in t.to_json()
+    free = t | {"levels_rule": "free", "levels": [0.5 + v for v in t.levels]}
+    assert T.from_json(free).name == "gelu-k2-derivative-free"
+    with pytest.raises(T.TableError, match="cumulative sums"):
+        T.from_json(t | {"levels": [0.5 + v for v in t.levels]})  # eq. 13: ℓ₀ = 0
+    with pytest.raises(T.TableError, match="fits the derivative"):
+        T.from_json(T.load("relu_sum/gelu-k2-primitive") | {"levels_rule": "free"})
+    with pytest.raises(T.TableError, match="levels_rule"):
+        T.from_json(t | {"levels_rule": "fewbit"})

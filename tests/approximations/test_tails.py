@@ -75,23 +75,28 @@ def test_an_algebraic_tail_gets_a_default_interval_whose_outside_mass_is_a_const
 
 
 def test_every_eq_13_refusal_names_a_way_forward_that_runs(capsys):
-    """An activation eq. 13 cannot match (h → −1 on the left, as log(1 + eˣ) − 1) is refused with the signed value
-    and the free-level command; an InvAct refusal (Smish's tail rule) with the family that fits it; both commands
-    run (issue 47)."""
+    """An activation eq. 13 cannot match (h → −1 on the left, as log(1 + eˣ) − 1) is refused with the signed value,
+    the exact InvAct fit (it increases) and the free-level command; an InvAct refusal (Smish's tail rule) with the
+    family that fits it; every command named runs (issue 47)."""
+    import re
     import shlex
 
     from approxbp.cli import main
 
-    for expression, fit in (("log(1+exp(x)) - 1", ["relu-sum", "--bits", "2"]),
-                            ("x*tanh(log(1+1/(1+exp(-x))))", ["invact"])):
+    for expression, fit, named in (("log(1+exp(x)) - 1", ["relu-sum", "--bits", "2"], 2),
+                                   ("x*tanh(log(1+1/(1+exp(-x))))", ["invact"], 1)):
         assert main(["fit", *fit, "--activation", expression, "--no-progress"]) == 2
         err = capsys.readouterr().err
-        assert "A way forward: approxbp fit relu-sum --levels free" in err, err
+        assert "A way forward: " in err and "approxbp fit relu-sum --levels free" in err, err
         if expression.startswith("log"):
             assert "h does not tend to 0 (−1 at x = −512)" in err
-        command = shlex.split(err.split("A way forward: ")[1].split(" (")[0].strip())
-        assert main([*command[1:], "--no-progress"]) == 0, command
-        assert "free levels" in capsys.readouterr().out
+            assert "A way forward: approxbp fit invact --activation" in err  # it increases: one exact branch
+        commands = re.findall(r"(approxbp fit [^']*'[^']*'(?: --bits \d+)?)", err.split("A way forward: ")[1])
+        assert len(commands) == named, commands
+        for command in commands:
+            assert main([*shlex.split(command)[1:], "--no-progress"]) == 0, command
+            out = capsys.readouterr().out
+            assert ("free levels" if "--levels free" in command else "form=exact") in out, out
 
 
 def test_logish_is_refused_for_its_true_reason():

@@ -60,3 +60,38 @@ def test_free_levels_fit_any_bit_width():
     """k = 7 (127 borders) has no grid-DP start size of its own (GRIDS is empty there): it uses the largest grid."""
     fit = fit_free_levels("gelu", 7, (-10.0, 10.0), restarts=1)
     assert fit.borders.size == 127 and np.all(np.diff(fit.borders) > 0) and fit.loss < 1e-4
+
+
+def test_a_free_level_fit_goes_through_export_kernels_patch_cost_and_certify(tmp_path, monkeypatch):
+    """Issue 47 item 5: hard-sigmoid's k = 2 free levels are its derivative exactly (borders ±3, levels 0, 1/6, 0,
+    0); the table is a ReLU-sum table with levels_rule free, exported to the ReLU-sum kernels (codes → levels: the
+    Triton kernel under TRITON_INTERPRET=1 and the torch twin give torch's Hardsigmoid gradient), swapped in by
+    patch_model from a mapping, costed, and certified (its objective; eq. 13's global search is not attempted)."""
+    import torch
+    from approxbp.approximations import tables as T
+    from approxbp.cli import main
+    from approxbp.fitting.certify import certify_table
+    from approxbp.kernels import ReLUSumActivation, patch_model
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "relu-sum", "--levels", "free", "--activation", "hardsigmoid", "--bits", "2", "--out",
+                 "hs.json", "--no-progress"]) == 0
+    t = T.load(tmp_path / "hs.json")
+    assert t.levels_rule == "free" and t.name == "hardsigmoid-k2-derivative-free"
+    assert np.allclose(t.knots[:2], [-3, 3], atol=1e-9) and np.allclose(t.levels, [0, 1 / 6, 0, 0], atol=1e-12)
+    assert main(["export", "hs.json"]) == 0
+    x = torch.randn(500) * 5  # away from ±3, where a fitted border (3 ± 1e-9) may fall either side of torch's
+    g = torch.randn_like(x)
+    xr = x.clone().requires_grad_()
+    torch.nn.Hardsigmoid()(xr).backward(g)
+    want = xr.grad
+    for use_triton in (False, True):
+        xs = x.clone().requires_grad_()
+        ReLUSumActivation(tmp_path / "hs.json", use_triton=use_triton)(xs).backward(g)
+        torch.testing.assert_close(xs.grad, want, rtol=1e-6, atol=1e-7)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Hardsigmoid(), torch.nn.Linear(8, 2))
+    report = patch_model(net, tables={"Hardsigmoid": str(tmp_path / "hs.json")}, example_input=torch.randn(16, 4))
+    assert report.activations and "hardsigmoid-k2-derivative-free" in report.activations[0], report
+    assert report.saved_bytes[1] < report.saved_bytes[0]
+    entry, lines, ok = certify_table(t)
+    assert ok and "free levels: the branch and bound is eq. 13's" in "\n".join(lines), lines
