@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "user_activations.json"
 #: name → (expression, extra `fit relu-sum` arguments): SERF, TanhExp, squareplus (algebraic tails: fitted on the
 #: default ±64, the mass outside a constant), Logish and Smish (refused by eq. 13 and InvAct, each refusal naming the
-#: free-level fit that the next rows run), and the piecewise ELU (exact InvAct), hard-swish (ReLU-sum) and hard-sigmoid (exact InvAct with constant pieces).
+#: free-level fit that the next rows run), and the piecewise ELU (exact InvAct), hard-swish (ReLU-sum) and
+#: hard-sigmoid (exact InvAct with constant pieces).
 ACTIVATIONS = {
     "serf": ("x*erf(log(1+exp(x)))", []),
     "tanhexp": ("x*tanh(exp(x))", []),
@@ -158,22 +159,18 @@ def measure(name: str, expression: str, interval: list[str], folder: Path) -> li
                              ["fit", "relu-sum", "--activation", expression, "--name", name, "--bits", str(bits),
                               *FREE_LEVELS, "--out", str(out), "--no-progress"]))
             tables += [out] if steps[-1]["status"] == "ok" else []
-    studies = [t for t in tables if t.stem.endswith("-free")]
-    tables = [t for t in tables if t not in studies]
     inv = folder / f"{name}-invact.json"
     steps.append(run("fit invact", ["fit", "invact", "--activation", expression, "--name", name, "--out", str(inv),
                                     "--no-progress"]))
     tables += [inv] if steps[-1]["status"] == "ok" else []
-    if not tables:  # a free-level fit is a study result: export says so in one line
-        if studies:
-            steps.append(run("export", ["export", *map(str, studies)]))
+    if not tables:
         return steps
     steps.append(run("export", ["export", *map(str, tables)]))
     steps.append(run("cost", ["cost", *map(str, tables[:1] + tables[-1:])]))
     for family, chosen in (("relu-sum", [t for t in tables if t != inv]), ("invact", [t for t in tables if t == inv])):
         if chosen:
             steps.append(certify(family, chosen))
-    for table in dict.fromkeys([tables[0], tables[-1]]):  # the first ReLU-sum table and the InvAct one, in order
+    for table in dict.fromkeys([tables[0], tables[-1]]):  # the first ReLU-sum (or free-level) table and the last
         try:
             steps.append(train(expression, table))
         except Exception as err:  # noqa: BLE001 - a row that says what failed

@@ -86,19 +86,25 @@ class FreeLevelsFit:
     levels: np.ndarray
     loss: float
     starts: dict[str, float]  # start label → its polished loss
+    expression: str = ""  # the activation's expression (a user's named one is not in the registry)
 
     def recorded_loss(self) -> float:
         """J by quadrature split at every border (:meth:`FreeLevelsObjective.loss_of`): the fit's own value,
         energy − Σ m·Δh, cancels to ~1e-17 where J is 0 (hard-sigmoid's two borders at ±3), which a certificate's
         enclosure would then not hold."""
-        return FreeLevelsObjective(self.activation, self.bits, self.interval).loss_of(self.borders, self.levels)
+        return FreeLevelsObjective(self._activation(), self.bits, self.interval).loss_of(self.borders, self.levels)
+
+    def _activation(self):
+        from approxbp.approximations.activations import Activation, get_activation
+
+        act = get_activation(self.expression or self.activation)
+        return Activation(self.activation, act.expr)
 
     def table(self, command: str | None = None):
         """The fit as a ReLU-sum table with ``levels_rule: free`` (h̃′ = ℓ₀ + Σ w_i [x > c_i], w the jumps between
         levels): the same kernels as eq. 13's tables (codes → levels), exported, patched and costed alike."""
         from types import SimpleNamespace
 
-        from approxbp.approximations import get_activation
         from approxbp.approximations.tables import ReluSumTable
 
         from .relu_sum import package_version
@@ -107,7 +113,7 @@ class FreeLevelsFit:
         steps = SimpleNamespace(weights=w, knots=np.asarray(self.borders, float), levels=np.asarray(self.levels),
                                 constraint_residual=max(abs(w.sum() - 1.0), abs(float(np.dot(w, self.borders)))))
         return ReluSumTable.new(
-            get_activation(self.activation), steps, bits=self.bits, objective="derivative", interval=self.interval,
+            self._activation(), steps, bits=self.bits, objective="derivative", interval=self.interval,
             loss=self.recorded_loss(), levels_rule="free", metrics={"starts": self.starts},
             provenance={"method": "FewBit's free levels: grid DP and jittered starts, each polished",
                         "command": command or "", "package_version": package_version()})
@@ -134,7 +140,8 @@ def fit_free_levels(activation: str, bits: int, interval=FEWBIT_INTERVAL, restar
     losses = {label: obj(c)[0] for label, c in polished.items()}
     best = min(losses, key=losses.get)
     c = np.sort(polished[best])
-    return FreeLevelsFit(obj.activation.name, bits, (obj.A, obj.B), c, obj.levels(c), losses[best], losses)
+    return FreeLevelsFit(obj.activation.name, bits, (obj.A, obj.B), c, obj.levels(c), losses[best], losses,
+                         obj.activation.expression)
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,13 @@ class PublishedQuantiser:
 
     def loss(self) -> float:
         """Its objective measured here (adaptive quadrature split at every border)."""
-        return FreeLevelsObjective(self.activation, self.bits, self.interval).loss_of(self.borders, self.levels)
+        return FreeLevelsObjective(self._activation(), self.bits, self.interval).loss_of(self.borders, self.levels)
+
+    def _activation(self):
+        from approxbp.approximations.activations import Activation, get_activation
+
+        act = get_activation(self.expression or self.activation)
+        return Activation(self.activation, act.expr)
 
 
 def fewbit_reference(path: Path | None = None) -> dict[tuple[str, int], PublishedQuantiser]:

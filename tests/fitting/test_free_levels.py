@@ -69,9 +69,10 @@ def test_a_free_level_fit_goes_through_export_kernels_patch_cost_and_certify(tmp
     patch_model from a mapping, costed, and certified (its objective; eq. 13's global search is not attempted)."""
     import torch
     from approxbp.approximations import tables as T
-    from approxbp.cli import main
     from approxbp.fitting.certify import certify_table
     from approxbp.kernels import ReLUSumActivation, patch_model
+
+    from approxbp.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["fit", "relu-sum", "--levels", "free", "--activation", "hardsigmoid", "--bits", "2", "--out",

@@ -23,7 +23,7 @@ class Head(nn.Module):
         return self.decoder(self.norm(F.gelu(self.dense(x))))
 
 
-_GELU = nn.GELU()  # RoBERTa's `gelu = get_activation("gelu")`: a module instance outside the model, called as a function
+_GELU = nn.GELU()  # RoBERTa's `gelu = get_activation("gelu")`: an instance outside the model, called as a function
 
 
 class GlobalActivationHead(Head):

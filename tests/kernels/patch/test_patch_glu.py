@@ -1,6 +1,7 @@
 """patch_model on gated MLPs: found by what they run (split or fused gate/up, the
 activation as a module or a function), proven in float64, replaced by the exact fused GLU, which trains exactly as
-the stock model (activations called as functions elsewhere: test_patch_functional.py); a rewrite that saves nothing is undone."""
+the stock model (activations called as functions elsewhere: test_patch_functional.py); a rewrite that saves nothing
+is undone."""
 
 import copy
 
