@@ -36,6 +36,9 @@ ACTIVATIONS = {
     "elu": ("elu", []),  # piecewise (issue 47): registered names, their expressions with Max and Min
     "hardswish": ("hardswish", []),
     "hardsigmoid": ("hardsigmoid", []),  # bounded, constant pieces: exact one-branch InvAct, q = 0 at 0 and 1
+    "selu": ("selu", []),
+    "celu": ("celu", []),
+    "user_elu": ("Piecewise((x, x > 0), (exp(x) - 1, True))", []),  # a user's own Piecewise expression
 }
 #: Where eq. 13 refuses an activation (h − x does not tend to 0: Logish, Smish), the way forward its refusal names:
 #: FewBit's free-level family on FewBit's [−100, 100].

@@ -94,9 +94,8 @@ class FreeLevelsFit:
         enclosure would then not hold."""
         return FreeLevelsObjective(self._activation(), self.bits, self.interval).loss_of(self.borders, self.levels)
 
-    def _activation(self):
-        from approxbp.approximations.activations import Activation, get_activation
-
+    def _activation(self) -> Activation:
+        """The fitted activation under its own name (a user's named expression is not in the registry)."""
         act = get_activation(self.expression or self.activation)
         return Activation(self.activation, act.expr)
 
@@ -159,13 +158,7 @@ class PublishedQuantiser:
 
     def loss(self) -> float:
         """Its objective measured here (adaptive quadrature split at every border)."""
-        return FreeLevelsObjective(self._activation(), self.bits, self.interval).loss_of(self.borders, self.levels)
-
-    def _activation(self):
-        from approxbp.approximations.activations import Activation, get_activation
-
-        act = get_activation(self.expression or self.activation)
-        return Activation(self.activation, act.expr)
+        return FreeLevelsObjective(self.activation, self.bits, self.interval).loss_of(self.borders, self.levels)
 
 
 def fewbit_reference(path: Path | None = None) -> dict[tuple[str, int], PublishedQuantiser]:
