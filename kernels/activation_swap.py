@@ -129,11 +129,7 @@ def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: 
                     why = "left to its gated MLP's fused GLU (glu=)" if for_glu else "exact by choice"
                     report.skipped.append(f"{where} ({type(child).__name__}): {why}")
                     continue
-                new, why = _replacement(child, config.family, chosen or tables, config.bits, family_of)
-                if new is not None and not config.wants(child, where):
-                    new, why = None, FILTERED
-                if new is not None and (mismatch := _computes_differently(child, new, checked)):
-                    new, why = None, mismatch
+                new, why = _checked_replacement(child, child, where, config, chosen or tables, family_of, checked)
                 if new is None:
                     if why is not None:
                         report.skipped.append(f"{where} ({type(child).__name__}): {why}")
@@ -146,6 +142,19 @@ def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: 
                     f"{error_of(new.spec)}"
                     + ("; inplace=True dropped: the drop-in returns a new tensor" if getattr(child, "inplace", False)
                        else ""))
+
+
+def _checked_replacement(module: nn.Module, owner: nn.Module, where: str, config: PatchConfig, tables, family_of,
+                         checked: dict):
+    """(drop-in, None) for an activation ``module`` (run by ``owner`` at path ``where``), or (None, why not): its
+    table's drop-in, unless ``config.module_filter_fn`` refuses the owner or the drop-in computes another function
+    on the float64 grid."""
+    new, why = _replacement(module, config.family, tables, config.bits, family_of)
+    if new is not None and not config.wants(owner, where):
+        return None, FILTERED
+    if new is not None and (mismatch := _computes_differently(module, new, checked)):
+        return None, mismatch
+    return new, why
 
 
 def swap_functional(model: nn.Module, owners: dict[str, list[str]], report: PatchReport, undo: Undo,
@@ -163,14 +172,8 @@ def swap_functional(model: nn.Module, owners: dict[str, list[str]], report: Patc
                 chosen = tables.get(where) if isinstance(tables, Mapping) else None
                 for act in owners[where]:
                     stock = functional_swap.STOCK[act]()
-                    why = "exact by choice" if chosen == "exact" else None
-                    new = None
-                    if why is None:
-                        new, why = _replacement(stock, config.family, chosen or tables, config.bits, family_of)
-                    if new is not None and not config.wants(owner, where):
-                        new, why = None, FILTERED
-                    if new is not None and (mismatch := _computes_differently(stock, new, checked)):
-                        new, why = None, mismatch
+                    new, why = (None, "exact by choice") if chosen == "exact" else _checked_replacement(
+                        stock, owner, where, config, chosen or tables, family_of, checked)
                     if new is None:
                         report.skipped.append(f"{where} ({type(owner).__name__}): calls {act} as a function; {why}")
                         continue
