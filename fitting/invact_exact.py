@@ -136,10 +136,16 @@ def _piece_slope(act, f: sp.Expr, lo: float, hi: float, floor: float) -> sp.Expr
     f = f.subs(x, xr)
     at = inside(lo, hi)
     probe = float(act.f(at))
-    roots = [r for r in sp.solve(sp.Eq(f, y), xr) if abs(complex(sp.N(r.subs(y, probe))) - at) < 1e-9 * (1 + abs(at))]
+    try:
+        solved = sp.solve(sp.Eq(f, y), xr)
+    except NotImplementedError:  # e^x + e^(√2·x): sympy has no algorithm for it
+        solved = []
+    roots = [r for r in solved if not r.has(sp.Piecewise)  # conditional roots: no closed form
+             and abs(complex(sp.N(r.subs(y, probe))) - at) < 1e-9 * (1 + abs(at))]
     if len(roots) != 1:
         raise ValueError(f"{act.name}: sympy finds {len(roots)} real inverses of y = {f} in closed form on "
-                         f"({lo:g}, {hi:g}), not one; a fitted monotone form is not implemented")
+                         f"({lo:g}, {hi:g}), not one; a fitted one-branch form is not implemented. A way forward: "
+                         f"{act.relu_sum_way_forward()}")
     q = sp.diff(f, xr).subs(xr, roots[0])
     q = sp.simplify(q.replace(lambda e: e.is_Pow and abs(e.exp) == sp.S.Half,  # √((y²+1)²/y²) = (y²+1)/y
                               lambda e: sp.factor(sp.together(e.base)) ** e.exp))

@@ -191,3 +191,11 @@ def test_the_relu_sum_refusal_of_a_bounded_activation_names_the_exact_invact_fit
     assert named and "--levels free" in str(refused.value)
     t = fit_invact(named.group(1), progress=False).table
     assert t.form == "exact" and t.monotone and t.metrics["linf_right"] == 0
+
+
+@pytest.mark.parametrize("expression", ["exp(x) + exp(5*x)", "exp(x) + exp(sqrt(2)*x)"])
+def test_an_increasing_activation_without_a_closed_form_inverse_is_refused_with_a_way_forward(expression):
+    """sympy finds no inverse (a quintic in eˣ; no algorithm at all for the irrational power): one line naming the
+    free-level fit, never sympy's own exception."""
+    with pytest.raises(ValueError, match=r"not implemented\. A way forward: approxbp fit relu-sum --levels free"):
+        derive_monotone(expression)
