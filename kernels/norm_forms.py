@@ -93,8 +93,12 @@ def _probe(module: nn.Module) -> NormForm | str:
     with unset_fake_temporarily(), torch.no_grad():
         try:
             probe, x, y = _probe_run(module, dim)
+            probe.training = not module.training  # the other mode: the form must hold in both (a module patched in
+            other = probe.forward(x)              # eval mode is trained next)
         except Exception as err:  # noqa: BLE001 - what cannot be probed is not rewritten
             return f"could not be probed on float64 rows ({type(err).__name__}: {str(err)[:80]})"
+        if other.shape != y.shape or not bool(((other - y).abs() <= PROBE_TOLERANCE * y.abs().clamp_min(1)).all()):
+            return "its forward depends on the training mode (train and eval give other outputs on float64 rows)"
         w, b = probe._parameters.get("weight"), probe._parameters.get("bias")
         offsets = (0.0, 1.0) if w is not None else (0.0,)
         for center, offset, eps in itertools.product((True, False), offsets, eps_values):

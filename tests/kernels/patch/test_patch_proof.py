@@ -358,3 +358,30 @@ def test_every_reader_in_any_call_or_mode_reads_the_stock_value(example):
         gg = torch.autograd.grad(sum(t.square().sum() for t in got), [x, *model.parameters()])
         for a, b in zip(gg, gw, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+class _ModeNorm(nn.Module):
+    """A norm whose forward depends on self.training (issue 43, case 3): LayerNorm, times 1.5 in train mode."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(d) * 0.3 + 1), nn.Parameter(torch.randn(d) * 0.3)
+
+    def forward(self, x):
+        y = nn.functional.layer_norm(x, x.shape[-1:], self.weight, self.bias)
+        return y * 1.5 if self.training else y
+
+
+def test_a_norm_whose_forward_depends_on_the_mode_is_skipped_even_when_patched_in_eval_without_an_example():
+    """The fx path (no example input) proved the norm's form in the mode it was patched in (eval), and the model
+    then trained on another function (0.91 off in train mode). The form is now proven in both modes."""
+    torch.manual_seed(0)
+    stock = nn.Sequential(_ModeNorm(), nn.Linear(8, 8)).double()
+    model = copy.deepcopy(stock).eval()
+    report = patch_model(model, family=None)
+    assert not report.norms and "depends on the training mode" in report.skipped[0], report
+    x = torch.randn(3, 8, dtype=torch.float64)
+    for train in (True, False):
+        stock.train(train)
+        model.train(train)
+        torch.testing.assert_close(model(x), stock(x), rtol=0, atol=0)
