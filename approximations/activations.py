@@ -370,7 +370,8 @@ class Activation:
                 "no condition at ±∞)")
 
     def non_decreasing(self) -> bool:
-        """h′ ≥ 0 on [−60, 60] (a grid of 4001 points): the inverted-activation family's one-branch tables apply."""
+        """h′ ≥ 0 on [−60, 60] (a grid of 4001 points, the tables' check of a monotone table: ``table_checks``'s
+        MONOTONE_SPAN): the inverted-activation family's one-branch tables apply."""
         with np.errstate(all="ignore"):
             return bool(np.all(self.df(np.linspace(-60.0, 60.0, 4001)) >= 0))
 

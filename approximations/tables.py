@@ -264,15 +264,16 @@ class ReluSumTable(_Table):
     @classmethod
     def new(cls, activation, relu_sum, *, bits: int, objective: str, interval, loss: float, metrics: dict,
             provenance: dict, source: str = "fit", reference: str | None = None,
-            levels_rule: str = "eq13") -> ReluSumTable:
+            level0: float | None = None) -> ReluSumTable:
         """A validated table from a fit's numbers: ``activation`` (its ``name`` and ``expression``), ``relu_sum``
-        (:class:`~.relu_sum.ReLUSum`: weights, knots, levels, constraint residual) on ``interval`` [A, B];
-        ``levels_rule="free"`` for FewBit's free levels (ℓ₀ ≠ 0, no eq. 13 constraints)."""
+        (:class:`~.relu_sum.ReLUSum`: weights, knots, levels, constraint residual) on ``interval`` [A, B]. With
+        ``level0`` ℓ₀, FewBit's free levels (levels_rule free): h̃′ = ℓ₀ + Σ w_i [x > c_i], no eq. 13 constraints."""
+        free = {} if level0 is None else {"levels_rule": "free"}
         return from_json(_common(cls.family, activation, source, metrics, provenance, reference) | {
             "bits": bits, "objective": objective, "interval": [float(v) for v in interval],
             "weights": relu_sum.weights.tolist(), "knots": relu_sum.knots.tolist(),
-            "levels": relu_sum.levels.tolist(), "loss": loss, "constraint_residual": relu_sum.constraint_residual}
-            | ({"levels_rule": levels_rule} if levels_rule != "eq13" else {}))
+            "levels": (relu_sum.levels + (level0 or 0.0)).tolist(), "loss": loss,
+            "constraint_residual": relu_sum.constraint_residual} | free)
 
 
 @dataclass(frozen=True, eq=False)

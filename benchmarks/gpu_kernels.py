@@ -35,6 +35,22 @@ from torch import nn
 SMOKE = False
 
 
+#: Our element-wise drop-ins, by the names the rows use, and the table behind each (the static prediction of
+#: ``approxbp cost`` reads it too). ReGELU2 and friends are these tables' modules.
+TABLES = {"ReGELU2": "relu_sum/gelu-k2-primitive.json", "ReLU-sum k=4": "relu_sum/gelu-k4-primitive.json",
+          "InvActGELU": "invact/gelu-fast.json", "ReSiLU2": "relu_sum/silu-k2-primitive.json",
+          "InvActSiLU": "invact/silu-fast.json", "InvActELU": "invact/elu-exact.json",
+          "ReLU-sum hard-swish k=2": "relu_sum/hardswish-k2-primitive.json"}
+
+
+def drop_ins(use_triton: bool | None = None) -> dict:
+    """{row name: drop-in module} built from :data:`TABLES`."""
+    from approxbp.kernels import InvActivation, ReLUSumActivation
+
+    return {name: (InvActivation if path.startswith("invact/") else ReLUSumActivation)(
+        path.removesuffix(".json"), use_triton=use_triton) for name, path in TABLES.items()}
+
+
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -94,23 +110,16 @@ def _rows(op, impls, x, g, copy_bps):
 
 
 def activation_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
-    from approxbp.kernels import InvActGELU, InvActivation, InvActSiLU, ReGELU2, ReLUSumActivation, ReSiLU2
-
     e = torch.tensor([], dtype=dtype).element_size()
     x = torch.randn(max(numel // 4096, 1), 4096, dtype=dtype, device=device)  # 2-D rows (Liger needs them)
     g = torch.randn_like(x)
-    use = device == "cuda" or None
+    mods = drop_ins(device == "cuda" or None)
     rows = []
-    for name, exact, ours in (("gelu", nn.GELU(), {"ReGELU2": (ReGELU2(use_triton=use), 2),
-                                                   "ReLU-sum k=4": (ReLUSumActivation("gelu-k4-primitive",
-                                                                                      use_triton=use), 4),
-                                                   "InvActGELU": (InvActGELU(use_triton=use), 1)}),
-                              ("silu", nn.SiLU(), {"ReSiLU2": (ReSiLU2(use_triton=use), 2),
-                                                   "InvActSiLU": (InvActSiLU(use_triton=use), 1)}),
-                              ("elu", nn.ELU(), {"InvActELU": (InvActivation("elu-exact", use_triton=use), 1)}),
-                              ("hardswish", nn.Hardswish(),
-                               {"ReLU-sum hard-swish k=2": (ReLUSumActivation("hardswish-k2-primitive",
-                                                                              use_triton=use), 2)})):
+    for name, exact, bits_of in (("gelu", nn.GELU(), {"ReGELU2": 2, "ReLU-sum k=4": 4, "InvActGELU": 1}),
+                                 ("silu", nn.SiLU(), {"ReSiLU2": 2, "InvActSiLU": 1}),
+                                 ("elu", nn.ELU(), {"InvActELU": 1}),
+                                 ("hardswish", nn.Hardswish(), {"ReLU-sum hard-swish k=2": 2})):
+        ours = {k: (mods[k], bits) for k, bits in bits_of.items()}
         impls = {"torch eager": (exact, 2 * e, 3 * e), "torch.compile": (torch.compile(exact), 2 * e, 3 * e)}
         for k, (m, bits) in ours.items():
             saved = bits / 8 + (1 / 4096 if bits > 1 else 0)  # codes (+ NaN bytes) or branch bits
@@ -161,25 +170,12 @@ def correctness_rows(device, dtype) -> list[dict]:
     """Correct before fast: each of our GPU implementations against the pure-PyTorch reference path on the CPU
     (same module, same bf16/fp16/fp32 input upcast to float32), on fresh random data of an odd shape (tails of the
     grid included), outputs poisoned with NaN first. rel = ‖gpu − ref‖ / ‖ref‖ for y and for dx (dg, du)."""
-    from approxbp.kernels import (
-        InvActGELU,
-        InvActivation,
-        InvActSiLU,
-        MSLayerNorm,
-        MSRMSNorm,
-        ReGELU2,
-        ReLUSumActivation,
-        ReSiLU2,
-    )
+    from approxbp.kernels import MSLayerNorm, MSRMSNorm
     from approxbp.kernels.glu import GLUSpec, glu
 
     torch.manual_seed(1234)
     shape = (3, 1237) if SMOKE else (257, 4099)
-    mods = {"ReGELU2": ReGELU2(), "ReLU-sum k=4": ReLUSumActivation("gelu-k4-primitive"),
-            "InvActGELU": InvActGELU(), "ReSiLU2": ReSiLU2(), "InvActSiLU": InvActSiLU(),
-            "InvActELU": InvActivation("elu-exact"),
-            "ReLU-sum hard-swish k=2": ReLUSumActivation("hardswish-k2-primitive"),
-            "MS-layernorm": MSLayerNorm(shape[-1]), "MS-rmsnorm": MSRMSNorm(shape[-1])}
+    mods = drop_ins() | {"MS-layernorm": MSLayerNorm(shape[-1]), "MS-rmsnorm": MSRMSNorm(shape[-1])}
     calls = {k: (lambda t, m=m: m(t[0]), 1) for k, m in mods.items()}
     for name in ("silu", "gelu"):
         spec = GLUSpec(name)
@@ -211,11 +207,6 @@ def correctness_rows(device, dtype) -> list[dict]:
     return out
 
 
-#: The table behind each of our implementations above (for the static prediction of ``approxbp cost``).
-TABLES = {"ReGELU2": "relu_sum/gelu-k2-primitive.json", "ReLU-sum k=4": "relu_sum/gelu-k4-primitive.json",
-          "InvActGELU": "invact/gelu-fast.json", "ReSiLU2": "relu_sum/silu-k2-primitive.json",
-          "InvActSiLU": "invact/silu-fast.json", "InvActELU": "invact/elu-exact.json",
-          "ReLU-sum hard-swish k=2": "relu_sum/hardswish-k2-primitive.json"}
 
 
 def _add_static_predictions(rows: list[dict], dtype, copy_bps: float, keys=("forward", "backward")) -> None:

@@ -33,18 +33,13 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "c
 
 def kernel_rows(numel: int, dtype, device) -> list[dict]:
     """Kernel alone (spec.forward_triton / backward_triton) and module through autograd, same tensors, same run."""
-    from approxbp.kernels import InvActGELU, InvActivation, InvActSiLU, ReGELU2, ReLUSumActivation, ReSiLU2
     from approxbp.kernels.invact import InvActSpec
 
     x = torch.randn(max(numel // 4096, 1), 4096, dtype=dtype, device=device)
     g = torch.randn_like(x)
     use = device == "cuda" or None
-    mods = {"ReGELU2": ReGELU2(use_triton=use), "ReLU-sum k=4": ReLUSumActivation("gelu-k4-primitive", use_triton=use),
-            "InvActGELU": InvActGELU(use_triton=use), "ReSiLU2": ReSiLU2(use_triton=use),
-            "InvActSiLU": InvActSiLU(use_triton=use), "InvActELU": InvActivation("elu-exact", use_triton=use),
-            "ReLU-sum hard-swish k=2": ReLUSumActivation("hardswish-k2-primitive", use_triton=use)}
     rows = []
-    for name, m in mods.items():
+    for name, m in gk.drop_ins(use).items():
         fwd_k, bwd_k = _kernel_calls(m.spec, x, g, use, InvActSpec)
         row = {"impl": name, "shape": list(x.shape), "dtype": str(dtype),
                "kernel_forward_s": gk._bench(fwd_k), "kernel_backward_s": gk._bench(bwd_k)}

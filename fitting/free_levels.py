@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from approxbp.approximations import Activation, get_activation
-from approxbp.approximations.relu_sum import check_bits
+from approxbp.approximations.relu_sum import ReLUSum, check_bits
 from scipy.integrate import quad
 
 #: FewBit's domain.
@@ -102,18 +102,14 @@ class FreeLevelsFit:
     def table(self, command: str | None = None):
         """The fit as a ReLU-sum table with ``levels_rule: free`` (h̃′ = ℓ₀ + Σ w_i [x > c_i], w the jumps between
         levels): the same kernels as eq. 13's tables (codes → levels), exported, patched and costed alike."""
-        from types import SimpleNamespace
-
         from approxbp.approximations.tables import ReluSumTable
 
         from .relu_sum import package_version
 
-        w = np.diff(self.levels)
-        steps = SimpleNamespace(weights=w, knots=np.asarray(self.borders, float), levels=np.asarray(self.levels),
-                                constraint_residual=max(abs(w.sum() - 1.0), abs(float(np.dot(w, self.borders)))))
+        steps = ReLUSum(np.diff(self.levels), self.borders)  # the jumps between levels, at the borders
         return ReluSumTable.new(
             self._activation(), steps, bits=self.bits, objective="derivative", interval=self.interval,
-            loss=self.recorded_loss(), levels_rule="free", metrics={"starts": self.starts},
+            loss=self.recorded_loss(), level0=float(self.levels[0]), metrics={"starts": self.starts},
             provenance={"method": "FewBit's free levels: grid DP and jittered starts, each polished",
                         "command": command or "", "package_version": package_version()})
 

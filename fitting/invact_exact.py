@@ -55,13 +55,18 @@ def is_monotone(act) -> bool:
     return not_increasing_at(act) is None
 
 
+def _constant(f: sp.Expr) -> bool:
+    """A smooth piece that is constant (f′ ≡ 0: ReLU6's 0 and 6)."""
+    return sp.diff(f, x) == 0
+
+
 def is_saturating(act) -> bool:
     """Non-decreasing piece by piece, with constant pieces (ReLU6, hard-sigmoid, hard-tanh): every smooth piece is
     constant or increasing on a grid inside it, at least one of each, and f is continuous at the kinks. A saved y
     still gives f′: the constant pieces' values are taken by no increasing piece, so q = 0 there."""
     act = get_activation(act)
     parts = pieces(act.expr)
-    flat = [sp.diff(f, x) == 0 for _, _, f in parts]
+    flat = [_constant(f) for _, _, f in parts]
     if len(parts) < 2 or all(flat) or not any(flat):
         return False
     with np.errstate(all="ignore"):
@@ -77,7 +82,7 @@ def _flat_then_increasing(act) -> bool:
     """Constant left of 0, increasing right of it (ReLU²): the two-branch table of :func:`derive_exact` serves it
     (its packaged table; the one-branch form would serve it too, without the bit)."""
     parts = pieces(act.expr)
-    return len(parts) == 2 and parts[0][1] == 0.0 and sp.diff(parts[0][2], x) == 0
+    return len(parts) == 2 and parts[0][1] == 0.0 and _constant(parts[0][2])
 
 
 def takes_exact(act) -> bool:
@@ -85,9 +90,7 @@ def takes_exact(act) -> bool:
     non-decreasing with constant pieces (one branch, no bit), or flat left of 0 and increasing right of it
     (ReLU²)."""
     act = get_activation(act)
-    with np.errstate(all="ignore"):
-        flat = bool(np.all(act.df(np.linspace(-10.0, -1e-3, 101)) == 0))
-    return is_monotone(act) or is_saturating(act) or flat
+    return is_monotone(act) or is_saturating(act)  # ReLU² is one of the latter
 
 
 def infimum(activation) -> float:
@@ -118,7 +121,7 @@ def _derived_monotone(act) -> tuple[sp.Expr, float]:
     floor, y = infimum(act), sp.Symbol("y")
     q, right_flat = None, False
     for lo, hi, f in reversed(pieces(act.expr)):
-        flat = sp.diff(f, x) == 0
+        flat = _constant(f)
         here = sp.Integer(0) if flat else _piece_slope(act, f, lo, hi, floor)
         if q is not None:
             c = float(act.f(hi))  # y at the kink
@@ -177,8 +180,8 @@ def _measured(activation, q: sp.Expr, left: bool = True, floor: float = 0.0) -> 
     def f_minus(yv):
         return lambda t: act.mp(t, 0, None) - yv
 
-    errors = [abs(float(q_of(c))) for _, _, f in pieces(act.expr) if sp.diff(f, x) == 0 and not left
-              for c in (float(f),)]  # the constant pieces: f′ = 0
+    constants = [] if left else [float(f) for _, _, f in pieces(act.expr) if _constant(f)]
+    errors = [abs(float(q_of(c))) for c in constants]  # f′ = 0 on the constant pieces
     with mpmath.workdps(60):
         for yv in floor + np.logspace(-12, np.log10(span), CHECK_POINTS):
             lo, hi = mpmath.mpf(0 if left else -1), mpmath.mpf(1)

@@ -111,11 +111,20 @@ def _replacement(module: nn.Module, family: str | None, tables, bits: int, famil
 
 
 def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig,
-                     savings: Savings) -> None:
+                     savings: Savings, functional: dict[str, list[str]] | None = None) -> None:
     """Replace each activation module by its drop-in (``config.family``, ``config.tables``; modules
-    ``config.module_filter_fn`` refuses are left and reported), one pattern of paths at a time (:class:`Savings`)."""
-    family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])  # each table file read once
+    ``config.module_filter_fn`` refuses are left and reported), one pattern of paths at a time (:class:`Savings`);
+    then the activations the modules of ``functional`` ({path: activations}) call as functions, at the call site
+    (:func:`_swap_functional`). Each table file is read once and each drop-in checked once for both."""
+    family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])
     checked: dict = {}
+    _swap_modules(model, report, undo, config, savings, family_of, checked)
+    if functional:
+        _swap_functional(model, functional, report, undo, config, savings, family_of, checked)
+
+
+def _swap_modules(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig, savings: Savings,
+                  family_of, checked: dict) -> None:
     tables = config.tables
     sites = [(f"{parent_name + '.' if parent_name else ''}{child_name}", parent, child_name, child)
              for parent_name, parent in model.named_modules() for child_name, child in parent.named_children()
@@ -157,13 +166,11 @@ def _checked_replacement(module: nn.Module, owner: nn.Module, where: str, config
     return new, why
 
 
-def swap_functional(model: nn.Module, owners: dict[str, list[str]], report: PatchReport, undo: Undo,
-                    config: PatchConfig, savings: Savings) -> None:
+def _swap_functional(model: nn.Module, owners: dict[str, list[str]], report: PatchReport, undo: Undo,
+                     config: PatchConfig, savings: Savings, family_of, checked: dict) -> None:
     """Swap the activations each module of ``owners`` ({path: activations}) calls as functions, at the call site
     (:mod:`.functional_swap`), with the drop-in a module of torch's class would get (``config.family``,
     ``config.tables`` by that class or by the module's path), checked and measured like module swaps."""
-    family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])
-    checked: dict = {}
     tables, modules = config.tables, dict(model.named_modules())
     for pattern, group in by_pattern(list(owners)):
         for names in savings.attempts(f"{pattern} (activations called as functions)", group):

@@ -47,6 +47,15 @@ def _not_a_view(out: torch.Tensor) -> torch.Tensor:
     return out.clone()
 
 
+def _weight_grads(dy, z, weight, alpha, beta, need_w: bool, need_b: bool):
+    """(dW, db) of a consumer Linear whose input is u = α⊙z + β: dW = dyᵀ·u with u recomputed from the saved z
+    (never saved itself), db = Σ dy; None where not needed."""
+    rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+    dw = rows(dy).t().matmul(rows(_NormInputLinearFn._input(z, alpha, beta)).to(dy.dtype)).to(weight.dtype) \
+        if need_w else None
+    return dw, rows(dy).sum(0).to(weight.dtype) if need_b else None
+
+
 class _NormInputLinearFn(torch.autograd.Function):
     """y = (α⊙z + β)·Wᵀ + b from the MS-norm's output z (W is (out, in); Conv1D passes Wᵀ's view). Saves z (the
     tensor the MS-norm saves anyway) and references to W, α, β (parameters: no copies); u = α⊙z + β is recomputed
@@ -71,11 +80,8 @@ class _NormInputLinearFn(torch.autograd.Function):
         du = dy.matmul(weight.to(dy.dtype))  # dL/du
         rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
         dz = (du * alpha.to(du.dtype) if alpha is not None else du).to(z.dtype) if need_z else None
-        dw = db = da = dbeta = None
-        if need_w:  # u recomputed, never saved
-            dw = rows(dy).t().matmul(rows(_NormInputLinearFn._input(z, alpha, beta)).to(dy.dtype)).to(weight.dtype)
-        if need_b and ctx.has_bias:
-            db = rows(dy).sum(0).to(weight.dtype)
+        da = dbeta = None
+        dw, db = _weight_grads(dy, z, weight, alpha, beta, need_w, need_b and ctx.has_bias)
         if need_a and alpha is not None:
             da = (rows(du) * rows(z).to(du.dtype)).sum(0).to(alpha.dtype)
         if need_beta and beta is not None:
@@ -99,12 +105,8 @@ class _SavesZLinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         z, weight, alpha, beta = ctx.saved_tensors
         need_y, _, need_w, need_b = ctx.needs_input_grad[:4]
-        rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
         du = dy.matmul(weight.to(dy.dtype)).to(ctx.y_dtype) if need_y else None
-        dw = rows(dy).t().matmul(rows(_NormInputLinearFn._input(z, alpha, beta)).to(dy.dtype)).to(weight.dtype) \
-            if need_w else None
-        db = rows(dy).sum(0).to(weight.dtype) if need_b and ctx.has_bias else None
-        return du, None, dw, db, None, None
+        return du, None, *_weight_grads(dy, z, weight, alpha, beta, need_w, need_b and ctx.has_bias), None, None
 
 
 class _AffineOutFn(torch.autograd.Function):

@@ -13,7 +13,7 @@ from approxbp.approximations.deprecated import warn_renamed
 from torch import nn
 
 from . import functional_swap, swaps
-from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, OURS, class_key, swap_activations, swap_functional
+from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, OURS, class_key, swap_activations
 from .glu import GatedMLP
 from .glu_patch import fuse_gated_mlps
 from .norm_merge import unmerge_norm
@@ -81,8 +81,7 @@ def patch_model(model: nn.Module, *args, family: str | None = "relu-sum", tables
             report.skipped += [f"{p}: listed in glu=, not fused: a gated MLP is fused only once an example input "
                                "proves it (pass example_input=…)" for p in sorted(config.glu)]
         if config.family is not None or config.tables is not None:
-            swap_activations(model, report, undo, config, savings)
-            swap_functional(model, functional, report, undo, config, savings)
+            swap_activations(model, report, undo, config, savings, functional)
         savings.close()
         if before is not None:
             report.max_output_difference = _compare_outputs(before, run_example(model, example_input))
