@@ -239,8 +239,6 @@ def newton_form(ia: InvertedActivation, branch: str, degree: int, steps: int = 1
     Where |f'| ≫ ε this is Newton (error squared); at the turning point, where f(x) − y cancels, the step
     vanishes and the √t-exact initial guess stands. Coefficients p0…, r1…"""
     act = ia.activation
-    from .activations import x as X
-
     # t ≥ 0 and w ≥ 0 in exact arithmetic; the Max keep each √ real where the stored decimals of f(T) and t_max
     # round them a few ulps below 0 at the turning point
     s = sp.sqrt(sp.Max(0, _t(ia)))
@@ -255,13 +253,23 @@ def newton_form(ia: InvertedActivation, branch: str, degree: int, steps: int = 1
         w = -sp.log(sp.Max(1 - _t(ia) / sp.Float(ia.left_limit - ia.f_T, 17), sp.Float(1e-30)))
         delta += b[0] * w + b[1] * sp.sqrt(sp.Max(0, w)) * s  # both vanish like s² at the turning point
         coeffs += list(b)
+    x0 = sp.Float(ia.T, 17) + (1 if branch == "right" else -1) * delta
+    return with_newton_steps(act, x0, {k.name: 0.0 for k in coeffs}, steps)
+
+
+def with_newton_steps(act, x0: sp.Expr, coefficients: dict[str, float], steps: int) -> Form:
+    """The form x₀(y), then ``steps`` damped Newton steps x_{k+1} = x_k − (f(x_k) − y)·d_k/(d_k² + ε²) with
+    d_k = f′(x_k), ε = NEWTON_EPS, and q = f′(x_n): the structure ``approxbp certify`` recognises (NewtonSteps) and
+    whose error it propagates."""
+    from .activations import x as X
+
     f, df = act.expr, act.derivative_expr(1)
-    assignments = [("x0", sp.Float(ia.T, 17) + (1 if branch == "right" else -1) * delta)]
+    assignments = [("x0", x0)]
     for k in range(steps):
         xk, dk = sp.Symbol(f"x{k}"), sp.Symbol(f"d{k}")
         assignments.append((f"d{k}", df.subs(X, xk)))
         assignments.append((f"x{k + 1}", xk - (f.subs(X, xk) - y) * dk / (dk**2 + sp.Float(NEWTON_EPS**2))))
-    return Form(df.subs(X, sp.Symbol(f"x{steps}")), {k.name: 0.0 for k in coeffs}, tuple(assignments))
+    return Form(df.subs(X, sp.Symbol(f"x{steps}")), coefficients, tuple(assignments))
 
 
 #: The rule's opaque parts: each evaluator binds them (torch: the compiled forms and h′; Triton: the generated

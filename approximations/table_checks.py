@@ -184,11 +184,16 @@ MONOTONE_SPAN = 60.0
 
 def not_increasing_at(act) -> float | None:
     """Where h′ is smallest on [−MONOTONE_SPAN, MONOTONE_SPAN] if it is not > 0 there (NaN counts), else None: the
-    one test of "increasing" that the tables and the fits share."""
+    one test of "increasing" that the tables and the fits share. A smooth h whose h′ underflows to 0 in float64 on a
+    left tail only (Gaussian tails: Φ(x) = 0 below x = −38) counts as increasing: an analytic h′ ≥ 0 vanishes on no
+    interval unless h is constant."""
     grid = np.linspace(-MONOTONE_SPAN, MONOTONE_SPAN, 4001)
     with np.errstate(all="ignore"):
         slope = act.df(grid)
     if np.all(slope > 0):
+        return None
+    positive = slope > 0
+    if np.all(slope >= 0) and positive[-1] and np.all(positive[np.argmax(positive):]) and not act.kinks():
         return None
     return float(grid[np.argmin(np.where(np.isfinite(slope), slope, -np.inf))])
 

@@ -26,7 +26,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "user_activations.json"
 #: name → (expression, extra `fit relu-sum` arguments): SERF, TanhExp, squareplus (algebraic tails: fitted on the
 #: default ±64, the mass outside a constant), Logish and Smish (refused by eq. 13 and InvAct, each refusal naming the
 #: free-level fit that the next rows run), and the piecewise ELU (exact InvAct), hard-swish (ReLU-sum) and
-#: hard-sigmoid (exact InvAct with constant pieces).
+#: hard-sigmoid (exact InvAct with constant pieces);
+#: the Gaussian-smoothed ReLU (no closed-form inverse: the fitted one-branch InvAct form, Newton steps).
 ACTIVATIONS = {
     "serf": ("x*erf(log(1+exp(x)))", []),
     "tanhexp": ("x*tanh(exp(x))", []),
@@ -39,6 +40,8 @@ ACTIVATIONS = {
     "selu": ("selu", []),
     "celu": ("celu", []),
     "user_elu": ("Piecewise((x, x > 0), (exp(x) - 1, True))", []),  # a user's own Piecewise expression
+    # E[ReLU(x + Z)], Z ~ N(0, 1): increasing, no closed-form inverse: the fitted one-branch InvAct form
+    "smoothrelu": ("x*(1+erf(x/sqrt(2)))/2 + exp(-x**2/2)/sqrt(2*pi)", []),
 }
 #: Where eq. 13 refuses an activation (h − x does not tend to 0: Logish, Smish), the way forward its refusal names:
 #: FewBit's free-level family on FewBit's [−100, 100].

@@ -3,13 +3,15 @@
   paper    the published forms and coefficients, measured
   refit    the same forms refitted: least squares (L2) and minimax (L∞, Lawson-style IRLS)
   newton   our form: √t-rational initial guess for f⁻¹ plus exact Newton steps (invact_forms.newton_form):
-           the accuracy reference (L∞ 1e-9 … 1e-7)
+           the accuracy reference (L∞ 1e-9 … 1e-7); for an increasing activation, one branch from a fitted guess
+           (fitting.invact_fitted), which needs no closed-form inverse
   fast     ours for kernels (fitting.invact_fast, the default): one rational in the signed root ±√(y − f(T))
            for both branches plus a y·poly(log(−y)) left tail; L∞ ≤ 1e-6, one √ and one log per element
   sr       symbolic regression (fitting.symbolic), constants refitted in float64
   exact    derived in closed form (fitting.invact_exact): ReLU², and increasing activations (softplus,
            squareplus), which have one branch and need no bit
-  auto     exact where it applies, else fast (the default)
+  auto     exact where it applies, the one-branch newton form for an increasing activation whose inverse has no
+           closed form, else fast (the default)
 """
 
 from __future__ import annotations
@@ -158,16 +160,43 @@ def _refuse_piecewise(act) -> None:
                      f"A way forward: {act.relu_sum_way_forward()}")
 
 
+def _say(form: str, t0: float):
+    """A progress line on stderr with the seconds since ``t0``."""
+    return lambda line: print(f"[fit invact {form}] {line} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
+                              flush=True)
+
+
+def _one_branch(act, form: str, progress: bool, t0: float) -> T.InvActTable | None:
+    """The exact table (``exact``; ``auto`` where it applies: monotone, ReLU², constant pieces) or, for an increasing
+    activation, the fitted one-branch form (``newton``; ``auto`` when its inverse has no closed form); None when the
+    two-branch forms serve ``act``."""
+    from .invact_exact import NoClosedForm, exact_table, is_monotone, takes_exact
+    from .invact_fitted import fitted_monotone_table, takes_fitted
+
+    def fitted():
+        return fitted_monotone_table(act, say=_say("newton", t0) if progress else None)
+
+    if form == "newton" and is_monotone(act) and not act.kinks():  # one branch: fitted guess + Newton steps
+        return fitted()
+    if form == "exact" or (form == "auto" and takes_exact(act)):
+        try:
+            return exact_table(act)
+        except NoClosedForm as refused:
+            if not takes_fitted(act):
+                raise
+            if form == "exact":
+                raise NoClosedForm(refused.reason, act, fitted=True) from None
+            return fitted()
+    return None
+
+
 def _invact_table(activation, form, seed, backend, sr_generations, progress) -> T.InvActTable:
     t0, act = time.perf_counter(), get_activation(activation)
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-    if form in ("auto", "exact"):  # auto: exact where it applies (monotone, ReLU²), else fast
-        from .invact_exact import exact_table, takes_exact
-
-        if form == "exact" or takes_exact(act):
-            return exact_table(act)
-        form = "fast"
+    if (one_branch := _one_branch(act, form, progress, t0)) is not None:
+        return one_branch
+    form = "fast" if form == "auto" else form
     _refuse_piecewise(act)
     ia = InvertedActivation(act)
     check_right_tail(ia)
@@ -188,8 +217,7 @@ def _invact_table(activation, form, seed, backend, sr_generations, progress) -> 
     elif form == "fast":
         from .invact_fast import TOL, branch, fast_form, fused_operations
 
-        say = (lambda line: print(f"[fit invact fast] {line} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
-                                  flush=True)) if progress else None
+        say = _say("fast", t0) if progress else None
         say and say("fitting the rational in the signed root and the left tail, 3 splits")
         combined, info = fast_form(ia, say=say)
         left, right = branch(combined, "left"), branch(combined, "right")

@@ -31,6 +31,17 @@ CHECK_POINTS = 201
 RIGHT_SPAN = 1e4
 
 
+class NoClosedForm(ValueError):
+    """An increasing activation whose inverse sympy cannot write in closed form, with the ways forward: the fitted
+    one-branch form (``fitted``: where it applies, fitting.invact_fitted.takes_fitted) and the ReLU-sum fit."""
+
+    def __init__(self, reason: str, act, fitted: bool = False):
+        self.reason, self.activation = reason, act
+        newton = (f"{act.fit_command('invact', '--form newton')} (a fitted one-branch form: Newton steps from a "
+                  "fitted guess), or " if fitted else "")
+        super().__init__(f"{reason}. A way forward: {newton}{act.relu_sum_way_forward()}")
+
+
 def derive_exact(activation: str) -> tuple[sp.Expr, sp.Expr]:
     """(f on the right, q(y) = f′(f⁻¹(y)) on the right) for an activation flat left of 0 and increasing right of it;
     a ValueError with the reason for any other."""
@@ -146,9 +157,8 @@ def _piece_slope(act, f: sp.Expr, lo: float, hi: float, floor: float) -> sp.Expr
     roots = [r for r in solved if not r.has(sp.Piecewise)  # conditional roots: no closed form
              and abs(complex(sp.N(r.subs(y, probe))) - at) < 1e-9 * (1 + abs(at))]
     if len(roots) != 1:
-        raise ValueError(f"{act.name}: sympy finds {len(roots)} real inverses of y = {f} in closed form on "
-                         f"({lo:g}, {hi:g}), not one; a fitted one-branch form is not implemented. A way forward: "
-                         f"{act.relu_sum_way_forward()}")
+        raise NoClosedForm(f"{act.name}: sympy finds {len(roots)} real inverses of y = {f} in closed form on "
+                           f"({lo:g}, {hi:g}), not one", act)
     q = sp.diff(f, xr).subs(xr, roots[0])
     q = sp.simplify(q.replace(lambda e: e.is_Pow and abs(e.exp) == sp.S.Half,  # √((y²+1)²/y²) = (y²+1)/y
                               lambda e: sp.factor(sp.together(e.base)) ** e.exp))
@@ -168,12 +178,12 @@ def supremum(act) -> float:
     return float(limit) if limit.is_real and limit.is_finite else float("inf")
 
 
-def _measured(activation, q: sp.Expr, left: bool = True, floor: float = 0.0) -> dict:
-    """L∞ and L2 of q against f′(f⁻¹(y)) (f⁻¹ by mpmath at 60 digits, bracketed) for y from ``floor`` + 1e-12 to
-    ``floor`` + RIGHT_SPAN, or to just below sup f, where q at the constant pieces' values (0) is checked too; with
-    ``left``, f′ on the left of 0 (q = 0 there)."""
+def measured(activation, q, left: bool = True, floor: float = 0.0) -> dict:
+    """L∞ and L2 of q (a sympy expression in y, or a float64 callable) against f′(f⁻¹(y)) (f⁻¹ by mpmath at 60
+    digits, bracketed) for y from ``floor`` + 1e-12 to ``floor`` + RIGHT_SPAN, or to just below sup f, where q at the
+    constant pieces' values (0) is checked too; with ``left``, f′ on the left of 0 (q = 0 there)."""
     act = get_activation(activation)
-    q_of = sp.lambdify(sp.Symbol("y"), q, numpy_namespace())  # its select, not numpy's
+    q_of = sp.lambdify(sp.Symbol("y"), q, numpy_namespace()) if isinstance(q, sp.Basic) else q  # its select
     top = supremum(act) if not left else float("inf")
     span = min(RIGHT_SPAN, (top - floor) * (1 - 1e-9))
 
@@ -213,7 +223,7 @@ def exact_table(activation: str) -> T.InvActTable:
         act, source="derived", form="exact", turning_point=0.0, f_T=f_T,
         reference=f"derived: f = {right_f} for x > 0, f′(f⁻¹(y)) = {q}; f′ = 0 for x < 0 (Inverted Activations §2)",
         left=zero.to_json((f_T, f_T + 1.0)), right=right.to_json((f_T, f_T + RIGHT_SPAN)),
-        combined=combined.to_json(), metrics=_measured(activation, q),
+        combined=combined.to_json(), metrics=measured(activation, q),
         provenance=_provenance(f"approxbp fit invact --activation {act.name} --form exact", t0))
 
 
@@ -224,7 +234,7 @@ def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
     t0 = time.perf_counter() if t0 is None else t0
     act = get_activation(activation)
     q, floor = _derived_monotone(act)
-    metrics = _measured(act, q, left=False, floor=floor)
+    metrics = measured(act, q, left=False, floor=floor)
     given = act.name if named_expression(act.name) else act.expression
     return T.InvActTable.new(
         act, source="derived", form="exact", monotone=True, f_T=floor,

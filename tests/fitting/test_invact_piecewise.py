@@ -197,5 +197,5 @@ def test_the_relu_sum_refusal_of_a_bounded_activation_names_the_exact_invact_fit
 def test_an_increasing_activation_without_a_closed_form_inverse_is_refused_with_a_way_forward(expression):
     """sympy finds no inverse (a quintic in eˣ; no algorithm at all for the irrational power): one line naming the
     free-level fit, never sympy's own exception."""
-    with pytest.raises(ValueError, match=r"not implemented\. A way forward: approxbp fit relu-sum --levels free"):
+    with pytest.raises(ValueError, match=r"not one\. A way forward: approxbp fit relu-sum --levels free"):
         derive_monotone(expression)
