@@ -200,6 +200,17 @@ def _loss(model, batch: dict, labels: dict) -> torch.Tensor:
     return loss
 
 
+def compiled_saved_bytes(model, batch: dict, labels: dict) -> int:
+    """Bytes saved for backward by one training forward under torch.compile, by storage identity: inductor's
+    min-cut partitioner without its code generation (``aot_eager_decomp_partition``: the same saved tensors)."""
+    from approxbp.kernels.saved import saved_bytes
+
+    torch._dynamo.reset()
+    run = torch.compile(model.train(), backend="aot_eager_decomp_partition")
+    torch.manual_seed(0)
+    return saved_bytes(lambda: _loss(run, batch, labels), exclude=list(model.parameters()))
+
+
 def _train(model, batch: dict, labels: dict) -> list[float]:
     import random
 
@@ -288,6 +299,12 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
                forward_difference=report.max_output_difference, saved_bytes=[before, after],
                saving=(1 - after / before) if before else None)
     try:
+        compiled = [compiled_saved_bytes(m, batch, labels) for m in (stock, ours)]
+        row.update(compiled_saved_bytes=compiled, compiled_saving=(1 - compiled[1] / compiled[0]) if compiled[0]
+                   else None)
+    except Exception as err:  # noqa: BLE001 - a model dynamo cannot run is said in its row
+        row["compile_error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    try:
         start = copy.deepcopy(stock)
         ref, got = _train(stock, batch, labels), _train(ours, batch, labels)
         row["train_difference"] = _relative(ref, got)
@@ -358,14 +375,17 @@ def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"{len(rows)} model types (transformers {meta['transformers']}, torch {meta['torch']}); {len(ok)} built "
              f"and patched, {len(full)} with every activation and norm rewritten; "
              f"{sum(bool(r['unreported']) for r in ok)} with a module neither rewritten nor named in a skip; "
-             f"{sum((r.get('saving') or 0) < 0 for r in ok)} whose saved bytes grow; {len(off)} whose 10-step InvAct "
+             f"{sum((r.get('saving') or 0) < 0 for r in ok)} whose saved bytes grow "
+             f"({sum((r.get('compiled_saving') or 0) < 0 for r in ok)} compiled); {len(off)} whose 10-step InvAct "
              f"loss is more than {TRAIN_TOLERANCE:g} from stock, of which {len(unexplained)} by more than 10 × the "
              f"stock run's own change under a {PERTURBATION:g} perturbation of its weights.", "",
              "| model | head | activations swapped / fused in GLUs / all | norms rewritten / all | saving | "
-             "forward diff | 10-step loss diff | skipped (first reason) |", "|---|---|---|---|---|---|---|---|"]
+             "saving compiled | forward diff | 10-step loss diff | skipped (first reason) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model_type']} | {r['head']} | — | — | — | — | — | not measured: {_cell(r['error'])} |")
+            lines.append(f"| {r['model_type']} | {r['head']} | — | — | — | — | — | — | not measured: "
+                         f"{_cell(r['error'])} |")
             continue
         saving = "—" if r["saving"] is None else f"{100 * r['saving']:.1f} %"
         train = r.get("train_difference")
@@ -375,9 +395,17 @@ def markdown(rows: list[dict], meta: dict) -> str:
         first = _cell(r["skipped"][0]) if r["skipped"] else ""
         more = f" (+{len(r['skipped']) - 1} more)" if len(r["skipped"]) > 1 else ""
         lines.append(f"| {r['model_type']} | {r['head']} | {r['acts_swapped']} / {r['acts_in_glus']} / {r['acts']} | "
-                     f"{r['norms_rewritten']} / {r['norms']} | {saving} | {r['forward_difference']:.1e} | {train} | "
+                     f"{r['norms_rewritten']} / {r['norms']} | {saving} | {_compiled_cell(r)} | "
+                     f"{r['forward_difference']:.1e} | {train} | "
                      f"{first}{more} |")
     return "\n".join(lines) + "\n"
+
+
+def _compiled_cell(r: dict) -> str:
+    """The compiled saving (patched vs stock, both compiled), or why it was not measured."""
+    if "compile_error" in r:
+        return "not compiled: " + _cell(r["compile_error"])[:60]
+    return "—" if r.get("compiled_saving") is None else f"{100 * r['compiled_saving']:.1f} %"
 
 
 def liger_markdown(rows: list[dict]) -> str:

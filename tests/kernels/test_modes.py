@@ -1,6 +1,7 @@
 """The saving in every mode people train in — autocast, torch.compile (zero graph breaks,
 fullgraph), DDP, FSDP2 and activation checkpointing — with the drop-ins as custom ops."""
 
+import copy
 import os
 import socket
 
@@ -103,6 +104,40 @@ def test_patched_hf_llama_has_zero_graph_breaks(use_triton):
     torch._dynamo.reset()
     explained = torch._dynamo.explain(lambda i: model(input_ids=i, use_cache=False).logits)(ids)
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_compiled_shared_output_norms_save_what_compiled_stock_saves(autocast):
+    """Compiled, the partitioner already saves a norm's input and statistics and recomputes its output for the
+    Linears (the MS-norm's saving); the rewritten norms run the stock forward there, so a norms-only patched LLaMA
+    saves exactly the compiled stock bytes (under autocast the MS-norm's fp32 z cost 1,536 bytes more than the
+    partitioner's bf16 choice) and computes the same loss, while eager it saves less."""
+    from approxbp.kernels.saved import saved_bytes
+
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    stock = transformers.LlamaForCausalLM(cfg)
+    ours = copy.deepcopy(stock)
+    ids = torch.randint(0, 64, (2, 12))
+    assert patch_model(ours, family=None, norms=True, example_input={"input_ids": ids}).norms
+    got = {}
+    for compiled in (False, True):
+        for name, model in (("stock", stock), ("ours", ours)):
+            torch._dynamo.reset()
+            run = torch.compile(model, backend="aot_eager_decomp_partition") if compiled else model
+            loss = []
+
+            def step(run=run, loss=loss):
+                loss.append(run(input_ids=ids, labels=ids, use_cache=False).loss)
+
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                got[name, compiled] = saved_bytes(step, exclude=list(model.parameters()))
+            got[name, compiled, "loss"] = loss[0].item()
+    assert got["ours", True] == got["stock", True] and got["ours", False] < got["stock", False], got
+    tolerance = 1e-4 if autocast else 1e-6  # bf16 products: another graph may round its reductions otherwise
+    assert got["ours", True, "loss"] == pytest.approx(got["stock", True, "loss"], rel=tolerance), got
 
 
 def test_activation_checkpointing_gives_the_same_gradients():
