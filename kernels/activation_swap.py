@@ -128,7 +128,8 @@ def _swap_modules(model: nn.Module, report: PatchReport, undo: Undo, config: Pat
     tables = config.tables
     sites = [(f"{parent_name + '.' if parent_name else ''}{child_name}", parent, child_name, child)
              for parent_name, parent in model.named_modules() for child_name, child in parent.named_children()
-             if not (isinstance(parent, GatedMLP) and child_name == parent.layout.act)]  # the fused op computes it
+             if not (isinstance(parent, GatedMLP) and child_name == parent.layout.act)  # the fused op computes it
+             and not (swaps.expert_gate(parent) is not None and child_name == "act_fn")]  # so does an experts gate
     for pattern, group in by_pattern(sites, lambda site: site[0]):
         for sites_ in savings.attempts(f"{pattern} (activations)", group, lambda site: site[0]):
             for where, parent, child_name, child in sites_:

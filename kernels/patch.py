@@ -16,6 +16,7 @@ from . import functional_swap, swaps
 from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, OURS, class_key, swap_activations
 from .glu import GatedMLP
 from .glu_patch import fuse_gated_mlps
+from .moe_patch import fuse_expert_gates
 from .norm_merge import unmerge_norm
 from .norm_patch import merge_norms
 from .plan_file import plan_config
@@ -77,6 +78,8 @@ def patch_model(model: nn.Module, *args, family: str | None = "relu-sum", tables
         functional = {}
         if example_input is not None and (config.glu or config.family is not None or config.tables is not None):
             functional = fuse_gated_mlps(model, report, undo, example_input, config, savings)
+            if config.glu:
+                fuse_expert_gates(model, report, undo, config, savings)
         elif not isinstance(config.glu, bool):  # named gated MLPs (a plan's) are reported, never silently left
             report.skipped += [f"{p}: listed in glu=, not fused: a gated MLP is fused only once an example input "
                                "proves it (pass example_input=…)" for p in sorted(config.glu)]
@@ -139,6 +142,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     unmerged (consumer weights and biases restored, the original norm back in place). Returns the model."""
     for _, parent in reversed(list(model.named_modules())):  # children first: a GatedMLP hands back restored ones
         functional_swap.uninstall(parent)
+        swaps.remove_expert_gate(parent)
         for child_name, child in list(parent.named_children()):
             if isinstance(child, GatedMLP):
                 swaps.replaced(child)._modules.update(child._modules)  # adapters added since stay

@@ -42,3 +42,25 @@ def mark_kept_affine(ms: nn.Module) -> None:
 
 def kept_affine(module: nn.Module) -> bool:
     return module.__dict__.get(_KEPT_AFFINE, False)
+
+
+#: The instance attribute an experts module's exact gate is installed as (the class keeps its own ``_apply_gate``).
+EXPERT_GATE = "_apply_gate"
+_GATED = "expert_gate_installed"
+
+
+def mark_expert_gate(experts: nn.Module, gate) -> None:
+    """``experts`` computes act(g)·u with ``gate`` (:mod:`.moe_patch`): its act_fn is no longer called."""
+    experts.__dict__[EXPERT_GATE] = gate
+    experts.__dict__[_GATED] = True
+
+
+def expert_gate(experts: nn.Module):
+    """The gate :func:`mark_expert_gate` installed on ``experts``, or None."""
+    return experts.__dict__.get(EXPERT_GATE) if experts.__dict__.get(_GATED) else None
+
+
+def remove_expert_gate(experts: nn.Module) -> None:
+    """Unpatch: the class's own ``_apply_gate`` again."""
+    if experts.__dict__.pop(_GATED, False):
+        experts.__dict__.pop(EXPERT_GATE, None)

@@ -1,0 +1,103 @@
+"""MoE experts with 3-d parameters (issue 44): transformers' grouped/batched experts forwards call
+``self._apply_gate(gate_up)`` = act(g)·u; the patch installs the exact fused GLU there, so act(g) is not saved, the
+model computes and trains as stock, and unpatching restores the class's gate."""
+
+import copy
+
+import pytest
+import torch
+from approxbp.kernels import patch_model, swaps, unpatch
+from approxbp.kernels.moe_patch import ExactExpertGate
+from approxbp.kernels.saved import saved_bytes
+
+transformers = pytest.importorskip("transformers")
+
+
+def _mixtral(implementation="batched_mm", act="silu"):
+    """A tiny Mixtral in float64 (batched_mm: grouped_mm takes float32/bf16/fp16 only)."""
+    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=32, hidden_act=act)
+    cfg._experts_implementation = implementation
+    torch.manual_seed(0)
+    return transformers.MixtralForCausalLM(cfg).double()
+
+
+IDS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def _experts(model):
+    return [m for m in model.modules() if type(m).__name__ == "MixtralExperts"]
+
+
+def _loss(model):
+    return model(input_ids=IDS, labels=IDS, use_cache=False).loss
+
+
+def test_the_exact_gate_frees_act_g_and_trains_as_stock():
+    stock = _mixtral()
+    model = copy.deepcopy(stock)
+    report = patch_model(model, family=None, norms=False, example_input={"input_ids": IDS})
+    assert len(report.glus) == 2 and all("ExactExpertGate(glu-silu)" in g for g in report.glus), report
+    assert all(isinstance(swaps.expert_gate(m), ExactExpertGate) for m in _experts(model))
+    # act(g) is one [tokens × top-k, intermediate] float64 tensor per layer: every routed row, 2 layers
+    act_g = 2 * IDS.numel() * 2 * 48 * 8
+    stock_bytes = saved_bytes(lambda: _loss(stock), exclude=list(stock.parameters()))
+    ours_bytes = saved_bytes(lambda: _loss(model), exclude=list(model.parameters()))
+    assert stock_bytes - ours_bytes == act_g, (stock_bytes, ours_bytes)
+    for m in (stock, model):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        for _ in range(3):
+            opt.zero_grad()
+            _loss(m).backward()
+            opt.step()
+    for a, b in zip(stock.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_grouped_mm_experts_in_float32_save_act_g_too():
+    """transformers' default implementation (grouped_mm, float32 here): the same saving, outputs as stock."""
+    stock = _mixtral("grouped_mm").float()
+    model = copy.deepcopy(stock)
+    report = patch_model(model, family=None, norms=False, example_input={"input_ids": IDS})
+    assert len(report.glus) == 2 and report.max_output_difference < 1e-5, report
+    act_g = 2 * IDS.numel() * 2 * 48 * 4
+    stock_bytes = saved_bytes(lambda: _loss(stock), exclude=list(stock.parameters()))
+    assert stock_bytes - saved_bytes(lambda: _loss(model), exclude=list(model.parameters())) == act_g
+
+
+def test_unpatch_gives_the_class_gate_back():
+    model = _mixtral()
+    patch_model(model, family=None, norms=False, example_input={"input_ids": IDS})
+    unpatch(model)
+    assert all(swaps.expert_gate(m) is None and "_apply_gate" not in m.__dict__ for m in _experts(model))
+
+
+def test_the_eager_loop_is_skipped_with_the_reason():
+    """The per-expert loop calls act_fn itself: nothing to install, and the skip says which setting would."""
+    model = _mixtral("eager")
+    report = patch_model(model, family=None, norms=False, example_input={"input_ids": IDS})
+    assert not report.glus and any("'eager' implementation" in s and "_experts_implementation" in s
+                                   for s in report.skipped), report.skipped
+
+
+def test_a_gate_that_is_not_a_fused_glu_is_skipped():
+    """ReLU experts: act(g)·u has no fused GLU; reported, never guessed."""
+    report = patch_model(_mixtral(act="relu"), family=None, norms=False, example_input={"input_ids": IDS})
+    assert not report.glus and any("has no fused GLU" in s for s in report.skipped), report.skipped
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_the_gate_on_a_concatenated_projection_matches_act_g_times_u(use_triton):
+    """Non-contiguous halves of [g | u] (the Triton kernel under TRITON_INTERPRET=1 included), values and both
+    gradients against silu(g)·u by autograd, float32."""
+    z = torch.randn(37, 2 * 24, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    ref = z.detach().clone().requires_grad_()
+    got = ExactExpertGate("silu", use_triton=use_triton)(z)
+    g, u = ref.chunk(2, dim=-1)
+    want = torch.nn.functional.silu(g) * u
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+    dh = torch.randn_like(want)
+    got.backward(dh)
+    want.backward(dh)
+    torch.testing.assert_close(z.grad, ref.grad, rtol=2e-6, atol=1e-6)
