@@ -34,7 +34,10 @@ import torch
 from torch import nn
 
 from approxbp.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
+from approxbp.gpus import GPUS
+from approxbp.gpus import gpu as step_gpu
 from approxbp.models import CONFIG_KEYS, CONFIGS, bundled_configs, hf_builder, model_spec, no_init  # noqa: F401
+from approxbp.plan_moves import plan_moves, time_step
 from approxbp.plan_result import CATEGORIES, COLOURS, Plan, figure, report  # noqa: F401
 from approxbp.setup import LORA_TARGETS, LoRALinear, Setup, as_setup, weights_for  # noqa: F401 (0.1's callers)
 from approxbp.step_memory import (  # noqa: F401 (read from here by callers of 0.1)
@@ -179,9 +182,11 @@ def _fake_like_real():
 
 
 def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int | None = None, lora_r: int = 8,
-         fake: bool = True, progress=None, checkpoint: bool = False, traced: bool | None = None) -> Plan:
+         fake: bool = True, progress=None, checkpoint: bool = False, traced: bool | None = None,
+         gpu: str | None = None) -> Plan:
     """Measure the exact model and each option, then choose (see the module docstring; ``checkpoint``, ``traced``:
-    :func:`stepper`'s)."""
+    :func:`stepper`'s). ``gpu`` (a name of :data:`approxbp.step_time.GPUS`): where the approximations cannot reach
+    the budget, recompute and offload blocks at the least modelled time on it (:mod:`approxbp.plan_moves`)."""
     say = progress or (lambda msg: None)
     _one_gpu_budget(mode, budget)
     step = stepper(model_text, mode, lora_r, fake, checkpoint, traced)
@@ -207,25 +212,69 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
     say("MS-norms")
     merged = run(None, True)
     ms = {"saving": base.peak - merged.peak}
-    target = budget
-    for _ in range(4):  # savings are measured per option; their sum can be off by what options share: re-measure
-        choice = _choose(layers, options, ms["saving"], base.peak, target)
-        ms["chosen"] = choice.pop("__ms_norm__") == "on"
-        estimate = base.peak - sum(options[layers[p]][o]["saving_per_layer"] for p, o in choice.items()) - (
-            ms["saving"] if ms["chosen"] else 0)
-        say("the chosen plan")
-        after = run(choice, ms["chosen"])
-        if budget is None or after.peak <= budget:
-            break
-        target -= after.peak - budget
-    else:
-        raise ValueError(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
+    moved = None
+    try:
+        choice, after, estimate = _within(run, layers, options, ms, base.peak, budget, say)
+    except ValueError as refused:
+        if budget is None or not str(refused).startswith("no assignment"):
+            raise
+        if gpu is None:
+            raise ValueError(f"{refused}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
+                             "to reach it") from None
+        choice, after, estimate = _within(run, layers, options, ms, base.peak, None, say)  # the most saving
+        say(f"recompute and offload moves, timed for {gpu}")
+        device = step_gpu(gpu)
+        time, blocks = timed(model_text, batch, seq, mode, device, lora_r, choice, ms["chosen"])
+        moved = plan_moves(after, time, blocks, budget, device, as_setup(mode).dtype.itemsize)
     return Plan(model_text, as_setup(mode).describe(base.lora, base.head), batch, seq if base.uses_seq else None,
                 budget, _summary(base),
                 _summary(after),
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                      **options[layers[p]][o]} for p, o in choice.items()},
-                options, ms, estimate, checkpoint, bool(base.moment))  # only a traced step has a moment
+                options, ms, estimate, checkpoint, bool(base.moment), moves=moved)  # only a traced step has a moment
+
+
+def timed(model_text: str, batch: int, seq: int, mode: str | Setup, device, lora_r: int = 8,
+          assignment: dict[str, str] | None = None, ms_norm: bool = False):
+    """(the roofline of one step with the assignment, :func:`~approxbp.plan_moves.time_step`; the model's block
+    count). A model of more than 3 alike blocks is timed at 3: its block 1 stands for each block, and what is outside
+    the blocks does not depend on their number."""
+    setup = as_setup(mode)
+    build = model_spec(model_text, setup.task)
+    count = layer_count(build.config) if hasattr(build, "config") else None
+    small = count is not None and count[1] > SMALL[-1]
+    if small:
+        build = hf_builder(shrunk(build.config, count[0], SMALL[-1]), build.task)
+    with _fake_like_real():
+        torch.manual_seed(0)
+        with weights_for(setup), no_init():
+            model, make_inputs = build()
+            model = prepare(model, setup, lora_r)
+        first = first_block(model)
+        if assignment and small and first:
+            assignment = small_assignment(assignment, first.rpartition(".")[0] + ".", SMALL[-1])
+        if assignment or ms_norm:
+            apply(model, assignment or {}, ms_norm, make_inputs(batch, seq))
+        blocks = len(dict(model.named_modules())[first.rpartition(".")[0]]) if first else 0
+        return time_step(model, make_inputs(batch, seq), setup, device), count[1] if small else blocks
+
+
+def _within(run, layers, options, ms: dict, peak: int, budget: int | None, say):
+    """(choice, the measured step, the additive estimate) of the least-error assignment within ``budget`` (None:
+    the most saving); sets ``ms["chosen"]``. Savings are measured per option and their sum can be off by what the
+    options share, so the chosen plan is measured and the target tightened by what it missed, up to 4 times."""
+    target = budget
+    for _ in range(4):
+        choice = _choose(layers, options, ms["saving"], peak, target)
+        ms["chosen"] = choice.pop("__ms_norm__") == "on"
+        estimate = peak - sum(options[layers[p]][o]["saving_per_layer"] for p, o in choice.items()) - (
+            ms["saving"] if ms["chosen"] else 0)
+        say("the chosen plan")
+        after = run(choice, ms["chosen"])
+        if budget is None or after.peak <= budget:
+            return choice, after, estimate
+        target -= after.peak - budget
+    raise ValueError(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
 
 
 def parse_use(text: str) -> tuple[str | dict[str, str], bool]:

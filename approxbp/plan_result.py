@@ -29,6 +29,7 @@ class Plan:
     checkpoint: bool = False  # activation checkpointing
     traced: bool = False  # a whole step traced (MemTracker) rather than the forward's saved tensors
     use: str | None = None  # the assignment evaluated (--use), or None: chosen by the planner
+    moves: dict | None = None  # recompute/offload moves beyond the approximations (approxbp.plan_moves.plan_moves)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -107,7 +108,21 @@ def report(p: Plan) -> str:
     lines.append("choice:" if p.use is None else "assignment:")
     lines += [f"  {what}: {len(paths)} layers ({paths[0]}{', …' if len(paths) > 1 else ''})"
               for what, paths in chosen.items()]
-    return "\n".join(lines)
+    return "\n".join(lines + _moves_lines(p.moves))
+
+
+def _moves_lines(m: dict | None) -> list[str]:
+    """The recompute/offload part of a plan, with the modelled times (a roofline for the named GPU: a model)."""
+    if not m:
+        return []
+    blocks = ", ".join(f"{path} {move}" for path, move in m["moves"].items())
+    return [f"moves beyond the approximations (the most saving assignment above does not reach the budget): "
+            f"{m['by_move']['recompute']} blocks recomputed, {m['by_move']['offload']} offloaded ({blocks})",
+            f"  modelled peak {size(m['peak'])} = end of forward {size(m['end_of_forward'])} + one moved block "
+            f"back {size(m['transient'])}",
+            f"  modelled step time on {m['gpu']}: {1e3 * m['seconds_before']:.3g} ms → "
+            f"{1e3 * m['seconds_after']:.3g} ms "
+            f"(a roofline on fake tensors, no host time: a model, not a measurement; constants: {m['gpu_source']})"]
 
 
 #: One colour per category in every figure (tab10's), so that two plans' figures read alike.

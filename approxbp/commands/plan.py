@@ -20,8 +20,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def add_parser(sub, add) -> None:
-    from approxbp.commands.choices import ADAPTERS, AUTOCAST, MAXIMIZE, NORMS, OPTIMIZERS, PRESETS, TRAIN, WEIGHTS
-    from approxbp.tasks import TASKS
+    from approxbp.commands.choices import MAXIMIZE, PRESETS
+    from approxbp.gpus import GPUS
 
     pln = add(sub, "plan", help="a training step's memory measured on fake tensors (no hardware, no weights) and a "
               "replacement per layer: exact, ReLU-sum k = 1…4, InvAct, MS-norms, chosen under --budget")
@@ -40,6 +40,27 @@ def add_parser(sub, add) -> None:
     pln.add_argument("--trace", action="store_true", help="trace a whole step (forward, backward, AdamW) with "
                      "MemTracker for the true peak and its moment, rather than the forward's saved tensors")
     pln.add_argument("--lora-r", type=int, default=8, help="LoRA rank (with --train lora or --mode lora)")
+    _setup_arguments(pln)
+    pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")
+    pln.add_argument("--gpu", choices=list(GPUS), default=None, help="beyond the approximations, recompute and "
+                     "offload blocks at the least modelled step time on this GPU (a roofline; approxbp/gpus.py)")
+    pln.add_argument("--maximize", choices=MAXIMIZE, default=None,
+                     help="find the largest batch or sequence length that fits --budget (the plan is for it)")
+    pln.add_argument("--grain", type=int, default=64, help="--maximize seq_len searches multiples of this many tokens")
+    pln.add_argument("--use", default=None, help="evaluate this assignment instead of choosing one: exact, "
+                     "relu-sum-k1…k4 or invact for every activation layer, each optionally +ms-norm (or ms-norm "
+                     "alone), or a plan JSON (--out of an earlier plan); with --maximize, the largest size it fits")
+    pln.add_argument("--out", type=Path, default=None,
+                     help="write the plan as JSON here (apply it: approxbp.plan.Plan.load(path).apply(model))")
+    pln.add_argument("--figure", type=Path, default=None, help="write the memory figure (PNG) here")
+    common.no_progress(pln)
+
+
+def _setup_arguments(pln) -> None:
+    """The set-up options, each overriding --mode's preset."""
+    from approxbp.commands.choices import ADAPTERS, AUTOCAST, NORMS, OPTIMIZERS, TRAIN, WEIGHTS
+    from approxbp.tasks import TASKS
+
     setup = pln.add_argument_group("the set-up, option by option (each overrides --mode's preset)")
     setup.add_argument("--weights", choices=WEIGHTS, default=None,
                        help="stored weight dtype; nf4: the frozen base Linears in QLoRA's 4-bit NF4 with double-"
@@ -67,17 +88,6 @@ def add_parser(sub, add) -> None:
     setup.add_argument("--compile", action="store_true", help="torch.compile (inductor's partitioner)")
     setup.add_argument("--shard", type=int, default=None, help="ranks that shard parameters, gradients and "
                        "optimizer states (FSDP2 / ZeRO-3); activations are per rank")
-    pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")
-    pln.add_argument("--maximize", choices=MAXIMIZE, default=None,
-                     help="find the largest batch or sequence length that fits --budget (the plan is for it)")
-    pln.add_argument("--grain", type=int, default=64, help="--maximize seq_len searches multiples of this many tokens")
-    pln.add_argument("--use", default=None, help="evaluate this assignment instead of choosing one: exact, "
-                     "relu-sum-k1…k4 or invact for every activation layer, each optionally +ms-norm (or ms-norm "
-                     "alone), or a plan JSON (--out of an earlier plan); with --maximize, the largest size it fits")
-    pln.add_argument("--out", type=Path, default=None,
-                     help="write the plan as JSON here (apply it: approxbp.plan.Plan.load(path).apply(model))")
-    pln.add_argument("--figure", type=Path, default=None, help="write the memory figure (PNG) here")
-    common.no_progress(pln)
 
 
 def setup_of(args):
@@ -121,7 +131,7 @@ def run(args, argv) -> int:
                             checkpoint=args.checkpoint, traced=args.trace or None, budget=budget)
     else:
         result = P.plan(args.model, args.batch, args.seq, args.mode, budget, args.lora_r, progress=tell,
-                        checkpoint=args.checkpoint, traced=args.trace or None)
+                        checkpoint=args.checkpoint, traced=args.trace or None, gpu=args.gpu)
     print(P.report(result))
     print(f"planned in {time.perf_counter() - t0:.1f} s on fake tensors")
     if args.out:

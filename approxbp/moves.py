@@ -1,0 +1,181 @@
+"""Memory moves per block beyond the approximations (issue 46): keep, recompute, offload — planned from one
+measured step, timed by the roofline model (:mod:`approxbp.step_time`), applied to a real model.
+
+For a block b with saved bytes S_b (the step's bytes charged to b's modules), input bytes I_b (its tensor arguments),
+forward time F_b and backward time B_b (the roofline, seconds), on a GPU with host link L (bytes/s):
+
+* **recompute** — the block runs under ``torch.utils.checkpoint`` (non-reentrant): only its inputs stay (I_b instead
+  of S_b); the backward reruns its forward (+F_b) and rebuilds S_b for that block alone, a transient.
+* **offload** — ``saved_tensors_hooks`` around its forward copy each tensor it saves to host memory and back when
+  the backward reads it: nothing stays on the device (−S_b); the copies take 2·S_b/L, hidden behind the block's
+  own compute where shorter: +max(0, 2·S_b/L − F_b − B_b). Coming back, one block's S_b is on the device again.
+
+The planned end-of-forward bytes are the measured step's with S_b replaced as above (exact: the tests count them
+on real tensors); the peak adds the largest S_b of a moved block, the transient of either move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+MOVES = ("keep", "recompute", "offload")
+_MOVED = "_approxbp_move"  # the block's __dict__: (move, the forward it had)
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One block's measured bytes and modelled seconds."""
+
+    saved: int  # S_b
+    inputs: int  # I_b
+    forward: float  # F_b
+    backward: float  # B_b
+
+    def saving(self, move: str) -> int:
+        """Bytes the move takes off the end of the forward."""
+        return {"keep": 0, "recompute": self.saved - self.inputs, "offload": self.saved}[move]
+
+    def seconds(self, move: str, host_link: float) -> float:
+        """Modelled seconds the move adds to the step."""
+        if move == "recompute":
+            return self.forward
+        if move == "offload":
+            return max(0.0, 2 * self.saved / host_link - self.forward - self.backward)
+        return 0.0
+
+
+class Offload(torch.autograd.graph.saved_tensors_hooks):
+    """Saved tensors to host memory (pinned, asynchronous copies) and back on use; ``moved`` counts their bytes once
+    per storage. A CPU tensor stays where it is (it is host memory already) but is counted."""
+
+    def __init__(self):
+        self.moved, self._seen = 0, set()
+        super().__init__(self._pack, self._unpack)
+
+    def _pack(self, t: torch.Tensor):
+        key = t.untyped_storage()._cdata
+        if key not in self._seen:
+            self._seen.add(key)
+            self.moved += t.untyped_storage().nbytes()
+        if t.device.type == "cpu":
+            return t.device, t
+        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=True)
+        return t.device, host.copy_(t, non_blocking=True)
+
+    @staticmethod
+    def _unpack(packed):
+        device, t = packed
+        return t.to(device, non_blocking=True)
+
+
+def _tensor_bytes(args, kwargs) -> int:
+    seen, total = set(), 0
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor) and (key := v.untyped_storage()._cdata) not in seen:
+            seen.add(key)
+            total += v.untyped_storage().nbytes()
+    return total
+
+
+def apply_moves(model: nn.Module, moves: dict[str, str], held: dict[str, int] | None = None) -> nn.Module:
+    """In place: each block of ``moves`` (path → move) recomputed or offloaded (``keep`` leaves it). ``held``, when
+    given, receives per block what the move keeps on the device that no saved-tensor hook sees: a recomputed
+    block's inputs (I_b), counted on each call."""
+    modules = dict(model.named_modules())
+    for path, move in moves.items():
+        if move not in MOVES:
+            raise ValueError(f"block {path}: move {move!r}, expected one of {', '.join(MOVES)}")
+        if path not in modules:
+            raise ValueError(f"block {path}: no such module in {type(model).__name__}")
+        block = modules[path]
+        if move == "keep" or _MOVED in block.__dict__:
+            continue
+        inner = block.forward
+        block.__dict__[_MOVED] = (move, inner)
+        block.forward = _recompute(inner, path, held) if move == "recompute" else _offload(inner)
+    return model
+
+
+def _recompute(inner, path: str, held: dict | None):
+    from torch.utils.checkpoint import checkpoint
+
+    def forward(*args, **kwargs):
+        if held is not None and torch.is_grad_enabled():
+            held[path] = held.get(path, 0) + _tensor_bytes(args, kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    return forward
+
+
+def _offload(inner):
+    def forward(*args, **kwargs):
+        with Offload():
+            return inner(*args, **kwargs)
+
+    return forward
+
+
+def remove_moves(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_moves`: each moved block gets the forward it had."""
+    for block in model.modules():
+        if _MOVED in block.__dict__:
+            _, inner = block.__dict__.pop(_MOVED)
+            if getattr(inner, "__func__", None) is type(block).forward and inner.__self__ is block:
+                del block.__dict__["forward"]  # the class's own
+            else:
+                block.forward = inner
+    return model
+
+
+def choose_moves(costs: dict[str, BlockCost], need: int, host_link: float) -> dict[str, str]:
+    """The moves of least modelled time that take at least ``need`` bytes off the end of the forward plus the
+    transient they bring back (the largest S_b moved); {} when ``need`` ≤ 0. Exhaustive over which block sets the
+    transient (the largest moved S_b), then a multiple-choice knapsack by dynamic programming on the bytes."""
+    if need <= 0:
+        return {}
+    best: tuple[float, dict[str, str]] | None = None
+    for cap in sorted({c.saved for c in costs.values()}):
+        allowed = {p: c for p, c in costs.items() if c.saved <= cap}
+        picked = _knapsack(allowed, need + cap, host_link)
+        if picked is not None and (best is None or picked[0] < best[0]):
+            best = picked
+    if best is None:
+        top = sum(max(c.saving("recompute"), c.saving("offload")) for c in costs.values())
+        raise ValueError(f"no moves fit: {need} bytes over the budget, and recomputing or offloading every block "
+                         f"takes at most {top} bytes off, less the largest block's transient")
+    return best[1]
+
+
+def _knapsack(costs: dict[str, BlockCost], need: int, host_link: float) -> tuple[float, dict[str, str]] | None:
+    """Least total seconds with Σ saving ≥ need (bytes in units of need/2048, savings rounded down: never short)."""
+    unit = max(1, need // 2048)
+    cap = -(-need // unit)
+    best = np.full(cap + 1, np.inf)  # best[s]: least seconds saving s units (s = cap: at least cap)
+    best[0] = 0.0
+    trail = []
+    for c in costs.values():
+        new, pick, source = best.copy(), np.zeros(cap + 1, int), np.arange(cap + 1)
+        for j, move in enumerate(("recompute", "offload"), start=1):
+            k, t = min(c.saving(move) // unit, cap), c.seconds(move, host_link)
+            if k <= 0:
+                continue
+            cand, src = np.full(cap + 1, np.inf), np.arange(cap + 1) - k
+            cand[k:] = best[:cap + 1 - k] + t
+            top = cap - k + int(np.argmin(best[cap - k:]))  # any s ≥ cap − k reaches the cap
+            cand[cap], src[cap] = best[top] + t, top
+            better = cand < new
+            new[better], pick[better], source[better] = cand[better], j, src[better]
+        trail.append((pick, source))
+        best = new
+    if not np.isfinite(best[cap]):
+        return None
+    chosen, s = {}, cap
+    for path, (pick, source) in zip(reversed(list(costs)), reversed(trail)):
+        if pick[s]:
+            chosen[path] = ("recompute", "offload")[pick[s] - 1]
+        s = source[s]
+    return float(best[cap]), dict(reversed(list(chosen.items())))

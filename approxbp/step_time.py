@@ -1,0 +1,96 @@
+"""A training step's time, modelled for a named GPU on the planner's fake tensors (issue 46): a roofline per aten op,
+
+    t_op = max(FLOPs / P, bytes / B),
+
+FLOPs from PyTorch's own counters (``torch.utils.flop_counter.flop_registry``: matmuls, convolutions, attention),
+bytes the op's inputs and outputs (each storage once), P the GPU's dense peak for the op's dtype and B its memory
+bandwidth; charged to the innermost repeated block running it (``ModTracker``: forward and backward). PyTorch's
+``RuntimeEstimator`` computes the same roofline but reads P and B from a CUDA device (it asserts one is present);
+a plan names a GPU it does not run on, so the constants below stand in, with their sources. It is a lower bound (no
+launch or host time: the eager patched ViT on an H100 was host-bound at 2.4×, docs/training.md) and the docs call
+every time from it a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from approxbp.gpus import GPU
+
+
+@dataclass
+class StepTime:
+    """Modelled seconds of one training step, in total and per block (forward, backward)."""
+
+    forward: dict[str, float] = field(default_factory=dict)  # block path ("" outside blocks) → seconds
+    backward: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.forward.values()) + sum(self.backward.values())
+
+
+def _bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            key = t.untyped_storage()._cdata
+            if key not in seen:
+                seen.add(key)
+                total += t.numel() * t.element_size()
+    return total
+
+
+class Roofline(TorchDispatchMode):
+    """Charges each op's roofline time to the innermost of ``blocks`` (module paths of the model whose class is
+    ``root``; "" for none) running it."""
+
+    def __init__(self, device: GPU, root: str, blocks: list[str]):
+        super().__init__()
+        from torch.distributed._tools.mod_tracker import ModTracker
+
+        # ModTracker names a module by its path under the root module's class name
+        self.device, self.tracker = device, ModTracker()
+        self.blocks = {f"{root}.{b}": b for b in blocks}
+        self.time = StepTime()
+
+    def __enter__(self):
+        self.tracker.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        self.tracker.__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils.flop_counter import flop_registry
+
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        ins, _ = tree_flatten((args, kwargs))
+        outs, _ = tree_flatten(out)
+        flops = 0
+        if packet in flop_registry:
+            flops = flop_registry[packet](*args, **kwargs, out_val=out)
+        dtype = next((t.dtype for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()), torch.float32)
+        # a view (t, view, detach, …) or a query (prim.device) moves no bytes
+        moved = 0 if func.is_view or not any(isinstance(t, torch.Tensor) for t in outs) else _bytes(ins + outs)
+        seconds = max(flops / self.device.peak(dtype), moved / self.device.memory_bandwidth)
+        inside = [p for p in self.tracker.parents if p in self.blocks]
+        where = self.blocks[max(inside, key=len)] if inside else ""
+        phase = self.time.backward if self.tracker.is_bw else self.time.forward
+        phase[where] = phase.get(where, 0.0) + seconds
+        return out
+
+
+def block_paths(model: torch.nn.Module, first: str) -> list[str]:
+    """Every block of the ModuleList whose entry 0 is ``first`` (the planner's first_block); [] for none."""
+    if not first:
+        return []
+    parent = first.rpartition(".")[0]
+    return [f"{parent}.{i}" for i in range(len(dict(model.named_modules())[parent]))]

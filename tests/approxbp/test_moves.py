@@ -1,0 +1,117 @@
+"""Recompute and offload moves (issue 46): applied to a real model they train exactly as stock and keep on the
+device exactly the bytes the plan charges; the choice is the least modelled time; the roofline's numbers are the
+hand-computed ones; ``plan --budget --gpu`` reaches budgets the approximations alone cannot."""
+
+import copy
+
+import pytest
+import torch
+from approxbp.kernels.saved import charged
+
+from approxbp.gpus import GPUS, gpu
+from approxbp.moves import BlockCost, apply_moves, choose_moves, remove_moves
+from approxbp.step_time import Roofline
+
+transformers = pytest.importorskip("transformers")
+IDS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+
+
+def _llama():
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).double()
+
+
+def _step(model):
+    """(bytes saved per module path on the device, the gradients) of one training step."""
+    into = {}
+    with charged(into, list(model.parameters()), model):
+        loss = model(input_ids=IDS, labels=IDS, use_cache=False).loss
+    loss.backward()
+    return into, [p.grad.clone() for p in model.parameters()]
+
+
+def test_moved_blocks_train_as_stock_and_keep_what_the_plan_charges():
+    stock = _llama()
+    base, want = _step(stock)
+    moved = copy.deepcopy(stock)
+    moved.zero_grad(set_to_none=True)
+    moves = {"model.layers.1": "recompute", "model.layers.2": "offload"}
+    apply_moves(moved, moves)
+    got, grads = _step(moved)
+    assert all(torch.equal(a, b) for a, b in zip(want, grads))
+
+    def block(into, path):
+        return sum(b for p, b in into.items() if p == path or p.startswith(path + "."))
+
+    hidden = IDS.numel() * 32 * 8  # the block input, float64: what a recomputed block keeps (I_b)
+    costs = {p: BlockCost(block(base, p), hidden, 0.0, 0.0) for p in moves}
+    planned = sum(base.values()) - sum(costs[p].saving(m) for p, m in moves.items())
+    assert sum(got.values()) == planned
+    assert block(got, "model.layers.2") == 0 and block(got, "model.layers.1") == hidden
+    remove_moves(moved)
+    assert all("forward" not in layer.__dict__ for layer in moved.model.layers)
+    assert sum(_step(moved)[0].values()) == sum(base.values())
+
+
+def test_a_bad_move_or_path_is_refused():
+    with pytest.raises(ValueError, match="expected one of keep, recompute, offload"):
+        apply_moves(_llama(), {"model.layers.0": "swap"})
+    with pytest.raises(ValueError, match="no such module"):
+        apply_moves(_llama(), {"model.layers.9": "offload"})
+
+
+def test_the_choice_is_the_least_modelled_time():
+    """Four alike blocks of 100 bytes (input 10), forward 1 s, backward 2 s. A fast link hides the offload copies
+    (2·100/L ≤ 3 s): offloading is free and chosen; a slow link makes each offload cost more than a recompute."""
+    costs = {f"b{i}": BlockCost(100, 10, 1.0, 2.0) for i in range(4)}
+    fast = choose_moves(costs, 150, host_link=1000.0)
+    assert set(fast.values()) == {"offload"} and len(fast) == 3  # 150 + the 100-byte transient: 3 blocks
+    slow = choose_moves(costs, 150, host_link=10.0)
+    assert set(slow.values()) == {"recompute"} and len(slow) == 3  # 3 × 90 ≥ 250
+    assert choose_moves(costs, 0, 10.0) == {}
+    with pytest.raises(ValueError, match="no moves fit"):
+        choose_moves(costs, 400, 10.0)
+
+
+def test_the_roofline_of_a_matmul_is_its_flops_or_its_bytes():
+    """(m × k) @ (k × n) in bf16: 2mkn FLOPs at the bf16 peak, or its three tensors' bytes at the memory
+    bandwidth, whichever is longer; charged to the block running it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    device = gpu("H100")
+    with FakeTensorMode():  # shapes only, as the planner's
+        model = torch.nn.Sequential(torch.nn.Linear(4096, 4096, bias=False, dtype=torch.bfloat16))
+        x = torch.empty(4096, 4096, dtype=torch.bfloat16)
+        clock = Roofline(device, "Sequential", ["0"])
+        with torch.no_grad(), clock:
+            model(x)
+    m = k = n = 4096  # the weight's transpose is a view: no bytes
+    want = max(2 * m * k * n / device.bf16, 3 * m * k * 2 / device.memory_bandwidth)
+    assert clock.time.forward == {"0": pytest.approx(want, rel=1e-12)}
+
+
+def test_every_gpu_has_a_source_and_an_unknown_one_is_refused():
+    assert all(g.source and g.bf16 > g.fp32 > 0 and g.host_link > 0 for g in GPUS.values())
+    with pytest.raises(ValueError, match="expected one of h100, h200, a100, rtx4090"):
+        gpu("v100")
+
+
+LLAMA = "llama:hidden_size=128,num_hidden_layers=4,intermediate_size=344,num_attention_heads=4,vocab_size=256"
+
+
+def test_plan_reaches_a_budget_below_the_approximations_with_moves():
+    from approxbp.plan import plan
+
+    full = plan(LLAMA, 2, 128, "bf16")
+    best = full.after["peak"]
+    budget = full.after["parameters"] + full.after["gradients"] + full.after["optimizer"] + (
+        full.after["activations"] // 2)
+    assert budget < best
+    with pytest.raises(ValueError, match="--gpu NAME"):
+        plan(LLAMA, 2, 128, "bf16", budget)
+    moved = plan(LLAMA, 2, 128, "bf16", budget, gpu="h100")
+    m = moved.moves
+    assert m["moves"] and m["peak"] <= budget and m["seconds_after"] > m["seconds_before"] > 0, m
+    assert m["peak"] == m["end_of_forward"] + m["transient"]
