@@ -54,8 +54,26 @@ class Plan:
         from approxbp.kernels.plan_file import plan_config
 
         config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
-        return patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
-                           example_input=example_input, check=check)
+        report = patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
+                             example_input=example_input, check=check)
+        if self.moves:
+            report.moves = self._apply_moves(model)
+        return report
+
+    def _apply_moves(self, model: nn.Module) -> list[str]:
+        """The planned recompute/offload moves on ``model``'s blocks (a planned path matches as it is or as a suffix,
+        as the layers do); a block the model lacks is refused in one line."""
+        from approxbp.moves import apply_moves
+
+        paths = [n for n, _ in model.named_modules()]
+        resolved = {}
+        for planned, move in self.moves["moves"].items():
+            found = [p for p in paths if p == planned or p.endswith("." + planned)]
+            if len(found) != 1:
+                raise ValueError(f"the plan moves block {planned!r}, which this model has {len(found)} times, not once")
+            resolved[found[0]] = move
+        apply_moves(model, resolved)
+        return [f"{path}: {move}" for path, move in resolved.items()]
 
 
 CATEGORIES = ("parameters", "gradients", "optimizer")

@@ -88,6 +88,8 @@ class PatchReport:
     glus: list[str] = field(default_factory=list)
     #: Bytes saved for backward by one training forward on the example (stock, patched); None: not measured.
     saved_bytes: tuple[int, int] | None = None
+    #: Blocks recomputed or offloaded by a plan's moves (``Plan.apply``; ``approxbp.moves.remove_moves`` undoes them).
+    moves: list[str] = field(default_factory=list)
 
     @staticmethod
     def subject(line: str) -> str:
@@ -106,7 +108,8 @@ class PatchReport:
             before, after = self.saved_bytes
             diff += (f"; saved for backward on the example: {before:,} → {after:,} bytes "
                      f"({100 * (after - before) / max(before, 1):+.1f} %)")
-        return (f"swapped {len(self.activations)} activations, merged {len(self.norms)} norms{glus}{diff}"
+        moves = f", moved {len(self.moves)} blocks ({'; '.join(self.moves)})" if self.moves else ""
+        return (f"swapped {len(self.activations)} activations, merged {len(self.norms)} norms{glus}{moves}{diff}"
                 + (f"; skipped: {'; '.join(self.skipped)}" if self.skipped else ""))
 
 

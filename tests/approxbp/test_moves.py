@@ -101,8 +101,8 @@ def test_every_gpu_has_a_source_and_an_unknown_one_is_refused():
 LLAMA = "llama:hidden_size=128,num_hidden_layers=4,intermediate_size=344,num_attention_heads=4,vocab_size=256"
 
 
-def test_plan_reaches_a_budget_below_the_approximations_with_moves():
-    from approxbp.plan import plan
+def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path):
+    from approxbp.plan import Plan, model_spec, plan, report
 
     full = plan(LLAMA, 2, 128, "bf16")
     best = full.after["peak"]
@@ -115,3 +115,19 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves():
     m = moved.moves
     assert m["moves"] and m["peak"] <= budget and m["seconds_after"] > m["seconds_before"] > 0, m
     assert m["peak"] == m["end_of_forward"] + m["transient"]
+    assert "moves beyond the approximations" in report(moved) and "a model, not a measurement" in report(moved)
+    # the plan, saved and applied to a real model of that config: its moves are made, and it trains as stock
+    # (the chosen assignment is the exact fused GLU and the MS-norms here: nothing approximate)
+    path = tmp_path / "plan.json"
+    path.write_text(moved.to_json())
+    torch.manual_seed(0)
+    stock, inputs = model_spec(LLAMA)()
+    x = inputs(2, 16)
+    model = copy.deepcopy(stock)
+    patched = Plan.load(path).apply(model, example_input=x)
+    assert patched.moves == [f"{p}: {v}" for p, v in m["moves"].items()], patched
+    grads = []
+    for net in (stock, model):
+        net(**x).logits.float().square().mean().backward()
+        grads.append([p.grad for p in net.parameters()])
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
