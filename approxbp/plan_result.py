@@ -129,11 +129,24 @@ def report(p: Plan) -> str:
     return "\n".join(lines + _moves_lines(p.moves))
 
 
+def _ranges(paths: list[str]) -> str:
+    """Block paths with runs of consecutive indices written once: model.layers.0–21, model.layers.25."""
+    runs: list[list] = []
+    for path in paths:
+        stem, _, index = path.rpartition(".")
+        if index.isdigit() and runs and runs[-1][0] == stem and runs[-1][2] == int(index) - 1:
+            runs[-1][2] = int(index)
+        else:
+            runs.append([stem, int(index) if index.isdigit() else index, int(index) if index.isdigit() else index])
+    return ", ".join(f"{stem}.{a}" + (f"–{b}" if b != a else "") for stem, a, b in runs)
+
+
 def _moves_lines(m: dict | None) -> list[str]:
     """The recompute/offload part of a plan, with the modelled times (a roofline for the named GPU: a model)."""
     if not m:
         return []
-    blocks = ", ".join(f"{path} {move}" for path, move in m["moves"].items())
+    blocks = "; ".join(f"{move}: {_ranges([p for p, v in m['moves'].items() if v == move])}"
+                       for move in ("recompute", "offload") if m["by_move"][move])
     return [f"moves beyond the approximations (the most saving assignment above does not reach the budget): "
             f"{m['by_move']['recompute']} blocks recomputed, {m['by_move']['offload']} offloaded ({blocks})",
             f"  modelled peak {size(m['peak'])} = end of forward {size(m['end_of_forward'])} + one moved block "
