@@ -70,7 +70,23 @@ def norm_form(module: nn.Module) -> NormForm | str:
     return cached
 
 
+def _extra_inputs(module: nn.Module) -> list[str]:
+    """The forward's parameters beyond its input (a gated norm's ``gate``): a call that passes one computes another
+    function than the one probed."""
+    import inspect
+
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [n for n, p in list(signature.parameters.items())[1:] if p.kind in kinds]
+
+
 def _probe(module: nn.Module) -> NormForm | str:
+    if extra := _extra_inputs(module):
+        return (f"its forward takes {', '.join(extra)} beside the input (a gated norm: norm(x, gate) is not "
+                "α⊙z + β of x alone); left as it is")
     params = dict(module.named_parameters(recurse=False))
     if set(params) - {"weight", "bias"}:
         return f"parameters {sorted(params)}: a norm the MS-norms replace has at most weight and bias"

@@ -119,3 +119,37 @@ def test_a_gemma_model_gets_its_norms():
         m(input_ids=ids, labels=ids).loss.backward()
     for (n, a), b in zip(model.named_parameters(), stock.parameters()):  # Gemma's norms round to float32 inside
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7, msg=n)
+
+
+class GatedRMS(ScaleFreeRMS):
+    """A gated norm, norm(x, gate) = RMSNorm(x)·silu(gate) (Qwen3-Next, GraniteMoE-Hybrid): with gate=None it is a
+    plain RMSNorm, which is what a probe of x alone would see."""
+
+    def forward(self, x, gate=None):
+        y = super().forward(x)
+        return y if gate is None else y * nn.functional.silu(gate)
+
+
+class GatedBlock(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.norm, self.gate, self.out = GatedRMS(d), nn.Linear(d, d), nn.Linear(d, d)
+        self.pre, self.up = ScaleFreeRMS(d), nn.Linear(d, d)
+
+    def forward(self, x):
+        h = self.up(self.pre(x))
+        return self.out(self.norm(h, self.gate(x)))
+
+
+def test_a_gated_norm_is_skipped_with_the_reason_and_the_rest_patched():
+    """It used to be made an MS-norm (the probe passes x alone) and the model's call with the gate crashed the
+    whole patch: now it is named, left as it is, and the plain norm beside it is rewritten."""
+    torch.manual_seed(0)
+    stock = GatedBlock().double()
+    model = copy.deepcopy(stock)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    report = patch_model(model, family=None, example_input=x)
+    assert isinstance(norm_form(stock.norm), str) and "takes gate beside the input" in norm_form(stock.norm)
+    assert any(s.startswith("norm (GatedRMS): its forward takes gate") for s in report.skipped), report.skipped
+    assert [n.split(" ")[0] for n in report.norms] == ["pre"], report.norms
+    torch.testing.assert_close(model(x), stock(x), rtol=1e-12, atol=1e-12)
