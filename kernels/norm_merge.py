@@ -153,12 +153,13 @@ class _SharedOutput:
     """An MS-norm whose output also feeds ops that keep nothing for backward (post-LN encoders: the residual add of
     the next sub-layer): it returns y = α⊙z + β itself (:class:`_AffineOutFn`), with z attached, so that its consumer
     Linears (:class:`NormInputLinear`) read and save z while the add reads y. z stays in the input's dtype (the add
-    needs the stock precision under autocast). Compiled (dynamo, export), the stock module's own forward runs: the
+    needs the stock precision under autocast). Compiled (dynamo), the stock module's own forward runs: the
     partitioner already saves the norm's input and statistics and recomputes y for its readers (one tensor per
     norm, the MS-norm's saving), and under autocast it may keep a bf16 y where z would be fp32 (docs/training.md)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() and (stock := swaps.replaced(self)) is not None:
+        if (torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+                and (stock := swaps.replaced(self)) is not None):  # (an exported program keeps the MS-norm's ops)
             return type(stock).forward(stock, x)  # its Parameters are this module's (keep_affine)
         z = self.normalise(x, None)
         alpha, beta = self.norm_form.alpha(self), self.norm_form.beta(self)
