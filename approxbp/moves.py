@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -151,31 +150,12 @@ def choose_moves(costs: dict[str, BlockCost], need: int, host_link: float) -> di
 
 
 def _knapsack(costs: dict[str, BlockCost], need: int, host_link: float) -> tuple[float, dict[str, str]] | None:
-    """Least total seconds with Σ saving ≥ need (bytes in units of need/2048, savings rounded down: never short)."""
-    unit = max(1, need // 2048)
-    cap = -(-need // unit)
-    best = np.full(cap + 1, np.inf)  # best[s]: least seconds saving s units (s = cap: at least cap)
-    best[0] = 0.0
-    trail = []
-    for c in costs.values():
-        new, pick, source = best.copy(), np.zeros(cap + 1, int), np.arange(cap + 1)
-        for j, move in enumerate(("recompute", "offload"), start=1):
-            k, t = min(c.saving(move) // unit, cap), c.seconds(move, host_link)
-            if k <= 0:
-                continue
-            cand, src = np.full(cap + 1, np.inf), np.arange(cap + 1) - k
-            cand[k:] = best[:cap + 1 - k] + t
-            top = cap - k + int(np.argmin(best[cap - k:]))  # any s ≥ cap − k reaches the cap
-            cand[cap], src[cap] = best[top] + t, top
-            better = cand < new
-            new[better], pick[better], source[better] = cand[better], j, src[better]
-        trail.append((pick, source))
-        best = new
-    if not np.isfinite(best[cap]):
+    """Least total seconds with Σ saving ≥ need (:func:`approxbp.knapsack.multiple_choice`, bytes in units of
+    need/2048)."""
+    from approxbp.knapsack import multiple_choice
+
+    groups = [[(c.saving(m), c.seconds(m, host_link)) for m in MOVES] for c in costs.values()]
+    found = multiple_choice(groups, need, max(1, need // 2048))
+    if found is None:
         return None
-    chosen, s = {}, cap
-    for path, (pick, source) in zip(reversed(list(costs)), reversed(trail)):
-        if pick[s]:
-            chosen[path] = ("recompute", "offload")[pick[s] - 1]
-        s = source[s]
-    return float(best[cap]), dict(reversed(list(chosen.items())))
+    return found[0], {path: MOVES[j] for path, j in zip(costs, found[1]) if j}

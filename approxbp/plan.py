@@ -29,13 +29,13 @@ import contextlib
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from approxbp.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
 from approxbp.gpus import GPUS
 from approxbp.gpus import gpu as step_gpu
+from approxbp.knapsack import multiple_choice
 from approxbp.models import CONFIG_KEYS, CONFIGS, bundled_configs, hf_builder, model_spec, no_init  # noqa: F401
 from approxbp.plan_moves import plan_moves, time_step
 from approxbp.plan_result import CATEGORIES, COLOURS, Plan, figure, report  # noqa: F401
@@ -405,27 +405,8 @@ def _choose(layers: dict[str, str], options: dict[str, dict], ms_saving: int, pe
     if top < need:
         raise ValueError(f"no assignment fits: the exact step peaks at {size(peak)}, {size(need)} over the budget, "
                          f"and the options save at most {size(top)}")
-    unit = max(1, top // 4096)
-    cap = -(-need // unit)  # units to save, rounded up; savings are rounded down: the choice is never short
-    best = np.full(cap + 1, np.inf)  # best[s]: least error saving s units (s = cap: at least cap)
-    best[0] = 0.0
-    trail = []
-    for _, opts in groups:
-        new, pick, source = np.full(cap + 1, np.inf), np.zeros(cap + 1, int), np.zeros(cap + 1, int)
-        for j, (_, saving, error) in enumerate(opts):
-            k = min(saving // unit, cap)
-            cand, src = np.full(cap + 1, np.inf), np.arange(cap + 1) - k
-            cand[k:cap] = best[:cap - k] + error
-            top_src = cap - k + int(np.argmin(best[cap - k:]))  # any s ≥ cap − k reaches the cap
-            cand[cap], src[cap] = best[top_src] + error, top_src
-            better = cand < new
-            new[better], pick[better], source[better] = cand[better], j, src[better]
-        trail.append((pick, source))
-        best = new
-    if not np.isfinite(best[cap]):
+    found = multiple_choice([[(saving, error) for _, saving, error in opts] for _, opts in groups], need,
+                            max(1, top // 4096))
+    if found is None:
         raise ValueError("no assignment fits the budget")
-    out, i = {}, cap
-    for (path, opts), (pick, source) in zip(reversed(groups), reversed(trail)):
-        out[path] = opts[pick[i]][0]
-        i = source[i]
-    return out
+    return {path: opts[j][0] for (path, opts), j in zip(groups, found[1])}
