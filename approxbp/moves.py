@@ -71,19 +71,9 @@ class Offload(torch.autograd.graph.saved_tensors_hooks):
         return t.to(device, non_blocking=True)
 
 
-def _tensor_bytes(args, kwargs) -> int:
-    seen, total = set(), 0
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, torch.Tensor) and (key := v.untyped_storage()._cdata) not in seen:
-            seen.add(key)
-            total += v.untyped_storage().nbytes()
-    return total
-
-
-def apply_moves(model: nn.Module, moves: dict[str, str], held: dict[str, int] | None = None) -> nn.Module:
-    """In place: each block of ``moves`` (path → move) recomputed or offloaded (``keep`` leaves it). ``held``, when
-    given, receives per block what the move keeps on the device that no saved-tensor hook sees: a recomputed
-    block's inputs (I_b), counted on each call."""
+def apply_moves(model: nn.Module, moves: dict[str, str]) -> nn.Module:
+    """In place: each block of ``moves`` (path → move) recomputed or offloaded (``keep`` leaves it). A recomputed
+    block's inputs are saved by the checkpoint through the saved-tensor hooks, so the hooks' count is the device's."""
     modules = dict(model.named_modules())
     for path, move in moves.items():
         if move not in MOVES:
@@ -95,16 +85,14 @@ def apply_moves(model: nn.Module, moves: dict[str, str], held: dict[str, int] | 
             continue
         inner = block.forward
         block.__dict__[_MOVED] = (move, inner)
-        block.forward = _recompute(inner, path, held) if move == "recompute" else _offload(inner)
+        block.forward = _recompute(inner) if move == "recompute" else _offload(inner)
     return model
 
 
-def _recompute(inner, path: str, held: dict | None):
+def _recompute(inner):
     from torch.utils.checkpoint import checkpoint
 
     def forward(*args, **kwargs):
-        if held is not None and torch.is_grad_enabled():
-            held[path] = held.get(path, 0) + _tensor_bytes(args, kwargs)
         return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
     return forward

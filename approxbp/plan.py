@@ -51,6 +51,7 @@ from approxbp.step_memory import (  # noqa: F401 (read from here by callers of 0
     size,
     traced_step,
 )
+from approxbp.step_time import block_paths
 from approxbp.tasks import head_of
 
 MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.setup.PRESETS
@@ -215,8 +216,8 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
     moved = None
     try:
         choice, after, estimate = _within(run, layers, options, ms, base.peak, budget, say)
-    except ValueError as refused:
-        if budget is None or not str(refused).startswith("no assignment"):
+    except NoFit as refused:
+        if budget is None:
             raise
         if gpu is None:
             raise ValueError(f"{refused}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
@@ -255,8 +256,12 @@ def timed(model_text: str, batch: int, seq: int, mode: str | Setup, device, lora
             assignment = small_assignment(assignment, first.rpartition(".")[0] + ".", SMALL[-1])
         if assignment or ms_norm:
             apply(model, assignment or {}, ms_norm, make_inputs(batch, seq))
-        blocks = len(dict(model.named_modules())[first.rpartition(".")[0]]) if first else 0
+        blocks = len(block_paths(model, first))
         return time_step(model, make_inputs(batch, seq), setup, device), count[1] if small else blocks
+
+
+class NoFit(ValueError):
+    """No assignment of the approximations reaches the budget (the moves may: ``gpu``)."""
 
 
 def _within(run, layers, options, ms: dict, peak: int, budget: int | None, say):
@@ -274,7 +279,7 @@ def _within(run, layers, options, ms: dict, peak: int, budget: int | None, say):
         if budget is None or after.peak <= budget:
             return choice, after, estimate
         target -= after.peak - budget
-    raise ValueError(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
+    raise NoFit(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
 
 
 def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
@@ -403,10 +408,10 @@ def _choose(layers: dict[str, str], options: dict[str, dict], ms_saving: int, pe
         return {p: "exact" if p != "__ms_norm__" else "off" for p, _ in groups}
     top = sum(max(s for _, s, _ in opts) for _, opts in groups)
     if top < need:
-        raise ValueError(f"no assignment fits: the exact step peaks at {size(peak)}, {size(need)} over the budget, "
+        raise NoFit(f"no assignment fits: the exact step peaks at {size(peak)}, {size(need)} over the budget, "
                          f"and the options save at most {size(top)}")
     found = multiple_choice([[(saving, error) for _, saving, error in opts] for _, opts in groups], need,
                             max(1, top // 4096))
     if found is None:
-        raise ValueError("no assignment fits the budget")
+        raise NoFit("no assignment fits the budget")
     return {path: opts[j][0] for (path, opts), j in zip(groups, found[1])}
