@@ -13,6 +13,7 @@ metrics are then measured against mpmath's f⁻¹ at 60 digits, and ``approxbp c
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -81,18 +82,39 @@ def _softplus_inverse(t):
     return t + np.log(-np.expm1(-t))
 
 
-def fitted_form(act, floor: float, span: float, degree: int, steps: int):
-    """(the Form, its window) for one degree and number of steps: P fitted by least squares in the Chebyshev basis
-    on 2001 points uniform in w, then written in powers of z = (w − c)/r for the kernels (Horner)."""
-    w_lo, w_hi = _softplus_inverse(T_MIN), _softplus_inverse(span)
-    c, r = (w_lo + w_hi) / 2, (w_hi - w_lo) / 2
-    wv = np.linspace(w_lo, w_hi, 2001)
-    xv = _inverse(act, floor + np.logaddexp(0.0, wv), _bracket(act, floor + T_MIN, -1.0),
-                  _bracket(act, floor + span, 1.0))
-    cheb = np.polynomial.Chebyshev.fit((wv - c) / r, xv - wv, degree, domain=[-1, 1])
+@dataclass(frozen=True)
+class Window:
+    """The fit's samples, computed once per activation: 2001 points uniform in w on [inf f + t₀, inf f + S] with
+    their x = f⁻¹(y) (bisection), the map z = (w − c)/r onto [−1, 1], and the x-grid the errors are measured on
+    (6001 x from f⁻¹(inf f + t₀) to f⁻¹(inf f + 2S), and 200 more up to 20 left of it)."""
+
+    floor: float
+    span: float
+    w: np.ndarray
+    x: np.ndarray
+    c: float
+    r: float
+    grid: np.ndarray
+
+    @classmethod
+    def of(cls, act, floor: float, span: float) -> Window:
+        w_lo, w_hi = _softplus_inverse(T_MIN), _softplus_inverse(span)
+        left, right = _bracket(act, floor + T_MIN, -1.0), _bracket(act, floor + 2 * span, 1.0)
+        wv = np.linspace(w_lo, w_hi, 2001)
+        xv = _inverse(act, floor + np.logaddexp(0.0, wv), left, right)
+        lo, hi = _inverse(act, np.array([floor + T_MIN, floor + 2 * span]), left, right)
+        grid = np.concatenate([np.linspace(lo - 20.0, lo, 200), np.linspace(lo, hi, 6001)])
+        return cls(floor, span, wv, xv, (w_lo + w_hi) / 2, (w_hi - w_lo) / 2, grid)
+
+
+def fitted_form(act, window: Window, degree: int, steps: int):
+    """The Form for one degree and number of steps: P fitted by least squares in the Chebyshev basis on the
+    window's samples, then written in powers of z = (w − c)/r for the kernels (Horner)."""
+    c, r = window.c, window.r
+    cheb = np.polynomial.Chebyshev.fit((window.w - c) / r, window.x - window.w, degree, domain=[-1, 1])
     power = np.polynomial.chebyshev.cheb2poly(cheb.coef)
     p = sp.symbols(f"p0:{degree + 1}")
-    t = sp.Max(Y - sp.Float(floor, 17), sp.Float(T_MIN, 17))
+    t = sp.Max(Y - sp.Float(window.floor, 17), sp.Float(T_MIN, 17))
     w = _softplus_inverse(t)
     z = (w - sp.Float(c, 17)) / sp.Float(r, 17)
     guess = p[degree]
@@ -111,24 +133,21 @@ def _rule(act, form, floor: float, span: float):
     return lambda yv: np.broadcast_to(rule(np.asarray(yv, dtype=np.float64), 0.0), np.shape(yv))
 
 
-def _grid_error(act, q, floor: float, span: float) -> float:
-    """max |q(f(x)) − f′(x)| on 6001 x from 20 left of f⁻¹(inf f + t₀) to f⁻¹(inf f + 2S), in float64."""
-    lo = float(_inverse(act, np.array([floor + T_MIN]), _bracket(act, floor + T_MIN, -1.0), 0.0)[0])
-    hi = float(_inverse(act, np.array([floor + 2 * span]), 0.0, _bracket(act, floor + 2 * span, 1.0))[0])
-    xv = np.concatenate([np.linspace(lo - 20.0, lo, 200), np.linspace(lo, hi, 6001)])
+def _grid_error(act, q, window: Window) -> float:
+    """max |q(f(x)) − f′(x)| on the window's x-grid, in float64 (y = f(x), g = f′(x): no inversion)."""
     with np.errstate(all="ignore"):
-        err = np.abs(q(act.f(xv)) - act.df(xv))
+        err = np.abs(q(act.f(window.grid)) - act.df(window.grid))
     return float(np.max(np.where(np.isfinite(err), err, np.inf)))
 
 
 def choose_form(act, floor: float, span: float, say=None):
     """The (form, grid L∞) with the fewest operations among DEGREES × STEPS whose grid L∞ is ≤ TOL; a ValueError
     naming the best reached when none is."""
-    found, best = [], np.inf
+    found, best, window = [], np.inf, Window.of(act, floor, span)
     for degree in DEGREES:
         for steps in STEPS:
-            form = fitted_form(act, floor, span, degree, steps)
-            err = _grid_error(act, _rule(act, form, floor, span), floor, span)
+            form = fitted_form(act, window, degree, steps)
+            err = _grid_error(act, _rule(act, form, floor, span), window)
             best = min(best, err)
             (say or (lambda m: None))(f"degree {degree}, {steps} Newton step(s): grid L∞ {err:.3g}")
             if err <= TOL:
