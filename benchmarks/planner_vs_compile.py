@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import sys
 from pathlib import Path
@@ -45,18 +46,16 @@ def _loss(model, inputs: dict) -> torch.Tensor:
 def _point(model, inputs: dict, clock, run=None) -> tuple[int, float]:
     """(bytes saved by one training forward, roofline seconds of that forward and its backward) of ``run`` (a
     compiled loss whose graphs run under ``clock``), else of the eager model under ``clock``."""
+    import contextlib
+
     from approxbp.kernels.saved import saved_bytes
 
     model.zero_grad(set_to_none=True)
     loss = []
-    step = (lambda: loss.append(run(inputs))) if run is not None else (lambda: loss.append(_loss(model, inputs)))
-    if run is not None:
-        saved = saved_bytes(step, exclude=list(model.parameters()))
+    with clock if run is None else contextlib.nullcontext():  # a compiled run enters the clock in its graphs
+        saved = saved_bytes(lambda: loss.append((run or functools.partial(_loss, model))(inputs)),
+                            exclude=list(model.parameters()))
         loss[0].backward()
-    else:
-        with clock:
-            saved = saved_bytes(step, exclude=list(model.parameters()))
-            loss[0].backward()
     return saved, clock.time.total
 
 
@@ -64,8 +63,6 @@ def compiled(text: str, inputs: dict, device, budgets=BUDGETS) -> list[dict]:
     """Each budget compiled afresh; the partitioned forward and backward graphs run under the roofline
     (``aot_eager_decomp_partition_with_mode``: the same partitioner, the graphs run op by op in the mode), so a
     recomputed op is charged where it runs."""
-    import functools
-
     import torch._functorch.config as functorch_config
     from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
 
