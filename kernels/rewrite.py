@@ -259,13 +259,16 @@ TRAIN_SEED = 0
 def mode(model: nn.Module, training: bool, grad: bool = False):
     """Within: ``model`` in train or eval mode, without grad (``grad=True``: with), torch's, numpy's and Python's
     RNGs seeded with :data:`TRAIN_SEED` (wav2vec2-style models draw their time masks from numpy); on leaving, the
-    RNG states, every module's mode and every buffer (BatchNorm's running statistics) are restored, so that a probe
+    RNG states, every module's mode and every buffer (BatchNorm's running statistics) are restored, and the hooks
+    and instance attributes the run added are removed (transformers installs output-capturing forward hooks on the
+    first ``output_hidden_states=True`` call; kept, they would break a compiled model's graphs), so that a probe
     run changes nothing the model keeps."""
     import random
 
     import numpy as np
 
     was = {m: m.training for m in model.modules()}
+    held = {m: (set(vars(m)), {t: set(getattr(m, t, ())) for t in ALL_HOOK_TABLES}) for m in model.modules()}
     buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
     states = (np.random.get_state(), random.getstate())
     model.train(training)
@@ -283,6 +286,18 @@ def mode(model: nn.Module, training: bool, grad: bool = False):
                 b.copy_(value)
         for m, t in was.items():
             m.training = t
+        for m, (attributes, hooks) in held.items():
+            _forget_additions(m, attributes, hooks)
+
+
+def _forget_additions(m: nn.Module, attributes: set, hooks: dict) -> None:
+    """Remove from ``m`` the instance attributes and hooks that are not among those it had (``attributes``, and
+    the keys of each hook table in ``hooks``)."""
+    for name in set(vars(m)) - attributes:
+        delattr(m, name)
+    for table, keys in hooks.items():
+        for key in set(getattr(m, table, ())) - keys:
+            del getattr(m, table)[key]
 
 
 def run_example(model: nn.Module, example_input):
@@ -331,12 +346,17 @@ class Undo:
             self.steps.pop()()
 
 
+#: Every per-module hook table of ``nn.Module`` (the ``*_with_kwargs`` and ``always_called`` ones share the keys of
+#: the hooks they qualify).
+ALL_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                   "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
 def move_hooks(old: nn.Module, new: nn.Module) -> None:
     """Forward, forward-pre, backward and full backward hooks registered on the replaced module keep firing on its
     drop-in, with the stock arguments (every rewrite returns the stock value). A full backward hook needs the
     module's ``_is_full_backward_hook`` flag too: without it the hooks were kept but never called."""
-    for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                 "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
+    for attr in ALL_HOOK_TABLES:
         if hasattr(old, attr) and getattr(old, attr):
             getattr(new, attr).update(getattr(old, attr))
     if getattr(old, "_is_full_backward_hook", None) is not None:

@@ -385,3 +385,39 @@ def test_a_norm_whose_forward_depends_on_the_mode_is_skipped_even_when_patched_i
         stock.train(train)
         model.train(train)
         torch.testing.assert_close(model(x), stock(x), rtol=0, atol=0)
+
+
+class _LeavesTraces(nn.Module):
+    """A model whose first call with ``output_hidden_states=True`` installs forward hooks and sets a flag, as
+    transformers' output capturing does."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.norm, self.fc = nn.LayerNorm(d), nn.Linear(d, d)
+
+    def forward(self, x, output_hidden_states=False):
+        if output_hidden_states and not getattr(self, "_hooked", False):
+            self.fc.register_forward_hook(lambda m, a, out: None)
+            self._hooked = True
+        return self.fc(self.norm(x))
+
+
+def test_the_proof_leaves_no_hooks_or_attributes_on_the_model():
+    """The proof calls the model with ``output_hidden_states=True``; transformers answers a first such call by
+    installing output-capturing hooks, which then stayed on the patched model only: compiled, their
+    ``ContextVar.get`` broke dynamo's graph where stock's did not (m2m_100 saved 3.5 % more than stock)."""
+    model = _LeavesTraces()
+    assert patch_model(model, family=None, example_input=torch.randn(2, 5, 8)).norms
+    assert not hasattr(model, "_hooked")
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_patching_a_hugging_face_model_installs_none_of_its_output_capturing_hooks():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    patch_model(model, family="invact", example_input={"input_ids": torch.randint(0, 64, (2, 12))})
+    hooked = [name for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
+    assert hooked == [] and not getattr(model, "_output_capturing_hooks_installed", False), hooked
