@@ -7,7 +7,7 @@ same value as Hugging Face's ``ForCausalLMLoss`` (fp32 logits, mean over counted
 Each chunk runs under ``torch.utils.checkpoint`` (non-reentrant): it saves only its rows of H (a view of the tensor
 the head saves anyway) and recomputes its logits in the backward, so the step keeps no r × V tensor: stock keeps
 the fp32 log-softmax (4·r·V bytes); the cost is one more head matmul (2·r·d·V FLOPs). A chunk has ⌈r / ⌈V/d⌉⌉ rows,
-so its logits are about the size of H (the transient).
+so its logits are about the size of H (the transient), and at least :data:`MIN_ROWS`.
 
 The model's forward runs as stock with ``labels=None`` and its head returning its input; the loss is computed from
 what the head was given, only when the model returned that tensor as its logits unchanged (no soft-capping or
@@ -29,9 +29,20 @@ _APPLIED = "_approxbp_chunked_loss"  # the model's __dict__: the forward it had
 _LOSS_ARGS = ("num_items_in_batch", "shift_labels", "ignore_index")
 
 
+#: The fewest rows a chunk has (all of them if fewer): a chunk's matmul reads the whole head W for 2·rows FLOPs per
+#: 16-bit weight element, so it is bound by memory below ≈ peak / bandwidth FLOP per byte (H100: 989e12 / 3.35e12 ≈
+#: 295 rows; A100 153); with fewer rows, every chunk would read W again for nothing.
+MIN_ROWS = 512
+
+
 def chunk_rows(rows: int, width: int, vocab: int) -> int:
-    """Rows per chunk: ⌈rows / ⌈vocab / width⌉⌉, so one chunk's logits are about the size of the hidden states."""
-    return max(1, -(-rows // max(1, -(-vocab // max(1, width)))))
+    """Rows per chunk: ⌈rows / ⌈vocab / width⌉⌉, so one chunk's logits are about the size of the hidden states, but
+    at least :data:`MIN_ROWS` (or every row)."""
+    return max(-(-rows // max(1, -(-vocab // max(1, width)))), min(rows, MIN_ROWS), 1)
+
+
+class NotChunked(ValueError):
+    """The chunked loss cannot apply to this model (the reason is the message)."""
 
 
 def refusal(model: nn.Module) -> str | None:
@@ -103,18 +114,17 @@ def _head_returns_its_input(head: nn.Module, into: list):
 
 def apply_chunked_loss(model: nn.Module, rows: int | None = None) -> nn.Module:
     """In place: ``model``'s training calls with labels compute the chunked loss (module docstring); ``rows`` per
-    chunk (default :func:`chunk_rows`). Raises ValueError with the reason where it cannot apply."""
+    chunk (default :func:`chunk_rows`). Raises :class:`NotChunked` with the reason where it cannot apply."""
     if (why := refusal(model)) is not None:
-        raise ValueError(f"chunked loss: {why}")
+        raise NotChunked(f"chunked loss: {why}")
     if _APPLIED in model.__dict__:
         return model
     inner = model.forward
-    head = model.get_output_embeddings()
 
     def forward(*args, labels=None, **kwargs):
         if labels is None or not torch.is_grad_enabled() or kwargs.get("logits_to_keep", 0) != 0:
             return inner(*args, labels=labels, **kwargs)
-        seen: list = []
+        head, seen = model.get_output_embeddings(), []  # the head as it is now (a later rewrite may replace it)
         with _head_returns_its_input(head, seen):
             out = inner(*args, labels=None, **kwargs)
         if len(seen) != 1 or getattr(out, "logits", None) is not seen[0]:

@@ -9,6 +9,9 @@ forward time F_b and backward time B_b (the roofline, seconds), on a GPU with ho
 * **offload** — ``saved_tensors_hooks`` around its forward copy each tensor it saves to host memory and back when
   the backward reads it: nothing stays on the device (−S_b); the copies take 2·S_b/L, hidden behind the block's
   own compute where shorter: +max(0, 2·S_b/L − F_b − B_b). Coming back, one block's S_b is on the device again.
+* **chunked loss** — one item beside the blocks (:mod:`approxbp.chunked_loss`): a causal LM's loss a chunk of rows
+  at a time; it takes the measured bytes the logits' loss kept (a step measured with it) and adds the modelled
+  seconds of that step's head recomputation; one chunk's logits are its transient.
 
 The planned end-of-forward bytes are the measured step's with S_b replaced as above (exact: the tests count them
 on real tensors); the peak adds the largest S_b of a moved block, the transient of either move.
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from approxbp.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss
 
 MOVES = ("keep", "recompute", "offload")
 _MOVED = "_approxbp_move"  # the block's __dict__: (move, the forward it had)
@@ -33,6 +38,7 @@ class BlockCost:
     inputs: int  # I_b
     forward: float  # F_b
     backward: float  # B_b
+    moves = MOVES
 
     def saving(self, move: str) -> int:
         """Bytes the move takes off the end of the forward."""
@@ -45,6 +51,23 @@ class BlockCost:
         if move == "offload":
             return max(0.0, 2 * self.saved / host_link - self.forward - self.backward)
         return 0.0
+
+
+@dataclass(frozen=True)
+class LossCost:
+    """The chunked loss's measured saving, its transient (one chunk's logits, as ``saved``: the bytes it brings
+    back) and its modelled seconds."""
+
+    takes: int
+    saved: int
+    extra: float
+    moves = ("keep", CHUNKED)
+
+    def saving(self, move: str) -> int:
+        return self.takes if move == CHUNKED else 0
+
+    def seconds(self, move: str, host_link: float) -> float:
+        return self.extra if move == CHUNKED else 0.0
 
 
 class Offload(torch.autograd.graph.saved_tensors_hooks):
@@ -76,6 +99,10 @@ def apply_moves(model: nn.Module, moves: dict[str, str]) -> nn.Module:
     block's inputs are saved by the checkpoint through the saved-tensor hooks, so the hooks' count is the device's."""
     modules = dict(model.named_modules())
     for path, move in moves.items():
+        if path == LOSS and move in ("keep", CHUNKED):
+            if move == CHUNKED:
+                apply_chunked_loss(model)
+            continue
         if move not in MOVES:
             raise ValueError(f"block {path}: move {move!r}, expected one of {', '.join(MOVES)}")
         if path not in modules:
@@ -107,7 +134,8 @@ def _offload(inner):
 
 
 def remove_moves(model: nn.Module) -> nn.Module:
-    """Undo :func:`apply_moves`: each moved block gets the forward it had."""
+    """Undo :func:`apply_moves`: each moved block gets the forward it had, the loss its stock computation."""
+    remove_chunked_loss(model)
     for block in model.modules():
         if _MOVED in block.__dict__:
             _, inner = block.__dict__.pop(_MOVED)
@@ -118,7 +146,7 @@ def remove_moves(model: nn.Module) -> nn.Module:
     return model
 
 
-def choose_moves(costs: dict[str, BlockCost], need: int, host_link: float) -> dict[str, str]:
+def choose_moves(costs: dict[str, BlockCost | LossCost], need: int, host_link: float) -> dict[str, str]:
     """The moves of least modelled time that take at least ``need`` bytes off the end of the forward plus the
     transient they bring back (the largest S_b moved); {} when ``need`` ≤ 0. Exhaustive over which block sets the
     transient (the largest moved S_b), then a multiple-choice knapsack by dynamic programming on the bytes."""
@@ -131,19 +159,21 @@ def choose_moves(costs: dict[str, BlockCost], need: int, host_link: float) -> di
         if picked is not None and (best is None or picked[0] < best[0]):
             best = picked
     if best is None:
-        top = sum(max(c.saving("recompute"), c.saving("offload")) for c in costs.values())
+        top = sum(max(c.saving(m) for m in c.moves) for c in costs.values())
         raise ValueError(f"no moves fit: {need} bytes over the budget, and recomputing or offloading every block "
-                         f"takes at most {top} bytes off, less the largest block's transient")
+                         f"(and the chunked loss, where it applies) takes at most {top} bytes off, less the largest "
+                         "transient")
     return best[1]
 
 
-def _knapsack(costs: dict[str, BlockCost], need: int, host_link: float) -> tuple[float, dict[str, str]] | None:
+def _knapsack(costs: dict[str, BlockCost | LossCost], need: int, host_link: float
+              ) -> tuple[float, dict[str, str]] | None:
     """Least total seconds with Σ saving ≥ need (:func:`approxbp.knapsack.multiple_choice`, bytes in units of
     need/2048)."""
     from approxbp.knapsack import multiple_choice
 
-    groups = [[(c.saving(m), c.seconds(m, host_link)) for m in MOVES] for c in costs.values()]
+    groups = [[(c.saving(m), c.seconds(m, host_link)) for m in c.moves] for c in costs.values()]
     found = multiple_choice(groups, need, max(1, need // 2048))
     if found is None:
         return None
-    return found[0], {path: MOVES[j] for path, j in zip(costs, found[1]) if j}
+    return found[0], {path: c.moves[j] for (path, c), j in zip(costs.items(), found[1]) if j}

@@ -32,12 +32,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from approxbp.chunked_loss import CHUNKED, LOSS
 from approxbp.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
 from approxbp.gpus import GPUS
 from approxbp.gpus import gpu as step_gpu
 from approxbp.knapsack import multiple_choice
 from approxbp.models import CONFIG_KEYS, CONFIGS, bundled_configs, hf_builder, model_spec, no_init  # noqa: F401
-from approxbp.plan_moves import plan_moves, time_step
+from approxbp.plan_moves import modelled_time, plan_moves, time_step
 from approxbp.plan_result import CATEGORIES, COLOURS, Plan, figure, report  # noqa: F401
 from approxbp.setup import LORA_TARGETS, LoRALinear, Setup, as_setup, weights_for  # noqa: F401 (0.1's callers)
 from approxbp.step_memory import (  # noqa: F401 (read from here by callers of 0.1)
@@ -94,8 +95,14 @@ def activation_layers(model: nn.Module) -> dict[str, str]:
 def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: dict | None = None) -> nn.Module:
     """Replace each layer by its option (``exact`` keeps it; ``glu`` fuses its gated MLP) and merge the norms
     (patch_model's rules). Other gated MLPs keep their activation as a layer of its own: the options are per layer."""
+    from approxbp.chunked_loss import apply_chunked_loss
     from approxbp.kernels.patch import patch_model
 
+    if assignment.get(LOSS) == CHUNKED:
+        apply_chunked_loss(model)
+        assignment = {p: o for p, o in assignment.items() if p != LOSS}
+        if not assignment and not ms_norm:
+            return model
     tables = {path: option_table(act, assignment[path]) or "exact"
               for path, act in activation_layers(model).items() if path in assignment}
     fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu"}
@@ -226,7 +233,11 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
         say(f"recompute and offload moves, timed for {gpu}")
         device = step_gpu(gpu)
         time, blocks = timed(model_text, batch, seq, mode, device, lora_r, choice, ms["chosen"])
-        moved = plan_moves(after, time, blocks, budget, device, as_setup(mode).dtype.itemsize)
+        with_loss = {**choice, LOSS: CHUNKED}
+        loss = _loss_cost(lambda: run(with_loss, ms["chosen"]),
+                          lambda: timed(model_text, batch, seq, mode, device, lora_r, with_loss, ms["chosen"])[0],
+                          after, time, blocks, _loss_sizes(model_text, mode, batch * seq), say)
+        moved = plan_moves(after, time, blocks, budget, device, as_setup(mode).dtype.itemsize, loss)
     return Plan(model_text, as_setup(mode).describe(base.lora, base.head), batch, seq if base.uses_seq else None,
                 budget, _summary(base),
                 _summary(after),
@@ -258,6 +269,36 @@ def timed(model_text: str, batch: int, seq: int, mode: str | Setup, device, lora
             apply(model, assignment or {}, ms_norm, make_inputs(batch, seq))
         blocks = len(block_paths(model, first))
         return time_step(model, make_inputs(batch, seq), setup, device), count[1] if small else blocks
+
+
+def _loss_cost(measure, time, after: StepMemory, before, blocks: int, sizes: tuple[int, int, int, int] | None, say):
+    """The chunked loss as a move (:class:`~approxbp.moves.LossCost`): ``measure()`` and ``time()`` the step with it
+    (its saving against ``after``, its modelled seconds against ``before``); its transient one chunk's logits with
+    their fp32 softmax and gradient, from ``sizes`` (rows, width, vocabulary, bytes per element). None where the
+    model's loss cannot be chunked (said)."""
+    from approxbp.chunked_loss import NotChunked, chunk_rows
+    from approxbp.moves import LossCost
+
+    if sizes is None:
+        say("chunked loss: not applied (not a Hugging Face model)")
+        return None
+    say("the chunked loss")
+    try:
+        saving = after.peak - measure().peak
+    except NotChunked as why:
+        say(f"{why}: not a move here")
+        return None
+    rows, width, vocab, itemsize = sizes
+    transient = chunk_rows(rows, width, vocab) * vocab * (2 * itemsize + 8)
+    return LossCost(saving, transient, modelled_time(time(), blocks) - modelled_time(before, blocks))
+
+
+def _loss_sizes(model_text: str, mode: str | Setup, rows: int) -> tuple[int, int, int, int] | None:
+    build = model_spec(model_text, as_setup(mode).task)
+    if not hasattr(build, "config"):
+        return None
+    config = build.config.get_text_config()
+    return rows, config.hidden_size, config.vocab_size, as_setup(mode).dtype.itemsize
 
 
 class NoFit(ValueError):

@@ -7,8 +7,9 @@ block a recompute rebuilds, or an offload brings back, at a time)."""
 
 from __future__ import annotations
 
+from approxbp.chunked_loss import CHUNKED, LOSS
 from approxbp.gpus import GPU
-from approxbp.moves import BlockCost, choose_moves
+from approxbp.moves import BlockCost, LossCost, choose_moves
 from approxbp.step_memory import StepMemory, first_block
 from approxbp.step_time import Roofline, StepTime, block_paths
 
@@ -55,10 +56,13 @@ def modelled_time(time: StepTime, blocks: int) -> float:
 
 
 def plan_moves(step: StepMemory, time: StepTime, blocks: int, budget: int, device: GPU,
-               bytes_per_element: int) -> dict:
+               bytes_per_element: int, loss: LossCost | None = None) -> dict:
     """The moves of least modelled time that bring the step's peak to ``budget`` (see the module docstring): the
-    moves, the modelled peak and its parts, the modelled seconds before and after."""
-    costs = block_costs(step, time, bytes_per_element)
+    moves, the modelled peak and its parts, the modelled seconds before and after. ``loss``: the chunked loss's
+    measured cost, an item beside the blocks (None: the model's loss cannot be chunked)."""
+    costs: dict = block_costs(step, time, bytes_per_element)
+    if loss is not None:
+        costs[LOSS] = loss
     moves = choose_moves(costs, step.peak - budget, device.host_link)
     taken = sum(costs[p].saving(m) for p, m in moves.items())
     transient = max((costs[p].saved for p in moves), default=0)
@@ -67,4 +71,6 @@ def plan_moves(step: StepMemory, time: StepTime, blocks: int, budget: int, devic
     return {"moves": moves, "gpu": device.name, "gpu_source": device.source,
             "end_of_forward": step.peak - taken, "transient": transient, "peak": step.peak - taken + transient,
             "seconds_before": base, "seconds_after": base + extra,
-            "by_move": {m: sum(1 for v in moves.values() if v == m) for m in ("recompute", "offload")}}
+            "by_move": {m: sum(1 for v in moves.values() if v == m) for m in ("recompute", "offload", CHUNKED)},
+            "chunked_loss": None if loss is None else {"saving": loss.takes, "transient": loss.saved,
+                                                       "seconds": loss.extra}}

@@ -63,11 +63,15 @@ class Plan:
     def _apply_moves(self, model: nn.Module) -> list[str]:
         """The planned recompute/offload moves on ``model``'s blocks (a planned path matches as it is or as a suffix,
         as the layers do); a block the model lacks is refused in one line."""
+        from approxbp.chunked_loss import LOSS
         from approxbp.moves import apply_moves
 
         paths = [n for n, _ in model.named_modules()]
         resolved = {}
         for planned, move in self.moves["moves"].items():
+            if planned == LOSS:
+                resolved[LOSS] = move
+                continue
             found = [p for p in paths if p == planned or p.endswith("." + planned)]
             if len(found) != 1:
                 raise ValueError(f"the plan moves block {planned!r}, which this model has {len(found)} times, not once")
@@ -147,10 +151,12 @@ def _moves_lines(m: dict | None) -> list[str]:
         return []
     blocks = "; ".join(f"{move}: {_ranges([p for p, v in m['moves'].items() if v == move])}"
                        for move in ("recompute", "offload") if m["by_move"][move])
+    chunked = m["by_move"].get("chunked-loss", 0)
     return [f"moves beyond the approximations (the most saving assignment above does not reach the budget): "
-            f"{m['by_move']['recompute']} blocks recomputed, {m['by_move']['offload']} offloaded ({blocks})",
-            f"  modelled peak {size(m['peak'])} = end of forward {size(m['end_of_forward'])} + one moved block "
-            f"back {size(m['transient'])}",
+            f"{m['by_move']['recompute']} blocks recomputed, {m['by_move']['offload']} offloaded ({blocks})"
+            + ("; the loss chunked (logits never materialised)" if chunked else ""),
+            f"  modelled peak {size(m['peak'])} = end of forward {size(m['end_of_forward'])} + the largest "
+            f"transient (a moved block back, or a chunk's logits) {size(m['transient'])}",
             f"  modelled step time on {m['gpu']}: {1e3 * m['seconds_before']:.3g} ms → "
             f"{1e3 * m['seconds_after']:.3g} ms "
             f"(a roofline on fake tensors, no host time: a model, not a measurement; constants: {m['gpu_source']})"]

@@ -5,8 +5,9 @@ import copy
 
 import pytest
 import torch
-from approxbp.chunked_loss import apply_chunked_loss, chunk_rows, remove_chunked_loss
 from approxbp.kernels.saved import saved_bytes
+
+from approxbp.chunked_loss import apply_chunked_loss, chunk_rows, remove_chunked_loss
 
 transformers = pytest.importorskip("transformers")
 
@@ -93,7 +94,7 @@ def test_a_model_without_a_causal_lm_loss_is_refused():
         apply_chunked_loss(transformers.BertForMaskedLM(cfg))
 
 
-@pytest.mark.parametrize(("rows", "width", "vocab", "expected"), [(48, 32, 512, 3), (4096, 4096, 128256, 128),
-                                                                   (5, 64, 32, 5)])
-def test_a_chunks_logits_are_about_the_size_of_the_hidden_states(rows, width, vocab, expected):
+@pytest.mark.parametrize(("rows", "width", "vocab", "expected"), [(48, 32, 512, 48), (4096, 4096, 128256, 512),
+                                                                   (65536, 4096, 128256, 2048), (5, 64, 32, 5)])
+def test_a_chunks_logits_are_about_the_size_of_the_hidden_states_with_enough_rows_to_be_compute_bound(rows, width, vocab, expected):
     assert chunk_rows(rows, width, vocab) == expected

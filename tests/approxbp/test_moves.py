@@ -131,3 +131,40 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path):
         net(**x).logits.float().square().mean().backward()
         grads.append([p.grad for p in net.parameters()])
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
+
+
+WIDE_VOCAB = "llama:hidden_size=64,num_hidden_layers=2,intermediate_size=128,num_attention_heads=4,vocab_size=8192"
+
+
+def test_a_budget_the_logits_alone_exceed_is_met_by_the_chunked_loss():
+    """A vocabulary 128× the width: the loss's fp32 log-softmax (rows × V × 4 bytes) is most of the step, and the
+    chunked loss takes it off for one more head matmul, cheaper than recomputing blocks. Applied to a real model of
+    that config it takes off exactly the measured bytes and computes the stock loss."""
+    from approxbp.plan import Plan, model_spec, plan
+
+    batch, seq = 4, 512
+    full = plan(WIDE_VOCAB, batch, seq, "bf16")
+    rows, vocab = batch * seq, 8192
+    budget = full.after["peak"] - rows * vocab // 2  # an eighth of the log-softmax (a chunk brings 3/4 back)
+    moved = plan(WIDE_VOCAB, batch, seq, "bf16", budget, gpu="h100").moves
+    assert moved["moves"] == {"(loss)": "chunked-loss"} and moved["peak"] <= budget, moved
+    # less the final norm's bf16 output, which the head's chunks read where the MS-norm's head saved its z
+    assert 0 <= rows * vocab * 4 - moved["chunked_loss"]["saving"] <= rows * 64 * 2 + 16, moved["chunked_loss"]
+    assert moved["chunked_loss"]["seconds"] > 0
+    torch.manual_seed(0)
+    stock, inputs = model_spec(WIDE_VOCAB)()
+    x = inputs(batch, seq)
+    x["labels"] = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(2))
+    ours = copy.deepcopy(stock)
+    plan_file = Plan(WIDE_VOCAB, "", batch, seq, budget, {}, {}, {}, {}, {"chosen": False}, 0, moves=moved)
+    plan_file._apply_moves(ours)
+    counts, losses = [], []
+    for net in (stock, ours):
+        into = {}
+        with charged(into, list(net.parameters()), net):
+            losses.append(net(**x).loss)
+        counts.append(sum(into.values()))
+    assert 0 <= rows * vocab * 4 - (counts[0] - counts[1]) <= 16, counts  # the fp32 log-softmax, less scalars
+    assert losses[1].item() == pytest.approx(losses[0].item(), rel=1e-6)
+    remove_moves(ours)
+    assert ours(**x).logits is not None
