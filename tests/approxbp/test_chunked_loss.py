@@ -96,5 +96,6 @@ def test_a_model_without_a_causal_lm_loss_is_refused():
 
 @pytest.mark.parametrize(("rows", "width", "vocab", "expected"), [(48, 32, 512, 48), (4096, 4096, 128256, 512),
                                                                    (65536, 4096, 128256, 2048), (5, 64, 32, 5)])
-def test_a_chunks_logits_are_about_the_size_of_the_hidden_states_with_enough_rows_to_be_compute_bound(rows, width, vocab, expected):
+def test_a_chunk_has_logits_the_size_of_the_hidden_states_and_rows_enough_to_be_compute_bound(rows, width, vocab,
+                                                                                                 expected):
     assert chunk_rows(rows, width, vocab) == expected
