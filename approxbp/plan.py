@@ -202,6 +202,32 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
     def run(assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
         return step(batch, seq, assignment, ms_norm)
 
+    base, layers, options, ms = measure_options(run, say)
+    moved = None
+    try:
+        choice, after, estimate = _within(run, layers, options, ms, base.peak, budget, say)
+    except NoFit as refused:
+        if budget is None:
+            raise
+        if gpu is None:
+            raise ValueError(f"{refused}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
+                             "to reach it") from None
+        choice, after, estimate = _within(run, layers, options, ms, base.peak, None, say)  # the most saving
+        device = step_gpu(gpu)
+        time, blocks, loss = move_costs(run, model_text, batch, seq, mode, lora_r, choice, ms["chosen"], after,
+                                        device, say)
+        moved = plan_moves(after, time, blocks, budget, device, as_setup(mode).dtype.itemsize, loss)
+    return Plan(model_text, as_setup(mode).describe(base.lora, base.head), batch, seq if base.uses_seq else None,
+                budget, _summary(base),
+                _summary(after),
+                {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
+                     **options[layers[p]][o]} for p, o in choice.items()},
+                options, ms, estimate, checkpoint, bool(base.moment), moves=moved)  # only a traced step has a moment
+
+
+def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dict], dict]:
+    """(the exact step, its activation layers, each activation's options with their saving per layer and gradient
+    error, the MS-norms' saving) — ``run(assignment, ms_norm)`` measures one step."""
     say("exact model")
     base = run(None, False)
     layers = base.layers
@@ -219,31 +245,20 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
                                     "error": gradient_error(act, option)}
     say("MS-norms")
     merged = run(None, True)
-    ms = {"saving": base.peak - merged.peak}
-    moved = None
-    try:
-        choice, after, estimate = _within(run, layers, options, ms, base.peak, budget, say)
-    except NoFit as refused:
-        if budget is None:
-            raise
-        if gpu is None:
-            raise ValueError(f"{refused}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
-                             "to reach it") from None
-        choice, after, estimate = _within(run, layers, options, ms, base.peak, None, say)  # the most saving
-        say(f"recompute and offload moves, timed for {gpu}")
-        device = step_gpu(gpu)
-        time, blocks = timed(model_text, batch, seq, mode, device, lora_r, choice, ms["chosen"])
-        with_loss = {**choice, LOSS: CHUNKED}
-        loss = _loss_cost(lambda: run(with_loss, ms["chosen"]),
-                          lambda: timed(model_text, batch, seq, mode, device, lora_r, with_loss, ms["chosen"])[0],
-                          after, time, blocks, _loss_sizes(model_text, mode, batch * seq), say)
-        moved = plan_moves(after, time, blocks, budget, device, as_setup(mode).dtype.itemsize, loss)
-    return Plan(model_text, as_setup(mode).describe(base.lora, base.head), batch, seq if base.uses_seq else None,
-                budget, _summary(base),
-                _summary(after),
-                {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
-                     **options[layers[p]][o]} for p, o in choice.items()},
-                options, ms, estimate, checkpoint, bool(base.moment), moves=moved)  # only a traced step has a moment
+    return base, layers, options, {"saving": base.peak - merged.peak}
+
+
+def move_costs(run, model_text: str, batch: int, seq: int, mode: str | Setup, lora_r: int,
+               choice: dict[str, str], ms_norm: bool, after: StepMemory, device, say):
+    """(the step's roofline with the assignment, its block count, the chunked loss's cost or None): what
+    :func:`~approxbp.plan_moves.plan_moves` weighs at any budget."""
+    say(f"recompute and offload moves, timed for {device.name}")
+    time, blocks = timed(model_text, batch, seq, mode, device, lora_r, choice, ms_norm)
+    with_loss = {**choice, LOSS: CHUNKED}
+    loss = _loss_cost(lambda: run(with_loss, ms_norm),
+                      lambda: timed(model_text, batch, seq, mode, device, lora_r, with_loss, ms_norm)[0],
+                      after, time, blocks, _loss_sizes(model_text, mode, batch * seq), say)
+    return time, blocks, loss
 
 
 def timed(model_text: str, batch: int, seq: int, mode: str | Setup, device, lora_r: int = 8,

@@ -44,6 +44,10 @@ def add_parser(sub, add) -> None:
     pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")
     pln.add_argument("--gpu", choices=list(GPUS), default=None, help="beyond the approximations, recompute and "
                      "offload blocks at the least modelled step time on this GPU (a roofline; approxbp/gpus.py)")
+    pln.add_argument("--pareto", type=int, default=None, metavar="N",
+                     help="with --gpu: the curve of modelled peak vs step time vs gradient-error bound over budgets, N "
+                          "points on each stretch (approximations, then moves); --out writes it as JSON, --figure "
+                          "plots it")
     pln.add_argument("--maximize", choices=MAXIMIZE, default=None,
                      help="find the largest batch or sequence length that fits --budget (the plan is for it)")
     pln.add_argument("--grain", type=int, default=64, help="--maximize seq_len searches multiples of this many tokens")
@@ -119,6 +123,8 @@ def run(args, argv) -> int:
     t0 = time.perf_counter()
     budget = P.parse_size(args.budget) if args.budget else None
     args.mode = setup_of(args)
+    if args.pareto is not None:
+        return _pareto(args, tell, t0)
     if args.maximize:
         if budget is None:
             raise ValueError("--maximize needs --budget")
@@ -139,4 +145,23 @@ def run(args, argv) -> int:
         print(f"wrote {args.out}")
     if args.figure:
         print(f"wrote {P.figure(result, args.figure)}")
+    return 0
+
+
+def _pareto(args, tell, t0: float) -> int:
+    from approxbp import pareto as C
+
+    if args.gpu is None:
+        raise ValueError("--pareto needs --gpu (the step times are modelled for a named GPU)")
+    if args.budget or args.maximize or args.use or args.checkpoint or args.trace:
+        raise ValueError("--pareto plans every budget itself: not with --budget, --maximize, --use, --checkpoint "
+                         "or --trace")
+    curve = C.pareto(args.model, args.batch, args.seq, args.mode, args.gpu, args.lora_r, args.pareto, progress=tell)
+    print(C.table(curve, args.gpu))
+    print(f"planned in {time.perf_counter() - t0:.1f} s on fake tensors")
+    if args.out:
+        meta = {"model": args.model, "batch": args.batch, "seq": args.seq, "gpu": args.gpu}
+        print(f"wrote {C.write_json(curve, args.out, meta)}")
+    if args.figure:
+        print(f"wrote {C.figure(curve, args.figure, f'{args.model}, batch {args.batch}, seq {args.seq}')}")
     return 0
