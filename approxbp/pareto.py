@@ -4,10 +4,11 @@ against the gradient-error bound — over budgets from the exact step's peak to 
 Two stretches, each measured once and then chosen at every budget:
 
 1. **Approximations**: between the exact peak and the most-saving assignment's, the least-error assignment within
-   each budget (:func:`approxbp.plan._within`, measured), timed by the roofline (:func:`approxbp.plan.timed`);
+   each budget (:func:`approxbp.plan.assignments`, measured), timed by the roofline (:func:`approxbp.plan.timed`);
    its error bound is the largest of its layers' (the certified L∞ of InvAct, a ReLU-sum's E[(h̃′ − f′)²]^½).
-2. **Moves**: below that, the most-saving assignment with the recompute / offload / chunked-loss moves of least
-   modelled time (:func:`approxbp.plan_moves.plan_moves`), down to the lowest budget they reach (bisection).
+2. **Moves**: below that, any of those assignments with the recompute / offload / chunked-loss moves, whichever
+   reaches the budget in the least modelled time (:func:`approxbp.plan_moves.fastest`: the approximations and the
+   moves chosen jointly), down to the lowest budget they reach (bisection).
 
 Every time is a roofline model on fake tensors for the named GPU, not a measurement.
 """
@@ -19,8 +20,8 @@ import textwrap
 from pathlib import Path
 
 from approxbp.gpus import gpu as step_gpu
-from approxbp.plan import NoFit, _within, as_setup, measure_options, move_costs, stepper, timed
-from approxbp.plan_moves import modelled_time, plan_moves
+from approxbp.plan import as_setup, assignments, distinct, measure_options, move_costs, spread, stepper
+from approxbp.plan_moves import Weighed, fastest, modelled_time
 from approxbp.step_memory import size
 
 
@@ -38,51 +39,31 @@ def pareto(model_text: str, batch: int, seq: int, mode, gpu: str, lora_r: int = 
         return step(batch, seq, assignment, ms_norm)
 
     base, layers, options, ms = measure_options(run, say)
-    most, after, _ = _within(run, layers, options, ms, base.peak, None, say)
-    most_ms = ms["chosen"]
-    curve, seconds_of = [], {}
-    for budget in _spread(base.peak, after.peak, points):
-        try:  # the last budget is the most-saving assignment's own peak: that assignment
-            choice, got, _ = ((most, after, None) if budget == after.peak else
-                              _within(run, layers, options, ms, base.peak, budget, say))
-        except NoFit:  # the options' measured savings do not add up to this budget: no point here
-            continue
-        ms["chosen"] = most_ms if budget == after.peak else ms["chosen"]
-        key = (tuple(sorted(choice.items())), ms["chosen"])
-        if key not in seconds_of:
-            time, blocks = timed(model_text, batch, seq, mode, device, lora_r, choice, ms["chosen"])
-            seconds_of[key] = modelled_time(time, blocks)
-        curve.append({"budget": budget, "peak": got.peak, "seconds": seconds_of[key],
-                      "error": max((options[layers[p]][o]["error"] for p, o in choice.items()), default=0.0),
-                      "plan": _described(choice, ms["chosen"])})
-    time, blocks, loss = move_costs(run, model_text, batch, seq, mode, lora_r, most, most_ms, after, device, say)
+    found = assignments(run, layers, options, ms, base.peak, say, points)
+    curve, weighed = [], []
+    for a in distinct(found):
+        time, blocks, loss = move_costs(run, model_text, batch, seq, mode, lora_r, a.choice, a.ms_norm, a.after,
+                                        device, say)
+        weighed.append(Weighed(*a, time, blocks, loss))
+    for budget, a in found:
+        w = next(w for w in weighed if (w.choice, w.ms_norm) == (a.choice, a.ms_norm))
+        curve.append({"budget": budget, "peak": a.after.peak, "seconds": modelled_time(w.time, w.blocks),
+                      "error": a.error, "plan": _described(a.choice, a.ms_norm)})
     itemsize = as_setup(mode).dtype.itemsize
-
-    def moved(budget: int) -> dict | None:
-        try:
-            return plan_moves(after, time, blocks, budget, device, itemsize, loss)
-        except ValueError:
-            return None
-
-    lo, hi = 0, after.peak  # the lowest budget the moves reach, to 1 %
-    while hi - lo > after.peak // 100:
+    lowest = found[-1][1].after.peak
+    lo, hi = 0, lowest  # the lowest budget any assignment's moves reach, to 1 %
+    while hi - lo > lowest // 100:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if moved(mid) else (mid, hi)
-    error = max((options[layers[p]][o]["error"] for p, o in most.items()), default=0.0)
-    for budget in _spread(after.peak, hi, points)[1:]:
-        m = moved(budget)
-        curve.append({"budget": budget, "peak": m["peak"], "seconds": m["seconds_after"], "error": error,
-                      "plan": _described(most, most_ms) + "; " + ", ".join(
+        lo, hi = (lo, mid) if fastest(weighed, mid, device, itemsize) else (mid, hi)
+    for budget in spread(lowest, hi, points)[1:]:
+        w, m = fastest(weighed, budget, device, itemsize)
+        curve.append({"budget": budget, "peak": m["peak"], "seconds": m["seconds_after"], "error": w.error,
+                      "plan": _described(w.choice, w.ms_norm) + "; " + ", ".join(
                           MOVED[k].format(n) for k, n in m["by_move"].items() if n)})
     return curve
 
 
 MOVED = {"recompute": "{} blocks recomputed", "offload": "{} offloaded", "chunked-loss": "loss chunked"}
-
-
-def _spread(high: int, low: int, points: int) -> list[int]:
-    """``points`` budgets from ``high`` down to ``low``, evenly spaced."""
-    return [round(high - (high - low) * i / (points - 1)) for i in range(points)]
 
 
 def _described(choice: dict[str, str], ms_norm: bool) -> str:

@@ -25,21 +25,24 @@ programming on the bytes).
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
-import torch
-from torch import nn
-
-from approxbp.chunked_loss import CHUNKED, LOSS
-from approxbp.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
 from approxbp.gpus import GPUS
 from approxbp.gpus import gpu as step_gpu
 from approxbp.knapsack import multiple_choice
 from approxbp.models import CONFIG_KEYS, CONFIGS, bundled_configs, hf_builder, model_spec, no_init  # noqa: F401
-from approxbp.plan_moves import modelled_time, plan_moves, time_step
+from approxbp.plan_moves import Assignment, Weighed, fastest, move_costs, timed  # noqa: F401 (timed: read here)
 from approxbp.plan_result import CATEGORIES, COLOURS, Plan, figure, report  # noqa: F401
+from approxbp.plan_step import (  # noqa: F401 (read from here by the CLI, the papers' runs and the tests)
+    OPTIONS,
+    _fake_like_real,
+    activation_layers,
+    apply,
+    gradient_error,
+    option_table,
+    stepper,
+)
 from approxbp.setup import LORA_TARGETS, LoRALinear, Setup, as_setup, weights_for  # noqa: F401 (0.1's callers)
 from approxbp.step_memory import (  # noqa: F401 (read from here by callers of 0.1)
     AT_PEAK,
@@ -52,62 +55,10 @@ from approxbp.step_memory import (  # noqa: F401 (read from here by callers of 0
     size,
     traced_step,
 )
-from approxbp.step_time import block_paths
-from approxbp.tasks import head_of
 
 MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.setup.PRESETS
 #: What :func:`maximize` searches for.
 MAXIMIZE = ("batch", "seq_len")
-#: Per activation layer; ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no
-#: gradient error; saves nothing where the layer is in no gated MLP).
-OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact", "glu")
-
-
-def option_table(activation: str, option: str) -> str | None:
-    """The packaged table of an option for a registry activation (None for ``exact`` and ``glu``)."""
-    if option in ("exact", "glu"):
-        return None
-    if option == "invact":
-        return f"invact/{activation}-fast"
-    from approxbp.approximations import tables as T
-
-    return f"relu_sum/{T.relu_sum_name(activation, int(option[-1]), 'primitive')}"
-
-
-def gradient_error(activation: str, option: str) -> float:
-    """E_{x∼N(0,1)}[(h̃′(x) − f′(x))²]^½ for a ReLU-sum table (its levels between its knots, against the exact
-    derivative), the certified (else sampled) L∞ of an InvAct table, 0 for exact."""
-    from approxbp.approximations import tables as T
-    from approxbp.approximations.gradient_error import gradient_error as of_table
-
-    table = option_table(activation, option)
-    return 0.0 if table is None else of_table(T.load(T.resolve(table)))
-
-
-def activation_layers(model: nn.Module) -> dict[str, str]:
-    """Module path → registry activation of every activation patch_model can replace."""
-    from approxbp.kernels.patch import ACTIVATION_CLASSES, class_key
-
-    return {n: ACTIVATION_CLASSES[class_key(m)] for n, m in model.named_modules()
-            if class_key(m) in ACTIVATION_CLASSES}
-
-
-def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: dict | None = None) -> nn.Module:
-    """Replace each layer by its option (``exact`` keeps it; ``glu`` fuses its gated MLP) and merge the norms
-    (patch_model's rules). Other gated MLPs keep their activation as a layer of its own: the options are per layer."""
-    from approxbp.chunked_loss import apply_chunked_loss
-    from approxbp.kernels.patch import patch_model
-
-    if assignment.get(LOSS) == CHUNKED:
-        apply_chunked_loss(model)
-        assignment = {p: o for p, o in assignment.items() if p != LOSS}
-        if not assignment and not ms_norm:
-            return model
-    tables = {path: option_table(act, assignment[path]) or "exact"
-              for path, act in activation_layers(model).items() if path in assignment}
-    fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu"}
-    patch_model(model, family=None, tables=tables or None, norms=ms_norm, example_input=inputs, check=False, glu=fused)
-    return model
 
 
 def _summary(m: StepMemory) -> dict:
@@ -116,77 +67,6 @@ def _summary(m: StepMemory) -> dict:
             "activations": m.activations, "peak": m.peak, "activations_by_kind": m.by_kind(),
             "block": m.block, "block_units": None if units is None else round(units, 4), "peak_moment": m.moment,
             "blocks_measured": list(m.blocks_measured), "device_peaks": m.device_peaks() if m.devices > 1 else []}
-
-
-def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = True, checkpoint: bool = False,
-            traced: bool | None = None, whole: bool = False):
-    """run(batch, seq, assignment, ms_norm) → the :class:`StepMemory` of one step of the model (built afresh,
-    on fake tensors unless ``fake=False``) with those replacements; its ``layers`` are the activation layers found
-    before them. ``checkpoint``: activation checkpointing; ``traced`` (default: with checkpointing) a whole step
-    traced by :func:`traced_step` rather than the tensors saved by the forward. A Hugging Face model of more than
-    3 alike blocks is measured at 2 and 3 blocks and extrapolated (:mod:`approxbp.extrapolate`) unless ``whole``
-    or an assignment treats its blocks differently."""
-    setup = as_setup(mode)
-    traced = checkpoint if traced is None else traced
-    build = model_spec(model_text, setup.task)
-    scope = _fake_like_real if fake else contextlib.nullcontext
-    count = None if whole or not hasattr(build, "config") else layer_count(build.config)
-    small = None
-    if count and count[1] > SMALL[-1]:
-        small = {n: hf_builder(shrunk(build.config, count[0], n), build.task) for n in SMALL}
-    prefix: list[str] = []  # the blocks' path prefix ("model.layers."), known after the first small run
-    head = "{} ({})".format(*head_of(build.config, setup.task)) if hasattr(build, "config") else ""
-
-    def one(builder, batch: int, seq: int, assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
-        with scope():
-            torch.manual_seed(0)
-            with weights_for(setup), no_init() if fake else contextlib.nullcontext():
-                model, make_inputs = builder()
-                model = prepare(model, setup, lora_r, checkpoint)
-            inputs = make_inputs(batch, seq)
-            inputs = {k: v.to(setup.dtype) if torch.is_tensor(v) and v.is_floating_point() and setup.autocast == "off"
-                      else v
-                      for k, v in inputs.items()}
-            layers = activation_layers(model)
-            if assignment or ms_norm:
-                apply(model, assignment or {}, ms_norm, inputs)
-            step = measure(model, inputs, setup, traced)
-            step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
-            step.lora = tuple(sorted({n.rpartition(".")[2] for n, m in model.named_modules()
-                                      if isinstance(m, LoRALinear)}))
-            step.head = head
-            return step
-
-    def run(batch: int, seq: int, assignment: dict[str, str] | None = None, ms_norm: bool = False) -> StepMemory:
-        if small and not prefix:
-            prefix.append(one(small[SMALL[-1]], batch, seq, None, False).block.rpartition(".")[0] + ".")
-        part = small_assignment(assignment or {}, prefix[0], count[1]) if small and prefix[0] != "." else None
-        if part is None:
-            return one(build, batch, seq, assignment, ms_norm)
-        two, three = (one(small[n], batch, seq, part, ms_norm) for n in SMALL)
-        return extrapolate(two, three, count[1], prefix[0])
-
-    return run
-
-
-@contextlib.contextmanager
-def _fake_like_real():
-    """FakeTensorMode, in which Hugging Face models take the path they take on real tensors: transformers treats a
-    fake tensor as tracing and skips its check for packed sequences, then materialises a causal mask (kept as an
-    input of every checkpointed layer) where a real run of these unpacked inputs uses SDPA's is_causal."""
-    from unittest import mock
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with contextlib.ExitStack() as stack:
-        try:
-            import transformers.masking_utils as masks
-        except ImportError:
-            masks = None
-        if masks is not None and hasattr(masks, "find_packed_sequence_indices"):
-            stack.enter_context(mock.patch.object(masks, "find_packed_sequence_indices", lambda position_ids: None))
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        yield
 
 
 def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int | None = None, lora_r: int = 8,
@@ -212,11 +92,16 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
         if gpu is None:
             raise ValueError(f"{refused}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
                              "to reach it") from None
-        choice, after, estimate = _within(run, layers, options, ms, base.peak, None, say)  # the most saving
         device = step_gpu(gpu)
-        time, blocks, loss = move_costs(run, model_text, batch, seq, mode, lora_r, choice, ms["chosen"], after,
-                                        device, say)
-        moved = plan_moves(after, time, blocks, budget, device, as_setup(mode).dtype.itemsize, loss)
+        weighed = [Weighed(*a, *move_costs(run, model_text, batch, seq, mode, lora_r, a.choice, a.ms_norm, a.after,
+                                           device, say))
+                   for a in distinct(assignments(run, layers, options, ms, base.peak, say))]
+        picked = fastest(weighed, budget, device, as_setup(mode).dtype.itemsize)
+        if picked is None:
+            raise ValueError(f"{refused}; and no moves reach it from any of {len(weighed)} assignments weighed "
+                             "(recomputing or offloading every block, and the chunked loss where it applies)") from None
+        best, moved = picked
+        choice, ms["chosen"], after, estimate = best.choice, best.ms_norm, best.after, best.estimate
     return Plan(model_text, as_setup(mode).describe(base.lora, base.head), batch, seq if base.uses_seq else None,
                 budget, _summary(base),
                 _summary(after),
@@ -248,76 +133,37 @@ def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dic
     return base, layers, options, {"saving": base.peak - merged.peak}
 
 
-def move_costs(run, model_text: str, batch: int, seq: int, mode: str | Setup, lora_r: int,
-               choice: dict[str, str], ms_norm: bool, after: StepMemory, device, say):
-    """(the step's roofline with the assignment, its block count, the chunked loss's cost or None): what
-    :func:`~approxbp.plan_moves.plan_moves` weighs at any budget."""
-    say(f"recompute and offload moves, timed for {device.name}")
-    time, blocks = timed(model_text, batch, seq, mode, device, lora_r, choice, ms_norm)
-    with_loss = {**choice, LOSS: CHUNKED}
-    loss = _loss_cost(lambda: run(with_loss, ms_norm),
-                      lambda: timed(model_text, batch, seq, mode, device, lora_r, with_loss, ms_norm)[0],
-                      after, time, blocks, _loss_sizes(model_text, mode, batch * seq), say)
-    return time, blocks, loss
-
-
-def timed(model_text: str, batch: int, seq: int, mode: str | Setup, device, lora_r: int = 8,
-          assignment: dict[str, str] | None = None, ms_norm: bool = False):
-    """(the roofline of one step with the assignment, :func:`~approxbp.plan_moves.time_step`; the model's block
-    count). A model of more than 3 alike blocks is timed at 3: its block 1 stands for each block, and what is outside
-    the blocks does not depend on their number."""
-    setup = as_setup(mode)
-    build = model_spec(model_text, setup.task)
-    count = layer_count(build.config) if hasattr(build, "config") else None
-    small = count is not None and count[1] > SMALL[-1]
-    if small:
-        build = hf_builder(shrunk(build.config, count[0], SMALL[-1]), build.task)
-    with _fake_like_real():
-        torch.manual_seed(0)
-        with weights_for(setup), no_init():
-            model, make_inputs = build()
-            model = prepare(model, setup, lora_r)
-        first = first_block(model)
-        if assignment and small and first:
-            assignment = small_assignment(assignment, first.rpartition(".")[0] + ".", SMALL[-1])
-        if assignment or ms_norm:
-            apply(model, assignment or {}, ms_norm, make_inputs(batch, seq))
-        blocks = len(block_paths(model, first))
-        return time_step(model, make_inputs(batch, seq), setup, device), count[1] if small else blocks
-
-
-def _loss_cost(measure, time, after: StepMemory, before, blocks: int, sizes: tuple[int, int, int, int] | None, say):
-    """The chunked loss as a move (:class:`~approxbp.moves.LossCost`): ``measure()`` and ``time()`` the step with it
-    (its saving against ``after``, its modelled seconds against ``before``); its transient one chunk's logits with
-    their fp32 softmax and gradient, from ``sizes`` (rows, width, vocabulary, bytes per element). None where the
-    model's loss cannot be chunked (said)."""
-    from approxbp.chunked_loss import NotChunked, chunk_rows
-    from approxbp.moves import LossCost
-
-    if sizes is None:
-        say("chunked loss: not applied (not a Hugging Face model)")
-        return None
-    say("the chunked loss")
-    try:
-        saving = after.peak - measure().peak
-    except NotChunked as why:
-        say(f"{why}: not a move here")
-        return None
-    rows, width, vocab, itemsize = sizes
-    transient = chunk_rows(rows, width, vocab) * vocab * (2 * itemsize + 8)
-    return LossCost(saving, transient, modelled_time(time(), blocks) - modelled_time(before, blocks))
-
-
-def _loss_sizes(model_text: str, mode: str | Setup, rows: int) -> tuple[int, int, int, int] | None:
-    build = model_spec(model_text, as_setup(mode).task)
-    if not hasattr(build, "config"):
-        return None
-    config = build.config.get_text_config()
-    return rows, config.hidden_size, config.vocab_size, as_setup(mode).dtype.itemsize
-
-
 class NoFit(ValueError):
     """No assignment of the approximations reaches the budget (the moves may: ``gpu``)."""
+
+
+def assignments(run, layers, options, ms: dict, peak: int, say, count: int = 3) -> list[tuple[int, Assignment]]:
+    """(budget, the least-error assignment within it) at ``count`` budgets evenly from ``peak`` down to the most-saving
+    assignment's peak (the approximations' stretch of the curve; a budget the measured options miss is left out):
+    the candidates moves are weighed on."""
+    most = Assignment(*_within(run, layers, options, ms, peak, None, say), ms["chosen"], 0.0)
+    found = []
+    for budget in spread(peak, most.after.peak, count)[:-1]:
+        try:
+            found.append((budget, Assignment(*_within(run, layers, options, ms, peak, budget, say), ms["chosen"], 0.0)))
+        except NoFit:  # the options' measured savings do not add up to this budget
+            continue
+    return [(b, a._replace(error=max((options[layers[p]][o]["error"] for p, o in a.choice.items()), default=0.0)))
+            for b, a in [*found, (most.after.peak, most)]]
+
+
+def distinct(found: list[tuple[int, Assignment]]) -> list[Assignment]:
+    """The assignments of :func:`assignments`, each once."""
+    out: list[Assignment] = []
+    for _, a in found:
+        if all((a.choice, a.ms_norm) != (b.choice, b.ms_norm) for b in out):
+            out.append(a)
+    return out
+
+
+def spread(high: int, low: int, points: int) -> list[int]:
+    """``points`` budgets from ``high`` down to ``low``, evenly spaced."""
+    return [round(high - (high - low) * i / (points - 1)) for i in range(points)]
 
 
 def _within(run, layers, options, ms: dict, peak: int, budget: int | None, say):

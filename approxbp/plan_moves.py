@@ -7,11 +7,56 @@ block a recompute rebuilds, or an offload brings back, at a time)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import torch
+
 from approxbp.chunked_loss import CHUNKED, LOSS
+from approxbp.extrapolate import SMALL, layer_count, shrunk, small_assignment
 from approxbp.gpus import GPU
+from approxbp.models import hf_builder, model_spec, no_init
 from approxbp.moves import BlockCost, LossCost, choose_moves
-from approxbp.step_memory import StepMemory, first_block
-from approxbp.step_time import Roofline, StepTime, block_paths
+from approxbp.plan_step import _fake_like_real, apply
+from approxbp.setup import Setup, as_setup, weights_for
+from approxbp.step_memory import StepMemory, first_block, prepare
+from approxbp.step_time import Roofline, StepTime, block_paths, drop_in_paths
+
+
+class Assignment(NamedTuple):
+    """An assignment of the approximations with its measured step, additive estimate and gradient-error bound."""
+
+    choice: dict
+    after: StepMemory
+    estimate: int
+    ms_norm: bool
+    error: float
+
+
+class Weighed(NamedTuple):
+    """An :class:`Assignment` with what its moves cost (:func:`move_costs`)."""
+
+    choice: dict
+    after: StepMemory
+    estimate: int
+    ms_norm: bool
+    error: float
+    time: StepTime
+    blocks: int
+    loss: LossCost | None
+
+
+def fastest(weighed: list[Weighed], budget: int, device: GPU, itemsize: int) -> tuple[Weighed, dict] | None:
+    """The assignment and moves reaching ``budget`` in the least modelled step time, the approximations and the moves
+    chosen jointly (ties: the least gradient-error bound); None when no assignment's moves reach it."""
+    best = None
+    for w in weighed:
+        try:
+            moved = plan_moves(w.after, w.time, w.blocks, budget, device, itemsize, w.loss)
+        except ValueError:
+            continue
+        if best is None or (moved["seconds_after"], w.error) < (best[1]["seconds_after"], best[0].error):
+            best = (w, moved)
+    return best
 
 
 def time_step(model, inputs: dict, setup, device: GPU) -> StepTime:
@@ -19,7 +64,7 @@ def time_step(model, inputs: dict, setup, device: GPU) -> StepTime:
     to its blocks; on fake tensors inside the caller's fake mode."""
     from approxbp.step_memory import _autocast, _loss_of
 
-    clock = Roofline(device, type(model).__name__, block_paths(model, first_block(model)))
+    clock = Roofline(device, type(model).__name__, block_paths(model, first_block(model)), drop_in_paths(model))
     with clock, _autocast(setup):
         loss = _loss_of(model(**inputs))
     with clock:
@@ -74,3 +119,71 @@ def plan_moves(step: StepMemory, time: StepTime, blocks: int, budget: int, devic
             "by_move": {m: sum(1 for v in moves.values() if v == m) for m in ("recompute", "offload", CHUNKED)},
             "chunked_loss": None if loss is None else {"saving": loss.takes, "transient": loss.saved,
                                                        "seconds": loss.extra}}
+
+
+def timed(model_text: str, batch: int, seq: int, mode: str | Setup, device, lora_r: int = 8,
+          assignment: dict[str, str] | None = None, ms_norm: bool = False):
+    """(the roofline of one step with the assignment, :func:`~approxbp.plan_moves.time_step`; the model's block
+    count). A model of more than 3 alike blocks is timed at 3: its block 1 stands for each block, and what is outside
+    the blocks does not depend on their number."""
+    setup = as_setup(mode)
+    build = model_spec(model_text, setup.task)
+    count = layer_count(build.config) if hasattr(build, "config") else None
+    small = count is not None and count[1] > SMALL[-1]
+    if small:
+        build = hf_builder(shrunk(build.config, count[0], SMALL[-1]), build.task)
+    with _fake_like_real():
+        torch.manual_seed(0)
+        with weights_for(setup), no_init():
+            model, make_inputs = build()
+            model = prepare(model, setup, lora_r)
+        first = first_block(model)
+        if assignment and small and first:
+            assignment = small_assignment(assignment, first.rpartition(".")[0] + ".", SMALL[-1])
+        if assignment or ms_norm:
+            apply(model, assignment or {}, ms_norm, make_inputs(batch, seq))
+        blocks = len(block_paths(model, first))
+        return time_step(model, make_inputs(batch, seq), setup, device), count[1] if small else blocks
+
+
+def move_costs(run, model_text: str, batch: int, seq: int, mode: str | Setup, lora_r: int,
+               choice: dict[str, str], ms_norm: bool, after: StepMemory, device, say):
+    """(the step's roofline with the assignment, its block count, the chunked loss's cost or None): what
+    :func:`~approxbp.plan_moves.plan_moves` weighs at any budget."""
+    say(f"recompute and offload moves, timed for {device.name}")
+    time, blocks = timed(model_text, batch, seq, mode, device, lora_r, choice, ms_norm)
+    with_loss = {**choice, LOSS: CHUNKED}
+    loss = _loss_cost(lambda: run(with_loss, ms_norm),
+                      lambda: timed(model_text, batch, seq, mode, device, lora_r, with_loss, ms_norm)[0],
+                      after, time, blocks, _loss_sizes(model_text, mode, batch * seq), say)
+    return time, blocks, loss
+
+
+def _loss_cost(measure, time, after: StepMemory, before, blocks: int, sizes: tuple[int, int, int, int] | None, say):
+    """The chunked loss as a move (:class:`~approxbp.moves.LossCost`): ``measure()`` and ``time()`` the step with it
+    (its saving against ``after``, its modelled seconds against ``before``); its transient one chunk's logits with
+    their fp32 softmax and gradient, from ``sizes`` (rows, width, vocabulary, bytes per element). None where the
+    model's loss cannot be chunked (said)."""
+    from approxbp.chunked_loss import NotChunked, chunk_rows
+    from approxbp.moves import LossCost
+
+    if sizes is None:
+        say("chunked loss: not a move here (not a Hugging Face model with a vocabulary)")
+        return None
+    say("the chunked loss")
+    try:
+        saving = after.peak - measure().peak
+    except NotChunked as why:
+        say(f"{why}: not a move here")
+        return None
+    rows, width, vocab, itemsize = sizes
+    transient = chunk_rows(rows, width, vocab) * vocab * (2 * itemsize + 8)
+    return LossCost(saving, transient, modelled_time(time(), blocks) - modelled_time(before, blocks))
+
+
+def _loss_sizes(model_text: str, mode: str | Setup, rows: int) -> tuple[int, int, int, int] | None:
+    build = model_spec(model_text, as_setup(mode).task)
+    config = build.config.get_text_config() if hasattr(build, "config") else None
+    if not all(hasattr(config, key) for key in ("hidden_size", "vocab_size")):
+        return None
+    return rows, config.hidden_size, config.vocab_size, as_setup(mode).dtype.itemsize

@@ -9,10 +9,19 @@ bandwidth; charged to the innermost repeated block running it (``ModTracker``: f
 a plan names a GPU it does not run on, so the constants below stand in, with their sources. It is a lower bound (no
 launch or host time: the eager patched ViT on an H100 was host-bound at 2.4×, docs/training.md) and the docs call
 every time from it a model.
+
+Our drop-ins (modules of ``approxbp.kernels``: MS-norms, activation tables, fused GLUs, the norms' consumers) run as
+their CPU twins on fake tensors, several elementwise ops where the GPU runs one kernel; charged op by op they would
+cost each intermediate's round trip to memory. They are charged as the kernel they are instead: one region per
+call of the outermost drop-in (forward, and its backward): its elementwise ops together cost (bytes read from
+outside the region + bytes the region leaves alive) / B — the inputs read once, the outputs and saved tensors
+written once, the temporaries freed inside it never touching memory (``approxbp cost``: the kernels run at that
+byte budget); a matmul inside a drop-in is charged as itself, a library call as in the stock model.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -49,13 +58,15 @@ class Roofline(TorchDispatchMode):
     """Charges each op's roofline time to the innermost of ``blocks`` (module paths of the model whose class is
     ``root``; "" for none) running it."""
 
-    def __init__(self, device: GPU, root: str, blocks: list[str]):
+    def __init__(self, device: GPU, root: str, blocks: list[str], drop_ins: list[str] = ()):
         super().__init__()
         from torch.distributed._tools.mod_tracker import ModTracker
 
         # ModTracker names a module by its path under the root module's class name
         self.device, self.tracker = device, ModTracker()
         self.blocks = {f"{root}.{b}": b for b in blocks}
+        self.drop_ins = {f"{root}.{d}" for d in drop_ins}
+        self.region: _Region | None = None
         self.time = StepTime()
 
     def __enter__(self):
@@ -63,8 +74,18 @@ class Roofline(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
+        self._close()
         super().__exit__(*exc)
         self.tracker.__exit__(*exc)
+
+    def _charge(self, seconds: float, where: str, backward: bool) -> None:
+        phase = self.time.backward if backward else self.time.forward
+        phase[where] = phase.get(where, 0.0) + seconds
+
+    def _close(self) -> None:
+        if self.region is not None:
+            r, self.region = self.region, None
+            self._charge(r.moved() / self.device.memory_bandwidth, r.where, r.backward)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch.utils.flop_counter import flop_registry
@@ -78,14 +99,51 @@ class Roofline(TorchDispatchMode):
         if packet in flop_registry:
             flops = flop_registry[packet](*args, **kwargs, out_val=out)
         dtype = next((t.dtype for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()), torch.float32)
-        # a view (t, view, detach, …) or a query (prim.device) moves no bytes
-        moved = 0 if func.is_view or not any(isinstance(t, torch.Tensor) for t in outs) else _bytes(ins + outs)
-        seconds = max(flops / self.device.peak(dtype), moved / self.device.memory_bandwidth)
         inside = [p for p in self.tracker.parents if p in self.blocks]
         where = self.blocks[max(inside, key=len)] if inside else ""
-        phase = self.time.backward if self.tracker.is_bw else self.time.forward
-        phase[where] = phase.get(where, 0.0) + seconds
+        drop_in = min((p for p in self.tracker.parents if p in self.drop_ins), key=len, default=None)
+        key = (drop_in, self.tracker.is_bw)
+        if self.region is not None and self.region.key != key:
+            self._close()
+        if drop_in is not None and not flops:  # a matmul inside a drop-in is a library call of its own
+            if self.region is None:
+                self.region = _Region(key, where, self.tracker.is_bw)
+            self.region.add(ins, outs)
+            return out
+        # a view (t, view, detach, …) or a query (prim.device) moves no bytes
+        moved = 0 if func.is_view or not any(isinstance(t, torch.Tensor) for t in outs) else _bytes(ins + outs)
+        self._charge(max(flops / self.device.peak(dtype), moved / self.device.memory_bandwidth), where,
+                     self.tracker.is_bw)
         return out
+
+
+class _Region:
+    """The elementwise ops of one call of a drop-in (forward or backward), charged as one kernel: bytes read from
+    storages made outside it (once each), and written to storages made inside it that are still alive when it
+    ends."""
+
+    def __init__(self, key, where: str, backward: bool):
+        self.key, self.where, self.backward = key, where, backward
+        self.read, self.seen, self.made = 0, set(), {}
+
+    def add(self, ins, outs) -> None:
+        for t in ins:
+            if isinstance(t, torch.Tensor) and (k := t.untyped_storage()._cdata) not in self.seen | self.made.keys():
+                self.seen.add(k)
+                self.read += t.untyped_storage().nbytes()
+        for t in outs:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                self.made.setdefault(storage._cdata, []).append((weakref.ref(t), storage.nbytes()))
+
+    def moved(self) -> int:
+        alive = [refs for refs in self.made.values() if any(ref() is not None for ref, _ in refs)]
+        return self.read + sum(refs[0][1] for refs in alive)
+
+
+def drop_in_paths(model: torch.nn.Module) -> list[str]:
+    """The paths of the model's modules that are our drop-ins (classes of ``approxbp.kernels``)."""
+    return [n for n, m in model.named_modules() if n and type(m).__module__.startswith("approxbp.kernels")]
 
 
 def block_paths(model: torch.nn.Module, first: str) -> list[str]:

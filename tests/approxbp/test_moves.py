@@ -92,6 +92,31 @@ def test_the_roofline_of_a_matmul_is_its_flops_or_its_bytes():
     assert clock.time.forward == {"0": pytest.approx(want, rel=1e-12)}
 
 
+class _Chain(torch.nn.Module):
+    def forward(self, x):
+        return ((x * 2) + 1).relu()  # three elementwise ops, two temporaries
+
+
+def test_a_drop_in_is_charged_as_one_kernel_its_inputs_read_and_outputs_written_once():
+    """Op by op, each of the chain's three ops reads and writes n floats (6 × 4n bytes); as a drop-in, one kernel
+    reads x and writes the result (2 × 4n), its temporaries freed inside never touching memory; a matmul inside a
+    drop-in stays a call of its own."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    device, n = gpu("H100"), 1 << 20
+    seconds = {}
+    with FakeTensorMode():
+        for drop_ins in ([], ["0"]):
+            model = torch.nn.Sequential(_Chain(), torch.nn.Linear(1024, 1024, bias=False))
+            clock, x = Roofline(device, "Sequential", [], drop_ins), torch.empty(n // 1024, 1024)
+            with torch.no_grad(), clock:
+                model(x)
+            seconds[bool(drop_ins)] = clock.time.forward[""]
+    matmul = max(2 * (n // 1024) * 1024 * 1024 / device.fp32, (2 * 4 * n + 4 * 1024 * 1024) / device.memory_bandwidth)
+    assert seconds[False] == pytest.approx(6 * 4 * n / device.memory_bandwidth + matmul, rel=1e-12)
+    assert seconds[True] == pytest.approx(2 * 4 * n / device.memory_bandwidth + matmul, rel=1e-12)
+
+
 def test_every_gpu_has_a_source_and_an_unknown_one_is_refused():
     assert all(g.source and g.bf16 > g.fp32 > 0 and g.host_link > 0 for g in GPUS.values())
     with pytest.raises(ValueError, match="expected one of h100, h200, a100, rtx4090"):
