@@ -16,7 +16,10 @@ cost each intermediate's round trip to memory. They are charged as the kernel th
 call of the outermost drop-in (forward, and its backward): its elementwise ops together cost (bytes read from
 outside the region + bytes the region leaves alive) / B — the inputs read once, the outputs and saved tensors
 written once, the temporaries freed inside it never touching memory (``approxbp cost``: the kernels run at that
-byte budget); a matmul inside a drop-in is charged as itself, a library call as in the stock model.
+byte budget); a matmul inside a drop-in is charged as itself, a library call as in the stock model, and what it
+reads from the region counts as written. ``fused=True`` charges a compiled graph alike: its elementwise ops between
+library calls as Inductor's fused kernels (the graph frees each value after its last use, so the survivors are
+what it saves and returns).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class Roofline(TorchDispatchMode):
     """Charges each op's roofline time to the innermost of ``blocks`` (module paths of the model whose class is
     ``root``; "" for none) running it."""
 
-    def __init__(self, device: GPU, root: str, blocks: list[str], drop_ins: list[str] = ()):
+    def __init__(self, device: GPU, root: str, blocks: list[str], drop_ins: list[str] = (), fused: bool = False):
         super().__init__()
         from torch.distributed._tools.mod_tracker import ModTracker
 
@@ -66,6 +69,7 @@ class Roofline(TorchDispatchMode):
         self.device, self.tracker = device, ModTracker()
         self.blocks = {f"{root}.{b}": b for b in blocks}
         self.drop_ins = {f"{root}.{d}" for d in drop_ins}
+        self.fused = fused  # every elementwise op in one region per phase: a compiled graph, as Inductor fuses it
         self.region: _Region | None = None
         self.time = StepTime()
 
@@ -101,17 +105,21 @@ class Roofline(TorchDispatchMode):
         dtype = next((t.dtype for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()), torch.float32)
         inside = [p for p in self.tracker.parents if p in self.blocks]
         where = self.blocks[max(inside, key=len)] if inside else ""
-        drop_in = min((p for p in self.tracker.parents if p in self.drop_ins), key=len, default=None)
+        drop_in = "(fused)" if self.fused else min((p for p in self.tracker.parents if p in self.drop_ins), key=len,
+                                                    default=None)
         key = (drop_in, self.tracker.is_bw)
         if self.region is not None and self.region.key != key:
             self._close()
-        if drop_in is not None and not flops:  # a matmul inside a drop-in is a library call of its own
+        # a view (t, view, detach, …) or a query (prim.device) moves no bytes
+        nothing = func.is_view or not any(isinstance(t, torch.Tensor) for t in outs)
+        if drop_in is not None and not flops and not nothing:  # a matmul inside a drop-in is a library call of its own
             if self.region is None:
                 self.region = _Region(key, where, self.tracker.is_bw)
             self.region.add(ins, outs)
             return out
-        # a view (t, view, detach, …) or a query (prim.device) moves no bytes
-        moved = 0 if func.is_view or not any(isinstance(t, torch.Tensor) for t in outs) else _bytes(ins + outs)
+        if self.region is not None:  # what a library call reads from the region was written to memory
+            self.region.escape(ins)
+        moved = 0 if nothing else _bytes(ins + outs)
         self._charge(max(flops / self.device.peak(dtype), moved / self.device.memory_bandwidth), where,
                      self.tracker.is_bw)
         return out
@@ -120,25 +128,30 @@ class Roofline(TorchDispatchMode):
 class _Region:
     """The elementwise ops of one call of a drop-in (forward or backward), charged as one kernel: bytes read from
     storages made outside it (once each), and written to storages made inside it that are still alive when it
-    ends."""
+    ends or that a library call inside it (a matmul) read."""
 
     def __init__(self, key, where: str, backward: bool):
         self.key, self.where, self.backward = key, where, backward
-        self.read, self.seen, self.made = 0, set(), {}
+        self.read, self.seen, self.made, self.escaped = 0, set(), {}, set()
 
     def add(self, ins, outs) -> None:
         for t in ins:
             if isinstance(t, torch.Tensor) and (k := t.untyped_storage()._cdata) not in self.seen | self.made.keys():
                 self.seen.add(k)
                 self.read += t.untyped_storage().nbytes()
-        for t in outs:
-            if isinstance(t, torch.Tensor):
+        for t in outs:  # a view or an in-place result of what it read is not a new storage
+            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in self.seen:
                 storage = t.untyped_storage()
                 self.made.setdefault(storage._cdata, []).append((weakref.ref(t), storage.nbytes()))
 
+    def escape(self, ins) -> None:
+        for t in ins:
+            if isinstance(t, torch.Tensor) and (k := t.untyped_storage()._cdata) in self.made:
+                self.escaped.add(k)
+
     def moved(self) -> int:
-        alive = [refs for refs in self.made.values() if any(ref() is not None for ref, _ in refs)]
-        return self.read + sum(refs[0][1] for refs in alive)
+        written = [refs for k, refs in self.made.items() if k in self.escaped or any(r() is not None for r, _ in refs)]
+        return self.read + sum(refs[0][1] for refs in written)
 
 
 def drop_in_paths(model: torch.nn.Module) -> list[str]:

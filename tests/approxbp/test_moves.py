@@ -100,21 +100,22 @@ class _Chain(torch.nn.Module):
 def test_a_drop_in_is_charged_as_one_kernel_its_inputs_read_and_outputs_written_once():
     """Op by op, each of the chain's three ops reads and writes n floats (6 × 4n bytes); as a drop-in, one kernel
     reads x and writes the result (2 × 4n), its temporaries freed inside never touching memory; a matmul inside a
-    drop-in stays a call of its own."""
+    drop-in stays a call of its own; a compiled graph's elementwise ops are charged alike (``fused``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     device, n = gpu("H100"), 1 << 20
     seconds = {}
     with FakeTensorMode():
-        for drop_ins in ([], ["0"]):
+        for drop_ins, fused in (([], False), (["0"], False), ([], True)):
             model = torch.nn.Sequential(_Chain(), torch.nn.Linear(1024, 1024, bias=False))
-            clock, x = Roofline(device, "Sequential", [], drop_ins), torch.empty(n // 1024, 1024)
+            clock, x = Roofline(device, "Sequential", [], drop_ins, fused), torch.empty(n // 1024, 1024)
             with torch.no_grad(), clock:
                 model(x)
-            seconds[bool(drop_ins)] = clock.time.forward[""]
+            seconds[bool(drop_ins) or fused] = seconds.get(bool(drop_ins) or fused, []) + [clock.time.forward[""]]
     matmul = max(2 * (n // 1024) * 1024 * 1024 / device.fp32, (2 * 4 * n + 4 * 1024 * 1024) / device.memory_bandwidth)
-    assert seconds[False] == pytest.approx(6 * 4 * n / device.memory_bandwidth + matmul, rel=1e-12)
-    assert seconds[True] == pytest.approx(2 * 4 * n / device.memory_bandwidth + matmul, rel=1e-12)
+    assert seconds[False] == [pytest.approx(6 * 4 * n / device.memory_bandwidth + matmul, rel=1e-12)]
+    # a drop-in, or a compiled graph (fused=True: the chain fused as Inductor would, its result read by the matmul)
+    assert seconds[True] == [pytest.approx(2 * 4 * n / device.memory_bandwidth + matmul, rel=1e-12)] * 2
 
 
 def test_every_gpu_has_a_source_and_an_unknown_one_is_refused():
