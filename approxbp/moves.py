@@ -9,6 +9,9 @@ forward time F_b and backward time B_b (the roofline, seconds), on a GPU with ho
 * **offload** — ``saved_tensors_hooks`` around its forward copy each tensor it saves to host memory and back when
   the backward reads it: nothing stays on the device (−S_b); the copies take 2·S_b/L, hidden behind the block's
   own compute where shorter: +max(0, 2·S_b/L − F_b − B_b). Coming back, one block's S_b is on the device again.
+* **recompute a part** — one direct child of the block (its attention or its MLP) under the checkpoint alone
+  (selective checkpointing at module grain): it takes off what a step with that part of every block recomputed
+  measures less, per block, and adds the part's forward time F_c (the roofline's, charged to the part).
 * **chunked loss** — one item beside the blocks (:mod:`approxbp.chunked_loss`): a causal LM's loss a chunk of rows
   at a time; it takes the measured bytes the logits' loss kept (a step measured with it) and adds the modelled
   seconds of that step's head recomputation; one chunk's logits are its transient.
@@ -27,6 +30,10 @@ from torch import nn
 from approxbp.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss
 
 MOVES = ("keep", "recompute", "offload")
+#: A block's move that recomputes one of its parts alone: "recompute mlp" (selective checkpointing, module grain).
+RECOMPUTE_PART = "recompute "
+#: An assignment's key (approxbp.plan_step.apply) that recomputes that part of every block: "(recompute part) mlp".
+PART_KEY = "(recompute part) "
 _MOVED = "_approxbp_move"  # the block's __dict__: (move, the forward it had)
 
 
@@ -38,14 +45,22 @@ class BlockCost:
     inputs: int  # I_b
     forward: float  # F_b
     backward: float  # B_b
-    moves = MOVES
+    parts: tuple = ()  # (name, measured saving, forward seconds) of each part recomputable alone ("mlp")
+
+    @property
+    def moves(self) -> tuple[str, ...]:
+        return MOVES + tuple(f"{RECOMPUTE_PART}{name}" for name, _, _ in self.parts)
 
     def saving(self, move: str) -> int:
         """Bytes the move takes off the end of the forward."""
+        if move.startswith(RECOMPUTE_PART):
+            return next(s for name, s, _ in self.parts if RECOMPUTE_PART + name == move)
         return {"keep": 0, "recompute": self.saved - self.inputs, "offload": self.saved}[move]
 
     def seconds(self, move: str, host_link: float) -> float:
         """Modelled seconds the move adds to the step."""
+        if move.startswith(RECOMPUTE_PART):
+            return next(t for name, _, t in self.parts if RECOMPUTE_PART + name == move)
         if move == "recompute":
             return self.forward
         if move == "offload":
@@ -103,8 +118,11 @@ def apply_moves(model: nn.Module, moves: dict[str, str]) -> nn.Module:
             if move == CHUNKED:
                 apply_chunked_loss(model)
             continue
+        if move.startswith(RECOMPUTE_PART):
+            path, move = f"{path}.{move[len(RECOMPUTE_PART):]}", "recompute"
         if move not in MOVES:
-            raise ValueError(f"block {path}: move {move!r}, expected one of {', '.join(MOVES)}")
+            raise ValueError(f"block {path}: move {move!r}, expected one of {', '.join(MOVES)} or "
+                             f"'{RECOMPUTE_PART}PART'")
         if path not in modules:
             raise ValueError(f"block {path}: no such module in {type(model).__name__}")
         block = modules[path]

@@ -42,9 +42,8 @@ def pareto(model_text: str, batch: int, seq: int, mode, gpu: str, lora_r: int = 
     found = assignments(run, layers, options, ms, base.peak, say, points)
     curve, weighed = [], []
     for a in distinct(found):
-        time, blocks, loss = move_costs(run, model_text, batch, seq, mode, lora_r, a.choice, a.ms_norm, a.after,
-                                        device, say)
-        weighed.append(Weighed(*a, time, blocks, loss))
+        weighed.append(Weighed(*a, *move_costs(run, model_text, batch, seq, mode, lora_r, a.choice, a.ms_norm,
+                                               a.after, device, say)))
     for budget, a in found:
         w = next(w for w in weighed if (w.choice, w.ms_norm) == (a.choice, a.ms_norm))
         curve.append({"budget": budget, "peak": a.after.peak, "seconds": modelled_time(w.time, w.blocks),
@@ -63,7 +62,8 @@ def pareto(model_text: str, batch: int, seq: int, mode, gpu: str, lora_r: int = 
     return curve
 
 
-MOVED = {"recompute": "{} blocks recomputed", "offload": "{} offloaded", "chunked-loss": "loss chunked"}
+MOVED = {"recompute": "{} blocks recomputed", "recompute part": "{} parts recomputed alone", "offload": "{} offloaded",
+         "chunked-loss": "loss chunked"}
 
 
 def _described(choice: dict[str, str], ms_norm: bool) -> str:

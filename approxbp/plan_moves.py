@@ -15,7 +15,7 @@ from approxbp.chunked_loss import CHUNKED, LOSS
 from approxbp.extrapolate import SMALL, layer_count, shrunk, small_assignment
 from approxbp.gpus import GPU
 from approxbp.models import hf_builder, model_spec, no_init
-from approxbp.moves import BlockCost, LossCost, choose_moves
+from approxbp.moves import PART_KEY, RECOMPUTE_PART, BlockCost, LossCost, choose_moves
 from approxbp.plan_step import _fake_like_real, apply
 from approxbp.setup import Setup, as_setup, weights_for
 from approxbp.step_memory import StepMemory, first_block, prepare
@@ -43,6 +43,7 @@ class Weighed(NamedTuple):
     time: StepTime
     blocks: int
     loss: LossCost | None
+    parts: dict  # a block's part → the bytes recomputing it alone takes off, per block (measured)
 
 
 def fastest(weighed: list[Weighed], budget: int, device: GPU, itemsize: int) -> tuple[Weighed, dict] | None:
@@ -51,7 +52,7 @@ def fastest(weighed: list[Weighed], budget: int, device: GPU, itemsize: int) -> 
     best = None
     for w in weighed:
         try:
-            moved = plan_moves(w.after, w.time, w.blocks, budget, device, itemsize, w.loss)
+            moved = plan_moves(w.after, w.time, w.blocks, budget, device, itemsize, w.loss, w.parts)
         except ValueError:
             continue
         if best is None or (moved["seconds_after"], w.error) < (best[1]["seconds_after"], best[0].error):
@@ -64,7 +65,10 @@ def time_step(model, inputs: dict, setup, device: GPU) -> StepTime:
     to its blocks; on fake tensors inside the caller's fake mode."""
     from approxbp.step_memory import _autocast, _loss_of
 
-    clock = Roofline(device, type(model).__name__, block_paths(model, first_block(model)), drop_in_paths(model))
+    blocks = block_paths(model, first_block(model))
+    modules = dict(model.named_modules())
+    parts = [f"{b}.{name}" for b in blocks for name, _ in modules[b].named_children()]
+    clock = Roofline(device, type(model).__name__, blocks, drop_in_paths(model), parts=parts)
     with clock, _autocast(setup):
         loss = _loss_of(model(**inputs))
     with clock:
@@ -72,9 +76,11 @@ def time_step(model, inputs: dict, setup, device: GPU) -> StepTime:
     return clock.time
 
 
-def block_costs(step: StepMemory, time: StepTime, bytes_per_element: int) -> dict[str, BlockCost]:
+def block_costs(step: StepMemory, time: StepTime, bytes_per_element: int,
+                parts: dict[str, int] | None = None) -> dict[str, BlockCost]:
     """Each block's measured bytes and modelled seconds: S_b from the step's bytes charged to its modules, I_b its
-    input hidden state, F_b and B_b the roofline's (a block the timing model did not have takes block 1's)."""
+    input hidden state, F_b and B_b the roofline's (a block the timing model did not have takes block 1's); each
+    part of ``parts`` (name → measured saving per block) with its forward time."""
     prefix = step.block.rpartition(".")[0] + "." if step.block else ""
     if not prefix:
         return {}
@@ -84,9 +90,14 @@ def block_costs(step: StepMemory, time: StepTime, bytes_per_element: int) -> dic
             index = path[len(prefix):].split(".")[0]
             saved[prefix + index] = saved.get(prefix + index, 0) + b
     stand_in = prefix + "1"
+
+    def part_time(path: str, name: str) -> float:
+        return time.parts.get(f"{path}.{name}", time.parts.get(f"{stand_in}.{name}", 0.0))
+
     return {path: BlockCost(s, step.block_input * bytes_per_element,
                             time.forward.get(path, time.forward.get(stand_in, 0.0)),
-                            time.backward.get(path, time.backward.get(stand_in, 0.0)))
+                            time.backward.get(path, time.backward.get(stand_in, 0.0)),
+                            tuple((name, saving, part_time(path, name)) for name, saving in (parts or {}).items()))
             for path, s in saved.items()}
 
 
@@ -101,11 +112,12 @@ def modelled_time(time: StepTime, blocks: int) -> float:
 
 
 def plan_moves(step: StepMemory, time: StepTime, blocks: int, budget: int, device: GPU,
-               bytes_per_element: int, loss: LossCost | None = None) -> dict:
+               bytes_per_element: int, loss: LossCost | None = None, parts: dict[str, int] | None = None) -> dict:
     """The moves of least modelled time that bring the step's peak to ``budget`` (see the module docstring): the
     moves, the modelled peak and its parts, the modelled seconds before and after. ``loss``: the chunked loss's
-    measured cost, an item beside the blocks (None: the model's loss cannot be chunked)."""
-    costs: dict = block_costs(step, time, bytes_per_element)
+    measured cost, an item beside the blocks (None: the model's loss cannot be chunked); ``parts``: the blocks'
+    parts recomputable alone, with their measured saving per block."""
+    costs: dict = block_costs(step, time, bytes_per_element, parts)
     if loss is not None:
         costs[LOSS] = loss
     moves = choose_moves(costs, step.peak - budget, device.host_link)
@@ -116,7 +128,8 @@ def plan_moves(step: StepMemory, time: StepTime, blocks: int, budget: int, devic
     return {"moves": moves, "gpu": device.name, "gpu_source": device.source,
             "end_of_forward": step.peak - taken, "transient": transient, "peak": step.peak - taken + transient,
             "seconds_before": base, "seconds_after": base + extra,
-            "by_move": {m: sum(1 for v in moves.values() if v == m) for m in ("recompute", "offload", CHUNKED)},
+            "by_move": {**{m: sum(1 for v in moves.values() if v == m) for m in ("recompute", "offload", CHUNKED)},
+                        "recompute part": sum(1 for v in moves.values() if v.startswith(RECOMPUTE_PART))},
             "chunked_loss": None if loss is None else {"saving": loss.takes, "transient": loss.saved,
                                                        "seconds": loss.extra}}
 
@@ -148,15 +161,34 @@ def timed(model_text: str, batch: int, seq: int, mode: str | Setup, device, lora
 
 def move_costs(run, model_text: str, batch: int, seq: int, mode: str | Setup, lora_r: int,
                choice: dict[str, str], ms_norm: bool, after: StepMemory, device, say):
-    """(the step's roofline with the assignment, its block count, the chunked loss's cost or None): what
-    :func:`~approxbp.plan_moves.plan_moves` weighs at any budget."""
+    """(the step's roofline with the assignment, its block count, the chunked loss's cost or None, the blocks' parts
+    recomputable alone with their measured saving per block): what :func:`plan_moves` weighs at any budget."""
     say(f"recompute and offload moves, timed for {device.name}")
     time, blocks = timed(model_text, batch, seq, mode, device, lora_r, choice, ms_norm)
     with_loss = {**choice, LOSS: CHUNKED}
     loss = _loss_cost(lambda: run(with_loss, ms_norm),
                       lambda: timed(model_text, batch, seq, mode, device, lora_r, with_loss, ms_norm)[0],
                       after, time, blocks, _loss_sizes(model_text, mode, batch * seq), say)
-    return time, blocks, loss
+    parts = {}
+    for name in _large_parts(after):
+        say(f"recompute {name} alone")
+        saving = (after.peak - run({**choice, PART_KEY + name: "recompute"}, ms_norm).peak) // blocks
+        if saving > 0:
+            parts[name] = saving
+    return time, blocks, loss, parts
+
+
+def _large_parts(step: StepMemory, share: float = 0.1) -> list[str]:
+    """The direct children of the first block that save at least ``share`` of its bytes (its attention, its MLP)."""
+    if not step.block:
+        return []
+    mine: dict[str, int] = {}
+    for path, b in step.saved.items():
+        if path.startswith(step.block + "."):
+            name = path[len(step.block) + 1:].split(".")[0]
+            mine[name] = mine.get(name, 0) + b
+    total = sum(mine.values())
+    return [name for name, b in mine.items() if total and b >= share * total]
 
 
 def _loss_cost(measure, time, after: StepMemory, before, blocks: int, sizes: tuple[int, int, int, int] | None, say):

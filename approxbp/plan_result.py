@@ -152,9 +152,13 @@ def _moves_lines(m: dict | None) -> list[str]:
     blocks = "; ".join(f"{move}: {_ranges([p for p, v in m['moves'].items() if v == move])}"
                        for move in ("recompute", "offload") if m["by_move"][move])
     chunked = m["by_move"].get("chunked-loss", 0)
+    parts = sorted({v for v in m["moves"].values() if v.startswith("recompute ")})
+    if parts:
+        blocks += "; " + "; ".join(f"{v}: {_ranges([p for p, w in m['moves'].items() if w == v])}" for v in parts)
     return [f"moves beyond the approximations (no assignment alone reaches the budget; the assignment above and "
             f"these moves are the least modelled time that does, chosen jointly): "
-            f"{m['by_move']['recompute']} blocks recomputed, {m['by_move']['offload']} offloaded ({blocks})"
+            f"{m['by_move']['recompute']} blocks recomputed, {m['by_move'].get('recompute part', 0)} recomputed in "
+            f"part, {m['by_move']['offload']} offloaded ({blocks})"
             + ("; the loss chunked (logits never materialised)" if chunked else ""),
             f"  modelled peak {size(m['peak'])} = end of forward {size(m['end_of_forward'])} + the largest "
             f"transient (a moved block back, or a chunk's logits) {size(m['transient'])}",

@@ -12,8 +12,10 @@ from torch import nn
 from approxbp.chunked_loss import CHUNKED, LOSS
 from approxbp.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
 from approxbp.models import hf_builder, model_spec, no_init
+from approxbp.moves import PART_KEY, RECOMPUTE_PART, apply_moves
 from approxbp.setup import LoRALinear, Setup, as_setup, weights_for
-from approxbp.step_memory import StepMemory, measure, prepare
+from approxbp.step_memory import StepMemory, first_block, measure, prepare
+from approxbp.step_time import block_paths
 from approxbp.tasks import head_of
 
 #: Per activation layer; ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no
@@ -56,6 +58,13 @@ def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: d
     from approxbp.chunked_loss import apply_chunked_loss
     from approxbp.kernels.patch import patch_model
 
+    parts = [p[len(PART_KEY):] for p in assignment if p.startswith(PART_KEY)]
+    assignment = {p: o for p, o in assignment.items() if not p.startswith(PART_KEY)}
+    if parts:  # after the other rewrites (patch_model proves on the stock forward)
+        apply(model, assignment, ms_norm, inputs)
+        blocks = block_paths(model, first_block(model))
+        apply_moves(model, {b: RECOMPUTE_PART + part for b in blocks for part in parts})
+        return model
     if assignment.get(LOSS) == CHUNKED:
         apply_chunked_loss(model)
         assignment = {p: o for p, o in assignment.items() if p != LOSS}

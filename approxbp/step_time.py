@@ -40,6 +40,7 @@ class StepTime:
 
     forward: dict[str, float] = field(default_factory=dict)  # block path ("" outside blocks) → seconds
     backward: dict[str, float] = field(default_factory=dict)
+    parts: dict[str, float] = field(default_factory=dict)  # a part of a block ("model.layers.1.mlp") → forward s
 
     @property
     def total(self) -> float:
@@ -61,7 +62,8 @@ class Roofline(TorchDispatchMode):
     """Charges each op's roofline time to the innermost of ``blocks`` (module paths of the model whose class is
     ``root``; "" for none) running it."""
 
-    def __init__(self, device: GPU, root: str, blocks: list[str], drop_ins: list[str] = (), fused: bool = False):
+    def __init__(self, device: GPU, root: str, blocks: list[str], drop_ins: list[str] = (), fused: bool = False,
+                 parts: list[str] = ()):
         super().__init__()
         from torch.distributed._tools.mod_tracker import ModTracker
 
@@ -69,6 +71,7 @@ class Roofline(TorchDispatchMode):
         self.device, self.tracker = device, ModTracker()
         self.blocks = {f"{root}.{b}": b for b in blocks}
         self.drop_ins = {f"{root}.{d}" for d in drop_ins}
+        self.parts = {f"{root}.{p}": p for p in parts}  # their forward time is also kept apart (module recompute)
         self.fused = fused  # every elementwise op in one region per phase: a compiled graph, as Inductor fuses it
         self.region: _Region | None = None
         self.time = StepTime()
@@ -82,14 +85,16 @@ class Roofline(TorchDispatchMode):
         super().__exit__(*exc)
         self.tracker.__exit__(*exc)
 
-    def _charge(self, seconds: float, where: str, backward: bool) -> None:
+    def _charge(self, seconds: float, where: str, backward: bool, part: str | None = None) -> None:
         phase = self.time.backward if backward else self.time.forward
         phase[where] = phase.get(where, 0.0) + seconds
+        if part is not None and not backward:
+            self.time.parts[part] = self.time.parts.get(part, 0.0) + seconds
 
     def _close(self) -> None:
         if self.region is not None:
             r, self.region = self.region, None
-            self._charge(r.moved() / self.device.memory_bandwidth, r.where, r.backward)
+            self._charge(r.moved() / self.device.memory_bandwidth, r.where, r.backward, r.part)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch.utils.flop_counter import flop_registry
@@ -105,6 +110,7 @@ class Roofline(TorchDispatchMode):
         dtype = next((t.dtype for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()), torch.float32)
         inside = [p for p in self.tracker.parents if p in self.blocks]
         where = self.blocks[max(inside, key=len)] if inside else ""
+        part = next((self.parts[p] for p in self.tracker.parents if p in self.parts), None)
         drop_in = "(fused)" if self.fused else min((p for p in self.tracker.parents if p in self.drop_ins), key=len,
                                                     default=None)
         key = (drop_in, self.tracker.is_bw)
@@ -114,14 +120,14 @@ class Roofline(TorchDispatchMode):
         nothing = func.is_view or not any(isinstance(t, torch.Tensor) for t in outs)
         if drop_in is not None and not flops and not nothing:  # a matmul inside a drop-in is a library call of its own
             if self.region is None:
-                self.region = _Region(key, where, self.tracker.is_bw)
+                self.region = _Region(key, where, self.tracker.is_bw, part)
             self.region.add(ins, outs)
             return out
         if self.region is not None:  # what a library call reads from the region was written to memory
             self.region.escape(ins)
         moved = 0 if nothing else _bytes(ins + outs)
         self._charge(max(flops / self.device.peak(dtype), moved / self.device.memory_bandwidth), where,
-                     self.tracker.is_bw)
+                     self.tracker.is_bw, part)
         return out
 
 
@@ -130,8 +136,8 @@ class _Region:
     storages made outside it (once each), and written to storages made inside it that are still alive when it
     ends or that a library call inside it (a matmul) read."""
 
-    def __init__(self, key, where: str, backward: bool):
-        self.key, self.where, self.backward = key, where, backward
+    def __init__(self, key, where: str, backward: bool, part: str | None = None):
+        self.key, self.where, self.backward, self.part = key, where, backward, part
         self.read, self.seen, self.made, self.escaped = 0, set(), {}, set()
 
     def add(self, ins, outs) -> None:

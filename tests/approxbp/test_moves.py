@@ -55,6 +55,35 @@ def test_moved_blocks_train_as_stock_and_keep_what_the_plan_charges():
     assert sum(_step(moved)[0].values()) == sum(base.values())
 
 
+def test_a_part_recomputed_alone_trains_as_stock_and_keeps_only_its_input():
+    """``recompute mlp``: the block's MLP alone under the checkpoint; it keeps the MLP's input (the post-attention
+    norm's output, b·n·d float64) in place of what the MLP saved, the rest of the block as it was."""
+    stock = _llama()
+    base, want = _step(stock)
+    moved = copy.deepcopy(stock)
+    moved.zero_grad(set_to_none=True)
+    apply_moves(moved, {"model.layers.1": "recompute mlp"})
+    got, grads = _step(moved)
+    assert all(torch.equal(a, b) for a, b in zip(want, grads))
+
+    def under(into, path):
+        return sum(b for p, b in into.items() if p == path or p.startswith(path + "."))
+
+    assert under(got, "model.layers.1.mlp") == IDS.numel() * 32 * 8
+    assert under(got, "model.layers.1.self_attn") == under(base, "model.layers.1.self_attn")
+    remove_moves(moved)
+    assert "forward" not in moved.model.layers[1].mlp.__dict__
+
+
+def test_a_part_is_chosen_where_it_saves_bytes_more_cheaply_than_its_block():
+    """Blocks of 100 bytes (input 10, forward 1 s) whose attention alone saves 60 for 0.2 s: 20 bytes over, plus the
+    100-byte transient of one moved block, are taken off by recomputing both attentions (120 bytes, 0.4 s), not a
+    whole block and an attention (150 bytes, 1.2 s)."""
+    costs = {f"b{i}": BlockCost(100, 10, 1.0, 2.0, (("attn", 60, 0.2),)) for i in range(2)}
+    assert costs["b0"].moves == ("keep", "recompute", "offload", "recompute attn")
+    assert choose_moves(costs, 20, host_link=1.0) == {"b0": "recompute attn", "b1": "recompute attn"}
+
+
 def test_a_bad_move_or_path_is_refused():
     with pytest.raises(ValueError, match="expected one of keep, recompute, offload"):
         apply_moves(_llama(), {"model.layers.0": "swap"})
