@@ -62,7 +62,7 @@ def pareto(model_text: str, batch: int, seq: int, mode, gpu: str, lora_r: int = 
     return curve
 
 
-MOVED = {"recompute": "{} blocks recomputed", "recompute part": "{} parts recomputed alone", "offload": "{} offloaded",
+MOVED = {"recompute": "blocks recomputed: {}", "recompute part": "parts recomputed alone: {}", "offload": "offloaded: {}",
          "chunked-loss": "loss chunked"}
 
 
