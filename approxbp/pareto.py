@@ -62,8 +62,8 @@ def pareto(model_text: str, batch: int, seq: int, mode, gpu: str, lora_r: int = 
     return curve
 
 
-MOVED = {"recompute": "blocks recomputed: {}", "recompute part": "parts recomputed alone: {}", "offload": "offloaded: {}",
-         "chunked-loss": "loss chunked"}
+MOVED = {"recompute": "blocks recomputed: {}", "recompute part": "parts recomputed alone: {}",
+         "offload": "offloaded: {}", "chunked-loss": "loss chunked"}
 
 
 def _described(choice: dict[str, str], ms_norm: bool) -> str:
