@@ -38,6 +38,41 @@ class ExactExpertGate:
         return f"ExactExpertGate(glu-{self.spec.activation})"
 
 
+def _recomputes_down_input(module: nn.Module) -> bool:
+    """The grouped forward without bias, expert parallelism or a post-expert norm: the one
+    :func:`experts_forward` writes (the others keep the exact gate alone)."""
+    implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
+    return implementation == "grouped_mm" and not getattr(module, "has_bias", False) and not getattr(
+        module, "_is_expert_parallel", False) and not getattr(module, "has_post_expert_norm", False)
+
+
+def experts_forward(module: nn.Module):
+    """The grouped experts forward of transformers' ``grouped_mm`` implementation (tokens sorted by expert, the up
+    projection [g | u] = x Wᵤ per expert, h = act(g)·u, the down projection h W_d, the routing weights, the tokens'
+    top-k outputs summed) with the gate and the down projection under one non-reentrant checkpoint: it keeps [g | u]
+    (which the gate saves anyway) in place of h and act(g), and recomputes act(g)·u in the backward — elementwise
+    work, no matmul; every value and gradient is the stock one."""
+    from torch.utils.checkpoint import checkpoint
+    from transformers.integrations.moe import _grouped_linear
+
+    def gate_down(gate_up: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return _grouped_linear(module._apply_gate(gate_up), weight, offsets, is_transposed=module.is_transposed)
+
+    def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        k = top_k_index.size(-1)
+        expert_of, perm = torch.sort(top_k_index.reshape(-1))
+        offsets = torch.cumsum(torch.bincount(expert_of, minlength=module.num_experts), 0, dtype=torch.int32)
+        gate_up = _grouped_linear(hidden_states[perm // k], module.gate_up_proj, offsets,
+                                  is_transposed=module.is_transposed)
+        out = checkpoint(gate_down, gate_up, module.down_proj, offsets, use_reentrant=False)
+        out = out * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
+        back = torch.empty_like(perm)
+        back[perm] = torch.arange(perm.numel(), device=perm.device)
+        return out[back].view(hidden_states.shape[0], k, -1).sum(dim=1).to(hidden_states.dtype)
+
+    return forward
+
+
 def _default_gate(module: nn.Module) -> bool:
     """The class applies transformers' default gate, act_fn(g)·u on gate_up.chunk(2) (GPT-OSS's own clamped,
     interleaved gate is another function)."""
@@ -84,6 +119,30 @@ def _probe(module: nn.Module, gate: ExactExpertGate) -> str | None:
     return None if off <= 1e-12 else f"the exact gate differs from its _apply_gate by {off:.2g} on a float64 probe"
 
 
+def _probe_forward(module: nn.Module, gate: ExactExpertGate) -> str | None:
+    """:func:`experts_forward` against the module's own forward on a float32 copy (grouped_mm takes no float64): 12
+    tokens routed to 2 experts each, outputs and the gradients of the tokens, the routing weights and the parameters
+    to 1e-6 relative (the same ops in the same order: equal in practice)."""
+    import copy
+
+    probe = copy.deepcopy(module).float()
+    gen = torch.Generator().manual_seed(0)
+    width = probe.down_proj.shape[-1 if probe.is_transposed else -2]  # the hidden size
+    x = torch.randn(12, width, generator=gen).requires_grad_()
+    index = torch.stack([torch.randperm(probe.num_experts, generator=gen)[:2] for _ in range(12)])
+    weights = torch.rand(12, 2, generator=gen).requires_grad_()
+    got = []
+    for run in (probe.forward, None):
+        if run is None:
+            swaps.mark_expert_gate(probe, gate, experts_forward(probe))
+            run = probe.forward
+        y = run(x, index, weights)
+        grads = torch.autograd.grad(y, [x, weights, *probe.parameters()], torch.ones_like(y))
+        got.append([y.detach(), *grads])
+    off = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-300)) for a, b in zip(*got))
+    return None if off <= 1e-6 else f"the experts' forward with act(g)·u recomputed differs by {off:.2g}"
+
+
 def fuse_expert_gates(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig,
                       savings: Savings) -> None:
     """Install :class:`ExactExpertGate` on every proven experts module (``config.glu``: all, or these paths;
@@ -100,7 +159,9 @@ def fuse_expert_gates(model: nn.Module, report: PatchReport, undo: Undo, config:
                     report.skipped.append(f"{name} ({type(module).__name__}): {why}")
                     continue
                 gate = ExactExpertGate(ACTIVATION_CLASSES[class_key(module.act_fn)])
-                swaps.mark_expert_gate(module, gate)
+                own = _recomputes_down_input(module) and _probe_forward(module, gate) is None
+                swaps.mark_expert_gate(module, gate, experts_forward(module) if own else None)
                 undo.steps.append(lambda module=module: swaps.remove_expert_gate(module))
                 report.glus.append(f"{name}: {type(module).__name__} → experts with {gate!r} (saves g and u, "
-                                   "act(g) recomputed)")
+                                   "act(g) recomputed" + ("; the down projection's input act(g)·u recomputed too)"
+                                                          if own else ")"))

@@ -47,12 +47,17 @@ def kept_affine(module: nn.Module) -> bool:
 #: The instance attribute an experts module's exact gate is installed as (the class keeps its own ``_apply_gate``).
 EXPERT_GATE = "_apply_gate"
 _GATED = "expert_gate_installed"
+_OWN_FORWARD = "expert_forward_installed"
 
 
-def mark_expert_gate(experts: nn.Module, gate) -> None:
-    """``experts`` computes act(g)·u with ``gate`` (:mod:`.moe_patch`): its act_fn is no longer called."""
+def mark_expert_gate(experts: nn.Module, gate, forward=None) -> None:
+    """``experts`` computes act(g)·u with ``gate`` (:mod:`.moe_patch`): its act_fn is no longer called; with
+    ``forward``, that replaces its forward too (the down projection's input recomputed)."""
     experts.__dict__[EXPERT_GATE] = gate
     experts.__dict__[_GATED] = True
+    if forward is not None:
+        experts.__dict__["forward"] = forward
+        experts.__dict__[_OWN_FORWARD] = True
 
 
 def expert_gate(experts: nn.Module):
@@ -64,3 +69,5 @@ def remove_expert_gate(experts: nn.Module) -> None:
     """Unpatch: the class's own ``_apply_gate`` again."""
     if experts.__dict__.pop(_GATED, False):
         experts.__dict__.pop(EXPERT_GATE, None)
+        if experts.__dict__.pop(_OWN_FORWARD, False):
+            experts.__dict__.pop("forward", None)

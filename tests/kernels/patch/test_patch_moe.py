@@ -55,15 +55,36 @@ def test_the_exact_gate_frees_act_g_and_trains_as_stock():
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
-def test_grouped_mm_experts_in_float32_save_act_g_too():
-    """transformers' default implementation (grouped_mm, float32 here): the same saving, outputs as stock."""
+def test_grouped_mm_experts_recompute_the_down_projections_input_and_train_as_stock():
+    """transformers' default implementation (grouped_mm, float32 here): the experts' forward runs the gate and the
+    down projection under one checkpoint, so neither act(g) nor h = act(g)·u (the down projection's input) is
+    saved — two [tokens × top-k, intermediate] float32 tensors per layer — and the model trains as stock."""
     stock = _mixtral("grouped_mm").float()
     model = copy.deepcopy(stock)
     report = patch_model(model, family=None, norms=False, example_input={"input_ids": IDS})
     assert len(report.glus) == 2 and report.max_output_difference < 1e-5, report
-    act_g = 2 * IDS.numel() * 2 * 48 * 4
+    assert all("down projection's input act(g)·u recomputed" in g for g in report.glus), report.glus
+    rows = IDS.numel() * 2  # every token routed to 2 experts
+    act_g_and_h = 2 * 2 * rows * 48 * 4
     stock_bytes = saved_bytes(lambda: _loss(stock), exclude=list(stock.parameters()))
-    assert stock_bytes - saved_bytes(lambda: _loss(model), exclude=list(model.parameters())) == act_g
+    assert stock_bytes - saved_bytes(lambda: _loss(model), exclude=list(model.parameters())) == act_g_and_h
+    losses, first = [], []
+    for m in (stock, model):
+        opt, got = torch.optim.AdamW(m.parameters(), lr=1e-2), []
+        for step in range(3):
+            opt.zero_grad()
+            loss = _loss(m)
+            loss.backward()
+            got.append(loss.item())
+            if step == 0:
+                first.append([p.grad.clone() for p in m.parameters()])
+            opt.step()
+        losses.append(got)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)  # float32: the fused GLU's backward rounds otherwise
+    for a, b in zip(*first):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5 * float(a.abs().max()))
+    unpatch(model)
+    assert all("forward" not in m.__dict__ for m in _experts(model))
 
 
 def test_unpatch_gives_the_class_gate_back():
