@@ -183,9 +183,12 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path):
     assert patched.moves == [f"{p}: {v}" for p, v in m["moves"].items()], patched
     grads = []
     for net in (stock, model):
-        net(**x).logits.float().square().mean().backward()
+        net(**x).loss.backward()  # the loss: the plan may chunk it (then logits=None)
         grads.append([p.grad for p in net.parameters()])
-    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
+    # the inputs are all token 0, so q and k get gradients of ~1e-19 (uniform attention): compare on the global scale
+    scale = max(float(a.abs().max()) for a in grads[0])
+    worst = max(float((a - b).abs().max()) for a, b in zip(*grads)) / scale
+    assert worst < 1e-5, worst
 
 
 WIDE_VOCAB = "llama:hidden_size=64,num_hidden_layers=2,intermediate_size=128,num_attention_heads=4,vocab_size=8192"
