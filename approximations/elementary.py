@@ -1,5 +1,5 @@
 """Float32 approximations of elementary functions that the generated kernels use: the fits and the hardware
-primitives' stated errors, not the Triton code (kernels/codegen.py prints them; fitting/certify.py bounds their error
+primitives' stated errors, not the Triton code (kernels/codegen/ prints them; fitting/certify.py bounds their error
 rigorously; tests check them exhaustively on 16-bit inputs)."""
 
 from __future__ import annotations

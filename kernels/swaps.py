@@ -1,5 +1,5 @@
 """What a patched module stands in for, kept in its ``__dict__`` (not a submodule: no state-dict keys, no
-parameters counted twice), so that ``unpatch_model`` and a second ``patch_model`` call can find it. The one home of
+parameters counted twice), so that ``unpatch`` and a second ``patch_model`` call can find it. The one home of
 these records for ``patch.py`` and ``norms.py``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The build side (kernels/codegen.py): every committed module is what its table generates, and the PyTorch twin
+"""The build side (kernels/codegen/): every committed module is what its table generates, and the PyTorch twin
 printed into it computes, bit for bit, what the lambdified twin (Activation.torch_fn, invact_forms.TableBackward)
 computes: the run time lost sympy, not a single bit."""
 
