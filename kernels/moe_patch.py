@@ -73,6 +73,57 @@ def experts_forward(module: nn.Module):
     return forward
 
 
+def bmm_candidates(model: nn.Module) -> dict[str, nn.Module]:
+    """Experts modules with a forward of their own (no ``_apply_gate``: Llama-4's): 3-d ``gate_up_proj`` [E, H, 2I]
+    and ``down_proj`` [E, I, H] parameters and an ``act_fn``, not rewritten yet."""
+    def fits(m: nn.Module) -> bool:
+        gu, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+        return (isinstance(gu, torch.Tensor) and isinstance(down, torch.Tensor) and gu.dim() == 3 and down.dim() == 3
+                and gu.shape[-1] == 2 * down.shape[1] and gu.shape[1] == down.shape[2]
+                and isinstance(getattr(m, "act_fn", None), nn.Module) and not hasattr(type(m), GATE))
+    return {n: m for n, m in model.named_modules() if fits(m) and swaps.expert_gate(m) is None}
+
+
+def bmm_experts_forward(module: nn.Module):
+    """Llama-4's experts forward (the tokens viewed per expert, [g | u] = x·W_gu by bmm, u·act(g), then ·W_d by bmm),
+    with act and the down projection under one non-reentrant checkpoint: [g | u] is kept in place of act(g) and of
+    the down projection's input u·act(g), both recomputed in the backward (elementwise). The same ops in the same
+    order: the stock values and gradients."""
+    from torch.utils.checkpoint import checkpoint
+
+    def act_down(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.bmm(up * module.act_fn(gate), weight)
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        x = hidden_states.view(module.gate_up_proj.shape[0], -1, module.gate_up_proj.shape[1])
+        out = checkpoint(act_down, torch.bmm(x, module.gate_up_proj), module.down_proj, use_reentrant=False)
+        return out.view(-1, module.down_proj.shape[-1])
+
+    return forward
+
+
+def _probe_bmm(module: nn.Module) -> str | None:
+    """:func:`bmm_experts_forward` against the module's own forward on a float64 copy: 4 tokens per expert of N(0, 1),
+    the output and the gradients of the tokens and the parameters to 1e-12 relative; the reason when they differ."""
+    import copy
+
+    probe = copy.deepcopy(module).double()
+    gen = torch.Generator().manual_seed(0)
+    experts, width = probe.gate_up_proj.shape[:2]
+    x = torch.randn(experts * 4, width, dtype=torch.float64, generator=gen).requires_grad_()
+    got = []
+    for run in (probe.forward, bmm_experts_forward(probe)):
+        try:
+            y = run(x)
+            grads = torch.autograd.grad(y, [x, *probe.parameters()], torch.ones_like(y))
+        except Exception as err:  # noqa: BLE001 - a forward that takes other inputs is not this one
+            return f"could not be probed as Llama-4's experts ({type(err).__name__}: {str(err)[:80]})"
+        got.append([y.detach(), *grads])
+    off = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-300)) for a, b in zip(*got))
+    return None if off <= 1e-12 else f"its forward is not u·act(g) by bmm per expert (off by {off:.2g})"
+
+
 def _default_gate(module: nn.Module) -> bool:
     """The class applies transformers' default gate, act_fn(g)·u on gate_up.chunk(2) (GPT-OSS's own clamped,
     interleaved gate is another function)."""
@@ -165,3 +216,22 @@ def fuse_expert_gates(model: nn.Module, report: PatchReport, undo: Undo, config:
                 report.glus.append(f"{name}: {type(module).__name__} → experts with {gate!r} (saves g and u, "
                                    "act(g) recomputed" + ("; the down projection's input act(g)·u recomputed too)"
                                                           if own else ")"))
+    _own_forwards(model, report, undo, config, savings, wanted)
+
+
+def _own_forwards(model, report, undo, config, savings, wanted) -> None:
+    """:func:`bmm_experts_forward` on every proven experts module of :func:`bmm_candidates`, as above."""
+    found = bmm_candidates(model)
+    for pattern, group in by_pattern([n for n in found if wanted(n)]):
+        for names in savings.attempts(f"{pattern} (MoE experts, own forward)", group):
+            for name in names:
+                module = found[name]
+                why = FILTERED if not config.wants(module, name) else _probe_bmm(module)
+                if why:
+                    report.skipped.append(f"{name} ({type(module).__name__}): {why}")
+                    continue
+                forward = bmm_experts_forward(module)
+                swaps.mark_expert_gate(module, forward, forward)  # the forward is the marker: no _apply_gate here
+                undo.steps.append(lambda module=module: swaps.remove_expert_gate(module))
+                report.glus.append(f"{name}: {type(module).__name__} → experts with act(g) and the down "
+                                   "projection's input u·act(g) recomputed in the backward (saves [g | u])")

@@ -122,3 +122,39 @@ def test_the_gate_on_a_concatenated_projection_matches_act_g_times_u(use_triton)
     got.backward(dh)
     want.backward(dh)
     torch.testing.assert_close(z.grad, ref.grad, rtol=2e-6, atol=1e-6)
+
+
+def _llama4():
+    cfg = transformers.Llama4TextConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
+                                        intermediate_size_mlp=64, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=1,
+                                        interleave_moe_layer_step=1, max_position_embeddings=32)
+    torch.manual_seed(0)
+    return transformers.Llama4ForCausalLM(cfg).double()
+
+
+def test_llama4s_own_experts_forward_keeps_gate_up_only_and_trains_as_stock():
+    """Llama-4's experts run their own bmm forward (no _apply_gate): act and the down projection under one
+    checkpoint keep [g | u] in place of act(g) and u·act(g) — two [experts × tokens, intermediate] float64 tensors
+    per layer (every expert sees every token) — with the stock values and gradients; unpatch restores it."""
+    stock = _llama4()
+    model = copy.deepcopy(stock)
+    report = patch_model(model, family=None, norms=False, example_input={"input_ids": IDS})
+    own = [g for g in report.glus if "Llama4TextExperts" in g]
+    assert len(own) == 2 and all("u·act(g) recomputed" in g for g in own), report.glus
+    rows = 4 * IDS.numel()
+    stock_bytes = saved_bytes(lambda: _loss(stock), exclude=list(stock.parameters()))
+    ours_bytes = saved_bytes(lambda: _loss(model), exclude=list(model.parameters()))
+    experts = 2 * 2 * rows * 48 * 8  # act(g) and u·act(g), 2 layers
+    shared = 2 * IDS.numel() * 48 * 8  # the shared expert's act(g): an ordinary gated MLP, fused
+    assert stock_bytes - ours_bytes == experts + shared, (stock_bytes, ours_bytes)
+    for m in (stock, model):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        for _ in range(3):
+            opt.zero_grad()
+            _loss(m).backward()
+            opt.step()
+    for a, b in zip(stock.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    unpatch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules() if type(m).__name__ == "Llama4TextExperts")
