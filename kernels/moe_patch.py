@@ -196,42 +196,37 @@ def _probe_forward(module: nn.Module, gate: ExactExpertGate) -> str | None:
 
 def fuse_expert_gates(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig,
                       savings: Savings) -> None:
-    """Install :class:`ExactExpertGate` on every proven experts module (``config.glu``: all, or these paths;
+    """Install :class:`ExactExpertGate` on every proven experts module with transformers' gate, and
+    :func:`bmm_experts_forward` on every proven one with a forward of its own (``config.glu``: all, or these paths;
     ``config.module_filter_fn``), one pattern of paths at a time (:class:`~.rewrite.Savings` checks the outputs and
     the bytes); each refusal is reported with its reason."""
-    found = candidates(model)
+    for name, module in _proven(candidates(model), "MoE experts", _why_not, report, config, savings):
+        gate = ExactExpertGate(ACTIVATION_CLASSES[class_key(module.act_fn)])
+        own = _recomputes_down_input(module) and _probe_forward(module, gate) is None
+        swaps.mark_expert_gate(module, gate, experts_forward(module) if own else None)
+        undo.steps.append(lambda module=module: swaps.remove_expert_gate(module))
+        report.glus.append(f"{name}: {type(module).__name__} → experts with {gate!r} (saves g and u, act(g) "
+                           "recomputed" + ("; the down projection's input act(g)·u recomputed too)" if own else ")"))
+    for name, module in _proven(bmm_candidates(model), "MoE experts, own forward", _probe_bmm, report, config,
+                                savings):
+        forward = bmm_experts_forward(module)
+        swaps.mark_expert_gate(module, forward, forward)  # the forward is the marker: no _apply_gate here
+        undo.steps.append(lambda module=module: swaps.remove_expert_gate(module))
+        report.glus.append(f"{name}: {type(module).__name__} → experts with act(g) and the down projection's input "
+                           "u·act(g) recomputed in the backward (saves [g | u])")
+
+
+def _proven(found: dict[str, nn.Module], label: str, why_not, report: PatchReport, config: PatchConfig,
+            savings: Savings):
+    """(name, module) of each wanted module of ``found`` that ``why_not`` finds nothing against, one pattern of
+    paths at a time inside :meth:`~.rewrite.Savings.attempts`; the others reported with their reason."""
     wanted = (lambda name: config.glu) if isinstance(config.glu, bool) else (lambda name: name in config.glu)
     for pattern, group in by_pattern([n for n in found if wanted(n)]):
-        for names in savings.attempts(f"{pattern} (MoE experts)", group):
+        for names in savings.attempts(f"{pattern} ({label})", group):
             for name in names:
                 module = found[name]
-                why = FILTERED if not config.wants(module, name) else _why_not(module)
+                why = FILTERED if not config.wants(module, name) else why_not(module)
                 if why:
                     report.skipped.append(f"{name} ({type(module).__name__}): {why}")
-                    continue
-                gate = ExactExpertGate(ACTIVATION_CLASSES[class_key(module.act_fn)])
-                own = _recomputes_down_input(module) and _probe_forward(module, gate) is None
-                swaps.mark_expert_gate(module, gate, experts_forward(module) if own else None)
-                undo.steps.append(lambda module=module: swaps.remove_expert_gate(module))
-                report.glus.append(f"{name}: {type(module).__name__} → experts with {gate!r} (saves g and u, "
-                                   "act(g) recomputed" + ("; the down projection's input act(g)·u recomputed too)"
-                                                          if own else ")"))
-    _own_forwards(model, report, undo, config, savings, wanted)
-
-
-def _own_forwards(model, report, undo, config, savings, wanted) -> None:
-    """:func:`bmm_experts_forward` on every proven experts module of :func:`bmm_candidates`, as above."""
-    found = bmm_candidates(model)
-    for pattern, group in by_pattern([n for n in found if wanted(n)]):
-        for names in savings.attempts(f"{pattern} (MoE experts, own forward)", group):
-            for name in names:
-                module = found[name]
-                why = FILTERED if not config.wants(module, name) else _probe_bmm(module)
-                if why:
-                    report.skipped.append(f"{name} ({type(module).__name__}): {why}")
-                    continue
-                forward = bmm_experts_forward(module)
-                swaps.mark_expert_gate(module, forward, forward)  # the forward is the marker: no _apply_gate here
-                undo.steps.append(lambda module=module: swaps.remove_expert_gate(module))
-                report.glus.append(f"{name}: {type(module).__name__} → experts with act(g) and the down "
-                                   "projection's input u·act(g) recomputed in the backward (saves [g | u])")
+                else:
+                    yield name, module

@@ -34,6 +34,18 @@ def _loss(model):
     return model(input_ids=IDS, labels=IDS, use_cache=False).loss
 
 
+def _trains_alike(stock, model):
+    """3 AdamW steps of each: the parameters equal to 1e-9 (float64)."""
+    for m in (stock, model):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        for _ in range(3):
+            opt.zero_grad()
+            _loss(m).backward()
+            opt.step()
+    for a, b in zip(stock.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
 def test_the_exact_gate_frees_act_g_and_trains_as_stock():
     stock = _mixtral()
     model = copy.deepcopy(stock)
@@ -45,14 +57,7 @@ def test_the_exact_gate_frees_act_g_and_trains_as_stock():
     stock_bytes = saved_bytes(lambda: _loss(stock), exclude=list(stock.parameters()))
     ours_bytes = saved_bytes(lambda: _loss(model), exclude=list(model.parameters()))
     assert stock_bytes - ours_bytes == act_g, (stock_bytes, ours_bytes)
-    for m in (stock, model):
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-        for _ in range(3):
-            opt.zero_grad()
-            _loss(m).backward()
-            opt.step()
-    for a, b in zip(stock.parameters(), model.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    _trains_alike(stock, model)
 
 
 def test_grouped_mm_experts_recompute_the_down_projections_input_and_train_as_stock():
@@ -148,13 +153,6 @@ def test_llama4s_own_experts_forward_keeps_gate_up_only_and_trains_as_stock():
     experts = 2 * 2 * rows * 48 * 8  # act(g) and u·act(g), 2 layers
     shared = 2 * IDS.numel() * 48 * 8  # the shared expert's act(g): an ordinary gated MLP, fused
     assert stock_bytes - ours_bytes == experts + shared, (stock_bytes, ours_bytes)
-    for m in (stock, model):
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-        for _ in range(3):
-            opt.zero_grad()
-            _loss(m).backward()
-            opt.step()
-    for a, b in zip(stock.parameters(), model.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    _trains_alike(stock, model)
     unpatch(model)
     assert all("forward" not in m.__dict__ for m in model.modules() if type(m).__name__ == "Llama4TextExperts")
