@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from approxbp.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss
+from approxbp.knapsack import multiple_choice
 
 MOVES = ("keep", "recompute", "offload")
 #: A block's move that recomputes one of its parts alone: "recompute mlp" (selective checkpointing, module grain).
@@ -188,8 +189,6 @@ def _knapsack(costs: dict[str, BlockCost | LossCost], need: int, host_link: floa
               ) -> tuple[float, dict[str, str]] | None:
     """Least total seconds with Σ saving ≥ need (:func:`approxbp.knapsack.multiple_choice`, bytes in units of
     need/2048)."""
-    from approxbp.knapsack import multiple_choice
-
     groups = [[(c.saving(m), c.seconds(m, host_link)) for m in c.moves] for c in costs.values()]
     found = multiple_choice(groups, need, max(1, need // 2048))
     if found is None:

@@ -42,10 +42,10 @@ def pareto(model_text: str, batch: int, seq: int, mode, gpu: str, lora_r: int = 
     found = assignments(run, layers, options, ms, base.peak, say, points)
     curve, weighed = [], []
     for a in distinct(found):
-        weighed.append(Weighed(*a, *move_costs(run, model_text, batch, seq, mode, lora_r, a.choice, a.ms_norm,
+        weighed.append(Weighed(a, *move_costs(run, model_text, batch, seq, mode, lora_r, a.choice, a.ms_norm,
                                                a.after, device, say)))
     for budget, a in found:
-        w = next(w for w in weighed if (w.choice, w.ms_norm) == (a.choice, a.ms_norm))
+        w = next(w for w in weighed if (w.assignment.choice, w.assignment.ms_norm) == (a.choice, a.ms_norm))
         curve.append({"budget": budget, "peak": a.after.peak, "seconds": modelled_time(w.time, w.blocks),
                       "error": a.error, "plan": _described(a.choice, a.ms_norm)})
     itemsize = as_setup(mode).dtype.itemsize
@@ -56,8 +56,8 @@ def pareto(model_text: str, batch: int, seq: int, mode, gpu: str, lora_r: int = 
         lo, hi = (lo, mid) if fastest(weighed, mid, device, itemsize) else (mid, hi)
     for budget in spread(lowest, hi, points)[1:]:
         w, m = fastest(weighed, budget, device, itemsize)
-        curve.append({"budget": budget, "peak": m["peak"], "seconds": m["seconds_after"], "error": w.error,
-                      "plan": _described(w.choice, w.ms_norm) + "; " + ", ".join(
+        curve.append({"budget": budget, "peak": m["peak"], "seconds": m["seconds_after"], "error": w.assignment.error,
+                      "plan": _described(w.assignment.choice, w.assignment.ms_norm) + "; " + ", ".join(
                           MOVED[k].format(n) for k, n in m["by_move"].items() if n)})
     return curve
 
@@ -109,6 +109,9 @@ def figure(curve: list[dict], path: Path, title: str) -> Path:
 
 
 def write_json(curve: list[dict], path: Path, meta: dict) -> Path:
-    path.write_text(json.dumps({**meta, "curve": curve}, indent=1) + "\n", encoding="utf-8")
+    """The curve and ``meta`` as JSON, written atomically."""
+    from approxbp.approximations.files import write_atomic
+
+    write_atomic(path, json.dumps({**meta, "curve": curve}, indent=1) + "\n")
     return path
 

@@ -93,7 +93,7 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
             raise ValueError(f"{refused}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
                              "to reach it") from None
         device = step_gpu(gpu)
-        weighed = [Weighed(*a, *move_costs(run, model_text, batch, seq, mode, lora_r, a.choice, a.ms_norm, a.after,
+        weighed = [Weighed(a, *move_costs(run, model_text, batch, seq, mode, lora_r, a.choice, a.ms_norm, a.after,
                                            device, say))
                    for a in distinct(assignments(run, layers, options, ms, base.peak, say))]
         picked = fastest(weighed, budget, device, as_setup(mode).dtype.itemsize)
@@ -101,7 +101,8 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
             raise ValueError(f"{refused}; and no moves reach it from any of {len(weighed)} assignments weighed "
                              "(recomputing or offloading every block, and the chunked loss where it applies)") from None
         best, moved = picked
-        choice, ms["chosen"], after, estimate = best.choice, best.ms_norm, best.after, best.estimate
+        choice, ms["chosen"], after, estimate = (best.assignment.choice, best.assignment.ms_norm,
+                                                 best.assignment.after, best.assignment.estimate)
     return Plan(model_text, as_setup(mode).describe(base.lora, base.head), batch, seq if base.uses_seq else None,
                 budget, _summary(base),
                 _summary(after),

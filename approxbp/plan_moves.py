@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from approxbp.chunked_loss import CHUNKED, LOSS
+from approxbp.chunked_loss import CHUNKED, LOSS, NotChunked, chunk_rows
 from approxbp.extrapolate import SMALL, layer_count, shrunk, small_assignment
 from approxbp.gpus import GPU
 from approxbp.models import hf_builder, model_spec, no_init
@@ -35,11 +35,7 @@ class Assignment(NamedTuple):
 class Weighed(NamedTuple):
     """An :class:`Assignment` with what its moves cost (:func:`move_costs`)."""
 
-    choice: dict
-    after: StepMemory
-    estimate: int
-    ms_norm: bool
-    error: float
+    assignment: Assignment
     time: StepTime
     blocks: int
     loss: LossCost | None
@@ -52,10 +48,11 @@ def fastest(weighed: list[Weighed], budget: int, device: GPU, itemsize: int) -> 
     best = None
     for w in weighed:
         try:
-            moved = plan_moves(w.after, w.time, w.blocks, budget, device, itemsize, w.loss, w.parts)
+            moved = plan_moves(w.assignment.after, w.time, w.blocks, budget, device, itemsize, w.loss, w.parts)
         except ValueError:
             continue
-        if best is None or (moved["seconds_after"], w.error) < (best[1]["seconds_after"], best[0].error):
+        if best is None or (moved["seconds_after"], w.assignment.error) < (best[1]["seconds_after"],
+                                                                           best[0].assignment.error):
             best = (w, moved)
     return best
 
@@ -196,9 +193,6 @@ def _loss_cost(measure, time, after: StepMemory, before, blocks: int, sizes: tup
     (its saving against ``after``, its modelled seconds against ``before``); its transient one chunk's logits with
     their fp32 softmax and gradient, from ``sizes`` (rows, width, vocabulary, bytes per element). None where the
     model's loss cannot be chunked (said)."""
-    from approxbp.chunked_loss import NotChunked, chunk_rows
-    from approxbp.moves import LossCost
-
     if sizes is None:
         say("chunked loss: not a move here (not a Hugging Face model with a vocabulary)")
         return None

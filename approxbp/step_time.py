@@ -142,7 +142,9 @@ class _Region:
 
     def add(self, ins, outs) -> None:
         for t in ins:
-            if isinstance(t, torch.Tensor) and (k := t.untyped_storage()._cdata) not in self.seen | self.made.keys():
+            if not isinstance(t, torch.Tensor):
+                continue
+            if (k := t.untyped_storage()._cdata) not in self.seen and k not in self.made:
                 self.seen.add(k)
                 self.read += t.untyped_storage().nbytes()
         for t in outs:  # a view or an in-place result of what it read is not a new storage

@@ -112,16 +112,23 @@ def _probe_bmm(module: nn.Module) -> str | None:
     gen = torch.Generator().manual_seed(0)
     experts, width = probe.gate_up_proj.shape[:2]
     x = torch.randn(experts * 4, width, dtype=torch.float64, generator=gen).requires_grad_()
-    got = []
-    for run in (probe.forward, bmm_experts_forward(probe)):
-        try:
-            y = run(x)
-            grads = torch.autograd.grad(y, [x, *probe.parameters()], torch.ones_like(y))
-        except Exception as err:  # noqa: BLE001 - a forward that takes other inputs is not this one
-            return f"could not be probed as Llama-4's experts ({type(err).__name__}: {str(err)[:80]})"
-        got.append([y.detach(), *grads])
-    off = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-300)) for a, b in zip(*got))
+    try:
+        off = _difference(probe, lambda: bmm_experts_forward(probe), (x,), (x,))
+    except Exception as err:  # noqa: BLE001 - a forward that takes other inputs is not this one
+        return f"could not be probed as Llama-4's experts ({type(err).__name__}: {str(err)[:80]})"
     return None if off <= 1e-12 else f"its forward is not u·act(g) by bmm per expert (off by {off:.2g})"
+
+
+def _difference(probe: nn.Module, make_ours, args: tuple, wrt: tuple) -> float:
+    """The largest relative difference between ``probe``'s own forward and the one ``make_ours()`` returns (made after
+    the stock run) on ``args``: the outputs, and the gradients of ``wrt`` and of the parameters for a ones cotangent."""
+    got = []
+    for run in (probe.forward, None):
+        run = run or make_ours()
+        y = run(*args)
+        grads = torch.autograd.grad(y, [*wrt, *probe.parameters()], torch.ones_like(y))
+        got.append([y.detach(), *grads])
+    return max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-300)) for a, b in zip(*got))
 
 
 def _default_gate(module: nn.Module) -> bool:
@@ -182,15 +189,12 @@ def _probe_forward(module: nn.Module, gate: ExactExpertGate) -> str | None:
     x = torch.randn(12, width, generator=gen).requires_grad_()
     index = torch.stack([torch.randperm(probe.num_experts, generator=gen)[:2] for _ in range(12)])
     weights = torch.rand(12, 2, generator=gen).requires_grad_()
-    got = []
-    for run in (probe.forward, None):
-        if run is None:
-            swaps.mark_expert_gate(probe, gate, experts_forward(probe))
-            run = probe.forward
-        y = run(x, index, weights)
-        grads = torch.autograd.grad(y, [x, weights, *probe.parameters()], torch.ones_like(y))
-        got.append([y.detach(), *grads])
-    off = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-300)) for a, b in zip(*got))
+
+    def ours():
+        swaps.mark_expert_gate(probe, gate, experts_forward(probe))
+        return probe.forward
+
+    off = _difference(probe, ours, (x, index, weights), (x, weights))
     return None if off <= 1e-6 else f"the experts' forward with act(g)·u recomputed differs by {off:.2g}"
 
 
