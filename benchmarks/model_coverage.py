@@ -26,6 +26,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))  # run by path (runpy, a worker): its sibling modules
+from vlm_inputs import image_batch  # noqa: E402
+
 #: Heads in order of preference: a model type is built once, with the first head it has.
 HEADS = (("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"), ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
          ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
@@ -185,22 +188,23 @@ def example_batch(head: str, config) -> tuple[dict, dict]:
     return {"input_values": torch.randn(2, 4000, generator=gen)}, labels
 
 
-#: The image token a tiny vision-language model is given (inside its 128-token vocabulary).
-IMAGE_TOKEN = 5
+def _with_images(config, class_name: str, batch: dict, labels: dict):
+    """(config, batch, labels, stock model or None, what the input is): a vision-language model run with images
+    (:mod:`vlm_inputs`) where its forward takes them, else text only with the refusal said."""
+    import transformers
 
-
-def image_batch(config, batch: dict) -> dict | None:
-    """``batch`` with two images and their image tokens for a LLaVA-style model (one token per vision patch), whose
-    forward then counts image tokens with ``.item()`` (issue 32, cause 2); None for other layouts."""
-    vision = getattr(config, "vision_config", None)
-    size, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
-    key = next((k for k in ("image_token_id", "image_token_index") if getattr(config, k, None) is not None), None)
-    if key is None or not isinstance(size, int) or not isinstance(patch, int) or config.model_type != "llava":
-        return None
-    setattr(config, key, IMAGE_TOKEN)
-    n = (size // patch) ** 2
-    ids = torch.cat([batch["input_ids"][:, :2], torch.full((2, n), IMAGE_TOKEN), batch["input_ids"][:, 2:]], 1)
-    return {"input_ids": ids, "pixel_values": torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))}
+    images_config = copy.deepcopy(config)
+    images = image_batch(images_config)
+    if images is None:
+        return config, batch, labels, None, "text only (no image token or vision size in its config)"
+    try:
+        torch.manual_seed(0)
+        stock = getattr(transformers, class_name)(images_config).float()
+        with torch.no_grad():
+            stock.eval()(**images)
+    except Exception as err:  # noqa: BLE001 - said in the row, and the text-only run measured instead
+        return config, batch, labels, None, f"text only (images refused: {type(err).__name__}: {str(err)[:120]})"
+    return images_config, images, {"labels": images["input_ids"]}, stock, "text and images"
 
 
 def _loss(model, batch: dict, labels: dict) -> torch.Tensor:
@@ -214,13 +218,16 @@ def _loss(model, batch: dict, labels: dict) -> torch.Tensor:
 
 def compiled_saved_bytes(model, batch: dict, labels: dict) -> int:
     """Bytes saved for backward by one training forward under torch.compile, by storage identity: inductor's
-    min-cut partitioner without its code generation (``aot_eager_decomp_partition``: the same saved tensors)."""
+    min-cut partitioner without its code generation (``aot_eager_decomp_partition``: the same saved tensors);
+    parameters and the batch, which exist anyway, not counted (as :func:`~approxbp.kernels.rewrite.saved_on_example`
+    counts the eager saving)."""
     from approxbp.kernels.saved import saved_bytes
 
     torch._dynamo.reset()
     run = torch.compile(model.train(), backend="aot_eager_decomp_partition")
     torch.manual_seed(0)
-    return saved_bytes(lambda: _loss(run, batch, labels), exclude=list(model.parameters()))
+    inputs = [t for t in (*batch.values(), *labels.values()) if torch.is_tensor(t)]  # the caller's, as parameters
+    return saved_bytes(lambda: _loss(run, batch, labels), exclude=list(model.parameters()) + inputs)
 
 
 def _train(model, batch: dict, labels: dict) -> list[float]:
@@ -279,15 +286,15 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
             if params > MAX_PARAMETERS:
                 raise ValueError(f"{params / 1e6:.0f} M parameters at these sizes (over {MAX_PARAMETERS / 1e6:.0f} M)")
             batch, labels = example_batch(head, config)
-            if head == "image-text-to-text" and (images := image_batch(config, batch)) is not None:
-                batch, labels = images, {"labels": images["input_ids"]}
-            torch.manual_seed(0)
-            stock = getattr(transformers, class_name)(config).float()
-            with torch.no_grad():
-                stock.eval()(**batch)
+            stock = None
+            if head == "image-text-to-text" or (head == "causal-lm" and hasattr(config, "vision_config")):
+                config, batch, labels, stock, row["input"] = _with_images(config, class_name, batch, labels)
+            if stock is None:
+                torch.manual_seed(0)
+                stock = getattr(transformers, class_name)(config).float()
+                with torch.no_grad():
+                    stock.eval()(**batch)
             row["sizes"] = ("tiny" if sizes is TINY else "2 layers, own widths") + (", text model" if text else "")
-            if head == "image-text-to-text":
-                row["input"] = "text and images" if "pixel_values" in batch else "text only"
             break
         except Exception as err:  # noqa: BLE001 - a model we cannot build small is a row that says so
             error = f"stock small model: {type(err).__name__}: {' '.join(str(err).split())[:200]}"

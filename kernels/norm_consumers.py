@@ -1,10 +1,9 @@
 """Who reads each norm's output: torch.fx where the model traces, else one run of the example under a dispatch
-mode that sees every op reading it (train and eval mode); and whether one run can stand for every input (a model
-that branches on tensor values is proven block by block)."""
+mode that sees every op reading it (train and eval mode). One run stands for every input, whatever the model
+branches on: the rewrite gives every reader the stock value on every path (a consumer that is handed anything but
+the norm's own output computes as stock), so another path can only save less, never compute otherwise."""
 
 from __future__ import annotations
-
-import itertools
 
 import torch
 import torch.utils._pytree as pytree
@@ -76,92 +75,6 @@ def consumers_by_fx(model: nn.Module) -> dict:
                 other.add(getattr(u.target, "__name__", str(u.target)))  # operator.add, torch.add: "add"
     _account_call_sites(found, reads)
     return found
-
-
-def data_dependent_branches(model: nn.Module, example_input, args=None) -> str | None:
-    """Why one run of ``model`` cannot stand for every input (None when it can): torch._dynamo traces one forward
-    and reports a graph break at Python control flow on a tensor's value (``if x.sum() > 0``, ``.item()``), where
-    another input would run other code. ``args``: (positional, keyword) arguments instead of ``example_input``.
-    Runs in eval mode and in train mode (wav2vec2's layer drop branches on ``torch.rand([])`` only when
-    training), without grad, with the RNG state restored."""
-    reasons = []
-    for training in (False, True):
-        try:
-            with mode(model, training):
-                explain = torch._dynamo.explain(model)
-                result = explain(*args[0], **args[1]) if args is not None else call(explain, example_input)
-        except Exception as err:  # noqa: BLE001 - what cannot be checked is not rewritten
-            return f"could not check with torch._dynamo ({type(err).__name__}: {' '.join(str(err).split())[:80]})"
-        reasons += [" ".join(str(r.reason).split()) for r in result.break_reasons]
-    dependent = [r for r in reasons if any(k in r for k in ("generic_jump", "data-dependent", "data dependent",
-                                                            "Data-dependent", "item()", "__bool__"))]
-    return "; ".join(sorted(set(r[:80] for r in dependent))) or None
-
-
-def unproven_regions(model: nn.Module, example_input, found: dict, branches: str) -> dict[str, str]:
-    """{norm: why its rewrite cannot be proven} when the whole model branches on tensor values (``branches``).
-    A norm is still proven when the smallest module holding it and all its readers (its region: a decoder layer,
-    say) has no such branch and does not return the norm's output: whatever branch the model takes, that region
-    computes the same graph around the norm."""
-    names = {n: _region(n, consumers) for n, (consumers, _) in found.items()}
-    modules = dict(model.named_modules())
-    seen, escapes = _region_calls(model, example_input, {r for r in names.values() if r}, set(names))
-    verdicts, why = {}, {}
-    for norm, region in names.items():
-        if not region or region not in seen:
-            why[norm] = (f"the model branches on tensor values ({branches}) outside any block holding this norm and "
-                         "its readers, so one run of example_input cannot prove the rewrite")
-        elif (region, norm) in escapes:
-            why[norm] = f"its output leaves {region}, and the model branches on tensor values ({branches})"
-        else:  # each region on its own: blocks of one class may take other code by their attributes
-            if region not in verdicts:
-                verdicts[region] = data_dependent_branches(modules[region], None, seen[region])
-            if verdicts[region]:
-                why[norm] = f"{region} branches on tensor values ({verdicts[region]}); one run cannot prove the rewrite"
-    return why
-
-
-def _region(norm: str, consumers: list[str]) -> str:
-    """The smallest module that holds the norm and every consumer ('' for the model itself)."""
-    parts = [n.split(".") for n in (norm, *consumers)]
-    common = [p[0] for p in itertools.takewhile(lambda p: len(set(p)) == 1, zip(*parts))]
-    return ".".join(common[:len(parts[0]) - 1]) if common == parts[0] else ".".join(common)
-
-
-def _region_calls(model: nn.Module, example_input, regions: set[str], norms: set[str]):
-    """One eval run: ({region: (args, kwargs) of its first call}, {(region, norm): the region returned the norm's
-    output})."""
-    seen, outs, escapes, handles = {}, {}, set(), []
-    modules = dict(model.named_modules())
-
-    def enter(name):
-        def hook(module, args, kwargs):
-            seen.setdefault(name, (args, kwargs))
-        return hook
-
-    def leave(name):
-        def hook(module, args, out):
-            ptrs = {t.untyped_storage()._cdata for t in leaves(out) if isinstance(t, torch.Tensor)}
-            escapes.update((name, n) for n, t in outs.items()
-                           if t.untyped_storage()._cdata in ptrs and n.startswith(name + "."))
-        return hook
-
-    def norm_out(name):
-        def hook(module, args, out):
-            outs[name] = out  # kept alive: a freed output's address could be reused by the block's output
-        return hook
-
-    for r in regions:
-        handles += [modules[r].register_forward_pre_hook(enter(r), with_kwargs=True),
-                    modules[r].register_forward_hook(leave(r))]
-    handles += [modules[n].register_forward_hook(norm_out(n)) for n in norms]
-    try:
-        with mode(model, False):
-            call(model, example_input, every_output(model))
-    finally:
-        for h in handles:
-            h.remove()
-    return seen, escapes
 
 
 def _account_call_sites(found: dict, reads: dict) -> None:

@@ -11,8 +11,6 @@ from . import swaps
 from .norm_consumers import (
     consumers_by_dispatch,
     consumers_by_fx,
-    data_dependent_branches,
-    unproven_regions,
 )
 from .norm_forms import is_norm_candidate, norm_form
 from .norm_merge import (
@@ -44,7 +42,6 @@ def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input
     for name, m in model.named_modules():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
         if is_norm_candidate(m) and isinstance(why := norm_form(m), str):
             report.skipped.append(f"{name} ({type(m).__name__}): {why}")
-    unproven: dict[str, str] = {}
     try:
         found = consumers_by_fx(model)
     except Exception as err:  # noqa: BLE001 - any tracing failure: fall back to running the model, or say why
@@ -52,9 +49,7 @@ def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input
             report.skipped.append(f"norm merging: model is not fx-traceable ({type(err).__name__}: "
                                   f"{str(err)[:80]}); pass example_input to find consumers by running it")
             return
-        found = consumers_by_dispatch(model, example_input)
-        if branches := data_dependent_branches(model, example_input):  # proven block by block, then
-            unproven = unproven_regions(model, example_input, found, branches)
+        found = consumers_by_dispatch(model, example_input)  # (a branch on tensor values changes no reader's value)
     modules = dict(model.named_modules())
     for name, m in modules.items():  # proven norms that never ran (a BART decoder's cross-attention norm, run as a
         if name not in found and is_mergeable_norm(m):  # causal LM): nothing proves how their output is read
@@ -71,17 +66,17 @@ def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input
                 if not config.wants(modules[name], name):
                     report.skipped.append(f"{name}: {FILTERED}")
                     continue
-                _rewrite_norm(model, modules, name, *found[name], unproven, report, undo)
+                _rewrite_norm(model, modules, name, *found[name], report, undo)
 
 
-def _rewrite_norm(model, modules, name, consumers, other, unproven, report, undo) -> None:
+def _rewrite_norm(model, modules, name, consumers, other, report, undo) -> None:
     """One norm becomes a shared-output MS-norm: it returns the stock y = α⊙z + β (every reader, in any call, mode
     or wrapper added later, sees the stock value) with z attached, saves z and σ⁻¹ in place of its input, and its
     plain Linear consumers save that z in place of y (:class:`~.norm_merge.NormInputLinear`). Readers that are not
     plain Linears read y as they always did; at worst they keep it alive (less saving, never a wrong number)."""
     plain = [c for c in consumers if _plain_linear(modules[c])]
     readers = sorted(other) + [f"{c} (own forward)" for c in consumers if c not in plain]
-    why = unproven.get(name) or _why_not_rewritten(modules, name, plain)
+    why = _why_not_rewritten(modules, name, plain)
     if why:
         report.skipped.append(f"{name}: {why}")
         return

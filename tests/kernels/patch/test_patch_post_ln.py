@@ -118,12 +118,11 @@ def test_a_consumer_handed_another_norms_output_reads_it_as_stock():
     assert torch.allclose(consumer_of_second(y), want, rtol=1e-12)
 
 
-@pytest.mark.slow  # about 30 s on 2 cores (dynamo explains the model twice); CI runs it
-def test_branches_only_taken_in_train_mode_are_found():
-    """wav2vec2's layer drop skips a block when training and ``torch.rand([]) < p``: in eval mode that condition is
-    never evaluated, so the proof checks train mode too. A norm read across the skippable blocks is then not
-    rewritten (before: a consumer read another norm's z when a block was dropped, 4e-4 off after 10 steps), and the
-    patched model trains exactly as stock, draws included."""
+def test_a_norm_read_across_blocks_that_training_may_skip_trains_as_stock():
+    """wav2vec2's layer drop skips a block when training and ``torch.rand([]) < p``, so the final norm's readers
+    differ from step to step (before the shared-output norm, a consumer read another norm's z when a block was
+    dropped, 4e-4 off after 10 steps, and such a norm was left alone). Rewritten now, the patched model trains
+    exactly as stock, draws included: a consumer handed anything but its norm's own output computes as stock."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                                       conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
@@ -134,8 +133,7 @@ def test_branches_only_taken_in_train_mode_are_found():
     ours = copy.deepcopy(stock)
     x = {"input_values": torch.randn(2, 4000, dtype=torch.float64)}
     report = patch_model(ours, family=None, example_input=x)
-    assert report.norms and any("final_layer_norm" in s and "branches on tensor values" in s
-                                for s in report.skipped), report
+    assert any("final_layer_norm" in s for s in report.norms), report  # read across the skippable blocks
     losses = []
     for model in (stock, ours):
         torch.manual_seed(0)  # layer drop
