@@ -39,32 +39,39 @@ class ExactExpertGate:
 
 
 def _recomputes_down_input(module: nn.Module) -> bool:
-    """The grouped forward without bias, expert parallelism or a post-expert norm: the one
-    :func:`experts_forward` writes (the others keep the exact gate alone)."""
+    """The grouped forward without expert parallelism or a post-expert norm: the one :func:`experts_forward`
+    writes (the others keep the exact gate alone)."""
     implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
-    return implementation == "grouped_mm" and not getattr(module, "has_bias", False) and not getattr(
-        module, "_is_expert_parallel", False) and not getattr(module, "has_post_expert_norm", False)
+    return implementation == "grouped_mm" and not getattr(module, "_is_expert_parallel", False) and not getattr(
+        module, "has_post_expert_norm", False)
 
 
 def experts_forward(module: nn.Module):
     """The grouped experts forward of transformers' ``grouped_mm`` implementation (tokens sorted by expert, the up
-    projection [g | u] = x Wᵤ per expert, h = act(g)·u, the down projection h W_d, the routing weights, the tokens'
-    top-k outputs summed) with the gate and the down projection under one non-reentrant checkpoint: it keeps [g | u]
-    (which the gate saves anyway) in place of h and act(g), and recomputes act(g)·u in the backward — elementwise
-    work, no matmul; every value and gradient is the stock one."""
+    projection [g | u] = x Wᵤ (+ b) per expert, h = gate(g, u), the down projection h W_d (+ b), the routing weights,
+    the tokens' top-k outputs summed) with the gate and the down projection under one non-reentrant checkpoint: it
+    keeps [g | u] (which the gate saves anyway) in place of h and the gate's intermediates, and recomputes the gate
+    in the backward — elementwise work, no matmul; every value and gradient is the stock one. The gate is
+    ``module._apply_gate``: the exact act(g)·u, or a class's own (GPT-OSS's clamped, interleaved one)."""
     from torch.utils.checkpoint import checkpoint
     from transformers.integrations.moe import _grouped_linear
 
-    def gate_down(gate_up: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return _grouped_linear(module._apply_gate(gate_up), weight, offsets, is_transposed=module.is_transposed)
+    def rows(name: str, expert_of: torch.Tensor):  # GPT-OSS: a bias per expert, one row per routed token
+        return getattr(module, name)[expert_of] if getattr(module, "has_bias", False) else None
+
+    def gate_down(gate_up: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, expert_of: torch.Tensor):
+        return _grouped_linear(module._apply_gate(gate_up), weight, offsets, bias=rows("down_proj_bias", expert_of),
+                               is_transposed=module.is_transposed)  # (the bias rows gathered here: not kept)
 
     def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         k = top_k_index.size(-1)
         expert_of, perm = torch.sort(top_k_index.reshape(-1))
         offsets = torch.cumsum(torch.bincount(expert_of, minlength=module.num_experts), 0, dtype=torch.int32)
         gate_up = _grouped_linear(hidden_states[perm // k], module.gate_up_proj, offsets,
-                                  is_transposed=module.is_transposed)
-        out = checkpoint(gate_down, gate_up, module.down_proj, offsets, use_reentrant=False)
+                                  bias=rows("gate_up_proj_bias", expert_of), is_transposed=module.is_transposed)
+        biased = getattr(module, "has_bias", False)  # (the indices kept only where a bias needs them)
+        out = checkpoint(gate_down, gate_up, module.down_proj, offsets, expert_of if biased else None,
+                         use_reentrant=False)
         out = out * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
         back = torch.empty_like(perm)
         back[perm] = torch.arange(perm.numel(), device=perm.device)
@@ -144,6 +151,31 @@ def candidates(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if _default_gate(m) and swaps.expert_gate(m) is None}
 
 
+def own_gate_candidates(model: nn.Module) -> dict[str, nn.Module]:
+    """Experts modules with 3-d parameters whose class defines its own ``_apply_gate`` (GPT-OSS), not rewritten
+    yet: no fused GLU computes their gate, but :func:`experts_forward` recomputes it."""
+    def fits(m: nn.Module) -> bool:
+        own = getattr(type(m), GATE, None)
+        return (own is not None and getattr(own, "__name__", "") != "_default_apply_gate"
+                and getattr(m, "has_gate", False) and isinstance(getattr(m, "gate_up_proj", None), torch.Tensor)
+                and m.gate_up_proj.dim() == 3)
+    return {n: m for n, m in model.named_modules() if fits(m) and swaps.expert_gate(m) is None}
+
+
+def _own_gate(module: nn.Module):
+    """The class's own ``_apply_gate``, bound to ``module``."""
+    return getattr(type(module), GATE).__get__(module)
+
+
+def _why_not_own(module: nn.Module) -> str | None:
+    """Why :func:`experts_forward` cannot run an own-gate experts module (None when it can)."""
+    if not _recomputes_down_input(module):
+        implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
+        return (f"its own gate runs in the {implementation!r} implementation (with expert parallelism or a "
+                "post-expert norm): only the grouped_mm forward is rewritten")
+    return _probe_forward(module, None)
+
+
 def _why_not(module: nn.Module) -> str | None:
     """Why the exact gate cannot replace this module's (None when it can): the implementation, the activation, a
     hook on act_fn, or a probe that differs."""
@@ -177,8 +209,9 @@ def _probe(module: nn.Module, gate: ExactExpertGate) -> str | None:
     return None if off <= 1e-12 else f"the exact gate differs from its _apply_gate by {off:.2g} on a float64 probe"
 
 
-def _probe_forward(module: nn.Module, gate: ExactExpertGate) -> str | None:
-    """:func:`experts_forward` against the module's own forward on a float32 copy (grouped_mm takes no float64): 12
+def _probe_forward(module: nn.Module, gate: ExactExpertGate | None) -> str | None:
+    """:func:`experts_forward` with ``gate`` (None: the class's own) against the module's own forward on a float32
+    copy (grouped_mm takes no float64): 12
     tokens routed to 2 experts each, outputs and the gradients of the tokens, the routing weights and the parameters
     to 1e-6 relative (the same ops in the same order: equal in practice)."""
     import copy
@@ -191,7 +224,7 @@ def _probe_forward(module: nn.Module, gate: ExactExpertGate) -> str | None:
     weights = torch.rand(12, 2, generator=gen).requires_grad_()
 
     def ours():
-        swaps.mark_expert_gate(probe, gate, experts_forward(probe))
+        swaps.mark_expert_gate(probe, gate or _own_gate(probe), experts_forward(probe))
         return probe.forward
 
     off = _difference(probe, ours, (x, index, weights), (x, weights))
@@ -200,8 +233,9 @@ def _probe_forward(module: nn.Module, gate: ExactExpertGate) -> str | None:
 
 def fuse_expert_gates(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig,
                       savings: Savings) -> None:
-    """Install :class:`ExactExpertGate` on every proven experts module with transformers' gate, and
-    :func:`bmm_experts_forward` on every proven one with a forward of its own (``config.glu``: all, or these paths;
+    """Install :class:`ExactExpertGate` on every proven experts module with transformers' gate, :func:`experts_forward`
+    around the class's own gate where it has one (GPT-OSS), and :func:`bmm_experts_forward` on every proven one with
+    a forward of its own (``config.glu``: all, or these paths;
     ``config.module_filter_fn``), one pattern of paths at a time (:class:`~.rewrite.Savings` checks the outputs and
     the bytes); each refusal is reported with its reason."""
     for name, module in _proven(candidates(model), "MoE experts", _why_not, report, config, savings):
@@ -211,6 +245,12 @@ def fuse_expert_gates(model: nn.Module, report: PatchReport, undo: Undo, config:
         undo.steps.append(lambda module=module: swaps.remove_expert_gate(module))
         report.glus.append(f"{name}: {type(module).__name__} → experts with {gate!r} (saves g and u, act(g) "
                            "recomputed" + ("; the down projection's input act(g)·u recomputed too)" if own else ")"))
+    for name, module in _proven(own_gate_candidates(model), "MoE experts, own gate", _why_not_own, report, config,
+                                savings):
+        swaps.mark_expert_gate(module, _own_gate(module), experts_forward(module))
+        undo.steps.append(lambda module=module: swaps.remove_expert_gate(module))
+        report.glus.append(f"{name}: {type(module).__name__} → experts with its own gate and the down projection "
+                           "recomputed from [g | u] in the backward (saves [g | u], not the gate's intermediates)")
     for name, module in _proven(bmm_candidates(model), "MoE experts, own forward", _probe_bmm, report, config,
                                 savings):
         forward = bmm_experts_forward(module)
