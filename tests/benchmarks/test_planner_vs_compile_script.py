@@ -1,7 +1,7 @@
 """benchmarks/planner_vs_compile.py on a tiny LLaMA (the committed results are the script's on a larger one): each
 curve's points are measured where they run — compile's partitioned graphs under the roofline, a lower budget
 saving no more than a higher one allows, recomputed blocks charged again — and the committed results file has the
-three curves."""
+four curves (compile, ours exact, ours with approximations, ours under compile's budget)."""
 
 import json
 import runpy
@@ -36,7 +36,17 @@ def test_each_recomputed_block_saves_bytes_and_costs_time(points):
     assert all(a["saved_bytes"] > b["saved_bytes"] and a["seconds"] < b["seconds"] for a, b in zip(ours, ours[1:]))
 
 
-def test_the_committed_results_have_the_three_curves():
+def test_the_committed_results_have_the_four_curves():
     result = json.loads((ROOT / "benchmarks" / "results" / "planner_vs_compile.json").read_text())
-    assert {"compile", "ours_exact", "ours_approx", "gpu", "model"} <= set(result)
-    assert all(len(result[k]) >= 2 for k in ("compile", "ours_exact", "ours_approx"))
+    assert {"compile", "ours_exact", "ours_approx", "compile_approx", "gpu", "model"} <= set(result)
+    assert all(len(result[k]) >= 2 for k in ("compile", "ours_exact", "ours_approx", "compile_approx"))
+
+
+def test_the_approximations_under_compiles_budget_form_a_curve_of_their_own():
+    """The combination (the patched model, ReLU-sum k = 2 and MS-norms, compiled at each budget): a lower budget
+    saves less and recomputes more, as compile alone does."""
+    from approxbp.gpus import gpu
+
+    _, make_inputs = SCRIPT["_model"](TINY)
+    full, none = SCRIPT["compiled"](TINY, make_inputs(2, 32), gpu("h100"), budgets=(1.0, 0.0), approximate=True)
+    assert none["saved_bytes"] < full["saved_bytes"] and none["seconds"] > full["seconds"] > 0, (full, none)
