@@ -127,15 +127,13 @@ def by_pattern(items: list, name=lambda item: item) -> list[tuple[str, list]]:
 
 
 def saved_on_example(model: nn.Module, example_input) -> int | None:
-    """Bytes of distinct storages saved for backward by one train-mode forward on the example (parameters and the
-    example's own tensors, which exist anyway, not counted: a vision model's pixels saved by its patch embedding
-    are the caller's); None when nothing in the model requires grad (nothing would be saved)."""
+    """Bytes of distinct storages saved for backward by one train-mode forward on the example (parameters, which
+    exist anyway, not counted); None when nothing in the model requires grad (nothing would be saved)."""
     params = list(model.parameters())
     if not any(p.requires_grad for p in params):
         return None
     into: dict[str, int] = {}
-    held = params + [t for t in leaves(example_input) if isinstance(t, torch.Tensor)]
-    with mode(model, True, grad=True), charged(into, exclude=held):
+    with mode(model, True, grad=True), charged(into, exclude=params):
         call(model, example_input)
     return sum(into.values())
 
