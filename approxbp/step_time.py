@@ -139,6 +139,7 @@ class _Region:
     def __init__(self, key, where: str, backward: bool, part: str | None = None):
         self.key, self.where, self.backward, self.part = key, where, backward, part
         self.read, self.seen, self.made, self.escaped = 0, set(), {}, set()
+        self.held = []  # every storage seen, alive while the region is open: no freed one lends its address
 
     def add(self, ins, outs) -> None:
         for t in ins:
@@ -146,10 +147,13 @@ class _Region:
                 continue
             if (k := t.untyped_storage()._cdata) not in self.seen and k not in self.made:
                 self.seen.add(k)
+                self.held.append(t.untyped_storage())
                 self.read += t.untyped_storage().nbytes()
         for t in outs:  # a view or an in-place result of what it read is not a new storage
             if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in self.seen:
                 storage = t.untyped_storage()
+                if storage._cdata not in self.made:
+                    self.held.append(storage)  # the storage, not the tensor: "alive at the end" is the tensor's
                 self.made.setdefault(storage._cdata, []).append((weakref.ref(t), storage.nbytes()))
 
     def escape(self, ins) -> None:

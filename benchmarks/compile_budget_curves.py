@@ -1,0 +1,227 @@
+"""``torch.compile``'s ``activation_memory_budget`` on the issue's three big set-ups (issue 46, item 4), beside our
+``--pareto`` curves on the same axes: modelled peak against modelled step time, on fake tensors.
+
+    python benchmarks/compile_budget_curves.py [--only vitb_full,…] [--figure-dir docs/figures]
+
+Each set-up is built as ``approxbp plan`` builds it (its ``Setup``, fake tensors) at 2 and 3 blocks and compiled
+with inductor's partitioner (``aot_eager_decomp_partition_with_mode``: the partitioned forward and backward graphs
+run op by op under the roofline, so a recomputed op is charged where it runs, pointwise ops between library calls
+as Inductor's fused kernels) at each budget; the bytes saved at the end of the forward and the step's time are
+extrapolated linearly in the blocks to the model's depth, as the planner extrapolates its own measurements
+(:mod:`approxbp.extrapolate`). The eager exact model is measured the same way, so compile's peak is our exact
+peak (the ``--pareto`` curve's first point: weights, gradients, optimizer, activations) with the eager saved bytes
+replaced by compile's. Everything is a model for the named GPU, not a measurement. Writes
+``benchmarks/results/compile_budget_curves.json`` and, with ``--figure-dir``, one figure per set-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import sys
+import weakref
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGETS = (1.0, 0.6, 0.4, 0.2, 0.1, 0.0)
+QWEN3_8B = ("qwen3:hidden_size=4096,num_hidden_layers=36,intermediate_size=12288,num_attention_heads=32,"
+            "num_key_value_heads=8,head_dim=128,vocab_size=151936")
+#: name → (model, batch, seq, set-up keywords, LoRA rank): the commands of docs/memory.md's three curves.
+SETUPS = {
+    "llama7b_lora_seq4096": ("huggyllama/llama-7b", 1, 4096, {"train": "lora"}, 8),
+    "vitb_full": ("google/vit-base-patch16-224-in21k", 64, 512, {"task": "image-cls"}, 8),
+    "qwen3_8b_qlora": (QWEN3_8B, 1, 2048, {"weights": "nf4", "train": "lora", "lora_targets": "all-linear"}, 64),
+}
+
+
+def _built(model_text: str, batch: int, seq: int, setup, lora_r: int, blocks: int):
+    """(model, inputs, loss(), the fake scope they live in — entered, to be closed by the caller's ``with``) for the
+    set-up's model cut to ``blocks`` blocks, built as ``approxbp plan`` builds it."""
+    from approxbp.extrapolate import layer_count, shrunk
+    from approxbp.models import hf_builder, model_spec, no_init
+    from approxbp.plan_step import _fake_like_real
+    from approxbp.setup import weights_for
+    from approxbp.step_memory import _autocast, _loss_of, prepare
+
+    build = model_spec(model_text, setup.task)
+    builder = hf_builder(shrunk(build.config, layer_count(build.config)[0], blocks), build.task)
+    scope = contextlib.ExitStack()
+    scope.enter_context(_fake_like_real())
+    torch.manual_seed(0)
+    with weights_for(setup), no_init():
+        model, make_inputs = builder()
+        model = prepare(model, setup, lora_r)
+    inputs = {k: v.to(setup.dtype) if torch.is_tensor(v) and v.is_floating_point() and setup.autocast == "off"
+              else v for k, v in make_inputs(batch, seq).items()}
+
+    def loss():
+        with _autocast(setup):
+            return _loss_of(model(**inputs))
+
+    return model, inputs, loss, scope
+
+
+def _point(model_text: str, batch: int, seq: int, setup, lora_r: int, blocks: int, device, budget: float | None):
+    """(bytes saved at the end of the forward, roofline seconds of forward and backward) of the set-up's model cut
+    to ``blocks`` blocks: compiled at ``budget``, or eager when ``budget`` is None."""
+    import torch._functorch.config as functorch_config
+    from approxbp.kernels.saved import saved_bytes
+    from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
+
+    from approxbp.step_time import Roofline
+
+    model, inputs, loss, scope = _built(model_text, batch, seq, setup, lora_r, blocks)
+    with scope:
+        clock = Roofline(device, type(model).__name__, [], fused=budget is not None)
+        run = loss
+        if budget is not None:
+            torch._dynamo.reset()
+            run = torch.compile(loss, backend=functools.partial(aot_eager_decomp_partition_with_mode, mode=clock))
+        out = []
+        with functorch_config.patch(activation_memory_budget=1.0 if budget is None else budget):
+            with clock if budget is None else torch.enable_grad():  # a compiled run enters the clock in its graphs
+                saved = saved_bytes(lambda: out.append(run()), exclude=list(model.parameters()))
+                out[0].backward()
+        return saved, clock.time.total
+
+
+class LiveBytes(TorchDispatchMode):
+    """The most bytes of storages that ops made while it was active and that were alive at once (each storage
+    counted once, freed when its last tensor is; fake tensors alike): a step's transient peak, activations and
+    temporaries and gradients, above what existed before."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self._tensors = 0, 0, {}  # storage id → [tensors alive, bytes]
+
+    def _free(self, key):
+        entry = self._tensors[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self._tensors[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                key = t.untyped_storage()._cdata
+                if key not in self._tensors:
+                    self._tensors[key] = [0, t.untyped_storage().nbytes()]
+                    self.live += self._tensors[key][1]
+                    self.peak = max(self.peak, self.live)
+                self._tensors[key][0] += 1
+                weakref.finalize(t, self._free, key)
+        return out
+
+
+def _peak_alive(model_text: str, batch: int, seq: int, setup, lora_r: int, blocks: int, budget: float | None) -> int:
+    """:class:`LiveBytes`' peak over one forward and backward of the set-up's model cut to ``blocks`` blocks:
+    compiled at ``budget`` (its partitioned graphs run under the mode: a backward that recomputes what the
+    partitioner dropped rebuilds it all at once, where a block recompute rebuilds one block), or eager."""
+    import torch._functorch.config as functorch_config
+    from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
+
+    model, inputs, loss, scope = _built(model_text, batch, seq, setup, lora_r, blocks)
+    with scope:
+        tracker = LiveBytes()
+        run = loss
+        if budget is not None:
+            torch._dynamo.reset()
+            run = torch.compile(loss, backend=functools.partial(aot_eager_decomp_partition_with_mode, mode=tracker))
+        with functorch_config.patch(activation_memory_budget=1.0 if budget is None else budget):
+            with tracker if budget is None else torch.enable_grad():
+                run().backward()
+        return tracker.peak
+
+
+def curve(name: str, device, budgets=BUDGETS) -> dict:
+    """Compile's points for one set-up, extrapolated from 2 and 3 blocks, with the eager exact model's."""
+    from approxbp.extrapolate import layer_count
+    from approxbp.models import model_spec
+    from approxbp.setup import Setup
+
+    model_text, batch, seq, keywords, lora_r = SETUPS[name]
+    setup = Setup(**keywords)
+    depth = layer_count(model_spec(model_text, setup.task).config)[1]
+
+    def extrapolated(budget):
+        small = [_point(model_text, batch, seq, setup, lora_r, n, device, budget) for n in (2, 3)]
+        saved, seconds = (b + (depth - 3) * (b - a) for a, b in zip(*small))
+        alive = [_peak_alive(model_text, batch, seq, setup, lora_r, n, budget) for n in (2, 3)]
+        return {"saved_bytes": saved, "seconds": seconds, "alive_op_by_op_at_2_and_3_blocks": alive}
+
+    eager = extrapolated(None)
+    points = []
+    for budget in budgets:
+        points.append({"activation_memory_budget": budget, **extrapolated(budget)})
+        print(f"[{name}] budget {budget}: saved {points[-1]['saved_bytes'] / 2**30:.2f} GiB, "
+              f"{1e3 * points[-1]['seconds']:.1f} ms", file=sys.stderr)
+    return {"model": model_text, "batch": batch, "seq": seq, "setup": keywords, "lora_r": lora_r, "blocks": depth,
+            "eager_exact": eager, "compile": points}
+
+
+def with_ours(result: dict, pareto: dict) -> dict:
+    """Compile's points as peaks on our axes: our exact peak with the eager saved bytes replaced by compile's (the
+    end of the forward, what the budget controls; our planner's own model of a step without moves). Compile's
+    backward transient is not in it: a budget below 1 recomputes in one backward graph what it dropped, where a
+    block recompute rebuilds one block; ``alive_op_by_op_at_2_and_3_blocks`` (:class:`LiveBytes`, the graphs run
+    op by op as aot_eager runs them, which keeps the backward's inputs to its end where Inductor frees them as it
+    goes) shows it on the small models, not extrapolated (the partitioner's choices differ between 2 and 3
+    blocks)."""
+    exact = pareto["curve"][0]["peak"]
+    for p in result["compile"]:
+        p["peak"] = exact - result["eager_exact"]["saved_bytes"] + p["saved_bytes"]
+    result["ours"] = pareto["curve"]
+    return result
+
+
+def figure(name: str, result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for key, label, marker in (("ours", "approxbp plan --pareto (eager: approximations and moves)", "o"),
+                               ("compile", "torch.compile activation_memory_budget (fused)", "s")):
+        pts = result[key]
+        ax.plot([p["peak"] / 2**30 for p in pts], [1e3 * p["seconds"] for p in pts], marker=marker, label=label)
+    ax.set_xlabel("modelled peak (GiB)")
+    ax.set_ylabel(f"modelled step time on {result['gpu']} (ms)")
+    ax.set_title(f"{name}: a roofline model on fake tensors", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    from approxbp.gpus import gpu
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default=",".join(SETUPS), help="comma-separated set-ups (default: all three)")
+    p.add_argument("--gpu", default="h100")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "compile_budget_curves.json")
+    p.add_argument("--figure-dir", type=Path, default=None)
+    args = p.parse_args(argv)
+    device = gpu(args.gpu)
+    results = json.loads(args.out.read_text()) if args.out.exists() else {}
+    for name in args.only.split(","):
+        result = curve(name, device)
+        result["gpu"] = device.name
+        pareto = ROOT / "benchmarks" / "results" / f"pareto_{name}_{args.gpu}.json"
+        results[name] = with_ours(result, json.loads(pareto.read_text()))
+        if args.figure_dir:
+            figure(name, results[name], args.figure_dir / f"compile_budget_{name}.png")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
