@@ -159,11 +159,6 @@ def packaged_name(path: str | Path) -> str | None:
     return p.relative_to(data).with_suffix("").as_posix() if p.is_relative_to(data) else None
 
 
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes (not :func:`definition_sha256`, what ``Table.sha256`` is)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def table_paths(family: str | None = None) -> list[Path]:
     """All packaged tables (of one family), sorted."""
     root = data_dir()

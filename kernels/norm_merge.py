@@ -205,23 +205,12 @@ class NormInputLinear(nn.Linear):
         return super().extra_repr() + (", Conv1D" if self.transposed else "") + ", input α⊙z + β"
 
 
-#: Kept for callers of 0.1: the class names the rewrite once matched. Norms are now proven by what they compute
-#: (:func:`.norm_forms.norm_form`); no name list gates the rewrite.
-HF_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
-
-
 def proven_form(norm: nn.Module) -> NormForm:
     """The norm's proven :class:`NormForm`, or a TypeError saying why it has none."""
     form = norm_form(norm) if is_norm_candidate(norm) else f"{type(norm).__name__} is not a norm module"
     if isinstance(form, str):
         raise TypeError(f"{type(norm).__name__} cannot become an MS-norm: {form}")
     return form
-
-
-def norm_dim_eps(norm: nn.Module) -> tuple[int, float]:
-    """(the normalised size, eps) of a norm proven to be a LayerNorm/RMSNorm form."""
-    form = proven_form(norm)
-    return form.dim, form.eps
 
 
 #: α = w, β = b: the form of MS-norms made before forms were recorded (a pickled 0.1 model).

@@ -58,9 +58,6 @@ FIRST_ORDER_ONLY = ("approxbp drop-ins support first-order reverse-mode autograd
                     "create_graph=False); {what} is refused: their backward is an "
                     "approximation (ReLU-sum, InvAct) or treats σ⁻¹ as a constant (MS-norms), so {why}; "
                     "unpatch the model (approxbp.kernels.unpatch) for {what}")
-#: Kept for callers of 0.1: the MS-norms' refusal of a second derivative.
-ONCE_DIFFERENTIABLE = FIRST_ORDER_ONLY.format(what="a second derivative (create_graph=True)",
-                                              why="a second derivative through it would be wrong")
 
 
 def _refuse(what: str, why: str):

@@ -286,3 +286,17 @@ def test_every_folder_with_an_init_is_a_listed_package():
                 continue
             found.add(".".join((package, *rel.parts)))
     assert found - listed == set(), f"folders missing from [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_the_names_the_changelog_lists_as_removed_are_gone():
+    """CHANGELOG.md's table of removed 0.1 names is the contract: each named attribute is absent from its module."""
+    import importlib
+    import re
+
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    removed = [re.match(r"\| `([\w.]+)", line).group(1) for line in text.splitlines()
+               if re.match(r"\| `approxbp\.", line)]
+    assert len(removed) >= 4, removed
+    for dotted in removed:
+        module, _, name = dotted.rpartition(".")
+        assert not hasattr(importlib.import_module(module), name), dotted
