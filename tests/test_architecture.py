@@ -300,3 +300,14 @@ def test_the_names_the_changelog_lists_as_removed_are_gone():
     for dotted in removed:
         module, _, name = dotted.rpartition(".")
         assert not hasattr(importlib.import_module(module), name), dotted
+
+
+def test_the_docs_map_names_every_module_of_the_top_layer():
+    """docs/index.md's map lists every module of the top layer and every CLI subcommand's module (issue 48)."""
+    page = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    row = next(line for line in page.splitlines() if line.startswith("| `approxbp/` |"))
+    top = [p.name for p in (ROOT / "approxbp").glob("*.py") if p.name != "__init__.py"]
+    commands = [p.stem for p in (ROOT / "approxbp" / "commands").glob("*.py") if p.name != "__init__.py"]
+    missing = [n for n in top if f"`{n}`" not in row] + [n for n in commands if f"`{n}`" not in row
+                                                          and f"`{n}.py`" not in row]
+    assert not missing, missing
