@@ -142,7 +142,7 @@ def _ranges(paths: list[str]) -> str:
             runs[-1][2] = int(index)
         else:
             runs.append([stem, int(index) if index.isdigit() else index, int(index) if index.isdigit() else index])
-    return ", ".join(f"{stem}.{a}" + (f"–{b}" if b != a else "") for stem, a, b in runs)
+    return ", ".join((f"{stem}.{a}" if stem else f"{a}") + (f"–{b}" if b != a else "") for stem, a, b in runs)
 
 
 def _moves_lines(m: dict | None) -> list[str]:
