@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: label → patch_model arguments (None: the exact model, unpatched)
 VARIANTS = {
     "exact GELU": None,
-    "ReGELU2": dict(activation="relu-sum", bits=2, norm=False),
-    "ReLU-sum k=3": dict(activation="relu-sum", bits=3, norm=False),
-    "InvActGELU": dict(activation="invact", norm=False),
-    "ReGELU2 + MS-LN": dict(activation="relu-sum", bits=2, norm=True),
+    "ReGELU2": dict(family="relu-sum", bits=2, norms=False),
+    "ReLU-sum k=3": dict(family="relu-sum", bits=3, norms=False),
+    "InvActGELU": dict(family="invact", norms=False),
+    "ReGELU2 + MS-LN": dict(family="relu-sum", bits=2, norms=True),
 }
 
 

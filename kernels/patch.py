@@ -6,10 +6,8 @@ alone), and everything is undone on an error. The rewrites live in :mod:`.activa
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 
 import torch
-from approxbp.approximations.deprecated import warn_renamed
 from torch import nn
 
 from . import functional_swap, swaps
@@ -19,7 +17,6 @@ from .glu_patch import fuse_gated_mlps
 from .moe_patch import fuse_expert_gates
 from .norm_merge import unmerge_norm
 from .norm_patch import merge_norms
-from .plan_file import plan_config
 from .rewrite import (
     PATCH_FAMILIES,
     PatchConfig,
@@ -27,7 +24,6 @@ from .rewrite import (
     Savings,
     Undo,
     every_output,
-    is_table,
     output_difference,
     path_pattern,
     run_example,
@@ -37,12 +33,15 @@ __all__ = ["patch_model", "unpatch", "patched_state_dict", "PatchConfig", "Patch
            "ACTIVATION_LIKE", "OURS", "PATCH_FAMILIES", "class_key", "every_output", "path_pattern"]
 
 #: patch_model's positional parameters in 0.1, in order (each still accepted, with a DeprecationWarning).
-_POSITIONAL_0_1 = ("activation", "norm", "example_input", "bits", "plan", "check", "glu")
 
 
-def patch_model(model: nn.Module, *args, family: str | None = "relu-sum", tables=None, module_filter_fn=None,
+#: patch_model's rewrite arguments at their defaults (with ``config=``, none may be given).
+_DEFAULTS = dict(family="relu-sum", tables=None, module_filter_fn=None, norms=True, bits=2, glu=True)
+
+
+def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=None, module_filter_fn=None,
                 norms: bool = True, example_input=None, check: bool = True, bits: int = 2, glu=True,
-                config: PatchConfig | None = None, **old) -> PatchReport:
+                config: PatchConfig | None = None) -> PatchReport:
     """In place: replace every activation in :data:`ACTIVATION_CLASSES` (nn.GELU both ways, nn.SiLU, nn.Mish,
     nn.Softplus and the Hugging Face GELU/NewGELU/FastGELU/QuickGELU/SiLU/Mish classes) by its drop-in, fuse gated
     MLPs and make norms MS-norms, as :class:`~.rewrite.PatchConfig` describes (``family``, ``tables``, ``norms``,
@@ -60,15 +59,13 @@ def patch_model(model: nn.Module, *args, family: str | None = "relu-sum", tables
     proven is undone and reported; a group that saves nothing is undone and reported. ``check=False`` skips both
     (the planner patches fake tensors). On an error every change made so far is undone before it propagates.
 
-    0.1's arguments still work, with a DeprecationWarning: ``activation`` (a family, a table path or a mapping:
-    ``family``/``tables``), ``norm`` (``norms``), ``plan`` (``approxbp.plan.Plan.load(path).apply(model)``), and
-    positional ones after ``model``."""
+    Every argument after ``model`` is a keyword (0.1's positional, ``activation=``, ``norm=`` and ``plan=`` are gone:
+    CHANGELOG.md)."""
+    given = dict(family=family, tables=tables, module_filter_fn=module_filter_fn, norms=norms, bits=bits, glu=glu)
     if config is None:
-        config, example_input, check = _config(model, args, old, dict(
-            family=family, tables=tables, module_filter_fn=module_filter_fn, norms=norms, bits=bits, glu=glu),
-            example_input, check)
-    elif args or old:
-        raise TypeError("patch_model(model, config=…) takes no other rewrite arguments")
+        config = PatchConfig(**given)
+    elif changed := [k for k, v in given.items() if v is not _DEFAULTS[k] and v != _DEFAULTS[k]]:
+        raise TypeError(f"patch_model(model, config=…) takes no other rewrite arguments (got {', '.join(changed)})")
     report, undo = PatchReport(), Undo()
     before = run_example(model, example_input) if check else None
     try:
@@ -92,38 +89,6 @@ def patch_model(model: nn.Module, *args, family: str | None = "relu-sum", tables
         undo.rollback()
         raise
     return report
-
-
-def _config(model, args: tuple, old: dict, new: dict, example_input, check) -> tuple[PatchConfig, object, bool]:
-    """The :class:`PatchConfig` (and example input, check) of a call, 0.1's arguments translated with a warning."""
-    if len(args) > len(_POSITIONAL_0_1):
-        raise TypeError(f"patch_model takes at most {len(_POSITIONAL_0_1)} positional arguments after model (0.1's)")
-    if unknown := set(old) - {"activation", "norm", "plan"}:
-        raise TypeError(f"patch_model got unexpected keyword arguments {sorted(unknown)}")
-    if args:
-        warn_renamed("patch_model's positional arguments after model", "keyword arguments (family=, tables=, "
-                     "norms=, example_input=, check=, …)", stacklevel=4)
-        old = {**dict(zip(_POSITIONAL_0_1, args)), **old}
-    example_input = old.pop("example_input", example_input)
-    check = old.pop("check", check)
-    config = PatchConfig(**{**new, **{k: old.pop(k) for k in ("bits", "glu") if k in old}})
-    if "norm" in old:
-        warn_renamed("patch_model(norm=…)", "patch_model(norms=…)", stacklevel=4)
-        config = replace(config, norms=old.pop("norm"))
-    if "activation" in old:
-        warn_renamed("patch_model(activation=…)", "patch_model(family=…) or patch_model(tables=…)", stacklevel=4)
-        activation = old.pop("activation")
-        if activation in PATCH_FAMILIES or activation is None:
-            config = replace(config, family=activation)
-        elif isinstance(activation, dict) or is_table(activation):
-            config = replace(config, family=None, tables=activation)
-        else:
-            raise ValueError(f"activation must be one of {(*PATCH_FAMILIES, None)}, a table path or a mapping, got "
-                             f"{activation!r}")
-    if old.get("plan") is not None:
-        warn_renamed("patch_model(plan=…)", "approxbp.plan.Plan.load(path).apply(model)", stacklevel=4)
-        return plan_config(old["plan"], model), example_input, check
-    return config, example_input, check
 
 
 def _compare_outputs(before: list, after: list) -> float:

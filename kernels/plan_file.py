@@ -1,5 +1,5 @@
 """A plan written by ``approxbp plan --out`` matched to a model: the per-layer choices that
-``approxbp.plan.Plan.apply`` (and the deprecated ``patch_model(plan=…)``) hand to :func:`~.patch.patch_model`."""
+``approxbp.plan.Plan.apply`` hands to :func:`~.patch.patch_model`."""
 
 from __future__ import annotations
 

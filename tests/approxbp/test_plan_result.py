@@ -6,8 +6,9 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from approxbp.plan_result import Plan, _ranges
 from torch import nn
+
+from approxbp.plan_result import Plan, _ranges
 
 
 def _plan(**changes) -> Plan:

@@ -1,9 +1,7 @@
 """patch_model's keyword-only interface: a typed config, a module filter, tables that override the family, and
-0.1's arguments (positional, ``activation=``, ``norm=``, ``plan=``) still accepted with a DeprecationWarning and
-giving the same model."""
+0.1's arguments (positional, ``activation=``, ``norm=``, ``plan=``) refused with the model left as it was."""
 
 import copy
-import json
 
 import pytest
 import torch
@@ -30,8 +28,10 @@ def test_a_config_object_and_the_keywords_patch_alike():
     patch_model(a, family="invact", norms=False, example_input=X)
     patch_model(b, config=PatchConfig(family="invact", norms=False), example_input=X)
     assert _kinds(a) == _kinds(b) and _kinds(a)[2] == "InvActGELU(gelu-fast)", _kinds(a)
-    with pytest.raises(TypeError, match="config"):
-        patch_model(_model(), PatchConfig(), config=PatchConfig())
+    with pytest.raises(TypeError, match="positional"):
+        patch_model(_model(), PatchConfig())
+    with pytest.raises(TypeError, match=r"config=…\) takes no other rewrite arguments \(got norms\)"):
+        patch_model(_model(), config=PatchConfig(), norms=False)
     with pytest.raises(TypeError, match="unexpected keyword"):
         patch_model(_model(), activations="invact")
 
@@ -54,35 +54,19 @@ def test_tables_name_some_modules_and_the_family_serves_the_rest():
     assert isinstance(only[2], nn.GELU) and "2 (GELU): not in the tables mapping" in report.skipped
 
 
-@pytest.mark.parametrize("old, new", [
-    ((("invact", False),), {"family": "invact", "norms": False}),  # 0.1's positional activation, norm
-    (({"activation": "relu-sum", "norm": False, "bits": 3},), {"family": "relu-sum", "norms": False, "bits": 3}),
-    (({"activation": {nn.GELU: "invact/gelu-newton"}},), {"family": None, "tables": {nn.GELU: "invact/gelu-newton"}}),
-    (({"activation": None, "norm": True},), {"family": None, "norms": True}),
+@pytest.mark.parametrize("call", [
+    lambda m: patch_model(m, "invact", False),  # 0.1's positional activation, norm
+    lambda m: patch_model(m, activation="relu-sum"),
+    lambda m: patch_model(m, norm=False),
+    lambda m: patch_model(m, plan="plan.json"),
 ])
-def test_0_1_arguments_warn_and_patch_as_their_new_names(old, new):
-    (spec,) = old
-    args, kwargs = (spec, {}) if isinstance(spec, tuple) else ((), spec)
-    a, b = _model(), _model()
-    with pytest.warns(DeprecationWarning, match="is deprecated: use"):
-        patch_model(a, *args, example_input=X, **kwargs)
-    patch_model(b, example_input=X, **new)
-    assert _kinds(a) == _kinds(b)
-    torch.testing.assert_close(a(X), b(X), rtol=0, atol=0)
-
-
-def test_the_0_1_plan_argument_warns_and_applies_the_plan(tmp_path):
+def test_0_1_arguments_are_refused_and_the_model_left_as_it_was(call):
+    """0.2 drops 0.1's spellings (CHANGELOG.md: family=/tables=, norms=, Plan.load(path).apply(model), keywords)."""
     model = _model()
-    plan = {"layers": {"2": {"table": "invact/gelu-fast", "option": "invact"}, "4": {"table": None, "option": "exact"}},
-            "ms_norm": {"chosen": False}}
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan))
     stock = copy.deepcopy(model)
-    with pytest.warns(DeprecationWarning, match=r"Plan.load\(path\).apply\(model\)"):
-        report = patch_model(model, plan=str(path), example_input=X)
-    assert type(model[0]) is nn.LayerNorm and type(model[4]) is nn.SiLU and type(model[2]).__name__ == "InvActivation"
-    assert "4 (SiLU): exact by choice" in report.skipped
-    torch.testing.assert_close(model(X), stock(X), rtol=0, atol=1e-12)
+    with pytest.raises(TypeError):
+        call(model)
+    assert [type(m) for m in model] == [type(m) for m in stock]
 
 
 @pytest.mark.parametrize("kw, says", [
