@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 from approxbp.approximations import backends, balls
-from flint import arb, ctx
+from flint import arb
 
 #: Working precision (bits) of every ball: boxes near an InvAct turning point are 1e-30 wide.
 PRECISION = 160
@@ -44,14 +44,6 @@ at_precision = balls.at_precision(PRECISION)
 def precision():
     """Within: Arb's working precision is :data:`PRECISION` bits; the caller's is restored on leaving."""
     return balls.precision(PRECISION)
-
-
-def setup() -> None:
-    """Set Arb's working precision to :data:`PRECISION` for good (0.1; deprecated: use :func:`precision`, scoped)."""
-    from approxbp.approximations.deprecated import warn_renamed
-
-    warn_renamed("approxbp.fitting.intervals.setup()", "the scoped `with approxbp.fitting.intervals.precision():`")
-    ctx.prec = PRECISION
 
 
 def number(v) -> arb:

@@ -30,13 +30,6 @@ else:
             from . import codegen
 
             return getattr(codegen, name)
-        if name in ("pack", "unpack"):  # internals, exported until 0.1
-            from approxbp.approximations.deprecated import warn_renamed
-
-            from . import packing
-
-            warn_renamed(f"approxbp.kernels.{name} (internal)", f"approxbp.kernels.packing.{name}")
-            return getattr(packing, name)
         raise AttributeError(f"module 'approxbp.kernels' has no attribute {name!r}")
 
     __all__ = ["export", "triton_source", "ReGELU2", "ReLUSumActivation", "relu_sum", "ReLUSumSpec",

@@ -187,7 +187,7 @@ def test_fitting_certify_is_the_module_and_calling_it_is_the_deprecated_local_ce
     assert old == F.local_certificate(obj, c)
 
 
-def test_the_working_precision_is_scoped_and_the_0_1_setup_warns():
+def test_the_working_precision_is_scoped():
     """Arb's precision is the certifier's only inside it: a caller's precision is what it was after a certificate."""
     from flint import ctx
 
@@ -197,9 +197,6 @@ def test_the_working_precision_is_scoped_and_the_0_1_setup_warns():
     assert ctx.prec == before
     C.log_error()  # decorated: at PRECISION inside
     assert ctx.prec == before
-    with pytest.warns(DeprecationWarning, match="precision"):
-        iv.setup()
-    ctx.prec = before
 
 
 @pytest.mark.slow
