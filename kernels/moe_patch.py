@@ -56,8 +56,10 @@ def experts_forward(module: nn.Module):
     from torch.utils.checkpoint import checkpoint
     from transformers.integrations.moe import _grouped_linear
 
-    def rows(name: str, expert_of: torch.Tensor):  # GPT-OSS: a bias per expert, one row per routed token
-        return getattr(module, name)[expert_of] if getattr(module, "has_bias", False) else None
+    biased = getattr(module, "has_bias", False)  # GPT-OSS: a bias per expert, one row per routed token
+
+    def rows(name: str, expert_of: torch.Tensor | None):
+        return getattr(module, name)[expert_of] if biased else None
 
     def gate_down(gate_up: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, expert_of: torch.Tensor):
         return _grouped_linear(module._apply_gate(gate_up), weight, offsets, bias=rows("down_proj_bias", expert_of),
@@ -69,9 +71,8 @@ def experts_forward(module: nn.Module):
         offsets = torch.cumsum(torch.bincount(expert_of, minlength=module.num_experts), 0, dtype=torch.int32)
         gate_up = _grouped_linear(hidden_states[perm // k], module.gate_up_proj, offsets,
                                   bias=rows("gate_up_proj_bias", expert_of), is_transposed=module.is_transposed)
-        biased = getattr(module, "has_bias", False)  # (the indices kept only where a bias needs them)
         out = checkpoint(gate_down, gate_up, module.down_proj, offsets, expert_of if biased else None,
-                         use_reentrant=False)
+                         use_reentrant=False)  # (the indices kept only where a bias needs them)
         out = out * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
         back = torch.empty_like(perm)
         back[perm] = torch.arange(perm.numel(), device=perm.device)
@@ -138,12 +139,18 @@ def _difference(probe: nn.Module, make_ours, args: tuple, wrt: tuple) -> float:
     return max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-300)) for a, b in zip(*got))
 
 
-def _default_gate(module: nn.Module) -> bool:
-    """The class applies transformers' default gate, act_fn(g)·u on gate_up.chunk(2) (GPT-OSS's own clamped,
-    interleaved gate is another function)."""
+def _gate_of(module: nn.Module) -> str | None:
+    """The name of the gate a gated experts module with a 3-d ``gate_up_proj`` applies (its class's
+    ``_apply_gate``: transformers' ``_default_apply_gate``, act_fn(g)·u on gate_up.chunk(2), or a class's own, such
+    as GPT-OSS's clamped, interleaved one); None for any other module."""
     own = getattr(type(module), GATE, None)
-    return getattr(own, "__name__", "") == "_default_apply_gate" and getattr(module, "has_gate", False) \
-        and isinstance(getattr(module, "gate_up_proj", None), torch.Tensor) and module.gate_up_proj.dim() == 3
+    gated = getattr(module, "has_gate", False) and isinstance(getattr(module, "gate_up_proj", None), torch.Tensor)
+    return getattr(own, "__name__", "") if own is not None and gated and module.gate_up_proj.dim() == 3 else None
+
+
+def _default_gate(module: nn.Module) -> bool:
+    """The class applies transformers' default gate (:func:`_gate_of`)."""
+    return _gate_of(module) == "_default_apply_gate"
 
 
 def candidates(model: nn.Module) -> dict[str, nn.Module]:
@@ -154,12 +161,8 @@ def candidates(model: nn.Module) -> dict[str, nn.Module]:
 def own_gate_candidates(model: nn.Module) -> dict[str, nn.Module]:
     """Experts modules with 3-d parameters whose class defines its own ``_apply_gate`` (GPT-OSS), not rewritten
     yet: no fused GLU computes their gate, but :func:`experts_forward` recomputes it."""
-    def fits(m: nn.Module) -> bool:
-        own = getattr(type(m), GATE, None)
-        return (own is not None and getattr(own, "__name__", "") != "_default_apply_gate"
-                and getattr(m, "has_gate", False) and isinstance(getattr(m, "gate_up_proj", None), torch.Tensor)
-                and m.gate_up_proj.dim() == 3)
-    return {n: m for n, m in model.named_modules() if fits(m) and swaps.expert_gate(m) is None}
+    return {n: m for n, m in model.named_modules()
+            if _gate_of(m) not in (None, "_default_apply_gate") and swaps.expert_gate(m) is None}
 
 
 def _own_gate(module: nn.Module):

@@ -35,10 +35,6 @@ __all__ = ["patch_model", "unpatch", "patched_state_dict", "PatchConfig", "Patch
 #: patch_model's positional parameters in 0.1, in order (each still accepted, with a DeprecationWarning).
 
 
-#: patch_model's rewrite arguments at their defaults (with ``config=``, none may be given).
-_DEFAULTS = dict(family="relu-sum", tables=None, module_filter_fn=None, norms=True, bits=2, glu=True)
-
-
 def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=None, module_filter_fn=None,
                 norms: bool = True, example_input=None, check: bool = True, bits: int = 2, glu=True,
                 config: PatchConfig | None = None) -> PatchReport:
@@ -64,7 +60,7 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
     given = dict(family=family, tables=tables, module_filter_fn=module_filter_fn, norms=norms, bits=bits, glu=glu)
     if config is None:
         config = PatchConfig(**given)
-    elif changed := [k for k, v in given.items() if v is not _DEFAULTS[k] and v != _DEFAULTS[k]]:
+    elif changed := [k for k, v in given.items() if v is not (d := patch_model.__kwdefaults__[k]) and v != d]:
         raise TypeError(f"patch_model(model, config=…) takes no other rewrite arguments (got {', '.join(changed)})")
     report, undo = PatchReport(), Undo()
     before = run_example(model, example_input) if check else None
