@@ -77,6 +77,12 @@ def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: d
     return model
 
 
+def step_inputs(make_inputs, batch: int, seq: int, setup: Setup) -> dict:
+    """One step's inputs: the floating ones in the set-up's dtype, unless autocast computes in its own."""
+    return {k: v.to(setup.dtype) if torch.is_tensor(v) and v.is_floating_point() and setup.autocast == "off" else v
+            for k, v in make_inputs(batch, seq).items()}
+
+
 def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = True, checkpoint: bool = False,
             traced: bool | None = None, whole: bool = False):
     """run(batch, seq, assignment, ms_norm) → the :class:`StepMemory` of one step of the model (built afresh,
@@ -102,10 +108,7 @@ def stepper(model_text: str, mode: str | Setup, lora_r: int = 8, fake: bool = Tr
             with weights_for(setup), no_init() if fake else contextlib.nullcontext():
                 model, make_inputs = builder()
                 model = prepare(model, setup, lora_r, checkpoint)
-            inputs = make_inputs(batch, seq)
-            inputs = {k: v.to(setup.dtype) if torch.is_tensor(v) and v.is_floating_point() and setup.autocast == "off"
-                      else v
-                      for k, v in inputs.items()}
+            inputs = step_inputs(make_inputs, batch, seq, setup)
             layers = activation_layers(model)
             if assignment or ms_norm:
                 apply(model, assignment or {}, ms_norm, inputs)

@@ -44,7 +44,7 @@ def _built(model_text: str, batch: int, seq: int, setup, lora_r: int, blocks: in
     set-up's model cut to ``blocks`` blocks, built as ``approxbp plan`` builds it."""
     from approxbp.extrapolate import layer_count, shrunk
     from approxbp.models import hf_builder, model_spec, no_init
-    from approxbp.plan_step import _fake_like_real
+    from approxbp.plan_step import _fake_like_real, step_inputs
     from approxbp.setup import weights_for
     from approxbp.step_memory import _autocast, _loss_of, prepare
 
@@ -56,8 +56,7 @@ def _built(model_text: str, batch: int, seq: int, setup, lora_r: int, blocks: in
     with weights_for(setup), no_init():
         model, make_inputs = builder()
         model = prepare(model, setup, lora_r)
-    inputs = {k: v.to(setup.dtype) if torch.is_tensor(v) and v.is_floating_point() and setup.autocast == "off"
-              else v for k, v in make_inputs(batch, seq).items()}
+    inputs = step_inputs(make_inputs, batch, seq, setup)
 
     def loss():
         with _autocast(setup):
@@ -66,27 +65,37 @@ def _built(model_text: str, batch: int, seq: int, setup, lora_r: int, blocks: in
     return model, inputs, loss, scope
 
 
+@contextlib.contextmanager
+def _under(mode, loss, budget: float | None):
+    """``loss`` to run under ``mode`` (a dispatch mode): eager inside it, or compiled at ``budget`` with its
+    partitioned forward and backward graphs run in it (``aot_eager_decomp_partition_with_mode``: inductor's
+    partitioner, the graphs op by op, so a recomputed op reaches the mode where it runs)."""
+    import torch._functorch.config as functorch_config
+    from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
+
+    if budget is None:
+        with mode:
+            yield loss
+        return
+    torch._dynamo.reset()
+    with functorch_config.patch(activation_memory_budget=budget):  # read when the first call compiles
+        yield torch.compile(loss, backend=functools.partial(aot_eager_decomp_partition_with_mode, mode=mode))
+
+
 def _point(model_text: str, batch: int, seq: int, setup, lora_r: int, blocks: int, device, budget: float | None):
     """(bytes saved at the end of the forward, roofline seconds of forward and backward) of the set-up's model cut
     to ``blocks`` blocks: compiled at ``budget``, or eager when ``budget`` is None."""
-    import torch._functorch.config as functorch_config
     from approxbp.kernels.saved import saved_bytes
-    from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
 
     from approxbp.step_time import Roofline
 
     model, inputs, loss, scope = _built(model_text, batch, seq, setup, lora_r, blocks)
     with scope:
         clock = Roofline(device, type(model).__name__, [], fused=budget is not None)
-        run = loss
-        if budget is not None:
-            torch._dynamo.reset()
-            run = torch.compile(loss, backend=functools.partial(aot_eager_decomp_partition_with_mode, mode=clock))
         out = []
-        with functorch_config.patch(activation_memory_budget=1.0 if budget is None else budget):
-            with clock if budget is None else torch.enable_grad():  # a compiled run enters the clock in its graphs
-                saved = saved_bytes(lambda: out.append(run()), exclude=list(model.parameters()))
-                out[0].backward()
+        with _under(clock, loss, budget) as run:
+            saved = saved_bytes(lambda: out.append(run()), exclude=list(model.parameters()))
+            out[0].backward()
         return saved, clock.time.total
 
 
@@ -124,19 +133,11 @@ def _peak_alive(model_text: str, batch: int, seq: int, setup, lora_r: int, block
     """:class:`LiveBytes`' peak over one forward and backward of the set-up's model cut to ``blocks`` blocks:
     compiled at ``budget`` (its partitioned graphs run under the mode: a backward that recomputes what the
     partitioner dropped rebuilds it all at once, where a block recompute rebuilds one block), or eager."""
-    import torch._functorch.config as functorch_config
-    from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
-
-    model, inputs, loss, scope = _built(model_text, batch, seq, setup, lora_r, blocks)
+    _, _, loss, scope = _built(model_text, batch, seq, setup, lora_r, blocks)
     with scope:
         tracker = LiveBytes()
-        run = loss
-        if budget is not None:
-            torch._dynamo.reset()
-            run = torch.compile(loss, backend=functools.partial(aot_eager_decomp_partition_with_mode, mode=tracker))
-        with functorch_config.patch(activation_memory_budget=1.0 if budget is None else budget):
-            with tracker if budget is None else torch.enable_grad():
-                run().backward()
+        with _under(tracker, loss, budget) as run:
+            run().backward()
         return tracker.peak
 
 
