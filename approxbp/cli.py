@@ -56,23 +56,5 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-#: 0.1's names of this module → where they live now (read with a DeprecationWarning)
-_MOVED = {"parse_bits": ("approxbp.commands.sweep", "parse_bits"),
-          "INVACT_FORMS": ("approxbp.fitting.invact", "FORMS"), "TASK_NAMES": ("approxbp.tasks", "TASKS")}
-
-
-def __getattr__(name):
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    from approxbp.approximations.deprecated import warn_renamed
-
-    module, attr = _MOVED[name]
-    warn_renamed(f"approxbp.cli.{name}", f"{module}.{attr}")
-    value = getattr(importlib.import_module(module), attr)
-    return tuple(value) if name == "TASK_NAMES" else value
-
-
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from approxbp.approximations.families import member, register
+
 #: Thread-instructions per second (132 SMs × 128 lanes × ~1.75 GHz ≈ 3.0e13) and measured copy bandwidth of an
 #: H100 SXM (see the module docstring).
 ISSUE_RATE, BANDWIDTH = 3.0e13, 2.87e12
@@ -236,6 +238,13 @@ def invact_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     return [(f"invact {name} fwd", launches[0], ELEMENTS), (f"invact {name} bwd", launches[1], ELEMENTS)]
 
 
+#: table family → its kernels' launches ``(table, dtype) → [(name, launch, elements)]``: this layer's part of a family
+#: (:mod:`approxbp.approximations.families`)
+LAUNCHES: dict = {}
+register(LAUNCHES, "relu-sum", relu_sum_launches)
+register(LAUNCHES, "invact", invact_launches)
+
+
 def norm_launches(dtype: torch.dtype, d: int = 4096) -> list[tuple[str, Launch, int]]:
     from approxbp.kernels.norms import ms_norm_backward_impl, ms_norm_forward_impl
 
@@ -326,16 +335,16 @@ def reference_jobs(tables: list[Path]) -> list[tuple[str, str]]:
     found: dict[str, str] = {}
     for p in tables:
         t = T.load(p)
-        if t.family in ("relu-sum", "invact") and t.activation not in reference.KERNELS:
+        if t.family in LAUNCHES and t.activation not in reference.KERNELS:
             found.setdefault(t.expression, t.activation)
     return [(name, expression) for expression, name in found.items()]
 
 
 def default_tables() -> list[Path]:
-    """Every packaged relu-sum and invact table."""
+    """Every packaged table of the families with kernels (:data:`LAUNCHES`)."""
     from approxbp.approximations import tables as T
 
-    return T.table_paths("relu-sum") + T.table_paths("invact")
+    return [p for family in LAUNCHES for p in T.table_paths(family)]
 
 
 def launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
@@ -348,7 +357,7 @@ def launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Laun
         return norm_launches(dtype) + bdia_launches(dtype) + glu_launches(dtype) + reference_launches(dtype)
     t = T.load(table)
     export_if_stale(table)  # a user's table: its module is written next to it first, as `approxbp export` would
-    return (relu_sum_launches if t.family == "relu-sum" else invact_launches)(table, dtype)
+    return member(LAUNCHES, t.family, "kernel launches")(table, dtype)
 
 
 def _measure_group(job) -> list[KernelCost]:

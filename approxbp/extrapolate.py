@@ -85,7 +85,8 @@ def _renamed(entries: dict, prefix: str, layers: int, linear=None) -> dict:
 
 
 def extrapolate(two, three, layers: int, prefix: str):
-    """The L-block :class:`~approxbp.plan.StepMemory` from the steps at 2 and 3 blocks (see the module docstring)."""
+    """The L-block :class:`~approxbp.step_memory.StepMemory` from the steps at 2 and 3 blocks (the module
+    docstring)."""
     steps = layers - SMALL[-1]
 
     def linear(path, value):

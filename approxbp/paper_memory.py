@@ -17,6 +17,8 @@ import shlex
 import time
 from dataclasses import dataclass, replace
 
+from approxbp import step_memory as SM
+
 #: The targets: an absolute value within this fraction, a reduction within this many points.
 ABSOLUTE, POINTS = 0.15, 3.0
 METHODS = {"exact": "exact", "relu-sum-k2": "ReGELU2/ReSiLU2", "ms-norm": "MS-norm",
@@ -197,7 +199,7 @@ def run_group(group: Group) -> list[float]:
     args = parsed[0]
     setup, common = setup_of(args), dict(lora_r=args.lora_r, traced=args.trace or None)
     if args.maximize:
-        return [float(P.maximize(args.model, args.maximize, args.batch, args.seq, setup, P.parse_size(args.budget),
+        return [float(P.maximize(args.model, args.maximize, args.batch, args.seq, setup, SM.parse_size(args.budget),
                                  use=a.use, grain=args.grain, **common)[0]) for a in parsed]
     plans = P.evaluate_each(args.model, args.batch, args.seq, setup, [a.use for a in parsed], **common)
     if group.what == "activations":

@@ -4,7 +4,7 @@ against the gradient-error bound — over budgets from the exact step's peak to 
 Two stretches, each measured once and then chosen at every budget:
 
 1. **Approximations**: between the exact peak and the most-saving assignment's, the least-error assignment within
-   each budget (:func:`approxbp.plan.assignments`, measured), timed by the roofline (:func:`approxbp.plan.timed`);
+   each budget (:func:`approxbp.plan.assignments`, measured), timed by the roofline (:func:`approxbp.plan_moves.timed`);
    its error bound is the largest of its layers' (the certified L∞ of InvAct, a ReLU-sum's E[(h̃′ − f′)²]^½).
 2. **Moves**: below that, any of those assignments with the recompute / offload / chunked-loss moves, whichever
    reaches the budget in the least modelled time (:func:`approxbp.plan_moves.fastest`: the approximations and the
@@ -20,15 +20,19 @@ import textwrap
 from pathlib import Path
 
 from approxbp.gpus import gpu as step_gpu
-from approxbp.plan import as_setup, assignments, distinct, measure_options, move_costs, spread, stepper
-from approxbp.plan_moves import Weighed, fastest, modelled_time
+from approxbp.plan import assignments, distinct, measure_options, spread
+from approxbp.plan_moves import Weighed, fastest, modelled_time, move_costs
+from approxbp.plan_step import stepper
+from approxbp.setup import as_setup
 from approxbp.step_memory import size
 
 
 def pareto(model_text: str, batch: int, seq: int, mode, gpu: str, lora_r: int = 8, points: int = 5,
-           progress=None) -> list[dict]:
+           progress=None, compile_budgets: tuple[float, ...] = ()) -> list[dict]:
     """The curve's points, highest peak first: budget, modelled peak, modelled seconds, the error bound, and what
-    the plan does there (module docstring)."""
+    the plan does there (module docstring). ``compile_budgets``: each assignment also compiled at each of these
+    ``activation_memory_budget`` values (:mod:`approxbp.compiled`), and the curve is the points no other point
+    beats on both peak and time."""
     if points < 2:
         raise ValueError(f"--pareto {points}: expected at least 2 points per stretch")
     say = progress or (lambda msg: None)
@@ -59,7 +63,42 @@ def pareto(model_text: str, batch: int, seq: int, mode, gpu: str, lora_r: int = 
         curve.append({"budget": budget, "peak": m["peak"], "seconds": m["seconds_after"], "error": w.assignment.error,
                       "plan": _described(w.assignment.choice, w.assignment.ms_norm) + "; " + ", ".join(
                           MOVED[k].format(n) for k, n in m["by_move"].items() if n)})
+    if compile_budgets:
+        curve = frontier(curve + _compiled(model_text, batch, seq, mode, lora_r, device, weighed, compile_budgets,
+                                           say))
     return curve
+
+
+def _compiled(model_text, batch, seq, mode, lora_r, device, weighed, budgets, say) -> list[dict]:
+    """Every weighed assignment compiled at each budget, as curve points."""
+    from approxbp.compiled import points
+
+    out = []
+    for w in weighed:
+        a = w.assignment
+        say(f"compiled: {_described(a.choice, a.ms_norm)}")
+        for p in points(model_text, batch, seq, as_setup(mode), lora_r, device, a.choice, a.ms_norm, a.after.peak,
+                        budgets, say):
+            out.append({"budget": p["peak"], "peak": p["peak"], "seconds": p["seconds"], "error": a.error,
+                        "plan": f"{_described(a.choice, a.ms_norm)}; torch.compile, activation_memory_budget "
+                                f"{p['budget']}", "compile": {"activation_memory_budget": p["budget"],
+                                                               "choice": a.choice, "ms_norm": a.ms_norm}})
+    return out
+
+
+def frontier(points: list[dict]) -> list[dict]:
+    """The points no other beats: a point stays unless another has a peak and a time no larger and a smaller
+    (time, error, peak), or the same and comes first (the simpler plan: the eager curve, then the assignments in
+    order); highest peak first."""
+    def key(p):
+        return p["seconds"], p["error"], p["peak"]
+
+    def beats(j, q, i, p):
+        return q["peak"] <= p["peak"] and q["seconds"] <= p["seconds"] and (key(q) < key(p) or
+                                                                              key(q) == key(p) and j < i)
+
+    kept = [p for i, p in enumerate(points) if not any(beats(j, q, i, p) for j, q in enumerate(points))]
+    return sorted(kept, key=lambda p: -p["peak"])
 
 
 MOVED = {"recompute": "blocks recomputed: {}", "recompute part": "parts recomputed alone: {}",
@@ -84,7 +123,8 @@ def table(curve: list[dict], gpu: str) -> str:
 
 
 def figure(curve: list[dict], path: Path, title: str) -> Path:
-    """Peak against modelled step time, each point coloured by its gradient-error bound (log scale)."""
+    """Peak against modelled step time, each point coloured by its gradient-error bound (log scale); a compiled
+    point (``--compile-budgets``) drawn as a square."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,8 +136,14 @@ def figure(curve: list[dict], path: Path, title: str) -> Path:
     ms = [1e3 * c["seconds"] for c in curve]
     ax.plot(ms, peaks, color="0.7", zorder=1)
     errors = [max(c["error"], 1e-9) for c in curve]
-    dots = ax.scatter(ms, peaks, c=errors, cmap="viridis", norm=LogNorm(vmin=1e-9, vmax=max(1.0, max(errors))),
-                      zorder=2)
+    scale = LogNorm(vmin=1e-9, vmax=max(1.0, max(errors)))
+    for compiled, marker, label in ((False, "o", "eager"), (True, "s", "torch.compile at a budget")):
+        picked = [i for i, c in enumerate(curve) if ("compile" in c) == compiled]
+        if picked:
+            dots = ax.scatter([ms[i] for i in picked], [peaks[i] for i in picked], c=[errors[i] for i in picked],
+                              cmap="viridis", norm=scale, marker=marker, zorder=2, label=label)
+    if any("compile" in c for c in curve):
+        ax.legend(fontsize=8)
     fig.colorbar(dots, ax=ax, label="gradient-error bound (exact plotted at 1e-9)")
     ax.set(xlabel="modelled step time (ms, roofline)", ylabel="modelled peak (GiB)")
     ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)

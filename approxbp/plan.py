@@ -31,29 +31,18 @@ from pathlib import Path
 from approxbp.gpus import GPUS
 from approxbp.gpus import gpu as step_gpu
 from approxbp.knapsack import multiple_choice
-from approxbp.models import CONFIG_KEYS, CONFIGS, bundled_configs, hf_builder, model_spec, no_init  # noqa: F401
-from approxbp.plan_moves import Assignment, Weighed, fastest, move_costs, timed  # noqa: F401 (timed: read here)
-from approxbp.plan_result import CATEGORIES, COLOURS, Plan, figure, report  # noqa: F401
-from approxbp.plan_step import (  # noqa: F401 (read from here by the CLI, the papers' runs and the tests)
+from approxbp.plan_moves import Assignment, Weighed, move_costs
+from approxbp.plan_result import Plan
+from approxbp.plan_step import (
     OPTIONS,
-    _fake_like_real,
-    activation_layers,
-    apply,
     gradient_error,
     option_table,
     stepper,
 )
-from approxbp.setup import LORA_TARGETS, LoRALinear, Setup, as_setup, weights_for  # noqa: F401 (0.1's callers)
-from approxbp.step_memory import (  # noqa: F401 (read from here by callers of 0.1)
-    AT_PEAK,
+from approxbp.setup import Setup, as_setup
+from approxbp.step_memory import (
     StepMemory,
-    checkpoint_blocks,
-    first_block,
-    measure,
-    parse_size,
-    prepare,
     size,
-    traced_step,
 )
 
 MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.setup.PRESETS
@@ -71,12 +60,18 @@ def _summary(m: StepMemory) -> dict:
 
 def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int | None = None, lora_r: int = 8,
          fake: bool = True, progress=None, checkpoint: bool = False, traced: bool | None = None,
-         gpu: str | None = None) -> Plan:
+         gpu: str | None = None, compile_budgets: tuple[float, ...] = ()) -> Plan:
     """Measure the exact model and each option, then choose (see the module docstring; ``checkpoint``, ``traced``:
     :func:`stepper`'s). ``gpu`` (a name of :data:`approxbp.step_time.GPUS`): where the approximations cannot reach
-    the budget, recompute and offload blocks at the least modelled time on it (:mod:`approxbp.plan_moves`)."""
+    the budget, recompute and offload blocks at the least modelled time on it (:mod:`approxbp.plan_moves`).
+    ``compile_budgets`` (with ``gpu`` and ``budget``): the fastest plan within the budget of every assignment's
+    moves and of every assignment compiled at each of these ``activation_memory_budget`` values
+    (:mod:`approxbp.compiled`)."""
     say = progress or (lambda msg: None)
     _one_gpu_budget(mode, budget)
+    if compile_budgets and (gpu is None or budget is None or fake is False or checkpoint or traced):
+        raise ValueError("--compile-budgets weighs compiled plans by their modelled time under a budget: it needs "
+                         "--gpu and --budget (or --pareto), on fake tensors, without --checkpoint or --trace")
     step = stepper(model_text, mode, lora_r, fake, checkpoint, traced)
 
     def run(assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
@@ -85,6 +80,8 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
     base, layers, options, ms = measure_options(run, say)
     moved = None
     try:
+        if compile_budgets:
+            raise NoFit(f"nothing planned reaches {size(budget)}")  # the fastest is weighed, not the least error
         choice, after, estimate = _within(run, layers, options, ms, base.peak, budget, say)
     except NoFit as refused:
         if budget is None:
@@ -92,15 +89,8 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
         if gpu is None:
             raise ValueError(f"{refused}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
                              "to reach it") from None
-        device = step_gpu(gpu)
-        weighed = [Weighed(a, *move_costs(run, model_text, batch, seq, mode, lora_r, a.choice, a.ms_norm, a.after,
-                                           device, say))
-                   for a in distinct(assignments(run, layers, options, ms, base.peak, say))]
-        picked = fastest(weighed, budget, device, as_setup(mode).dtype.itemsize)
-        if picked is None:
-            raise ValueError(f"{refused}; and no moves reach it from any of {len(weighed)} assignments weighed "
-                             "(recomputing or offloading every block, and the chunked loss where it applies)") from None
-        best, moved = picked
+        best, moved = _fastest(run, model_text, batch, seq, mode, lora_r, layers, options, ms, base, budget, gpu,
+                               compile_budgets, refused, say)
         choice, ms["chosen"], after, estimate = (best.assignment.choice, best.assignment.ms_norm,
                                                  best.assignment.after, best.assignment.estimate)
     return Plan(model_text, as_setup(mode).describe(base.lora, base.head), batch, seq if base.uses_seq else None,
@@ -109,6 +99,25 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                      **options[layers[p]][o]} for p, o in choice.items()},
                 options, ms, estimate, checkpoint, bool(base.moment), moves=moved)  # only a traced step has a moment
+
+
+def _fastest(run, model_text, batch, seq, mode, lora_r, layers, options, ms, base, budget, gpu, compile_budgets,
+             refused, say) -> tuple[Weighed, dict]:
+    """The assignment and moves (or compiled budget) of least modelled time within ``budget``: every assignment of
+    :func:`assignments` weighed with its moves, and compiled at each of ``compile_budgets``."""
+    from approxbp.compiled import fastest_within
+
+    device = step_gpu(gpu)
+    weighed = [Weighed(a, *move_costs(run, model_text, batch, seq, mode, lora_r, a.choice, a.ms_norm, a.after,
+                                       device, say))
+               for a in distinct(assignments(run, layers, options, ms, base.peak, say))]
+    picked = fastest_within(weighed, budget, device, as_setup(mode), model_text, batch, seq, lora_r, compile_budgets,
+                            say)
+    if picked is None:
+        raise ValueError(f"{refused}; and no moves reach it from any of {len(weighed)} assignments weighed "
+                         "(recomputing or offloading every block, and the chunked loss where it applies"
+                         + (", or compiled at any of the budgets" if compile_budgets else "") + ")") from None
+    return picked
 
 
 def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dict], dict]:

@@ -45,18 +45,26 @@ class Plan:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     def apply(self, model: nn.Module, *, example_input=None, check: bool = True,
-              module_filter_fn: Callable[[nn.Module, str], bool] | None = None):
+              module_filter_fn: Callable[[nn.Module, str], bool] | None = None, compile_backend="inductor"):
         """Patch ``model`` as planned: each planned layer's table (or exact), the gated MLPs of its ``glu`` layers
         fused, MS-norms as chosen (:func:`approxbp.kernels.patch_model`'s rules and proofs; the plan's paths match
-        the model's as they are or as a suffix, so a peft-wrapped model takes its base model's plan). Returns the
-        patch report; without ``example_input`` the planned fused GLUs are not applied, and it says so per layer."""
+        the model's as they are or as a suffix, so a peft-wrapped model takes its base model's plan), then its moves;
+        a planned ``activation_memory_budget`` compiles the model in place with ``compile_backend`` at that budget
+        (:func:`approxbp.compiled.budget_backend`). Returns the patch report; without ``example_input`` the planned
+        fused GLUs are not applied, and it says so per layer."""
         from approxbp.kernels.patch import patch_model
         from approxbp.kernels.plan_file import plan_config
 
         config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
         report = patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
                              example_input=example_input, check=check)
-        if self.moves:
+        if self.moves and self.moves.get("compile"):
+            from approxbp.compiled import budget_backend
+
+            b = self.moves["compile"]["activation_memory_budget"]
+            model.compile(backend=budget_backend(b, compile_backend))
+            report.moves = [f"compiled in place, activation_memory_budget {b}"]
+        elif self.moves:
             report.moves = self._apply_moves(model)
         return report
 
@@ -149,6 +157,13 @@ def _moves_lines(m: dict | None) -> list[str]:
     """The recompute/offload part of a plan, with the modelled times (a roofline for the named GPU: a model)."""
     if not m:
         return []
+    if m.get("compile"):
+        return [f"torch.compile at activation_memory_budget {m['compile']['activation_memory_budget']} (the fastest "
+                f"plan within the budget: its partitioner recomputes the cheapest ops), applied by Plan.apply",
+                f"  modelled peak {size(m['peak'])} (the assignment's measured peak with its eager saved bytes "
+                f"replaced by the compiled step's {size(m['saved'])}; the backward's transient not modelled)",
+                f"  modelled step time on {m['gpu']}: {1e3 * m['seconds_after']:.3g} ms (a roofline on fake tensors, "
+                f"Inductor's fusion modelled, no host time: a model, not a measurement; constants: {m['gpu_source']})"]
     blocks = "; ".join(f"{move}: {_ranges([p for p, v in m['moves'].items() if v == move])}"
                        for move in ("recompute", "offload") if m["by_move"][move])
     chunked = m["by_move"].get("chunked-loss", 0)

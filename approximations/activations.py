@@ -14,10 +14,10 @@ import mpmath
 import numpy as np
 import sympy as sp
 
-from .backends import grammar, mpmath_namespace, numpy_namespace, rough_functions, torch_namespace  # noqa: F401
+from .backends import grammar, mpmath_namespace, numpy_namespace, rough_functions, torch_namespace
 from .expressions import parse as parse_expression
 from .files import SAFE_NAME
-from .functions import Phi, select, sigmoid, softplus  # noqa: F401 (the grammar's own functions, re-exported)
+from .functions import Phi, sigmoid, softplus
 from .functions import expm1 as _functions_expm1
 
 x = sp.Symbol("x", real=True)

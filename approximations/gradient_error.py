@@ -29,16 +29,28 @@ def invact_error(metrics: dict) -> float:
                for b in ("left", "right") if f"linf_{b}" in metrics)
 
 
-def gradient_error(t) -> float:
-    """See the module docstring; ``t`` a loaded relu-sum or invact table (build side: its expression's f′)."""
+def relu_sum_table_error(t) -> float:
+    """:func:`relu_sum_error` of a loaded ReLU-sum table (build side: its expression's f′)."""
     from .activations import get_activation
 
-    if t.family == "invact":
-        return invact_error(t.metrics)
     return relu_sum_error(t.knots, t.levels, get_activation(t.expression).df)
 
 
+def invact_table_error(t) -> float:
+    """:func:`invact_error` of a loaded InvAct table."""
+    return invact_error(t.metrics)
+
+
+def gradient_error(t) -> float:
+    """See the module docstring; ``t`` a loaded table of any registered family (its record's hook)."""
+    from .families import TABLE_FAMILIES, member
+
+    return member(TABLE_FAMILIES, t.family, "gradient error").gradient_error(t)
+
+
 def describe(family: str, value: float) -> str:
-    """The error with its meaning, for reports."""
-    what = "certified L∞ of f′(f⁻¹(y))" if family == "invact" else "E_N(0,1)[(h̃′ − f′)²]^½"
-    return f"gradient error {value:.2g} ({what})"
+    """The error with its meaning (the family's record), for reports."""
+    from . import tables  # noqa: F401 (importing it registers the built-in families)
+    from .families import TABLE_FAMILIES, member
+
+    return f"gradient error {value:.2g} ({member(TABLE_FAMILIES, family, 'gradient error').error_meaning})"

@@ -19,9 +19,10 @@ from functools import cached_property
 import numpy as np
 import sympy as sp
 
-from .activations import get_activation, select, stable_form
+from .activations import get_activation, stable_form
 from .backends import grammar, numpy_namespace, torch_namespace
 from .expressions import parse as parse_expression
+from .functions import select
 from .invact import InvertedActivation, check_branch
 
 y = sp.Symbol("y", real=True)

@@ -12,7 +12,9 @@ import math
 import numpy as np
 import sympy as sp
 
-from .activations import get_activation, named_expression, numpy_namespace
+from .activations import get_activation, named_expression
+from .backends import numpy_namespace
+from .families import TABLE_FAMILIES, member
 from .files import SAFE_NAME
 from .invact_forms import Form
 from .relu_sum import MAX_BITS
@@ -54,36 +56,38 @@ def check(t: dict, where: str = "<table>") -> dict:
     for f in ("method", "command", "package_version"):
         need(prov, f, str, f"{where} provenance")
     need(t, "metrics", dict, where)
-    if family == "relu-sum":
-        _validate_relu_sum(t, where)
-    else:
-        _validate_invact(t, where)
+    record = member(TABLE_FAMILIES, family, "schema checks")
+    record.validate(t, where)
     if "certified" in t["metrics"]:
-        _check_certified(t, where)
+        record.check_certified(t, where)
     return t
 
 
-def _check_certified(t: dict, where: str) -> None:
-    """``metrics.certified`` (written by ``approxbp certify``): InvAct branches carry a rigorous bound ≥ the error
-    attained and ≥ the sampled L∞; ReLU-sum tables an objective enclosure that holds the recorded loss."""
+def check_invact_certified(t: dict, where: str) -> None:
+    """``metrics.certified`` of an InvAct table (written by ``approxbp certify``): each branch carries a rigorous bound
+    ≥ the error attained and ≥ the sampled L∞."""
     c = need(t["metrics"], "certified", dict, f"{where} metrics")
-    if t["family"] == "invact":
-        for side in branches_of(t):
-            b = need(c, side, dict, f"{where} metrics.certified")
-            for f in ("bound", "attained", "claim", "float32_evaluation"):
-                if not (number(b.get(f)) and b[f] >= 0) and not (f == "float32_evaluation" and b.get(f) is None):
-                    fail(where, f"metrics.certified.{side}.{f}", "must be a finite number ≥ 0"
-                          + (" (or null: no finite bound)" if f == "float32_evaluation" else ""))
-            sampled = t["metrics"][f"linf_{side}"]
-            if b.get("identity", False) is not False:  # proven exact (a derived table): the sample is rounding
-                if b["identity"] is not True or b["bound"] != 0 or t["source"] != "derived":
-                    fail(where, f"metrics.certified.{side}.identity", "must be true, with bound 0, on a derived "
-                          "table only")
-                continue
-            if b["bound"] < max(b["attained"], sampled * (1 - 1e-9)):
-                fail(where, f"metrics.certified.{side}.bound", f"{b['bound']!r} is below the error attained "
-                      f"({b['attained']!r}) or sampled ({sampled!r}): not a bound")
-        return
+    for side in branches_of(t):
+        b = need(c, side, dict, f"{where} metrics.certified")
+        for f in ("bound", "attained", "claim", "float32_evaluation"):
+            if not (number(b.get(f)) and b[f] >= 0) and not (f == "float32_evaluation" and b.get(f) is None):
+                fail(where, f"metrics.certified.{side}.{f}", "must be a finite number ≥ 0"
+                      + (" (or null: no finite bound)" if f == "float32_evaluation" else ""))
+        sampled = t["metrics"][f"linf_{side}"]
+        if b.get("identity", False) is not False:  # proven exact (a derived table): the sample is rounding
+            if b["identity"] is not True or b["bound"] != 0 or t["source"] != "derived":
+                fail(where, f"metrics.certified.{side}.identity", "must be true, with bound 0, on a derived "
+                      "table only")
+            continue
+        if b["bound"] < max(b["attained"], sampled * (1 - 1e-9)):
+            fail(where, f"metrics.certified.{side}.bound", f"{b['bound']!r} is below the error attained "
+                  f"({b['attained']!r}) or sampled ({sampled!r}): not a bound")
+
+
+def check_relu_sum_certified(t: dict, where: str) -> None:
+    """``metrics.certified`` of a ReLU-sum table: an objective enclosure that holds the recorded loss, and the global
+    optimality gap where one was certified."""
+    c = need(t["metrics"], "certified", dict, f"{where} metrics")
     lo_hi = c.get("objective")
     if not (isinstance(lo_hi, list) and len(lo_hi) == 2 and all(number(v) for v in lo_hi)
             and lo_hi[0] <= t["loss"] * (1 + 1e-12) and t["loss"] * (1 - 1e-12) <= lo_hi[1]):
@@ -110,7 +114,7 @@ def _check_expression(t: dict, where: str) -> None:
         fail(where, "expression", f"{t['expression']!r} is not the activation {name!r} ({named})")
 
 
-def _validate_invact(t: dict, where: str) -> None:
+def validate_invact(t: dict, where: str) -> None:
 
     form = need(t, "form", str, where)
     if not SAFE_NAME.fullmatch(form):
@@ -263,7 +267,7 @@ def _combined_problem(forms: str) -> str | None:
     return None
 
 
-def _validate_relu_sum(t: dict, where: str) -> None:
+def validate_relu_sum(t: dict, where: str) -> None:
     bits = need(t, "bits", int, where)
     if not 1 <= bits <= MAX_BITS:
         fail(where, "bits", f"must be in 1..{MAX_BITS}, got {bits}")

@@ -9,14 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .families import TABLE_FAMILIES
+
 SCHEMA = "approxbp.table/1"
 
 
 #: What ``approxbp fit relu-sum --levels free`` writes (FewBit's family): a study result, never a kernel's table.
 FREE_LEVELS_SCHEMA = "approxbp.free-levels/1"
-
-
-FAMILIES = ("relu-sum", "invact")
 
 
 #: How a ReLU-sum table's levels are constrained: eq13, Approx-BP's (ℓ₀ = 0, Σw = 1, Σw·c = 0: h̃ itself fits h),
@@ -117,8 +116,8 @@ def kind(t: dict, where: str) -> str:
     if schema != SCHEMA:
         fail(where, "schema", f"unsupported schema {schema!r}; this approxbp reads {SCHEMA!r}")
     family = need(t, "family", str, where)
-    if family not in FAMILIES:
-        fail(where, "family", f"unknown family {family!r}; known: {FAMILIES}")
+    if family not in TABLE_FAMILIES:
+        fail(where, "family", f"unknown family {family!r}; known: {tuple(TABLE_FAMILIES)}")
     return family
 
 

@@ -19,17 +19,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
+from .families import TABLE_FAMILIES, TableFamily, lazy, member, register
 from .files import write_atomic
-from .table_schema import (  # noqa: F401 (the schema's names, read from here by callers of 0.1)
-    CONSTRAINT_TOL,
-    FAMILIES,
-    FREE_LEVELS_SCHEMA,
-    MAX_COEFFICIENTS,
+from .table_schema import (
     MAX_TABLE_BYTES,
-    OBJECTIVES,
-    PAPER_CONSTRAINT_TOL,
     SCHEMA,
-    SOURCES,
     VOLATILE,
     Branch,
     TableError,
@@ -256,6 +250,10 @@ class ReluSumTable(_Table):
     def name(self) -> str:
         return relu_sum_name(self.activation, self.bits, self.objective, self.source, self.levels_rule)
 
+    def summary(self) -> str:
+        """One line for ``approxbp tables``."""
+        return f"k={self.bits} {self.objective:<10} loss={self.loss:.6e}"
+
     @classmethod
     def new(cls, activation, relu_sum, *, bits: int, objective: str, interval, loss: float, metrics: dict,
             provenance: dict, source: str = "fit", reference: str | None = None,
@@ -290,6 +288,10 @@ class InvActTable(_Table):
     def name(self) -> str:
         return f"{self.activation}-{self.form}"
 
+    def summary(self) -> str:
+        """One line for ``approxbp tables``."""
+        return f"{self.form:<10} " + " ".join(f"L∞ {b} {self.metrics[f'linf_{b}']:.2e}" for b in self.branches)
+
     @classmethod
     def new(cls, activation, *, form: str, f_T: float, right: dict, metrics: dict, provenance: dict,
             source: str = "fit", left: dict | None = None, turning_point: float | None = None,
@@ -320,7 +322,7 @@ def _common(family: str, activation, source: str, metrics: dict, provenance: dic
 def from_json(d: dict, where: str = "<table>") -> Table:
     """Validate a table's JSON object and build its typed table: the one place tables are built."""
     d = validate(copy.deepcopy(d), where)
-    cls = ReluSumTable if d["family"] == "relu-sum" else InvActTable
+    cls = member(TABLE_FAMILIES, d["family"], "table class").table_class
     values = {}
     for f in fields(cls):
         if f.name == "_json":
@@ -342,3 +344,13 @@ def as_table(t: Table | dict) -> Table:
     """A typed table from a table, its JSON object (validated) or a fit result holding one."""
     t = _held(t)
     return t if isinstance(t, _Table) else from_json(t)
+
+
+_CHECKS = "approxbp.approximations.table_checks"
+_ERRORS = "approxbp.approximations.gradient_error"
+register(TABLE_FAMILIES, "relu-sum", TableFamily(
+    "relu-sum", ReluSumTable, lazy(_CHECKS, "validate_relu_sum"), lazy(_CHECKS, "check_relu_sum_certified"),
+    lazy(_ERRORS, "relu_sum_table_error"), "E_N(0,1)[(h̃′ − f′)²]^½"))
+register(TABLE_FAMILIES, "invact", TableFamily(
+    "invact", InvActTable, lazy(_CHECKS, "validate_invact"), lazy(_CHECKS, "check_invact_certified"),
+    lazy(_ERRORS, "invact_table_error"), "certified L∞ of f′(f⁻¹(y))"))

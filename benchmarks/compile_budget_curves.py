@@ -17,8 +17,6 @@ replaced by compile's. Everything is a model for the named GPU, not a measuremen
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import sys
 import weakref
@@ -28,7 +26,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
-BUDGETS = (1.0, 0.6, 0.4, 0.2, 0.1, 0.0)
 QWEN3_8B = ("qwen3:hidden_size=4096,num_hidden_layers=36,intermediate_size=12288,num_attention_heads=32,"
             "num_key_value_heads=8,head_dim=128,vocab_size=151936")
 #: name → (model, batch, seq, set-up keywords, LoRA rank): the commands of docs/memory.md's three curves.
@@ -37,66 +34,6 @@ SETUPS = {
     "vitb_full": ("google/vit-base-patch16-224-in21k", 64, 512, {"task": "image-cls"}, 8),
     "qwen3_8b_qlora": (QWEN3_8B, 1, 2048, {"weights": "nf4", "train": "lora", "lora_targets": "all-linear"}, 64),
 }
-
-
-def _built(model_text: str, batch: int, seq: int, setup, lora_r: int, blocks: int):
-    """(model, inputs, loss(), the fake scope they live in — entered, to be closed by the caller's ``with``) for the
-    set-up's model cut to ``blocks`` blocks, built as ``approxbp plan`` builds it."""
-    from approxbp.extrapolate import layer_count, shrunk
-    from approxbp.models import hf_builder, model_spec, no_init
-    from approxbp.plan_step import _fake_like_real, step_inputs
-    from approxbp.setup import weights_for
-    from approxbp.step_memory import _autocast, _loss_of, prepare
-
-    build = model_spec(model_text, setup.task)
-    builder = hf_builder(shrunk(build.config, layer_count(build.config)[0], blocks), build.task)
-    scope = contextlib.ExitStack()
-    scope.enter_context(_fake_like_real())
-    torch.manual_seed(0)
-    with weights_for(setup), no_init():
-        model, make_inputs = builder()
-        model = prepare(model, setup, lora_r)
-    inputs = step_inputs(make_inputs, batch, seq, setup)
-
-    def loss():
-        with _autocast(setup):
-            return _loss_of(model(**inputs))
-
-    return model, inputs, loss, scope
-
-
-@contextlib.contextmanager
-def _under(mode, loss, budget: float | None):
-    """``loss`` to run under ``mode`` (a dispatch mode): eager inside it, or compiled at ``budget`` with its
-    partitioned forward and backward graphs run in it (``aot_eager_decomp_partition_with_mode``: inductor's
-    partitioner, the graphs op by op, so a recomputed op reaches the mode where it runs)."""
-    import torch._functorch.config as functorch_config
-    from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
-
-    if budget is None:
-        with mode:
-            yield loss
-        return
-    torch._dynamo.reset()
-    with functorch_config.patch(activation_memory_budget=budget):  # read when the first call compiles
-        yield torch.compile(loss, backend=functools.partial(aot_eager_decomp_partition_with_mode, mode=mode))
-
-
-def _point(model_text: str, batch: int, seq: int, setup, lora_r: int, blocks: int, device, budget: float | None):
-    """(bytes saved at the end of the forward, roofline seconds of forward and backward) of the set-up's model cut
-    to ``blocks`` blocks: compiled at ``budget``, or eager when ``budget`` is None."""
-    from approxbp.kernels.saved import saved_bytes
-
-    from approxbp.step_time import Roofline
-
-    model, inputs, loss, scope = _built(model_text, batch, seq, setup, lora_r, blocks)
-    with scope:
-        clock = Roofline(device, type(model).__name__, [], fused=budget is not None)
-        out = []
-        with _under(clock, loss, budget) as run:
-            saved = saved_bytes(lambda: out.append(run()), exclude=list(model.parameters()))
-            out[0].backward()
-        return saved, clock.time.total
 
 
 class LiveBytes(TorchDispatchMode):
@@ -133,16 +70,20 @@ def _peak_alive(model_text: str, batch: int, seq: int, setup, lora_r: int, block
     """:class:`LiveBytes`' peak over one forward and backward of the set-up's model cut to ``blocks`` blocks:
     compiled at ``budget`` (its partitioned graphs run under the mode: a backward that recomputes what the
     partitioner dropped rebuilds it all at once, where a block recompute rebuilds one block), or eager."""
-    _, _, loss, scope = _built(model_text, batch, seq, setup, lora_r, blocks)
+    from approxbp.compiled import _built, under
+
+    _, loss, scope = _built(model_text, batch, seq, setup, lora_r, (blocks, blocks), {}, False)
     with scope:
         tracker = LiveBytes()
-        with _under(tracker, loss, budget) as run:
+        with under(tracker, loss, budget) as run:
             run().backward()
         return tracker.peak
 
 
-def curve(name: str, device, budgets=BUDGETS) -> dict:
-    """Compile's points for one set-up, extrapolated from 2 and 3 blocks, with the eager exact model's."""
+def curve(name: str, device, budgets=None) -> dict:
+    """Compile's points for one set-up at ``budgets`` (default :data:`approxbp.compiled.BUDGETS`), extrapolated from
+    2 and 3 blocks, with the eager exact model's."""
+    from approxbp.compiled import BUDGETS
     from approxbp.extrapolate import layer_count
     from approxbp.models import model_spec
     from approxbp.setup import Setup
@@ -151,15 +92,17 @@ def curve(name: str, device, budgets=BUDGETS) -> dict:
     setup = Setup(**keywords)
     depth = layer_count(model_spec(model_text, setup.task).config)[1]
 
+    from approxbp.compiled import point
+
     def extrapolated(budget):
-        small = [_point(model_text, batch, seq, setup, lora_r, n, device, budget) for n in (2, 3)]
+        small = [point(model_text, batch, seq, setup, lora_r, device, {}, False, budget, (n, depth)) for n in (2, 3)]
         saved, seconds = (b + (depth - 3) * (b - a) for a, b in zip(*small))
         alive = [_peak_alive(model_text, batch, seq, setup, lora_r, n, budget) for n in (2, 3)]
         return {"saved_bytes": saved, "seconds": seconds, "alive_op_by_op_at_2_and_3_blocks": alive}
 
     eager = extrapolated(None)
     points = []
-    for budget in budgets:
+    for budget in budgets or BUDGETS:
         points.append({"activation_memory_budget": budget, **extrapolated(budget)})
         print(f"[{name}] budget {budget}: saved {points[-1]['saved_bytes'] / 2**30:.2f} GiB, "
               f"{1e3 * points[-1]['seconds']:.1f} ms", file=sys.stderr)
@@ -190,8 +133,12 @@ def figure(name: str, result: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for key, label, marker in (("ours", "approxbp plan --pareto (eager: approximations and moves)", "o"),
-                               ("compile", "torch.compile activation_memory_budget (fused)", "s")):
-        pts = result[key]
+                               ("compile", "torch.compile activation_memory_budget (fused)", "s"),
+                               ("ours_with_compile", "approxbp plan --pareto --compile-budgets (compile as a move)",
+                                "x")):
+        pts = result.get(key)
+        if not pts:
+            continue
         ax.plot([p["peak"] / 2**30 for p in pts], [1e3 * p["seconds"] for p in pts], marker=marker, label=label)
     ax.set_xlabel("modelled peak (GiB)")
     ax.set_ylabel(f"modelled step time on {result['gpu']} (ms)")
@@ -217,6 +164,9 @@ def main(argv=None) -> int:
         result["gpu"] = device.name
         pareto = ROOT / "benchmarks" / "results" / f"pareto_{name}_{args.gpu}.json"
         results[name] = with_ours(result, json.loads(pareto.read_text()))
+        with_compile = pareto.with_name(f"pareto_{name}_compile_{args.gpu}.json")
+        if with_compile.exists():  # the curve with compile's budget as one of the planner's moves
+            results[name]["ours_with_compile"] = json.loads(with_compile.read_text())["curve"]
         if args.figure_dir:
             figure(name, results[name], args.figure_dir / f"compile_budget_{name}.png")
     args.out.parent.mkdir(parents=True, exist_ok=True)

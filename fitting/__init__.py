@@ -16,7 +16,7 @@ __all__ = ["ReluSumObjective", "interval_for", "quadrature", "METHODS", "local_c
 
 def __getattr__(name):
     """``approxbp.fitting.certify`` is always the module ``fitting/certify.py`` (the rigorous certificates), before
-    and after it is imported; calling it is the deprecated spelling of :func:`local_certificate`."""
+    and after it is imported (0.1's function of that name is :func:`local_certificate`)."""
     if name == "certify":
         import importlib
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -30,8 +31,8 @@ import sympy as sp
 from approxbp.approximations import balls, get_activation
 from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as X_SYMBOL
-from approxbp.approximations.deprecated import callable_module
 from approxbp.approximations.elementary import LG2_ABS_ERROR, LN2
+from approxbp.approximations.families import member, register
 from approxbp.approximations.invact_forms import Form, backward_rule
 from approxbp.approximations.invact_forms import y as FORM_Y
 from approxbp.approximations.tables import InvActTable, as_table, load, save
@@ -40,16 +41,11 @@ from flint import arb
 from . import intervals as iv
 from .identity import identity_proof
 from .intervals import Ball, Evaluator, box, float32, lower, number, upper
-from .optimality import (  # noqa: F401  (the ReLU-sum certificates, re-exported)
-    DerivativeObjectiveK2,
-    OptimalityCertificate,
-    PrimitiveObjectiveK2,
+from .optimality import (
     certify_relu_sum_global,
-    complex_function,
     relu_sum_objective,
 )
 from .progress import heartbeat
-from .relu_sum import local_certificate
 
 #: |x| up to which InvAct certificates reach (y up to f(2^64) ≈ 1.8e19; beyond, Arb cannot enclose e^{x³}).
 X_LIMIT = 2.0**64
@@ -352,10 +348,8 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
     :data:`MAX_BOXES`), whichever comes first. ``emit``: called with each line as soon as its certificate is done
     (a branch, a bound), so that a long run says something per branch even without progress."""
     t = as_table(t)
-    lines = _Lines(emit)
-    if t.family == "invact":
-        return _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines)
-    return _certify_relu_sum_table(t, budget_s, progress, max_boxes, lines)
+    certify = member(CERTIFIERS, t.family, "certificate").certify
+    return certify(t, budget_s, rtol, progress, rounded, max_boxes, _Lines(emit))
 
 
 class _Lines(list):
@@ -420,9 +414,10 @@ def _invact_method(t, entry: dict, newton: bool) -> str:
             + ("; Newton steps by error propagation" if newton else "; float32 evaluation: running error bound"))
 
 
-def _certify_relu_sum_table(t, budget_s, progress, max_boxes, lines=None) -> tuple[dict, list[str], bool]:
-    """:func:`certify_table` for a ReLU-sum table: the objective's enclosure, and global optimality for k ≤ 2."""
-    lines = _Lines() if lines is None else lines
+def _certify_relu_sum_table(t, budget_s: float, rtol: float, progress, rounded: bool, max_boxes,
+                            lines: _Lines) -> tuple[dict, list[str], bool]:
+    """:func:`certify_table` for a ReLU-sum table: the objective's enclosure, and global optimality for k ≤ 2
+    (``rtol``, ``rounded``: InvAct's, unused)."""
     (progress or (lambda msg: None))(t.name)
     enclosure = relu_sum_objective(t)
     # the loss the levels' own float64 rounding accounts for: a table whose h′ is a step function (free levels of
@@ -474,11 +469,22 @@ def certifiable(t) -> bool:
     default), the monotone exact ones and ``newton`` forms (the accuracy reference; their steps certified by
     :class:`NewtonSteps`), and the fitted ReLU-sum tables of gelu and silu with k ≤ 2."""
     t = as_table(t)
-    if t.family == "invact":
-        return t.form in ("fast", "newton") or t.monotone
-    return t.bits <= 2 and t.source == "fit" and t.activation in ("gelu", "silu")
+    return member(CERTIFIERS, t.family, "certificate").by_default(t)
 
 
-callable_module(__name__, local_certificate, "approxbp.fitting.certify(obj, c)",
-                "approxbp.fitting.local_certificate(obj, c) (approxbp.fitting.certify is the module of the rigorous "
-                "certificates)")
+@dataclass(frozen=True)
+class CertifyFamily:
+    """This layer's part of a table family (:mod:`approxbp.approximations.families`): its certificate,
+    ``certify(t, budget_s, rtol, progress, rounded, max_boxes, lines)`` → (entry, lines, held), and which of its
+    tables ``approxbp certify`` runs on by default."""
+
+    certify: Callable
+    by_default: Callable[[object], bool]
+
+
+#: family name → its certificate (the built-in families: below)
+CERTIFIERS: dict[str, CertifyFamily] = {}
+register(CERTIFIERS, "invact", CertifyFamily(_certify_invact_table,
+                                             lambda t: t.form in ("fast", "newton") or t.monotone))
+register(CERTIFIERS, "relu-sum", CertifyFamily(
+    _certify_relu_sum_table, lambda t: t.bits <= 2 and t.source == "fit" and t.activation in ("gelu", "silu")))

@@ -18,7 +18,8 @@ import numpy as np
 import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
-from approxbp.approximations.activations import named_expression, numpy_namespace, x
+from approxbp.approximations.activations import named_expression, x
+from approxbp.approximations.backends import numpy_namespace
 from approxbp.approximations.functions import select
 from approxbp.approximations.invact_forms import Form
 from approxbp.approximations.pieces import inside, pieces

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import sympy as sp
-from approxbp.approximations.activations import select
+from approxbp.approximations.functions import select
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import Form, y
 from numpy.polynomial import chebyshev as C

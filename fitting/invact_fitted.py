@@ -20,8 +20,8 @@ import numpy as np
 import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
-from approxbp.approximations.activations import named_expression, numpy_namespace
-from approxbp.approximations.backends import grammar
+from approxbp.approximations.activations import named_expression
+from approxbp.approximations.backends import grammar, numpy_namespace
 from approxbp.approximations.invact_forms import backward_rule, with_newton_steps
 from approxbp.approximations.invact_forms import y as Y
 

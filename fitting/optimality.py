@@ -25,7 +25,7 @@ from flint import arb
 
 from . import intervals as iv
 from .intervals import complex_function
-from .objectives_k2 import DerivativeObjectiveK2, PrimitiveObjectiveK2  # noqa: F401 (read from here by 0.1's callers)
+from .objectives_k2 import DerivativeObjectiveK2, PrimitiveObjectiveK2
 from .progress import heartbeat
 
 

@@ -15,7 +15,7 @@ if __name__ != "approxbp.kernels":
 
     sys.modules[__name__] = importlib.import_module("approxbp.kernels")
 else:
-    from . import invact, relu_sum  # the modules (each callable as its 0.1 function, deprecated)
+    from . import invact, relu_sum  # the modules (their functions: relu_sum.relu_sum, invact.invact)
     from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec
     from .norm_merge import merge_norm
     from .norms import MSLayerNorm, MSRMSNorm

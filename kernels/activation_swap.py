@@ -13,8 +13,9 @@ from torch import nn
 
 from . import functional_swap, swaps
 from .glu import GatedMLP
-from .invact import InvActGELU, InvActivation, InvActSiLU
-from .relu_sum import ReGELU2, ReLUSumActivation, ReSiLU2
+from .invact import InvActGELU, InvActSiLU
+from .modules import drop_in_families
+from .relu_sum import ReGELU2, ReSiLU2
 from .rewrite import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, move_hooks
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
@@ -80,13 +81,12 @@ def _table_for(module: nn.Module, family: str | None, tables, bits: int):
         return tables, None  # one table path: used for every recognised activation
     if (T.data_dir() / "invact" / f"{name}-exact.json").is_file():
         return f"invact/{name}-exact", None  # f′(f⁻¹(y)) in closed form (ReLU²): exact, in either family
-    relu_sum, invact = f"relu_sum/{T.relu_sum_name(name, bits, 'primitive')}", f"invact/{name}-fast"
-    packaged = {t: (T.data_dir() / f"{t}.json").is_file() for t in (relu_sum, invact)}
-    (chosen, other), other_family = ((relu_sum, invact), "invact") if family == "relu-sum" else (
-        (invact, relu_sum), "relu-sum")
-    if packaged[chosen]:
+    chosen = _drop_in_family(family).packaged(name, bits)
+    if (T.data_dir() / f"{chosen}.json").is_file():
         return chosen, None
-    return None, f"no packaged table {chosen}" + (f"; family={other_family!r} has {other}" if packaged[other] else "")
+    others = [f"family={f!r} has {t}" for f in drop_in_families() if f != family
+              and (T.data_dir() / f"{(t := _drop_in_family(f).packaged(name, bits))}.json").is_file()]
+    return None, "; ".join([f"no packaged table {chosen}", *others])
 
 
 def _replacement(module: nn.Module, family: str | None, tables, bits: int, family_of):
@@ -107,7 +107,19 @@ def _replacement(module: nn.Module, family: str | None, tables, bits: int, famil
         return named[table](), None
     typed = isinstance(table, dict | T.ReluSumTable | T.InvActTable)
     family = T.as_table(table).family if typed else family_of(str(table))
-    return (ReLUSumActivation(table) if family == "relu-sum" else InvActivation(table)), None
+    return _drop_in_family(family).drop_in(table), None
+
+
+def _drop_in_family(family: str):
+    """The spec class of a table family with a drop-in module (``kernels.modules.FAMILIES``), refused by name."""
+    from approxbp.approximations.families import member
+
+    from .modules import FAMILIES
+
+    spec = member(FAMILIES, family, "kernels")
+    if not hasattr(spec, "drop_in"):
+        raise KeyError(f"table family {family!r} has no drop-in activation module")
+    return spec
 
 
 def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig,
@@ -197,20 +209,8 @@ def _swap_functional(model: nn.Module, owners: dict[str, list[str]], report: Pat
 @functools.cache
 def error_of(spec) -> str:
     """The drop-in's gradient error, said once per table (:mod:`approxbp.approximations.gradient_error`) without
-    the build side: an InvAct table's stored L∞, or a ReLU-sum table's levels against the derivative of its
-    generated twin of f (torch autograd in float64)."""
-    from approxbp.approximations.gradient_error import describe, invact_error, relu_sum_error
-
-    if T.header(spec.path)[0] == "invact":
-        return describe("invact", invact_error(T.stored_metrics(spec.path)))
-
-    def df(x):  # real tensors, with grad, whatever the caller's mode (the planner's fake tensors)
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-        with unset_fake_temporarily(), torch.enable_grad():
-            v = torch.tensor(x, dtype=torch.float64, requires_grad=True)
-            return torch.autograd.grad(spec.module.activation_twin(v).sum(), v)[0].numpy()
-    return describe("relu-sum", relu_sum_error(spec.module.KNOTS, spec.module.LEVELS, df))
+    the build side: its family's :meth:`~approxbp.kernels.modules.GeneratedSpec.error_said`."""
+    return spec.error_said()
 
 
 def _computes_differently(old: nn.Module, new: nn.Module, checked: dict) -> str | None:

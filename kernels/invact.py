@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import triton
-from approxbp.approximations.deprecated import callable_module
+from approxbp.approximations import tables as T
 from torch import Tensor
 
 from . import ops
@@ -32,6 +32,16 @@ class InvActSpec(GeneratedSpec):
     Triton kernels and the PyTorch twin of the backward rule)."""
 
     family = "invact"
+
+    @staticmethod
+    def packaged(activation: str, bits: int) -> str:
+        return f"invact/{activation}-fast"
+
+    def error_said(self) -> str:
+        """The table's stored L∞ (certified where ``approxbp certify`` ran)."""
+        from approxbp.approximations.gradient_error import describe, invact_error
+
+        return describe(self.family, invact_error(T.stored_metrics(self.path)))
 
     def __init__(self, table: str | Path | dict, kernels_dir: str | Path | None = None):
         super().__init__(table, kernels_dir)
@@ -213,5 +223,4 @@ class InvActSiLU(InvActivation):
         super().__init__(f"silu-{form}", use_triton)
 
 
-callable_module(__name__, invact, "approxbp.kernels.invact(x, spec)",
-                "approxbp.kernels.invact.invact(x, spec) (approxbp.kernels.invact is its module)")
+InvActSpec.drop_in = InvActivation

@@ -16,6 +16,7 @@ import importlib.util
 import re
 from functools import cache, cached_property
 from pathlib import Path
+from typing import ClassVar
 
 from approxbp.approximations import tables as T
 
@@ -129,6 +130,16 @@ SPECS: dict[str, Spec] = {}
 FAMILIES: dict[str, type[Spec]] = {}
 
 
+#: family name → its Triton module's renderer ``(table_path, table) → source`` (the build side, kernels.codegen: each
+#: family's codegen module registers its own)
+RENDERERS: dict[str, object] = {}
+
+
+def drop_in_families() -> tuple[str, ...]:
+    """The table families whose spec has a drop-in activation module: ``patch_model(family=…)``'s choices."""
+    return tuple(f for f, spec in FAMILIES.items() if hasattr(spec, "drop_in"))
+
+
 class Spec:
     """Base of every spec: a class with a ``family`` attribute registers itself in :data:`FAMILIES`, so that
     :func:`spec_of` can rebuild one of its specs from a key (``family:rest``) with :meth:`from_key`. A spec is
@@ -207,6 +218,18 @@ class GeneratedSpec(Spec):
             raise RuntimeError(f"this program was made with {source} of definition sha256 {sha[:16]}…; that table "
                                f"is now {spec.sha256[:16]}…: export the program again")
         return spec
+
+    #: the family's drop-in ``nn.Module`` (built from a table), set by the family's module after it defines it
+    drop_in: ClassVar[type]
+
+    @staticmethod
+    def packaged(activation: str, bits: int) -> str:
+        """The packaged table of ``activation`` that ``patch_model(family=…)`` uses for this family."""
+        raise NotImplementedError
+
+    def error_said(self) -> str:
+        """The drop-in's gradient error with its meaning (``gradient_error.describe``), without the build side."""
+        raise NotImplementedError
 
     @cached_property
     def table(self):

@@ -18,7 +18,6 @@ from .moe_patch import fuse_expert_gates
 from .norm_merge import unmerge_norm
 from .norm_patch import merge_norms
 from .rewrite import (
-    PATCH_FAMILIES,
     PatchConfig,
     PatchReport,
     Savings,
@@ -30,7 +29,7 @@ from .rewrite import (
 )
 
 __all__ = ["patch_model", "unpatch", "patched_state_dict", "PatchConfig", "PatchReport", "ACTIVATION_CLASSES",
-           "ACTIVATION_LIKE", "OURS", "PATCH_FAMILIES", "class_key", "every_output", "path_pattern"]
+           "ACTIVATION_LIKE", "OURS", "class_key", "every_output", "path_pattern"]
 
 #: patch_model's positional parameters in 0.1, in order (each still accepted, with a DeprecationWarning).
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 import triton
 from approxbp.approximations import tables as T
-from approxbp.approximations.deprecated import callable_module
 from torch import Tensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -40,6 +39,20 @@ class ReLUSumSpec(GeneratedSpec):
     file still has). Built once per module; the custom ops find it by ``key``."""
 
     family = "relu-sum"
+
+    @staticmethod
+    def packaged(activation: str, bits: int) -> str:
+        return f"relu_sum/{T.relu_sum_name(activation, bits, 'primitive')}"
+
+    def error_said(self) -> str:
+        """The levels against the derivative of the generated twin of f (torch autograd in float64)."""
+        from approxbp.approximations.gradient_error import describe, relu_sum_error
+
+        def df(x):  # real tensors, with grad, whatever the caller's mode (the planner's fake tensors)
+            with unset_fake_temporarily(), torch.enable_grad():
+                v = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+                return torch.autograd.grad(self.module.activation_twin(v).sum(), v)[0].numpy()
+        return describe(self.family, relu_sum_error(self.module.KNOTS, self.module.LEVELS, df))
 
     def __init__(self, table: str | Path | dict, kernels_dir: str | Path | None = None):
         super().__init__(table, kernels_dir)
@@ -232,5 +245,4 @@ class ReSiLU2(ReLUSumActivation):
         super().__init__(T.relu_sum_name("silu", 2, "primitive", "paper" if paper else "fit"), use_triton)
 
 
-callable_module(__name__, relu_sum, "approxbp.kernels.relu_sum(x, spec)",
-                "approxbp.kernels.relu_sum.relu_sum(x, spec) (approxbp.kernels.relu_sum is its module)")
+ReLUSumSpec.drop_in = ReLUSumActivation

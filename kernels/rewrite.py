@@ -22,8 +22,6 @@ from .saved import charged
 FILTERED = "left out by module_filter_fn"
 #: The largest ``bits`` with packaged ReLU-sum tables (k = 1…8).
 MAX_BITS = 8
-#: The table families patch_model swaps activations for (``family=``); None: activations are not swapped.
-PATCH_FAMILIES = ("relu-sum", "invact")
 
 
 @dataclass(frozen=True)
@@ -47,8 +45,10 @@ class PatchConfig:
     module_filter_fn: Callable[[nn.Module, str], bool] | None = None
 
     def __post_init__(self):
-        if self.family not in (*PATCH_FAMILIES, None):
-            raise ValueError(f"family must be one of {(*PATCH_FAMILIES, None)}, got {self.family!r}")
+        from .modules import drop_in_families  # the families registered with a drop-in (family=None: no swap)
+
+        if self.family not in (*drop_in_families(), None):
+            raise ValueError(f"family must be one of {(*drop_in_families(), None)}, got {self.family!r}")
         if not (self.tables is None or isinstance(self.tables, Mapping) or is_table(self.tables)):
             raise ValueError(f"tables must be a table path, a packaged table name or a mapping, got {self.tables!r}")
         if isinstance(self.tables, Mapping):

@@ -295,11 +295,20 @@ def test_the_names_the_changelog_lists_as_removed_are_gone():
 
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     removed = [re.match(r"\| `([\w.]+)", line).group(1) for line in text.splitlines()
-               if re.match(r"\| `approxbp\.", line)]
+               if re.match(r"\| `approxbp\.", line) and line.count(" | ") == 1]
     assert len(removed) >= 4, removed
     for dotted in removed:
         module, _, name = dotted.rpartition(".")
         assert not hasattr(importlib.import_module(module), name), dotted
+    moved = [line.split(" | ") for line in text.splitlines() if line.startswith("| `approxbp.") and
+             line.count(" | ") == 2 and line.rstrip().endswith("` |")]
+    assert len(moved) >= 8, moved
+    for old_homes, names, home in moved:
+        home = re.findall(r"`([\w.]+)`", home)[0]
+        for name in re.findall(r"`(\w+)`", names):
+            assert hasattr(importlib.import_module(home), name), (home, name)
+            for old in re.findall(r"`([\w.]+)`", old_homes):
+                assert not hasattr(importlib.import_module(old), name), (old, name)
 
 
 def test_the_docs_map_names_every_module_of_the_top_layer():
@@ -311,3 +320,18 @@ def test_the_docs_map_names_every_module_of_the_top_layer():
     missing = [n for n in top if f"`{n}`" not in row] + [n for n in commands if f"`{n}`" not in row
                                                           and f"`{n}.py`" not in row]
     assert not missing, missing
+
+
+def test_no_module_dispatches_on_a_table_family_name():
+    """A family is chosen through its layer's registry (approximations/families.py's ``member``), never by comparing
+    its name: ``family == "relu-sum" … else`` served any other family the invact branch (issue 48). A family's own
+    modules (relu_sum.py, invact.py) may check that a table is theirs."""
+    import re
+
+    pattern = re.compile(r"family\s*(==|!=)\s*[\"'](relu-sum|invact)|family in \([\"'](relu-sum|invact)"
+                         r"|\[0\]\s*==\s*[\"'](relu-sum|invact)")
+    paths = [p for layer in (*sorted(ALLOWED), "approxbp") for p in _sources(layer)
+             if p.stem not in ("relu_sum", "invact")]
+    found = [f"{path.relative_to(ROOT)}:{i}" for path in paths
+             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not found, found

@@ -15,7 +15,7 @@ OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "sgd")
 PRESETS = ("bf16", "autocast", "lora", "compile")  # approxbp.setup.PRESETS (its keys)
 TRAIN = ("full", "lora", "lora-fa", "none")
 WEIGHTS = ("fp32", "bf16", "fp16", "nf4")
-FAMILIES = ("relu-sum", "invact")  # approximations.tables
+FAMILIES = ("relu-sum", "invact")  # approximations.families.TABLE_FAMILIES (registered by tables.py)
 
 #: name → (owner module, attribute): what the test compares
 OWNERS = {"FORMS": ("approxbp.fitting.invact", "FORMS"), "OBJECTIVES": ("approxbp.fitting.objective", "OBJECTIVES"),
@@ -23,4 +23,4 @@ OWNERS = {"FORMS": ("approxbp.fitting.invact", "FORMS"), "OBJECTIVES": ("approxb
           "DTYPES": ("approxbp.cost", "DTYPES"), "MAXIMIZE": ("approxbp.plan", "MAXIMIZE"),
           **{n: ("approxbp.setup", n) for n in ("ADAPTERS", "AUTOCAST", "NORMS", "OPTIMIZERS", "PRESETS", "TRAIN",
                                                 "WEIGHTS")},
-          "FAMILIES": ("approxbp.approximations.tables", "FAMILIES")}
+          "FAMILIES": ("approxbp.approximations.tables", "TABLE_FAMILIES")}

@@ -61,9 +61,7 @@ def run(args, argv) -> int:
 
     if args.out is not None:  # fail now, not after a long fit
         check_writable(args.out, overwrite=args.force)
-    if args.family == "invact":
-        return _fit_invact(args, argv)
-    return _fit_free_levels(args, argv) if args.levels == "free" else _fit_relu_sum(args, argv)
+    return FITS[args.family](args, argv)
 
 
 def _fit_relu_sum(args, argv) -> int:
@@ -167,3 +165,8 @@ def _summary(t) -> str:
 def _short(values, precision: int) -> str:
     """An array on at most two lines (k ≥ 5 tables are summarised: first and last entries; the table has all)."""
     return np.array2string(np.array(values), precision=precision, max_line_width=100, threshold=16, edgeitems=3)
+
+
+#: table family → its fit (``approxbp fit FAMILY``): the CLI's part of a family
+FITS = {"relu-sum": lambda args, argv: (_fit_free_levels if args.levels == "free" else _fit_relu_sum)(args, argv),
+        "invact": lambda args, argv: _fit_invact(args, argv)}

@@ -48,6 +48,10 @@ def add_parser(sub, add) -> None:
                      help="with --gpu: the curve of modelled peak vs step time vs gradient-error bound over budgets, N "
                           "points on each stretch (approximations, then moves); --out writes it as JSON, --figure "
                           "plots it")
+    pln.add_argument("--compile-budgets", nargs="?", const="1,0.6,0.4,0.2,0.1,0", default=None, metavar="B,…",
+                     help="with --gpu and --budget or --pareto: also weigh each assignment under torch.compile at "
+                          "these activation_memory_budget values (default 1,0.6,0.4,0.2,0.1,0), the fastest plan "
+                          "wins (approxbp/compiled.py)")
     pln.add_argument("--maximize", choices=MAXIMIZE, default=None,
                      help="find the largest batch or sequence length that fits --budget (the plan is for it)")
     pln.add_argument("--grain", type=int, default=64, help="--maximize seq_len searches multiples of this many tokens")
@@ -114,6 +118,8 @@ def setup_of(args):
 def run(args, argv) -> int:
     """``approxbp plan``: the step's memory before and after, the choice per layer, the options measured."""
     from approxbp import plan as P
+    from approxbp import plan_result as PR
+    from approxbp import step_memory as SM
     from approxbp.approximations.files import write_atomic
 
     for name in ("batch", "seq", "lora_r"):
@@ -121,8 +127,11 @@ def run(args, argv) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     tell = (lambda msg: print(f"[plan] {msg}", file=sys.stderr, flush=True)) if common.progress_on(args) else None
     t0 = time.perf_counter()
-    budget = P.parse_size(args.budget) if args.budget else None
+    budget = SM.parse_size(args.budget) if args.budget else None
     args.mode = setup_of(args)
+    args.compile_budgets = compile_budgets(args.compile_budgets)
+    if args.compile_budgets and (args.maximize or args.use):
+        raise ValueError("--compile-budgets weighs the planner's own assignments: not with --maximize or --use")
     if args.pareto is not None:
         return _pareto(args, tell, t0)
     if args.maximize:
@@ -131,21 +140,35 @@ def run(args, argv) -> int:
         best, result = P.maximize(args.model, args.maximize, args.batch, args.seq, args.mode, budget, args.lora_r,
                                   progress=tell, checkpoint=args.checkpoint, traced=args.trace or None, use=args.use,
                                   grain=args.grain)
-        print(f"largest {args.maximize} that fits {P.size(budget)}: {best}")
+        print(f"largest {args.maximize} that fits {SM.size(budget)}: {best}")
     elif args.use:
         result = P.evaluate(args.model, args.batch, args.seq, args.mode, args.use, args.lora_r, progress=tell,
                             checkpoint=args.checkpoint, traced=args.trace or None, budget=budget)
     else:
         result = P.plan(args.model, args.batch, args.seq, args.mode, budget, args.lora_r, progress=tell,
-                        checkpoint=args.checkpoint, traced=args.trace or None, gpu=args.gpu)
-    print(P.report(result))
+                        checkpoint=args.checkpoint, traced=args.trace or None, gpu=args.gpu,
+                        compile_budgets=args.compile_budgets)
+    print(PR.report(result))
     print(f"planned in {time.perf_counter() - t0:.1f} s on fake tensors")
     if args.out:
         write_atomic(args.out, result.to_json() + "\n")
         print(f"wrote {args.out}")
     if args.figure:
-        print(f"wrote {P.figure(result, args.figure)}")
+        print(f"wrote {PR.figure(result, args.figure)}")
     return 0
+
+
+def compile_budgets(text: str | None) -> tuple[float, ...]:
+    """``--compile-budgets 1,0.4,0``: the fractions, each in [0, 1] (refused in one line otherwise)."""
+    if text is None:
+        return ()
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(0.0 <= v <= 1.0 for v in values):
+        raise ValueError(f"--compile-budgets {text}: expected comma-separated fractions in [0, 1], e.g. 1,0.4,0")
+    return values
 
 
 def _pareto(args, tell, t0: float) -> int:
@@ -156,7 +179,8 @@ def _pareto(args, tell, t0: float) -> int:
     if args.budget or args.maximize or args.use or args.checkpoint or args.trace:
         raise ValueError("--pareto plans every budget itself: not with --budget, --maximize, --use, --checkpoint "
                          "or --trace")
-    curve = C.pareto(args.model, args.batch, args.seq, args.mode, args.gpu, args.lora_r, args.pareto, progress=tell)
+    curve = C.pareto(args.model, args.batch, args.seq, args.mode, args.gpu, args.lora_r, args.pareto, progress=tell,
+                     compile_budgets=args.compile_budgets)
     print(C.table(curve, args.gpu))
     print(f"planned in {time.perf_counter() - t0:.1f} s on fake tensors")
     if args.out:

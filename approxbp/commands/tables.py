@@ -27,11 +27,7 @@ def run(args, argv) -> int:
             continue
         if args.family and t.family != args.family:
             continue
-        if t.family == "relu-sum":
-            extra = f"k={t.bits} {t.objective:<10} loss={t.loss:.6e}"
-        else:
-            m = t.metrics
-            extra = f"{t.form:<10} " + " ".join(f"L∞ {b} {m[f'linf_{b}']:.2e}" for b in t.branches)
+        extra = t.summary()
         name = T.packaged_name(p)
         shown = f"{name}.json" if name else p
         print(f"{shown!s:<48} {t.source:<5} {extra}")

@@ -13,7 +13,7 @@ from approxbp.approximations import tables as T
 from approxbp.approximations.files import write_atomic
 
 from ..glu import GLU_ACTIVATIONS
-from ..modules import module_path
+from ..modules import RENDERERS, module_path
 from .glu import glu_module_path, render_glu
 from .helpers import HELPERS_MODULE, render_helpers
 from .invact import render_invact
@@ -28,9 +28,11 @@ __all__ = ["export", "export_if_stale", "render", "render_relu_sum", "render_inv
 
 
 def render(table_path: Path, t: dict | None = None) -> str:
-    """The Triton module of any table (relu-sum or invact)."""
+    """The Triton module of a table of any registered family (its renderer, ``kernels.modules.RENDERERS``)."""
+    from approxbp.approximations.families import member
+
     t = t or T.load(table_path)
-    return (render_relu_sum if t.family == "relu-sum" else render_invact)(table_path, t)
+    return member(RENDERERS, t.family, "Triton renderer")(table_path, t)
 
 
 def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> list[Path]:

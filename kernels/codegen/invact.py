@@ -8,8 +8,10 @@ from pathlib import Path
 import sympy as sp
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
+from approxbp.approximations.families import register
 from approxbp.approximations.invact_forms import RULE_PARTS, backward_rule
 
+from ..modules import RENDERERS
 from .helpers import import_helpers
 from .printer import (
     TritonPrinter,
@@ -158,3 +160,6 @@ def _invact_twins(t, act) -> str:
         rule = rule.replace(sp.Function(part), sp.Function(f"{part}_twin"))
     defs.append(twin_def("backward_rule_twin", list(sp.symbols("y b")), [], rule))
     return twins_section(*defs)
+
+
+register(RENDERERS, "invact", render_invact)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import sympy as sp
 import torch
 from approxbp.approximations import backends
-from approxbp.approximations.activations import select, softplus, stable_form
+from approxbp.approximations.activations import stable_form
+from approxbp.approximations.functions import select, softplus
 from approxbp.approximations.invact_forms import RULE_PARTS
 from sympy.printing.pycode import PythonCodePrinter
 

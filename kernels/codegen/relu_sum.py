@@ -9,7 +9,9 @@ import numpy as np
 import torch
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
+from approxbp.approximations.families import register
 
+from ..modules import RENDERERS
 from ..packing import storage_bits
 from .helpers import import_helpers
 from .printer import (
@@ -210,3 +212,6 @@ def render_relu_sum(table_path: Path, t: dict | None = None) -> str:
         source=source, code_fn=_code_fn(t.bits),
         pack_body=_pack_body(t.knots, t.bits, storage), level_body=_level_body(t.levels, t.bits)
     ) + twins_section(activation_twin(act, 0, "activation_twin"))
+
+
+register(RENDERERS, "relu-sum", render_relu_sum)

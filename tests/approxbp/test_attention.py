@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from approxbp.kernels.saved import charged
 
-from approxbp import plan as P
+from approxbp import plan_step as PS
 from approxbp.attention import RNG_STATE_BYTES, gpu_attention
 
 transformers = pytest.importorskip("transformers")
@@ -42,7 +42,7 @@ def test_attention_with_dropout_keeps_what_the_fused_kernel_keeps():
 
 
 def test_the_plan_counts_it_on_fake_and_real_tensors_alike():
-    fake, real = P.stepper(BERT, "bf16")(2, 256), P.stepper(BERT, "bf16", fake=False)(2, 256)
+    fake, real = PS.stepper(BERT, "bf16")(2, 256), PS.stepper(BERT, "bf16", fake=False)(2, 256)
     assert fake.saved == real.saved
     layer = fake.saved["bert.encoder.layer.0.attention.self"]
     assert layer == 4 * 2 * 4 * 256 * 16 * 2 + 2 * 4 * 256 * 4 + RNG_STATE_BYTES  # bf16 q, k, v, out; fp32 lse

@@ -4,9 +4,11 @@ import subprocess
 import sys
 
 import pytest
+from approxbp.approximations import table_schema as TS
 from approxbp.approximations import tables as T
 from approxbp.approximations.files import check_writable
 
+from approxbp import models as MD
 from approxbp.cli import main
 
 
@@ -126,9 +128,8 @@ def test_bad_models_are_refused_in_one_line(argv, says, capsys):
 def test_known_keys_that_transformers_consumes_are_taken():
     """rope_theta (read into rope_parameters) and attn_implementation (kept privately) are not config fields but
     do something: they are not refused as unknown."""
-    from approxbp import plan as P
 
-    model, _ = P.model_spec(LLAMA_TINY + ",rope_theta=1000,attn_implementation=eager")()
+    model, _ = MD.model_spec(LLAMA_TINY + ",rope_theta=1000,attn_implementation=eager")()
     assert model.config._attn_implementation == "eager"
 
 
@@ -147,9 +148,8 @@ def test_the_plan_header_names_the_head_and_the_modules_lora_adapted(model, head
 
 def test_a_bare_config_string_is_taken_as_text():
     """hidden_act=relu said 'Expecting value: line 1 column 1' without naming the key."""
-    from approxbp import plan as P
 
-    model, _ = P.model_spec(LLAMA_TINY + ",hidden_act=relu")()
+    model, _ = MD.model_spec(LLAMA_TINY + ",hidden_act=relu")()
     assert model.config.hidden_act == "relu"
 
 
@@ -186,11 +186,11 @@ def test_a_huge_table_is_refused_unread(tmp_path):
 
     t = table_json("invact/gelu-fast")
     t["right"]["coefficients"] |= {f"c{i}": 1.0 for i in range(200_000)}
-    with pytest.raises(T.TableError, match="at most 1048576 bytes"):
+    with pytest.raises(TS.TableError, match="at most 1048576 bytes"):
         T.load(write_json(tmp_path, t))
     t = table_json("invact/gelu-fast")
     t["right"]["coefficients"] |= {f"c{i}": 1.0 for i in range(300)}
-    with pytest.raises(T.TableError, match="at most 256"):
+    with pytest.raises(TS.TableError, match="at most 256"):
         T.load(write_json(tmp_path, t))
 
 
@@ -202,19 +202,6 @@ def test_the_cli_offers_every_invact_form_and_no_other():
     fit = build_parser("fit")._subparsers._group_actions[0].choices["fit"]
     invact = fit._subparsers._group_actions[0].choices["invact"]
     assert next(a.choices for a in invact._actions if a.dest == "form") == FORMS
-
-
-@pytest.mark.parametrize("name, owner", [("parse_bits", "approxbp.commands.sweep"),
-                                         ("INVACT_FORMS", "approxbp.fitting.invact"), ("TASK_NAMES", "approxbp.tasks")])
-def test_the_0_1_names_of_the_cli_module_still_read_with_a_warning(name, owner):
-    import approxbp.cli as cli
-
-    with pytest.warns(DeprecationWarning, match=owner):
-        value = getattr(cli, name)
-    if name == "parse_bits":
-        assert value("1-2,4") == [1, 2, 4]
-    else:
-        assert "fast" in value or "causal-lm" in value
 
 
 def test_the_parsers_choices_are_their_owners():

@@ -3,7 +3,7 @@ models equals the whole measurement, byte for byte; blocks that differ are measu
 
 import pytest
 
-from approxbp import plan as P
+from approxbp import plan_step as PS
 from approxbp.extrapolate import layer_count, small_assignment
 
 pytest.importorskip("transformers")
@@ -20,7 +20,7 @@ def _same(a, b, extrapolated=True):
 
 @pytest.mark.parametrize("spec, mode", [(LLAMA, "bf16"), (LLAMA, "lora"), (GPT2, "autocast"), (VIT, "lora")])
 def test_extrapolated_steps_equal_whole_ones(spec, mode):
-    fast, whole = P.stepper(spec, mode), P.stepper(spec, mode, whole=True)
+    fast, whole = PS.stepper(spec, mode), PS.stepper(spec, mode, whole=True)
     base = whole(2, 16)
     step = fast(2, 16)
     assert step.blocks_measured == (2, 3) and step.peak == base.peak > 0
@@ -34,13 +34,13 @@ def test_extrapolated_steps_equal_whole_ones(spec, mode):
                                     dict(mode="bf16", checkpoint=True)])
 def test_extrapolated_traced_and_compiled_steps_equal_whole_ones(kwargs):
     mode = kwargs.pop("mode")
-    fast, whole = P.stepper(LLAMA, mode, **kwargs), P.stepper(LLAMA, mode, whole=True, **kwargs)
+    fast, whole = PS.stepper(LLAMA, mode, **kwargs), PS.stepper(LLAMA, mode, whole=True, **kwargs)
     every = {p: "relu-sum-k2" for p in whole(2, 16).layers}
     _same(fast(2, 16, every, True), whole(2, 16, every, True))
 
 
 def test_blocks_treated_differently_are_measured_whole():
-    fast, whole = P.stepper(LLAMA, "bf16"), P.stepper(LLAMA, "bf16", whole=True)
+    fast, whole = PS.stepper(LLAMA, "bf16"), PS.stepper(LLAMA, "bf16", whole=True)
     layers = sorted(whole(2, 16).layers)
     mixed = {p: "invact" if i % 2 else "exact" for i, p in enumerate(layers)}
     assert small_assignment(mixed, "model.layers.", 6) is None

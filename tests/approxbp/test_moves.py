@@ -157,7 +157,9 @@ LLAMA = "llama:hidden_size=128,num_hidden_layers=4,intermediate_size=344,num_att
 
 
 def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path):
-    from approxbp.plan import Plan, model_spec, plan, report
+    from approxbp.models import model_spec
+    from approxbp.plan import plan
+    from approxbp.plan_result import Plan, report
 
     full = plan(LLAMA, 2, 128, "bf16")
     best = full.after["peak"]
@@ -198,7 +200,9 @@ def test_a_budget_the_logits_alone_exceed_is_met_by_the_chunked_loss():
     """A vocabulary 128× the width: the loss's fp32 log-softmax (rows × V × 4 bytes) is most of the step, and the
     chunked loss takes it off for one more head matmul, cheaper than recomputing blocks. Applied to a real model of
     that config it takes off exactly the measured bytes and computes the stock loss."""
-    from approxbp.plan import Plan, model_spec, plan
+    from approxbp.models import model_spec
+    from approxbp.plan import plan
+    from approxbp.plan_result import Plan
 
     batch, seq = 4, 512
     full = plan(WIDE_VOCAB, batch, seq, "bf16")
@@ -232,8 +236,8 @@ def test_the_modelled_peak_of_every_block_recomputed_bounds_a_traced_step_from_a
     """The moves' peak model (end of the forward + one block's saved bytes back) against a whole step traced by
     MemTracker with every block checkpointed: the model is above it (the traced peak, in the last block's backward,
     has part of the gradients alive and less than a whole block rebuilt) and within 15 %."""
-    from approxbp.plan import stepper, timed
-    from approxbp.plan_moves import block_costs
+    from approxbp.plan_moves import block_costs, timed
+    from approxbp.plan_step import stepper
 
     traced = stepper(LLAMA, "bf16", checkpoint=True)(2, 128)
     plain = stepper(LLAMA, "bf16")(2, 128)

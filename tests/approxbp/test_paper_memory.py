@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from approxbp import models as MD
 from approxbp import paper_memory as M
 from approxbp import plan as P
+from approxbp import plan_step as PS
+from approxbp import step_memory as SM
 from approxbp.cli import build_parser
 from approxbp.commands.plan import parse, setup_of
 from approxbp.setup import Setup
@@ -29,7 +32,7 @@ def test_every_row_is_one_plan_command_on_a_shipped_config():
         for use, _ in g.rows:
             args = parser.parse_args(shlex.split(M.command(g, use))[1:])
             assert args.command == "plan" and args.use == use
-            assert args.model.partition(":")[0] in P.bundled_configs()
+            assert args.model.partition(":")[0] in MD.bundled_configs()
             P.parse_use(use)
     tables = {g.table for g in M.GROUPS}
     assert tables == {f"Approx-BP Table {n}" for n in (1, 2, 3, 4, 9, 11)} | {"InvAct App. A.1"}
@@ -56,7 +59,7 @@ def test_eager_attention_alone_overflows_the_4090_at_the_papers_longest_sequence
     """The cause given for Table 9: at 1979 tokens, eager attention's scores plus the weights and optimizer states
     exceed 24 GiB, so no rewrite of norms or activations reaches that length."""
     setup = Setup(weights="nf4", train="lora", adapters="bf16", lora_targets="all-linear", optimizer="paged-adamw")
-    step = P.stepper("huggyllama/llama-7b:attn_implementation=eager", setup, 64)(1, 1979)
+    step = PS.stepper("huggyllama/llama-7b:attn_implementation=eager", setup, 64)(1, 1979)
     attention = sum(v for k, v in step.saved.items() if k.endswith("self_attn"))
     assert attention + step.parameters + step.optimizer > 24 * 2**30
 
@@ -112,7 +115,7 @@ def test_ms_norm_consumers_share_one_z_where_hf_keeps_three_casts(train, adapted
     group = _group("Approx-BP Table 1" if train == "lora" else "Approx-BP Table 2",
                    "ViT-B, LoRA r = 4 on all" if train == "lora" else "ViT-B, full")
     args = parse(shlex.split(M.command(group, "exact"))[2:])
-    run = P.stepper(args.model, setup_of(args), args.lora_r)
+    run = PS.stepper(args.model, setup_of(args), args.lora_r)
     exact, ms = run(64, 1), run(64, 1, None, True)
     cast = 64 * 197 * 768 * 2
     for name in ("q_proj", "k_proj", "v_proj"):
@@ -176,4 +179,4 @@ def test_table_11_is_one_sample_from_the_papers_change():
     assert abs(100 * (31 / 26 - 1) - patched.paper_change) < M.POINTS < abs(patched.our_change - patched.paper_change)
     args = parse(shlex.split(M.command(group, "relu-sum-k2+ms-norm"))[2:])
     peak = {b: P.evaluate(args.model, b, args.seq, setup_of(args), args.use).after["peak"] for b in (32, 33)}
-    assert peak[32] <= P.parse_size(args.budget) < peak[33]
+    assert peak[32] <= SM.parse_size(args.budget) < peak[33]

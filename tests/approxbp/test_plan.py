@@ -11,8 +11,13 @@ import torch
 
 pytest.importorskip("transformers")
 
+from approxbp import models as MD
 from approxbp import plan as P  # noqa: E402
+from approxbp import plan_result as PR
+from approxbp import plan_step as PS
+from approxbp import setup as SU
 from approxbp import step_memory  # noqa: E402
+from approxbp import step_memory as SM
 
 LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
 GPT2 = "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100,n_positions=64"
@@ -53,13 +58,13 @@ def test_checkpointing_keeps_block_inputs_and_one_recomputed_block():
     """A 4-layer model under activation checkpointing holds less at its traced peak than the same step without it,
     and the drop-ins save there too (they run as their custom ops: their kernels' outputs only)."""
     deep = "llama:hidden=64,layers=4,heads=4,intermediate=128,vocab=100"
-    ck = P.stepper(deep, "bf16", checkpoint=True)(2, 64)
-    plain = P.stepper(deep, "bf16", traced=True)(2, 64)  # the same traced step without checkpointing
+    ck = PS.stepper(deep, "bf16", checkpoint=True)(2, 64)
+    plain = PS.stepper(deep, "bf16", traced=True)(2, 64)  # the same traced step without checkpointing
     assert ck.activations < 0.5 * plain.activations
-    replaced = P.stepper(deep, "bf16", checkpoint=True)(2, 64, {p: "relu-sum-k2" for p in ck.layers})
+    replaced = PS.stepper(deep, "bf16", checkpoint=True)(2, 64, {p: "relu-sum-k2" for p in ck.layers})
     assert replaced.peak < ck.peak
     with pytest.raises(ValueError, match="not supported"):
-        P.stepper(deep, "compile", checkpoint=True)(2, 64)
+        PS.stepper(deep, "compile", checkpoint=True)(2, 64)
 
 
 def test_a_plan_applies_to_the_model_and_saves_what_it_said(tmp_path):
@@ -68,14 +73,14 @@ def test_a_plan_applies_to_the_model_and_saves_what_it_said(tmp_path):
     assert chosen.after["peak"] <= budget
     path = tmp_path / "plan.json"
     path.write_text(chosen.to_json())
-    with P.weights_for("bf16"):
+    with SU.weights_for("bf16"):
         torch.manual_seed(0)
-        model, inputs = P.model_spec(LLAMA)()
-        model = P.prepare(model, "bf16")
+        model, inputs = MD.model_spec(LLAMA)()
+        model = SM.prepare(model, "bf16")
     x = {k: v for k, v in inputs(2, 16).items()}
-    report = P.Plan.load(path).apply(model, example_input=x)
+    report = PR.Plan.load(path).apply(model, example_input=x)
     assert len(report.norms) == (5 if chosen.ms_norm["chosen"] else 0)  # the final one too: its output is shared
-    assert P.measure(model, x, "bf16").activations == chosen.after["activations"]
+    assert SM.measure(model, x, "bf16").activations == chosen.after["activations"]
 
 
 def test_the_knapsack_is_the_least_error_choice_that_fits():
@@ -101,14 +106,14 @@ def test_the_knapsack_is_the_least_error_choice_that_fits():
                                            ("llama:hidden=64,layers=x", "num_hidden_layers. expected int")])
 def test_bad_model_specs_are_refused(text, message):
     with pytest.raises((ValueError, OSError), match=message):
-        P.model_spec(text)
+        MD.model_spec(text)
 
 
 def test_sizes_parse_and_print():
-    assert P.parse_size("24GiB") == 24 * 2**30 and P.parse_size("512 MiB") == 2**29 and P.parse_size("1e9") == 10**9
-    assert P.size(3 * 2**30) == "3.00 GiB" and P.size(640) == "640 B"
+    assert SM.parse_size("24GiB") == 24 * 2**30 and SM.parse_size("512 MiB") == 2**29 and SM.parse_size("1e9") == 10**9
+    assert SM.size(3 * 2**30) == "3.00 GiB" and SM.size(640) == "640 B"
     with pytest.raises(ValueError, match="expected a number"):
-        P.parse_size("12 parsecs")
+        SM.parse_size("12 parsecs")
 
 
 @pytest.mark.slow
@@ -137,7 +142,7 @@ def test_compile_mode_saves_what_inductor_saves():
         got = []
         for backend in ("inductor", "aot_eager_decomp_partition"):
             torch.manual_seed(0)
-            with P.weights_for("bf16"):
+            with SU.weights_for("bf16"):
                 block = cls()
             x = torch.randn(2, 16, d, dtype=torch.bfloat16, requires_grad=True)
             torch._dynamo.reset()
@@ -156,7 +161,7 @@ def test_maximize_finds_the_largest_batch_that_fits():
     budget = exact.after["peak"] + int(3.5 * per_sample)  # room for about 3 more samples with the savings applied
     best, chosen = P.maximize(LLAMA, "batch", 2, 16, "bf16", budget)
     assert chosen.batch == best and chosen.after["peak"] <= budget
-    step = P.stepper(LLAMA, "bf16")
+    step = PS.stepper(LLAMA, "bf16")
     assignment = {p: layer["option"] for p, layer in P.plan(LLAMA, 2, 16, "bf16").layers.items()}
     assert step(best + 1, 16, assignment, True).peak > budget  # one more does not fit, even saving the most
     with pytest.raises(ValueError, match="does not fit"):
@@ -214,20 +219,20 @@ def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_
 
     def build(text=LLAMA):
         torch.manual_seed(0)
-        model, inputs = P.model_spec(text)()
+        model, inputs = MD.model_spec(text)()
         return model, inputs(2, 16)
 
     model, x = build()
     model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
-    report = P.Plan.load(path).apply(model, example_input=x)
+    report = PR.Plan.load(path).apply(model, example_input=x)
     assert len(report.activations) == len(chosen) and len(report.glus) == len(fused), report
     assert all(a.startswith("base_model.model.") for a in report.activations + report.glus)
     for other in (LLAMA.replace("layers=2", "layers=4"), "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100"):
         model, x = build(other)
         with pytest.raises(ValueError, match="made for another model"):
-            P.Plan.load(path).apply(model, example_input=x)
+            PR.Plan.load(path).apply(model, example_input=x)
     model, x = build()  # without an example, each planned GLU says it was not applied, never "exact by choice"
-    report = P.Plan.load(path).apply(peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj"])))
+    report = PR.Plan.load(path).apply(peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj"])))
     assert not report.glus and not any("exact by choice" in s for s in report.skipped), report
     not_applied = [s for s in report.skipped if "listed in glu=, not fused" in s]
     assert len(not_applied) == len(fused), report
@@ -237,7 +242,7 @@ def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_
         p = tmp_path / "bad.json"
         p.write_text(bad if isinstance(bad, str) else json.dumps(bad))
         with pytest.raises(ValueError, match=field):
-            P.Plan.load(p).apply(model)
+            PR.Plan.load(p).apply(model)
 
 
 def test_use_evaluates_a_given_assignment_on_fake_and_real_tensors(tmp_path):
@@ -254,7 +259,7 @@ def test_use_evaluates_a_given_assignment_on_fake_and_real_tensors(tmp_path):
     assert {layer["option"] for layer in fake.layers.values()} == {"relu-sum-k2"}
     assert fake.after["activations"] < fake.before["activations"]
     exact = P.evaluate(LLAMA, 2, 16, "bf16", "exact")
-    assert exact.after == exact.before and "the given assignment (--use exact)" in P.report(exact)
+    assert exact.after == exact.before and "the given assignment (--use exact)" in PR.report(exact)
 
 
 def test_evaluating_several_assignments_at_once_gives_each_ones_plan():
@@ -268,7 +273,7 @@ def test_evaluating_several_assignments_at_once_gives_each_ones_plan():
 
 @pytest.mark.slow  # about 40 s: two searches of fake steps
 def test_maximize_with_a_given_assignment_finds_the_largest_size_that_fits():
-    budget = P.parse_size("3MiB")
+    budget = SM.parse_size("3MiB")
     best, result = P.maximize(LLAMA, "batch", 2, 16, "bf16", budget, use="exact")
     assert result.use == "exact" and result.batch == best and result.after["peak"] <= budget
     assert P.evaluate(LLAMA, best + 1, 16, "bf16", "exact").after["peak"] > budget
@@ -290,8 +295,8 @@ def test_the_figure_keeps_one_colour_per_category_and_draws_the_budget(tmp_path)
 
     kinds = (*ACTIVATION_CLASSES, "LayerNorm", "Linear", "LlamaAttention", "LlamaMLP", "x")
     names = {step_memory._category(k) for k in kinds}
-    assert names | set(P.CATEGORIES) | {P.AT_PEAK} <= set(P.COLOURS)
-    assert len(set(P.COLOURS.values())) == len(P.COLOURS)
+    assert names | set(PR.CATEGORIES) | {SM.AT_PEAK} <= set(PR.COLOURS)
+    assert len(set(PR.COLOURS.values())) == len(PR.COLOURS)
     plan = P.plan(LLAMA, 2, 16, "bf16", budget=1 << 40)
     assert plan.after["peak"] == plan.before["peak"]
-    assert P.figure(plan, tmp_path / "f.png").stat().st_size > 10_000
+    assert PR.figure(plan, tmp_path / "f.png").stat().st_size > 10_000

@@ -6,7 +6,11 @@ import pytest
 import torch
 from approxbp.kernels.saved import charged
 
+from approxbp import models as MD
 from approxbp import plan as P
+from approxbp import plan_step as PS
+from approxbp import setup as SU
+from approxbp import step_memory as SM
 from approxbp.setup import PRESETS, Setup, optimizer_bytes, per_rank
 
 transformers = pytest.importorskip("transformers")
@@ -29,7 +33,7 @@ def _peft_llama(weights: torch.dtype, targets, dropout: float = 0.0):
     (Setup(train="lora", lora_targets=("gate_proj", "up_proj", "down_proj")), ["gate_proj", "up_proj", "down_proj"]),
 ])
 def test_lora_plans_what_a_real_peft_model_saves_and_trains(setup, targets):
-    step = P.stepper(LLAMA, setup, fake=False)(2, 16)
+    step = PS.stepper(LLAMA, setup, fake=False)(2, 16)
     model = _peft_llama(setup.dtype, targets)
     ids = torch.zeros(2, 16, dtype=torch.long)
     saved = {}
@@ -41,7 +45,7 @@ def test_lora_plans_what_a_real_peft_model_saves_and_trains(setup, targets):
     assert {p.dtype for p in trainable} == {torch.float32}  # peft's default: fp32 adapters, on a 16-bit base too
     assert sum(p.numel() * p.element_size() for p in trainable) == step.gradients
     assert step.optimizer == 2 * step.gradients
-    assert P.stepper(LLAMA, setup)(2, 16).saved == step.saved  # fake tensors: the same, byte for byte
+    assert PS.stepper(LLAMA, setup)(2, 16).saved == step.saved  # fake tensors: the same, byte for byte
 
 
 @pytest.mark.parametrize("targets", [["q_proj", "v_proj"], "all-linear"])
@@ -53,7 +57,7 @@ def test_lora_dropout_plans_what_a_real_peft_model_with_dropout_saves(targets, a
 
     setup = Setup(train="lora", lora_targets=targets if isinstance(targets, str) else tuple(targets),
                   lora_dropout=0.1, adapters=adapters)
-    step = P.stepper(LLAMA, setup, fake=False)(2, 16)
+    step = PS.stepper(LLAMA, setup, fake=False)(2, 16)
     model = _peft_llama(setup.dtype, targets, dropout=0.1)
     if adapters == "bf16":
         model.to(torch.bfloat16)
@@ -62,9 +66,9 @@ def test_lora_dropout_plans_what_a_real_peft_model_with_dropout_saves(targets, a
     with gpu_dropout(), charged(saved, list(model.parameters()), model):
         model(input_ids=ids, labels=ids)
     assert sum(saved.values()) == step.activations
-    without = P.stepper(LLAMA, Setup(train="lora", lora_targets=setup.lora_targets, adapters=adapters))(2, 16)
+    without = PS.stepper(LLAMA, Setup(train="lora", lora_targets=setup.lora_targets, adapters=adapters))(2, 16)
     assert step.activations > without.activations  # the copies and masks are counted
-    assert P.stepper(LLAMA, setup)(2, 16).saved == step.saved
+    assert PS.stepper(LLAMA, setup)(2, 16).saved == step.saved
 
 
 def test_the_planner_counts_a_gpus_one_byte_dropout_mask_not_the_cpus():
@@ -98,7 +102,7 @@ def test_optimizers_and_shards():
     assert optimizer_bytes(params, "adamw-8bit") == 2 * (10000 + 4 * 40) + 2 * (7 + 4 * 1)  # bnb: 1 B + absmax/256
     shards = per_rank(params, 3)
     assert [tuple(p.shape) for p in shards] == [(334, 10), (3,)]  # dim 0 split, the last shard padded (FSDP2)
-    whole, sharded = (P.stepper(LLAMA, Setup(optimizer=o, shard=n))(2, 16) for o, n in (("adamw", 1), ("sgd", 4)))
+    whole, sharded = (PS.stepper(LLAMA, Setup(optimizer=o, shard=n))(2, 16) for o, n in (("adamw", 1), ("sgd", 4)))
     assert sharded.activations == whole.activations and sharded.optimizer == 0
     assert whole.parameters / 4 <= sharded.parameters < whole.parameters / 4 * 1.05
 
@@ -132,11 +136,11 @@ def test_qlora_counts_the_frozen_base_linears_in_nf4_and_the_rest_as_it_is():
     from approxbp.setup import HEADS, nf4_bytes
 
     setup = Setup(weights="nf4", train="lora")
-    step = P.stepper(LLAMA, setup)(2, 16)
-    bf16 = P.stepper(LLAMA, PRESETS["lora"])(2, 16)
+    step = PS.stepper(LLAMA, setup)(2, 16)
+    bf16 = PS.stepper(LLAMA, PRESETS["lora"])(2, 16)
     assert step.saved == bf16.saved and step.gradients == bf16.gradients  # compute in bf16: the same activations
-    with P.weights_for(setup):
-        model = P.prepare(P.model_spec(LLAMA)()[0], setup)
+    with SU.weights_for(setup):
+        model = SM.prepare(MD.model_spec(LLAMA)()[0], setup)
     want = sum(nf4_bytes(m.weight.numel()) if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad
                and n.rpartition(".")[2] not in HEADS else 0 for n, m in model.named_modules())
     rest = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
@@ -153,11 +157,11 @@ def test_nothing_trains_under_train_none_whatever_the_weights_and_norms():
     from approxbp.setup import NF4Linear
 
     for setup in (Setup(weights="nf4", train="none"), Setup(train="none", norms="fp32")):
-        with P.weights_for(setup):
-            model = P.prepare(P.model_spec(LLAMA)()[0], setup)
+        with SU.weights_for(setup):
+            model = SM.prepare(MD.model_spec(LLAMA)()[0], setup)
         assert not any(p.requires_grad for p in model.parameters())
         assert any(isinstance(m, NF4Linear) for m in model.modules()) == (setup.weights == "nf4")
-    assert P.stepper(LLAMA, Setup(weights="nf4", train="none"))(2, 16).gradients == 0
+    assert PS.stepper(LLAMA, Setup(weights="nf4", train="none"))(2, 16).gradients == 0
 
 
 LLAMA4 = "llama:hidden=64,layers=4,heads=4,intermediate=128,vocab=100"
@@ -169,9 +173,9 @@ def test_devices_split_the_step_by_blocks_and_sum_to_its_peak():
     real model's modules, independently of StepMemory.device_peaks."""
     from approxbp.kernels.saved import charged
 
-    whole = P.stepper(LLAMA4, Setup(devices=2), fake=False, whole=True)(2, 16)
-    assert sum(whole.device_peaks()) == whole.peak == P.stepper(LLAMA4, Setup(), whole=True)(2, 16).peak
-    assert P.stepper(LLAMA4, Setup(devices=2))(2, 16).device_peaks() == whole.device_peaks()  # extrapolated alike
+    whole = PS.stepper(LLAMA4, Setup(devices=2), fake=False, whole=True)(2, 16)
+    assert sum(whole.device_peaks()) == whole.peak == PS.stepper(LLAMA4, Setup(), whole=True)(2, 16).peak
+    assert PS.stepper(LLAMA4, Setup(devices=2))(2, 16).device_peaks() == whole.device_peaks()  # extrapolated alike
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
                                    vocab_size=100)
@@ -184,7 +188,7 @@ def test_devices_split_the_step_by_blocks_and_sum_to_its_peak():
     held = 8 * sum(p.numel() for m in mine for p in m.parameters())
     keeps = sum(b for path, b in saved.items() if path.startswith(first))
     assert whole.device_peaks()[0] == held + keeps
-    assert P.stepper(LLAMA4, Setup(devices=3), whole=True)(2, 16).device_peaks()[1] > 0  # 4 blocks over 3 GPUs
+    assert PS.stepper(LLAMA4, Setup(devices=3), whole=True)(2, 16).device_peaks()[1] > 0  # 4 blocks over 3 GPUs
 
 
 def test_a_budget_is_one_gpus_and_is_refused_with_devices():

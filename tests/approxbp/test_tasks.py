@@ -8,7 +8,8 @@ import pytest
 import torch
 from approxbp.kernels.saved import charged
 
-from approxbp import plan as P
+from approxbp import models as MD
+from approxbp import plan_step as PS
 from approxbp.setup import OPTIMIZERS, TRAIN, Setup, optimizer_bytes
 from approxbp.tasks import TASKS, task_of
 
@@ -31,13 +32,13 @@ LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
     (LLAMA, "causal-lm"), (TINY_VIT, "image-cls"), (TINY_VIT, "base"), (TINY_AST, "audio-cls"), (TINY_CLIP, "clip"),
 ])
 def test_each_task_trains_on_its_own_loss_and_plans_what_a_real_step_saves(model, task):
-    build = P.model_spec(model, task)
+    build = MD.model_spec(model, task)
     net, inputs = build()
     out = net(**inputs(2, 8))
     head_loss = getattr(out, "loss", None)
     assert (head_loss is None) == (task == "base") and type(net).__name__.endswith(TASKS[task].suffix)
     setup = Setup(weights="fp32", task=task)
-    real, fake = (P.stepper(model, setup, fake=f)(2, 8) for f in (False, True))
+    real, fake = (PS.stepper(model, setup, fake=f)(2, 8) for f in (False, True))
     assert real.saved == fake.saved and real.activations > 0
 
 
@@ -68,7 +69,7 @@ def _peft_llama(dtype, freeze_a: bool, adapters_in_base_dtype: bool):
                                    Setup(train="lora", lora_targets="all-linear", adapters="bf16"),
                                    Setup(train="lora-fa", lora_targets="all-linear", adapters="bf16")])
 def test_lora_fa_and_adapter_dtypes_plan_what_a_real_peft_model_saves(setup):
-    step = P.stepper(LLAMA, setup, fake=False)(2, 16)
+    step = PS.stepper(LLAMA, setup, fake=False)(2, 16)
     model = _peft_llama(setup.dtype, setup.train == "lora-fa", setup.adapters == "bf16")
     ids = torch.zeros(2, 16, dtype=torch.long)
     saved = {}
@@ -77,11 +78,11 @@ def test_lora_fa_and_adapter_dtypes_plan_what_a_real_peft_model_saves(setup):
     assert sum(saved.values()) == step.activations
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert sum(p.numel() * p.element_size() for p in trainable) == step.gradients
-    assert P.stepper(LLAMA, setup)(2, 16).saved == step.saved
+    assert PS.stepper(LLAMA, setup)(2, 16).saved == step.saved
 
 
 def test_lora_fa_keeps_the_rank_r_projection_not_the_input():
-    lora, fa = (P.stepper(LLAMA, Setup(train=t, lora_targets="all-linear"))(2, 16) for t in ("lora", "lora-fa"))
+    lora, fa = (PS.stepper(LLAMA, Setup(train=t, lora_targets="all-linear"))(2, 16) for t in ("lora", "lora-fa"))
     assert fa.activations < lora.activations and fa.gradients < lora.gradients
 
 
@@ -99,16 +100,16 @@ def test_the_cli_offers_the_set_up_modules_choices():
 
 
 def test_the_papers_configs_ship_and_load_without_a_download():
-    ids = P.bundled_configs()
+    ids = MD.bundled_configs()
     assert {"google/vit-base-patch16-224-in21k", "huggyllama/llama-7b", "FacebookAI/roberta-base",
             "openai/clip-vit-large-patch14"} <= set(ids)
     for hub_id in ids:
-        fields = json.loads((P.CONFIGS / (hub_id.replace("/", "--") + ".json")).read_text())
+        fields = json.loads((MD.CONFIGS / (hub_id.replace("/", "--") + ".json")).read_text())
         assert fields["model_type"] and fields["architectures"]
-    build = P.model_spec("openai/clip-vit-large-patch14:text_config.hidden_act=gelu")
+    build = MD.model_spec("openai/clip-vit-large-patch14:text_config.hidden_act=gelu")
     assert build.config.text_config.hidden_act == "gelu" and build.config.vision_config.hidden_act == "quick_gelu"
     with pytest.raises(ValueError, match="nothing is downloaded"):
-        P.model_spec("meta-llama/Llama-3.1-8B")
+        MD.model_spec("meta-llama/Llama-3.1-8B")
 
 
 def test_qlora_as_its_script_sets_it_up_plans_on_fake_tensors_what_real_ones_save():
@@ -116,5 +117,5 @@ def test_qlora_as_its_script_sets_it_up_plans_on_fake_tensors_what_real_ones_sav
     adapters, bf16 autocast: the fake step saves what the real one saves."""
     setup = Setup(weights="nf4", norms="fp32", autocast="bf16", train="lora", adapters="bf16",
                   lora_targets="all-linear", optimizer="paged-adamw")
-    real, fake = (P.stepper(LLAMA, setup, fake=f)(2, 16) for f in (False, True))
+    real, fake = (PS.stepper(LLAMA, setup, fake=f)(2, 16) for f in (False, True))
     assert real.saved == fake.saved and real.optimizer == 8 * real.gradients // 2

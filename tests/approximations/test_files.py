@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 from _helpers import table_json as _table
+from approxbp.approximations import table_schema as TS
 from approxbp.approximations import tables as T
 from approxbp.approximations.files import check_writable, safe_stem, write_atomic
 
@@ -81,7 +82,7 @@ def test_force_replaces_an_invalid_table_with_the_same_definition(tmp_path):
 def test_deeply_nested_json_is_one_clear_error(tmp_path):
     path = tmp_path / "deep.json"
     path.write_text("[" * 5000 + "]" * 5000)
-    with pytest.raises(T.TableError, match="nested too deeply"):
+    with pytest.raises(TS.TableError, match="nested too deeply"):
         T.load(path)
 
 

@@ -9,6 +9,7 @@ import pytest
 from _helpers import table_json as _table
 from _helpers import write_json as _write
 from approxbp.approximations import get_activation
+from approxbp.approximations import table_schema as TS
 from approxbp.approximations import tables as T
 from approxbp.approximations.expressions import ExpressionError
 from approxbp.kernels import (
@@ -80,7 +81,7 @@ def test_invact_branch_payload_is_refused_without_running(tmp_path, monkeypatch,
     t = _table("invact/gelu-paper")
     t["left"]["expression"] = payload
     p = _write(tmp_path, t)
-    with pytest.raises(T.TableError, match="left.expression"):
+    with pytest.raises(TS.TableError, match="left.expression"):
         T.load(p)
     with pytest.raises(RuntimeError, match="approxbp export"):  # run time never parses it: it has no kernels
         InvActivation(str(p))
@@ -97,7 +98,7 @@ def test_relu_sum_expression_payload_is_refused(tmp_path, monkeypatch):
                        f"'touch {MARKER}') or x*Phi(x)")
     t["activation"] = "custom"
     p = _write(tmp_path, t)
-    with pytest.raises(T.TableError, match="expression"):  # export (the build side) refuses it
+    with pytest.raises(TS.TableError, match="expression"):  # export (the build side) refuses it
         export([p], tmp_path)
     with pytest.raises(RuntimeError, match="approxbp export"):
         ReLUSumActivation(p)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from _helpers import table_json as _table
 from approxbp.approximations import REGISTRY, ReLUSum, get_activation
+from approxbp.approximations import table_schema as TS
 from approxbp.approximations import tables as T
 from approxbp.fitting import ReluSumObjective
 
@@ -60,7 +61,7 @@ def test_reader_names_file_and_field(tmp_path, mutate, field):
     mutate(t)
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(t))
-    with pytest.raises(T.TableError, match=f"bad.json: field '{field}'"):
+    with pytest.raises(TS.TableError, match=f"bad.json: field '{field}'"):
         T.load(p)
 
 
@@ -78,7 +79,7 @@ def test_hostile_numbers_are_refused_before_any_arithmetic(tmp_path, mutate, fie
     mutate(t)
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(t))
-    with pytest.raises(T.TableError, match=f"bad.json: field '{field}': ") as err:
+    with pytest.raises(TS.TableError, match=f"bad.json: field '{field}': ") as err:
         T.load(p)
     assert says in str(err.value)
 
@@ -91,16 +92,16 @@ def test_a_hostile_invact_coefficient_is_named(tmp_path):
         t["left"]["coefficients"][name] = value
         p = tmp_path / "inv.json"
         p.write_text(json.dumps(t))
-        with pytest.raises(T.TableError, match=f"inv.json: field 'left.coefficients.{name}': not a finite float"):
+        with pytest.raises(TS.TableError, match=f"inv.json: field 'left.coefficients.{name}': not a finite float"):
             T.load(p)
-        with pytest.raises(T.TableError, match=says):
+        with pytest.raises(TS.TableError, match=says):
             T.load(p)
 
 
 def test_unparsable_json_and_missing_file(tmp_path):
     p = tmp_path / "x.json"
     p.write_text("{")
-    with pytest.raises(T.TableError, match="not valid JSON"):
+    with pytest.raises(TS.TableError, match="not valid JSON"):
         T.load(p)
     with pytest.raises(FileNotFoundError):
         T.load(tmp_path / "missing.json")
@@ -117,7 +118,7 @@ def test_combined_invact_form_is_validated_against_its_branches(expression):
     """The backward evaluates the combined q(y, b): it must equal the branch forms on their domains."""
     t = json.loads(T.resolve("gelu-fast", "invact").read_text())
     t["combined"]["expression"] = expression
-    with pytest.raises(T.TableError, match="combined"):
+    with pytest.raises(TS.TableError, match="combined"):
         T.validate(t, "t")
 
 
@@ -125,7 +126,7 @@ def test_combined_invact_form_is_validated_against_its_branches(expression):
 def test_form_names_the_generated_code_uses_are_refused(name):
     t = json.loads(T.resolve("silu-newton", "invact").read_text())
     t["left"]["assignments"] = [[name, "y"], *t["left"].get("assignments", [])]
-    with pytest.raises(T.TableError, match="must be a new identifier"):
+    with pytest.raises(TS.TableError, match="must be a new identifier"):
         T.validate(t, "t")
 
 
@@ -165,7 +166,7 @@ BAD_TABLES = [
 @pytest.mark.parametrize("name,fn,msg", BAD_TABLES)
 def test_semantic_table_checks(name, fn, msg):
     t = _mutate(name, fn)
-    with pytest.raises(T.TableError, match=msg):
+    with pytest.raises(TS.TableError, match=msg):
         T.validate(t, name)
 
 
@@ -175,7 +176,7 @@ def test_paper_table_with_weights_not_summing_to_one_is_refused():
     t["levels"] = [0.0, t["weights"][0], t["weights"][0] + t["weights"][1], sum(t["weights"])]
     w, c = t["weights"], t["knots"]
     t["constraint_residual"] = max(abs(sum(w) - 1), abs(sum(a * b for a, b in zip(w, c))))
-    with pytest.raises(T.TableError, match="Σw=1"):
+    with pytest.raises(TS.TableError, match="Σw=1"):
         T.validate(t)
 
 
@@ -198,7 +199,7 @@ def test_refitting_an_unchanged_table_changes_no_bytes(tmp_path):
 def test_an_old_free_level_study_file_is_refused_with_the_command_that_makes_a_table(tmp_path):
     path = tmp_path / "free.json"
     path.write_text('{"schema": "approxbp.free-levels/1", "activation": "gelu", "bits": 2}')
-    with pytest.raises(T.TableError, match="fit it again with `approxbp fit relu-sum --levels free"):
+    with pytest.raises(TS.TableError, match="fit it again with `approxbp fit relu-sum --levels free"):
         T.load(path)
 
 
@@ -209,9 +210,9 @@ def test_a_free_level_table_keeps_levels_rule_free_and_eq_13_tables_are_unchange
     assert t.levels_rule == "eq13" and "levels_rule" not in t.to_json()
     free = t | {"levels_rule": "free", "levels": [0.5 + v for v in t.levels]}
     assert T.from_json(free).name == "gelu-k2-derivative-free"
-    with pytest.raises(T.TableError, match="cumulative sums"):
+    with pytest.raises(TS.TableError, match="cumulative sums"):
         T.from_json(t | {"levels": [0.5 + v for v in t.levels]})  # eq. 13: ℓ₀ = 0
-    with pytest.raises(T.TableError, match="fits the derivative"):
+    with pytest.raises(TS.TableError, match="fits the derivative"):
         T.from_json(T.load("relu_sum/gelu-k2-primitive") | {"levels_rule": "free"})
-    with pytest.raises(T.TableError, match="levels_rule"):
+    with pytest.raises(TS.TableError, match="levels_rule"):
         T.from_json(t | {"levels_rule": "fewbit"})

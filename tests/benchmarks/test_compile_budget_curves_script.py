@@ -37,10 +37,11 @@ def test_compiles_peak_is_our_exact_peak_with_its_own_saved_bytes(result):
 
 
 def test_the_fused_roofline_is_the_same_on_every_run():
+    from approxbp.compiled import point
     from approxbp.gpus import gpu
     from approxbp.setup import Setup
 
-    runs = [SCRIPT["_point"](TINY, 2, 32, Setup(), 8, 3, gpu("h100"), 1.0) for _ in range(3)]
+    runs = [point(TINY, 2, 32, Setup(), 8, gpu("h100"), {}, False, 1.0, (3, 5)) for _ in range(3)]
     assert runs[0] == runs[1] == runs[2], runs
 
 

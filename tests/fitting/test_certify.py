@@ -13,10 +13,10 @@ from approxbp.approximations.activations import x as X
 from approxbp.approximations.elementary import LG2_ABS_ERROR, LN2
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import Form
-from approxbp.approximations.tables import TableError, data_dir, from_json, load
+from approxbp.approximations.table_schema import TableError
+from approxbp.approximations.tables import data_dir, from_json, load
 from approxbp.fitting import certify as C  # the module, whatever was imported before
 from approxbp.fitting import intervals as iv
-from approxbp.fitting.objective import ReluSumObjective
 from flint import arb
 
 from approxbp.cli import main
@@ -175,16 +175,12 @@ def test_reproduce_full_stores_certificates_and_fails_on_a_wrong_table(tmp_path,
     assert "VIOLATED" in capsys.readouterr().out
 
 
-def test_fitting_certify_is_the_module_and_calling_it_is_the_deprecated_local_certificate():
+def test_fitting_certify_is_the_module_and_not_callable():
     import approxbp.fitting as F
-    from approxbp.approximations import get_activation
 
     assert F.certify is C and isinstance(F.certify, type(F)) and "certify" not in F.__all__
-    obj = ReluSumObjective(get_activation("gelu"), 2, "primitive", (-8.0, 8.0))
-    c = np.array([-1.0, 0.0, 1.5])
-    with pytest.warns(DeprecationWarning, match="use approxbp.fitting.local_certificate"):
-        old = F.certify(obj, c)
-    assert old == F.local_certificate(obj, c)
+    with pytest.raises(TypeError, match="not callable"):
+        F.certify(None, None)
 
 
 def test_the_working_precision_is_scoped():
@@ -204,10 +200,10 @@ def test_a_relu_sum_global_certificate_cut_short_says_budget_not_a_wrong_table()
     """A branch and bound stopped by its box budget printed "NOT CERTIFIED", which reads like a wrong table (the
     InvAct lines said "(budget)")."""
     from approxbp.approximations import tables as T
-    from approxbp.fitting.certify import _certify_relu_sum_table
+    from approxbp.fitting.certify import certify_table
 
     t = T.as_table(T.load("relu_sum/gelu-k2-derivative"))
-    _, lines, ok = _certify_relu_sum_table(t, 60, None, 5)
+    _, lines, ok = certify_table(t, 60, max_boxes=5)
     assert not ok and "not certified (budget" in lines[-1] and "NOT CERTIFIED" not in lines[-1], lines[-1]
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from _helpers import sgd_steps
 from approxbp.approximations import get_activation
+from approxbp.approximations import table_schema as TS
 from approxbp.approximations import tables as T
 from approxbp.fitting.certify import certify_table, identity_proof
 from approxbp.fitting.invact import fit_invact
@@ -69,11 +70,11 @@ def test_a_table_that_breaks_the_monotone_rules_is_refused():
     for change, field in (({"turning_point": 0.0}, "turning_point"), ({"f_T": 0.5}, "f_T"),
                           ({"expression": "x*sigmoid(x)", "activation": "my-silu"}, "monotone"),
                           ({"monotone": 1}, "monotone")):
-        with pytest.raises(T.TableError, match=field):
+        with pytest.raises(TS.TableError, match=field):
             T.from_json({**good, **change})
     bad = copy.deepcopy(good)
     bad["metrics"]["certified"]["right"]["bound"] = 1e-3
-    with pytest.raises(T.TableError, match="identity"):
+    with pytest.raises(TS.TableError, match="identity"):
         T.from_json(bad)
 
 

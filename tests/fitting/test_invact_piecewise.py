@@ -10,6 +10,7 @@ import pytest
 import torch
 from _helpers import sgd_steps
 from approxbp.approximations import get_activation
+from approxbp.approximations import table_schema as TS
 from approxbp.approximations import tables as T
 from approxbp.fitting.certify import certify_table
 from approxbp.fitting.invact_exact import derive_monotone, infimum
@@ -132,7 +133,7 @@ def test_non_decreasing_activations_with_constant_pieces_get_q_zero_at_the_const
 def test_a_table_whose_q_is_not_zero_at_a_constant_piece_is_refused():
     t = T.load("invact/relu6-exact").to_json()
     t["right"] = dict(t["right"], expression="select(6 - y, 1, 0)", operations=2)  # q(0) = 1: gradient on x < 0
-    with pytest.raises(T.TableError, match="q = 0 at its constant pieces"):
+    with pytest.raises(TS.TableError, match="q = 0 at its constant pieces"):
         T.from_json(t, "relu6.json")
 
 

@@ -17,22 +17,17 @@ def test_packing_helpers_are_internal_and_reached_only_where_they_live():
 
 
 @pytest.mark.parametrize("family", ["relu_sum", "invact"])
-def test_a_family_name_is_its_module_and_the_old_function_call_warns(family):
-    """``import approxbp.kernels.relu_sum as m`` gives the module (0.1 gave the function); calling the package's name
-    as 0.1 did still works, with a warning naming the function that replaced it."""
+def test_a_family_name_is_its_module_not_a_callable(family):
+    """``approxbp.kernels.relu_sum`` is the module (0.1 gave the function; 0.2 dropped the callable module): the
+    function is ``approxbp.kernels.relu_sum.relu_sum``."""
     import importlib
 
     import approxbp.kernels as K
-    from approxbp.kernels import InvActGELU, ReGELU2
 
     module = importlib.import_module(f"approxbp.kernels.{family}")
-    assert getattr(K, family) is module and module.__name__ == f"approxbp.kernels.{family}"
-    spec = (ReGELU2() if family == "relu_sum" else InvActGELU()).spec
-    x = torch.linspace(-4, 4, 33, requires_grad=True)
-    with pytest.warns(DeprecationWarning, match=f"approxbp.kernels.{family}.{family}"):
-        old = getattr(K, family)(x, spec)
-    new = getattr(module, family)(x, spec)
-    assert torch.equal(old, new)
+    assert getattr(K, family) is module and callable(getattr(module, family))
+    with pytest.raises(TypeError, match="not callable"):
+        module(torch.zeros(1), None)
 
 
 def test_a_new_spec_family_registers_itself_and_is_rebuilt_from_its_key():

@@ -228,6 +228,7 @@ def test_gelu_forward_of_every_16_bit_input(dtype):
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from approxbp.approximations import table_schema as TS  # noqa: E402
 
 
 @triton.jit
@@ -254,7 +255,7 @@ def test_generated_code_escapes_table_strings(tmp_path):
     code = compile(render(p, T.load(p)), "gen.py", "exec")  # compiles (nothing is run)
     assert code.co_consts[0].startswith(t["activation"])  # the docstring holds the name verbatim
     t["activation"] = 'gelu"""\nimport os; os.system("x")\n"""'
-    with pytest.raises(T.TableError, match="printable"):
+    with pytest.raises(TS.TableError, match="printable"):
         T.validate(t)
 
 

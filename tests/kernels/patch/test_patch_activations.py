@@ -8,6 +8,8 @@ from approxbp.approximations import tables as T
 from approxbp.kernels import InvActivation, ReGELU2, ReLUSumActivation, patch_model
 from torch import nn
 
+from approxbp import plan_step as PS
+
 
 def _mlp(act):
     torch.manual_seed(0)
@@ -147,11 +149,10 @@ def test_accurate_gelu_is_swapped_and_hardswish_takes_the_family_that_has_its_ta
 
 def test_the_report_says_each_drop_ins_gradient_error():
     """Where the user chooses, the price is said: the ReLU-sum table's E_N(0,1)[(h̃′ − f′)²]^½ and InvAct's certified
-    L∞, the same numbers the planner weighs (approxbp.plan.gradient_error)."""
-    from approxbp import plan as P
+    L∞, the same numbers the planner weighs (approxbp.plan_step.gradient_error)."""
 
     for family, option in (("relu-sum", "relu-sum-k2"), ("invact", "invact")):
         model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
         line = patch_model(model, family=family, example_input=torch.randn(2, 8)).activations[0]
-        assert f"gradient error {P.gradient_error('gelu', option):.2g}" in line
-    assert 0.2 < P.gradient_error("gelu", "relu-sum-k2") < 0.3 and P.gradient_error("gelu", "invact") < 1e-6
+        assert f"gradient error {PS.gradient_error('gelu', option):.2g}" in line
+    assert 0.2 < PS.gradient_error("gelu", "relu-sum-k2") < 0.3 and PS.gradient_error("gelu", "invact") < 1e-6

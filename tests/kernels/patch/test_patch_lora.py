@@ -14,6 +14,9 @@ from approxbp.kernels.norms import MSLayerNorm  # noqa: E402
 from approxbp.kernels.patch import patch_model, patched_state_dict  # noqa: E402
 from approxbp.kernels.saved import saved_bytes  # noqa: E402
 
+from approxbp import models as MD  # noqa: E402
+from approxbp import setup as SU  # noqa: E402
+from approxbp import step_memory as SM  # noqa: E402
 from approxbp.blocks import ViTBlock, saved_per_token_per_d  # noqa: E402
 
 LORA = dict(r=4, target_modules=["q_proj", "v_proj"])
@@ -193,15 +196,14 @@ def test_a_patched_frozen_model_keeps_the_stock_state_dict_layout():
 def test_norms_kept_in_fp32_over_a_16_bit_base_are_left_as_they_are():
     """QLoRA's script keeps the norms' weights in fp32 over a bf16 model: α⊙z is then fp32, which a merged form
     computing in the Linears' bf16 would not be. The norms are skipped with that reason; the output is unchanged."""
-    from approxbp import plan as P
     from approxbp.setup import Setup
 
     torch.manual_seed(0)
     setup = Setup(weights="nf4", norms="fp32", autocast="bf16", train="lora", adapters="bf16",
                   lora_targets="all-linear")
-    with P.weights_for(setup):
-        model, inputs = P.model_spec("llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100")()
-        model = P.prepare(model, setup, 8)
+    with SU.weights_for(setup):
+        model, inputs = MD.model_spec("llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100")()
+        model = SM.prepare(model, setup, 8)
     for name, p in model.named_parameters():
         if "lora_B" in name or "norm" in name:
             torch.nn.init.normal_(p, 1.0 if "norm" in name else 0.0, 0.2)
