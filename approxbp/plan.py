@@ -78,19 +78,20 @@ def plan(model_text: str, batch: int, seq: int, mode: str | Setup, budget: int |
         return step(batch, seq, assignment, ms_norm)
 
     base, layers, options, ms = measure_options(run, say)
-    moved = None
-    try:
-        if compile_budgets:
-            raise NoFit(f"nothing planned reaches {size(budget)}")  # the fastest is weighed, not the least error
-        choice, after, estimate = _within(run, layers, options, ms, base.peak, budget, say)
-    except NoFit as refused:
-        if budget is None:
-            raise
-        if gpu is None:
-            raise ValueError(f"{refused}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
-                             "to reach it") from None
+    moved = refused = None
+    if not compile_budgets:  # the least-error assignment within the budget; the moves only where none reaches it
+        try:
+            choice, after, estimate = _within(run, layers, options, ms, base.peak, budget, say)
+        except NoFit as err:
+            if budget is None:
+                raise
+            if gpu is None:
+                raise ValueError(f"{err}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
+                                 "to reach it") from None
+            refused = err
+    if compile_budgets or refused:  # the fastest plan within the budget
         best, moved = _fastest(run, model_text, batch, seq, mode, lora_r, layers, options, ms, base, budget, gpu,
-                               compile_budgets, refused, say)
+                               compile_budgets, refused or f"nothing planned reaches {size(budget)}", say)
         choice, ms["chosen"], after, estimate = (best.assignment.choice, best.assignment.ms_norm,
                                                  best.assignment.after, best.assignment.estimate)
     return Plan(model_text, as_setup(mode).describe(base.lora, base.head), batch, seq if base.uses_seq else None,

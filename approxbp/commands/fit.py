@@ -169,4 +169,4 @@ def _short(values, precision: int) -> str:
 
 #: table family → its fit (``approxbp fit FAMILY``): the CLI's part of a family
 FITS = {"relu-sum": lambda args, argv: (_fit_free_levels if args.levels == "free" else _fit_relu_sum)(args, argv),
-        "invact": lambda args, argv: _fit_invact(args, argv)}
+        "invact": _fit_invact}
