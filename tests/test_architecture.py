@@ -335,3 +335,57 @@ def test_no_module_dispatches_on_a_table_family_name():
     found = [f"{path.relative_to(ROOT)}:{i}" for path in paths
              for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert not found, found
+
+
+def test_no_module_assigns_to_sys_modules_or_warns_of_a_rename():
+    """A module behaves the same however it was found: nothing hands out another module in its place
+    (``sys.modules[...] = …``), and 0.2, the first release, keeps no 0.1 spellings (``warn_renamed``; issue 48)."""
+    found = []
+    for path in (p for layer in (*sorted(ALLOWED), "approxbp") for p in _sources(layer)):
+        text = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(text)):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if any(isinstance(t, ast.Subscript) and ast.unparse(t.value) == "sys.modules" for t in targets):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        if "warn_renamed" in text:
+            found.append(f"{path.relative_to(ROOT)}: warn_renamed")
+    assert not found, found
+
+
+KERNELS_PROBE = """
+import importlib.util, sys
+import transformers.utils.import_utils as hf
+import approxbp.kernels
+hf.is_kernels_available.cache_clear(); hf.is_kernels_available()  # transformers imports `kernels` when it finds one
+spec = importlib.util.find_spec("kernels")
+copies = sorted(n for n, m in sys.modules.items() if n.split(".")[0] == "kernels")
+print(spec is None or spec.origin != approxbp.kernels.__file__, copies == [], approxbp.kernels.__name__)
+"""
+
+
+def test_the_kernels_folder_is_only_ever_imported_as_approxbp_kernels():
+    """No repository root on sys.path under the test command (`pytest`), nor in a Python a test starts from the
+    repository root (conftest sets PYTHONSAFEPATH): kernels/ is never found as a top-level `kernels` (a second copy
+    registered every custom op again; issue 48 item 4)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    import approxbp.kernels
+
+    spec = importlib.util.find_spec("kernels")
+    assert spec is None or spec.origin != approxbp.kernels.__file__
+    run = subprocess.run([sys.executable, "-c", KERNELS_PROBE], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["True", "True", "approxbp.kernels"], run.stdout + run.stderr
+
+
+def test_the_probe_sees_the_folder_when_the_repository_root_is_on_sys_path():
+    """The check above can fail: with the repository root on sys.path (what `python -m pytest` adds), `kernels` is
+    found and its origin is the folder."""
+    import subprocess
+    import sys
+
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r})\n" + KERNELS_PROBE.replace(
+        "hf.is_kernels_available.cache_clear(); hf.is_kernels_available()", "")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert run.stdout.split()[0] == "False", run.stdout + run.stderr

@@ -2,37 +2,14 @@
 fullgraph), DDP, FSDP2 and activation checkpointing — with the drop-ins as custom ops."""
 
 import copy
-import os
-import socket
 
 import pytest
 import torch
+from _patched_gpt import _ddp_worker, _free_port, _patched  # noqa: E402  (spawned workers import it)
 from approxbp.kernels import patch_model
 from torch import nn
 
 from approxbp.blocks import GPTBlock, saved_per_token_per_d
-
-
-def _gpt(n_blocks=2, d=32, seed=0):
-    torch.manual_seed(seed)
-    model = nn.Sequential(*[GPTBlock(d=d, hidden=4 * d, heads=4) for _ in range(n_blocks)], nn.LayerNorm(d),
-                          nn.Linear(d, 11))
-    with torch.no_grad():  # norms away from their init values, so that a wrong merge would show
-        for m in model.modules():
-            if isinstance(m, nn.LayerNorm):
-                m.weight.normal_(1.0, 0.2)
-                m.bias.normal_(0.0, 0.2)
-    return model
-
-
-def _patched(activation="relu-sum", use_triton=False, **kw):
-    model = _gpt(**kw)
-    report = patch_model(model, family=activation)
-    assert len(report.norms) == 2 * len([m for m in model if isinstance(m, GPTBlock)]) + 1, report
-    for m in model.modules():
-        if hasattr(m, "use_triton"):
-            m.use_triton = use_triton
-    return model
 
 
 @pytest.mark.parametrize("variant", ["relu-sum", "invact"])
@@ -156,40 +133,6 @@ def test_activation_checkpointing_gives_the_same_gradients():
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ddp_worker(rank, world, port, x, out_file, fsdp):
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        model = _patched("relu-sum")
-        if fsdp:
-            from torch.distributed.fsdp import fully_shard
-
-            for m in model:
-                if isinstance(m, GPTBlock):
-                    fully_shard(m)
-            fully_shard(model)
-        else:
-            model = nn.parallel.DistributedDataParallel(model)
-        shard = x.chunk(world)[rank]
-        model(shard).square().mean().backward()
-        grads = []
-        for p in model.parameters():
-            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            grads.append(g.detach().clone())
-        if rank == 0:
-            torch.save(grads, out_file)
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("fsdp", [False, True], ids=["DDP", "FSDP2"])
 def test_distributed_gradients_equal_single_process(fsdp, tmp_path):
     import torch.multiprocessing as mp
@@ -218,20 +161,6 @@ def test_distributed_gradients_equal_single_process(fsdp, tmp_path):
     single(x).square().mean().backward()
     for g, p in zip(grads, single.parameters()):
         assert torch.allclose(g, p.grad, atol=1e-6, rtol=1e-5)
-
-
-def test_kernels_folder_imported_by_its_bare_name_is_the_installed_package(monkeypatch):
-    """transformers imports a package named `kernels` to probe for HF's kernel hub; with the repository root
-    on sys.path that finds our folder. It must not become a second copy (that re-registered the custom ops)."""
-    import importlib
-    import sys
-    from pathlib import Path
-
-    import approxbp.kernels
-
-    monkeypatch.syspath_prepend(str(Path(approxbp.kernels.__file__).parent.parent))
-    monkeypatch.delitem(sys.modules, "kernels", raising=False)
-    assert importlib.import_module("kernels") is approxbp.kernels
 
 
 @pytest.mark.parametrize("name", ["gelu-k2-primitive", "gelu-k5-derivative", "silu-k3-primitive"])

@@ -9,7 +9,7 @@ import torch
 from approxbp.approximations import tables as T
 
 #: The repository root (tests/ mirrors its source folders).
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def table_json(name: str) -> dict:

@@ -1,0 +1,69 @@
+"""A small GPT-style model with every drop-in patched in, and the worker of the DDP/FSDP2 test: a module of its own,
+so that a spawned process imports it by name (pytest's importlib mode gives test files no importable name)."""
+
+import os
+import socket
+
+import torch
+from approxbp.kernels import patch_model
+from torch import nn
+
+from approxbp.blocks import GPTBlock
+
+
+def _gpt(n_blocks=2, d=32, seed=0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(*[GPTBlock(d=d, hidden=4 * d, heads=4) for _ in range(n_blocks)], nn.LayerNorm(d),
+                          nn.Linear(d, 11))
+    with torch.no_grad():  # norms away from their init values, so that a wrong merge would show
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.normal_(1.0, 0.2)
+                m.bias.normal_(0.0, 0.2)
+    return model
+
+
+def _patched(activation="relu-sum", use_triton=False, **kw):
+    model = _gpt(**kw)
+    report = patch_model(model, family=activation)
+    assert len(report.norms) == 2 * len([m for m in model if isinstance(m, GPTBlock)]) + 1, report
+    for m in model.modules():
+        if hasattr(m, "use_triton"):
+            m.use_triton = use_triton
+    return model
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank, world, port, x, out_file, fsdp):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = _patched("relu-sum")
+        if fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            for m in model:
+                if isinstance(m, GPTBlock):
+                    fully_shard(m)
+            fully_shard(model)
+        else:
+            model = nn.parallel.DistributedDataParallel(model)
+        shard = x.chunk(world)[rank]
+        model(shard).square().mean().backward()
+        grads = []
+        for p in model.parameters():
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            grads.append(g.detach().clone())
+        if rank == 0:
+            torch.save(grads, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
