@@ -79,8 +79,8 @@ def forward_quantisation(K: int, level: int, dtype=torch.float64, d: int = 64, b
 @own_rng
 def memory_per_block(K: int = 12, d: int = 256, tokens: int = 1024, dtype=torch.float32, level: int = 9) -> dict:
     """Saved-activation bytes per block of a pre-norm MLP stack: ordinary autograd vs online BDIA."""
-    from approxbp.kernels.bdia import BDIAStack
-    from approxbp.kernels.saved import saved_bytes
+    from approxbp.kernels.ops.bdia import BDIAStack
+    from approxbp.kernels.ops.saved import saved_bytes
 
     torch.manual_seed(0)
     blocks = [ToyMLP(d).to(dtype) for _ in range(K)]
@@ -216,7 +216,7 @@ def train_toy_gpt(steps: int = 300, blocks: int = 6, d: int = 128, batch: int = 
     gradients are also compared bitwise with ordinary autograd through the same quantised forward.
     """
     from approxbp.fitting.progress import progress as tqdm
-    from approxbp.kernels.saved import saved_bytes
+    from approxbp.kernels.ops.saved import saved_bytes
 
     text = arithmetic_corpus(6000, seed)
     data = torch.tensor([VOCAB.index(ch) for ch in text])

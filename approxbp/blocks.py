@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from approxbp.kernels.invact import InvActGELU, InvActSiLU
-from approxbp.kernels.norm_merge import merge_norm
-from approxbp.kernels.relu_sum import ReGELU2, ReSiLU2
-from approxbp.kernels.saved import saved_bytes
+from approxbp.kernels.ops.invact import InvActGELU, InvActSiLU
+from approxbp.kernels.ops.relu_sum import ReGELU2, ReSiLU2
+from approxbp.kernels.ops.saved import saved_bytes
+from approxbp.kernels.rewrite.norm_merge import merge_norm
 
 VARIANTS = ("baseline", "compiled", "relu-sum", "invact")
 
@@ -104,12 +104,12 @@ class _Branch(nn.Module):
 class ToyGPT(nn.Module):
     """The toy transformer the experiments and benchmarks train: token and position embeddings, ``blocks`` causal
     GPTBlocks (hidden 4d), a final LayerNorm and the head. ``bdia_level``: run the blocks as a BDIA stack
-    (γ ∈ {±0.5}, quantisation level l; ``approxbp.kernels.bdia``) instead of the plain residual stack."""
+    (γ ∈ {±0.5}, quantisation level l; ``approxbp.kernels.ops.bdia``) instead of the plain residual stack."""
 
     def __init__(self, vocab: int, d: int = 128, blocks: int = 6, heads: int = 4, context: int = 64,
                  dropout: float = 0.0, bdia_level: int | None = None):
         super().__init__()
-        from approxbp.kernels.bdia import BDIAStack
+        from approxbp.kernels.ops.bdia import BDIAStack
 
         self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
         layers = [GPTBlock(d, 4 * d, heads, causal=True, dropout=dropout) for _ in range(blocks)]

@@ -107,7 +107,7 @@ def point(model_text: str, batch: int, seq: int, setup, lora_r: int, device, cho
     """(bytes saved at the end of the forward, roofline seconds of forward and backward) of one step of the
     set-up's model (cut to n of its L blocks: ``blocks`` = (n, L)) with the assignment: compiled at ``budget``, or
     eager (None)."""
-    from approxbp.kernels.saved import saved_bytes
+    from approxbp.kernels.ops.saved import saved_bytes
     from approxbp.step_time import Roofline, drop_in_paths
 
     model, loss, scope = _built(model_text, batch, seq, setup, lora_r, blocks, choice, ms_norm)

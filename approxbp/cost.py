@@ -84,7 +84,7 @@ def capture():
     launchers accept tensors on any device (they are called with ``meta`` tensors)."""
     from triton.runtime.jit import KernelInterface
 
-    from approxbp.kernels import guards
+    from approxbp.kernels.ops import guards
 
     launches: list[Launch] = []
     original = KernelInterface.__getitem__
@@ -216,7 +216,7 @@ def measure(name: str, launch: Launch, elements: int, dtype: str, arch: int = 90
 
 # -- the launches of each family -------------------------------------------------------------------------------
 def relu_sum_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
-    from approxbp.kernels.relu_sum import ReLUSumSpec
+    from approxbp.kernels.ops.relu_sum import ReLUSumSpec
 
     spec = ReLUSumSpec(table)
     x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
@@ -227,7 +227,7 @@ def relu_sum_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]
 
 
 def invact_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
-    from approxbp.kernels.invact import InvActSpec
+    from approxbp.kernels.ops.invact import InvActSpec
 
     spec = InvActSpec(table)
     x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
@@ -246,7 +246,7 @@ register(LAUNCHES, "invact", invact_launches)
 
 
 def norm_launches(dtype: torch.dtype, d: int = 4096) -> list[tuple[str, Launch, int]]:
-    from approxbp.kernels.norms import ms_norm_backward_impl, ms_norm_forward_impl
+    from approxbp.kernels.ops.norms import ms_norm_backward_impl, ms_norm_forward_impl
 
     x = torch.empty(ELEMENTS // d, d, dtype=dtype, device="meta")
     out = []
@@ -259,7 +259,7 @@ def norm_launches(dtype: torch.dtype, d: int = 4096) -> list[tuple[str, Launch, 
 
 
 def bdia_launches(dtype: torch.dtype, row: int = 4096) -> list[tuple[str, Launch, int]]:
-    from approxbp.kernels.bdia import launch_inverse, launch_step
+    from approxbp.kernels.ops.bdia import launch_inverse, launch_step
 
     x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
     g = torch.empty(ELEMENTS // row, dtype=dtype, device="meta")
@@ -270,8 +270,8 @@ def bdia_launches(dtype: torch.dtype, row: int = 4096) -> list[tuple[str, Launch
 
 
 def glu_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
-    """The exact fused GLU of every activation that has one (kernels/glu.py): forward and backward."""
-    from approxbp.kernels.glu import GLU_ACTIVATIONS, GLUSpec
+    """The exact fused GLU of every activation that has one (kernels/ops/glu.py): forward and backward."""
+    from approxbp.kernels.ops.glu import GLU_ACTIVATIONS, GLUSpec
 
     x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
     out = []
@@ -289,7 +289,7 @@ def reference_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     4096 elements per program and 4 warps, as the ReLU-sum kernels."""
     import triton
 
-    from approxbp.kernels import reference
+    from approxbp.kernels.ops import reference
 
     x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
     grid = (triton.cdiv(ELEMENTS, reference.BLOCK),)
@@ -330,7 +330,7 @@ def exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tuple
 def reference_jobs(tables: list[Path]) -> list[tuple[str, str]]:
     """(name, expression) of each activation of ``tables`` without a reference kernel pair: its baseline."""
     from approxbp.approximations import tables as T
-    from approxbp.kernels import reference
+    from approxbp.kernels.ops import reference
 
     found: dict[str, str] = {}
     for p in tables:

@@ -37,7 +37,7 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         """The plan ``approxbp plan --out`` wrote to ``path`` (refused in one line when it is not one)."""
-        from approxbp.kernels.plan_file import read_plan
+        from approxbp.kernels.rewrite.plan_file import read_plan
 
         data = read_plan(str(path))
         if missing := [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]:
@@ -52,8 +52,8 @@ class Plan:
         a planned ``activation_memory_budget`` compiles the model in place with ``compile_backend`` at that budget
         (:func:`approxbp.compiled.budget_backend`). Returns the patch report; without ``example_input`` the planned
         fused GLUs are not applied, and it says so per layer."""
-        from approxbp.kernels.patch import patch_model
-        from approxbp.kernels.plan_file import plan_config
+        from approxbp.kernels.rewrite.patch import patch_model
+        from approxbp.kernels.rewrite.plan_file import plan_config
 
         config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
         report = patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),

@@ -46,7 +46,7 @@ def gradient_error(activation: str, option: str) -> float:
 
 def activation_layers(model: nn.Module) -> dict[str, str]:
     """Module path → registry activation of every activation patch_model can replace."""
-    from approxbp.kernels.patch import ACTIVATION_CLASSES, class_key
+    from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES, class_key
 
     return {n: ACTIVATION_CLASSES[class_key(m)] for n, m in model.named_modules()
             if class_key(m) in ACTIVATION_CLASSES}
@@ -56,7 +56,7 @@ def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: d
     """Replace each layer by its option (``exact`` keeps it; ``glu`` fuses its gated MLP) and merge the norms
     (patch_model's rules). Other gated MLPs keep their activation as a layer of its own: the options are per layer."""
     from approxbp.chunked_loss import apply_chunked_loss
-    from approxbp.kernels.patch import patch_model
+    from approxbp.kernels.rewrite.patch import patch_model
 
     parts = [p[len(PART_KEY):] for p in assignment if p.startswith(PART_KEY)]
     assignment = {p: o for p, o in assignment.items() if not p.startswith(PART_KEY)}

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from approxbp.attention import as_a_gpu_runs_it
-from approxbp.kernels.saved import charged
+from approxbp.kernels.ops.saved import charged
 from approxbp.setup import (
     DTYPES,
     Setup,
@@ -115,7 +115,7 @@ def parse_size(text: str) -> int:
 
 
 def _category(kind: str) -> str:
-    from approxbp.kernels.patch import ACTIVATION_CLASSES, OURS
+    from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES, OURS
 
     low = kind.lower()
     if kind in ACTIVATION_CLASSES or kind in OURS or "activation" in low or kind in ("GELU", "SiLU", "Mish"):
@@ -195,11 +195,11 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     but the backward's recomputation of a block, with the checkpointed blocks' inputs and part of the gradients
     alive. AdamW's moments are made beforehand (as in every step after the first); gradients are set to None
     after the step, so the gradients counted are those alive at the peak. The drop-ins run as their custom ops
-    (:func:`approxbp.kernels.ops.as_kernels`): each allocates what its kernel allocates, on fake and real tensors
+    (:func:`~.custom_ops.as_kernels`): each allocates what its kernel allocates, on fake and real tensors
     alike."""
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 
-    from approxbp.kernels.ops import as_kernels
+    from approxbp.kernels.ops.custom_ops import as_kernels
 
     setup = as_setup(mode)
     if setup.shard > 1 or setup.devices > 1 or setup.optimizer in ("adamw-8bit", "paged-adamw"):

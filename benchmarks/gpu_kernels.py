@@ -141,7 +141,7 @@ def glu_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
     """act(g)·u: torch eager (saves g, act(g), u), torch.compile, our exact fused GLU (saves g, u) and Liger's
     SwiGLU/GeGLU. The benchmarked tensor holds g and u as its two contiguous halves (rows of 4096)."""
     import torch.nn.functional as F
-    from approxbp.kernels.glu import GLUSpec, glu
+    from approxbp.kernels.ops.glu import GLUSpec, glu
 
     e = torch.tensor([], dtype=dtype).element_size()
     rows_ = max(numel // 4096, 2) // 2
@@ -171,7 +171,7 @@ def correctness_rows(device, dtype) -> list[dict]:
     (same module, same bf16/fp16/fp32 input upcast to float32), on fresh random data of an odd shape (tails of the
     grid included), outputs poisoned with NaN first. rel = ‖gpu − ref‖ / ‖ref‖ for y and for dx (dg, du)."""
     from approxbp.kernels import MSLayerNorm, MSRMSNorm
-    from approxbp.kernels.glu import GLUSpec, glu
+    from approxbp.kernels.ops.glu import GLUSpec, glu
 
     torch.manual_seed(1234)
     shape = (3, 1237) if SMOKE else (257, 4099)

@@ -33,7 +33,7 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "c
 
 def kernel_rows(numel: int, dtype, device) -> list[dict]:
     """Kernel alone (spec.forward_triton / backward_triton) and module through autograd, same tensors, same run."""
-    from approxbp.kernels.invact import InvActSpec
+    from approxbp.kernels.ops.invact import InvActSpec
 
     x = torch.randn(max(numel // 4096, 1), 4096, dtype=dtype, device=device)
     g = torch.randn_like(x)

@@ -238,9 +238,9 @@ def inputs_saved(model, batch: dict) -> int:
 def compiled_saved_bytes(model, batch: dict, labels: dict) -> int:
     """Bytes saved for backward by one training forward under torch.compile, by storage identity: inductor's
     min-cut partitioner without its code generation (``aot_eager_decomp_partition``: the same saved tensors);
-    parameters and the batch, which exist anyway, not counted (as :func:`~approxbp.kernels.rewrite.saved_on_example`
+    parameters and the batch, which exist anyway, not counted (as :func:`~.common.saved_on_example`
     counts the eager saving)."""
-    from approxbp.kernels.saved import saved_bytes
+    from approxbp.kernels.ops.saved import saved_bytes
 
     torch._dynamo.reset()
     run = torch.compile(model.train(), backend="aot_eager_decomp_partition")
@@ -271,8 +271,8 @@ def _train(model, batch: dict, labels: dict) -> list[float]:
 
 def inventory(model) -> tuple[list[str], list[str]]:
     """(activation-like module paths, norm-like module paths) of a stock model."""
-    from approxbp.kernels.norm_forms import is_norm_candidate
-    from approxbp.kernels.patch import ACTIVATION_LIKE
+    from approxbp.kernels.rewrite.norm_forms import is_norm_candidate
+    from approxbp.kernels.rewrite.patch import ACTIVATION_LIKE
 
     acts = [n for n, m in model.named_modules() if n and next(m.children(), None) is None
             and any(f.lower() in type(m).__name__.lower() for f in ACTIVATION_LIKE)]
@@ -281,7 +281,7 @@ def inventory(model) -> tuple[list[str], list[str]]:
 
 
 def _mentioned(name: str, skipped: list[str]) -> bool:
-    from approxbp.kernels.patch import path_pattern
+    from approxbp.kernels.rewrite.patch import path_pattern
 
     pattern = path_pattern(name)
     return any(name in s or pattern in s for s in skipped)

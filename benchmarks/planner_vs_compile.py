@@ -49,7 +49,7 @@ def _point(model, inputs: dict, clock, run=None) -> tuple[int, float]:
     compiled loss whose graphs run under ``clock``), else of the eager model under ``clock``."""
     import contextlib
 
-    from approxbp.kernels.saved import saved_bytes
+    from approxbp.kernels.ops.saved import saved_bytes
 
     model.zero_grad(set_to_none=True)
     loss = []

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from approxbp.approximations.files import save_figure, write_atomic
 from approxbp.fitting.progress import progress
-from approxbp.kernels.patch import patch_model
+from approxbp.kernels.rewrite.patch import patch_model
 from torch.nn import functional as F
 
 from approxbp.blocks import ToyGPT

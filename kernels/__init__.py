@@ -1,17 +1,18 @@
 """Kernels: Triton modules generated from coefficient tables, custom ops and nn.Module drop-ins.
 
-Reads tables and the modules ``approxbp export`` generated from them; imports ``approximations`` (sympy-free
-parts: ``tables``, ``backends``, ``bdia``), never ``fitting``, and never the code generator (``codegen``, the build
-side) or sympy at run time.
+Three rooms, each importing only downward: ``rewrite`` (model rewriting: ``patch_model``) → ``ops`` (the run time:
+custom ops, autograd Functions, drop-ins) → ``generated`` (the modules ``approxbp export`` writes, their shared
+Triton helpers included); the build side ``codegen`` (sympy → Triton) writes ``generated`` and reads ``ops``' specs,
+and nothing at run time imports it. Imports ``approximations`` (sympy-free parts), never ``fitting``.
 """
 
-from . import invact, relu_sum  # the modules (their functions: relu_sum.relu_sum, invact.invact)
-from .invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec
-from .norm_merge import merge_norm
-from .norms import MSLayerNorm, MSRMSNorm
-from .patch import PatchReport, patch_model, patched_state_dict, unpatch
-from .relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2
-from .saved import saved_bytes
+from .ops.invact import InvActGELU, InvActivation, InvActSiLU, InvActSpec, invact
+from .ops.norms import MSLayerNorm, MSRMSNorm
+from .ops.relu_sum import ReGELU2, ReLUSumActivation, ReLUSumSpec, ReSiLU2, relu_sum
+from .ops.saved import saved_bytes
+from .rewrite.norm_merge import merge_norm
+from .rewrite.patch import PatchReport, patch_model, patched_state_dict, unpatch
+
 
 def __getattr__(name):
     """``export`` and ``triton_source`` are the build side (kernels.codegen, which imports sympy): imported when
@@ -21,6 +22,7 @@ def __getattr__(name):
 
         return getattr(codegen, name)
     raise AttributeError(f"module 'approxbp.kernels' has no attribute {name!r}")
+
 
 __all__ = ["export", "triton_source", "ReGELU2", "ReLUSumActivation", "relu_sum", "ReLUSumSpec",
            "ReSiLU2", "saved_bytes", "MSLayerNorm", "MSRMSNorm", "merge_norm",

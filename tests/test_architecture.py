@@ -53,13 +53,57 @@ def test_generated_modules_import_only_triton_the_helpers_and_the_torch_forms():
     for path in (ROOT / "kernels" / "generated").glob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert imported_layers(path) <= {"kernels", "approximations"}, path
-        assert set(re.findall(r"from approxbp\.(\S+) import", text)) <= {"kernels.triton_helpers",
+        assert set(re.findall(r"from approxbp\.(\S+) import", text)) <= {"kernels.generated.triton_helpers",
                                                                            "approximations.backends"}, path
+
+
+#: The kernels wing's rooms and the rooms each may import (issue 48): model rewriting above the run time, the run time
+#: above the generated modules; the build side writes the generated modules from the run time's specs.
+ROOMS = {"rewrite": {"ops", "generated"}, "ops": {"generated"}, "codegen": {"ops", "generated"}, "generated": set()}
+
+
+def rooms_imported(path: Path) -> set[str]:
+    """The kernels rooms a module of one room imports (relative or absolute, lazy imports included)."""
+    room = path.relative_to(ROOT / "kernels").parts[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            dotted = (node.module or "").split(".") if node.level != 1 else [room]
+            if node.level == 0:
+                dotted = dotted[2:] if dotted[:2] == ["approxbp", "kernels"] else []
+            if node.level == 2 and not node.module:
+                dotted = [a.name for a in node.names]
+                found.update(dotted)
+                continue
+            found.update(dotted[:1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[2] for a in node.names if a.name.startswith("approxbp.kernels."))
+    return found - {room, ""}
+
+
+def test_the_kernels_wing_is_three_rooms_importing_downward():
+    """kernels/ holds only its rooms (and the front door, __init__.py): ``rewrite`` (model rewriting) imports ``ops``
+    (the run time), which imports ``generated``; ``codegen`` (the build side) is imported by none of them."""
+    loose = sorted(p.name for p in (ROOT / "kernels").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules outside the kernels rooms: {loose}"
+    assert {p.name for p in (ROOT / "kernels").iterdir() if p.is_dir() and p.name != "__pycache__"} == set(ROOMS)
+    wrong = {str(p.relative_to(ROOT)): sorted(bad) for room in ROOMS for p in (ROOT / "kernels" / room).glob("*.py")
+             if (bad := rooms_imported(p) - ROOMS[room])}
+    assert not wrong, wrong
+
+
+def test_the_room_checker_sees_an_upward_import(tmp_path, monkeypatch):
+    fake = tmp_path / "kernels" / "ops"
+    fake.mkdir(parents=True)
+    (fake / "bad.py").write_text("from ..rewrite.patch import patch_model\nfrom .glu import x\n"
+                                 "def f():\n    from approxbp.kernels.codegen import export\n")
+    monkeypatch.setitem(rooms_imported.__globals__, "ROOT", tmp_path)
+    assert rooms_imported(fake / "bad.py") == {"rewrite", "codegen"}
 
 
 def test_the_checker_sees_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from approxbp.kernels.ops import relu_sum\n    import approxbp.cli\n"
+    bad.write_text("def f():\n    from approxbp.kernels.ops.custom_ops import relu_sum\n    import approxbp.cli\n"
                    "from approxbp import fitting\n")
     assert imported_layers(bad) == {"kernels", "cli", "fitting"}
 
@@ -103,9 +147,10 @@ def test_the_subscript_checker_sees_a_key_read(tmp_path):
     assert [h.split(" ", 1)[1] for h in table_subscripts(bad)] == ["t['knots']", "t['left']"]
 
 
-#: Test folders and the source each mirrors (tests/kernels/patch/ holds the several files of kernels/patch.py).
+#: Test folders and the source each mirrors (tests/kernels/ the run time and the build side, tests/kernels/rewrite/
+#: the model rewriting).
 MIRRORS = {"approximations": "approximations", "fitting": "fitting", "kernels": "kernels",
-           "kernels/patch": "kernels/patch.py", "approxbp": "approxbp", "benchmarks": "benchmarks",
+           "kernels/rewrite": "kernels/rewrite", "approxbp": "approxbp", "benchmarks": "benchmarks",
            "notebooks": "notebooks", "docs": "docs"}
 
 
@@ -309,6 +354,19 @@ def test_the_names_the_changelog_lists_as_removed_are_gone():
             assert hasattr(importlib.import_module(home), name), (home, name)
             for old in re.findall(r"`([\w.]+)`", old_homes):
                 assert not hasattr(importlib.import_module(old), name), (old, name)
+
+
+def test_the_modules_the_changelog_lists_as_moved_import_only_from_their_new_home():
+    """CHANGELOG.md's "module moved" rows: the old dotted name is no module, the new one is."""
+    import importlib
+
+    moved = re.findall(r"^\| `([\w.]+)` → `([\w.]+)` \|$", (ROOT / "CHANGELOG.md").read_text(encoding="utf-8"), re.M)
+    assert len(moved) >= 20, moved
+    for old, new in moved:
+        importlib.import_module(new)
+        if old not in {new.rpartition(".")[0] for _, new in moved}:  # a room now holds the old name
+            with pytest.raises(ModuleNotFoundError):
+                importlib.import_module(old)
 
 
 def test_the_docs_map_names_every_module_of_the_top_layer():

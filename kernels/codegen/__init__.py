@@ -1,6 +1,6 @@
 """Generate Triton modules from coefficient tables (``approxbp export``): the build side of the kernels, never
 imported by their run time. One module per concern: :mod:`.printer` (sympy → Triton), :mod:`.helpers` (the shared
-Triton helpers, ``kernels/triton_helpers.py``), :mod:`.twins` (the PyTorch twins and the header every generated
+Triton helpers, ``generated/triton_helpers.py``), :mod:`.twins` (the PyTorch twins and the header every generated
 module starts with), and one per family: :mod:`.relu_sum`, :mod:`.invact`, :mod:`.glu`, :mod:`.reference`.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from approxbp.approximations import tables as T
 from approxbp.approximations.files import write_atomic
 
-from ..glu import GLU_ACTIVATIONS
-from ..modules import RENDERERS, module_path
+from ..ops.glu import GLU_ACTIVATIONS
+from ..ops.modules import RENDERERS, module_path
 from .glu import glu_module_path, render_glu
 from .helpers import HELPERS_MODULE, render_helpers
 from .invact import render_invact
@@ -56,7 +56,7 @@ def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> lis
 def export_if_stale(table_path: Path, out_dir: Path | None = None) -> Path | None:
     """Export one table unless its module is already there and current (a note on stderr when it writes);
     returns the written path, or None."""
-    from ..modules import generated_module
+    from ..ops.modules import generated_module
 
     try:
         generated_module(table_path, T.header(table_path)[0], out_dir)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from approxbp.approximations import get_activation
 
-from ..glu import glu_module_name
-from ..modules import FORMAT
+from ..ops.glu import glu_module_name
+from ..ops.modules import FORMAT
 from .helpers import import_helpers
 from .printer import (
     triton_source,
@@ -69,7 +69,7 @@ def backward_kernel(dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_elem, BLOCK: tl.cons
 
 
 def glu_module_path(activation: str, out_dir: Path | None = None) -> Path:
-    from ..modules import GENERATED
+    from ..ops.modules import GENERATED
 
     return (out_dir or GENERATED) / f"{glu_module_name(activation)}.py"
 

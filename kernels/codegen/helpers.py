@@ -1,4 +1,4 @@
-"""The shared Triton helpers (``kernels/triton_helpers.py``, generated from :data:`HELPERS_TEMPLATE`): a reciprocal
+"""The shared Triton helpers (``generated/triton_helpers.py``, generated from :data:`HELPERS_TEMPLATE`): a reciprocal
 by MUFU.RCP, a clamped log by MUFU.LG2, Φ without erf for 16-bit data, overflow-safe tanh and softplus."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def helpers_source() -> str:
 HELPER_NAMES = tuple(sorted(re.findall(r"^def (\w+)\(", HELPERS_TEMPLATE, re.M)))
 
 #: The helpers' one home: generated modules import what they use from it (itself generated, from HELPERS_TEMPLATE).
-HELPERS_MODULE = Path(__file__).parents[1] / "triton_helpers.py"
+HELPERS_MODULE = Path(__file__).parents[1] / "generated" / "triton_helpers.py"
 
 
 def render_helpers() -> str:
@@ -114,4 +114,4 @@ def import_helpers(*code: str) -> str:
     """The import of the shared helpers that the module's generated code calls (or nothing). Only code is searched,
     never labels or docstrings, which come from users."""
     used = [h for h in HELPER_NAMES if any(f"{h}(" in c for c in code)]
-    return f"from approxbp.kernels.triton_helpers import {', '.join(used)}\n" if used else ""
+    return f"from approxbp.kernels.generated.triton_helpers import {', '.join(used)}\n" if used else ""

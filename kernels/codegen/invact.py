@@ -11,7 +11,7 @@ from approxbp.approximations import tables as T
 from approxbp.approximations.families import register
 from approxbp.approximations.invact_forms import RULE_PARTS, backward_rule
 
-from ..modules import RENDERERS
+from ..ops.modules import RENDERERS
 from .helpers import import_helpers
 from .printer import (
     TritonPrinter,

@@ -11,8 +11,8 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.families import register
 
-from ..modules import RENDERERS
-from ..packing import storage_bits
+from ..ops.modules import RENDERERS
+from ..ops.packing import storage_bits
 from .helpers import import_helpers
 from .printer import (
     by_storage_dtype,

@@ -13,7 +13,7 @@ from approxbp.approximations import tables as T
 from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as activation_x
 
-from ..modules import FORMAT
+from ..ops.modules import FORMAT
 
 
 def _lambdified_return(args: list, expr: sp.Expr) -> str:

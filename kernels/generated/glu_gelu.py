@@ -8,7 +8,7 @@ FAMILY = "glu"
 NAME = 'glu-gelu'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
-from approxbp.kernels.triton_helpers import _phi
+from approxbp.kernels.generated.triton_helpers import _phi
 
 
 @triton.jit

@@ -8,7 +8,7 @@ FAMILY = "glu"
 NAME = 'glu-gelu_tanh'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -8,7 +8,7 @@ FAMILY = "glu"
 NAME = 'glu-mish'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -8,7 +8,7 @@ FAMILY = "glu"
 NAME = 'glu-quick_gelu'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

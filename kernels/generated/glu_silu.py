@@ -8,7 +8,7 @@ FAMILY = "glu"
 NAME = 'glu-silu'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

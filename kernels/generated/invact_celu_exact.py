@@ -15,7 +15,7 @@ TURNING_POINT = None
 F_T = -1.0
 LEFT_MAX = None
 RIGHT_MAX = 9999.0
-from approxbp.kernels.triton_helpers import _expm1
+from approxbp.kernels.generated.triton_helpers import _expm1
 
 
 @triton.jit

@@ -14,7 +14,7 @@ TURNING_POINT = -0.7517915246935645
 F_T = -0.16997120747990366
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.830028792520096
-from approxbp.kernels.triton_helpers import _log, _phi, _rcp
+from approxbp.kernels.generated.triton_helpers import _log, _phi, _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ TURNING_POINT = -0.7524614220710163
 F_T = -0.17004075057125406
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.829959249428747
-from approxbp.kernels.triton_helpers import _log, _rcp
+from approxbp.kernels.generated.triton_helpers import _log, _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ TURNING_POINT = -1.1924312145154952
 F_T = -0.30884341301725043
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.69115658698275
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ TURNING_POINT = -0.751154255441289
 F_T = -0.16361018963635357
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.836389810363647
-from approxbp.kernels.triton_helpers import _log, _rcp
+from approxbp.kernels.generated.triton_helpers import _log, _rcp
 
 
 @triton.jit

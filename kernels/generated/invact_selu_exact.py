@@ -15,7 +15,7 @@ TURNING_POINT = None
 F_T = -1.7580993408473768
 LEFT_MAX = None
 RIGHT_MAX = 9998.241900659152
-from approxbp.kernels.triton_helpers import _expm1
+from approxbp.kernels.generated.triton_helpers import _expm1
 
 
 @triton.jit

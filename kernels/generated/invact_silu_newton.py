@@ -14,7 +14,7 @@ TURNING_POINT = -1.2784645427610737
 F_T = -0.2784645427610738
 LEFT_MAX = -0.0
 RIGHT_MAX = 9.721535457238927
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

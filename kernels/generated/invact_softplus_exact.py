@@ -15,7 +15,7 @@ TURNING_POINT = None
 F_T = 0.0
 LEFT_MAX = None
 RIGHT_MAX = 10000.0
-from approxbp.kernels.triton_helpers import _rcp, _softplus
+from approxbp.kernels.generated.triton_helpers import _rcp, _softplus
 
 
 @triton.jit

@@ -14,7 +14,7 @@ BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)
 LEVELS = (0.0, 1.0)
-from approxbp.kernels.triton_helpers import _phi
+from approxbp.kernels.generated.triton_helpers import _phi
 
 
 @triton.jit

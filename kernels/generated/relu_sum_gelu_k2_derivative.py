@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.4520128143955444, 8.858141710264257e-17, 0.4520128143955444)
 LEVELS = (0.0, 0.3256298754638894, 0.6743701245361108, 1.0)
-from approxbp.kernels.triton_helpers import _phi
+from approxbp.kernels.generated.triton_helpers import _phi
 
 
 @triton.jit

@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.4535743722857079, -0.0010587205574873046, 0.4487575313884231)
 LEVELS = (0.0, 0.32465931184406527, 0.6727880685314613, 1.0)
-from approxbp.kernels.triton_helpers import _phi
+from approxbp.kernels.generated.triton_helpers import _phi
 
 
 @triton.jit

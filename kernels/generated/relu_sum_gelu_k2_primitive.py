@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-3.1713097426920687, -2.280204585053634e-16, 3.17130974269207)
 LEVELS = (0.0, -0.04957520565232734, 1.049575205652327, 1.0)
-from approxbp.kernels.triton_helpers import _phi
+from approxbp.kernels.generated.triton_helpers import _phi
 
 
 @triton.jit

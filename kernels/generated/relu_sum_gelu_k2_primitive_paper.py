@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-3.1858810036855245, -0.001178821281161997, 3.190832613414926)
 LEVELS = (0.0, -0.04922261145617846, 1.0487405950855513, 1.0)
-from approxbp.kernels.triton_helpers import _phi
+from approxbp.kernels.generated.triton_helpers import _phi
 
 
 @triton.jit

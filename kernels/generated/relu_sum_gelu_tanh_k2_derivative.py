@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.4521936492495404, -1.4821827419966253e-16, 0.4521936492495402)
 LEVELS = (0.0, 0.3255910734537751, 0.6744089265462245, 1.0)
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-3.1628800666059127, 1.8444576495811843e-17, 3.1628800666059025)
 LEVELS = (0.0, -0.04978613305780825, 1.0497861330578084, 1.0)
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)
 LEVELS = (0.0, 1.0)
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

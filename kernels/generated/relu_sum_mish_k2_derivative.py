@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-4.859801423173123, -0.6675560818959305, 0.19921271958592784)
 LEVELS = (0.0, -0.047594262289576014, 0.4600298756245362, 1.0)
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-5.666258736678023, -0.20982725257104176, 4.341481326424948)
 LEVELS = (0.0, -0.05698910068060375, 1.0222199547401059, 1.0)
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.4340981381501809, -2.869580386616026e-16, 0.4340981381501806)
 LEVELS = (0.0, 0.32325894288716295, 0.6767410571128366, 1.0)
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-3.7132393681255302, 1.9014168100236016e-16, 3.7132393681255254)
 LEVELS = (0.0, -0.040524294054930646, 1.0405242940549306, 1.0)
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.7388350311316078, -2.369042642364492e-17, 0.7388350311316079)
 LEVELS = (0.0, 0.3232589428871631, 0.6767410571128369, 1.0)
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-6.319933404549644, -4.7105094324651e-16, 6.319933404549652)
 LEVELS = (0.0, -0.04052429405493078, 1.0405242940549306, 1.0)
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

@@ -14,7 +14,7 @@ BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-6.3050461001646445, -0.0008684942046214787, 6.325815242089708)
 LEVELS = (0.0, -0.04060357190528599, 1.0403218566243821, 1.0)
-from approxbp.kernels.triton_helpers import _rcp
+from approxbp.kernels.generated.triton_helpers import _rcp
 
 
 @triton.jit

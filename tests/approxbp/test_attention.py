@@ -4,7 +4,7 @@ one fp32 log-sum-exp per query row and the RNG state, never the n × n probabili
 import pytest
 import torch
 import torch.nn.functional as F
-from approxbp.kernels.saved import charged
+from approxbp.kernels.ops.saved import charged
 
 from approxbp import plan_step as PS
 from approxbp.attention import RNG_STATE_BYTES, gpu_attention

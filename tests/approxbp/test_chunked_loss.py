@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from approxbp.kernels.saved import saved_bytes
+from approxbp.kernels.ops.saved import saved_bytes
 
 from approxbp.chunked_loss import apply_chunked_loss, chunk_rows, remove_chunked_loss
 

@@ -64,7 +64,7 @@ def test_a_plan_that_compiles_fits_and_applied_saves_the_planned_bytes_and_train
     torch._dynamo.reset()
     planned.apply(patched, example_input=inputs, compile_backend="aot_eager_decomp_partition")
 
-    from approxbp.kernels.saved import saved_bytes
+    from approxbp.kernels.ops.saved import saved_bytes
 
     losses = []
     for m in (stock, patched):

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from approxbp.kernels.saved import charged
+from approxbp.kernels.ops.saved import charged
 
 from approxbp.gpus import GPUS, gpu
 from approxbp.moves import BlockCost, apply_moves, choose_moves, remove_moves

@@ -134,7 +134,7 @@ def test_cli_writes_the_plan_and_its_figure(tmp_path):
 def test_compile_mode_saves_what_inductor_saves():
     """The planner compiles with inductor's partitioner but no code generation (aot_eager_decomp_partition); on a
     GPT and a LLaMA-style block it saves exactly what a real inductor compile saves."""
-    from approxbp.kernels.saved import charged
+    from approxbp.kernels.ops.saved import charged
 
     from approxbp.blocks import GPTBlock, LlamaBlock
 
@@ -190,8 +190,8 @@ def test_planning_leaves_no_fake_tensor_in_shared_caches():
     """Drop-ins built during a fake-tensor plan share specs and cached constants with later real ones; a cached fake
     tensor read by a real (compiled) kernel crashed the process. Every cache holds real tensors."""
     from approxbp.kernels import ReGELU2
-    from approxbp.kernels.modules import SPECS
-    from approxbp.kernels.packing import _place_values, byte_codes
+    from approxbp.kernels.ops.modules import SPECS
+    from approxbp.kernels.ops.packing import _place_values, byte_codes
     from torch._subclasses.fake_tensor import FakeTensor
 
     P.plan(GPT2, batch=1, seq=8, mode="bf16")
@@ -291,7 +291,7 @@ def test_use_refuses_what_it_cannot_evaluate(text, message):
 def test_the_figure_keeps_one_colour_per_category_and_draws_the_budget(tmp_path):
     """Every category the planner reports has its own fixed colour; with a budget the exact step already fits, the
     figure says that nothing was replaced (the two bars are then the same on purpose)."""
-    from approxbp.kernels.patch import ACTIVATION_CLASSES
+    from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES
 
     kinds = (*ACTIVATION_CLASSES, "LayerNorm", "Linear", "LlamaAttention", "LlamaMLP", "x")
     names = {step_memory._category(k) for k in kinds}

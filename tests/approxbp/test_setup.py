@@ -4,7 +4,7 @@ bytes and trainable bytes equal those of a real peft model counted with saved_te
 
 import pytest
 import torch
-from approxbp.kernels.saved import charged
+from approxbp.kernels.ops.saved import charged
 
 from approxbp import models as MD
 from approxbp import plan as P
@@ -171,7 +171,7 @@ def test_devices_split_the_step_by_blocks_and_sum_to_its_peak():
     """--devices 2 on a 4-block LLaMA: GPU 0 holds the embeddings and blocks 0, 1 (their bf16 weights, gradients
     and AdamW moments, 8 bytes per parameter, and what their modules save), GPU 1 the rest; counted here from a
     real model's modules, independently of StepMemory.device_peaks."""
-    from approxbp.kernels.saved import charged
+    from approxbp.kernels.ops.saved import charged
 
     whole = PS.stepper(LLAMA4, Setup(devices=2), fake=False, whole=True)(2, 16)
     assert sum(whole.device_peaks()) == whole.peak == PS.stepper(LLAMA4, Setup(), whole=True)(2, 16).peak

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from approxbp.kernels.saved import charged
+from approxbp.kernels.ops.saved import charged
 
 from approxbp import models as MD
 from approxbp import plan_step as PS

@@ -11,7 +11,7 @@ from approxbp.approximations.table_schema import TableError
 def test_an_unknown_family_is_refused_by_name_in_every_layer():
     import approxbp.kernels.codegen  # noqa: F401 (the build side registers its renderers)
     from approxbp.fitting.certify import CERTIFIERS
-    from approxbp.kernels.modules import RENDERERS
+    from approxbp.kernels.ops.modules import RENDERERS
 
     from approxbp.cost import LAUNCHES
 
@@ -31,7 +31,7 @@ def test_a_toy_family_registered_in_each_layer_is_what_serves_its_tables():
     its error, renders, certifies and costs it."""
     from approxbp.fitting.certify import CERTIFIERS, CertifyFamily, certifiable
     from approxbp.kernels.codegen import render
-    from approxbp.kernels.modules import RENDERERS
+    from approxbp.kernels.ops.modules import RENDERERS
 
     from approxbp.cost import LAUNCHES
 

@@ -147,7 +147,7 @@ def _small_blocks(n=3, d=8, bn=False, dtype=torch.float32):
 
 def test_bdia_gamma_set_is_honoured_or_refused():
     from approxbp.approximations import bdia as B
-    from approxbp.kernels.bdia import BDIAStack, bdia_reference
+    from approxbp.kernels.ops.bdia import BDIAStack, bdia_reference
 
     mods = _small_blocks()
     with pytest.raises(ValueError, match="Table 3"):
@@ -161,7 +161,7 @@ def test_bdia_gamma_set_is_honoured_or_refused():
 
 @pytest.mark.parametrize("online", [True, False])
 def test_bdia_keeps_dtype_and_updates_batchnorm_once(online):
-    from approxbp.kernels.bdia import BDIAStack
+    from approxbp.kernels.ops.bdia import BDIAStack
 
     mods = _small_blocks(bn=True, dtype=torch.bfloat16)
     x = (torch.randn(6, 8) * 0.5).to(torch.bfloat16)
@@ -175,7 +175,7 @@ def test_bdia_keeps_dtype_and_updates_batchnorm_once(online):
 
 @pytest.mark.parametrize("level", [2.5, True, "9"])
 def test_bdia_level_must_be_an_integer(level):
-    from approxbp.kernels.bdia import BDIAStack
+    from approxbp.kernels.ops.bdia import BDIAStack
 
     with pytest.raises(TypeError, match="integer"):
         BDIAStack(_small_blocks(), level=level)

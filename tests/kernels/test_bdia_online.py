@@ -3,8 +3,8 @@
 import pytest
 import torch
 from approxbp.approximations import bdia as B
-from approxbp.kernels import bdia as K
-from approxbp.kernels.saved import saved_bytes
+from approxbp.kernels.ops import bdia as K
+from approxbp.kernels.ops.saved import saved_bytes
 from hypothesis import given
 from hypothesis import strategies as st
 

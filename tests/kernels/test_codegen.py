@@ -8,7 +8,7 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.invact_forms import TableBackward
 from approxbp.kernels.codegen import render
-from approxbp.kernels.modules import GENERATED, generated_module, module_name
+from approxbp.kernels.ops.modules import GENERATED, generated_module, module_name
 
 PATHS = T.table_paths()
 X = torch.cat([torch.linspace(-30, 30, 6001, dtype=torch.float64),

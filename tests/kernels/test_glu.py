@@ -1,4 +1,4 @@
-"""The exact fused GLU (kernels/glu.py): every generated module is what codegen renders, the Triton kernels equal
+"""The exact fused GLU (kernels/ops/glu.py): every generated module is what codegen renders, the Triton kernels equal
 the PyTorch twin under TRITON_INTERPRET=1, both give torch's own act(g)·u gradients, and the op saves g and u only."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from approxbp.kernels import saved_bytes
 from approxbp.kernels.codegen import glu_module_path, render_glu
-from approxbp.kernels.glu import GLU_ACTIVATIONS, GatedMLP, GLULayout, GLUSpec, glu
+from approxbp.kernels.ops.glu import GLU_ACTIVATIONS, GatedMLP, GLULayout, GLUSpec, glu
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn

@@ -10,7 +10,7 @@ from _helpers import exported
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.kernels import InvActGELU, InvActivation, saved_bytes
-from approxbp.kernels.invact import InvActSpec
+from approxbp.kernels.ops.invact import InvActSpec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

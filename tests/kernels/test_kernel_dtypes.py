@@ -7,9 +7,9 @@ import torch
 from _accuracy import tolerance_ok
 from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
-from approxbp.kernels import bdia as KB
-from approxbp.kernels.norms import MSLayerNorm, MSRMSNorm
-from approxbp.kernels.relu_sum import ReLUSumActivation, ReLUSumSpec
+from approxbp.kernels.ops import bdia as KB
+from approxbp.kernels.ops.norms import MSLayerNorm, MSRMSNorm
+from approxbp.kernels.ops.relu_sum import ReLUSumActivation, ReLUSumSpec
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 #: The interpreter's fp32 → bf16 conversion rounds ties away and drops the carry (README): bf16 results are compared

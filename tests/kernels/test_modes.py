@@ -89,7 +89,7 @@ def test_compiled_shared_output_norms_save_what_compiled_stock_saves(autocast):
     Linears (the MS-norm's saving); the rewritten norms run the stock forward there, so a norms-only patched LLaMA
     saves exactly the compiled stock bytes (under autocast the MS-norm's fp32 z cost 1,536 bytes more than the
     partitioner's bf16 choice) and computes the same loss, while eager it saves less."""
-    from approxbp.kernels.saved import saved_bytes
+    from approxbp.kernels.ops.saved import saved_bytes
 
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -168,8 +168,8 @@ def test_distributed_gradients_equal_single_process(fsdp, tmp_path):
 def test_fake_relu_sum_forward_has_the_real_shapes(name, n):
     """torch.compile plans with the fake kernel: its packed size must be the real one (whole rows, whole words)."""
     from approxbp.approximations import tables as T
-    from approxbp.kernels.modules import register
-    from approxbp.kernels.relu_sum import ReLUSumSpec
+    from approxbp.kernels.ops.modules import register
+    from approxbp.kernels.ops.relu_sum import ReLUSumSpec
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     spec = ReLUSumSpec(T.resolve(name, "relu-sum"))

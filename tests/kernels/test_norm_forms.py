@@ -1,4 +1,4 @@
-"""Norms are found by what they compute (kernels/norm_forms.py): a float64 probe proves the LayerNorm/RMSNorm form,
+"""Norms are found by what they compute (rewrite/norm_forms.py): a float64 probe proves the LayerNorm/RMSNorm form,
 α = w or 1 + w, with or without bias or weight, whatever the class is called; anything else is named with the
 reason. The rewrite then trains and merges exactly as the stock norm does."""
 
@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from approxbp.kernels import patch_model, unpatch
-from approxbp.kernels.norm_forms import NormForm, norm_form
+from approxbp.kernels.rewrite.norm_forms import NormForm, norm_form
 from torch import nn
 
 transformers = pytest.importorskip("transformers")

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from approxbp.kernels import merge_norm, patch_model, patched_state_dict, unpatch
-from approxbp.kernels.norm_merge import refuse_stock_state_dicts
+from approxbp.kernels.rewrite.norm_merge import refuse_stock_state_dicts
 from torch import nn
 
 
@@ -75,7 +75,7 @@ def test_unpatch_keeps_a_deliberately_mixed_model_as_it_was():
     patch_model(model, family=None)  # α, β are kept (the same Parameters): the fp32 weight stays fp32
     assert model[0].weight.dtype == torch.float32
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 4).to(torch.bfloat16)).requires_grad_(False)
-    from approxbp.kernels.norm_merge import unmerge_norm
+    from approxbp.kernels.rewrite.norm_merge import unmerge_norm
 
     ms = merge_norm(model[0], [model[1]])
     assert unmerge_norm(ms).weight.dtype == torch.float32

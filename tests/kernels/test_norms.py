@@ -129,7 +129,7 @@ def test_double_backward_is_refused_not_silently_wrong(cls, use_triton):
 def test_kept_affine_saves_what_the_merge_saves_and_its_gradients_are_exact(cls):
     """keep_affine: α, β stay trainable Parameters; q, k, v save only the shared z (4 + 4/768 bytes per element in
     fp32, as the merged form) and every gradient equals autograd through the stock norm and Linears."""
-    from approxbp.kernels.norm_merge import keep_affine
+    from approxbp.kernels.rewrite.norm_merge import keep_affine
 
     torch.manual_seed(0)
     ln = cls(48).double()

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 from approxbp.kernels import InvActGELU, MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2
-from approxbp.kernels.ops import FIRST_ORDER_ONLY
+from approxbp.kernels.ops.custom_ops import FIRST_ORDER_ONLY
 
 DROP_INS = [MSLayerNorm(8), MSRMSNorm(8), ReGELU2(), ReSiLU2(), InvActGELU()]
 REFUSAL = re.escape(FIRST_ORDER_ONLY.split(";")[0])

@@ -1,5 +1,5 @@
 """A torch.export'ed patched model runs in a fresh process that imported only ``approxbp.kernels``: the custom ops
-carry a key any process can resolve (kernels/modules.py: spec_key, spec_of), not an index into this process's memory."""
+carry a key any process can resolve (ops/modules.py: spec_key, spec_of), not an index into this process's memory."""
 
 import json
 import subprocess
@@ -15,7 +15,7 @@ from approxbp.kernels import (
     ReGELU2,
     ReLUSumActivation,
 )
-from approxbp.kernels.modules import SPECS, spec_of
+from approxbp.kernels.ops.modules import SPECS, spec_of
 
 LOAD = """
 import json, sys, torch

@@ -1,11 +1,11 @@
-"""kernels/plan_file.py: a plan written by `approxbp plan --out` read field by field, and matched to a model's
+"""kernels/rewrite/plan_file.py: a plan written by `approxbp plan --out` read field by field, and matched to a model's
 activation modules (as they are, or under a wrapper's prefix), refused whole when it was made for another model."""
 
 import json
 
 import pytest
 from approxbp.approximations import tables as T
-from approxbp.kernels.plan_file import plan_config, read_plan
+from approxbp.kernels.rewrite.plan_file import plan_config, read_plan
 from torch import nn
 
 

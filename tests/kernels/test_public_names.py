@@ -7,7 +7,7 @@ import torch
 
 def test_packing_helpers_are_internal_and_reached_only_where_they_live():
     import approxbp.kernels as K
-    from approxbp.kernels.packing import pack
+    from approxbp.kernels.ops.packing import pack
 
     assert "pack" not in K.__all__ and "unpack" not in K.__all__
     with pytest.raises(AttributeError, match="has no attribute 'pack'"):
@@ -17,22 +17,22 @@ def test_packing_helpers_are_internal_and_reached_only_where_they_live():
 
 
 @pytest.mark.parametrize("family", ["relu_sum", "invact"])
-def test_a_family_name_is_its_module_not_a_callable(family):
-    """``approxbp.kernels.relu_sum`` is the module (0.1 gave the function; 0.2 dropped the callable module): the
-    function is ``approxbp.kernels.relu_sum.relu_sum``."""
+def test_a_family_name_is_its_function_and_its_module_lives_in_the_run_time(family):
+    """``approxbp.kernels.relu_sum`` is the function (0.1 made the module callable; 0.2 dropped that): its module is
+    ``approxbp.kernels.ops.relu_sum``, which is not callable."""
     import importlib
 
     import approxbp.kernels as K
 
-    module = importlib.import_module(f"approxbp.kernels.{family}")
-    assert getattr(K, family) is module and callable(getattr(module, family))
+    module = importlib.import_module(f"approxbp.kernels.ops.{family}")
+    assert getattr(K, family) is getattr(module, family) and callable(getattr(K, family))
     with pytest.raises(TypeError, match="not callable"):
         module(torch.zeros(1), None)
 
 
 def test_a_new_spec_family_registers_itself_and_is_rebuilt_from_its_key():
     """One file per family: a Spec subclass with a ``family`` is found by ``spec_of`` without touching a hub."""
-    from approxbp.kernels.modules import FAMILIES, SPECS, Spec, spec_of
+    from approxbp.kernels.ops.modules import FAMILIES, SPECS, Spec, spec_of
 
     class Doubling(Spec):
         family = "test-doubling"

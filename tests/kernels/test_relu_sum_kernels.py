@@ -22,8 +22,8 @@ from approxbp.kernels import (
     saved_bytes,
 )
 from approxbp.kernels.codegen import HELPERS_MODULE, render, render_helpers
-from approxbp.kernels.modules import module_name
-from approxbp.kernels.packing import pack, storage_bits, unpack
+from approxbp.kernels.ops.modules import module_name
+from approxbp.kernels.ops.packing import pack, storage_bits, unpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,7 +149,7 @@ def test_a_template_slot_in_a_label_stays_text(tmp_path):
     path = T.save(t, tmp_path / "mine-k2-primitive.json")
     text = render(path)
     compile(text, "m.py", "exec")
-    assert "ACTIVATION = 'my {helpers} act'" in text and text.count("from approxbp.kernels.triton_helpers") <= 1
+    assert "ACTIVATION = 'my {helpers} act'" in text and text.count("generated.triton_helpers import") <= 1
 
 
 def test_user_module_names_do_not_collide(tmp_path):
@@ -260,7 +260,7 @@ def test_generated_code_escapes_table_strings(tmp_path):
 
 
 def test_generated_kernels_record_the_definition_hash():
-    from approxbp.kernels.modules import generated_module
+    from approxbp.kernels.ops.modules import generated_module
 
     path = T.resolve("relu_sum/gelu-k2-primitive")
     t = T.load(path)

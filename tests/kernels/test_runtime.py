@@ -83,7 +83,7 @@ def test_a_packaged_name_never_resolves_to_the_working_directory(tmp_path, monke
     TABLE_SHA256 is read from its text and matches."""
     from approxbp.approximations import tables as T
     from approxbp.kernels import ReLUSumActivation
-    from approxbp.kernels.modules import kernel_dir, module_path
+    from approxbp.kernels.ops.modules import kernel_dir, module_path
 
     name = "relu_sum/gelu-k3-primitive"
     local = tmp_path / f"{name}.json"

@@ -1,7 +1,7 @@
 """saved_bytes / charged count each storage saved for backward once, by identity held for the whole count."""
 
 import torch
-from approxbp.kernels.saved import charged, saved_bytes
+from approxbp.kernels.ops.saved import charged, saved_bytes
 
 
 def test_a_storage_freed_during_the_forward_does_not_hide_a_later_one():

@@ -16,7 +16,7 @@ import torch
 import triton
 from torch import Tensor, nn
 
-from . import ops
+from . import custom_ops
 from .guards import check_triton_device
 from .launch import GLU_BLOCK, num_warps
 from .modules import FORMAT, Spec, spec_of
@@ -83,7 +83,7 @@ class GLUSpec(Spec):
         return dg, du
 
 
-# ---- the two entry points (kernels/ops.py): custom ops under dynamo, an eager Function otherwise --------------
+# ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
 def _forward(g, u, spec, use_triton):
     return (spec.forward_triton if use_triton else spec.forward_torch)(g, u).view(g.shape)
 
@@ -127,7 +127,7 @@ def _grad(ctx, dh):
 glu_forward.register_autograd(_grad, setup_context=_setup)
 
 
-class GLUFunction(ops.FirstOrder):
+class GLUFunction(custom_ops.FirstOrder):
     @staticmethod
     def forward(g, u, spec, use_triton):
         return _forward(g, u, spec, use_triton)
@@ -138,7 +138,7 @@ class GLUFunction(ops.FirstOrder):
         ctx.save_for_backward(g, u)
 
     @staticmethod
-    @ops.once_differentiable
+    @custom_ops.once_differentiable
     def backward(ctx, dh):
         return (*_backward(dh, *ctx.saved_tensors, ctx.spec, ctx.use_triton), None, None)
 
@@ -146,11 +146,11 @@ class GLUFunction(ops.FirstOrder):
 def dispatch(g: Tensor, u: Tensor, spec: GLUSpec, use_triton: bool) -> Tensor:
     """h = act(g)·u exactly; saves g and u: ``approxbp::glu_forward`` under dynamo, the twin without grad,
     :class:`GLUFunction` otherwise."""
-    if ops.opaque():
+    if custom_ops.opaque():
         return glu_forward(g, u, spec.key, use_triton)
-    if not use_triton and not (ops.needs_grad(g) or ops.needs_grad(u)):
+    if not use_triton and not (custom_ops.needs_grad(g) or custom_ops.needs_grad(u)):
         return spec.forward_torch(g, u)
-    fn = GLUFunction if ops.transformed(g) or ops.transformed(u) else ops.classic(GLUFunction)
+    fn = GLUFunction if custom_ops.transformed(g) or custom_ops.transformed(u) else custom_ops.classic(GLUFunction)
     return fn.apply(g, u, spec, use_triton)
 
 
@@ -189,7 +189,7 @@ class GatedMLP(nn.Module):
         for name, child in mlp.named_children():
             self.add_module(name, child)
         self.layout, self.use_triton = layout, use_triton
-        self.spec = ops.attach(GLUSpec(activation), use_triton)
+        self.spec = custom_ops.attach(GLUSpec(activation), use_triton)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lay = self.layout

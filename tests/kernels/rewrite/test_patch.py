@@ -61,7 +61,7 @@ def test_bad_family_or_table_choice():
         patch_model(torch.nn.Linear(2, 2), family="relu")
     with pytest.raises(ValueError, match="tables must be a table path"):
         patch_model(torch.nn.Linear(2, 2), tables="no-such-table")
-    from approxbp.kernels.patch import PatchConfig
+    from approxbp.kernels.rewrite.patch import PatchConfig
 
     with pytest.raises(ValueError, match="family must be one of"):  # a config is checked when it is made
         PatchConfig(family="relu")
@@ -180,7 +180,7 @@ def test_multi_dim_layernorm_is_skipped_not_broken():
 
 @pytest.mark.parametrize("frozen", [True, False])  # merged into frozen consumers / α, β kept for trainable ones
 def test_patching_is_all_or_nothing(monkeypatch, frozen):
-    from approxbp.kernels import norm_patch as P
+    from approxbp.kernels.rewrite import norm_patch as P
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8, bias=False), torch.nn.GELU(),

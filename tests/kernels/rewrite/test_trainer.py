@@ -6,8 +6,8 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")  # in the [dev] extra, so CI always runs this file
-from approxbp.kernels.norms import MSLayerNorm  # noqa: E402
-from approxbp.kernels.patch import patch_model, unpatch  # noqa: E402
+from approxbp.kernels.ops.norms import MSLayerNorm  # noqa: E402
+from approxbp.kernels.rewrite.patch import patch_model, unpatch  # noqa: E402
 from transformers.utils.import_utils import is_torch_bf16_available_on_device  # noqa: E402
 
 BF16 = is_torch_bf16_available_on_device("cpu")

@@ -11,12 +11,12 @@ import torch
 from approxbp.approximations import tables as T
 from torch import nn
 
+from ..ops.glu import GatedMLP
+from ..ops.invact import InvActGELU, InvActSiLU
+from ..ops.modules import drop_in_families
+from ..ops.relu_sum import ReGELU2, ReSiLU2
 from . import functional_swap, swaps
-from .glu import GatedMLP
-from .invact import InvActGELU, InvActSiLU
-from .modules import drop_in_families
-from .relu_sum import ReGELU2, ReSiLU2
-from .rewrite import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, move_hooks
+from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, move_hooks
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
 #: stays optional) → the registry activation whose tables replace them. nn.GELU is looked up with its
@@ -114,7 +114,7 @@ def _drop_in_family(family: str):
     """The spec class of a table family with a drop-in module (``kernels.modules.FAMILIES``), refused by name."""
     from approxbp.approximations.families import member
 
-    from .modules import FAMILIES
+    from ..ops.modules import FAMILIES
 
     spec = member(FAMILIES, family, "kernels")
     if not hasattr(spec, "drop_in"):
@@ -209,7 +209,7 @@ def _swap_functional(model: nn.Module, owners: dict[str, list[str]], report: Pat
 @functools.cache
 def error_of(spec) -> str:
     """The drop-in's gradient error, said once per table (:mod:`approxbp.approximations.gradient_error`) without
-    the build side: its family's :meth:`~approxbp.kernels.modules.GeneratedSpec.error_said`."""
+    the build side: its family's :meth:`~approxbp.kernels.ops.modules.GeneratedSpec.error_said`."""
     return spec.error_said()
 
 

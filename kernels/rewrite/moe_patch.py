@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..ops.glu import GLU_ACTIVATIONS, GLUSpec, glu
 from . import swaps
 from .activation_swap import ACTIVATION_CLASSES, class_key
-from .glu import GLU_ACTIVATIONS, GLUSpec, glu
-from .rewrite import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, hooks_of
+from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, hooks_of
 
 #: The class attribute the grouped and batched forwards call (the rewrite sets an instance attribute over it).
 GATE = swaps.EXPERT_GATE

@@ -51,7 +51,7 @@ class NormForm:
 def is_norm_candidate(module: nn.Module) -> bool:
     """A leaf module whose class says it normalises (``…Norm…``) or whose attributes do (an ``eps`` beside a vector
     ``weight``), or a torch LayerNorm/RMSNorm; approxbp's own MS-norms and Linears (``NormInputLinear``) are not."""
-    from .norms import MSLayerNorm
+    from ..ops.norms import MSLayerNorm
 
     if isinstance(module, MSLayerNorm | nn.Linear) or next(module.children(), None) is not None:
         return False

@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from approxbp.approximations import tables as T
 from torch import nn
 
-from .saved import charged
+from ..ops.saved import charged
 
 #: How a module ``module_filter_fn`` refused is listed in the report's ``skipped``.
 FILTERED = "left out by module_filter_fn"
@@ -45,7 +45,7 @@ class PatchConfig:
     module_filter_fn: Callable[[nn.Module, str], bool] | None = None
 
     def __post_init__(self):
-        from .modules import drop_in_families  # the families registered with a drop-in (family=None: no swap)
+        from ..ops.modules import drop_in_families  # the families registered with a drop-in (family=None: no swap)
 
         if self.family not in (*drop_in_families(), None):
             raise ValueError(f"family must be one of {(*drop_in_families(), None)}, got {self.family!r}")

@@ -26,7 +26,7 @@ from approxbp.approximations import tables as T
 from torch import Tensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from . import ops
+from . import custom_ops
 from .guards import check_input, check_triton_device
 from .launch import RELU_SUM_ROWS, RELU_SUM_SPAN, num_warps
 from .modules import GeneratedSpec, spec_of
@@ -132,7 +132,7 @@ class ReLUSumSpec(GeneratedSpec):
         return out
 
 
-# ---- the two entry points (kernels/ops.py): custom ops under dynamo, an eager Function otherwise --------------
+# ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
 def _forward(x, spec, use_triton):
     y, packed, nan = (spec.forward_triton if use_triton else spec.forward_torch)(x)
     return y.view(x.shape), packed, nan
@@ -179,7 +179,7 @@ def _grad(ctx, gy, *_):
 relu_sum_forward.register_autograd(_grad, setup_context=_setup)
 
 
-class ReLUSumFunction(ops.FirstOrder):
+class ReLUSumFunction(custom_ops.FirstOrder):
     @staticmethod
     def forward(x, spec, use_triton):
         return _forward(x, spec, use_triton)
@@ -192,7 +192,7 @@ class ReLUSumFunction(ops.FirstOrder):
         ctx.spec, ctx.use_triton = inputs[1], inputs[2]
 
     @staticmethod
-    @ops.once_differentiable
+    @custom_ops.once_differentiable
     def backward(ctx, gy, _packed, _nan):
         return _backward(gy, *ctx.saved_tensors, ctx.spec, ctx.use_triton), None, None
 
@@ -200,11 +200,11 @@ class ReLUSumFunction(ops.FirstOrder):
 def dispatch(x: Tensor, spec: ReLUSumSpec, use_triton: bool) -> Tensor:
     """y = h(x); saves the packed codes and NaN bytes: ``approxbp::relu_sum_forward`` under dynamo, the twin's
     plain forward without grad, :class:`ReLUSumFunction` otherwise."""
-    if ops.opaque():
+    if custom_ops.opaque():
         return relu_sum_forward(x, spec.key, use_triton)[0]
-    if not use_triton and not ops.needs_grad(x):
+    if not use_triton and not custom_ops.needs_grad(x):
         return spec.forward_only_torch(x)
-    return ops.apply(ReLUSumFunction, x, spec, use_triton)[0]
+    return custom_ops.apply(ReLUSumFunction, x, spec, use_triton)[0]
 
 
 def relu_sum(x: torch.Tensor, spec: ReLUSumSpec, use_triton: bool | None = None) -> torch.Tensor:
@@ -222,7 +222,7 @@ class ReLUSumActivation(torch.nn.Module):
         """``kernels_dir``: where the generated Triton module lives (``approxbp export --out-dir``); None: the
         package for packaged tables, ``<table folder>/_generated/`` for yours."""
         super().__init__()
-        self.spec, self.use_triton = ops.attach(ReLUSumSpec(table, kernels_dir), use_triton), use_triton
+        self.spec, self.use_triton = custom_ops.attach(ReLUSumSpec(table, kernels_dir), use_triton), use_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return relu_sum(x, self.spec, self.use_triton)

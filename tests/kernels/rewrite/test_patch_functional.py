@@ -7,8 +7,8 @@ import copy
 import torch
 import torch.nn.functional as F
 from approxbp.kernels import patch_model, unpatch
-from approxbp.kernels.functional_swap import installed
-from approxbp.kernels.saved import saved_bytes
+from approxbp.kernels.ops.saved import saved_bytes
+from approxbp.kernels.rewrite.functional_swap import installed
 from torch import nn
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from approxbp.kernels import patch_model, unpatch
-from approxbp.kernels.glu import GatedMLP
+from approxbp.kernels.ops.glu import GatedMLP
 from torch import nn
 
 
@@ -195,7 +195,7 @@ class SizedMLP(FusedModuleMLP):
 def test_an_mlp_too_wide_for_a_float64_twin_is_proven_narrowed(monkeypatch, mlp, fused):
     """A 405B MLP's float64 twin would take 21 GB: over the proof's size its widths are divided by a common factor
     (here 64, 192 and 384 by 4), which keeps 2·i twice i; what is not proven that way is left as it is."""
-    from approxbp.kernels import glu_forms
+    from approxbp.kernels.rewrite import glu_forms
 
     monkeypatch.setattr(glu_forms, "PROOF_NUMEL", 1000)
     monkeypatch.setattr(glu_forms, "_PROVEN", {})

@@ -11,8 +11,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import swaps
+from .common import call, every_output, leaves, mode
 from .norm_merge import is_mergeable_norm
-from .rewrite import call, every_output, leaves, mode
 
 #: How a norm's output read as a model output (a hidden state) is listed among its other readers.
 RETURNED = "returned as a model output"

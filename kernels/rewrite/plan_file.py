@@ -10,7 +10,7 @@ from approxbp.approximations import tables as T
 from torch import nn
 
 from .activation_swap import ACTIVATION_CLASSES, class_key
-from .rewrite import PatchConfig
+from .common import PatchConfig
 
 
 def read_plan(plan) -> dict:

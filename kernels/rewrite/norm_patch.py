@@ -8,6 +8,16 @@ import torch
 from torch import nn
 
 from . import swaps
+from .common import (
+    FILTERED,
+    PatchConfig,
+    PatchReport,
+    Savings,
+    Undo,
+    by_pattern,
+    move_hooks,
+    replace,
+)
 from .norm_consumers import (
     consumers_by_dispatch,
     consumers_by_fx,
@@ -22,16 +32,6 @@ from .norm_merge import (
     is_mergeable_norm,
     keep_affine,
     proven_form,
-)
-from .rewrite import (
-    FILTERED,
-    PatchConfig,
-    PatchReport,
-    Savings,
-    Undo,
-    by_pattern,
-    move_hooks,
-    replace,
 )
 
 

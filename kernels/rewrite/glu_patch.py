@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..ops.glu import GatedMLP
 from . import swaps
 from .activation_swap import ACTIVATION_CLASSES, OURS, class_key
-from .glu import GatedMLP
-from .glu_forms import layout_of, prove, record_calls
-from .rewrite import (
+from .common import (
     FILTERED,
     PatchConfig,
     PatchReport,
@@ -23,6 +22,7 @@ from .rewrite import (
     move_hooks,
     replace,
 )
+from .glu_forms import layout_of, prove, record_calls
 
 
 def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_input, config: PatchConfig,

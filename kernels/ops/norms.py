@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-from . import ops
+from . import custom_ops
 from .guards import check_input, check_triton_device
 
 
@@ -113,7 +113,7 @@ def ms_norm_backward_impl(dz, z, rstd, center: bool, use_triton: bool, dtype):
     return (dx * rstd).to(dtype)
 
 
-# ---- the two entry points (kernels/ops.py): custom ops under dynamo, an eager Function otherwise --------------
+# ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
 @torch.library.custom_op("approxbp::ms_norm_forward", mutates_args=())
 def ms_norm_forward(x: Tensor, eps: float, center: bool, use_triton: bool,
                     out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
@@ -152,7 +152,7 @@ def _grad(ctx, dz, _):
 ms_norm_forward.register_autograd(_grad, setup_context=_setup)
 
 
-class MSNormFunction(ops.FirstOrder):
+class MSNormFunction(custom_ops.FirstOrder):
     @staticmethod
     def forward(x, eps, center, use_triton, out_dtype):
         return ms_norm_forward_impl(x, eps, center, use_triton, out_dtype)
@@ -165,7 +165,7 @@ class MSNormFunction(ops.FirstOrder):
         ctx.center, ctx.use_triton, ctx.dtype = inputs[2], inputs[3], inputs[0].dtype
 
     @staticmethod
-    @ops.once_differentiable
+    @custom_ops.once_differentiable
     def backward(ctx, dz, _rstd):
         z, rstd = ctx.saved_tensors
         return ms_norm_backward_impl(dz, z, rstd, ctx.center, ctx.use_triton, ctx.dtype), None, None, None, None
@@ -174,17 +174,17 @@ class MSNormFunction(ops.FirstOrder):
 def dispatch(x: Tensor, eps: float, center: bool, use_triton: bool, out_dtype: torch.dtype | None) -> Tensor:
     """z = σ⁻¹·H·x (``center``) or σ⁻¹·x; saves z and σ⁻¹: ``approxbp::ms_norm_forward`` under dynamo,
     :class:`MSNormFunction` otherwise."""
-    if ops.opaque():
+    if custom_ops.opaque():
         return ms_norm_forward(x, eps, center, use_triton, out_dtype)[0]
-    return ops.apply(MSNormFunction, x, eps, center, use_triton, out_dtype)[0]
+    return custom_ops.apply(MSNormFunction, x, eps, center, use_triton, out_dtype)[0]
 
 
 def ms_norm(x: torch.Tensor, eps: float, center: bool, use_triton: bool | None = None) -> torch.Tensor:
     """The MS-norm (:func:`dispatch` on a checked input); saves z (the output, shared with the next Linear) and σ⁻¹.
-    Under autocast z is returned in the autocast dtype (ops.autocast_dtype): the consumer Linear would cast it
+    Under autocast z is returned in the autocast dtype (custom_ops.autocast_dtype): the consumer Linear would cast it
     anyway and save its own copy, so sharing needs z in that dtype."""
     check_input(x, "MSLayerNorm" if center else "MSRMSNorm")
-    return dispatch(x, eps, center, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))
+    return dispatch(x, eps, center, x.is_cuda if use_triton is None else use_triton, custom_ops.autocast_dtype(x))
 
 
 def _eps(eps: float | None, x: torch.Tensor) -> float:
@@ -203,7 +203,7 @@ class MSLayerNorm(nn.Module):
         self.eps = None if eps is None else float(eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.normalise(x, ops.autocast_dtype(x))
+        return self.normalise(x, custom_ops.autocast_dtype(x))
 
     def normalise(self, x: torch.Tensor, out_dtype: torch.dtype | None) -> torch.Tensor:
         """z in ``out_dtype`` (None: x's; :func:`ms_norm` explains the autocast policy); saves z and σ⁻¹."""

@@ -9,10 +9,10 @@ import torch
 
 peft = pytest.importorskip("peft")  # in the [dev] extra, so CI always runs this file
 transformers = pytest.importorskip("transformers")
-from approxbp.kernels.norm_merge import NormInputLinear  # noqa: E402
-from approxbp.kernels.norms import MSLayerNorm  # noqa: E402
-from approxbp.kernels.patch import patch_model, patched_state_dict  # noqa: E402
-from approxbp.kernels.saved import saved_bytes  # noqa: E402
+from approxbp.kernels.ops.norms import MSLayerNorm  # noqa: E402
+from approxbp.kernels.ops.saved import saved_bytes  # noqa: E402
+from approxbp.kernels.rewrite.norm_merge import NormInputLinear  # noqa: E402
+from approxbp.kernels.rewrite.patch import patch_model, patched_state_dict  # noqa: E402
 
 from approxbp import models as MD  # noqa: E402
 from approxbp import setup as SU  # noqa: E402

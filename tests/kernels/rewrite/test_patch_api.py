@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 from approxbp.kernels import patch_model
-from approxbp.kernels.patch import PatchConfig
+from approxbp.kernels.rewrite.patch import PatchConfig
 from torch import nn
 
 
@@ -79,7 +79,7 @@ def test_0_1_arguments_are_refused_and_the_model_left_as_it_was(call):
 def test_patch_config_refuses_bad_arguments_when_it_is_made(kw, says):
     """norms="no" was taken as true; bits 0 or 99 and a missing table in a mapping surfaced only at patch time; a
     plain string for glu was matched as a substring of module paths."""
-    from approxbp.kernels.rewrite import PatchConfig
+    from approxbp.kernels.rewrite.common import PatchConfig
 
     with pytest.raises((TypeError, ValueError)) as err:
         PatchConfig(**kw)

@@ -20,7 +20,7 @@ import triton
 from approxbp.approximations import tables as T
 from torch import Tensor
 
-from . import ops
+from . import custom_ops
 from .guards import check_input, check_triton_device
 from .launch import BIT_BLOCK_BYTES, ELEMENT_BLOCK, num_warps
 from .modules import GeneratedSpec, spec_of
@@ -105,7 +105,7 @@ class InvActSpec(GeneratedSpec):
         return out
 
 
-# ---- the two entry points (kernels/ops.py): custom ops under dynamo, an eager Function otherwise --------------
+# ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
 def _forward(x, spec, use_triton, out_dtype):
     y, bits = (spec.forward_triton if use_triton else spec.forward_torch)(x)
     y = y.view(x.shape)
@@ -152,7 +152,7 @@ def _grad(ctx, gy, _):
 invact_forward.register_autograd(_grad, setup_context=_setup)
 
 
-class InvActFunction(ops.FirstOrder):
+class InvActFunction(custom_ops.FirstOrder):
     @staticmethod
     def forward(x, spec, use_triton, out_dtype):
         return _forward(x, spec, use_triton, out_dtype)
@@ -165,7 +165,7 @@ class InvActFunction(ops.FirstOrder):
         ctx.spec, ctx.use_triton, ctx.dtype = inputs[1], inputs[2], inputs[0].dtype
 
     @staticmethod
-    @ops.once_differentiable
+    @custom_ops.once_differentiable
     def backward(ctx, gy, _bits):
         return _backward(gy, *ctx.saved_tensors, ctx.spec, ctx.use_triton, ctx.dtype), None, None, None
 
@@ -174,20 +174,20 @@ def dispatch(x: Tensor, spec: InvActSpec, use_triton: bool, out_dtype: torch.dty
     """y = f(x) in ``out_dtype`` (default x's); saves y and one branch bit per element:
     ``approxbp::invact_forward`` under dynamo, the twin's plain forward without grad, :class:`InvActFunction`
     otherwise."""
-    if ops.opaque():
+    if custom_ops.opaque():
         return invact_forward(x, spec.key, use_triton, out_dtype)[0]
-    if not use_triton and not ops.needs_grad(x):
+    if not use_triton and not custom_ops.needs_grad(x):
         y = spec.forward_only_torch(x)
         return y if out_dtype is None else y.to(out_dtype)
-    return ops.apply(InvActFunction, x, spec, use_triton, out_dtype)[0]
+    return custom_ops.apply(InvActFunction, x, spec, use_triton, out_dtype)[0]
 
 
 def invact(x: torch.Tensor, spec: InvActSpec, use_triton: bool | None = None) -> torch.Tensor:
     """y = f(x) exactly; saves y and one branch bit per element; dx = dy · q_s(y) (:func:`dispatch` on a checked
-    input). Under autocast a wider input gives y in the autocast dtype (ops.autocast_dtype), so that the next
+    input). Under autocast a wider input gives y in the autocast dtype (custom_ops.autocast_dtype), so that the next
     Linear saves the same tensor."""
     check_input(x, "InvActivation")
-    return dispatch(x, spec, x.is_cuda if use_triton is None else use_triton, ops.autocast_dtype(x))
+    return dispatch(x, spec, x.is_cuda if use_triton is None else use_triton, custom_ops.autocast_dtype(x))
 
 
 class InvActivation(torch.nn.Module):
@@ -198,7 +198,7 @@ class InvActivation(torch.nn.Module):
         """``kernels_dir``: where the generated Triton module lives (``approxbp export --out-dir``); None: the
         package for packaged tables, ``<table folder>/_generated/`` for yours."""
         super().__init__()
-        self.spec, self.use_triton = ops.attach(InvActSpec(table, kernels_dir), use_triton), use_triton
+        self.spec, self.use_triton = custom_ops.attach(InvActSpec(table, kernels_dir), use_triton), use_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return invact(x, self.spec, self.use_triton)

@@ -10,14 +10,10 @@ import copy
 import torch
 from torch import nn
 
+from ..ops.glu import GatedMLP
 from . import functional_swap, swaps
 from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, OURS, class_key, swap_activations
-from .glu import GatedMLP
-from .glu_patch import fuse_gated_mlps
-from .moe_patch import fuse_expert_gates
-from .norm_merge import unmerge_norm
-from .norm_patch import merge_norms
-from .rewrite import (
+from .common import (
     PatchConfig,
     PatchReport,
     Savings,
@@ -27,6 +23,10 @@ from .rewrite import (
     path_pattern,
     run_example,
 )
+from .glu_patch import fuse_gated_mlps
+from .moe_patch import fuse_expert_gates
+from .norm_merge import unmerge_norm
+from .norm_patch import merge_norms
 
 __all__ = ["patch_model", "unpatch", "patched_state_dict", "PatchConfig", "PatchReport", "ACTIVATION_CLASSES",
            "ACTIVATION_LIKE", "OURS", "class_key", "every_output", "path_pattern"]

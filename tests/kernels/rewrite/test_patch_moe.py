@@ -6,9 +6,10 @@ import copy
 
 import pytest
 import torch
-from approxbp.kernels import patch_model, swaps, unpatch
-from approxbp.kernels.moe_patch import ExactExpertGate
-from approxbp.kernels.saved import saved_bytes
+from approxbp.kernels import patch_model, unpatch
+from approxbp.kernels.ops.saved import saved_bytes
+from approxbp.kernels.rewrite import swaps
+from approxbp.kernels.rewrite.moe_patch import ExactExpertGate
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
-from .glu import GLU_ACTIVATIONS, GatedMLP, GLULayout
+from ..ops.glu import GLU_ACTIVATIONS, GatedMLP, GLULayout
 
 #: Activation functions → registry activation (F.gelu by its ``approximate`` argument).
 _FUNCTIONAL = {F.silu: "silu", F.mish: "mish", F.gelu: "gelu"}

@@ -8,8 +8,8 @@ from _helpers import skips_only_returned_norms
 
 transformers = pytest.importorskip("transformers")  # in the [dev] extra, so CI always runs this file
 from approxbp.kernels import MSLayerNorm, MSRMSNorm, ReGELU2, ReSiLU2  # noqa: E402
-from approxbp.kernels.invact import InvActGELU, InvActSiLU  # noqa: E402
-from approxbp.kernels.patch import patch_model  # noqa: E402
+from approxbp.kernels.ops.invact import InvActGELU, InvActSiLU  # noqa: E402
+from approxbp.kernels.rewrite.patch import patch_model  # noqa: E402
 
 
 def _vit():

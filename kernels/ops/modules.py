@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from approxbp.approximations import tables as T
 
-GENERATED = Path(__file__).parent / "generated"
+GENERATED = Path(__file__).parents[1] / "generated"
 #: The layout of a generated module this run time reads (2: with the PyTorch twin and NAME, FAMILY).
 FORMAT = 2
 

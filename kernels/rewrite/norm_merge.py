@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..ops.norms import MSLayerNorm, MSRMSNorm
 from . import swaps
 from .norm_forms import NormForm, is_norm_candidate, norm_form
-from .norms import MSLayerNorm, MSRMSNorm
 
 
 class AffineInputLinear(nn.Linear):
