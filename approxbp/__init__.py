@@ -5,9 +5,10 @@ Layers, imports pointing one way only (``tests/test_architecture.py``):
     approximations   the mathematics and the tables (imports neither of the others)
     fitting          fits: ReLU-sum, InvAct, symbolic regression, the error atlas (imports approximations)
     kernels          generated Triton kernels, custom ops, drop-ins, patch_model (imports approximations)
-    approxbp (top)   cli (one module per subcommand in commands/), reproduce, the planner (plan, step_memory,
-                     models, plan_result), cost, blocks (benchmark models), bdia_experiments (toy BDIA-GPT,
-                     analysis): may import all three
+    approxbp (top)   the command line (cli, one module per subcommand in commands/) above the papers (papers/:
+                     reproduce, paper_memory, appendix_b, bdia_experiments, figures) above the planner (planner/:
+                     request, plan, result, report, step_memory, models, training, …); cost and blocks shared;
+                     may import all three layers, and no library module imports the command line
 
 ``approxbp.data`` holds the packaged coefficient tables. ``python -m approxbp`` runs the CLI.
 """

@@ -8,7 +8,7 @@ with inductor's partitioner (``aot_eager_decomp_partition_with_mode``: the parti
 run op by op under the roofline, so a recomputed op is charged where it runs, pointwise ops between library calls
 as Inductor's fused kernels) at each budget; the bytes saved at the end of the forward and the step's time are
 extrapolated linearly in the blocks to the model's depth, as the planner extrapolates its own measurements
-(:mod:`approxbp.extrapolate`). The eager exact model is measured the same way, so compile's peak is our exact
+(:mod:`approxbp.planner.extrapolate`). The eager exact model is measured the same way, so compile's peak is our exact
 peak (the ``--pareto`` curve's first point: weights, gradients, optimizer, activations) with the eager saved bytes
 replaced by compile's. Everything is a model for the named GPU, not a measurement. Writes
 ``benchmarks/results/compile_budget_curves.json`` and, with ``--figure-dir``, one figure per set-up.
@@ -70,9 +70,11 @@ def _peak_alive(model_text: str, batch: int, seq: int, setup, lora_r: int, block
     """:class:`LiveBytes`' peak over one forward and backward of the set-up's model cut to ``blocks`` blocks:
     compiled at ``budget`` (its partitioned graphs run under the mode: a backward that recomputes what the
     partitioner dropped rebuilds it all at once, where a block recompute rebuilds one block), or eager."""
-    from approxbp.compiled import _built, under
+    from approxbp.planner.compiled import _built, under
+    from approxbp.planner.request import Request
 
-    _, loss, scope = _built(model_text, batch, seq, setup, lora_r, (blocks, blocks), {}, False)
+    request = Request(model=model_text, batch=batch, seq=seq, setup=setup, lora_r=lora_r)
+    _, loss, scope = _built(request, (blocks, blocks), {}, False)
     with scope:
         tracker = LiveBytes()
         with under(tracker, loss, budget) as run:
@@ -81,21 +83,23 @@ def _peak_alive(model_text: str, batch: int, seq: int, setup, lora_r: int, block
 
 
 def curve(name: str, device, budgets=None) -> dict:
-    """Compile's points for one set-up at ``budgets`` (default :data:`approxbp.compiled.BUDGETS`), extrapolated from
+    """Compile's points for one set-up at ``budgets`` (default :data:`~.compiled.BUDGETS`), extrapolated from
     2 and 3 blocks, with the eager exact model's."""
-    from approxbp.compiled import BUDGETS
-    from approxbp.extrapolate import layer_count
-    from approxbp.models import model_spec
-    from approxbp.setup import Setup
+    from approxbp.planner.compiled import BUDGETS
+    from approxbp.planner.extrapolate import layer_count
+    from approxbp.planner.models import model_spec
+    from approxbp.planner.training import Setup
 
     model_text, batch, seq, keywords, lora_r = SETUPS[name]
     setup = Setup(**keywords)
     depth = layer_count(model_spec(model_text, setup.task).config)[1]
 
-    from approxbp.compiled import point
+    from approxbp.planner.compiled import point
+    from approxbp.planner.request import Request
 
     def extrapolated(budget):
-        small = [point(model_text, batch, seq, setup, lora_r, device, {}, False, budget, (n, depth)) for n in (2, 3)]
+        small = [point(Request(model=model_text, batch=batch, seq=seq, setup=setup, lora_r=lora_r), device, {}, False,
+                       budget, (n, depth)) for n in (2, 3)]
         saved, seconds = (b + (depth - 3) * (b - a) for a, b in zip(*small))
         alive = [_peak_alive(model_text, batch, seq, setup, lora_r, n, budget) for n in (2, 3)]
         return {"saved_bytes": saved, "seconds": seconds, "alive_op_by_op_at_2_and_3_blocks": alive}
@@ -149,7 +153,7 @@ def figure(name: str, result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from approxbp.gpus import gpu
+    from approxbp.planner.gpus import gpu
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default=",".join(SETUPS), help="comma-separated set-ups (default: all three)")

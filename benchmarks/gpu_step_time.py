@@ -1,5 +1,5 @@
 """The planner's step-time model against a GPU (issue 46 item 2): each set-up's training step (forward under the
-set-up's autocast, then backward; no optimizer, as ``approxbp.plan_moves.time_step`` models it) timed on the CUDA
+set-up's autocast, then backward; no optimizer, as ``~.plan_moves.time_step`` models it) timed on the CUDA
 device, beside the roofline's prediction for that GPU on fake tensors. CUDA only for the measured column;
 ``--smoke`` runs every code path on a tiny model on the CPU with the H100's constants, prints no time it took and
 writes nothing (the tests use it).
@@ -33,13 +33,13 @@ SETUPS = (("exact", None, False, False), ("glu+ms-norm", None, False, True),
 
 def _model(text: str, setup, batch: int, seq: int, fused: bool, move: str | None, chunked: bool, device: str):
     """(model, inputs) of the set-up, built on ``device`` (under the planner's fake mode when it is "fake")."""
-    from approxbp.chunked_loss import CHUNKED, LOSS
-    from approxbp.models import model_spec
-    from approxbp.moves import apply_moves
-    from approxbp.plan_step import activation_layers, apply
-    from approxbp.setup import weights_for
-    from approxbp.step_memory import first_block, prepare
-    from approxbp.step_time import block_paths
+    from approxbp.planner.chunked_loss import CHUNKED, LOSS
+    from approxbp.planner.models import model_spec
+    from approxbp.planner.moves import apply_moves
+    from approxbp.planner.plan_step import activation_layers, apply
+    from approxbp.planner.step_memory import first_block, prepare
+    from approxbp.planner.step_time import block_paths
+    from approxbp.planner.training import weights_for
 
     torch.manual_seed(0)
     with weights_for(setup):
@@ -60,11 +60,12 @@ def _model(text: str, setup, batch: int, seq: int, fused: bool, move: str | None
 
 def predicted_ms(text: str, setup, batch: int, seq: int, gpu, row) -> float:
     """What the planner charges the set-up's step for ``gpu``: the roofline on fake tensors; an offloaded block adds
-    its host copies not hidden behind its compute, max(0, 2·S_b/L − F_b − B_b) (``approxbp.moves.BlockCost``), from
+    its host copies not hidden behind its compute, max(0, 2·S_b/L − F_b − B_b) (``~.moves.BlockCost``), from
     the planner's measured S_b and the roofline's F_b, B_b of the same step without the move."""
-    from approxbp.models import no_init
-    from approxbp.plan_moves import block_costs, time_step
-    from approxbp.plan_step import _fake_like_real, activation_layers, stepper
+    from approxbp.planner.models import no_init
+    from approxbp.planner.plan_moves import block_costs, time_step
+    from approxbp.planner.plan_step import _fake_like_real, activation_layers, stepper
+    from approxbp.planner.request import Request
 
     offload = row[1] == "offload"
     with _fake_like_real(), no_init():
@@ -73,7 +74,7 @@ def predicted_ms(text: str, setup, batch: int, seq: int, gpu, row) -> float:
         layers = activation_layers(model)
     extra = 0.0
     if offload:
-        step = stepper(text, setup, whole=True)(batch, seq, {p: "glu" for p in layers}, row[3])
+        step = stepper(Request(model=text, setup=setup), whole=True)(batch, seq, {p: "glu" for p in layers}, row[3])
         extra = sum(c.seconds("offload", gpu.host_link) for c in block_costs(step, time, setup.dtype.itemsize).values())
     return 1e3 * (time.total + extra)
 
@@ -82,7 +83,7 @@ def measured_ms(text: str, setup, batch: int, seq: int, row, steps: int, device:
     """(median, min) ms of ``steps`` timed steps after 3 untimed ones (CUDA events; the CPU's clock for --smoke)."""
     import time
 
-    from approxbp.step_memory import _loss_of
+    from approxbp.planner.step_memory import _loss_of
 
     model, inputs = _model(text, setup, batch, seq, row[3], row[1], row[2], device)
     times = []
@@ -106,16 +107,16 @@ def measured_ms(text: str, setup, batch: int, seq: int, row, steps: int, device:
 
 def gpu_of(name: str):
     """The planner's constants for the device's name (H100, H200, A100, RTX 4090), or a refusal naming them."""
-    from approxbp.gpus import GPUS
+    from approxbp.planner.gpus import GPUS
 
     for key, pattern in (("h200", "H200"), ("h100", "H100"), ("a100", "A100"), ("rtx4090", "4090")):
         if pattern in name:
             return GPUS[key]
-    raise SystemExit(f"gpu_step_time: no planner constants for {name!r} (approxbp/gpus.py has {', '.join(GPUS)})")
+    raise SystemExit(f"gpu_step_time: no planner constants for {name!r} (planner/gpus.py has {', '.join(GPUS)})")
 
 
 def main() -> int:
-    from approxbp.setup import PRESETS
+    from approxbp.planner.training import PRESETS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))

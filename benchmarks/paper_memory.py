@@ -1,4 +1,4 @@
-"""The papers' memory tables against the planner (approxbp.paper_memory): every row run, the results written to
+"""The papers' memory tables against the planner (approxbp.papers.paper_memory): every row run, the results written to
 benchmarks/results/paper_memory.json and the section of docs/memory.md between its markers rewritten from them.
 
     python benchmarks/paper_memory.py [--docs docs/memory.md] [--from-results]
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from approxbp.approximations.files import write_atomic
 
-from approxbp import paper_memory as M
+from approxbp.papers import paper_memory as M
 
 RESULTS = Path(__file__).parent / "results" / "paper_memory.json"
 BEGIN, END = "<!-- paper-memory: begin (python benchmarks/paper_memory.py) -->", "<!-- paper-memory: end -->"

@@ -6,13 +6,13 @@ for backward at the end of the forward against the modelled step time, on real t
 * compile: the model under ``torch.compile`` (``aot_eager_decomp_partition``: inductor's min-cut partitioner without
   its code generation) at each ``activation_memory_budget``; the partitioner recomputes what it chooses in the
   backward.
-* ours, exact: the eager model with k of its L blocks recomputed (``approxbp.moves``, the first k), k = 0 … L.
+* ours, exact: the eager model with k of its L blocks recomputed (``approxbp.planner.moves``, the first k), k = 0 … L.
 * ours, approximations + exact moves: the same with ReGELU2/ReSiLU2-style ReLU-sum k = 2 activations (a gradient
   error) and MS-norms, the planner's most-saving assignment for a LLaMA block being the exact fused GLU (none).
 * ours under compile: that patched model compiled at each ``activation_memory_budget`` (the combination).
 
 Saved bytes are counted by storage identity (``kernels.saved.saved_bytes``, parameters excluded); the time of every
-point is the roofline of the ops that actually run, forward and backward (``approxbp.step_time.Roofline``: a
+point is the roofline of the ops that actually run, forward and backward (``approxbp.planner.step_time.Roofline``: a
 recomputed op is charged again), for the named GPU: a model, not a measurement. ``sac_ilp`` is not run: its
 ``SACEstimator`` times operators with ``RuntimeEstimator``, which needs a CUDA device. Writes
 ``benchmarks/results/planner_vs_compile.json`` and, with ``--figure``, the plot.
@@ -34,7 +34,7 @@ BUDGETS = (1.0, 0.8, 0.6, 0.4, 0.3, 0.2, 0.1, 0.05, 0.0)
 
 
 def _model(text: str):
-    from approxbp.models import model_spec
+    from approxbp.planner.models import model_spec
 
     torch.manual_seed(0)
     return model_spec(text)()
@@ -69,7 +69,7 @@ def compiled(text: str, inputs: dict, device, budgets=BUDGETS, approximate: bool
     import torch._functorch.config as functorch_config
     from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
 
-    from approxbp.step_time import Roofline
+    from approxbp.planner.step_time import Roofline
 
     model, _ = _model(text)
     if approximate:
@@ -91,9 +91,9 @@ def compiled(text: str, inputs: dict, device, budgets=BUDGETS, approximate: bool
 def ours(text: str, inputs: dict, device, approximate: bool) -> list[dict]:
     from approxbp.kernels import patch_model
 
-    from approxbp.moves import apply_moves, remove_moves
-    from approxbp.step_memory import first_block
-    from approxbp.step_time import Roofline, block_paths, drop_in_paths
+    from approxbp.planner.moves import apply_moves, remove_moves
+    from approxbp.planner.step_memory import first_block
+    from approxbp.planner.step_time import Roofline, block_paths, drop_in_paths
 
     model, _ = _model(text)
     if approximate:
@@ -133,7 +133,7 @@ def figure(result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from approxbp.gpus import gpu
+    from approxbp.planner.gpus import gpu
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="llama:hidden=256,layers=4,heads=4,kv_heads=4,intermediate=688,vocab=1024")

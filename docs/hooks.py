@@ -8,7 +8,8 @@ installed package, of symbolic links to the sources, and the handler reads from 
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"approximations": "approximations", "fitting": "fitting", "kernels": "kernels", "data": "data"}
+PACKAGES = {"approximations": "approximations", "fitting": "fitting", "kernels": "kernels", "data": "data",
+            "planner": "approxbp/planner", "papers": "approxbp/papers", "commands": "approxbp/commands"}
 
 
 def on_startup(command, dirty):  # before mkdocstrings resolves its paths (its on_config runs before ours)

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: layer folder → the approxbp subpackages it may import (besides itself)
 ALLOWED = {"approximations": {"data"}, "fitting": {"approximations", "data"},
            "kernels": {"approximations", "data"}}
-TOP = {"cli", "reproduce", "blocks", "bdia_experiments", "__main__"}  # modules of the top-layer package folder
+TOP = {"cli", "blocks", "cost", "__main__"}  # modules of the top-layer package folder (besides its packages)
 LAYERS = {"approximations", "fitting", "kernels", "data"}
 
 
@@ -101,6 +101,38 @@ def test_the_room_checker_sees_an_upward_import(tmp_path, monkeypatch):
     assert rooms_imported(fake / "bad.py") == {"rewrite", "codegen"}
 
 
+def top_imports(path: Path) -> set[str]:
+    """The top layer's parts a file imports: ``cli``, ``commands``, ``planner``, ``papers`` (lazy imports too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [f"{node.module}.{a.name}" for a in node.names]
+                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        found.update(n.split(".")[1] for n in names if n.startswith("approxbp.") and len(n.split(".")) > 1)
+    return found & {"cli", "commands", "planner", "papers"}
+
+
+#: The top layer's parts and what each may import of the others (issue 48): the command line above everything,
+#: the papers above the planner; no library code imports the command line.
+TOP_PARTS = {"planner": set(), "papers": {"planner"}, "cost.py": set(), "blocks.py": set()}
+
+
+def test_library_code_never_imports_the_command_line():
+    wrong = {}
+    for part, allowed in TOP_PARTS.items():
+        paths = [ROOT / "approxbp" / part] if part.endswith(".py") else sorted((ROOT / "approxbp" / part).rglob("*.py"))
+        for path in paths:
+            if bad := top_imports(path) - allowed - {part}:
+                wrong[str(path.relative_to(ROOT))] = sorted(bad)
+    assert not wrong, wrong
+
+
+def test_the_top_checker_sees_the_command_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from approxbp.commands.plan import parse\nfrom approxbp import papers\n")
+    assert top_imports(bad) == {"commands", "papers"}
+
+
 def test_the_checker_sees_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from approxbp.kernels.ops.custom_ops import relu_sum\n    import approxbp.cli\n"
@@ -150,7 +182,8 @@ def test_the_subscript_checker_sees_a_key_read(tmp_path):
 #: Test folders and the source each mirrors (tests/kernels/ the run time and the build side, tests/kernels/rewrite/
 #: the model rewriting).
 MIRRORS = {"approximations": "approximations", "fitting": "fitting", "kernels": "kernels",
-           "kernels/rewrite": "kernels/rewrite", "approxbp": "approxbp", "benchmarks": "benchmarks",
+           "kernels/rewrite": "kernels/rewrite", "approxbp": "approxbp",
+           "approxbp/planner": "approxbp/planner", "approxbp/papers": "approxbp/papers", "benchmarks": "benchmarks",
            "notebooks": "notebooks", "docs": "docs"}
 
 
@@ -373,7 +406,8 @@ def test_the_docs_map_names_every_module_of_the_top_layer():
     """docs/index.md's map lists every module of the top layer and every CLI subcommand's module (issue 48)."""
     page = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
     row = next(line for line in page.splitlines() if line.startswith("| `approxbp/` |"))
-    top = [p.name for p in (ROOT / "approxbp").glob("*.py") if p.name != "__init__.py"]
+    top = [p.name for folder in ("", "planner", "papers") for p in (ROOT / "approxbp" / folder).glob("*.py")
+           if p.name != "__init__.py"]
     commands = [p.stem for p in (ROOT / "approxbp" / "commands").glob("*.py") if p.name != "__init__.py"]
     missing = [n for n in top if f"`{n}`" not in row] + [n for n in commands if f"`{n}`" not in row
                                                           and f"`{n}.py`" not in row]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from approxbp.commands import common
-from approxbp.figures import figures_dir
+from approxbp.papers.figures import figures_dir
 
 
 def add_parser(sub, add) -> None:

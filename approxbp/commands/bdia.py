@@ -6,7 +6,7 @@ import argparse
 import json
 
 from approxbp.commands import common
-from approxbp.figures import figures_dir
+from approxbp.papers.figures import figures_dir
 
 
 def add_parser(sub, add) -> None:
@@ -34,7 +34,7 @@ def run(args, argv) -> int:
 
     import torch
 
-    from approxbp import bdia_experiments as bdia
+    from approxbp.papers import bdia_experiments as bdia
 
     out = figures_dir(args.out)
     if args.action == "analyze":

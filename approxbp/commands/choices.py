@@ -1,26 +1,17 @@
 """The command line's choices as plain tuples, so that building a parser (``approxbp --help``, an argument error)
-imports no torch, scipy or sympy. Each owner keeps its own (``fitting.invact.FORMS``, ``setup.WEIGHTS``, …);
-``tests/approxbp/test_cli.py`` holds every tuple here equal to its owner's."""
+imports no torch, scipy or sympy. Each owner keeps its own (``fitting.invact.FORMS``, ``cost.DTYPES``, …; the
+planner's are in ``approxbp.planner.choices``); ``tests/approxbp/test_cli.py`` holds every tuple here equal to its
+owner's."""
 
 FORMS = ("auto", "paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact")  # fitting.invact
 OBJECTIVES = ("primitive", "derivative")  # fitting.objective
 METHODS = ("anneal", "sgd", "polish")  # fitting.relu_sum
 BACKENDS = ("pyoperon", "pysr")  # fitting.symbolic
 DTYPES = ("bf16", "fp16", "fp32", "fp64")  # approxbp.cost (its keys)
-MAXIMIZE = ("batch", "seq_len")  # approxbp.plan
-ADAPTERS = ("auto", "fp32", "bf16", "fp16")  # approxbp.setup
-AUTOCAST = ("off", "bf16", "fp16")
-NORMS = ("auto", "fp32")
-OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "sgd")
-PRESETS = ("bf16", "autocast", "lora", "compile")  # approxbp.setup.PRESETS (its keys)
-TRAIN = ("full", "lora", "lora-fa", "none")
-WEIGHTS = ("fp32", "bf16", "fp16", "nf4")
 FAMILIES = ("relu-sum", "invact")  # approximations.families.TABLE_FAMILIES (registered by tables.py)
 
 #: name → (owner module, attribute): what the test compares
 OWNERS = {"FORMS": ("approxbp.fitting.invact", "FORMS"), "OBJECTIVES": ("approxbp.fitting.objective", "OBJECTIVES"),
           "METHODS": ("approxbp.fitting.relu_sum", "METHODS"), "BACKENDS": ("approxbp.fitting.symbolic", "BACKENDS"),
-          "DTYPES": ("approxbp.cost", "DTYPES"), "MAXIMIZE": ("approxbp.plan", "MAXIMIZE"),
-          **{n: ("approxbp.setup", n) for n in ("ADAPTERS", "AUTOCAST", "NORMS", "OPTIMIZERS", "PRESETS", "TRAIN",
-                                                "WEIGHTS")},
+          "DTYPES": ("approxbp.cost", "DTYPES"),
           "FAMILIES": ("approxbp.approximations.tables", "TABLE_FAMILIES")}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from approxbp.commands import common
-from approxbp.figures import figures_dir
+from approxbp.papers.figures import figures_dir
 
 
 def add_parser(sub, add) -> None:
@@ -13,7 +13,7 @@ def add_parser(sub, add) -> None:
 
 
 def run(args, argv) -> int:
-    from approxbp.figures import write_figures
+    from approxbp.papers.figures import write_figures
 
     for p in write_figures(figures_dir(args.out)):
         print(f"wrote {p}")

@@ -24,7 +24,7 @@ def add_parser(sub, add) -> None:
 def run(args, argv) -> int:
     """``approxbp reproduce [--full]``: every paper row next to ours, one verdict line of three counts (within the
     targets, outside with a measured cause, outside unexplained); exit 1 on an unexplained row."""
-    from approxbp.reproduce import verdict
+    from approxbp.papers.reproduce import verdict
 
     t0, progress = time.perf_counter(), common.progress_on(args)
     verdicts = _paper_rows(args, progress)  # (label, ok) per row
@@ -41,7 +41,7 @@ def run(args, argv) -> int:
 def _paper_rows(args, progress: bool) -> list[tuple[str, bool]]:
     """Approx-BP's ReLU-sum rows and Inverted Activations' branches: ours must be ≤ the paper's, and our newton
     forms 10× more accurate than every published one."""
-    from approxbp.reproduce import (
+    from approxbp.papers.reproduce import (
         format_comparisons,
         format_invact_rows,
         invact_verdicts,
@@ -60,8 +60,8 @@ def _paper_rows(args, progress: bool) -> list[tuple[str, bool]]:
 
 def memory_rows(progress: bool) -> list[tuple[str, bool]]:
     """The papers' memory rows: planner vs paper, each within the targets, outside with a cause a test measures
-    (explained), or outside unexplained (approxbp.paper_memory)."""
-    from approxbp import paper_memory as M
+    (explained), or outside unexplained (approxbp.papers.paper_memory)."""
+    from approxbp.papers import paper_memory as M
 
     tell = (lambda msg: print(f"[memory] {msg}", file=sys.stderr, flush=True)) if progress else None
     rows = M.reproduce(progress=tell)
@@ -75,7 +75,7 @@ def _regenerate_all(args, progress: bool) -> list[tuple[str, bool]]:
     """``--full``: every committed table refitted, their consistency across k and activations, certificates."""
     from approxbp.approximations import tables as T
     from approxbp.fitting.consistency import check_consistency
-    from approxbp.reproduce import regenerate_invact, regenerate_tables
+    from approxbp.papers.reproduce import regenerate_invact, regenerate_tables
 
     paths = regenerate_tables(args.out, seed=args.seed, restarts=args.restarts, workers=args.workers,
                               progress=progress)
@@ -91,9 +91,9 @@ def _regenerate_all(args, progress: bool) -> list[tuple[str, bool]]:
 
 def _peer_rows(args) -> list[tuple[str, bool]]:
     """BDIA's exact reconstruction (Fig. 2), FewBit's builtin tables on their own objective, Approx-BP App. B."""
-    from approxbp.appendix_b import format_rows, measure_all
-    from approxbp.bdia_experiments import reproduce_row
-    from approxbp.reproduce import bdia_verdict, format_fewbit_rows, reproduce_fewbit
+    from approxbp.papers.appendix_b import format_rows, measure_all
+    from approxbp.papers.bdia_experiments import reproduce_row
+    from approxbp.papers.reproduce import bdia_verdict, format_fewbit_rows, reproduce_fewbit
 
     b = reproduce_row(seed=args.seed)
     print(f"\nBDIA row (Fig. 2: K = {b['blocks']}, l = {b['level']}, fp32): max reconstruction error\n"

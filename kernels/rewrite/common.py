@@ -88,7 +88,7 @@ class PatchReport:
     glus: list[str] = field(default_factory=list)
     #: Bytes saved for backward by one training forward on the example (stock, patched); None: not measured.
     saved_bytes: tuple[int, int] | None = None
-    #: Blocks recomputed or offloaded by a plan's moves (``Plan.apply``; ``approxbp.moves.remove_moves`` undoes them).
+    #: Blocks recomputed or offloaded by a plan's moves (``Plan.apply``; ``~.moves.remove_moves`` undoes them).
     moves: list[str] = field(default_factory=list)
 
     @staticmethod

@@ -8,8 +8,8 @@ from approxbp.approximations import table_schema as TS
 from approxbp.approximations import tables as T
 from approxbp.approximations.files import check_writable
 
-from approxbp import models as MD
 from approxbp.cli import main
+from approxbp.planner import models as MD
 
 
 def test_fit_writes_a_valid_table(tmp_path, capsys):
@@ -84,7 +84,7 @@ def test_the_verdicts_live_in_reproduce_and_fail_loudly():
     """The rules that decide a row (reproduce.py), apart from the CLI that prints them."""
     from types import SimpleNamespace
 
-    from approxbp.reproduce import bdia_verdict, invact_verdicts, verdict
+    from approxbp.papers.reproduce import bdia_verdict, invact_verdicts, verdict
 
     def table(left, right):
         return SimpleNamespace(metrics={"linf_left": left, "linf_right": right})
@@ -209,9 +209,11 @@ def test_the_parsers_choices_are_their_owners():
     import importlib
 
     from approxbp.commands import choices
+    from approxbp.planner import choices as planner_choices
 
-    for name, (module, attr) in choices.OWNERS.items():
-        assert getattr(choices, name) == tuple(getattr(importlib.import_module(module), attr)), name
+    for owner in (choices, planner_choices):
+        for name, (module, attr) in owner.OWNERS.items():
+            assert getattr(owner, name) == tuple(getattr(importlib.import_module(module), attr)), name
 
 
 def test_help_and_argument_errors_import_no_torch_scipy_or_sympy():

@@ -193,7 +193,7 @@ def _readme_commands() -> dict[str, list[str]]:
 
 
 #: Not run verbatim (each over minutes, and covered elsewhere): reproduce --full and --memory
-#: (tests/approxbp/test_paper_memory.py runs memory rows and the --memory verdicts), the toy GPT, figures, atlas.
+#: (tests/approxbp/papers/test_paper_memory.py runs memory rows and the --memory verdicts), the toy GPT, figures, atlas.
 SLOW = ("reproduce --full", "reproduce --memory", "train-toy", "figures", "atlas")
 
 
@@ -203,7 +203,8 @@ def test_the_docs_show_commands():
 
 def _slow_command(cmd: str, needs: list[str]) -> bool:
     """Over ~10 s and covered elsewhere by default: symbolic regression, reproduce (the README's install command
-    runs it), the planner (tests/approxbp/test_plan.py), the sweep (test_sweep_…), and commands that first repeat
+    runs it), the planner
+    (tests/approxbp/planner/test_plan.py), the sweep (test_sweep_…), and commands that first repeat
     another command's fit."""
     return bool(needs) or any(s in cmd for s in ("--form sr", "approxbp reproduce", "approxbp plan", "approxbp sweep"))
 
@@ -222,7 +223,7 @@ def test_readme_commands_run_verbatim(cmd, tmp_path):
 def test_figures_into_a_new_folder_replots_and_never_retrains(tmp_path, monkeypatch, capsys):
     from approxbp.fitting import atlas
 
-    from approxbp import bdia_experiments as bdia
+    from approxbp.papers import bdia_experiments as bdia
 
     def no_training(**kw):
         raise AssertionError("figures retrained the toy GPT")
@@ -236,7 +237,7 @@ def test_figures_into_a_new_folder_replots_and_never_retrains(tmp_path, monkeypa
 
 
 def test_figure_commands_default_to_the_checkout_not_the_current_folder(tmp_path, monkeypatch):
-    from approxbp.figures import figures_dir
+    from approxbp.papers.figures import figures_dir
 
     monkeypatch.chdir(tmp_path)
     assert figures_dir(None) == ROOT.resolve() / "docs" / "figures"

@@ -16,7 +16,7 @@ TINY = "llama:hidden=64,layers=5,heads=4,kv_heads=4,intermediate=128,vocab=128"
 
 @pytest.fixture(scope="module")
 def result():
-    from approxbp.gpus import gpu
+    from approxbp.planner.gpus import gpu
 
     SCRIPT["SETUPS"]["tiny"] = (TINY, 2, 32, {"train": "full"}, 8)
     return SCRIPT["curve"]("tiny", gpu("h100"), budgets=(1.0, 0.0))
@@ -37,11 +37,13 @@ def test_compiles_peak_is_our_exact_peak_with_its_own_saved_bytes(result):
 
 
 def test_the_fused_roofline_is_the_same_on_every_run():
-    from approxbp.compiled import point
-    from approxbp.gpus import gpu
-    from approxbp.setup import Setup
+    from approxbp.planner.compiled import point
+    from approxbp.planner.gpus import gpu
+    from approxbp.planner.request import Request
+    from approxbp.planner.training import Setup
 
-    runs = [point(TINY, 2, 32, Setup(), 8, gpu("h100"), {}, False, 1.0, (3, 5)) for _ in range(3)]
+    request = Request(model=TINY, batch=2, seq=32, setup=Setup(), lora_r=8)
+    runs = [point(request, gpu("h100"), {}, False, 1.0, (3, 5)) for _ in range(3)]
     assert runs[0] == runs[1] == runs[2], runs
 
 

@@ -16,7 +16,7 @@ TINY = "llama:hidden=64,layers=2,heads=4,kv_heads=4,intermediate=128,vocab=128"
 
 @pytest.fixture(scope="module")
 def points():
-    from approxbp.gpus import gpu
+    from approxbp.planner.gpus import gpu
 
     _, make_inputs = SCRIPT["_model"](TINY)
     inputs = make_inputs(2, 32)
@@ -45,7 +45,7 @@ def test_the_committed_results_have_the_four_curves():
 def test_the_approximations_under_compiles_budget_form_a_curve_of_their_own():
     """The combination (the patched model, ReLU-sum k = 2 and MS-norms, compiled at each budget): a lower budget
     saves less and recomputes more, as compile alone does."""
-    from approxbp.gpus import gpu
+    from approxbp.planner.gpus import gpu
 
     _, make_inputs = SCRIPT["_model"](TINY)
     full, none = SCRIPT["compiled"](TINY, make_inputs(2, 32), gpu("h100"), budgets=(1.0, 0.0), approximate=True)

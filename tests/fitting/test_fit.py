@@ -6,7 +6,7 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.fitting import fit_relu_sum
 
-from approxbp.reproduce import PAPER_RELU_SUM, paper_table, reproduce_relu_sum
+from approxbp.papers.reproduce import PAPER_RELU_SUM, paper_table, reproduce_relu_sum
 
 
 @pytest.fixture(scope="module")

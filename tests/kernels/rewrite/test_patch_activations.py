@@ -8,7 +8,7 @@ from approxbp.approximations import tables as T
 from approxbp.kernels import InvActivation, ReGELU2, ReLUSumActivation, patch_model
 from torch import nn
 
-from approxbp import plan_step as PS
+from approxbp.planner import plan_step as PS
 
 
 def _mlp(act):
@@ -149,7 +149,7 @@ def test_accurate_gelu_is_swapped_and_hardswish_takes_the_family_that_has_its_ta
 
 def test_the_report_says_each_drop_ins_gradient_error():
     """Where the user chooses, the price is said: the ReLU-sum table's E_N(0,1)[(h̃′ − f′)²]^½ and InvAct's certified
-    L∞, the same numbers the planner weighs (approxbp.plan_step.gradient_error)."""
+    L∞, the same numbers the planner weighs (approxbp.planner.plan_step.gradient_error)."""
 
     for family, option in (("relu-sum", "relu-sum-k2"), ("invact", "invact")):
         model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))

@@ -14,10 +14,10 @@ from approxbp.kernels.ops.saved import saved_bytes  # noqa: E402
 from approxbp.kernels.rewrite.norm_merge import NormInputLinear  # noqa: E402
 from approxbp.kernels.rewrite.patch import patch_model, patched_state_dict  # noqa: E402
 
-from approxbp import models as MD  # noqa: E402
-from approxbp import setup as SU  # noqa: E402
-from approxbp import step_memory as SM  # noqa: E402
 from approxbp.blocks import ViTBlock, saved_per_token_per_d  # noqa: E402
+from approxbp.planner import models as MD  # noqa: E402
+from approxbp.planner import step_memory as SM  # noqa: E402
+from approxbp.planner import training as SU  # noqa: E402
 
 LORA = dict(r=4, target_modules=["q_proj", "v_proj"])
 
@@ -196,7 +196,7 @@ def test_a_patched_frozen_model_keeps_the_stock_state_dict_layout():
 def test_norms_kept_in_fp32_over_a_16_bit_base_are_left_as_they_are():
     """QLoRA's script keeps the norms' weights in fp32 over a bf16 model: α⊙z is then fp32, which a merged form
     computing in the Linears' bf16 would not be. The norms are skipped with that reason; the output is unchanged."""
-    from approxbp.setup import Setup
+    from approxbp.planner.training import Setup
 
     torch.manual_seed(0)
     setup = Setup(weights="nf4", norms="fp32", autocast="bf16", train="lora", adapters="bf16",

@@ -1,0 +1,150 @@
+"""The chunked loss, a memory move of ``approxbp plan`` (issue 46): a causal LM's loss computed a chunk of tokens at a
+time, so the logits are never materialised.
+
+For hidden states H (r rows of width d after the final norm), the head W (V × d) and the shifted labels y, the loss
+is Σ_c CE_sum(W·H_c, y_c) / N, N the count of labels ≠ ignore_index (or the caller's ``num_items_in_batch``) — the
+same value as Hugging Face's ``ForCausalLMLoss`` (fp32 logits, mean over counted tokens), summed in another order.
+Each chunk runs under ``torch.utils.checkpoint`` (non-reentrant): it saves only its rows of H (a view of the tensor
+the head saves anyway) and recomputes its logits in the backward, so the step keeps no r × V tensor: stock keeps
+the fp32 log-softmax (4·r·V bytes); the cost is one more head matmul (2·r·d·V FLOPs). A chunk has ⌈r / ⌈V/d⌉⌉ rows,
+so its logits are about the size of H (the transient), and at least :data:`MIN_ROWS`.
+
+The model's forward runs as stock with ``labels=None`` and its head returning its input; the loss is computed from
+what the head was given, only when the model returned that tensor as its logits unchanged (no soft-capping or
+scaling after the head) — else the call raises. With the move, a training call with labels returns the loss and
+``logits=None`` (that is the move: nothing else is returned differently); without labels, or without grad, the
+model runs as stock."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: A plan's name for the move and for where it applies (the loss, outside every block).
+CHUNKED, LOSS = "chunked-loss", "(loss)"
+_APPLIED = "_approxbp_chunked_loss"  # the model's __dict__: the forward it had
+_LOSS_ARGS = ("num_items_in_batch", "shift_labels", "ignore_index")
+
+
+#: The fewest rows a chunk has (all of them if fewer): a chunk's matmul reads the whole head W for 2·rows FLOPs per
+#: 16-bit weight element, so it is bound by memory below ≈ peak / bandwidth FLOP per byte (H100: 989e12 / 3.35e12 ≈
+#: 295 rows; A100 153); with fewer rows, every chunk would read W again for nothing.
+MIN_ROWS = 512
+
+
+def chunk_rows(rows: int, width: int, vocab: int) -> int:
+    """Rows per chunk: ⌈rows / ⌈vocab / width⌉⌉, so one chunk's logits are about the size of the hidden states, but
+    at least :data:`MIN_ROWS` (or every row)."""
+    return max(-(-rows // max(1, -(-vocab // max(1, width)))), min(rows, MIN_ROWS), 1)
+
+
+class NotChunked(ValueError):
+    """The chunked loss cannot apply to this model (the reason is the message)."""
+
+
+def refusal(model: nn.Module) -> str | None:
+    """Why the chunked loss cannot apply to ``model`` (None: it can): a Hugging Face causal LM whose loss is
+    ``ForCausalLMLoss`` and whose output embeddings are a module."""
+    try:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+    except ImportError:
+        return "needs transformers (a causal LM's ForCausalLMLoss)"
+    if getattr(model, "loss_function", None) is not ForCausalLMLoss:
+        return f"{type(model).__name__}'s loss is not transformers' ForCausalLMLoss"
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Module):
+        return f"{type(model).__name__} has no output embeddings (its head) to chunk"
+    return None
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor | None, *,
+                          ignore_index: int = -100, num_items_in_batch=None,
+                          shift_labels: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:
+    """ForCausalLMLoss(head(hidden), labels) without the logits: see the module docstring."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    width = hidden.shape[-1]
+    flat, target = hidden.reshape(-1, width), shift_labels.reshape(-1).to(hidden.device)
+    if flat.shape[0] != target.shape[0]:
+        raise ValueError(f"chunked loss: {flat.shape[0]} rows of hidden states but {target.shape[0]} labels")
+    step = rows or chunk_rows(flat.shape[0], width, _vocab(head, flat[:1]))
+    total = flat.new_zeros((), dtype=torch.float32)
+    for start in range(0, flat.shape[0], step):
+        total = total + torch.utils.checkpoint.checkpoint(
+            _chunk_loss, flat[start:start + step], target[start:start + step], head, ignore_index,
+            use_reentrant=False)
+    if num_items_in_batch is None:
+        return total / (target != ignore_index).sum()
+    return total / (num_items_in_batch.to(total.device) if torch.is_tensor(num_items_in_batch)
+                    else num_items_in_batch)
+
+
+def _chunk_loss(rows: torch.Tensor, target: torch.Tensor, head: nn.Module, ignore_index: int) -> torch.Tensor:
+    return F.cross_entropy(head(rows).float(), target, ignore_index=ignore_index, reduction="sum")
+
+
+def _vocab(head: nn.Module, row: torch.Tensor) -> int:
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return weight.shape[0]
+    with torch.no_grad():
+        return head(row).shape[-1]
+
+
+@contextlib.contextmanager
+def _head_returns_its_input(head: nn.Module, into: list):
+    had = head.__dict__.get("forward")
+
+    def forward(x, *args, **kwargs):
+        into.append(x)
+        return x
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if had is None:
+            del head.__dict__["forward"]
+        else:
+            head.forward = had
+
+
+def apply_chunked_loss(model: nn.Module, rows: int | None = None) -> nn.Module:
+    """In place: ``model``'s training calls with labels compute the chunked loss (module docstring); ``rows`` per
+    chunk (default :func:`chunk_rows`). Raises :class:`NotChunked` with the reason where it cannot apply."""
+    if (why := refusal(model)) is not None:
+        raise NotChunked(f"chunked loss: {why}")
+    if _APPLIED in model.__dict__:
+        return model
+    inner = model.forward
+
+    def forward(*args, labels=None, **kwargs):
+        if labels is None or not torch.is_grad_enabled() or kwargs.get("logits_to_keep", 0) != 0:
+            return inner(*args, labels=labels, **kwargs)
+        head, seen = model.get_output_embeddings(), []  # the head as it is now (a later rewrite may replace it)
+        with _head_returns_its_input(head, seen):
+            out = inner(*args, labels=None, **kwargs)
+        if len(seen) != 1 or getattr(out, "logits", None) is not seen[0]:
+            raise RuntimeError(f"chunked loss: {type(model).__name__} changes its logits after the head (or calls "
+                               "it more than once); remove it with approxbp.planner.chunked_loss.remove_chunked_loss")
+        loss = chunked_cross_entropy(seen[0], head, labels, rows=rows,
+                                     **{k: kwargs[k] for k in _LOSS_ARGS if k in kwargs})
+        return type(out)(**{**out, "loss": loss, "logits": None})
+
+    model.__dict__[_APPLIED] = inner
+    model.forward = forward
+    return model
+
+
+def remove_chunked_loss(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_chunked_loss`."""
+    inner = model.__dict__.pop(_APPLIED, None)
+    if inner is not None:
+        if getattr(inner, "__func__", None) is type(model).forward and inner.__self__ is model:
+            del model.__dict__["forward"]
+        else:
+            model.forward = inner
+    return model

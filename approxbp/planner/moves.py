@@ -1,0 +1,196 @@
+"""Memory moves per block beyond the approximations (issue 46): keep, recompute, offload — planned from one
+measured step, timed by the roofline model (:mod:`approxbp.planner.step_time`), applied to a real model.
+
+For a block b with saved bytes S_b (the step's bytes charged to b's modules), input bytes I_b (its tensor arguments),
+forward time F_b and backward time B_b (the roofline, seconds), on a GPU with host link L (bytes/s):
+
+* **recompute** — the block runs under ``torch.utils.checkpoint`` (non-reentrant): only its inputs stay (I_b instead
+  of S_b); the backward reruns its forward (+F_b) and rebuilds S_b for that block alone, a transient.
+* **offload** — ``saved_tensors_hooks`` around its forward copy each tensor it saves to host memory and back when
+  the backward reads it: nothing stays on the device (−S_b); the copies take 2·S_b/L, hidden behind the block's
+  own compute where shorter: +max(0, 2·S_b/L − F_b − B_b). Coming back, one block's S_b is on the device again.
+* **recompute a part** — one direct child of the block (its attention or its MLP) under the checkpoint alone
+  (selective checkpointing at module grain): it takes off what a step with that part of every block recomputed
+  measures less, per block, and adds the part's forward time F_c (the roofline's, charged to the part).
+* **chunked loss** — one item beside the blocks (:mod:`~.chunked_loss`): a causal LM's loss a chunk of rows
+  at a time; it takes the measured bytes the logits' loss kept (a step measured with it) and adds the modelled
+  seconds of that step's head recomputation; one chunk's logits are its transient.
+
+The planned end-of-forward bytes are the measured step's with S_b replaced as above (exact: the tests count them
+on real tensors); the peak adds the largest S_b of a moved block, the transient of either move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from approxbp.planner.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss
+from approxbp.planner.knapsack import multiple_choice
+
+MOVES = ("keep", "recompute", "offload")
+#: A block's move that recomputes one of its parts alone: "recompute mlp" (selective checkpointing, module grain).
+RECOMPUTE_PART = "recompute "
+#: An assignment's key (planner.plan_step.apply) that recomputes that part of every block: "(recompute part) mlp".
+PART_KEY = "(recompute part) "
+_MOVED = "_approxbp_move"  # the block's __dict__: (move, the forward it had)
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One block's measured bytes and modelled seconds."""
+
+    saved: int  # S_b
+    inputs: int  # I_b
+    forward: float  # F_b
+    backward: float  # B_b
+    parts: tuple = ()  # (name, measured saving, forward seconds) of each part recomputable alone ("mlp")
+
+    @property
+    def moves(self) -> tuple[str, ...]:
+        return MOVES + tuple(f"{RECOMPUTE_PART}{name}" for name, _, _ in self.parts)
+
+    def saving(self, move: str) -> int:
+        """Bytes the move takes off the end of the forward."""
+        if move.startswith(RECOMPUTE_PART):
+            return next(s for name, s, _ in self.parts if RECOMPUTE_PART + name == move)
+        return {"keep": 0, "recompute": self.saved - self.inputs, "offload": self.saved}[move]
+
+    def seconds(self, move: str, host_link: float) -> float:
+        """Modelled seconds the move adds to the step."""
+        if move.startswith(RECOMPUTE_PART):
+            return next(t for name, _, t in self.parts if RECOMPUTE_PART + name == move)
+        if move == "recompute":
+            return self.forward
+        if move == "offload":
+            return max(0.0, 2 * self.saved / host_link - self.forward - self.backward)
+        return 0.0
+
+
+@dataclass(frozen=True)
+class LossCost:
+    """The chunked loss's measured saving, its transient (one chunk's logits, as ``saved``: the bytes it brings
+    back) and its modelled seconds."""
+
+    takes: int
+    saved: int
+    extra: float
+    moves = ("keep", CHUNKED)
+
+    def saving(self, move: str) -> int:
+        return self.takes if move == CHUNKED else 0
+
+    def seconds(self, move: str, host_link: float) -> float:
+        return self.extra if move == CHUNKED else 0.0
+
+
+class Offload(torch.autograd.graph.saved_tensors_hooks):
+    """Saved tensors to host memory (pinned, asynchronous copies) and back on use; ``moved`` counts their bytes once
+    per storage. A CPU tensor stays where it is (it is host memory already) but is counted."""
+
+    def __init__(self):
+        self.moved, self._seen = 0, set()
+        super().__init__(self._pack, self._unpack)
+
+    def _pack(self, t: torch.Tensor):
+        key = t.untyped_storage()._cdata
+        if key not in self._seen:
+            self._seen.add(key)
+            self.moved += t.untyped_storage().nbytes()
+        if t.device.type == "cpu":
+            return t.device, t
+        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=True)
+        return t.device, host.copy_(t, non_blocking=True)
+
+    @staticmethod
+    def _unpack(packed):
+        device, t = packed
+        return t.to(device, non_blocking=True)
+
+
+def apply_moves(model: nn.Module, moves: dict[str, str]) -> nn.Module:
+    """In place: each block of ``moves`` (path → move) recomputed or offloaded (``keep`` leaves it). A recomputed
+    block's inputs are saved by the checkpoint through the saved-tensor hooks, so the hooks' count is the device's."""
+    modules = dict(model.named_modules())
+    for path, move in moves.items():
+        if path == LOSS and move in ("keep", CHUNKED):
+            if move == CHUNKED:
+                apply_chunked_loss(model)
+            continue
+        if move.startswith(RECOMPUTE_PART):
+            path, move = f"{path}.{move[len(RECOMPUTE_PART):]}", "recompute"
+        if move not in MOVES:
+            raise ValueError(f"block {path}: move {move!r}, expected one of {', '.join(MOVES)} or "
+                             f"'{RECOMPUTE_PART}PART'")
+        if path not in modules:
+            raise ValueError(f"block {path}: no such module in {type(model).__name__}")
+        block = modules[path]
+        if move == "keep" or _MOVED in block.__dict__:
+            continue
+        inner = block.forward
+        block.__dict__[_MOVED] = (move, inner)
+        block.forward = _recompute(inner) if move == "recompute" else _offload(inner)
+    return model
+
+
+def _recompute(inner):
+    from torch.utils.checkpoint import checkpoint
+
+    def forward(*args, **kwargs):
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    return forward
+
+
+def _offload(inner):
+    def forward(*args, **kwargs):
+        with Offload():
+            return inner(*args, **kwargs)
+
+    return forward
+
+
+def remove_moves(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_moves`: each moved block gets the forward it had, the loss its stock computation."""
+    remove_chunked_loss(model)
+    for block in model.modules():
+        if _MOVED in block.__dict__:
+            _, inner = block.__dict__.pop(_MOVED)
+            if getattr(inner, "__func__", None) is type(block).forward and inner.__self__ is block:
+                del block.__dict__["forward"]  # the class's own
+            else:
+                block.forward = inner
+    return model
+
+
+def choose_moves(costs: dict[str, BlockCost | LossCost], need: int, host_link: float) -> dict[str, str]:
+    """The moves of least modelled time that take at least ``need`` bytes off the end of the forward plus the
+    transient they bring back (the largest S_b moved); {} when ``need`` ≤ 0. Exhaustive over which block sets the
+    transient (the largest moved S_b), then a multiple-choice knapsack by dynamic programming on the bytes."""
+    if need <= 0:
+        return {}
+    best: tuple[float, dict[str, str]] | None = None
+    for cap in sorted({c.saved for c in costs.values()}):
+        allowed = {p: c for p, c in costs.items() if c.saved <= cap}
+        picked = _knapsack(allowed, need + cap, host_link)
+        if picked is not None and (best is None or picked[0] < best[0]):
+            best = picked
+    if best is None:
+        top = sum(max(c.saving(m) for m in c.moves) for c in costs.values())
+        raise ValueError(f"no moves fit: {need} bytes over the budget, and recomputing or offloading every block "
+                         f"(and the chunked loss, where it applies) takes at most {top} bytes off, less the largest "
+                         "transient")
+    return best[1]
+
+
+def _knapsack(costs: dict[str, BlockCost | LossCost], need: int, host_link: float
+              ) -> tuple[float, dict[str, str]] | None:
+    """Least total seconds with Σ saving ≥ need (:func:`approxbp.planner.knapsack.multiple_choice`, bytes in units of
+    need/2048)."""
+    groups = [[(c.saving(m), c.seconds(m, host_link)) for m in c.moves] for c in costs.values()]
+    found = multiple_choice(groups, need, max(1, need // 2048))
+    if found is None:
+        return None
+    return found[0], {path: c.moves[j] for (path, c), j in zip(costs.items(), found[1]) if j}

@@ -1,0 +1,322 @@
+"""``approxbp plan``: a training step's memory, measured without the hardware, and a replacement per layer.
+
+One forward of the user's model runs on fake tensors (``FakeTensorMode``: shapes, dtypes and storages, no data),
+so a LLaMA-7B config plans in seconds on a laptop. Every tensor autograd saves for backward is caught by
+``saved_tensors_hooks`` and charged to the innermost module running when it was saved (module forward hooks keep
+the stack), once per storage (a view or a tensor saved twice costs nothing more); parameters are not charged,
+they exist anyway. The same code on real tensors gives the measured numbers the tests compare against.
+
+Step memory (Approx-BP Fig. 2's categories): parameters, their gradients and AdamW's two moments (trainable
+parameters only, in the parameter dtype as ``torch.optim.AdamW`` keeps them), and the saved activations. The
+predicted peak is their sum: at the end of the forward every saved tensor is alive and, unless the previous
+step's gradients were freed by ``zero_grad(set_to_none=True)``, so are the gradients (with it the peak is lower
+by up to the gradients; transient buffers of single ops are not counted). With activation checkpointing the end
+of the forward is not the peak (the backward recomputes each block), so that mode traces a whole step with
+PyTorch's ``MemTracker`` instead (:func:`traced_step`): the peak of what is alive, and its moment.
+
+Per layer, every activation gets the options exact, ReLU-sum k = 1…4 (primitive tables) and InvAct (fast form),
+with the saving of the peak measured in this graph (one run per option with every layer of that activation
+class replaced, divided by their count: the replacements of different layers never share storages) and the
+gradient error of the table, E_{x∼N(0,1)}[(h̃′(x) − f′(x))²]^½ from its knots and levels (ReLU-sum) or its
+certified L∞ (InvAct). MS-norm merging is one more option for the whole model. With a budget the assignment
+minimising the summed error whose predicted peak fits is chosen (a multiple-choice knapsack by dynamic
+programming on the bytes).
+"""
+
+from __future__ import annotations
+
+from approxbp.planner.gpus import GPUS
+from approxbp.planner.gpus import gpu as step_gpu
+from approxbp.planner.knapsack import multiple_choice
+from approxbp.planner.plan_moves import Assignment, Weighed, move_costs
+from approxbp.planner.plan_step import (
+    OPTIONS,
+    gradient_error,
+    option_table,
+    stepper,
+)
+from approxbp.planner.request import Request
+from approxbp.planner.result import Plan
+from approxbp.planner.step_memory import (
+    StepMemory,
+    size,
+)
+from approxbp.planner.training import Setup
+
+MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.planner.training.PRESETS
+#: What :func:`maximize` searches for.
+MAXIMIZE = ("batch", "seq_len")
+
+
+def _summary(m: StepMemory) -> dict:
+    units = m.block_units
+    return {"parameters": m.parameters, "gradients": m.gradients, "optimizer": m.optimizer,
+            "activations": m.activations, "peak": m.peak, "activations_by_kind": m.by_kind(),
+            "block": m.block, "block_units": None if units is None else round(units, 4), "peak_moment": m.moment,
+            "blocks_measured": list(m.blocks_measured), "device_peaks": m.device_peaks() if m.devices > 1 else []}
+
+
+def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
+         compile_budgets: tuple[float, ...] = (), progress=None) -> Plan:
+    """Measure the exact model and each option, then choose (see the module docstring; the request's ``checkpoint``,
+    ``traced``: :func:`stepper`'s). ``gpu`` (a name of :data:`~.step_time.GPUS`): where the approximations cannot reach
+    the budget, recompute and offload blocks at the least modelled time on it (:mod:`approxbp.planner.plan_moves`).
+    ``compile_budgets`` (with ``gpu`` and ``budget``): the fastest plan within the budget of every assignment's
+    moves and of every assignment compiled at each of these ``activation_memory_budget`` values
+    (:mod:`approxbp.planner.compiled`)."""
+    say = progress or (lambda msg: None)
+    _one_gpu_budget(request.setup, budget)
+    if compile_budgets and (gpu is None or budget is None or not request.fake or request.checkpoint
+                            or request.traced):
+        raise ValueError("--compile-budgets weighs compiled plans by their modelled time under a budget: it needs "
+                         "--gpu and --budget (or --pareto), on fake tensors, without --checkpoint or --trace")
+    step = stepper(request)
+
+    def run(assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
+        return step(None, None, assignment, ms_norm)
+
+    base, layers, options, ms = measure_options(run, say)
+    moved = refused = None
+    if not compile_budgets:  # the least-error assignment within the budget; the moves only where none reaches it
+        try:
+            choice, after, estimate = _within(run, layers, options, ms, base.peak, budget, say)
+        except NoFit as err:
+            if budget is None:
+                raise
+            if gpu is None:
+                raise ValueError(f"{err}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
+                                 "to reach it") from None
+            refused = err
+    if compile_budgets or refused:  # the fastest plan within the budget
+        best, moved = _fastest(run, request, layers, options, ms, base, budget, gpu, compile_budgets,
+                               refused or f"nothing planned reaches {size(budget)}", say)
+        choice, ms["chosen"], after, estimate = (best.assignment.choice, best.assignment.ms_norm,
+                                                 best.assignment.after, best.assignment.estimate)
+    return Plan(request.model, request.setup.describe(base.lora, base.head), request.batch,
+                request.seq if base.uses_seq else None, budget, _summary(base), _summary(after),
+                {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
+                     **options[layers[p]][o]} for p, o in choice.items()},
+                options, ms, estimate, request.checkpoint,
+                bool(base.moment), moves=moved)  # only a traced step has a moment
+
+
+def _fastest(run, request: Request, layers, options, ms, base, budget, gpu, compile_budgets, refused,
+             say) -> tuple[Weighed, dict]:
+    """The assignment and moves (or compiled budget) of least modelled time within ``budget``: every assignment of
+    :func:`assignments` weighed with its moves, and compiled at each of ``compile_budgets``."""
+    from approxbp.planner.compiled import fastest_within
+
+    device = step_gpu(gpu)
+    weighed = [Weighed(a, *move_costs(run, request, a.choice, a.ms_norm, a.after, device, say))
+               for a in distinct(assignments(run, layers, options, ms, base.peak, say))]
+    picked = fastest_within(weighed, budget, device, request, compile_budgets, say)
+    if picked is None:
+        raise ValueError(f"{refused}; and no moves reach it from any of {len(weighed)} assignments weighed "
+                         "(recomputing or offloading every block, and the chunked loss where it applies"
+                         + (", or compiled at any of the budgets" if compile_budgets else "") + ")") from None
+    return picked
+
+
+def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dict], dict]:
+    """(the exact step, its activation layers, each activation's options with their saving per layer and gradient
+    error, the MS-norms' saving) — ``run(assignment, ms_norm)`` measures one step."""
+    say("exact model")
+    base = run(None, False)
+    layers = base.layers
+    counts: dict[str, int] = {}
+    for act in layers.values():
+        counts[act] = counts.get(act, 0) + 1
+    options: dict[str, dict] = {}
+    for act, n in counts.items():
+        options[act] = {"exact": {"saving_per_layer": 0, "error": 0.0}}
+        for option in OPTIONS[1:]:
+            say(f"{act}: {option}")
+            every = {p: option for p, a in layers.items() if a == act}
+            got = run(every, False)
+            options[act][option] = {"saving_per_layer": (base.peak - got.peak) // n,
+                                    "error": gradient_error(act, option)}
+    say("MS-norms")
+    merged = run(None, True)
+    return base, layers, options, {"saving": base.peak - merged.peak}
+
+
+class NoFit(ValueError):
+    """No assignment of the approximations reaches the budget (the moves may: ``gpu``)."""
+
+
+def assignments(run, layers, options, ms: dict, peak: int, say, count: int = 3) -> list[tuple[int, Assignment]]:
+    """(budget, the least-error assignment within it) at ``count`` budgets evenly from ``peak`` down to the most-saving
+    assignment's peak (the approximations' stretch of the curve; a budget the measured options miss is left out):
+    the candidates moves are weighed on."""
+    most = Assignment(*_within(run, layers, options, ms, peak, None, say), ms["chosen"], 0.0)
+    found = []
+    for budget in spread(peak, most.after.peak, count)[:-1]:
+        try:
+            found.append((budget, Assignment(*_within(run, layers, options, ms, peak, budget, say), ms["chosen"], 0.0)))
+        except NoFit:  # the options' measured savings do not add up to this budget
+            continue
+    return [(b, a._replace(error=max((options[layers[p]][o]["error"] for p, o in a.choice.items()), default=0.0)))
+            for b, a in [*found, (most.after.peak, most)]]
+
+
+def distinct(found: list[tuple[int, Assignment]]) -> list[Assignment]:
+    """The assignments of :func:`assignments`, each once."""
+    out: list[Assignment] = []
+    for _, a in found:
+        if all((a.choice, a.ms_norm) != (b.choice, b.ms_norm) for b in out):
+            out.append(a)
+    return out
+
+
+def spread(high: int, low: int, points: int) -> list[int]:
+    """``points`` budgets from ``high`` down to ``low``, evenly spaced."""
+    return [round(high - (high - low) * i / (points - 1)) for i in range(points)]
+
+
+def _within(run, layers, options, ms: dict, peak: int, budget: int | None, say):
+    """(choice, the measured step, the additive estimate) of the least-error assignment within ``budget`` (None:
+    the most saving); sets ``ms["chosen"]``. Savings are measured per option and their sum can be off by what the
+    options share, so the chosen plan is measured and the target tightened by what it missed, up to 4 times."""
+    target = budget
+    for _ in range(4):
+        choice = _choose(layers, options, ms["saving"], peak, target)
+        ms["chosen"] = choice.pop("__ms_norm__") == "on"
+        estimate = peak - sum(options[layers[p]][o]["saving_per_layer"] for p, o in choice.items()) - (
+            ms["saving"] if ms["chosen"] else 0)
+        say("the chosen plan")
+        after = run(choice, ms["chosen"])
+        if budget is None or after.peak <= budget:
+            return choice, after, estimate
+        target -= after.peak - budget
+    raise NoFit(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
+
+
+def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
+    """``--use``: (one option for every activation layer, or {layer: option} from a plan JSON; MS-norms on/off).
+    ``exact``, ``relu-sum-k2``, ``invact``, … (:data:`OPTIONS`), each optionally ``+ms-norm``; ``ms-norm`` alone;
+    or the path of a plan written by ``approxbp plan --out``."""
+    if text.endswith(".json"):
+        from approxbp.planner.result import read_plan
+
+        try:
+            data = read_plan(text)
+            layers, ms = {p: layer["option"] for p, layer in data["layers"].items()}, data["ms_norm"]["chosen"]
+        except (ValueError, KeyError) as err:
+            raise ValueError(f"--use {text}: not a plan written by `approxbp plan --out` ({err})") from None
+        if bad := sorted({o for o in layers.values() if o not in OPTIONS}):
+            raise ValueError(f"--use {text}: unknown options {bad}; expected {', '.join(OPTIONS)}")
+        return layers, bool(ms)
+    parts = text.split("+")
+    acts = [p for p in parts if p != "ms-norm"]
+    if len(acts) > 1 or any(p not in OPTIONS for p in acts) or len(parts) != len(set(parts)):
+        raise ValueError(f"--use {text!r}: expected one of {', '.join(OPTIONS)}, optionally +ms-norm (or ms-norm "
+                         "alone), or a plan JSON")
+    return (acts[0] if acts else "exact"), "ms-norm" in parts
+
+
+def evaluate(request: Request, *, use: str, budget: int | None = None, progress=None) -> Plan:
+    """The exact step (``before``) and the step with the given assignment (``after``, :func:`parse_use`), both
+    measured; no option is tried and nothing is chosen. ``budget`` is only recorded (and reported)."""
+    return evaluate_each(request, uses=(use,), budget=budget, progress=progress)[0]
+
+
+def evaluate_each(request: Request, *, uses, budget: int | None = None, progress=None) -> list[Plan]:
+    """:func:`evaluate` for each assignment of ``uses``, the exact step measured once for all of them."""
+    say = progress or (lambda msg: None)
+    parsed = [parse_use(use) for use in uses]
+    step = stepper(request)
+    say("exact model")
+    base = step()
+    plans = []
+    for use, (option, ms) in zip(uses, parsed):
+        assignment = {p: option for p in base.layers} if isinstance(option, str) else option
+        if unknown := sorted(set(assignment) - set(base.layers)):
+            raise ValueError(f"--use {use}: the plan names layers this model does not have ({', '.join(unknown[:3])})")
+        say(f"the assignment {use}")
+        after = step(None, None, assignment, ms) if ms or set(assignment.values()) - {"exact"} else base
+        layers = {p: {"activation": base.layers[p], "option": o, "table": option_table(base.layers[p], o),
+                      "error": gradient_error(base.layers[p], o)} for p, o in assignment.items()}
+        plans.append(Plan(request.model, request.setup.describe(base.lora, base.head), request.batch,
+                          request.seq if base.uses_seq else None, budget, _summary(base), _summary(after), layers, {},
+                          {"chosen": ms, "saving": None}, None, request.checkpoint, bool(base.moment), use))
+    return plans
+
+
+#: --maximize seq_len searches multiples of this many tokens.
+SEQ_GRAIN = 64
+
+
+#: --maximize probes batch sizes and sequence lengths up to this (a larger one is no device's step).
+MAX_PROBE = 1 << 20
+
+
+def _one_gpu_budget(setup: Setup, budget: int | None) -> None:
+    """A budget is one GPU's: refused for a model split over several (``--devices``), whose peaks are reported."""
+    if budget is not None and setup.devices > 1:
+        raise ValueError("--budget/--maximize plan one GPU's memory; with --devices N the plan reports each GPU's "
+                         "peak instead: drop --budget, or plan one GPU (--devices 1)")
+
+
+def maximize(request: Request, *, what: str, budget: int, use: str | None = None, grain: int = SEQ_GRAIN,
+             progress=None) -> tuple[int, Plan]:
+    """The largest ``what`` (``batch`` or ``seq_len``) whose step fits ``budget`` with the most-saving replacements
+    (chosen at the request's sizes) or with the assignment ``use`` (:func:`parse_use`; ``exact`` for the stock model),
+    by doubling then bisection (sequence lengths in multiples of ``grain`` tokens), one fake step per probe; then
+    the least-error plan (or ``use``'s evaluation) at that size."""
+    if what not in ("batch", "seq_len"):
+        raise ValueError(f"--maximize {what!r}: expected batch or seq_len")
+    _one_gpu_budget(request.setup, budget)
+    say = progress or (lambda msg: None)
+    batch, seq = request.batch, request.seq
+    first = (plan(request, progress=progress) if use is None else evaluate(request, use=use, progress=progress))
+    if what == "seq_len" and first.seq is None:
+        raise ValueError(f"--maximize seq_len: {request.model}'s inputs do not depend on the sequence length")
+    step = stepper(request)
+    assignment = {p: layer["option"] for p, layer in first.layers.items()}
+
+    def fits(v: int) -> bool:
+        b, n = (v, seq) if what == "batch" else (batch, v)
+        peak = step(b, n, assignment, first.ms_norm["chosen"]).peak
+        say(f"{what} = {v}: peak {size(peak)}")
+        return peak <= budget
+
+    if not (isinstance(grain, int) and grain >= 1):
+        raise ValueError(f"--grain {grain!r}: expected a positive number of tokens")
+    grain = 1 if what == "batch" else grain
+    lo, hi = 0, max(grain, (batch if what == "batch" else seq) // grain * grain)
+    while fits(hi):
+        if hi >= MAX_PROBE:
+            raise ValueError(f"--budget {size(budget)} fits {what} = {hi} and beyond: it bounds nothing this planner "
+                             f"measures (sizes up to {MAX_PROBE}); give a device's memory, e.g. 80GiB")
+        lo, hi = hi, 2 * hi
+    while hi - lo > grain:
+        mid = (lo + hi) // 2 // grain * grain
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    if lo == 0:
+        raise ValueError(f"even {what} = 1 does not fit {size(budget)} with every saving applied")
+    at = request.at(batch=lo) if what == "batch" else request.at(seq=lo)
+    return lo, (plan(at, budget=budget, progress=progress) if use is None else
+                evaluate(at, use=use, budget=budget, progress=progress))
+
+
+def _choose(layers: dict[str, str], options: dict[str, dict], ms_saving: int, peak: int,
+            budget: int | None) -> dict[str, str]:
+    """The assignment (with "__ms_norm__": on/off) of least summed error whose predicted peak is ≤ budget; without a
+    budget the one that saves most (least error among those). Multiple-choice knapsack: a DP over saved bytes in
+    units of 1/4096 of the largest possible saving."""
+    groups = [(p, [(o, v["saving_per_layer"], v["error"]) for o, v in options[a].items()]) for p, a in layers.items()]
+    groups.append(("__ms_norm__", [("off", 0, 0.0), ("on", max(ms_saving, 0), 0.0)]))
+    if budget is None:
+        return {p: min(opts, key=lambda o: (-o[1], o[2]))[0] for p, opts in groups}
+    need = peak - budget
+    if need <= 0:
+        return {p: "exact" if p != "__ms_norm__" else "off" for p, _ in groups}
+    top = sum(max(s for _, s, _ in opts) for _, opts in groups)
+    if top < need:
+        raise NoFit(f"no assignment fits: the exact step peaks at {size(peak)}, {size(need)} over the budget, "
+                         f"and the options save at most {size(top)}")
+    found = multiple_choice([[(saving, error) for _, saving, error in opts] for _, opts in groups], need,
+                            max(1, top // 4096))
+    if found is None:
+        raise NoFit("no assignment fits the budget")
+    return {path: opts[j][0] for (path, opts), j in zip(groups, found[1])}

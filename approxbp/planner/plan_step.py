@@ -1,0 +1,154 @@
+"""One planned training step (``approxbp plan``): the options per activation layer, putting an assignment on a
+model, the step function that builds a model afresh and measures it (:func:`stepper`, on fake tensors by default;
+a model of many alike blocks measured at 2 and 3 and extrapolated) and its roofline timing (:func:`timed`)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from approxbp.planner.chunked_loss import CHUNKED, LOSS
+from approxbp.planner.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
+from approxbp.planner.models import hf_builder, model_spec, no_init
+from approxbp.planner.moves import PART_KEY, RECOMPUTE_PART, apply_moves
+from approxbp.planner.request import Request
+from approxbp.planner.step_memory import StepMemory, first_block, measure, prepare
+from approxbp.planner.step_time import block_paths
+from approxbp.planner.tasks import head_of
+from approxbp.planner.training import LoRALinear, Setup, weights_for
+
+#: Per activation layer; ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no
+#: gradient error; saves nothing where the layer is in no gated MLP).
+OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact", "glu")
+
+
+def option_table(activation: str, option: str) -> str | None:
+    """The packaged table of an option for a registry activation (None for ``exact`` and ``glu``)."""
+    if option in ("exact", "glu"):
+        return None
+    if option == "invact":
+        return f"invact/{activation}-fast"
+    from approxbp.approximations import tables as T
+
+    return f"relu_sum/{T.relu_sum_name(activation, int(option[-1]), 'primitive')}"
+
+
+def gradient_error(activation: str, option: str) -> float:
+    """E_{x∼N(0,1)}[(h̃′(x) − f′(x))²]^½ for a ReLU-sum table (its levels between its knots, against the exact
+    derivative), the certified (else sampled) L∞ of an InvAct table, 0 for exact."""
+    from approxbp.approximations import tables as T
+    from approxbp.approximations.gradient_error import gradient_error as of_table
+
+    table = option_table(activation, option)
+    return 0.0 if table is None else of_table(T.load(T.resolve(table)))
+
+
+def activation_layers(model: nn.Module) -> dict[str, str]:
+    """Module path → registry activation of every activation patch_model can replace."""
+    from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES, class_key
+
+    return {n: ACTIVATION_CLASSES[class_key(m)] for n, m in model.named_modules()
+            if class_key(m) in ACTIVATION_CLASSES}
+
+
+def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: dict | None = None) -> nn.Module:
+    """Replace each layer by its option (``exact`` keeps it; ``glu`` fuses its gated MLP) and merge the norms
+    (patch_model's rules). Other gated MLPs keep their activation as a layer of its own: the options are per layer."""
+    from approxbp.kernels.rewrite.patch import patch_model
+    from approxbp.planner.chunked_loss import apply_chunked_loss
+
+    parts = [p[len(PART_KEY):] for p in assignment if p.startswith(PART_KEY)]
+    assignment = {p: o for p, o in assignment.items() if not p.startswith(PART_KEY)}
+    if parts:  # after the other rewrites (patch_model proves on the stock forward)
+        apply(model, assignment, ms_norm, inputs)
+        blocks = block_paths(model, first_block(model))
+        apply_moves(model, {b: RECOMPUTE_PART + part for b in blocks for part in parts})
+        return model
+    if assignment.get(LOSS) == CHUNKED:
+        apply_chunked_loss(model)
+        assignment = {p: o for p, o in assignment.items() if p != LOSS}
+        if not assignment and not ms_norm:
+            return model
+    tables = {path: option_table(act, assignment[path]) or "exact"
+              for path, act in activation_layers(model).items() if path in assignment}
+    fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu"}
+    patch_model(model, family=None, tables=tables or None, norms=ms_norm, example_input=inputs, check=False, glu=fused)
+    return model
+
+
+def step_inputs(make_inputs, batch: int, seq: int, setup: Setup) -> dict:
+    """One step's inputs: the floating ones in the set-up's dtype, unless autocast computes in its own."""
+    return {k: v.to(setup.dtype) if torch.is_tensor(v) and v.is_floating_point() and setup.autocast == "off" else v
+            for k, v in make_inputs(batch, seq).items()}
+
+
+def stepper(request: Request, *, whole: bool = False):
+    """run(batch, seq, assignment, ms_norm) → the :class:`StepMemory` of one step of the request's model (built
+    afresh, on fake tensors unless ``request.fake`` is False) at that batch and sequence length (default: the
+    request's) with those replacements; its ``layers`` are the activation layers found before them. The request's
+    ``checkpoint``: activation checkpointing; its ``traced`` (default: with checkpointing) a whole step traced by
+    :func:`traced_step` rather than the tensors saved by the forward. A Hugging Face model of more than 3 alike blocks
+    is measured at 2 and 3 blocks and extrapolated (:mod:`~.extrapolate`) unless ``whole`` or an assignment treats its
+    blocks differently."""
+    setup, lora_r, checkpoint, fake = request.setup, request.lora_r, request.checkpoint, request.fake
+    traced = checkpoint if request.traced is None else request.traced
+    build = model_spec(request.model, setup.task)
+    scope = _fake_like_real if fake else contextlib.nullcontext
+    count = None if whole or not hasattr(build, "config") else layer_count(build.config)
+    small = None
+    if count and count[1] > SMALL[-1]:
+        small = {n: hf_builder(shrunk(build.config, count[0], n), build.task) for n in SMALL}
+    prefix: list[str] = []  # the blocks' path prefix ("model.layers."), known after the first small run
+    head = "{} ({})".format(*head_of(build.config, setup.task)) if hasattr(build, "config") else ""
+
+    def one(builder, batch: int, seq: int, assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
+        with scope():
+            torch.manual_seed(0)
+            with weights_for(setup), no_init() if fake else contextlib.nullcontext():
+                model, make_inputs = builder()
+                model = prepare(model, setup, lora_r, checkpoint)
+            inputs = step_inputs(make_inputs, batch, seq, setup)
+            layers = activation_layers(model)
+            if assignment or ms_norm:
+                apply(model, assignment or {}, ms_norm, inputs)
+            step = measure(model, inputs, setup, traced)
+            step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
+            step.lora = tuple(sorted({n.rpartition(".")[2] for n, m in model.named_modules()
+                                      if isinstance(m, LoRALinear)}))
+            step.head = head
+            return step
+
+    def run(batch: int | None = None, seq: int | None = None, assignment: dict[str, str] | None = None,
+            ms_norm: bool = False) -> StepMemory:
+        batch, seq = batch or request.batch, seq or request.seq
+        if small and not prefix:
+            prefix.append(one(small[SMALL[-1]], batch, seq, None, False).block.rpartition(".")[0] + ".")
+        part = small_assignment(assignment or {}, prefix[0], count[1]) if small and prefix[0] != "." else None
+        if part is None:
+            return one(build, batch, seq, assignment, ms_norm)
+        two, three = (one(small[n], batch, seq, part, ms_norm) for n in SMALL)
+        return extrapolate(two, three, count[1], prefix[0])
+
+    return run
+
+
+@contextlib.contextmanager
+def _fake_like_real():
+    """FakeTensorMode, in which Hugging Face models take the path they take on real tensors: transformers treats a
+    fake tensor as tracing and skips its check for packed sequences, then materialises a causal mask (kept as an
+    input of every checkpointed layer) where a real run of these unpacked inputs uses SDPA's is_causal."""
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with contextlib.ExitStack() as stack:
+        try:
+            import transformers.masking_utils as masks
+        except ImportError:
+            masks = None
+        if masks is not None and hasattr(masks, "find_packed_sequence_indices"):
+            stack.enter_context(mock.patch.object(masks, "find_packed_sequence_indices", lambda position_ids: None))
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        yield

@@ -1,0 +1,139 @@
+"""A plan, what ``approxbp plan`` returns, and the one place its JSON is written (:meth:`Plan.to_json`, ``--out``) and
+read (:func:`read_plan`: :meth:`Plan.load`, ``--use plan.json``); applying it to a model (:meth:`Plan.apply`, through
+:func:`plan_config`: the plan's layers matched to the model's activation modules). Its report: :mod:`~.report`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+if TYPE_CHECKING:
+    from approxbp.kernels.rewrite.common import PatchConfig
+
+from approxbp.approximations import tables as T
+
+
+@dataclass
+class Plan:
+    model: str
+    mode: str
+    batch: int
+    seq: int | None  # None: the model's inputs do not depend on it
+    budget: int | None
+    before: dict
+    after: dict
+    layers: dict[str, dict]  # path → {"activation", "option", "saving", "error"}
+    options: dict[str, dict]  # activation → option → {"saving per layer", "error"}
+    ms_norm: dict
+    estimate: int | None = None  # the knapsack's additive prediction of the peak; ``after`` is measured
+    checkpoint: bool = False  # activation checkpointing
+    traced: bool = False  # a whole step traced (MemTracker) rather than the forward's saved tensors
+    use: str | None = None  # the assignment evaluated (--use), or None: chosen by the planner
+    moves: dict | None = None  # recompute/offload moves beyond the approximations (planner.plan_moves.plan_moves)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """The plan ``approxbp plan --out`` wrote to ``path`` (refused in one line when it is not one)."""
+        data = read_plan(str(path))
+        if missing := [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]:
+            raise ValueError(f"{path}: not a plan written by `approxbp plan --out` (no {', '.join(missing)})")
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+    def apply(self, model: nn.Module, *, example_input=None, check: bool = True,
+              module_filter_fn: Callable[[nn.Module, str], bool] | None = None, compile_backend="inductor"):
+        """Patch ``model`` as planned: each planned layer's table (or exact), the gated MLPs of its ``glu`` layers
+        fused, MS-norms as chosen (:func:`approxbp.kernels.patch_model`'s rules and proofs; the plan's paths match
+        the model's as they are or as a suffix, so a peft-wrapped model takes its base model's plan), then its moves;
+        a planned ``activation_memory_budget`` compiles the model in place with ``compile_backend`` at that budget
+        (:func:`~.compiled.budget_backend`). Returns the patch report; without ``example_input`` the planned
+        fused GLUs are not applied, and it says so per layer."""
+        from approxbp.kernels.rewrite.patch import patch_model
+
+        config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
+        report = patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
+                             example_input=example_input, check=check)
+        if self.moves and self.moves.get("compile"):
+            from approxbp.planner.compiled import budget_backend
+
+            b = self.moves["compile"]["activation_memory_budget"]
+            model.compile(backend=budget_backend(b, compile_backend))
+            report.moves = [f"compiled in place, activation_memory_budget {b}"]
+        elif self.moves:
+            report.moves = self._apply_moves(model)
+        return report
+
+    def _apply_moves(self, model: nn.Module) -> list[str]:
+        """The planned recompute/offload moves on ``model``'s blocks (a planned path matches as it is or as a suffix,
+        as the layers do); a block the model lacks is refused in one line."""
+        from approxbp.planner.chunked_loss import LOSS
+        from approxbp.planner.moves import apply_moves
+
+        paths = [n for n, _ in model.named_modules()]
+        resolved = {}
+        for planned, move in self.moves["moves"].items():
+            if planned == LOSS:
+                resolved[LOSS] = move
+                continue
+            found = [p for p in paths if p == planned or p.endswith("." + planned)]
+            if len(found) != 1:
+                raise ValueError(f"the plan moves block {planned!r}, which this model has {len(found)} times, not once")
+            resolved[found[0]] = move
+        apply_moves(model, resolved)
+        return [f"{path}: {move}" for path, move in resolved.items()]
+
+
+def read_plan(plan) -> dict:
+    """A plan (JSON file path or its dict), its ``layers`` and ``ms_norm`` checked field by field."""
+    where = "plan" if isinstance(plan, dict) else str(plan)
+    if not isinstance(plan, dict):
+        try:
+            plan = json.loads(Path(plan).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{where}: not a readable plan JSON file ({err})") from None
+    layers, ms = (plan.get("layers"), plan.get("ms_norm")) if isinstance(plan, dict) else (None, None)
+    if not isinstance(layers, dict) or not all(isinstance(v, dict) and isinstance(v.get("table"), str | None)
+                                               for v in layers.values()):
+        raise ValueError(f"{where}: 'layers' must map module paths to {{'table': a table name or null, …}}, as "
+                         "`approxbp plan --out` writes it")
+    if not isinstance(ms, dict) or not isinstance(ms.get("chosen"), bool):
+        raise ValueError(f"{where}: 'ms_norm' must be {{'chosen': true or false, …}}, as `approxbp plan --out` "
+                         "writes it")
+    return plan
+
+
+def plan_config(plan, model: nn.Module) -> PatchConfig:
+    from approxbp.kernels.rewrite.activation_swap import ACTIVATION_CLASSES, class_key
+    from approxbp.kernels.rewrite.common import PatchConfig
+
+    """An ``approxbp plan`` (JSON file or dict, :func:`read_plan`) → the patch that applies it to ``model``: tables
+    {module path in ``model``: table path or "exact"}, MS-norms on or off, the gated MLPs to fuse (the parents of the
+    layers whose option is ``glu``).
+    The plan's layer paths are matched to the model's activation modules as they are or as a suffix (peft wraps
+    the planned model as ``base_model.model.…``); each must match exactly one, and every activation of the model
+    must be in the plan, else it was made for another model and is refused."""
+    where = "plan" if isinstance(plan, dict) else str(plan)
+    plan = read_plan(plan)
+    layers, ms = plan["layers"], plan["ms_norm"]
+    ours = [n for n, m in model.named_modules() if class_key(m) in ACTIVATION_CLASSES]
+    chosen, unmatched, fused = {}, [], set()
+    for path, layer in layers.items():
+        hits = [n for n in ours if n == path or n.endswith("." + path)]
+        if len(hits) != 1:
+            unmatched.append(f"{path} ({'no' if not hits else len(hits)} matching activation modules)")
+            continue
+        chosen[hits[0]] = T.resolve(layer["table"]) if layer["table"] else "exact"
+        if layer.get("option") == "glu":
+            fused.add(hits[0].rpartition(".")[0])
+    missing = [n for n in ours if n not in chosen]
+    if unmatched or missing:
+        raise ValueError(f"{where} was made for another model: {len(layers)} planned layers, {len(ours)} activation "
+                         f"modules here; unmatched in the plan: {unmatched[:3]}; not in the plan: {missing[:3]}")
+    return PatchConfig(family=None, tables=chosen, norms=ms["chosen"], glu=fused)

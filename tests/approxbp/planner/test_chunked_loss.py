@@ -1,0 +1,101 @@
+"""The chunked loss: the stock loss and gradients without the logits, and the bytes it saves counted independently
+(r × V fp32 log-softmax values)."""
+
+import copy
+
+import pytest
+import torch
+from approxbp.kernels.ops.saved import saved_bytes
+
+from approxbp.planner.chunked_loss import apply_chunked_loss, chunk_rows, remove_chunked_loss
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 512
+
+
+def _llama(dtype=torch.float32):
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).to(dtype)
+
+
+def _batch():
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (2, 24), generator=gen)
+    labels = ids.clone()
+    labels[0, :5] = -100  # prompt tokens the loss ignores
+    return ids, labels
+
+
+@pytest.mark.parametrize("num_items", [None, 37])
+def test_the_chunked_loss_is_the_stock_loss_with_the_stock_gradients(num_items):
+    stock = _llama(torch.float64)
+    ours = apply_chunked_loss(copy.deepcopy(stock))
+    ids, labels = _batch()
+    extra = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
+    got = []
+    for model in (stock, ours):
+        out = model(input_ids=ids, labels=labels, **extra)
+        out.loss.backward()
+        got.append(out)
+    assert got[1].logits is None and got[0].logits.shape == (2, 24, VOCAB)
+    assert got[1].loss.item() == pytest.approx(got[0].loss.item(), rel=1e-6)  # fp32 logits in both (HF upcasts)
+    for a, b in zip(stock.parameters(), ours.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-9)
+
+
+def test_it_saves_the_log_softmax_values_a_stock_step_keeps():
+    stock = _llama()
+    ours = apply_chunked_loss(copy.deepcopy(stock))
+    ids, labels = _batch()
+    counts = [saved_bytes(lambda m=m: m(input_ids=ids, labels=labels).loss, exclude=list(m.parameters()))
+              for m in (stock, ours)]
+    rows = ids.numel()
+    assert 0 <= rows * VOCAB * 4 - (counts[0] - counts[1]) <= 16, counts  # less the loss's few saved scalars
+
+
+def test_under_autocast_the_loss_is_the_stock_loss():
+    stock = _llama()
+    ours = apply_chunked_loss(copy.deepcopy(stock))
+    ids, labels = _batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        losses = [m(input_ids=ids, labels=labels).loss.item() for m in (stock, ours)]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+def test_without_labels_or_without_grad_the_model_returns_its_logits():
+    stock = _llama()
+    ours = apply_chunked_loss(copy.deepcopy(stock))
+    ids, labels = _batch()
+    torch.testing.assert_close(ours(input_ids=ids).logits, stock(input_ids=ids).logits)
+    with torch.no_grad():
+        out = ours(input_ids=ids, labels=labels)
+    assert out.logits is not None and out.loss.item() == pytest.approx(stock(input_ids=ids, labels=labels).loss.item())
+    remove_chunked_loss(ours)
+    assert "forward" not in ours.__dict__ and ours(input_ids=ids, labels=labels).logits is not None
+
+
+def test_a_model_that_changes_its_logits_after_the_head_is_refused_at_the_call():
+    cfg = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    final_logit_softcapping=30.0)
+    model = apply_chunked_loss(transformers.Gemma2ForCausalLM(cfg))
+    ids, labels = _batch()
+    with pytest.raises(RuntimeError, match="changes its logits after the head"):
+        model(input_ids=ids, labels=labels)
+
+
+def test_a_model_without_a_causal_lm_loss_is_refused():
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=4)
+    with pytest.raises(ValueError, match="not transformers' ForCausalLMLoss"):
+        apply_chunked_loss(transformers.BertForMaskedLM(cfg))
+
+
+@pytest.mark.parametrize(("rows", "width", "vocab", "expected"), [(48, 32, 512, 48), (4096, 4096, 128256, 512),
+                                                                   (65536, 4096, 128256, 2048), (5, 64, 32, 5)])
+def test_a_chunk_has_logits_the_size_of_the_hidden_states_and_rows_enough_to_be_compute_bound(rows, width, vocab,
+                                                                                                 expected):
+    assert chunk_rows(rows, width, vocab) == expected

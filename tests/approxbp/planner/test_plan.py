@@ -1,0 +1,307 @@
+"""approxbp plan: a step's memory on fake tensors equals the same measurement on real tensors, in every mode;
+the chosen plan applies through Plan.load(path).apply(model) and saves what it said; the knapsack is optimal."""
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from approxbp.planner import models as MD
+from approxbp.planner import plan as P  # noqa: E402
+from approxbp.planner import plan_step as PS
+from approxbp.planner import report as PR
+from approxbp.planner import step_memory  # noqa: E402
+from approxbp.planner import step_memory as SM
+from approxbp.planner import training as SU
+from approxbp.planner.request import Request
+
+LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
+GPT2 = "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100,n_positions=64"
+
+
+@pytest.mark.parametrize("model, mode", [(LLAMA, "bf16"), pytest.param(LLAMA, "autocast", marks=pytest.mark.slow),
+                                         pytest.param(LLAMA, "lora", marks=pytest.mark.slow),
+                                         pytest.param(LLAMA, "compile", marks=pytest.mark.slow),
+                                         (LLAMA, "checkpoint"), pytest.param(GPT2, "bf16", marks=pytest.mark.slow),
+                                         (GPT2, "lora"),
+                                         pytest.param(GPT2, "lora+checkpoint", marks=pytest.mark.slow)])
+def test_fake_tensors_predict_the_real_measurement_exactly(model, mode):
+    mode, _, ck = mode.partition("+")
+    if mode == "checkpoint":
+        mode, ck = "bf16", "checkpoint"
+    fake = P.plan(Request(model=model, batch=2, seq=16, setup=mode, checkpoint=bool(ck)))
+    real = P.plan(Request(model=model, batch=2, seq=16, setup=mode, fake=False, checkpoint=bool(ck)))
+    mode = "checkpoint" if ck else mode
+    assert fake.before == real.before and fake.after == real.after
+    assert fake.options == real.options and fake.ms_norm == real.ms_norm
+    if mode == "compile":  # inductor recomputes the exact SwiGLU/GELU pointwise tail: a drop-in may not pay
+        assert fake.before["activations"] >= fake.after["activations"] > 0
+    elif mode == "checkpoint":  # at 2 × 16 tokens the peak may be AdamW's step, with no activation alive
+        assert fake.before["peak"] >= fake.after["peak"]
+    else:
+        assert fake.before["activations"] > fake.after["activations"] > 0  # something was saved
+    if mode == "checkpoint":  # a traced step: the peak's moment
+        assert fake.before["peak_moment"] in ("the optimizer step", "the backward") or fake.before[
+            "peak_moment"].startswith("backward of ")
+    elif mode != "compile":  # App. B units of the first block (module hooks do not fire inside a compiled graph)
+        assert fake.before["block"] in ("model.layers.0", "transformer.h.0")
+        assert fake.before["block_units"] > fake.after["block_units"] > 0
+    act = next(iter(fake.options.values()))
+    assert act["invact"]["error"] < 1e-6 < act["relu-sum-k4"]["error"] < act["relu-sum-k2"]["error"]
+
+
+def test_checkpointing_keeps_block_inputs_and_one_recomputed_block():
+    """A 4-layer model under activation checkpointing holds less at its traced peak than the same step without it,
+    and the drop-ins save there too (they run as their custom ops: their kernels' outputs only)."""
+    deep = "llama:hidden=64,layers=4,heads=4,intermediate=128,vocab=100"
+    ck = PS.stepper(Request(model=deep, setup="bf16", checkpoint=True))(2, 64)
+    plain = PS.stepper(Request(model=deep, setup="bf16", traced=True))(2, 64)  # the same step, not checkpointed
+    assert ck.activations < 0.5 * plain.activations
+    replaced = PS.stepper(Request(model=deep, setup="bf16", checkpoint=True))(2, 64,
+                                                                              {p: "relu-sum-k2" for p in ck.layers})
+    assert replaced.peak < ck.peak
+    with pytest.raises(ValueError, match="not supported"):
+        PS.stepper(Request(model=deep, setup="compile", checkpoint=True))(2, 64)
+
+
+def test_a_plan_applies_to_the_model_and_saves_what_it_said(tmp_path):
+    budget = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16")).before["peak"] - 20_000
+    chosen = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), budget=budget)
+    assert chosen.after["peak"] <= budget
+    path = tmp_path / "plan.json"
+    path.write_text(chosen.to_json())
+    with SU.weights_for("bf16"):
+        torch.manual_seed(0)
+        model, inputs = MD.model_spec(LLAMA)()
+        model = SM.prepare(model, "bf16")
+    x = {k: v for k, v in inputs(2, 16).items()}
+    report = PR.Plan.load(path).apply(model, example_input=x)
+    assert len(report.norms) == (5 if chosen.ms_norm["chosen"] else 0)  # the final one too: its output is shared
+    assert SM.measure(model, x, "bf16").activations == chosen.after["activations"]
+
+
+def test_the_knapsack_is_the_least_error_choice_that_fits():
+    layers = {f"l{i}": "act" for i in range(4)}
+    options = {"act": {"exact": {"saving_per_layer": 0, "error": 0.0},
+                       "a": {"saving_per_layer": 30, "error": 0.3},
+                       "b": {"saving_per_layer": 50, "error": 1.0},
+                       "c": {"saving_per_layer": 20, "error": 0.05}}}
+    for need in (0, 20, 45, 90, 130, 170, 200):
+        got = P._choose(layers, options, 15, 1000, 1000 - need)
+        saving = sum(options["act"][o]["saving_per_layer"] for p, o in got.items() if p != "__ms_norm__")
+        saving += 15 if got["__ms_norm__"] == "on" else 0
+        error = sum(options["act"][o]["error"] for p, o in got.items() if p != "__ms_norm__")
+        best = min(sum(options["act"][o]["error"] for o in combo)
+                   for combo in itertools.product(options["act"], repeat=4) for ms in (0, 15)
+                   if sum(options["act"][o]["saving_per_layer"] for o in combo) + ms >= need)
+        assert saving >= need and error == pytest.approx(best), (need, got)
+    with pytest.raises(ValueError, match="options save at most"):
+        P._choose(layers, options, 15, 1000, 700)
+
+
+@pytest.mark.parametrize("text, message", [("llama:hidden", "expected key=value"), ("nope.json", "No such file"),
+                                           ("llama:hidden=64,layers=x", "num_hidden_layers. expected int")])
+def test_bad_model_specs_are_refused(text, message):
+    with pytest.raises((ValueError, OSError), match=message):
+        MD.model_spec(text)
+
+
+def test_sizes_parse_and_print():
+    assert SM.parse_size("24GiB") == 24 * 2**30 and SM.parse_size("512 MiB") == 2**29 and SM.parse_size("1e9") == 10**9
+    assert SM.size(3 * 2**30) == "3.00 GiB" and SM.size(640) == "640 B"
+    with pytest.raises(ValueError, match="expected a number"):
+        SM.parse_size("12 parsecs")
+
+
+@pytest.mark.slow
+def test_cli_writes_the_plan_and_its_figure(tmp_path):
+    out, fig = tmp_path / "plan.json", tmp_path / "plan.png"
+    r = subprocess.run([sys.executable, "-m", "approxbp", "plan", LLAMA, "--batch", "2", "--seq", "16",
+                        "--mode", "lora", "--out", str(out), "--figure", str(fig), "--no-progress"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["after"]["peak"] <= data["before"]["peak"] and fig.stat().st_size > 10_000
+    assert "planned" in r.stdout and "choice:" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "approxbp", "plan", LLAMA, "--budget", "1KiB", "--no-progress"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "no assignment fits" in bad.stderr
+
+
+def test_compile_mode_saves_what_inductor_saves():
+    """The planner compiles with inductor's partitioner but no code generation (aot_eager_decomp_partition); on a
+    GPT and a LLaMA-style block it saves exactly what a real inductor compile saves."""
+    from approxbp.kernels.ops.saved import charged
+
+    from approxbp.blocks import GPTBlock, LlamaBlock
+
+    for cls, d in ((GPTBlock, 128), (LlamaBlock, 1024)):
+        got = []
+        for backend in ("inductor", "aot_eager_decomp_partition"):
+            torch.manual_seed(0)
+            with SU.weights_for("bf16"):
+                block = cls()
+            x = torch.randn(2, 16, d, dtype=torch.bfloat16, requires_grad=True)
+            torch._dynamo.reset()
+            compiled = torch.compile(block, backend=backend, fullgraph=True)
+            saved = {}
+            with charged(saved, list(block.parameters()), block):
+                compiled(x)
+            got.append(sum(saved.values()))
+        assert got[0] == got[1] > 0, (cls.__name__, got)
+
+
+@pytest.mark.slow
+def test_maximize_finds_the_largest_batch_that_fits():
+    exact = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16"))
+    per_sample = (exact.after["activations"]) / 2
+    budget = exact.after["peak"] + int(3.5 * per_sample)  # room for about 3 more samples with the savings applied
+    best, chosen = P.maximize(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), what="batch", budget=budget)
+    assert chosen.batch == best and chosen.after["peak"] <= budget
+    step = PS.stepper(Request(model=LLAMA, setup="bf16"))
+    assignment = {p: layer["option"] for p, layer in P.plan(Request(model=LLAMA, batch=2, seq=16,
+                                                                    setup="bf16")).layers.items()}
+    assert step(best + 1, 16, assignment, True).peak > budget  # one more does not fit, even saving the most
+    with pytest.raises(ValueError, match="does not fit"):
+        P.maximize(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), what="batch", budget=exact.before["parameters"])
+
+
+@pytest.mark.parametrize("name, cls", [("vit_b", "ViTBlock"), ("llama_block", "LlamaBlock"), ("gpt_block", "GPTBlock")])
+def test_the_project_blocks_plan_to_the_memory_table(name, cls):
+    """The planner on fake tensors, the README's per-block table on real ones (benchmarks/memory_blocks.py's
+    saved_per_token_per_d, a separate code path): the same bytes per block, exact and with every layer at its
+    most-saving option (trainable bf16 weights, 2 × 197 tokens; App. B units = bytes per token per d / 2)."""
+    from approxbp import blocks
+
+    block_cls = getattr(blocks, cls)
+    p = P.plan(Request(model=f"module:approxbp.blocks:{name}", batch=2, seq=197, setup="bf16"))
+    assert p.before["block_units"] == pytest.approx(blocks.saved_per_token_per_d(block_cls, "baseline", False) / 2,
+                                                    abs=1e-4)
+    option = next(iter(p.layers.values()))["option"]  # saving the most: InvAct for trainable linears
+    variant = {"invact": "invact", "relu-sum-k2": "relu-sum"}.get(option)
+    if variant is not None and p.ms_norm["chosen"]:
+        assert p.after["block_units"] == pytest.approx(blocks.saved_per_token_per_d(block_cls, variant, False) / 2,
+                                                       abs=1e-4)
+
+
+def test_planning_leaves_no_fake_tensor_in_shared_caches():
+    """Drop-ins built during a fake-tensor plan share specs and cached constants with later real ones; a cached fake
+    tensor read by a real (compiled) kernel crashed the process. Every cache holds real tensors."""
+    from approxbp.kernels import ReGELU2
+    from approxbp.kernels.ops.modules import SPECS
+    from approxbp.kernels.ops.packing import _place_values, byte_codes
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    P.plan(Request(model=GPT2, batch=1, seq=8, setup="bf16"))
+    cached = [byte_codes(b, torch.device("cpu")) for b in (1, 2, 4, 8)] + [_place_values(2, torch.device("cpu"))]
+    for spec in SPECS.values():
+        cached += [t for t in vars(spec).values() if isinstance(t, torch.Tensor)]
+        cached += [t for consts in getattr(spec, "_dev", {}).values() for t in consts]
+    assert cached and not any(isinstance(t, FakeTensor) for t in cached)
+    x = torch.randn(64, requires_grad=True)
+    ReGELU2()(x).sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_path):
+    """A plan made with --mode lora was dropped whole on a real peft model (its paths start base_model.model.…,
+    every choice 'not in the activation mapping'); a plan for another model was accepted; malformed plans raised
+    KeyError/TypeError/AttributeError."""
+    peft = pytest.importorskip("peft")
+    made = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="lora"))
+    path = tmp_path / "plan.json"
+    path.write_text(made.to_json())
+    chosen = [p for p, layer in made.layers.items() if layer["table"]]
+    fused = [p for p, layer in made.layers.items() if layer["option"] == "glu"]  # the exact GLU: no table
+    assert chosen or fused
+
+    def build(text=LLAMA):
+        torch.manual_seed(0)
+        model, inputs = MD.model_spec(text)()
+        return model, inputs(2, 16)
+
+    model, x = build()
+    model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    report = PR.Plan.load(path).apply(model, example_input=x)
+    assert len(report.activations) == len(chosen) and len(report.glus) == len(fused), report
+    assert all(a.startswith("base_model.model.") for a in report.activations + report.glus)
+    for other in (LLAMA.replace("layers=2", "layers=4"), "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100"):
+        model, x = build(other)
+        with pytest.raises(ValueError, match="made for another model"):
+            PR.Plan.load(path).apply(model, example_input=x)
+    model, x = build()  # without an example, each planned GLU says it was not applied, never "exact by choice"
+    report = PR.Plan.load(path).apply(peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj"])))
+    assert not report.glus and not any("exact by choice" in s for s in report.skipped), report
+    not_applied = [s for s in report.skipped if "listed in glu=, not fused" in s]
+    assert len(not_applied) == len(fused), report
+    model, x = build()
+    for bad, field in (({}, "layers"), ({"layers": {"a": 1}}, "layers"), ({"layers": {}, "ms_norm": None}, "ms_norm"),
+                       ("[1, 2", "not a readable plan"), ({"layers": {}, "ms_norm": {"chosen": False}}, "no model")):
+        p = tmp_path / "bad.json"
+        p.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+        with pytest.raises(ValueError, match=field):
+            PR.Plan.load(p).apply(model)
+
+
+def test_use_evaluates_a_given_assignment_on_fake_and_real_tensors(tmp_path):
+    """--use measures the assignment it is given (no option tried, nothing chosen); a plan's own
+    JSON evaluates to that plan's numbers, and fake tensors give the real measurement."""
+    chosen = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16"))
+    path = tmp_path / "plan.json"
+    path.write_text(chosen.to_json())
+    again = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use=str(path))
+    assert again.after == chosen.after and again.before == chosen.before and again.use == str(path)
+    fake = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use="relu-sum-k2+ms-norm")
+    real = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16", fake=False), use="relu-sum-k2+ms-norm")
+    assert fake.after == real.after and fake.ms_norm["chosen"]
+    assert {layer["option"] for layer in fake.layers.values()} == {"relu-sum-k2"}
+    assert fake.after["activations"] < fake.before["activations"]
+    exact = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use="exact")
+    assert exact.after == exact.before and "the given assignment (--use exact)" in PR.report(exact)
+
+
+def test_evaluating_several_assignments_at_once_gives_each_ones_plan():
+    """evaluate_each measures the exact step once for all the assignments: each plan equals evaluate's alone."""
+    uses = ["exact", "invact", "relu-sum-k2+ms-norm"]
+    together = P.evaluate_each(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), uses=uses)
+    for use, plan in zip(uses, together):
+        alone = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use=use)
+        assert (plan.use, plan.before, plan.after, plan.layers) == (alone.use, alone.before, alone.after, alone.layers)
+
+
+@pytest.mark.slow  # about 40 s: two searches of fake steps
+def test_maximize_with_a_given_assignment_finds_the_largest_size_that_fits():
+    budget = SM.parse_size("3MiB")
+    best, result = P.maximize(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), what="batch", budget=budget,
+                              use="exact")
+    assert result.use == "exact" and result.batch == best and result.after["peak"] <= budget
+    assert P.evaluate(Request(model=LLAMA, batch=best + 1, seq=16, setup="bf16"), use="exact").after["peak"] > budget
+    saving, _ = P.maximize(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), what="batch", budget=budget,
+                           use="invact+ms-norm")
+    assert saving > best
+
+
+@pytest.mark.parametrize("text, message", [("relu-sum-k9", "expected one of"), ("invact+relu-sum-k2", "expected one"),
+                                           ("ms-norm+ms-norm", "expected one"), ("missing.json", "not a plan")])
+def test_use_refuses_what_it_cannot_evaluate(text, message):
+    with pytest.raises(ValueError, match=message):
+        P.parse_use(text)
+
+
+def test_the_figure_keeps_one_colour_per_category_and_draws_the_budget(tmp_path):
+    """Every category the planner reports has its own fixed colour; with a budget the exact step already fits, the
+    figure says that nothing was replaced (the two bars are then the same on purpose)."""
+    from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES
+
+    kinds = (*ACTIVATION_CLASSES, "LayerNorm", "Linear", "LlamaAttention", "LlamaMLP", "x")
+    names = {step_memory._category(k) for k in kinds}
+    assert names | set(PR.CATEGORIES) | {SM.AT_PEAK} <= set(PR.COLOURS)
+    assert len(set(PR.COLOURS.values())) == len(PR.COLOURS)
+    plan = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), budget=1 << 40)
+    assert plan.after["peak"] == plan.before["peak"]
+    assert PR.figure(plan, tmp_path / "f.png").stat().st_size > 10_000

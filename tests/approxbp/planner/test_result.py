@@ -1,0 +1,111 @@
+"""approxbp/planner/result.py: a Plan written by `approxbp plan --out` loads back field for field, a file that is not
+one is refused in one line, apply() patches a model as planned, and the report writes block ranges once; a plan file
+read field by field and matched to a model's activation modules (as they are, or under a wrapper's prefix), refused
+whole when it was made for another model."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+from approxbp.approximations import tables as T
+from torch import nn
+
+from approxbp.planner.report import _ranges
+from approxbp.planner.result import Plan, plan_config, read_plan
+
+
+def _plan(**changes) -> Plan:
+    base = dict(model="toy", mode="bf16", batch=2, seq=16, budget=None, before={"peak": 10}, after={"peak": 8},
+                layers={"act": {"activation": "gelu", "option": "invact", "table": "invact/gelu-fast", "error": 2e-7}},
+                options={}, ms_norm={"chosen": False, "saving": None})
+    return Plan(**{**base, **changes})
+
+
+def test_a_written_plan_loads_back_equal(tmp_path):
+    plan = _plan(moves={"recompute": ["blocks.0"]}, use="invact")
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    assert asdict(Plan.load(path)) == asdict(plan)
+
+
+def test_a_file_that_is_not_a_plan_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"layers": {}, "ms_norm": {"chosen": False}}))
+    with pytest.raises(ValueError, match=r"other.json: not a plan written by `approxbp plan --out` \(no model"):
+        Plan.load(path)
+
+
+def test_apply_patches_the_planned_layer_with_its_table():
+    model = nn.Sequential(nn.Linear(4, 8))
+    model.act = nn.GELU()
+    report = _plan().apply(model)
+    assert type(model.act).__name__ == "InvActivation" and "gelu-fast" in report.activations[0], report
+    y = model.act(torch.linspace(-3, 3, 7, requires_grad=True))
+    torch.testing.assert_close(y, nn.functional.gelu(torch.linspace(-3, 3, 7)), rtol=1e-6, atol=1e-6)
+
+
+def test_block_ranges_are_written_once():
+    """Runs of consecutive block indices written once; a top-level module (no dot) was printed as ".lm_head"."""
+    paths = [f"model.layers.{i}" for i in (0, 1, 2, 5, 7, 8)] + ["lm_head"]
+    assert _ranges(paths) == "model.layers.0–2, model.layers.5, model.layers.7–8, lm_head"
+
+
+class _MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class _Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([_MLP(), _MLP()])
+
+
+def _plan_json(layers: dict, ms: bool = True) -> dict:
+    return {"layers": layers, "ms_norm": {"chosen": ms, "saving": None}}
+
+
+def test_a_plan_file_is_read_and_its_fields_checked(tmp_path):
+    good = tmp_path / "plan.json"
+    good.write_text(json.dumps(_plan_json({"blocks.0.act": {"table": None}})))
+    assert read_plan(good)["ms_norm"]["chosen"] is True
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json: not a readable plan JSON file"):
+        read_plan(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="'layers' must map module paths"):
+        read_plan({"layers": {"blocks.0.act": {"table": 3}}, "ms_norm": {"chosen": True}})
+    with pytest.raises(ValueError, match="'ms_norm' must be"):
+        read_plan({"layers": {}, "ms_norm": {"chosen": "yes"}})
+
+
+def test_layers_match_under_a_wrappers_prefix_and_name_their_tables():
+    """peft wraps the planned model as base_model.model.…: a planned path matches as a suffix; a null table is the
+    exact activation; MS-norms follow the plan."""
+    wrapped = nn.Module()
+    wrapped.base_model = nn.Module()
+    wrapped.base_model.model = _Two()
+    config = plan_config(_plan_json({"blocks.0.act": {"table": "relu_sum/gelu-k2-primitive"},
+                                "blocks.1.act": {"table": None}}, ms=False), wrapped)
+    assert config.tables == {"base_model.model.blocks.0.act": T.resolve("relu_sum/gelu-k2-primitive"),
+                             "base_model.model.blocks.1.act": "exact"}
+    assert config.norms is False and config.glu == set()
+
+
+def test_a_glu_option_fuses_the_layers_parent():
+    config = plan_config(_plan_json({"blocks.0.act": {"table": None, "option": "glu"},
+                                "blocks.1.act": {"table": None}}), _Two())
+    assert config.glu == {"blocks.0"}
+
+
+@pytest.mark.parametrize("layers", [{"blocks.0.act": {"table": None}},  # blocks.1.act not in the plan
+                                    {"blocks.0.act": {"table": None}, "blocks.1.act": {"table": None},
+                                     "blocks.2.act": {"table": None}},  # a layer this model lacks
+                                    {"act": {"table": None}}])  # a suffix matching two modules
+def test_a_plan_made_for_another_model_is_refused(layers):
+    with pytest.raises(ValueError, match="was made for another model"):
+        plan_config(_plan_json(layers), _Two())
