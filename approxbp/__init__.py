@@ -15,6 +15,9 @@ Layers, imports pointing one way only (``tests/test_architecture.py``):
 
 from importlib.metadata import PackageNotFoundError, version
 
+__all__ = []
+
+
 try:
     __version__ = version("approxbp")
 except PackageNotFoundError:  # a source tree that is not installed

@@ -16,6 +16,10 @@ from approxbp.kernels.ops.relu_sum import ReGELU2, ReSiLU2
 from approxbp.kernels.ops.saved import saved_bytes
 from approxbp.kernels.rewrite.norm_merge import merge_norm
 
+__all__ = ["Attention", "gpt_block", "GPTBlock", "llama_block", "LlamaBlock", "MODES", "own_rng",
+           "saved_per_token_per_d", "ToyGPT", "VARIANTS", "vit_b", "ViTBlock"]
+
+
 VARIANTS = ("baseline", "compiled", "relu-sum", "invact")
 
 

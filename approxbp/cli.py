@@ -22,6 +22,9 @@ import sys
 from approxbp import __version__
 from approxbp.commands import atlas, bdia, certify, cost, export, figures, fit, plan, reproduce, sweep, tables
 
+__all__ = ["build_parser", "COMMANDS", "main"]
+
+
 #: name → its module (``add_parser(sub, add)``, ``run(args, argv)``), in the order of ``approxbp --help``
 COMMANDS = {"fit": fit, "sweep": sweep, "reproduce": reproduce, "export": export, "figures": figures, "atlas": atlas,
             "bdia": bdia, "cost": cost, "plan": plan, "certify": certify, "tables": tables}

@@ -28,6 +28,13 @@ import torch
 
 from approxbp.approximations.families import member, register
 
+__all__ = ["access_widths", "as_json", "BANDWIDTH", "bdia_launches", "BUDGET", "capture", "compile_sm90",
+           "default_tables", "disassemble", "DTYPES", "ELEMENTS", "exact_launches", "glu_launches", "HEADER",
+           "invact_launches", "ISSUE_RATE", "KernelCost", "Launch", "LAUNCHES", "launches_for", "measure",
+           "norm_launches", "NOT_UNDER_INTERPRETER", "reference_jobs", "reference_launches", "relu_sum_launches",
+           "run"]
+
+
 #: Thread-instructions per second (132 SMs × 128 lanes × ~1.75 GHz ≈ 3.0e13) and measured copy bandwidth of an
 #: H100 SXM (see the module docstring).
 ISSUE_RATE, BANDWIDTH = 3.0e13, 2.87e12

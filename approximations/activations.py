@@ -20,6 +20,10 @@ from .files import SAFE_NAME
 from .functions import Phi, sigmoid, softplus
 from .functions import expm1 as _functions_expm1
 
+__all__ = ["Activation", "allowed_functions", "get_activation", "known_form", "list_activations", "MONOTONE",
+           "named_activation", "named_expression", "PIECEWISE", "REGISTRY", "stable_form", "x"]
+
+
 x = sp.Symbol("x", real=True)
 
 #: Registry of named activations. gelu = x·Φ(x) is the erf form of Approx-BP eq. 40; gelu_tanh is

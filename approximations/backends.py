@@ -25,6 +25,10 @@ from typing import Any
 
 from .balls import monotone, square
 
+__all__ = ["arb_forms", "branch_cuts", "CONSTANTS", "Fn", "fp32_ulps", "FUNCTIONS", "functions", "grammar", "Lazy",
+           "mpmath_namespace", "numpy_namespace", "rough_functions", "SAME", "torch_namespace"]
+
+
 SAME = "same"
 
 

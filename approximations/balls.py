@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import functools
 
+__all__ = ["at_precision", "box", "ipow", "monotone", "precision", "square"]
+
 
 def box(lo, hi):
     """The ball holding [lo, hi] (lo, hi exact)."""

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["bound", "check_gamma", "check_representable", "draw_gammas", "first_step", "from_fixed", "gamma_term",
+           "GAMMAS", "inference_step", "inverse", "inverse_fixed", "per_sample", "plain_inverse", "plain_step",
+           "quantize", "rest_term", "run", "side_bits", "SIGNIFICAND_BITS", "step", "step_fixed", "to_fixed"]
+
+
 SIGNIFICAND_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
 GAMMAS = (0.5, -0.5)
 

@@ -9,6 +9,9 @@ from functools import cache
 
 import numpy as np
 
+__all__ = ["LG2_ABS_ERROR", "LN2", "LOG2E", "phi_tail", "PHI_TAIL_DEGREE", "PHI_TAIL_P", "PHI_TAIL_U"]
+
+
 LN2 = math.log(2)
 LOG2E = 1 / LN2
 

@@ -19,6 +19,9 @@ from functools import lru_cache
 
 import sympy as sp
 
+__all__ = ["ExpressionError", "MAX_LENGTH", "MAX_NUMBER_BITS", "MAX_NUMERIC_EXPONENT", "parse"]
+
+
 #: Longest accepted expression text (the largest committed table expression is far below this).
 MAX_LENGTH = 100_000
 #: Largest |exponent| of a number raised to a number (``10**10**10`` would not finish).

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+__all__ = ["lazy", "member", "register", "TABLE_FAMILIES", "TableFamily"]
+
 
 @dataclass(frozen=True)
 class TableFamily:

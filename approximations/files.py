@@ -16,6 +16,9 @@ import tempfile
 from glob import escape as glob_escape
 from pathlib import Path
 
+__all__ = ["check_writable", "NAME_CHARACTERS", "SAFE_NAME", "safe_stem", "save_figure", "write_atomic"]
+
+
 #: Characters of the target's name kept in a temporary file's name (a 255-byte name must still leave room).
 _TEMP_NAME_CHARS = 100
 

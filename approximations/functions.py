@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sympy as sp
 
+__all__ = ["expm1", "Phi", "piecewise", "select", "sigmoid", "softplus"]
+
 
 class Phi(sp.Function):
     """The standard normal CDF Φ(z) = (1 + erf(z/√2))/2, kept as one function so that evaluators use

@@ -11,6 +11,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+__all__ = ["describe", "gradient_error", "GRID", "invact_error", "invact_table_error", "relu_sum_error",
+           "relu_sum_table_error"]
+
+
 GRID = np.linspace(-10, 10, 400_001)
 
 

@@ -20,6 +20,9 @@ import numpy as np
 
 from .activations import PIECEWISE, Activation, get_activation
 
+__all__ = ["BRANCHES", "check_branch", "InvertedActivation"]
+
+
 BRANCHES = ("left", "right")
 _TAYLOR_DEGREE = 24
 _TAYLOR_RADIUS = 0.25

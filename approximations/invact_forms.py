@@ -25,6 +25,11 @@ from .expressions import parse as parse_expression
 from .functions import select
 from .invact import InvertedActivation, check_branch
 
+__all__ = ["backward_rule", "branch_grid", "branch_metrics", "Form", "GRID", "H_GRAD", "left_tail", "NEWTON_EPS",
+           "newton_form", "published_forms", "Q_COMBINED", "Q_LEFT", "Q_RIGHT", "RESERVED_NAMES", "RIGHT_SPAN",
+           "right_tail_error", "RULE_PARTS", "TableBackward", "with_newton_steps", "y"]
+
+
 y = sp.Symbol("y", real=True)
 RIGHT_SPAN = 10.0
 NEWTON_EPS = 1e-5

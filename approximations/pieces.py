@@ -13,6 +13,9 @@ import sympy as sp
 
 from .functions import select
 
+__all__ = ["inside", "kinks", "piece", "pieces", "sharpen", "x"]
+
+
 #: The activations' variable (a sympy symbol is its name and assumptions: this is activations.x).
 x = sp.Symbol("x", real=True)
 

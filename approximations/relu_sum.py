@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["check_bits", "MAX_BITS", "ReLUSum"]
+
+
 MAX_BITS = 8
 
 

@@ -37,6 +37,9 @@ from .table_schema import (
     number_text,
 )
 
+__all__ = ["check", "check_invact_certified", "check_relu_sum_certified", "MONOTONE_SPAN", "not_increasing_at",
+           "validate_invact", "validate_relu_sum"]
+
 
 def check(t: dict, where: str = "<table>") -> dict:
     """Validate a table's JSON object field by field; return it unchanged or raise :class:`TableError`."""
@@ -178,7 +181,6 @@ def _check_branch(t: dict, side: str, where: str) -> None:
         Form.from_table(Branch.from_json(b))
     except ValueError as err:
         fail(where, f"{side}.expression", str(err))
-
 
 
 #: Where a monotone table's activation is checked: increasing on [−MONOTONE_SPAN, MONOTONE_SPAN], and f_T its

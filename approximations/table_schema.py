@@ -11,6 +11,11 @@ import numpy as np
 
 from .families import TABLE_FAMILIES
 
+__all__ = ["Branch", "branches_of", "CONSTRAINT_TOL", "fail", "finite", "floats", "FREE_LEVELS_SCHEMA", "kind",
+           "LEVELS_RULES", "MAX_COEFFICIENTS", "MAX_TABLE_BYTES", "need", "number", "number_text", "OBJECTIVES",
+           "PAPER_CONSTRAINT_TOL", "SCHEMA", "SOURCES", "TableError", "VOLATILE"]
+
+
 SCHEMA = "approxbp.table/1"
 
 

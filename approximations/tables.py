@@ -31,6 +31,10 @@ from .table_schema import (
     kind,
 )
 
+__all__ = ["as_table", "data_dir", "definition_sha256", "dumps", "from_json", "header", "InvActTable", "load",
+           "packaged_name", "read_json", "relu_sum_name", "ReluSumTable", "resolve", "save", "stored_metrics",
+           "Table", "table_paths", "validate"]
+
 
 def validate(t: Any, where: str = "<table>") -> dict:
     """Validate a table's JSON object (:func:`.table_checks.check`); return it unchanged or raise

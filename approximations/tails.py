@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 import mpmath
 
+__all__ = ["FAR", "FAST", "mass_beyond", "residual", "SAMPLES", "Tail", "tail"]
+
+
 #: The farthest |x| sampled and integrated to (beyond it: the power law, or nothing for a fast tail).
 FAR = 512.0
 SAMPLES = tuple(2.0 ** k for k in range(3, 10))  # 8 … 512

@@ -26,6 +26,9 @@ from approxbp.approximations.files import safe_stem, save_figure, write_atomic
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import TableBackward
 
+__all__ = ["atlas", "lloyd_levels", "plot_atlas", "quantise", "STEPS", "WEIGHTS", "write_atlas", "X"]
+
+
 X = np.linspace(-8.0, 8.0, 32001)
 WEIGHTS = {"uniform": np.ones_like(X), "normal": np.exp(-X * X / 2)}
 

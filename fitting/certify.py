@@ -47,6 +47,11 @@ from .optimality import (
 )
 from .progress import heartbeat
 
+__all__ = ["certifiable", "Certificate", "CERTIFIERS", "certify_files", "certify_invact_branch", "certify_table",
+           "CertifyFamily", "claim_of", "DIGITS", "float32_error", "InvactRule", "log_error", "MAX_BOXES",
+           "NewtonSteps", "RTOL", "supremum", "X_LIMIT"]
+
+
 #: |x| up to which InvAct certificates reach (y up to f(2^64) ≈ 1.8e19; beyond, Arb cannot enclose e^{x³}).
 X_LIMIT = 2.0**64
 #: At most this many boxes per InvAct branch (a count, not a time, so a stored certificate is the same on any
@@ -445,8 +450,6 @@ def _certify_relu_sum_table(t, budget_s: float, rtol: float, progress, rounded: 
         lines.append(f"{'':<28} global optimum: not attempted (the branch and bound covers k ≤ 2); only the "
                      "objective above is certified")
     return entry, lines, ok
-
-
 
 
 def certify_files(paths, *, write: bool = False, only_default: bool = False, progress=None, **options):

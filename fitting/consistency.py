@@ -16,6 +16,9 @@ from collections.abc import Callable
 from approxbp.approximations import tables as T
 from approxbp.approximations.relu_sum import MAX_BITS
 
+__all__ = ["check_consistency", "LAW_FROM_BITS", "QUICK_GELU_SCALE", "RATIO", "RATIO_TOL"]
+
+
 RATIO = {"primitive": 16.0, "derivative": 4.0}
 RATIO_TOL = 0.15
 LAW_FROM_BITS = 4

@@ -22,6 +22,10 @@ from approxbp.approximations import Activation, get_activation
 from approxbp.approximations.relu_sum import ReLUSum, check_bits
 from scipy.integrate import quad
 
+__all__ = ["FEWBIT_INTERVAL", "fewbit_reference", "fit_free_levels", "FreeLevelsFit", "FreeLevelsObjective",
+           "PublishedQuantiser"]
+
+
 #: FewBit's domain.
 FEWBIT_INTERVAL = (-100.0, 100.0)
 

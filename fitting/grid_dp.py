@@ -23,6 +23,8 @@ import numpy as np
 
 from .objective import ReluSumObjective
 
+__all__ = ["free_levels_knots", "grid_dp_knots", "GRIDS"]
+
 
 def _grid(obj: ReluSumObjective, points: int) -> np.ndarray:
     fine = np.linspace(obj.A, obj.B, 40001)

@@ -13,6 +13,8 @@ from approxbp.approximations.invact_forms import Form
 from approxbp.approximations.invact_forms import y as FORM_Y
 from approxbp.approximations.pieces import inside, piece, pieces
 
+__all__ = ["identity_proof"]
+
 
 def _piece_identity(act, q: sp.Expr, lo: float, hi: float, f: sp.Expr) -> bool:
     """q(f(x)) − f′(x) ≡ 0 on one smooth piece (lo, hi) of a piecewise increasing activation: q's selects resolved at

@@ -20,6 +20,10 @@ import sympy as sp
 from approxbp.approximations import backends, balls
 from flint import arb
 
+__all__ = ["at_precision", "Ball", "box", "complex_function", "CUT_ARGUMENT", "enclosure", "Evaluator", "float32",
+           "lower", "number", "OPERATION_ULPS", "PRECISION", "precision", "U32", "upper"]
+
+
 #: Working precision (bits) of every ball: boxes near an InvAct turning point are 1e-30 wide.
 PRECISION = 160
 #: float32's unit roundoff.
@@ -340,8 +344,6 @@ def _is_pow2(v: arb) -> bool:
 
 def _is_reciprocal(a) -> bool:
     return isinstance(a, sp.Pow) and a.exp == -1
-
-
 
 
 def enclosure(point: Ball, over: Ball, x_box: arb, x_mid: arb) -> arb:

@@ -38,6 +38,10 @@ from scipy.optimize import least_squares
 from .relu_sum import package_version
 from .result import FitResult
 
+__all__ = ["check_right_tail", "fit_invact", "fit_newton", "FORMS", "invact_table", "NEWTON_DEFAULTS", "refit",
+           "TAIL_TOL"]
+
+
 FORMS = ("auto", "paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact")
 
 

@@ -27,6 +27,10 @@ from approxbp.approximations.table_checks import MONOTONE_SPAN, not_increasing_a
 
 from .relu_sum import package_version
 
+__all__ = ["CHECK_POINTS", "derive_exact", "derive_monotone", "exact_table", "infimum", "is_monotone",
+           "is_saturating", "measured", "monotone_table", "NoClosedForm", "RIGHT_SPAN", "supremum", "takes_exact"]
+
+
 #: Where the right branch is checked: y from 1e-12 to 1e4, log-spaced (and the left branch on x ∈ [−10, 0)).
 CHECK_POINTS = 201
 RIGHT_SPAN = 1e4

@@ -27,6 +27,9 @@ from approxbp.approximations.invact_forms import Form, y
 from numpy.polynomial import chebyshev as C
 from scipy.optimize import least_squares
 
+__all__ = ["b", "branch", "EVERY", "fast_form", "FIT_TOL", "FLAT", "fused_operations", "polyfit", "rational", "TOL"]
+
+
 TOL = 1e-6  # per-branch L∞ target, recorded in the table and asserted by the tests
 FIT_TOL = 3e-7  # what each piece is fitted to (margin for the pieces' joins and the grid)
 FLAT = 2e-7  # |g − 1| beyond Y_R and |g| beyond y₀, where the form returns 1 and ≈ 0

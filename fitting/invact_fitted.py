@@ -28,6 +28,10 @@ from approxbp.approximations.invact_forms import y as Y
 from .invact_fast import TOL
 from .relu_sum import package_version
 
+__all__ = ["choose_form", "DEGREES", "fitted_form", "fitted_monotone_table", "SPANS", "STEPS", "T_MIN",
+           "takes_fitted", "Window"]
+
+
 T_MIN = 1e-12  # below inf f + t₀ the guess is held (q there is f′ ≤ f′(f⁻¹(t₀)), ~1e-11 for the tails we fit)
 SPANS = (16.0, 64.0, 256.0, 1024.0)
 DEGREES = (4, 6, 8, 10, 12, 14)

@@ -24,6 +24,10 @@ from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tails import Tail, mass_beyond, tail
 from scipy.linalg import solveh_banded
 
+__all__ = ["CAP", "check_objective", "GL_POINTS", "interval_for", "OBJECTIVES", "PANEL_WIDTH", "quadrature",
+           "ReluSumObjective"]
+
+
 OBJECTIVES = ("primitive", "derivative")
 GL_POINTS = 10
 PANEL_WIDTH = 0.5

@@ -17,6 +17,10 @@ from flint import arb
 from . import intervals as iv
 from .intervals import Ball, Evaluator, box, complex_function
 
+__all__ = ["DerivativeObjectiveK2", "GRID_CELLS", "Knots", "PrimitiveObjectiveK2", "ProjectedK2", "Steps",
+           "TAYLOR_WIDTH"]
+
+
 #: Boxes narrower than this (half-width) also get the second-order Taylor bound (it needs ∇²J and ∇³J).
 TAYLOR_WIDTH = 0.02
 #: Cells of the grid of rigorous ∫h′² values (the monotone lower bound loses at most two cells' mass per term).

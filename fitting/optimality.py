@@ -28,6 +28,8 @@ from .intervals import complex_function
 from .objectives_k2 import DerivativeObjectiveK2, PrimitiveObjectiveK2
 from .progress import heartbeat
 
+__all__ = ["certify_relu_sum_global", "OptimalityCertificate", "relu_sum_objective"]
+
 
 @iv.at_precision
 def relu_sum_objective(t) -> arb:

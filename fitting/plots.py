@@ -8,6 +8,8 @@ from approxbp.approximations import tables as T
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import Form, branch_grid
 
+__all__ = ["plot_invact", "plot_relu_sum", "relu_sum_error_vs_bits"]
+
 
 def plot_relu_sum(table: dict, paper: dict | None = None, x_range=(-6.0, 6.0)):
     """h vs h̃ and h' vs the 2^k-level step derivative (Approx-BP Figs. 3, 7, 8, for any table)."""

@@ -7,6 +7,8 @@ import sys
 import time
 from collections.abc import Iterable
 
+__all__ = ["heartbeat", "progress"]
+
 
 class _Lines:
     def __init__(self, total: int | None, desc: str, every: float):

@@ -32,6 +32,12 @@ from .grid_dp import GRIDS, grid_dp_knots
 from .objective import ReluSumObjective, check_objective, interval_for
 from .result import FitResult
 
+__all__ = ["anneal", "auto_method", "cli_command", "equidistributed_knots", "fit_relu_sum", "is_symmetric",
+           "local_certificate", "METHODS", "package_version", "polish", "refine", "relocate", "RELOCATE_BITS",
+           "ReluSumFit", "Restart", "SAME_LOSS", "segment_errors", "sgd", "structured_starts", "torch_objective",
+           "WIDENINGS"]
+
+
 METHODS = ("anneal", "sgd", "polish")
 #: Relative distance to the best loss within which a restart counts as having reached it.
 SAME_LOSS = 1e-9

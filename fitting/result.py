@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from scipy.optimize import OptimizeResult
 
+__all__ = ["FitResult"]
+
 
 class FitResult(OptimizeResult):
     """What :func:`~approxbp.fitting.fit_relu_sum` and :func:`~approxbp.fitting.fit_invact` return: ``table`` (the

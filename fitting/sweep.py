@@ -11,6 +11,9 @@ from approxbp.approximations import Activation
 
 from .relu_sum import ReluSumFit, fit_relu_sum
 
+__all__ = ["FIT_ERRORS", "sweep_relu_sum", "SweepStep"]
+
+
 #: What a failed fit raises; the sweep reports it and goes on.
 FIT_ERRORS = (ValueError, RuntimeError, ArithmeticError, MemoryError)
 

@@ -20,6 +20,10 @@ from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import RIGHT_SPAN, Form, branch_grid, branch_metrics, y
 from scipy.optimize import least_squares
 
+__all__ = ["BACKENDS", "BackendUnavailable", "check_backend", "fit_branch_sr", "pick_form", "refit_constants",
+           "sr_functions", "SR_SYNTAX"]
+
+
 #: What the SR engines print beyond the form grammar (pyoperon: infix with exp/log/sqrt, square, pow; PySR:
 #: sympy-style names).
 SR_SYNTAX = {"square": lambda a: a**2, "pow": sp.Pow}

@@ -481,3 +481,50 @@ def test_the_probe_sees_the_folder_when_the_repository_root_is_on_sys_path():
         "hf.is_kernels_available.cache_clear(); hf.is_kernels_available()", "")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert run.stdout.split()[0] == "False", run.stdout + run.stderr
+
+
+def _public_definitions(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return {n for n in names if not n.startswith("_")}
+
+
+def _all_of(tree: ast.Module) -> list[str] | None:
+    """The module's ``__all__``: a literal list, or ``list(NAME)`` of a dict literal (a lazy package's exports)."""
+    literals = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)}
+    value = literals.get("__all__")
+    if isinstance(value, ast.Call) and ast.unparse(value.func) == "list" and isinstance(value.args[0], ast.Name):
+        value = literals[value.args[0].id]
+    return None if value is None else list(ast.literal_eval(value))
+
+
+def test_every_module_says_what_is_public():
+    """``__all__`` in every module of the four layers (generated code and ``__main__`` aside; issue 48): every public
+    top-level definition is listed (an internal one is ``_``-prefixed), and every listed name is defined or imported
+    there."""
+    wrong = {}
+    for path in (p for layer in (*sorted(ALLOWED), "approxbp") for p in _sources(layer) if p.name != "__main__.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        listed = _all_of(tree)
+        if listed is None:
+            wrong[str(path.relative_to(ROOT))] = "no __all__"
+            continue
+        imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                    if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
+        lazy = any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
+        unlisted = _public_definitions(tree) - set(listed)
+        undefined = set() if lazy else set(listed) - _public_definitions(tree) - imported
+        if unlisted or undefined:
+            wrong[str(path.relative_to(ROOT))] = {"not in __all__": sorted(unlisted), "not defined": sorted(undefined)}
+    assert not wrong, wrong
+
+
+def test_the_public_names_checker_sees_an_unlisted_definition(tmp_path):
+    tree = ast.parse("import os\n__all__ = ['f', 'os']\ndef f(): pass\ndef g(): pass\ndef _h(): pass\nX = 1\n")
+    assert _all_of(tree) == ["f", "os"] and _public_definitions(tree) - set(_all_of(tree)) == {"g", "X"}

@@ -7,6 +7,8 @@ import json
 from approxbp.commands import common
 from approxbp.papers.figures import figures_dir
 
+__all__ = ["add_parser", "run"]
+
 
 def add_parser(sub, add) -> None:
     atl = add(sub, "atlas", help="error atlas: backward error vs saved bits for every family (JSON + PNG)")

@@ -8,6 +8,8 @@ import json
 from approxbp.commands import common
 from approxbp.papers.figures import figures_dir
 
+__all__ = ["add_parser", "run"]
+
 
 def add_parser(sub, add) -> None:
     bd = add(sub, "bdia", help="BDIA reversible stacks: error analysis and a toy BDIA-GPT")

@@ -7,6 +7,8 @@ import time
 
 from approxbp.commands import common
 
+__all__ = ["add_parser", "print_certificates", "run"]
+
 
 def add_parser(sub, add) -> None:
     cer = add(sub, "certify", help="rigorous error bounds (interval arithmetic, python-flint): InvAct forms' sup error "

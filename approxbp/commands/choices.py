@@ -3,6 +3,9 @@ imports no torch, scipy or sympy. Each owner keeps its own (``fitting.invact.FOR
 planner's are in ``approxbp.planner.choices``); ``tests/approxbp/test_cli.py`` holds every tuple here equal to its
 owner's."""
 
+__all__ = ["BACKENDS", "DTYPES", "FAMILIES", "FORMS", "METHODS", "OBJECTIVES", "OWNERS"]
+
+
 FORMS = ("auto", "paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact")  # fitting.invact
 OBJECTIVES = ("primitive", "derivative")  # fitting.objective
 METHODS = ("anneal", "sgd", "polish")  # fitting.relu_sum

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+__all__ = ["add_common", "no_progress", "out_arg", "progress_on", "table_paths_arg"]
+
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="root seed; restarts use independent child seeds")

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from approxbp.commands import common
 
+__all__ = ["add_parser", "run"]
+
 
 def add_parser(sub, add) -> None:
     exp = add(sub, "export", help="generate Triton kernel modules from relu-sum and invact tables")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from approxbp.commands import common
 from approxbp.papers.figures import figures_dir
 
+__all__ = ["add_parser", "run"]
+
 
 def add_parser(sub, add) -> None:
     fig = add(sub, "figures", help="write every figure (ReLU-sum, InvAct, error atlas, BDIA) as PNG; the toy GPT "

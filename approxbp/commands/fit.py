@@ -10,6 +10,8 @@ import numpy as np
 
 from approxbp.commands import common
 
+__all__ = ["add_parser", "FITS", "run"]
+
 
 def add_parser(sub, add) -> None:
     from approxbp.commands.choices import BACKENDS, FORMS, METHODS, OBJECTIVES

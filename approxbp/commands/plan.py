@@ -10,6 +10,8 @@ from pathlib import Path
 
 from approxbp.commands import common
 
+__all__ = ["add_parser", "run"]
+
 
 def add_parser(sub, add) -> None:
     from approxbp.planner.request import add_arguments

@@ -10,6 +10,8 @@ from pathlib import Path
 from approxbp.commands import common
 from approxbp.commands.certify import print_certificates
 
+__all__ = ["add_parser", "certify_regenerated", "memory_rows", "run"]
+
 
 def add_parser(sub, add) -> None:
     rep = add(sub, "reproduce", help="regenerate the papers' rows and print paper vs ours")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from approxbp.commands import common
 
+__all__ = ["add_parser", "parse_bits", "run"]
+
 
 def add_parser(sub, add) -> None:
     from approxbp.commands.choices import OBJECTIVES

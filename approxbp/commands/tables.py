@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from approxbp.commands import common
 
+__all__ = ["add_parser", "run"]
+
 
 def add_parser(sub, add) -> None:
     from approxbp.commands.choices import FAMILIES

@@ -21,6 +21,10 @@ import torch
 
 from approxbp.blocks import own_rng
 
+__all__ = ["DIFFERENCES", "format_rows", "measure_all", "measure_row", "NONLINEAR", "PAPER", "PAPER_SHARES",
+           "PAPER_TOTAL", "Row", "shares", "STATISTICS"]
+
+
 #: Fig. 5 (ViT) and Fig. 6 (LLaMA-13B), per module group of approxbp.blocks' ViTBlock / LlamaBlock, in units.
 #: "ours" is the paper's column: trainable linears, MS-norms merged, ReGELU2 / ReSiLU2.
 PAPER = {

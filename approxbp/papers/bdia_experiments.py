@@ -18,6 +18,10 @@ from approxbp.approximations import bdia as B
 from approxbp.approximations.files import save_figure, write_atomic
 from approxbp.blocks import ToyGPT, own_rng
 
+__all__ = ["analyze", "arithmetic_corpus", "forward_quantisation", "LEVELS", "memory_per_block", "plot_analysis",
+           "plot_toy_gpt", "random_branches", "RandomBranch", "reconstruction_errors", "reproduce_row", "ToyMLP",
+           "train_toy_gpt", "VOCAB", "write_analysis", "write_toy_gpt"]
+
 
 # -- random residual branches ------------------------------------------------------------------
 class RandomBranch(torch.nn.Module):

@@ -6,6 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+__all__ = ["CHECKOUT_FIGURES", "figures_dir", "write_figures"]
+
+
 #: The source checkout's docs/figures (where the figures are committed, the toy GPT's results beside them).
 CHECKOUT_FIGURES = Path(__file__).resolve().parents[2] / "docs" / "figures"
 

@@ -19,6 +19,11 @@ from dataclasses import dataclass, replace
 
 from approxbp.planner import step_memory as SM
 
+__all__ = ["ABSOLUTE", "AMP", "AUTHORS_QLORA", "Cause", "command", "EAGER", "EXPLAINED", "Group", "GROUPS", "LLAMA13",
+           "LLAMA7", "LLAMA7_EAGER", "markdown", "METHODS", "POINTS", "QLORA", "QLORA_OPEN", "reproduce", "Row",
+           "run_group", "TEST", "text", "USES4", "VIT_B", "VIT_L", "with_changes"]
+
+
 #: The targets: an absolute value within this fraction, a reduction within this many points.
 ABSOLUTE, POINTS = 0.15, 3.0
 METHODS = {"exact": "exact", "relu-sum-k2": "ReGELU2/ReSiLU2", "ms-norm": "MS-norm",

@@ -12,6 +12,11 @@ from approxbp.approximations import tables as T
 from approxbp.fitting.objective import ReluSumObjective, interval_for
 from approxbp.fitting.relu_sum import auto_method, fit_relu_sum, package_version
 
+__all__ = ["bdia_verdict", "Comparison", "FewBitRow", "format_comparisons", "format_fewbit_rows",
+           "format_invact_rows", "INVACT_FORMS", "INVACT_GAIN", "invact_verdicts", "PAPER_RELU_SUM", "paper_table",
+           "PaperReluSum", "regenerate_invact", "regenerate_tables", "reproduce_fewbit", "reproduce_invact",
+           "reproduce_relu_sum", "STATUSES", "verdict"]
+
 
 @dataclass(frozen=True)
 class PaperReluSum:

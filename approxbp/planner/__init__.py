@@ -7,3 +7,6 @@ rest measures: :mod:`.training` (the set-up), :mod:`.models` and ``configs/``, :
 :mod:`.step_memory`, :mod:`.extrapolate`, :mod:`.plan_step`, and the moves beyond the approximations
 (:mod:`.moves`, :mod:`.plan_moves`, :mod:`.step_time`, :mod:`.gpus`, :mod:`.knapsack`, :mod:`.chunked_loss`,
 :mod:`.pareto`, :mod:`.compiled`). Imports the three layers below, never the command line."""
+
+__all__ = []
+

@@ -23,6 +23,9 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
+__all__ = ["as_a_gpu_runs_it", "gpu_attention", "gpu_dropout", "RNG_STATE_BYTES"]
+
+
 #: The functions the planner replaces, kept to run the attention and the dropout themselves.
 _SDPA = F.scaled_dot_product_attention
 _DROPOUT = F.dropout

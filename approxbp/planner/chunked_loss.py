@@ -23,6 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "chunked_cross_entropy", "LOSS", "MIN_ROWS", "NotChunked",
+           "refusal", "remove_chunked_loss"]
+
+
 #: A plan's name for the move and for where it applies (the loss, outside every block).
 CHUNKED, LOSS = "chunked-loss", "(loss)"
 _APPLIED = "_approxbp_chunked_loss"  # the model's __dict__: the forward it had

@@ -22,6 +22,9 @@ import functools
 
 import torch
 
+__all__ = ["budget_backend", "BUDGETS", "fastest_within", "point", "points", "under"]
+
+
 #: The budgets the planner weighs (1.0: compile's own choice; 0.0: recompute everything it can).
 BUDGETS = (1.0, 0.6, 0.4, 0.2, 0.1, 0.0)
 

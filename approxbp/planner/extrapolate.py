@@ -15,6 +15,9 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+__all__ = ["extrapolate", "layer_count", "LAYER_FIELDS", "shrunk", "SMALL", "small_assignment"]
+
+
 #: Config fields that count the repeated blocks, by the name each model family uses.
 LAYER_FIELDS = ("num_hidden_layers", "n_layer", "num_layers")
 #: Block counts measured: a block that is neither the first nor the last at 3, and the step at 2 for the slopes.

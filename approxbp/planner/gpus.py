@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["GPU", "gpu", "GPUS"]
+
 
 @dataclass(frozen=True)
 class GPU:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["multiple_choice"]
+
 
 def multiple_choice(groups: list[list[tuple[int, float]]], need: int, unit: int) -> tuple[float, list[int]] | None:
     """(least total cost, the chosen option's index per group) with Σ saving ≥ ``need``, or None when no choice

@@ -16,6 +16,9 @@ from torch import nn
 from approxbp.planner.tasks import build as build_task
 from approxbp.planner.tasks import task_of
 
+__all__ = ["bundled_configs", "CONFIG_KEYS", "CONFIGS", "hf_builder", "model_spec", "no_init"]
+
+
 #: Short keys of ``llama:hidden=4096,layers=32,…`` → Hugging Face config fields.
 CONFIG_KEYS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
                "intermediate": "intermediate_size", "vocab": "vocab_size", "kv_heads": "num_key_value_heads",

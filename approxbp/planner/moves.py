@@ -30,6 +30,10 @@ from torch import nn
 from approxbp.planner.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss
 from approxbp.planner.knapsack import multiple_choice
 
+__all__ = ["apply_moves", "BlockCost", "choose_moves", "LossCost", "MOVES", "Offload", "PART_KEY", "RECOMPUTE_PART",
+           "remove_moves"]
+
+
 MOVES = ("keep", "recompute", "offload")
 #: A block's move that recomputes one of its parts alone: "recompute mlp" (selective checkpointing, module grain).
 RECOMPUTE_PART = "recompute "

@@ -26,6 +26,8 @@ from approxbp.planner.plan_step import stepper
 from approxbp.planner.request import Request
 from approxbp.planner.step_memory import size
 
+__all__ = ["figure", "frontier", "MOVED", "pareto", "table", "write_json"]
+
 
 def pareto(request: Request, *, gpu: str, points: int = 5, compile_budgets: tuple[float, ...] = (),
            progress=None) -> list[dict]:

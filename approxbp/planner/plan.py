@@ -43,6 +43,10 @@ from approxbp.planner.step_memory import (
 )
 from approxbp.planner.training import Setup
 
+__all__ = ["assignments", "distinct", "evaluate", "evaluate_each", "MAX_PROBE", "MAXIMIZE", "maximize",
+           "measure_options", "MODES", "NoFit", "parse_use", "plan", "SEQ_GRAIN", "spread"]
+
+
 MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.planner.training.PRESETS
 #: What :func:`maximize` searches for.
 MAXIMIZE = ("batch", "seq_len")

@@ -22,6 +22,9 @@ from approxbp.planner.step_memory import StepMemory, first_block, prepare
 from approxbp.planner.step_time import Roofline, StepTime, block_paths, drop_in_paths
 from approxbp.planner.training import weights_for
 
+__all__ = ["Assignment", "block_costs", "fastest", "modelled_time", "move_costs", "plan_moves", "time_step", "timed",
+           "Weighed"]
+
 
 class Assignment(NamedTuple):
     """An assignment of the approximations with its measured step, additive estimate and gradient-error bound."""

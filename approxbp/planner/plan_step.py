@@ -19,6 +19,9 @@ from approxbp.planner.step_time import block_paths
 from approxbp.planner.tasks import head_of
 from approxbp.planner.training import LoRALinear, Setup, weights_for
 
+__all__ = ["activation_layers", "apply", "gradient_error", "option_table", "OPTIONS", "step_inputs", "stepper"]
+
+
 #: Per activation layer; ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no
 #: gradient error; saves nothing where the layer is in no gated MLP).
 OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact", "glu")

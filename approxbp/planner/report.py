@@ -8,6 +8,9 @@ from pathlib import Path
 from approxbp.planner.result import Plan
 from approxbp.planner.step_memory import AT_PEAK, size
 
+__all__ = ["CATEGORIES", "COLOURS", "figure", "report"]
+
+
 CATEGORIES = ("parameters", "gradients", "optimizer")
 
 

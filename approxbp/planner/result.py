@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 from approxbp.approximations import tables as T
 
+__all__ = ["Plan", "plan_config", "read_plan"]
+
 
 @dataclass
 class Plan:

@@ -28,6 +28,9 @@ from approxbp.planner.training import (
     stored_bytes,
 )
 
+__all__ = ["AT_PEAK", "checkpoint_blocks", "first_block", "measure", "parse_size", "prepare", "size", "StepMemory",
+           "traced_step"]
+
 
 @dataclass
 class StepMemory:

@@ -33,6 +33,8 @@ from torch.utils._pytree import tree_flatten
 
 from approxbp.planner.gpus import GPU
 
+__all__ = ["block_paths", "drop_in_paths", "Roofline", "StepTime"]
+
 
 @dataclass
 class StepTime:

@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+__all__ = ["build", "head_of", "Inputs", "inputs_for", "is_vision", "Task", "task_of", "TASKS"]
+
+
 Inputs = Callable[[int, int], dict]
 
 

@@ -19,6 +19,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+__all__ = ["ADAPTERS", "add_lora", "as_setup", "AUTOCAST", "BNB_BLOCK", "DTYPES", "HEADS", "held_by_module",
+           "LORA_TARGETS", "LoRALinear", "nf4_bytes", "NF4Linear", "NORMS", "norms_in_fp32", "optimizer_bytes",
+           "OPTIMIZERS", "per_rank", "PRESETS", "quantize_base", "quantized_weights", "Setup", "stored_bytes",
+           "TRAIN", "WEIGHTS", "weights_for"]
+
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: Linear layers (or GPT-2's Conv1D) that get LoRA adapters by default (peft's defaults: attention query and value;
 #: GPT-2's fused c_attn).

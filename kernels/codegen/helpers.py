@@ -14,6 +14,9 @@ from .printer import (
     tanh_series,
 )
 
+__all__ = ["HELPER_NAMES", "HELPERS_MODULE", "helpers_source", "HELPERS_TEMPLATE", "import_helpers", "render_helpers"]
+
+
 HELPERS_TEMPLATE = '''
 #: Compiled (not interpreted): the float32 primitives below are PTX approximations; the interpreter has no inline asm.
 _COMPILED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")

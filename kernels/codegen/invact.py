@@ -31,6 +31,9 @@ from .twins import (
     twins_section,
 )
 
+__all__ = ["INVACT_HEAD", "INVACT_KERNELS", "MONOTONE_KERNELS", "render_invact"]
+
+
 INVACT_HEAD = HEADER_TEMPLATE + '''\
 {monotone}TURNING_POINT = {T!r}
 F_T = {f_T!r}

@@ -13,6 +13,10 @@ from approxbp.approximations.functions import select, softplus
 from approxbp.approximations.invact_forms import RULE_PARTS
 from sympy.printing.pycode import PythonCodePrinter
 
+__all__ = ["by_storage_dtype", "horner", "lower", "reciprocals", "round_down", "round_up", "tanh_series",
+           "triton_source", "TritonPrinter"]
+
+
 _rcp = sp.Function("_rcp")  # 1/u (helpers: one MUFU.RCP in compiled float32)
 _rsqrt = sp.Function("_rsqrt")  # 1/√u
 

@@ -28,6 +28,9 @@ from .twins import (
     twins_section,
 )
 
+__all__ = ["RELU_SUM_TEMPLATE", "render_relu_sum", "ROW_TYPES", "UNROLL_BITS"]
+
+
 RELU_SUM_TEMPLATE = HEADER_TEMPLATE + '''\
 BITS = {bits}
 STORAGE_BITS = {storage}

@@ -15,6 +15,9 @@ from approxbp.approximations.activations import x as activation_x
 
 from ..ops.modules import FORMAT
 
+__all__ = ["ACTIVATION_TEMPLATE", "activation_twin", "form_twin", "HEADER_TEMPLATE", "identity", "relative_path",
+           "twin_def", "twins_section"]
+
 
 def _lambdified_return(args: list, expr: sp.Expr) -> str:
     """The expression lambdify evaluates for ``expr`` with the torch namespace (the same printed code the

@@ -3,3 +3,6 @@ Function, ``nn.Module`` drop-in), what their entry points share (``custom_ops``,
 layout (``packing``), the spec registry and generated-module loading (``modules``), BDIA stacks (``bdia``), the exact
 baseline kernels (``reference``) and the saved-bytes meter (``saved``). Imports ``generated`` below it, never the model
 rewriting (``rewrite``) or the build side (``codegen``) above it."""
+
+__all__ = []
+

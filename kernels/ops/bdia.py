@@ -23,6 +23,9 @@ from approxbp.approximations import bdia as B
 from .launch import BIT_BLOCK_BYTES, num_warps
 from .packing import pack, unpack
 
+__all__ = ["bdia_reference", "BDIAStack", "BDIAStackFunction", "inverse_kernel", "inverse_torch", "inverse_triton",
+           "launch_inverse", "launch_step", "step_kernel", "step_torch", "step_triton"]
+
 
 @triton.jit
 def _round_half_even(v):

@@ -31,6 +31,9 @@ from torch import Tensor
 from .guards import check_triton_available
 from .modules import Spec, register
 
+__all__ = ["apply", "as_kernels", "attach", "autocast_dtype", "classic", "FIRST_ORDER_ONLY", "FirstOrder",
+           "needs_grad", "once_differentiable", "opaque", "transformed"]
+
 
 def attach(spec: Spec, use_triton: bool | None) -> Spec:
     """What a drop-in does once, at construction: check that Triton can run when asked to, and register its spec

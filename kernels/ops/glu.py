@@ -21,6 +21,10 @@ from .guards import check_triton_device
 from .launch import GLU_BLOCK, num_warps
 from .modules import FORMAT, Spec, spec_of
 
+__all__ = ["dispatch", "GatedMLP", "glu", "GLU_ACTIVATIONS", "glu_backward", "glu_forward", "glu_module_name",
+           "GLUFunction", "GLULayout", "GLUSpec"]
+
+
 #: The activations whose gated linear unit act(g)·u has a generated exact fused op (``approxbp export`` writes
 #: :func:`glu_module_name` for each; SwiGLU, GeGLU and their kin).
 GLU_ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "quick_gelu", "mish")

@@ -7,6 +7,9 @@ from contextvars import ContextVar
 
 import torch
 
+__all__ = ["check_input", "check_triton_available", "check_triton_device", "OFFLINE"]
+
+
 #: True while ``approxbp cost`` captures launches on ``meta`` tensors (nothing runs, so any device will do).
 OFFLINE: ContextVar[bool] = ContextVar("approxbp_offline_capture", default=False)
 

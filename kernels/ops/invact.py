@@ -26,6 +26,9 @@ from .launch import BIT_BLOCK_BYTES, ELEMENT_BLOCK, num_warps
 from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
 
+__all__ = ["dispatch", "invact", "invact_backward", "invact_forward", "InvActFunction", "InvActGELU", "InvActivation",
+           "InvActSiLU", "InvActSpec"]
+
 
 class InvActSpec(GeneratedSpec):
     """Constants and the two branch approximations of one invact table, read from its generated module (the

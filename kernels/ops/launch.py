@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["BIT_BLOCK_BYTES", "ELEMENT_BLOCK", "GLU_BLOCK", "num_warps", "RELU_SUM_ROWS", "RELU_SUM_SPAN"]
+
+
 #: Elements per program of the ReLU-sum kernels, for every k: also the span of one saved NaN byte.
 RELU_SUM_SPAN = 4096
 #: Bytes of packed bits per program of the InvAct and BDIA kernels (8 elements per byte: 4096 elements).

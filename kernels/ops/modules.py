@@ -20,6 +20,10 @@ from typing import ClassVar
 
 from approxbp.approximations import tables as T
 
+__all__ = ["drop_in_families", "FAMILIES", "FORMAT", "GENERATED", "generated_module", "GeneratedSpec", "kernel_dir",
+           "module_name", "module_path", "register", "RENDERERS", "Spec", "spec_key", "spec_of", "SPECS", "table_file"]
+
+
 GENERATED = Path(__file__).parents[1] / "generated"
 #: The layout of a generated module this run time reads (2: with the PyTorch twin and NAME, FAMILY).
 FORMAT = 2

@@ -21,6 +21,9 @@ from torch import Tensor, nn
 from . import custom_ops
 from .guards import check_input, check_triton_device
 
+__all__ = ["dispatch", "ms_norm", "ms_norm_backward", "ms_norm_backward_impl", "ms_norm_forward",
+           "ms_norm_forward_impl", "MSLayerNorm", "MSNormFunction", "MSRMSNorm"]
+
 
 @triton.jit
 def _row_tile(rows, d, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):

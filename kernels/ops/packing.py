@@ -12,6 +12,8 @@ from functools import cache
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+__all__ = ["byte_codes", "pack", "storage_bits", "unpack", "unpack_into"]
+
 
 def storage_bits(bits: int) -> int:
     """Codes are stored at the next of 1, 2, 4, 8 bits so that they pack evenly into bytes."""

@@ -6,6 +6,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+__all__ = ["BLOCK", "KERNELS"]
+
+
 #: Elements per program (as the ReLU-sum kernels' span).
 BLOCK = 4096
 

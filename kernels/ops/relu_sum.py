@@ -32,6 +32,9 @@ from .launch import RELU_SUM_ROWS, RELU_SUM_SPAN, num_warps
 from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
 
+__all__ = ["dispatch", "ReGELU2", "relu_sum", "relu_sum_backward", "relu_sum_forward", "ReLUSumActivation",
+           "ReLUSumFunction", "ReLUSumSpec", "ReSiLU2"]
+
 
 class ReLUSumSpec(GeneratedSpec):
     """Everything one table needs at run time, read from its generated module (knots, levels, bits, the Triton

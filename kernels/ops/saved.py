@@ -8,6 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+__all__ = ["charged", "saved_bytes"]
+
 
 @contextlib.contextmanager
 def charged(into: dict[str, int], exclude=(), model: nn.Module | None = None):

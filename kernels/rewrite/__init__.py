@@ -3,3 +3,6 @@
 ``norm_consumers``, ``norm_merge``, ``norm_patch``), what they share (``common``: report, undo log, proof; ``swaps``:
 what a patched module stands in for). Imports the run time
 (``ops``) below it, never the build side (``codegen``)."""
+
+__all__ = []
+

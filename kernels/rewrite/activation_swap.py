@@ -18,6 +18,9 @@ from ..ops.relu_sum import ReGELU2, ReSiLU2
 from . import functional_swap, swaps
 from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, move_hooks
 
+__all__ = ["ACTIVATION_CLASSES", "ACTIVATION_LIKE", "class_key", "error_of", "OURS", "swap_activations"]
+
+
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
 #: stays optional) → the registry activation whose tables replace them. nn.GELU is looked up with its
 #: ``approximate`` attribute.
@@ -40,8 +43,6 @@ ACTIVATION_CLASSES = {
 
 #: Class-name fragments of modules that look like activations; one that is not replaced is reported as skipped.
 ACTIVATION_LIKE = ("GELU", "SiLU", "Swish", "Mish", "Activation", "ReLU", "Tanh", "Sigmoid", "Softplus", "ELU")
-
-
 
 
 OURS = ("ReLUSumActivation", "InvActivation", "ReGELU2", "ReSiLU2", "InvActGELU", "InvActSiLU")

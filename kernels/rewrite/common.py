@@ -18,6 +18,11 @@ from torch import nn
 
 from ..ops.saved import charged
 
+__all__ = ["ALL_HOOK_TABLES", "by_pattern", "call", "every_output", "FILTERED", "HOOK_TABLES", "hooks_of", "is_table",
+           "leaves", "MAX_BITS", "mode", "move_hooks", "output_difference", "PatchConfig", "PatchReport",
+           "path_pattern", "replace", "run_example", "saved_on_example", "Savings", "TRAIN_SEED", "Undo"]
+
+
 #: How a module ``module_filter_fn`` refused is listed in the report's ``skipped``.
 FILTERED = "left out by module_filter_fn"
 #: The largest ``bits`` with packaged ReLU-sum tables (k = 1…8).

@@ -16,6 +16,9 @@ from torch.overrides import TorchFunctionMode
 
 from .glu_forms import functional_activation
 
+__all__ = ["install", "installed", "KEY", "STOCK", "uninstall"]
+
+
 #: Where a module keeps its call-site drop-ins ({activation: drop-in}; in ``__dict__``: not submodules, no state).
 KEY = "_approxbp_call_site"
 

@@ -18,6 +18,9 @@ from torch.overrides import TorchFunctionMode
 
 from ..ops.glu import GLU_ACTIVATIONS, GatedMLP, GLULayout
 
+__all__ = ["functional_activation", "layout_of", "PROOF_NUMEL", "prove", "record_calls"]
+
+
 #: Activation functions → registry activation (F.gelu by its ``approximate`` argument).
 _FUNCTIONAL = {F.silu: "silu", F.mish: "mish", F.gelu: "gelu"}
 

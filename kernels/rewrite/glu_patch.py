@@ -24,6 +24,8 @@ from .common import (
 )
 from .glu_forms import layout_of, prove, record_calls
 
+__all__ = ["fuse_gated_mlps"]
+
 
 def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_input, config: PatchConfig,
                     savings: Savings) -> dict[str, list[str]]:

@@ -17,6 +17,10 @@ from . import swaps
 from .activation_swap import ACTIVATION_CLASSES, class_key
 from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, hooks_of
 
+__all__ = ["bmm_candidates", "bmm_experts_forward", "candidates", "ExactExpertGate", "experts_forward",
+           "fuse_expert_gates", "GATE", "GATED_IMPLEMENTATIONS", "own_gate_candidates"]
+
+
 #: The class attribute the grouped and batched forwards call (the rewrite sets an instance attribute over it).
 GATE = swaps.EXPERT_GATE
 #: The experts implementations that call ``self._apply_gate`` (the eager per-expert loop calls act_fn itself).

@@ -14,6 +14,9 @@ from . import swaps
 from .common import call, every_output, leaves, mode
 from .norm_merge import is_mergeable_norm
 
+__all__ = ["consumers_by_dispatch", "consumers_by_fx", "is_consumer", "RETURNED", "watched"]
+
+
 #: How a norm's output read as a model output (a hidden state) is listed among its other readers.
 RETURNED = "returned as a model output"
 

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+__all__ = ["DEFAULT_EPS", "is_norm_candidate", "norm_form", "NormForm", "PROBE_SCALES", "PROBE_TOLERANCE"]
+
+
 #: The scales of the probe's rows: eps matters at the small ones (a variance of 1e-12, 1e-6).
 PROBE_SCALES = (1e-6, 1e-3, 1.0, 1e3)
 #: eps values tried when a module has no ``eps``/``variance_epsilon`` attribute (OLMo writes 1e-5 in its forward).

@@ -12,6 +12,10 @@ from ..ops.norms import MSLayerNorm, MSRMSNorm
 from . import swaps
 from .norm_forms import NormForm, is_norm_candidate, norm_form
 
+__all__ = ["AffineInputLinear", "attached_z", "consumer_features", "consumer_wrappers", "is_mergeable_norm",
+           "keep_affine", "merge_norm", "MSLayerNormSharedOutput", "MSRMSNormSharedOutput", "NormInputLinear",
+           "proven_form", "refuse_stock_state_dicts", "unmerge_norm"]
+
 
 class AffineInputLinear(nn.Linear):
     """A trainable adapter Linear (LoRA's ``lora_A``) that reads a merged norm's output z and computes

@@ -34,6 +34,8 @@ from .norm_merge import (
     proven_form,
 )
 
+__all__ = ["merge_norms"]
+
 
 def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input, savings: Savings,
                 config: PatchConfig) -> None:

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from torch import nn
 
+__all__ = ["EXPERT_GATE", "expert_gate", "kept_affine", "mark_expert_gate", "mark_kept_affine", "mark_merged",
+           "mark_replaced", "merged", "merged_dtype", "remove_expert_gate", "replaced"]
+
+
 _REPLACED, _MERGED, _KEPT_AFFINE, _MERGED_DTYPE = "replaced", "merged_from", "kept_affine", "merged_dtype"
 
 
