@@ -15,7 +15,6 @@ from approxbp.planner import models as MD
 from approxbp.planner import plan as P  # noqa: E402
 from approxbp.planner import plan_step as PS
 from approxbp.planner import report as PR
-from approxbp.planner import step_memory  # noqa: E402
 from approxbp.planner import step_memory as SM
 from approxbp.planner import training as SU
 from approxbp.planner.request import Request
@@ -291,17 +290,3 @@ def test_maximize_with_a_given_assignment_finds_the_largest_size_that_fits():
 def test_use_refuses_what_it_cannot_evaluate(text, message):
     with pytest.raises(ValueError, match=message):
         P.parse_use(text)
-
-
-def test_the_figure_keeps_one_colour_per_category_and_draws_the_budget(tmp_path):
-    """Every category the planner reports has its own fixed colour; with a budget the exact step already fits, the
-    figure says that nothing was replaced (the two bars are then the same on purpose)."""
-    from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES
-
-    kinds = (*ACTIVATION_CLASSES, "LayerNorm", "Linear", "LlamaAttention", "LlamaMLP", "x")
-    names = {step_memory._category(k) for k in kinds}
-    assert names | set(PR.CATEGORIES) | {SM.AT_PEAK} <= set(PR.COLOURS)
-    assert len(set(PR.COLOURS.values())) == len(PR.COLOURS)
-    plan = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), budget=1 << 40)
-    assert plan.after["peak"] == plan.before["peak"]
-    assert PR.figure(plan, tmp_path / "f.png").stat().st_size > 10_000

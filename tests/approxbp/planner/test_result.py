@@ -1,5 +1,5 @@
 """approxbp/planner/result.py: a Plan written by `approxbp plan --out` loads back field for field, a file that is not
-one is refused in one line, apply() patches a model as planned, and the report writes block ranges once; a plan file
+one is refused in one line, apply() patches a model as planned; a plan file
 read field by field and matched to a model's activation modules (as they are, or under a wrapper's prefix), refused
 whole when it was made for another model."""
 
@@ -11,7 +11,6 @@ import torch
 from approxbp.approximations import tables as T
 from torch import nn
 
-from approxbp.planner.report import _ranges
 from approxbp.planner.result import Plan, plan_config, read_plan
 
 
@@ -43,12 +42,6 @@ def test_apply_patches_the_planned_layer_with_its_table():
     assert type(model.act).__name__ == "InvActivation" and "gelu-fast" in report.activations[0], report
     y = model.act(torch.linspace(-3, 3, 7, requires_grad=True))
     torch.testing.assert_close(y, nn.functional.gelu(torch.linspace(-3, 3, 7)), rtol=1e-6, atol=1e-6)
-
-
-def test_block_ranges_are_written_once():
-    """Runs of consecutive block indices written once; a top-level module (no dot) was printed as ".lm_head"."""
-    paths = [f"model.layers.{i}" for i in (0, 1, 2, 5, 7, 8)] + ["lm_head"]
-    assert _ranges(paths) == "model.layers.0–2, model.layers.5, model.layers.7–8, lm_head"
 
 
 class _MLP(nn.Module):
