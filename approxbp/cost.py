@@ -28,22 +28,19 @@ import torch
 
 from approxbp.approximations.families import member, register
 
-__all__ = ["access_widths", "as_json", "BANDWIDTH", "bdia_launches", "BUDGET", "capture", "compile_sm90",
-           "default_tables", "disassemble", "DTYPES", "ELEMENTS", "exact_launches", "glu_launches", "HEADER",
-           "invact_launches", "ISSUE_RATE", "KernelCost", "Launch", "LAUNCHES", "launches_for", "measure",
-           "norm_launches", "NOT_UNDER_INTERPRETER", "reference_jobs", "reference_launches", "relu_sum_launches",
-           "run"]
+__all__ = ["as_json", "bdia_launches", "BUDGET", "compile_sm90", "disassemble", "DTYPES", "HEADER", "invact_launches",
+           "ISSUE_RATE", "KernelCost", "Launch", "LAUNCHES", "measure", "norm_launches", "relu_sum_launches", "run"]
 
 
 #: Thread-instructions per second (132 SMs × 128 lanes × ~1.75 GHz ≈ 3.0e13) and measured copy bandwidth of an
 #: H100 SXM (see the module docstring).
-ISSUE_RATE, BANDWIDTH = 3.0e13, 2.87e12
-BUDGET = ISSUE_RATE / BANDWIDTH  # ≈ 10.45 SASS instructions per byte moved
+ISSUE_RATE, _BANDWIDTH = 3.0e13, 2.87e12
+BUDGET = ISSUE_RATE / _BANDWIDTH  # ≈ 10.45 SASS instructions per byte moved
 #: Elements per measured launch (divisible by every program span, so no partial programs).
-ELEMENTS = 1 << 24
+_ELEMENTS = 1 << 24
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
           torch.uint8: "u8", torch.int8: "i8", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
-NOT_UNDER_INTERPRETER = ("approxbp cost compiles for the GPU: unset TRITON_INTERPRET (the interpreter replaces the "
+_NOT_UNDER_INTERPRETER = ("approxbp cost compiles for the GPU: unset TRITON_INTERPRET (the interpreter replaces the "
                          "kernels)")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 
@@ -86,7 +83,7 @@ HEADER = (f"{'kernel':<40} {'dtype':<5} {'instr/e':>7} {'mufu':>5} {'B/e':>5} {'
 
 
 @contextlib.contextmanager
-def capture():
+def _capture():
     """Within: ``kernel[grid](...)`` records a :class:`Launch` into the yielded list instead of running, and the
     launchers accept tensors on any device (they are called with ``meta`` tensors)."""
     from triton.runtime.jit import KernelInterface
@@ -153,7 +150,7 @@ def compile_sm90(launch: Launch, arch: int = 90):
     from triton.compiler import ASTSource
 
     if not hasattr(launch.fn, "arg_names") or type(launch.fn).__name__ == "InterpretedFunction":
-        raise RuntimeError(NOT_UNDER_INTERPRETER)
+        raise RuntimeError(_NOT_UNDER_INTERPRETER)
     signature, constexprs, attrs, options = _specialise(launch)
     src = ASTSource(launch.fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), signature
@@ -179,7 +176,7 @@ _PTX_DEF = re.compile(r"^\s*(?:@!?%p\d+\s+)?[a-z][\w.]*\s+(%r[a-z]*\d+),\s*(.*);
 _PTX_MEM = re.compile(r"(ld|st)\.global(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\s+(.*?);")
 
 
-def access_widths(ptx: str, signature: dict) -> dict[str, str]:
+def _access_widths(ptx: str, signature: dict) -> dict[str, str]:
     """For each tensor argument, its widest global load and store in bits, from the PTX: an address register is
     traced back (through its defining instructions) to the ``ld.param`` of the pointer it derives from."""
     pointers = [name for name, t in signature.items() if t != "constexpr"]  # params are numbered without constexprs
@@ -217,7 +214,7 @@ def measure(name: str, launch: Launch, elements: int, dtype: str, arch: int = 90
                 if isinstance(v, torch.Tensor)) / elements
     return KernelCost(name, dtype, round(count, 2), round(sum(op.startswith("MUFU") for op in body) * per_thread, 3),
                       round(moved, 3), round(count / (BUDGET * moved), 3), regs,
-                      sum(op.startswith(("LDL", "STL")) for op in body), access_widths(kernel.asm["ptx"], signature),
+                      sum(op.startswith(("LDL", "STL")) for op in body), _access_widths(kernel.asm["ptx"], signature),
                       loops)
 
 
@@ -226,23 +223,23 @@ def relu_sum_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]
     from approxbp.kernels.ops.relu_sum import ReLUSumSpec
 
     spec = ReLUSumSpec(table)
-    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
-    with capture() as launches:
+    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
+    with _capture() as launches:
         _, packed, nan = spec.forward_triton(x)
-        spec.backward_triton(x, packed, nan, ELEMENTS)
-    return [(f"{spec.name()} fwd", launches[0], ELEMENTS), (f"{spec.name()} bwd", launches[1], ELEMENTS)]
+        spec.backward_triton(x, packed, nan, _ELEMENTS)
+    return [(f"{spec.name()} fwd", launches[0], _ELEMENTS), (f"{spec.name()} bwd", launches[1], _ELEMENTS)]
 
 
 def invact_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     from approxbp.kernels.ops.invact import InvActSpec
 
     spec = InvActSpec(table)
-    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
-    with capture() as launches:
+    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
+    with _capture() as launches:
         y, packed = spec.forward_triton(x)
         spec.backward_triton(x, y, packed)
     name = spec.name()
-    return [(f"invact {name} fwd", launches[0], ELEMENTS), (f"invact {name} bwd", launches[1], ELEMENTS)]
+    return [(f"invact {name} fwd", launches[0], _ELEMENTS), (f"invact {name} bwd", launches[1], _ELEMENTS)]
 
 
 #: table family → its kernels' launches ``(table, dtype) → [(name, launch, elements)]``: this layer's part of a family
@@ -255,62 +252,62 @@ register(LAUNCHES, "invact", invact_launches)
 def norm_launches(dtype: torch.dtype, d: int = 4096) -> list[tuple[str, Launch, int]]:
     from approxbp.kernels.ops.norms import ms_norm_backward_impl, ms_norm_forward_impl
 
-    x = torch.empty(ELEMENTS // d, d, dtype=dtype, device="meta")
+    x = torch.empty(_ELEMENTS // d, d, dtype=dtype, device="meta")
     out = []
     for center, label in ((True, "MS-LayerNorm"), (False, "MS-RMSNorm")):
-        with capture() as launches:
+        with _capture() as launches:
             z, rstd = ms_norm_forward_impl(x, 1e-5, center, True, None)
             ms_norm_backward_impl(x, z, rstd, center, True, dtype)
-        out += [(f"{label} d={d} fwd", launches[0], ELEMENTS), (f"{label} d={d} bwd", launches[1], ELEMENTS)]
+        out += [(f"{label} d={d} fwd", launches[0], _ELEMENTS), (f"{label} d={d} bwd", launches[1], _ELEMENTS)]
     return out
 
 
 def bdia_launches(dtype: torch.dtype, row: int = 4096) -> list[tuple[str, Launch, int]]:
     from approxbp.kernels.ops.bdia import launch_inverse, launch_step
 
-    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
-    g = torch.empty(ELEMENTS // row, dtype=dtype, device="meta")
-    with capture() as launches:
+    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
+    g = torch.empty(_ELEMENTS // row, dtype=dtype, device="meta")
+    with _capture() as launches:
         out, bits = launch_step(x, x, x, g, row, 9)
         launch_inverse(x, x, x, bits, g, row, 9)
-    return [("BDIA step (eq. 21)", launches[0], ELEMENTS), ("BDIA inverse (eq. 24)", launches[1], ELEMENTS)]
+    return [("BDIA step (eq. 21)", launches[0], _ELEMENTS), ("BDIA inverse (eq. 24)", launches[1], _ELEMENTS)]
 
 
-def glu_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
+def _glu_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     """The exact fused GLU of every activation that has one (kernels/ops/glu.py): forward and backward."""
     from approxbp.kernels.ops.glu import GLU_ACTIVATIONS, GLUSpec
 
-    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
     out = []
     for act in GLU_ACTIVATIONS:
         spec = GLUSpec(act)
-        with capture() as launches:
+        with _capture() as launches:
             spec.forward_triton(x, x)
             spec.backward_triton(x, x, x)
-        out += [(f"{spec.name()} fwd", launches[0], ELEMENTS), (f"{spec.name()} bwd", launches[1], ELEMENTS)]
+        out += [(f"{spec.name()} fwd", launches[0], _ELEMENTS), (f"{spec.name()} bwd", launches[1], _ELEMENTS)]
     return out
 
 
-def reference_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
+def _reference_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     """Plain one-line Triton kernels of the exact GELU and SiLU (what torch's own element-wise kernels cost),
     4096 elements per program and 4 warps, as the ReLU-sum kernels."""
     import triton
 
     from approxbp.kernels.ops import reference
 
-    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
-    grid = (triton.cdiv(ELEMENTS, reference.BLOCK),)
+    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
+    grid = (triton.cdiv(_ELEMENTS, reference.BLOCK),)
     out = []
     for act in ("gelu", "silu"):
         fwd, bwd = reference.KERNELS[act]
-        with capture() as launches:
-            fwd[grid](x, x, ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
-            bwd[grid](x, x, x, ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
-        out += [(f"torch-like {act} fwd", launches[0], ELEMENTS), (f"torch-like {act} bwd", launches[1], ELEMENTS)]
+        with _capture() as launches:
+            fwd[grid](x, x, _ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
+            bwd[grid](x, x, x, _ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
+        out += [(f"torch-like {act} fwd", launches[0], _ELEMENTS), (f"torch-like {act} bwd", launches[1], _ELEMENTS)]
     return out
 
 
-def exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
+def _exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     """The plain one-line Triton kernels of an activation that reference.py does not hold (a user's), rendered from
     its expression (:func:`approxbp.kernels.codegen.render_reference`) into a temporary module."""
     import importlib.util
@@ -326,15 +323,16 @@ def exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tuple
         spec = importlib.util.spec_from_file_location("approxbp_reference_kernel", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
-    grid = (triton.cdiv(ELEMENTS, module.BLOCK),)
-    with capture() as launches:
-        module.forward_kernel[grid](x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
-        module.backward_kernel[grid](x, x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
-    return [(f"exact {name} fwd (plain)", launches[0], ELEMENTS), (f"exact {name} bwd (plain)", launches[1], ELEMENTS)]
+    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
+    grid = (triton.cdiv(_ELEMENTS, module.BLOCK),)
+    with _capture() as launches:
+        module.forward_kernel[grid](x, x, _ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
+        module.backward_kernel[grid](x, x, x, _ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
+    return [(f"exact {name} fwd (plain)", launches[0], _ELEMENTS),
+            (f"exact {name} bwd (plain)", launches[1], _ELEMENTS)]
 
 
-def reference_jobs(tables: list[Path]) -> list[tuple[str, str]]:
+def _reference_jobs(tables: list[Path]) -> list[tuple[str, str]]:
     """(name, expression) of each activation of ``tables`` without a reference kernel pair: its baseline."""
     from approxbp.approximations import tables as T
     from approxbp.kernels.ops import reference
@@ -347,21 +345,21 @@ def reference_jobs(tables: list[Path]) -> list[tuple[str, str]]:
     return [(name, expression) for expression, name in found.items()]
 
 
-def default_tables() -> list[Path]:
+def _default_tables() -> list[Path]:
     """Every packaged table of the families with kernels (:data:`LAUNCHES`)."""
     from approxbp.approximations import tables as T
 
     return [p for family in LAUNCHES for p in T.table_paths(family)]
 
 
-def launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
+def _launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     """(name, launch, elements) of a table's kernels, or (``table=None``) of the MS-norms, BDIA, the exact GLUs and
     the torch-like references."""
     from approxbp.approximations import tables as T
     from approxbp.kernels.codegen import export_if_stale
 
     if table is None:
-        return norm_launches(dtype) + bdia_launches(dtype) + glu_launches(dtype) + reference_launches(dtype)
+        return norm_launches(dtype) + bdia_launches(dtype) + _glu_launches(dtype) + _reference_launches(dtype)
     t = T.load(table)
     export_if_stale(table)  # a user's table: its module is written next to it first, as `approxbp export` would
     return member(LAUNCHES, t.family, "kernel launches")(table, dtype)
@@ -369,7 +367,8 @@ def launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Laun
 
 def _measure_group(job) -> list[KernelCost]:
     table, dtype, arch = job
-    launches = exact_launches(*table, DTYPES[dtype]) if isinstance(table, tuple) else launches_for(table, DTYPES[dtype])
+    launches = (_exact_launches(*table, DTYPES[dtype]) if isinstance(table, tuple)
+                else _launches_for(table, DTYPES[dtype]))
     return [measure(name, launch, elements, dtype, arch) for name, launch, elements in launches]
 
 
@@ -385,12 +384,12 @@ def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, e
     from approxbp.approximations import tables as T
 
     if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError(NOT_UNDER_INTERPRETER)
+        raise RuntimeError(_NOT_UNDER_INTERPRETER)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    jobs = [(T.resolve(p), dtype, arch) for p in (tables if tables is not None else default_tables())]
+    jobs = [(T.resolve(p), dtype, arch) for p in (tables if tables is not None else _default_tables())]
     jobs += [(None, dtype, arch)] if extras else []
-    jobs += [(pair, dtype, arch) for pair in reference_jobs([j[0] for j in jobs if j[0] is not None])] \
+    jobs += [(pair, dtype, arch) for pair in _reference_jobs([j[0] for j in jobs if j[0] is not None])] \
         if tables is not None else []
     workers = min(workers or os.cpu_count() or 1, len(jobs))
     results: list[KernelCost] = []
@@ -409,6 +408,6 @@ def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, e
 def as_json(results: list[KernelCost], arch: int) -> dict:
     import triton
 
-    return {"model": {"issue_rate": ISSUE_RATE, "bandwidth": BANDWIDTH, "budget_instructions_per_byte": BUDGET,
-                      "arch": f"sm_{arch}", "triton": triton.__version__, "elements": ELEMENTS},
+    return {"model": {"issue_rate": ISSUE_RATE, "bandwidth": _BANDWIDTH, "budget_instructions_per_byte": BUDGET,
+                      "arch": f"sm_{arch}", "triton": triton.__version__, "elements": _ELEMENTS},
             "kernels": [asdict(r) for r in results]}

@@ -20,8 +20,8 @@ from .files import SAFE_NAME
 from .functions import Phi, sigmoid, softplus
 from .functions import expm1 as _functions_expm1
 
-__all__ = ["Activation", "allowed_functions", "get_activation", "known_form", "list_activations", "MONOTONE",
-           "named_activation", "named_expression", "PIECEWISE", "REGISTRY", "stable_form", "x"]
+__all__ = ["Activation", "get_activation", "known_form", "list_activations", "MONOTONE", "named_activation",
+           "named_expression", "PIECEWISE", "REGISTRY", "stable_form", "x"]
 
 
 x = sp.Symbol("x", real=True)
@@ -64,7 +64,7 @@ def named_expression(name: str) -> str | None:
     """The expression of a named activation (:data:`REGISTRY`, :data:`PIECEWISE`, :data:`MONOTONE`), else None."""
     return REGISTRY.get(name) or PIECEWISE.get(name) or MONOTONE.get(name)
 
-def allowed_functions() -> dict:
+def _allowed_functions() -> dict:
     """The activation grammar: :func:`.backends.grammar` ("activation"), ``Piecewise`` (nested selects:
     :func:`.functions.piecewise`) and the variable x."""
     from .functions import piecewise
@@ -195,7 +195,7 @@ def _parse(text: str) -> sp.Expr:
 
 @functools.lru_cache(maxsize=256)
 def _parse_with(text: str, functions: tuple[str, ...]) -> sp.Expr:
-    expr = parse_expression(text, allowed_functions(), "activation expression")
+    expr = parse_expression(text, _allowed_functions(), "activation expression")
     rough = sorted({type(a).__name__ for a in sp.preorder_traversal(expr)} & set(rough_functions()))
     if rough and expr not in _piecewise_exprs():
         from .pieces import kinks
@@ -215,7 +215,7 @@ def _parse_with(text: str, functions: tuple[str, ...]) -> sp.Expr:
 
 @functools.cache
 def _piecewise_exprs() -> tuple:
-    return tuple(parse_expression(t, allowed_functions(), "activation expression") for t in PIECEWISE.values())
+    return tuple(parse_expression(t, _allowed_functions(), "activation expression") for t in PIECEWISE.values())
 
 
 def _float_integers(e: sp.Expr) -> sp.Expr:
@@ -402,7 +402,7 @@ def get_activation(name_or_expr: str | Activation) -> Activation:
     key = name_or_expr.strip().lower()
     if named_expression(key):
         return Activation(key, _parse(named_expression(key)))
-    allowed = allowed_functions()
+    allowed = _allowed_functions()
     if name_or_expr.strip().isidentifier() and name_or_expr.strip() not in allowed:
         raise ValueError(
             f"unknown activation {name_or_expr!r}; registry: {', '.join(REGISTRY)}; "

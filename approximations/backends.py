@@ -11,7 +11,7 @@ evaluates everywhere, and export refuses it with its name.
 Importing this module imports neither sympy nor torch nor flint: the kernels' runtime reads :func:`torch_namespace`
 (the generated modules' PyTorch twins call it), and each backend is imported when its forms are first used.
 
-:data:`SAME` means "the backend's own function of that name" (numpy/scipy, mpmath, torch with ``math`` for Python
+:data:`_SAME` means "the backend's own function of that name" (numpy/scipy, mpmath, torch with ``math`` for Python
 numbers); None means the backend has no form (the certifier, or export, refuses the function by name).
 """
 
@@ -25,11 +25,11 @@ from typing import Any
 
 from .balls import monotone, square
 
-__all__ = ["arb_forms", "branch_cuts", "CONSTANTS", "Fn", "fp32_ulps", "FUNCTIONS", "functions", "grammar", "Lazy",
-           "mpmath_namespace", "numpy_namespace", "rough_functions", "SAME", "torch_namespace"]
+__all__ = ["arb_forms", "branch_cuts", "Fn", "fp32_ulps", "FUNCTIONS", "functions", "grammar", "Lazy",
+           "mpmath_namespace", "numpy_namespace", "rough_functions", "torch_namespace"]
 
 
-SAME = "same"
+_SAME = "same"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Lazy:
 @dataclass(frozen=True)
 class Fn:
     """One function of the set. ``sympy``: a zero-argument callable giving the sympy function (called when a
-    grammar is built); ``numpy``, ``mpmath``, ``torch``: the evaluator (:data:`SAME`: the library's own function of
+    grammar is built); ``numpy``, ``mpmath``, ``torch``: the evaluator (:data:`_SAME`: the library's own function of
     that name; None: none; :class:`Lazy`: made on first use); ``expand``: how the *activation* grammar writes the
     name instead (an elementary expression that ``stable_form`` turns back, e.g. softplus = log(1 + e^u)),
     ``alias_only``: the name is only such an expansion (log1p: no function of its own); ``triton``: a format
@@ -53,9 +53,9 @@ class Fn:
 
     name: str
     sympy: Callable[[], Any] | None
-    numpy: Any = SAME
-    mpmath: Any = SAME
-    torch: Any = SAME
+    numpy: Any = _SAME
+    mpmath: Any = _SAME
+    torch: Any = _SAME
     arb: tuple[Callable, Callable] | None = None
     triton: str | Callable | None = None
     fp32_ulps: float | None = None
@@ -380,7 +380,7 @@ FUNCTIONS: dict[str, Fn] = {f.name: f for f in (
 )}
 
 #: Named constants the grammars accept: name → (sympy name, float value).
-CONSTANTS = {"pi": ("pi", math.pi), "E": ("E", math.e)}
+_CONSTANTS = {"pi": ("pi", math.pi), "E": ("E", math.e)}
 
 
 def _resolve(form):
@@ -398,7 +398,7 @@ def grammar(kind: str) -> dict[str, Any]:
     aliases, no select) or ``"form"`` (every function as itself, for stored InvAct forms and SR output)."""
     import sympy
 
-    out: dict[str, Any] = {name: getattr(sympy, sym) for name, (sym, _) in CONSTANTS.items()}
+    out: dict[str, Any] = {name: getattr(sympy, sym) for name, (sym, _) in _CONSTANTS.items()}
     for f in FUNCTIONS.values():
         if kind == "activation" and not f.in_activations:
             continue
@@ -417,20 +417,20 @@ def rough_functions() -> tuple[str, ...]:
 
 def numpy_namespace() -> list:
     """lambdify modules for float64 numpy: our own forms (tail-accurate Φ, σ, softplus), then scipy and numpy."""
-    return [{f.name: _resolve(f.numpy) for f in functions() if f.numpy not in (SAME, None)}, "scipy", "numpy"]
+    return [{f.name: _resolve(f.numpy) for f in functions() if f.numpy not in (_SAME, None)}, "scipy", "numpy"]
 
 
 def mpmath_namespace() -> list:
     """lambdify modules for mpmath: our own forms, then mpmath's."""
-    return [{f.name: _resolve(f.mpmath) for f in functions() if f.mpmath not in (SAME, None)}, "mpmath"]
+    return [{f.name: _resolve(f.mpmath) for f in functions() if f.mpmath not in (_SAME, None)}, "mpmath"]
 
 
 def torch_namespace() -> dict:
     """Names for lambdifying into torch (and what the generated PyTorch twins import): tensors go to torch, Python
     numbers (constants) to math."""
-    names = {f.name: _either(f.name) if f.torch == SAME else _resolve(f.torch)
+    names = {f.name: _either(f.name) if f.torch == _SAME else _resolve(f.torch)
              for f in functions() if f.torch is not None}
-    names.update({name: value for name, (_, value) in CONSTANTS.items()})
+    names.update({name: value for name, (_, value) in _CONSTANTS.items()})
     return names
 
 

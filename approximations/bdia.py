@@ -14,18 +14,18 @@ import torch
 
 __all__ = ["bound", "check_gamma", "check_representable", "draw_gammas", "first_step", "from_fixed", "gamma_term",
            "GAMMAS", "inference_step", "inverse", "inverse_fixed", "per_sample", "plain_inverse", "plain_step",
-           "quantize", "rest_term", "run", "side_bits", "SIGNIFICAND_BITS", "step", "step_fixed", "to_fixed"]
+           "quantize", "rest_term", "run", "step", "step_fixed", "to_fixed"]
 
 
-SIGNIFICAND_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
+_SIGNIFICAND_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
 GAMMAS = (0.5, -0.5)
 
 
 def bound(dtype: torch.dtype, level: int) -> float:
     """Largest |v| for which eqs. 21/24 stay exact in ``dtype`` at quantisation level l."""
-    if dtype not in SIGNIFICAND_BITS:
-        raise TypeError(f"BDIA quantisation needs a floating dtype in {list(SIGNIFICAND_BITS)}, got {dtype}")
-    return 2.0 ** (SIGNIFICAND_BITS[dtype] - level - 2)
+    if dtype not in _SIGNIFICAND_BITS:
+        raise TypeError(f"BDIA quantisation needs a floating dtype in {list(_SIGNIFICAND_BITS)}, got {dtype}")
+    return 2.0 ** (_SIGNIFICAND_BITS[dtype] - level - 2)
 
 
 def check_representable(v: torch.Tensor, level: int, block: int | str) -> None:
@@ -63,7 +63,7 @@ def draw_gammas(seed: int, blocks: int, batch: int, values: tuple[float, ...] = 
     return torch.tensor(values, dtype=torch.float64)[idx]
 
 
-def side_bits(x_prev: torch.Tensor, level: int) -> torch.Tensor:
+def _side_bits(x_prev: torch.Tensor, level: int) -> torch.Tensor:
     """s = 1 where x_{k−1}/2^{-l} is odd (eq. 20), as bool (no gradient flows through it)."""
     return torch.remainder(torch.round(x_prev.detach() * 2.0**level), 2) == 1
 
@@ -145,7 +145,7 @@ def step(x_prev, x, hx, gamma, level: int, block: int = 0):
     check_gamma(gamma)
     for v in (x_prev, x):
         check_representable(v, level, block)
-    s = side_bits(x_prev, level)
+    s = _side_bits(x_prev, level)
     x_next = gamma_term(x_prev, s, gamma, level) + rest_term(x, hx, gamma, level)
     check_representable(x_next, level, block)
     return x_next, s

@@ -9,7 +9,7 @@ from functools import cache
 
 import numpy as np
 
-__all__ = ["LG2_ABS_ERROR", "LN2", "LOG2E", "phi_tail", "PHI_TAIL_DEGREE", "PHI_TAIL_P", "PHI_TAIL_U"]
+__all__ = ["LG2_ABS_ERROR", "LN2", "LOG2E", "phi_tail", "PHI_TAIL_P"]
 
 
 LN2 = math.log(2)
@@ -22,9 +22,9 @@ LG2_ABS_ERROR = 2.0**-22
 #: Φ's tail for 16-bit data: Q(u) = Φ(−|u|) ≈ t·2^(P(t) − u²·log2(e)/2), t = 1/(1 + PHI_TAIL_P·|u|) (the shape of
 #: Numerical Recipes' erfcc, refitted in base 2 for relative error); PHI_TAIL_P chosen by a scan (degree 8: 0.39).
 PHI_TAIL_P = 0.39
-PHI_TAIL_DEGREE = 8
+_PHI_TAIL_DEGREE = 8
 #: Φ(−|u|) underflows float32 beyond this |u|; the fit covers [0, PHI_TAIL_U].
-PHI_TAIL_U = 14.0
+_PHI_TAIL_U = 14.0
 
 
 @cache
@@ -35,12 +35,12 @@ def phi_tail() -> tuple[float, ...]:
     from scipy.optimize import linprog
     from scipy.special import log_ndtr
 
-    u = np.unique(np.concatenate([np.linspace(0, PHI_TAIL_U, 6000), np.geomspace(1e-6, PHI_TAIL_U, 2000)]))
+    u = np.unique(np.concatenate([np.linspace(0, _PHI_TAIL_U, 6000), np.geomspace(1e-6, _PHI_TAIL_U, 2000)]))
     t = 1 / (1 + PHI_TAIL_P * u)
     target = log_ndtr(-u) / LN2 + u * u * LOG2E / 2 - np.log2(t)
-    V = np.vander(t, PHI_TAIL_DEGREE + 1, increasing=True)
+    V = np.vander(t, _PHI_TAIL_DEGREE + 1, increasing=True)
     ones = np.ones((len(u), 1))
-    m = PHI_TAIL_DEGREE + 1  # min e subject to |V·a − target| ≤ e
+    m = _PHI_TAIL_DEGREE + 1  # min e subject to |V·a − target| ≤ e
     res = linprog(np.r_[np.zeros(m), 1.0], A_ub=np.block([[V, -ones], [-V, -ones]]), b_ub=np.r_[target, -target],
                   bounds=[(None, None)] * m + [(0, None)], method="highs")
     if not res.success:

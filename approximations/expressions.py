@@ -19,13 +19,13 @@ from functools import lru_cache
 
 import sympy as sp
 
-__all__ = ["ExpressionError", "MAX_LENGTH", "MAX_NUMBER_BITS", "MAX_NUMERIC_EXPONENT", "parse"]
+__all__ = ["ExpressionError", "parse"]
 
 
 #: Longest accepted expression text (the largest committed table expression is far below this).
-MAX_LENGTH = 100_000
+_MAX_LENGTH = 100_000
 #: Largest |exponent| of a number raised to a number (``10**10**10`` would not finish).
-MAX_NUMERIC_EXPONENT = 4096
+_MAX_NUMERIC_EXPONENT = 4096
 
 _BINARY = {
     ast.Add: lambda a, b: a + b,
@@ -42,13 +42,13 @@ class ExpressionError(ValueError):
 
 
 #: Largest |log2| of a number an expression may contain (float64 reaches 2^1024; beyond, evaluation overflows).
-MAX_NUMBER_BITS = 1100
+_MAX_NUMBER_BITS = 1100
 
 
 def _check_number(v: sp.Expr, text: str, what: str) -> sp.Expr:
     """Numbers must stay within float64's range (``1e309`` or a 400-digit integer would overflow every
     evaluator), without building the number first."""
-    if v.is_Number and v != 0 and abs(_log2_abs(v)) > MAX_NUMBER_BITS:
+    if v.is_Number and v != 0 and abs(_log2_abs(v)) > _MAX_NUMBER_BITS:
         raise ExpressionError(f"{what} {text[:80]!r}: the number {str(v)[:24]}… is outside float64's range")
     return v
 
@@ -63,9 +63,9 @@ def _log2_abs(v: sp.Number) -> float:
 
 def _power(base: sp.Expr, exponent: sp.Expr, text: str, what: str) -> sp.Expr:
     if base.is_Number and exponent.is_Number:
-        if abs(exponent) > MAX_NUMERIC_EXPONENT:
+        if abs(exponent) > _MAX_NUMERIC_EXPONENT:
             raise ExpressionError(f"{what} {text!r}: numeric power with exponent {exponent} is too large")
-        if base != 0 and abs(float(exponent) * _log2_abs(base)) > MAX_NUMBER_BITS:  # before building it
+        if base != 0 and abs(float(exponent) * _log2_abs(base)) > _MAX_NUMBER_BITS:  # before building it
             raise ExpressionError(f"{what} {text[:80]!r}: a numeric power is outside float64's range")
     return base**exponent
 
@@ -75,7 +75,7 @@ def _literal(node: ast.Constant, text: str, what: str, exact: bool) -> sp.Expr:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise ExpressionError(f"{what} {text!r}: only numbers are allowed as literals, got {v!r}")
     if isinstance(v, int):
-        if v.bit_length() > MAX_NUMBER_BITS:
+        if v.bit_length() > _MAX_NUMBER_BITS:
             raise ExpressionError(f"{what} {text[:80]!r}: the integer {str(v)[:24]}… is outside float64's range")
         return sp.Integer(v)
     if v == float("inf"):
@@ -92,8 +92,8 @@ def parse(text: str, names: dict[str, object], what: str = "expression", exact: 
     construct; nothing in ``text`` is ever executed. ``exact=False`` keeps decimals as sympy Floats."""
     if not isinstance(text, str):
         raise ExpressionError(f"{what} must be a string, got {type(text).__name__}")
-    if len(text) > MAX_LENGTH:
-        raise ExpressionError(f"{what} is {len(text)} characters long; at most {MAX_LENGTH} are accepted")
+    if len(text) > _MAX_LENGTH:
+        raise ExpressionError(f"{what} is {len(text)} characters long; at most {_MAX_LENGTH} are accepted")
     return _parse_cached(text.strip(), tuple(sorted(names.items(), key=lambda kv: kv[0])), what, exact)
 
 

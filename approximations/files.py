@@ -16,7 +16,7 @@ import tempfile
 from glob import escape as glob_escape
 from pathlib import Path
 
-__all__ = ["check_writable", "NAME_CHARACTERS", "SAFE_NAME", "safe_stem", "save_figure", "write_atomic"]
+__all__ = ["check_writable", "SAFE_NAME", "safe_stem", "save_figure", "write_atomic"]
 
 
 #: Characters of the target's name kept in a temporary file's name (a 255-byte name must still leave room).
@@ -123,16 +123,16 @@ def _fsync_folder(folder: Path) -> None:
 
 
 #: Characters of names that end up in file names, module names and generated code (table forms, activation labels).
-NAME_CHARACTERS = r"A-Za-z0-9_.+\-"
+_NAME_CHARACTERS = r"A-Za-z0-9_.+\-"
 #: Such a name, whole.
-SAFE_NAME = re.compile(rf"[{NAME_CHARACTERS}]{{1,64}}")
+SAFE_NAME = re.compile(rf"[{_NAME_CHARACTERS}]{{1,64}}")
 
 
 def safe_stem(label: str, limit: int = 80) -> str:
     """A file-name stem for a label that may be a whole expression (``x*sigmoid(x)/1``): characters outside
     ``[A-Za-z0-9_.+-]`` become ``_``; a changed or shortened label gets 8 hex digits of its sha256, so two labels
     never share a file."""
-    stem = re.sub(rf"[^{NAME_CHARACTERS}]", "_", label).lstrip(".")[:limit]
+    stem = re.sub(rf"[^{_NAME_CHARACTERS}]", "_", label).lstrip(".")[:limit]
     return stem if stem == label else f"{stem}-{hashlib.sha256(label.encode()).hexdigest()[:8]}"
 
 

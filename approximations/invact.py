@@ -20,16 +20,16 @@ import numpy as np
 
 from .activations import PIECEWISE, Activation, get_activation
 
-__all__ = ["BRANCHES", "check_branch", "InvertedActivation"]
+__all__ = ["check_branch", "InvertedActivation"]
 
 
-BRANCHES = ("left", "right")
+_BRANCHES = ("left", "right")
 _TAYLOR_DEGREE = 24
 _TAYLOR_RADIUS = 0.25
 
 
 def check_branch(branch: str) -> str:
-    if branch not in BRANCHES:
+    if branch not in _BRANCHES:
         raise ValueError(f"branch must be 'left' (x < T) or 'right' (x ≥ T), got {branch!r}")
     return branch
 

@@ -25,14 +25,13 @@ from .expressions import parse as parse_expression
 from .functions import select
 from .invact import InvertedActivation, check_branch
 
-__all__ = ["backward_rule", "branch_grid", "branch_metrics", "Form", "GRID", "H_GRAD", "left_tail", "NEWTON_EPS",
-           "newton_form", "published_forms", "Q_COMBINED", "Q_LEFT", "Q_RIGHT", "RESERVED_NAMES", "RIGHT_SPAN",
-           "right_tail_error", "RULE_PARTS", "TableBackward", "with_newton_steps", "y"]
+__all__ = ["backward_rule", "branch_grid", "branch_metrics", "Form", "GRID", "newton_form", "published_forms",
+           "RIGHT_SPAN", "right_tail_error", "RULE_PARTS", "TableBackward", "with_newton_steps", "y"]
 
 
 y = sp.Symbol("y", real=True)
 RIGHT_SPAN = 10.0
-NEWTON_EPS = 1e-5
+_NEWTON_EPS = 1e-5
 GRID = 20001
 
 
@@ -40,7 +39,7 @@ GRID = 20001
 #: modules, the variables, the module's own functions); Python keywords and names starting with _ are refused too.
 #: The parts :func:`backward_rule` calls: each generated module defines them (Triton) and their twins (``<part>_twin``).
 RULE_PARTS = ("q_left", "q_right", "q_combined", "activation_grad")
-RESERVED_NAMES = ("tl", "triton", "math", "torch", "y", "b", "activation", *RULE_PARTS,
+_RESERVED_NAMES = ("tl", "triton", "math", "torch", "y", "b", "activation", *RULE_PARTS,
                   *(f"{p}_twin" for p in RULE_PARTS), "float", "int", "abs", "min", "max")
 
 
@@ -62,9 +61,9 @@ class Form:
         known = {**grammar("form"), "y": y, **{v: sp.Symbol(v) for v in variables if v != "y"}}
         for name in [*coefficients, *(n for n, _ in assignments)]:
             if (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in known
-                    or name in RESERVED_NAMES or name.startswith("_")):
+                    or name in _RESERVED_NAMES or name.startswith("_")):
                 raise ValueError(f"form name {name!r} must be a new identifier: not a Python keyword, not y, b or "
-                                 f"a function name, not one the generated kernels use ({', '.join(RESERVED_NAMES)}) "
+                                 f"a function name, not one the generated kernels use ({', '.join(_RESERVED_NAMES)}) "
                                  "and not starting with _")
         names = {**known, **{k: sp.Symbol(k) for k in coefficients}}  # 'beta', 'gamma' are names, not functions
         parsed = []
@@ -171,7 +170,7 @@ def branch_grid(ia: InvertedActivation, branch: str, n: int = GRID) -> tuple[np.
     return yv, w
 
 
-def left_tail(ia: InvertedActivation, n: int = 4001) -> tuple[np.ndarray, np.ndarray]:
+def _left_tail(ia: InvertedActivation, n: int = 4001) -> tuple[np.ndarray, np.ndarray]:
     """(y, g) at y = f(x), x = T − 10^[−3, 3] log-spaced: the left branch's open end, where g = f′(x) is known
     without inverting."""
     xv = ia.T - np.geomspace(1e-3, 1e3, n)
@@ -193,7 +192,7 @@ def branch_metrics(ia: InvertedActivation, q, branch: str) -> tuple[float, float
     """(L∞, L2) of q against g on ``branch`` (see the module docstring)."""
     yv, w = branch_grid(ia, branch)
     err = ia.g(yv, branch) - q(yv)
-    ty, tg = left_tail(ia) if branch == "left" else (yv[:0], yv[:0])
+    ty, tg = _left_tail(ia) if branch == "left" else (yv[:0], yv[:0])
     every = np.concatenate([err, tg - q(ty)])  # the L∞ points; L2 stays on the grid's dy weights
     if not np.all(np.isfinite(every)):
         raise ValueError(f"the approximation is not finite everywhere on the {branch} branch")
@@ -274,13 +273,13 @@ def with_newton_steps(act, x0: sp.Expr, coefficients: dict[str, float], steps: i
     for k in range(steps):
         xk, dk = sp.Symbol(f"x{k}"), sp.Symbol(f"d{k}")
         assignments.append((f"d{k}", df.subs(X, xk)))
-        assignments.append((f"x{k + 1}", xk - (f.subs(X, xk) - y) * dk / (dk**2 + sp.Float(NEWTON_EPS**2))))
+        assignments.append((f"x{k + 1}", xk - (f.subs(X, xk) - y) * dk / (dk**2 + sp.Float(_NEWTON_EPS**2))))
     return Form(df.subs(X, sp.Symbol(f"x{steps}")), coefficients, tuple(assignments))
 
 
 #: The rule's opaque parts: each evaluator binds them (torch: the compiled forms and h′; Triton: the generated
 #: module's jit functions of these names).
-Q_LEFT, Q_RIGHT, Q_COMBINED, H_GRAD = (sp.Function(n) for n in RULE_PARTS)
+_Q_LEFT, _Q_RIGHT, _Q_COMBINED, _H_GRAD = (sp.Function(n) for n in RULE_PARTS)
 
 
 def backward_rule(t) -> sp.Expr:
@@ -293,14 +292,14 @@ def backward_rule(t) -> sp.Expr:
     y, b = sp.symbols("y b")
     yc = sp.Max(y, sp.Float(t.f_T, 17))
     if t.combined is not None:
-        return Q_COMBINED(yc, b)
+        return _Q_COMBINED(yc, b)
     if t.monotone and t.source == "derived":  # one branch, exact for every y: no tail rule, b never read
-        return Q_RIGHT(yc)
+        return _Q_RIGHT(yc)
     right_max = sp.Float(t.right.domain[1], 17)
-    right = select(yc - right_max, H_GRAD(yc), Q_RIGHT(sp.Min(yc, right_max)))
+    right = select(yc - right_max, _H_GRAD(yc), _Q_RIGHT(sp.Min(yc, right_max)))
     if t.monotone:  # one branch: b is never read (no bit is saved)
         return right
-    return select(b, Q_LEFT(sp.Min(yc, sp.Float(t.left.domain[1], 17))), right)
+    return select(b, _Q_LEFT(sp.Min(yc, sp.Float(t.left.domain[1], 17))), right)
 
 
 class TableBackward:

@@ -3,7 +3,7 @@ x → +∞), and the residual's mass beyond a point, for any tail: exponential (
 (TanhExp's x·tanh(eˣ)), algebraic (squareplus's 1/|x|).
 
 The residual t(x) = h⁽ᵐ⁾(x) on the left and h⁽ᵐ⁾(x) − (x or 1) on the right (m = 0 primitive, 1 derivative) is
-evaluated in 50-digit mpmath at |x| = 8, 16, …, :data:`FAR` only, never at infinity: a double exponential there
+evaluated in 50-digit mpmath at |x| = 8, 16, …, :data:`_FAR` only, never at infinity: a double exponential there
 needs an exponent of 10¹⁹ digits, which is what exhausted memory. Its kind is read off the samples: *fast* when
 |t(FAR)| < 1e-30 and falling; *algebraic* with power p when |t| halves 2ᵖ-fold per doubling of |x| (p > 0, the last
 three doublings within 0.25 of each other); else it does not vanish. The mass ∫ t² beyond L is integrated on
@@ -18,18 +18,18 @@ from dataclasses import dataclass
 
 import mpmath
 
-__all__ = ["FAR", "FAST", "mass_beyond", "residual", "SAMPLES", "Tail", "tail"]
+__all__ = ["mass_beyond", "residual", "Tail", "tail"]
 
 
 #: The farthest |x| sampled and integrated to (beyond it: the power law, or nothing for a fast tail).
-FAR = 512.0
-SAMPLES = tuple(2.0 ** k for k in range(3, 10))  # 8 … 512
-FAST = 1e-30
+_FAR = 512.0
+_SAMPLES = tuple(2.0 ** k for k in range(3, 10))  # 8 … 512
+_FAST = 1e-30
 
 
 @dataclass(frozen=True)
 class Tail:
-    """One side's residual: ``kind`` fast, algebraic (∝ |x|^−power) or none; |t| at :data:`SAMPLES`."""
+    """One side's residual: ``kind`` fast, algebraic (∝ |x|^−power) or none; |t| at :data:`_SAMPLES`."""
 
     side: str  # "left" (x → −∞) or "right" (x → +∞)
     order: int
@@ -39,7 +39,7 @@ class Tail:
 
     @property
     def values(self) -> tuple[float, ...]:
-        """|t| at :data:`SAMPLES`."""
+        """|t| at :data:`_SAMPLES`."""
         return tuple(abs(v) for v in self.signed)
 
     @property
@@ -52,17 +52,17 @@ class Tail:
 
     @property
     def beyond_far(self) -> float:
-        """∫ t² beyond :data:`FAR`: 0 for a fast tail, the power law's own t(FAR)²·FAR/(2p − 1) for an algebraic one
+        """∫ t² beyond :data:`_FAR`: 0 for a fast tail, the power law's own t(FAR)²·FAR/(2p − 1) for an algebraic one
         (∞ for p ≤ ½), ∞ for one that does not vanish."""
         if self.kind == "fast":
             return 0.0
         if self.kind == "algebraic" and self.power > 0.5:
-            return self.values[-1] ** 2 * FAR / (2 * self.power - 1)
+            return self.values[-1] ** 2 * _FAR / (2 * self.power - 1)
         return math.inf
 
     def describe(self) -> str:
         what = "h" + "′" * self.order + ("" if self.side == "left" else (" − x" if self.order == 0 else " − 1"))
-        far = f"{'−' if self.side == 'left' else ''}{FAR:g}"
+        far = f"{'−' if self.side == 'left' else ''}{_FAR:g}"
         if self.kind == "fast":
             return f"{what} falls faster than any power ({self.values[-1]:.3g} at x = {far})"
         if self.kind == "algebraic":
@@ -78,15 +78,15 @@ def residual(act, order: int, side: str):
 
 
 def tail(act, order: int, side: str) -> Tail:
-    """The residual's kind on one side, from 50-digit samples at |x| = 8 … :data:`FAR`."""
+    """The residual's kind on one side, from 50-digit samples at |x| = 8 … :data:`_FAR`."""
     t = residual(act, order, side)
     sign = -1 if side == "left" else 1
     with mpmath.workdps(50):
-        signed = tuple(float(t(mpmath.mpf(sign * v))) for v in SAMPLES)
+        signed = tuple(float(t(mpmath.mpf(sign * v))) for v in _SAMPLES)
     values = tuple(abs(v) for v in signed)
     if not all(math.isfinite(v) for v in values):
         return Tail(side, order, "none", None, signed)
-    if values[-1] < FAST and values[-1] <= values[-2]:
+    if values[-1] < _FAST and values[-1] <= values[-2]:
         return Tail(side, order, "fast", None, signed)
     if min(values[-4:]) > 0:
         powers = [math.log2(a / b) for a, b in zip(values[-4:], values[-3:])]
@@ -97,12 +97,12 @@ def tail(act, order: int, side: str) -> Tail:
 
 def mass_beyond(act, shape: Tail, at: float) -> float:
     """∫ t² over (−∞, −at] (left) or [at, ∞) (right) of the residual whose ``shape`` :func:`tail` found, at ≥ 0:
-    30-digit quadrature on pieces up to :data:`FAR`, plus :attr:`Tail.beyond_far`."""
+    30-digit quadrature on pieces up to :data:`_FAR`, plus :attr:`Tail.beyond_far`."""
     t = residual(act, shape.order, shape.side)
     sign = -1 if shape.side == "left" else 1
     points = [at]
-    while points[-1] < FAR:
-        points.append(min(FAR, max(2 * points[-1], points[-1] + 1)))
+    while points[-1] < _FAR:
+        points.append(min(_FAR, max(2 * points[-1], points[-1] + 1)))
     with mpmath.workdps(30):
         inside = mpmath.quad(lambda v: t(sign * v) ** 2, points) if len(points) > 1 else mpmath.mpf(0)
     return float(inside) + shape.beyond_far

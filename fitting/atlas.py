@@ -26,14 +26,14 @@ from approxbp.approximations.files import safe_stem, save_figure, write_atomic
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import TableBackward
 
-__all__ = ["atlas", "lloyd_levels", "plot_atlas", "quantise", "STEPS", "WEIGHTS", "write_atlas", "X"]
+__all__ = ["atlas", "plot_atlas", "STEPS", "WEIGHTS", "write_atlas", "X"]
 
 
 X = np.linspace(-8.0, 8.0, 32001)
 WEIGHTS = {"uniform": np.ones_like(X), "normal": np.exp(-X * X / 2)}
 
 
-def lloyd_levels(values: np.ndarray, weights: np.ndarray, bits: int, iterations: int = 300) -> np.ndarray:
+def _lloyd_levels(values: np.ndarray, weights: np.ndarray, bits: int, iterations: int = 300) -> np.ndarray:
     """Optimal 2^k reconstruction levels for the weighted scalar data ``values`` (1-D Lloyd–Max)."""
     order = np.argsort(values)
     v, w = values[order], weights[order]
@@ -51,7 +51,7 @@ def lloyd_levels(values: np.ndarray, weights: np.ndarray, bits: int, iterations:
     return levels
 
 
-def quantise(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+def _quantise(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
     return levels[np.searchsorted((levels[1:] + levels[:-1]) / 2, values)]
 
 
@@ -95,7 +95,7 @@ def atlas(activation, cache: Path | None = None, bar=None) -> list[dict]:
     rows = []
     for k in range(1, 9):
         for wname, w in WEIGHTS.items():
-            e = d - quantise(d, lloyd_levels(d, w, k))
+            e = d - _quantise(d, _lloyd_levels(d, w, k))
             rows.append({"family": f"fewbit-{wname}", "bits": k, "label": f"FewBit-style {k}-bit ({wname} weight)",
                          **_errors(e)})
         for objective in ("primitive", "derivative"):

@@ -48,17 +48,16 @@ from .optimality import (
 from .progress import heartbeat
 
 __all__ = ["certifiable", "Certificate", "CERTIFIERS", "certify_files", "certify_invact_branch", "certify_table",
-           "CertifyFamily", "claim_of", "DIGITS", "float32_error", "InvactRule", "log_error", "MAX_BOXES",
-           "NewtonSteps", "RTOL", "supremum", "X_LIMIT"]
+           "CertifyFamily", "float32_error", "InvactRule", "log_error", "NewtonSteps", "supremum"]
 
 
 #: |x| up to which InvAct certificates reach (y up to f(2^64) ≈ 1.8e19; beyond, Arb cannot enclose e^{x³}).
-X_LIMIT = 2.0**64
+_X_LIMIT = 2.0**64
 #: At most this many boxes per InvAct branch (a count, not a time, so a stored certificate is the same on any
 #: machine; the packaged fast forms need 55 000–200 000).
-MAX_BOXES = 300_000
+_MAX_BOXES = 300_000
 #: Stop refining once the certified bound is within this factor of the error actually attained.
-RTOL = 0.02
+_RTOL = 0.02
 
 
 @dataclass
@@ -93,7 +92,7 @@ def _split(lo: float | arb, hi: float | arb) -> arb:
     return ((lo + hi) / 2).mid()
 
 
-def supremum(bound_on, pieces, rtol: float = RTOL, budget_s: float = 120.0, claim: float = math.inf,
+def supremum(bound_on, pieces, rtol: float = _RTOL, budget_s: float = 120.0, claim: float = math.inf,
              what: str = "", max_boxes: int | None = None, say=None) -> Certificate:
     """A certified sup |err| over the union of ``pieces`` [(lo, hi), …]. ``bound_on(lo, hi)`` returns
     (upper bound of |err| on [lo, hi], lower bound of |err(m)| at a point m, m as a float).
@@ -140,7 +139,7 @@ def supremum(bound_on, pieces, rtol: float = RTOL, budget_s: float = 120.0, clai
 
 
 # ---- InvAct ------------------------------------------------------------------------------------------------
-def claim_of(t: InvActTable, branch: str) -> float:
+def _claim_of(t: InvActTable, branch: str) -> float:
     """What a table claims for a branch: the fitter's tolerance (fast forms), else twice the sampled L∞ (a sampled
     maximum is trusted to a factor 2; the certificate exists to catch what sampling misses by orders of
     magnitude, as the newton forms' left tails did)."""
@@ -276,22 +275,22 @@ class NewtonSteps:
 def _x_pieces(t: InvActTable, branch: str) -> list[tuple[float, float]]:
     """The branch's x-range [−2^64, T] or [T, 2^64] (a monotone table's one branch: [−2^64, 2^64]), pre-split at
     ±1 and ±16 (geometric splits take over)."""
-    T = -X_LIMIT if t.monotone else t.turning_point
+    T = -_X_LIMIT if t.monotone else t.turning_point
     cuts = [c for c in (-16.0, -1.0, 0.0, 1.0, 16.0) if (c < T if branch == "left" else c > T)]
-    ends = [-X_LIMIT, *cuts, T] if branch == "left" else [T, *cuts, X_LIMIT]
+    ends = [-_X_LIMIT, *cuts, T] if branch == "left" else [T, *cuts, _X_LIMIT]
     return list(zip(ends[:-1], ends[1:]))
 
 
 @iv.at_precision
-def certify_invact_branch(t, branch: str, budget_s: float = 600.0, rtol: float = RTOL,
-                          rounded: bool = False, max_boxes: int = MAX_BOXES, rule: InvactRule | None = None,
+def certify_invact_branch(t, branch: str, budget_s: float = 600.0, rtol: float = _RTOL,
+                          rounded: bool = False, max_boxes: int = _MAX_BOXES, rule: InvactRule | None = None,
                           say=None) -> Certificate:
     """Certified sup over x of |q_s(f(x)) − f′(x)| for one branch of an InvAct table, in real arithmetic with
     the table's numbers (``rounded``: each number rounded to float32, as the kernels write it; ``rule``: the
     branch's InvactRule when the caller has built it)."""
     t = as_table(t)
     rule = rule or InvactRule(t, branch, rounded=rounded)
-    return supremum(rule.bound_on, _x_pieces(t, branch), rtol, budget_s, claim_of(t, branch),
+    return supremum(rule.bound_on, _x_pieces(t, branch), rtol, budget_s, _claim_of(t, branch),
                     f"{t.name} {branch}: |q(f(x)) − f′(x)|", max_boxes=max_boxes, say=say)
 
 
@@ -329,28 +328,28 @@ def log_error() -> tuple[float, float]:
 
 # ---- one entry point per table ---------------------------------------------------------------------------
 #: Significant digits kept in a table's certified metrics (the bound is rounded up, the attained value down).
-DIGITS = 4
+_DIGITS = 4
 
 
 def _round(v: float, up: bool) -> float:
     if not math.isfinite(v) or v == 0:
         return v
-    scale = 10.0 ** (math.floor(math.log10(abs(v))) - DIGITS + 1)
-    return float(f"{(math.ceil if up else math.floor)(v / scale) * scale:.{DIGITS}g}")
+    scale = 10.0 ** (math.floor(math.log10(abs(v))) - _DIGITS + 1)
+    return float(f"{(math.ceil if up else math.floor)(v / scale) * scale:.{_DIGITS}g}")
 
 
 @iv.at_precision
-def certify_table(t, budget_s: float = 600.0, rtol: float = RTOL, progress=None,
+def certify_table(t, budget_s: float = 600.0, rtol: float = _RTOL, progress=None,
                   rounded: bool = False, max_boxes: int | None = None, emit=None
                   ) -> tuple[dict | None, list[str], bool]:
     """Certify one table: (the ``metrics["certified"]`` entry or None when a bound is not finite, printable lines,
     whether every claim holds).
 
-    InvAct: per branch the certified sup of |q_s(f(x)) − f′(x)| (claim: :func:`claim_of`) and the float32
+    InvAct: per branch the certified sup of |q_s(f(x)) − f′(x)| (claim: :func:`_claim_of`) and the float32
     evaluation bound; ``rounded``: the form's numbers rounded to float32 first. ReLU-sum: an enclosure of the
     objective (it must contain the recorded loss to 1e-12 relative), and for k ≤ 2 the global optimality gap
     (target 1e-9). Each certificate stops at ``budget_s`` seconds or ``max_boxes`` boxes (InvAct default
-    :data:`MAX_BOXES`), whichever comes first. ``emit``: called with each line as soon as its certificate is done
+    :data:`_MAX_BOXES`), whichever comes first. ``emit``: called with each line as soon as its certificate is done
     (a branch, a bound), so that a long run says something per branch even without progress."""
     t = as_table(t)
     certify = member(CERTIFIERS, t.family, "certificate").certify
@@ -380,7 +379,7 @@ def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines
         say(f"{t.name} {branch}")
         if identity_proof(t, branch):  # exact: the real-number error is 0, only float32 evaluation remains
             f32 = float32_error(t, branch, budget_s=min(60.0, budget_s)).bound
-            entry[branch] = {"bound": 0.0, "attained": 0.0, "at_x": 0.0, "claim": claim_of(t, branch),
+            entry[branch] = {"bound": 0.0, "attained": 0.0, "at_x": 0.0, "claim": _claim_of(t, branch),
                              "identity": True,
                              "float32_evaluation": _round(f32, True) if math.isfinite(f32) else None}
             lines.append(f"{t.name:<22} {branch:<5} exact: sympy proves q(f(x)) − f′(x) ≡ 0; float32 evaluation "
@@ -388,7 +387,7 @@ def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines
             continue
         rule = InvactRule(t, branch, rounded=rounded)  # the ball rule only where no identity proves the branch
         cert = certify_invact_branch(t, branch, budget_s, rtol, rounded=rounded, rule=rule,
-                                     max_boxes=MAX_BOXES if max_boxes is None else max_boxes, say=progress)
+                                     max_boxes=_MAX_BOXES if max_boxes is None else max_boxes, say=progress)
         # a running error analysis treats each rounding as independent: it cannot see Newton's self-correction
         # and bounds the newton forms' float32 evaluation by 1e-3…inf (measured in float32: ≤ 3.5e-5)
         newton = rule.steps is not None

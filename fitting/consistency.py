@@ -16,13 +16,13 @@ from collections.abc import Callable
 from approxbp.approximations import tables as T
 from approxbp.approximations.relu_sum import MAX_BITS
 
-__all__ = ["check_consistency", "LAW_FROM_BITS", "QUICK_GELU_SCALE", "RATIO", "RATIO_TOL"]
+__all__ = ["check_consistency"]
 
 
-RATIO = {"primitive": 16.0, "derivative": 4.0}
-RATIO_TOL = 0.15
-LAW_FROM_BITS = 4
-QUICK_GELU_SCALE = 1.702
+_RATIO = {"primitive": 16.0, "derivative": 4.0}
+_RATIO_TOL = 0.15
+_LAW_FROM_BITS = 4
+_QUICK_GELU_SCALE = 1.702
 
 
 def _losses(load: Callable[[str], T.Table | dict], activation: str, objective: str) -> dict[int, float]:
@@ -34,17 +34,17 @@ def check_consistency(load: Callable[[str], dict] = T.load,
                       activations=("gelu", "gelu_tanh", "silu", "quick_gelu", "mish")) -> list[str]:
     """Problems found in the tables (empty when all checks pass); ``load`` maps 'relu_sum/<stem>' to a table."""
     problems = []
-    losses = {(a, o): _losses(load, a, o) for a in activations for o in RATIO}
+    losses = {(a, o): _losses(load, a, o) for a in activations for o in _RATIO}
     for (a, o), ls in losses.items():
         for k in range(1, MAX_BITS):
             if not ls[k + 1] < ls[k]:
                 problems.append(f"{a} {o}: loss does not fall from k={k} ({ls[k]:.4e}) to k={k + 1} ({ls[k + 1]:.4e})")
-            if k >= LAW_FROM_BITS:
+            if k >= _LAW_FROM_BITS:
                 r = ls[k] / ls[k + 1]
-                if abs(r / RATIO[o] - 1) > RATIO_TOL:
+                if abs(r / _RATIO[o] - 1) > _RATIO_TOL:
                     problems.append(f"{a} {o}: loss ratio k={k}→{k + 1} is {r:.2f}, the asymptotic law says "
-                                    f"{RATIO[o]:g} ± {RATIO_TOL:.0%}")
-    for o in RATIO:
+                                    f"{_RATIO[o]:g} ± {_RATIO_TOL:.0%}")
+    for o in _RATIO:
         if {"gelu", "gelu_tanh"} <= set(activations):
             for k in range(2, MAX_BITS + 1):
                 g, gt = losses["gelu", o][k], losses["gelu_tanh", o][k]
@@ -53,7 +53,7 @@ def check_consistency(load: Callable[[str], dict] = T.load,
         if {"silu", "quick_gelu"} <= set(activations):
             power = 3 if o == "primitive" else 1
             for k in range(1, MAX_BITS + 1):
-                s, q = losses["silu", o][k], losses["quick_gelu", o][k] * QUICK_GELU_SCALE**power
+                s, q = losses["silu", o][k], losses["quick_gelu", o][k] * _QUICK_GELU_SCALE**power
                 if abs(q / s - 1) > 0.01:
                     problems.append(f"silu vs quick_gelu (×1.702^{power}) {o} k={k}: {s:.4e} vs {q:.4e}")
     return problems

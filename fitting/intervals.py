@@ -20,8 +20,8 @@ import sympy as sp
 from approxbp.approximations import backends, balls
 from flint import arb
 
-__all__ = ["at_precision", "Ball", "box", "complex_function", "CUT_ARGUMENT", "enclosure", "Evaluator", "float32",
-           "lower", "number", "OPERATION_ULPS", "PRECISION", "precision", "U32", "upper"]
+__all__ = ["at_precision", "Ball", "box", "complex_function", "enclosure", "Evaluator", "float32", "lower", "number",
+           "PRECISION", "precision", "U32", "upper"]
 
 
 #: Working precision (bits) of every ball: boxes near an InvAct turning point are 1e-30 wide.
@@ -32,12 +32,12 @@ U32 = 2.0**-24
 #: (0.5; a contracted FMA rounds once, within the bound for two roundings); Triton's ``/`` (div.full.f32, 2 ulp,
 #: PTX ISA) and the kernels' ``_rcp`` times a product (1 + ½ ulp) share "div". The functions' errors are in the
 #: function set (``approximations.backends``, field ``fp32_ulps``).
-OPERATION_ULPS = {"add": 0.5, "mul": 0.5, "div": 2.0}
+_OPERATION_ULPS = {"add": 0.5, "mul": 0.5, "div": 2.0}
 
 
 def __getattr__(name):  # FP32_ULPS: the operations' and the function set's, read when asked
     if name == "FP32_ULPS":
-        return {**OPERATION_ULPS, **backends.fp32_ulps()}
+        return {**_OPERATION_ULPS, **backends.fp32_ulps()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -247,7 +247,7 @@ class Evaluator:
         e = None
         if self.fp32:
             spread = a.e + b.e
-            e = spread + _rounding(OPERATION_ULPS["add"], abs(v) + spread)
+            e = spread + _rounding(_OPERATION_ULPS["add"], abs(v) + spread)
         return Ball(v, d, e)
 
     def _neg(self, a: Ball) -> Ball:
@@ -262,7 +262,7 @@ class Evaluator:
             if a.e.is_zero() and b.e.is_zero() and exact_scale:
                 return Ball(v, d, arb(0))  # multiplying by ±2^k (a sign flip) is exact
             spread = arb(abs(a.v).upper()) * b.e + arb(abs(b.v).upper()) * a.e + a.e * b.e
-            e = spread + _rounding(OPERATION_ULPS["mul"], abs(v) + spread)
+            e = spread + _rounding(_OPERATION_ULPS["mul"], abs(v) + spread)
         return Ball(v, d, e)
 
     def _div(self, a: Ball, b: Ball) -> Ball:
@@ -272,7 +272,7 @@ class Evaluator:
         if self.fp32:
             lo = arb(abs(b.v).lower()) - b.e  # |computed denominator| ≥ |b| − e_b
             spread = (a.e + arb(abs(v).upper()) * b.e) / lo if lo > 0 else arb("inf")
-            e = spread + _rounding(OPERATION_ULPS["div"], abs(v) + spread)
+            e = spread + _rounding(_OPERATION_ULPS["div"], abs(v) + spread)
         return Ball(v, d, e)
 
     def _pow_step(self, e, node):
@@ -363,7 +363,7 @@ def enclosure(point: Ball, over: Ball, x_box: arb, x_mid: arb) -> arb:
 
 # ---- Arb's integration: an expression as a function of a complex ball -------------------------------------------
 #: What must stay off the cut (−∞, 0] for a branch-cut function of u to be holomorphic: its argument's real part > 0.
-CUT_ARGUMENT = {"log": lambda u: u, "sqrt": lambda u: u, "softplus": lambda u: 1 + sp.exp(u), "log1p": lambda u: 1 + u}
+_CUT_ARGUMENT = {"log": lambda u: u, "sqrt": lambda u: u, "softplus": lambda u: 1 + sp.exp(u), "log1p": lambda u: 1 + u}
 
 
 def complex_function(expr: sp.Expr, var: sp.Symbol):
@@ -379,12 +379,12 @@ def complex_function(expr: sp.Expr, var: sp.Symbol):
         if not e.free_symbols:
             continue
         name = type(e).__name__
-        if name in backends.rough_functions() or (name in backends.branch_cuts() and name not in CUT_ARGUMENT):
+        if name in backends.rough_functions() or (name in backends.branch_cuts() and name not in _CUT_ARGUMENT):
             raise ValueError(f"the certifier cannot integrate {e} rigorously (a branch cut or a kink)")
         if isinstance(e, sp.Pow) and not e.exp.is_Integer:
             guards.append(e.base)
-        elif name in CUT_ARGUMENT:
-            guards.append(CUT_ARGUMENT[name](e.args[0]))
+        elif name in _CUT_ARGUMENT:
+            guards.append(_CUT_ARGUMENT[name](e.args[0]))
     ev = Evaluator()
 
     def f(z, analytic: bool = False):

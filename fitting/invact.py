@@ -38,8 +38,7 @@ from scipy.optimize import least_squares
 from .relu_sum import package_version
 from .result import FitResult
 
-__all__ = ["check_right_tail", "fit_invact", "fit_newton", "FORMS", "invact_table", "NEWTON_DEFAULTS", "refit",
-           "TAIL_TOL"]
+__all__ = ["fit_invact", "FORMS", "invact_table", "refit"]
 
 
 FORMS = ("auto", "paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact")
@@ -72,7 +71,7 @@ def refit(ia: InvertedActivation, form: Form, branch: str, norm: str = "l2", ite
     return replace(form, coefficients=dict(zip(names, map(float, p))))
 
 
-def fit_newton(ia: InvertedActivation, branch: str, degree: int = 4, steps: int = 1) -> Form:
+def _fit_newton(ia: InvertedActivation, branch: str, degree: int = 4, steps: int = 1) -> Form:
     """Our form: fit the initial guess |x − T| ≈ s·P(s)/Q(s) (s = √t) to the exact inverse by linearised
     rational least squares, refined for relative error; the Newton step(s) then square the error."""
     yv, _ = branch_grid(ia, check_branch(branch), 4001)
@@ -118,23 +117,23 @@ def invact_table(activation: str | Activation, left: Form, right: Form, form: st
 
 
 #: Largest |h′(y) − f′(f⁻¹(y))| allowed beyond the right domain, where the drop-ins use q = h′(y).
-TAIL_TOL = 1e-6
+_TAIL_TOL = 1e-6
 
 
-def check_right_tail(ia: InvertedActivation) -> float:
+def _check_right_tail(ia: InvertedActivation) -> float:
     """Measure the drop-ins' tail rule q = h′(y) for y > f(T) + RIGHT_SPAN (up to 1e6) against the exact g;
-    refuse the activation when it errs by more than :data:`TAIL_TOL`. Returns the error."""
+    refuse the activation when it errs by more than :data:`_TAIL_TOL`. Returns the error."""
     y_max = ia.f_T + RIGHT_SPAN
     err = right_tail_error(ia)
-    if not err <= TAIL_TOL:
+    if not err <= _TAIL_TOL:
         act = ia.activation
         raise ValueError(f"activation {act.name!r}: beyond y = {y_max:.6g} the inverted-activation kernels use "
-                         f"q = h′(y), which errs by {err:.3g} > {TAIL_TOL:g} here (f⁻¹(y) − y does not vanish fast "
+                         f"q = h′(y), which errs by {err:.3g} > {_TAIL_TOL:g} here (f⁻¹(y) − y does not vanish fast "
                          f"enough); this family does not suit it. A way forward: {act.relu_sum_way_forward()}")
     return err
 
 
-NEWTON_DEFAULTS = {"left": (3, 2), "right": (4, 1)}  # (rational degree, Newton steps), chosen by measurement
+_NEWTON_DEFAULTS = {"left": (3, 2), "right": (4, 1)}  # (rational degree, Newton steps), chosen by measurement
 
 
 def fit_invact(activation: str = "gelu", form: str = "auto", seed: int = 0,
@@ -203,7 +202,7 @@ def _invact_table(activation, form, seed, backend, sr_generations, progress) -> 
     form = "fast" if form == "auto" else form
     _refuse_piecewise(act)
     ia = InvertedActivation(act)
-    check_right_tail(ia)
+    _check_right_tail(ia)
     extra, combined = None, None  # combined: the fast form's one q(y, b) for both branches
     if form in ("paper", "released"):
         forms = published_forms(act.name, ia)
@@ -237,9 +236,9 @@ def _invact_table(activation, form, seed, backend, sr_generations, progress) -> 
                           f"{info['rational_degree']}) + y·poly(log(−y)) left tail (degree {info['tail_degree']})"}
         extra = {"fast": {**info, "tolerance": TOL, "transcendental_ops": trans, "other_ops": other}}
     elif form == "newton":
-        left, right = (fit_newton(ia, b, *NEWTON_DEFAULTS[b]) for b in ("left", "right"))
+        left, right = (_fit_newton(ia, b, *_NEWTON_DEFAULTS[b]) for b in ("left", "right"))
         prov = {"method": "newton: √t-rational initial guess (degree, steps) = "
-                          f"{NEWTON_DEFAULTS} + damped exact Newton steps"}
+                          f"{_NEWTON_DEFAULTS} + damped exact Newton steps"}
     else:
         from .symbolic import fit_branch_sr
 

@@ -27,12 +27,12 @@ from approxbp.approximations.table_checks import MONOTONE_SPAN, not_increasing_a
 
 from .relu_sum import package_version
 
-__all__ = ["CHECK_POINTS", "derive_exact", "derive_monotone", "exact_table", "infimum", "is_monotone",
-           "is_saturating", "measured", "monotone_table", "NoClosedForm", "RIGHT_SPAN", "supremum", "takes_exact"]
+__all__ = ["derive_exact", "derive_monotone", "exact_table", "infimum", "is_monotone", "measured", "monotone_table",
+           "NoClosedForm", "RIGHT_SPAN", "supremum", "takes_exact"]
 
 
 #: Where the right branch is checked: y from 1e-12 to 1e4, log-spaced (and the left branch on x ∈ [−10, 0)).
-CHECK_POINTS = 201
+_CHECK_POINTS = 201
 RIGHT_SPAN = 1e4
 
 
@@ -76,7 +76,7 @@ def _constant(f: sp.Expr) -> bool:
     return sp.diff(f, x) == 0
 
 
-def is_saturating(act) -> bool:
+def _is_saturating(act) -> bool:
     """Non-decreasing piece by piece, with constant pieces (ReLU6, hard-sigmoid, hard-tanh): every smooth piece is
     constant or increasing on a grid inside it, at least one of each, and f is continuous at the kinks. A saved y
     still gives f′: the constant pieces' values are taken by no increasing piece, so q = 0 there."""
@@ -106,7 +106,7 @@ def takes_exact(act) -> bool:
     non-decreasing with constant pieces (one branch, no bit), or flat left of 0 and increasing right of it
     (ReLU²)."""
     act = get_activation(act)
-    return is_monotone(act) or is_saturating(act)  # ReLU² is one of the latter
+    return is_monotone(act) or _is_saturating(act)  # ReLU² is one of the latter
 
 
 def infimum(activation) -> float:
@@ -129,9 +129,9 @@ def derive_monotone(activation) -> sp.Expr:
 
 def _derived_monotone(act) -> tuple[sp.Expr, float]:
     """(q, inf f) of :func:`derive_monotone`, derived once for the table that records both. A constant piece of
-    value c (:func:`is_saturating`) gives q(c) = 0: the join at its kink sends y = c to it, whichever side it is on
+    value c (:func:`_is_saturating`) gives q(c) = 0: the join at its kink sends y = c to it, whichever side it is on
     (select(u, a, b) is a for u > 0, else b)."""
-    if not (is_monotone(act) or is_saturating(act)):
+    if not (is_monotone(act) or _is_saturating(act)):
         raise ValueError(f"{act.name}: not increasing on [−{MONOTONE_SPAN:g}, {MONOTONE_SPAN:g}] (nor non-decreasing "
                          "with constant pieces)")
     floor, y = infimum(act), sp.Symbol("y")
@@ -198,7 +198,7 @@ def measured(activation, q, left: bool = True, floor: float = 0.0) -> dict:
     constants = [] if left else [float(f) for _, _, f in pieces(act.expr) if _constant(f)]
     errors = [abs(float(q_of(c))) for c in constants]  # f′ = 0 on the constant pieces
     with mpmath.workdps(60):
-        for yv in floor + np.logspace(-12, np.log10(span), CHECK_POINTS):
+        for yv in floor + np.logspace(-12, np.log10(span), _CHECK_POINTS):
             lo, hi = mpmath.mpf(0 if left else -1), mpmath.mpf(1)
             while f_minus(yv)(lo) > 0:  # a monotone activation's inverse of a small y lies far left (−1e12)
                 lo *= 2
@@ -206,7 +206,7 @@ def measured(activation, q, left: bool = True, floor: float = 0.0) -> dict:
                 hi *= 2
             root = mpmath.findroot(f_minus(yv), (lo, hi), solver="illinois", maxsteps=500)
             errors.append(abs(float(q_of(yv)) - float(act.mp(root, 1, None))))
-        flat = [abs(float(act.mp(mpmath.mpf(v), 1, None))) for v in np.linspace(-10, -1e-12, CHECK_POINTS)]
+        flat = [abs(float(act.mp(mpmath.mpf(v), 1, None))) for v in np.linspace(-10, -1e-12, _CHECK_POINTS)]
     right = np.array(errors)
     out = {"linf_right": float(right.max()), "l2_right": float(np.sqrt(np.mean(right**2)))}
     return {"linf_left": max(flat), "l2_left": float(np.sqrt(np.mean(np.square(flat)))), **out} if left else out
@@ -218,7 +218,7 @@ def exact_table(activation: str) -> T.InvActTable:
     branch and no bit (:func:`monotone_table`)."""
     t0 = time.perf_counter()
     act = get_activation(activation)
-    if is_monotone(act) or (is_saturating(act) and not _flat_then_increasing(act)):
+    if is_monotone(act) or (_is_saturating(act) and not _flat_then_increasing(act)):
         return monotone_table(act, t0)
     right_f, q = derive_exact(activation)
     zero, f_T = Form.parse("0*y"), float(act.f(0.0))

@@ -27,12 +27,12 @@ from approxbp.approximations.invact_forms import Form, y
 from numpy.polynomial import chebyshev as C
 from scipy.optimize import least_squares
 
-__all__ = ["b", "branch", "EVERY", "fast_form", "FIT_TOL", "FLAT", "fused_operations", "polyfit", "rational", "TOL"]
+__all__ = ["b", "branch", "EVERY", "fast_form", "fused_operations", "rational", "TOL"]
 
 
 TOL = 1e-6  # per-branch L∞ target, recorded in the table and asserted by the tests
-FIT_TOL = 3e-7  # what each piece is fitted to (margin for the pieces' joins and the grid)
-FLAT = 2e-7  # |g − 1| beyond Y_R and |g| beyond y₀, where the form returns 1 and ≈ 0
+_FIT_TOL = 3e-7  # what each piece is fitted to (margin for the pieces' joins and the grid)
+_FLAT = 2e-7  # |g − 1| beyond Y_R and |g| beyond y₀, where the form returns 1 and ≈ 0
 b = sp.Symbol("b")
 
 
@@ -88,7 +88,7 @@ def rational(z: np.ndarray, g: np.ndarray, m: int) -> tuple[float, np.ndarray, n
     return err, p[: m + 1], q
 
 
-def polyfit(u: np.ndarray, target: np.ndarray, d: int, weight: np.ndarray) -> tuple[float, np.ndarray]:
+def _polyfit(u: np.ndarray, target: np.ndarray, d: int, weight: np.ndarray) -> tuple[float, np.ndarray]:
     """(max weighted error, Chebyshev coefficients) of a degree-d weighted minimax polynomial on u ∈ [−1, 1]."""
     V = C.chebvander(u, d)
     err, c = _irls(lambda sw: np.linalg.lstsq(V * (sw * weight)[:, None], target * sw * weight, rcond=None)[0],
@@ -100,7 +100,7 @@ def _first(fit, degrees):
     """(degree, *fit(degree)) for the lowest degree whose error is below FIT_TOL, or None."""
     for d in degrees:
         out = fit(d)
-        if out[0] < FIT_TOL:
+        if out[0] < _FIT_TOL:
             return (d, *out)
     return None
 
@@ -121,9 +121,9 @@ def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 1
     # where the left branch is ≈ 0 and the right branch ≈ 1 to FLAT
     ytail = -np.geomspace(1e-300, -fT * 0.999, 6000)
     g_tail = ia.g(ytail, "left")
-    y_zero = float(ytail[np.argmax(np.abs(g_tail) > FLAT) - 1]) if np.abs(g_tail[0]) <= FLAT else -1e-300
+    y_zero = float(ytail[np.argmax(np.abs(g_tail) > _FLAT) - 1]) if np.abs(g_tail[0]) <= _FLAT else -1e-300
     yr = np.linspace(fT, fT + 80.0, 80001)[1:]
-    far = np.abs(ia.g(yr, "right") - 1.0) > FLAT
+    far = np.abs(ia.g(yr, "right") - 1.0) > _FLAT
     Y_R = float(yr[np.nonzero(far)[0].max() + 1])
     best = None
     for p in splits:
@@ -138,7 +138,7 @@ def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 1
         yv = -np.exp(wv)
         u = (2 * wv - (w0 + w1)) / (w0 - w1)
         target, weight = ia.g(yv, "left") / yv, np.abs(yv)
-        tail = _first(lambda d, u=u, t=target, wt=weight: polyfit(u, t, d, wt), degrees)
+        tail = _first(lambda d, u=u, t=target, wt=weight: _polyfit(u, t, d, wt), degrees)
         say(f"split {p}: rational degree {center[0] if center else '> ' + str(max(degrees))}, tail polynomial "
             f"degree {tail[0] if tail else '> ' + str(max(degrees))}")
         if center is None or tail is None:
@@ -147,7 +147,7 @@ def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 1
         if best is None or cost < best[0]:
             best = (cost, p, y1, s1, sR, w0, w1, center, tail)
     if best is None:
-        raise ValueError(f"no fast form reaches {FIT_TOL:g} for {ia.activation.name!r} with degrees ≤ "
+        raise ValueError(f"no fast form reaches {_FIT_TOL:g} for {ia.activation.name!r} with degrees ≤ "
                          f"{max(degrees)}; use form='newton'")
     _, p, y1, s1, sR, w0, w1, (m, _, P, Q), (d, _, Tc) = best
     pm, qm, tm = C.cheb2poly(P), C.cheb2poly(Q), C.cheb2poly(Tc)

@@ -28,13 +28,12 @@ from approxbp.approximations.invact_forms import y as Y
 from .invact_fast import TOL
 from .relu_sum import package_version
 
-__all__ = ["choose_form", "DEGREES", "fitted_form", "fitted_monotone_table", "SPANS", "STEPS", "T_MIN",
-           "takes_fitted", "Window"]
+__all__ = ["fitted_monotone_table", "STEPS", "takes_fitted", "Window"]
 
 
-T_MIN = 1e-12  # below inf f + t₀ the guess is held (q there is f′ ≤ f′(f⁻¹(t₀)), ~1e-11 for the tails we fit)
-SPANS = (16.0, 64.0, 256.0, 1024.0)
-DEGREES = (4, 6, 8, 10, 12, 14)
+_T_MIN = 1e-12  # below inf f + t₀ the guess is held (q there is f′ ≤ f′(f⁻¹(t₀)), ~1e-11 for the tails we fit)
+_SPANS = (16.0, 64.0, 256.0, 1024.0)
+_DEGREES = (4, 6, 8, 10, 12, 14)
 STEPS = (1, 2, 3)
 
 
@@ -63,7 +62,7 @@ def _inverse(act, yv: np.ndarray, lo: float, hi: float) -> np.ndarray:
 def _tail_span(act, floor: float) -> float:
     """The smallest S in SPANS where q = h′(y) errs by ≤ TOL/4 for every y ≥ inf f + S (x sampled up to 10⁶)."""
     worst = {}
-    for span in SPANS:
+    for span in _SPANS:
         x_s = float(_inverse(act, np.array([floor + span]), -1.0, _bracket(act, floor + span, 1.0))[0])
         xv = np.concatenate([x_s + np.linspace(0.0, 50.0, 2001), np.geomspace(x_s + 50.0, 1e6, 200)])
         with np.errstate(all="ignore"):
@@ -71,10 +70,10 @@ def _tail_span(act, floor: float) -> float:
         worst[span] = float(np.max(np.where(np.isfinite(err), err, np.inf)))
         if worst[span] <= TOL / 4:
             return span
-    err = worst[SPANS[-1]]
+    err = worst[_SPANS[-1]]
     raise ValueError(
         f"{act.name}: beyond the fitted window the kernels use q = h′(y), which needs f′(f⁻¹(y)) → h′(y) as y → ∞ "
-        f"(f(x) − x → 0); beyond y = {floor + SPANS[-1]:g} " + (f"it errs by {err:.3g} > {TOL / 4:g}. "
+        f"(f(x) − x → 0); beyond y = {floor + _SPANS[-1]:g} " + (f"it errs by {err:.3g} > {TOL / 4:g}. "
                                                                  if np.isfinite(err) else "h′ overflows. ") +
         f"A way forward: {act.relu_sum_way_forward()}")
 
@@ -102,23 +101,23 @@ class Window:
 
     @classmethod
     def of(cls, act, floor: float, span: float) -> Window:
-        w_lo, w_hi = _softplus_inverse(T_MIN), _softplus_inverse(span)
-        left, right = _bracket(act, floor + T_MIN, -1.0), _bracket(act, floor + 2 * span, 1.0)
+        w_lo, w_hi = _softplus_inverse(_T_MIN), _softplus_inverse(span)
+        left, right = _bracket(act, floor + _T_MIN, -1.0), _bracket(act, floor + 2 * span, 1.0)
         wv = np.linspace(w_lo, w_hi, 2001)
         xv = _inverse(act, floor + np.logaddexp(0.0, wv), left, right)
-        lo, hi = _inverse(act, np.array([floor + T_MIN, floor + 2 * span]), left, right)
+        lo, hi = _inverse(act, np.array([floor + _T_MIN, floor + 2 * span]), left, right)
         grid = np.concatenate([np.linspace(lo - 20.0, lo, 200), np.linspace(lo, hi, 6001)])
         return cls(floor, span, wv, xv, (w_lo + w_hi) / 2, (w_hi - w_lo) / 2, grid)
 
 
-def fitted_form(act, window: Window, degree: int, steps: int):
+def _fitted_form(act, window: Window, degree: int, steps: int):
     """The Form for one degree and number of steps: P fitted by least squares in the Chebyshev basis on the
     window's samples, then written in powers of z = (w − c)/r for the kernels (Horner)."""
     c, r = window.c, window.r
     cheb = np.polynomial.Chebyshev.fit((window.w - c) / r, window.x - window.w, degree, domain=[-1, 1])
     power = np.polynomial.chebyshev.cheb2poly(cheb.coef)
     p = sp.symbols(f"p0:{degree + 1}")
-    t = sp.Max(Y - sp.Float(window.floor, 17), sp.Float(T_MIN, 17))
+    t = sp.Max(Y - sp.Float(window.floor, 17), sp.Float(_T_MIN, 17))
     w = _softplus_inverse(t)
     z = (w - sp.Float(c, 17)) / sp.Float(r, 17)
     guess = p[degree]
@@ -144,13 +143,13 @@ def _grid_error(act, q, window: Window) -> float:
     return float(np.max(np.where(np.isfinite(err), err, np.inf)))
 
 
-def choose_form(act, floor: float, span: float, say=None):
+def _choose_form(act, floor: float, span: float, say=None):
     """The (form, grid L∞) with the fewest operations among DEGREES × STEPS whose grid L∞ is ≤ TOL; a ValueError
     naming the best reached when none is."""
     found, best, window = [], np.inf, Window.of(act, floor, span)
-    for degree in DEGREES:
+    for degree in _DEGREES:
         for steps in STEPS:
-            form = fitted_form(act, window, degree, steps)
+            form = _fitted_form(act, window, degree, steps)
             err = _grid_error(act, _rule(act, form, floor, span), window)
             best = min(best, err)
             (say or (lambda m: None))(f"degree {degree}, {steps} Newton step(s): grid L∞ {err:.3g}")
@@ -158,7 +157,7 @@ def choose_form(act, floor: float, span: float, say=None):
                 found.append((form.operations(), err, form))
                 break  # more steps only cost more at this degree
     if not found:
-        raise ValueError(f"{act.name}: no fitted one-branch form (degree ≤ {DEGREES[-1]}, ≤ {STEPS[-1]} Newton "
+        raise ValueError(f"{act.name}: no fitted one-branch form (degree ≤ {_DEGREES[-1]}, ≤ {STEPS[-1]} Newton "
                          f"steps) reaches {TOL:g}; best {best:.3g}. A way forward: {act.relu_sum_way_forward()}")
     ops, err, form = min(found, key=lambda f: (f[0], f[1]))
     return form, err
@@ -190,7 +189,7 @@ def fitted_monotone_table(activation, say=None) -> T.InvActTable:
                          f"a way forward: {act.relu_sum_way_forward()}")
     floor = infimum(act)
     span = _tail_span(act, floor)
-    form, grid_err = choose_form(act, floor, span, say)
+    form, grid_err = _choose_form(act, floor, span, say)
     metrics = measured(act, _rule(act, form, floor, span), left=False, floor=floor)
     given = act.name if named_expression(act.name) else act.expression
     steps = (len(form.assignments) - 1) // 2

@@ -24,14 +24,13 @@ from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tails import Tail, mass_beyond, tail
 from scipy.linalg import solveh_banded
 
-__all__ = ["CAP", "check_objective", "GL_POINTS", "interval_for", "OBJECTIVES", "PANEL_WIDTH", "quadrature",
-           "ReluSumObjective"]
+__all__ = ["check_objective", "interval_for", "OBJECTIVES", "quadrature", "ReluSumObjective"]
 
 
 OBJECTIVES = ("primitive", "derivative")
-GL_POINTS = 10
-PANEL_WIDTH = 0.5
-_XI, _WI = np.polynomial.legendre.leggauss(GL_POINTS)
+_GL_POINTS = 10
+_PANEL_WIDTH = 0.5
+_XI, _WI = np.polynomial.legendre.leggauss(_GL_POINTS)
 
 
 def check_objective(objective: str) -> str:
@@ -40,7 +39,7 @@ def check_objective(objective: str) -> str:
     return objective
 
 
-def quadrature(breaks: np.ndarray, panel: float = PANEL_WIDTH, splits: np.ndarray | None = None):
+def quadrature(breaks: np.ndarray, panel: float = _PANEL_WIDTH, splits: np.ndarray | None = None):
     """Composite Gauss–Legendre nodes on [breaks[0], breaks[-1]], split at every break, and at every point of
     ``splits`` (a piecewise activation's kinks, where Gauss–Legendre would lose its order) without making it a
     segment of its own.
@@ -61,7 +60,7 @@ def quadrature(breaks: np.ndarray, panel: float = PANEL_WIDTH, splits: np.ndarra
     half = widths[seg] / counts[seg] / 2
     xq = (lo + half)[:, None] + half[:, None] * _XI
     wq = half[:, None] * _WI
-    segq = np.repeat(seg, GL_POINTS)
+    segq = np.repeat(seg, _GL_POINTS)
     safe = np.where(widths > 0, widths, 1.0)
     tau = ((xq.ravel() - breaks[segq]) / safe[segq]).clip(0.0, 1.0)
     return xq.ravel(), wq.ravel(), segq, tau
@@ -78,7 +77,7 @@ def _tail_mass(act: Activation, objective: str, a: float, b: float) -> float:
 
 
 #: The interval search stops here: a tail whose mass beyond ±CAP is still over ε/2 is algebraic (or slower).
-CAP = 64.0
+_CAP = 64.0
 
 
 @lru_cache(maxsize=64)
@@ -98,9 +97,9 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
     def side(t: Tail) -> float:
         def mass(L):
             return mass_beyond(act, t, L)
-        if (far := mass(CAP)) > eps / 2:  # an algebraic tail: ±CAP, its outside mass a constant of the loss
-            heavy.append(f"{t.describe()}, {far:.3g} beyond |x| = {CAP:g}")
-            return CAP
+        if (far := mass(_CAP)) > eps / 2:  # an algebraic tail: ±CAP, its outside mass a constant of the loss
+            heavy.append(f"{t.describe()}, {far:.3g} beyond |x| = {_CAP:g}")
+            return _CAP
         lo, hi = 0.5, 1.0
         while mass(hi) > eps / 2:
             lo, hi = hi, hi * 2
@@ -112,7 +111,7 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
     a, b = -side(left), side(right)
     how = f"numerical: each tail ≤ ε/2 = {eps / 2:g} (mpmath quad)"
     if heavy:
-        how = (f"|x| ≤ {CAP:g} where the tail is algebraic ({'; '.join(heavy)}): beyond the outermost knot h̃ is "
+        how = (f"|x| ≤ {_CAP:g} where the tail is algebraic ({'; '.join(heavy)}): beyond the outermost knot h̃ is "
                "exactly 0 or x (h̃′ 0 or 1), so the mass outside is a constant added to the loss, whatever the "
                "knots; a wider --interval changes that constant only; " + how.replace("numerical: ", "elsewhere "))
     return a, b, _outside(act, a, b, left, right), how

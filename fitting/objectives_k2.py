@@ -17,14 +17,13 @@ from flint import arb
 from . import intervals as iv
 from .intervals import Ball, Evaluator, box, complex_function
 
-__all__ = ["DerivativeObjectiveK2", "GRID_CELLS", "Knots", "PrimitiveObjectiveK2", "ProjectedK2", "Steps",
-           "TAYLOR_WIDTH"]
+__all__ = ["DerivativeObjectiveK2", "Knots", "PrimitiveObjectiveK2", "ProjectedK2", "Steps"]
 
 
 #: Boxes narrower than this (half-width) also get the second-order Taylor bound (it needs ∇²J and ∇³J).
-TAYLOR_WIDTH = 0.02
+_TAYLOR_WIDTH = 0.02
 #: Cells of the grid of rigorous ∫h′² values (the monotone lower bound loses at most two cells' mass per term).
-GRID_CELLS = 2048
+_GRID_CELLS = 2048
 
 
 def _cells(grid: list, a: arb, b: arb) -> tuple[int, int] | None:
@@ -105,7 +104,7 @@ class ProjectedK2:
     convex_radii: tuple[float, ...] = (0.1, 0.05, 0.02, 0.01, 3e-3, 1e-3, 3e-4, 1e-4)
     convex_piece: float | None = 5e-3
     #: boxes narrower than this (half-width) also get the second-order Taylor bound (it needs ∇²J and ∇³J)
-    taylor_width = TAYLOR_WIDTH
+    taylor_width = _TAYLOR_WIDTH
     #: whether boxes also get the direct enclosure of J and the mean-value form (useless where J's closed form
     #: cancels large terms: then only the monotone and Taylor bounds)
     direct_bounds = True
@@ -252,7 +251,7 @@ class DerivativeObjectiveK2(ProjectedK2):
         self.K = acb.integral(sq, self.A, self.B, rel_tol=2.0**-90).real
         self.hB = self._h(self.B)
         # ∫h′² and ∫(h′ − 1)² from A to each grid point (rigorous, cumulative): monotone lower bounds of the terms
-        self.grid = [self.A + (self.B - self.A) * i / GRID_CELLS for i in range(GRID_CELLS + 1)]
+        self.grid = [self.A + (self.B - self.A) * i / _GRID_CELLS for i in range(_GRID_CELLS + 1)]
         self.P, self.Q = [arb(0)], [arb(0)]
         for a, b in zip(self.grid[:-1], self.grid[1:]):
             self.P.append(self.P[-1] + acb.integral(sq, a, b, rel_tol=2.0**-60).real)
@@ -376,7 +375,7 @@ class PrimitiveObjectiveK2(ProjectedK2):
     taylor_width = 0.1
     direct_bounds = False  # K + 2G₁(c₃) − c₃³/3 − … cancels terms of size 10–100: a box of width 0.1 gives J ± 10
 
-    def __init__(self, t, cells: int = GRID_CELLS):
+    def __init__(self, t, cells: int = _GRID_CELLS):
         from flint import acb
 
         self.t = as_table(t)

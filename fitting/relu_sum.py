@@ -6,7 +6,7 @@ Methods, all seeded and ending in the same deterministic polish:
   polish  L-BFGS-B from a jittered equidistributed start
   auto    anneal for k ≤ 4, polish above (the CLI's and the API's default)
 Restarts get independent child seeds (numpy SeedSequence), so results do not depend on --workers. Besides the
-method's restarts, every fit polishes the structured starts (:func:`structured_starts`): the equidistributed
+method's restarts, every fit polishes the structured starts (:func:`_structured_starts`): the equidistributed
 knots, their symmetrisation when h(x) − x/2 is even, the (k−1) solution with a knot inserted in every gap, and
 the global optimum on a knot grid by dynamic programming (:mod:`.grid_dp`; exact for the derivative objective,
 a separable relaxation for the primitive). Every restart's final loss is recorded, with how many reached the
@@ -32,15 +32,13 @@ from .grid_dp import GRIDS, grid_dp_knots
 from .objective import ReluSumObjective, check_objective, interval_for
 from .result import FitResult
 
-__all__ = ["anneal", "auto_method", "cli_command", "equidistributed_knots", "fit_relu_sum", "is_symmetric",
-           "local_certificate", "METHODS", "package_version", "polish", "refine", "relocate", "RELOCATE_BITS",
-           "ReluSumFit", "Restart", "SAME_LOSS", "segment_errors", "sgd", "structured_starts", "torch_objective",
-           "WIDENINGS"]
+__all__ = ["anneal", "auto_method", "cli_command", "equidistributed_knots", "fit_relu_sum", "local_certificate",
+           "METHODS", "package_version", "polish", "refine", "ReluSumFit", "Restart", "sgd", "torch_objective"]
 
 
 METHODS = ("anneal", "sgd", "polish")
 #: Relative distance to the best loss within which a restart counts as having reached it.
-SAME_LOSS = 1e-9
+_SAME_LOSS = 1e-9
 
 
 def package_version() -> str:
@@ -66,7 +64,7 @@ def equidistributed_knots(obj: ReluSumObjective, rng: np.random.Generator | None
     return np.interp(u, cdf, grid)
 
 
-def is_symmetric(obj: ReluSumObjective) -> bool:
+def _is_symmetric(obj: ReluSumObjective) -> bool:
     """h(x) − x/2 even (GELU, SiLU, …): then the optimal knots are symmetric about 0 (for a symmetric interval)."""
     x = np.linspace(0.0, min(-obj.A, obj.B), 401)
     h = obj.activation
@@ -83,22 +81,22 @@ def refine(knots: np.ndarray, A: float, B: float) -> np.ndarray:
     return np.sort(np.concatenate([[ends[0]], c, inner, [ends[1]]]))
 
 
-def structured_starts(obj: ReluSumObjective, lower: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
+def _structured_starts(obj: ReluSumObjective, lower: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
     """Deterministic starts polished in every fit: (label, knots)."""
     eq = equidistributed_knots(obj)
     starts = [("equidistributed", eq)]
-    if is_symmetric(obj):
+    if _is_symmetric(obj):
         starts.append(("symmetric", np.sort((eq - eq[::-1]) / 2)))
     if lower is not None:
         starts.append(("refined k-1", refine(lower, obj.A, obj.B)))
     return starts
 
 
-#: Up to this k every fit ends with :func:`relocate` on its best restart.
-RELOCATE_BITS = 4
+#: Up to this k every fit ends with :func:`_relocate` on its best restart.
+_RELOCATE_BITS = 4
 
 
-def segment_errors(obj: ReluSumObjective, c: np.ndarray) -> np.ndarray:
+def _segment_errors(obj: ReluSumObjective, c: np.ndarray) -> np.ndarray:
     """The objective's integrand integrated over each of the n + 1 segments [A, c₁], …, [cₙ, B]."""
     rs = obj.solution(c)
     b = np.concatenate([[obj.A], rs.knots, [obj.B]])
@@ -110,14 +108,14 @@ def segment_errors(obj: ReluSumObjective, c: np.ndarray) -> np.ndarray:
     return out
 
 
-def relocate(obj: ReluSumObjective, c: np.ndarray, targets: int = 3, rounds: int = 3) -> np.ndarray:
+def _relocate(obj: ReluSumObjective, c: np.ndarray, targets: int = 3, rounds: int = 3) -> np.ndarray:
     """Knot relocation: move each knot in turn to the middle of one of the ``targets`` segments with the largest
     error, polish, keep the best; repeat while it improves. Finds optima that every restart missed, e.g. the
     asymmetric k = 3 optimum of a symmetric activation when the restarts all settle in the symmetric one."""
     best_c, best = np.sort(c), obj(c)[0]
     for _ in range(rounds):
         improved = False
-        for j in np.argsort(segment_errors(obj, best_c))[::-1][:targets]:
+        for j in np.argsort(_segment_errors(obj, best_c))[::-1][:targets]:
             b = np.concatenate([[obj.A], best_c, [obj.B]])
             for i in range(obj.n):
                 start = np.sort(np.append(np.delete(best_c, i), (b[j] + b[j + 1]) / 2))
@@ -125,7 +123,7 @@ def relocate(obj: ReluSumObjective, c: np.ndarray, targets: int = 3, rounds: int
                     continue
                 cand = polish(obj, start)
                 value = obj(cand)[0]
-                if value < best * (1 - SAME_LOSS) and _degenerate(obj, cand) is None:
+                if value < best * (1 - _SAME_LOSS) and _degenerate(obj, cand) is None:
                     best, best_c, improved = value, cand, True
         if not improved:
             break
@@ -341,14 +339,14 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     refines the k − 1 solution: ``lower_knots`` (a sweep over k passes the previous fit's ``x``; it must come from
     the default method with the same restarts and seed), else that fit is run first (and k − 2 before it, …).
     ``interval``: [A, B] in place of the tail rule's (:func:`~.objective.interval_for`). On the tail rule's
-    interval, an optimum with a knot on its end is refitted on the interval doubled (up to :data:`WIDENINGS`
+    interval, an optimum with a knot on its end is refitted on the interval doubled (up to :data:`_WIDENINGS`
     times): a tail that vanishes exactly (hard-swish is 0 and x beyond ±3) gives the narrowest interval, but its
     optimal knots lie outside it (±4.5), and beyond the outermost knot h̃ is 0 or x, so widening changes nothing
     else."""
     options = dict(method=method, restarts=restarts, seed=seed, workers=workers, progress=progress,
                    command=command, structured=structured, lower_knots=lower_knots)
     fit = _fit(activation, bits, objective, interval=interval, **options)
-    for _ in range(WIDENINGS if interval is None else 0):
+    for _ in range(_WIDENINGS if interval is None else 0):
         (A, B), knots = fit.table.interval, np.asarray(fit.x)
         if not np.any(np.isclose(knots, A, rtol=0, atol=1e-6 * (B - A)) | np.isclose(knots, B, rtol=0,
                                                                                       atol=1e-6 * (B - A))):
@@ -361,7 +359,7 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
 
 
 #: How many times :func:`fit_relu_sum` may double the tail rule's interval.
-WIDENINGS = 4
+_WIDENINGS = 4
 
 
 def _fit(activation, bits: int, objective: str, method: str, restarts: int, seed: int, workers, progress: bool,
@@ -392,7 +390,7 @@ def _fit(activation, bits: int, objective: str, method: str, restarts: int, seed
     cert = local_certificate(obj, rs.knots)
     loss = obj.loss(rs)
     losses = [float(r.loss) if r.degenerate is None else None for r in results]
-    at_best = sum(v is not None and v <= loss * (1 + SAME_LOSS) + 1e-300 for v in losses)
+    at_best = sum(v is not None and v <= loss * (1 + _SAME_LOSS) + 1e-300 for v in losses)
     table = T.ReluSumTable.new(
         act, rs, bits=bits, objective=objective, interval=(A, B), loss=loss,
         metrics={"tail_mass": tail, "interval_rule": how, "loss_upper_bound_on_R": loss + tail,
@@ -433,7 +431,7 @@ def _restarts(obj: ReluSumObjective, act, method: str, restarts: int, seed: int,
     common = (act.name, act.expression, obj.bits, obj.objective, (obj.A, obj.B))
     jobs = [_Job(*common, method, s, i) for i, s in enumerate(children)]
     labels = [f"{method} {i}" for i in range(restarts)]
-    for label, start in structured_starts(obj, lower) if structured else []:
+    for label, start in _structured_starts(obj, lower) if structured else []:
         jobs.append(_Job(*common, "start", None, len(jobs), tuple(start)))
         labels.append(label)
     for points in GRIDS(obj.n) if structured else ():  # computed in workers, beside the restarts
@@ -445,10 +443,10 @@ def _restarts(obj: ReluSumObjective, act, method: str, restarts: int, seed: int,
         raise RuntimeError(f"every restart degenerated ({'; '.join(r.degenerate for r in results)}); "
                            "try more restarts or another method")
     nfev = sum(r.nfev for r in results)
-    if structured and obj.bits <= RELOCATE_BITS:
+    if structured and obj.bits <= _RELOCATE_BITS:
         c = _best(results).knots
         before = obj.nfev
-        moved = relocate(obj, c)
+        moved = _relocate(obj, c)
         results.append(Restart(len(results), obj(moved)[0], moved, _degenerate(obj, moved), obj.nfev - before))
         labels.append("relocated best")
         nfev += results[-1].nfev

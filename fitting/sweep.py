@@ -11,11 +11,11 @@ from approxbp.approximations import Activation
 
 from .relu_sum import ReluSumFit, fit_relu_sum
 
-__all__ = ["FIT_ERRORS", "sweep_relu_sum", "SweepStep"]
+__all__ = ["sweep_relu_sum", "SweepStep"]
 
 
 #: What a failed fit raises; the sweep reports it and goes on.
-FIT_ERRORS = (ValueError, RuntimeError, ArithmeticError, MemoryError)
+_FIT_ERRORS = (ValueError, RuntimeError, ArithmeticError, MemoryError)
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def sweep_relu_sum(activations: Iterable[Activation], bits: Iterable[int], objec
                     fit = fit_relu_sum(a, k, objective, restarts=restarts, seed=seed, workers=workers,
                                        progress=progress, command=command,
                                        lower_knots=done.get((a.name, objective, k - 1)))
-                except FIT_ERRORS as err:
+                except _FIT_ERRORS as err:
                     yield SweepStep(a, objective, k, None, err, time.perf_counter() - t0)
                     continue
                 done[(a.name, objective, k)] = fit.x

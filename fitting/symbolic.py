@@ -20,19 +20,18 @@ from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import RIGHT_SPAN, Form, branch_grid, branch_metrics, y
 from scipy.optimize import least_squares
 
-__all__ = ["BACKENDS", "BackendUnavailable", "check_backend", "fit_branch_sr", "pick_form", "refit_constants",
-           "sr_functions", "SR_SYNTAX"]
+__all__ = ["BACKENDS", "BackendUnavailable", "check_backend", "fit_branch_sr", "pick_form"]
 
 
 #: What the SR engines print beyond the form grammar (pyoperon: infix with exp/log/sqrt, square, pow; PySR:
 #: sympy-style names).
-SR_SYNTAX = {"square": lambda a: a**2, "pow": sp.Pow}
+_SR_SYNTAX = {"square": lambda a: a**2, "pow": sp.Pow}
 
 
-def sr_functions() -> dict:
+def _sr_functions() -> dict:
     """The names an SR expression may use: the form grammar (:func:`~approxbp.approximations.backends.grammar`)
     and the engines' own syntax."""
-    return {**grammar("form"), **SR_SYNTAX}
+    return {**grammar("form"), **_SR_SYNTAX}
 
 BACKENDS = ("pyoperon", "pysr")
 
@@ -86,7 +85,7 @@ def _pysr(s, g, seed: int, generations: int) -> list[str]:  # pragma: no cover -
     return [str(e) for e in reg.equations_["sympy_format"]]
 
 
-def refit_constants(expr: sp.Expr, s_var: sp.Symbol, s, g) -> tuple[sp.Expr, dict[str, float]]:
+def _refit_constants(expr: sp.Expr, s_var: sp.Symbol, s, g) -> tuple[sp.Expr, dict[str, float]]:
     """Replace every numeric constant by a coefficient c0, c1, … and refit them in float64."""
     floats = sorted({a for a in expr.atoms(sp.Float)}, key=lambda f: str(f))
     if not floats:
@@ -116,11 +115,11 @@ def fit_branch_sr(ia: InvertedActivation, branch: str, backend: str = "pyoperon"
     front, best = [], None
     for text in raw:
         try:
-            expr = parse_expression(re.sub(r"\bX1\b", "s", text), {**sr_functions(), "s": s_var}, "SR expression",
+            expr = parse_expression(re.sub(r"\bX1\b", "s", text), {**_sr_functions(), "s": s_var}, "SR expression",
                                     exact=False)
         except ValueError:
             continue  # outside the grammar (never evaluated)
-        template, coeffs = refit_constants(expr, s_var, s, g)
+        template, coeffs = _refit_constants(expr, s_var, s, g)
         form = Form(template.xreplace({s_var: s_of_y}), coeffs)
         try:
             linf, l2 = branch_metrics(ia, form, branch)

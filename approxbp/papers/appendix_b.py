@@ -8,7 +8,7 @@ memory in the paper's unit is the slope: saved bytes at 2N tokens minus those at
 fake tensors with :func:`~.step_memory.measure`, per module, for the project's ViT-B block (c = 768, 4c MLP)
 and a LLaMA-13B-sized block (c = 5120, 13824 = 2.7c SwiGLU, 40 heads).
 
-Where the measurement and the paper differ, :data:`DIFFERENCES` names the module group, the units and why; a row
+Where the measurement and the paper differ, :data:`_DIFFERENCES` names the module group, the units and why; a row
 is reproduced when measured − paper equals their sum up to the per-token statistics the paper lists at +0 (the
 norms' mean and rstd, SDPA's logsumexp: fp32 vectors of n or h·n values, ≤ 0.05 units per group here).
 """
@@ -21,8 +21,8 @@ import torch
 
 from approxbp.blocks import own_rng
 
-__all__ = ["DIFFERENCES", "format_rows", "measure_all", "measure_row", "NONLINEAR", "PAPER", "PAPER_SHARES",
-           "PAPER_TOTAL", "Row", "shares", "STATISTICS"]
+__all__ = ["format_rows", "measure_all", "measure_row", "PAPER", "PAPER_SHARES", "PAPER_TOTAL", "Row", "shares",
+           "STATISTICS"]
 
 
 #: Fig. 5 (ViT) and Fig. 6 (LLaMA-13B), per module group of approxbp.blocks' ViTBlock / LlamaBlock, in units.
@@ -49,7 +49,7 @@ _RMS = "nn.RMSNorm with a trainable weight also saves its fp32 normalised input 
        "paper's single-kernel RMSNorm does not (its caption: 'often implemented by multiple sub-operators, which " \
        "may bring additional memory usage')"
 #: (block, variant) → [(module group, measured − paper, why)].
-DIFFERENCES = {
+_DIFFERENCES = {
     ("vit", "trainable"): [("attn.q+k+v", 2, _CASTS), ("attn.o", -1, _VIEW)],
     ("vit", "ours"): [("attn.o", -1, _VIEW)],
     ("llama", "trainable"): [("attn.q+k+v", 2, _CASTS), ("gate+up", 1, _CASTS), ("attn.o", -1, _VIEW),
@@ -61,7 +61,7 @@ STATISTICS = 0.05
 _GROUPS = {"attn.q": "attn.q+k+v", "attn.k": "attn.q+k+v", "attn.v": "attn.q+k+v", "gate": "gate+up",
            "up": "gate+up", "": "product"}
 #: Fig. 2: share of the trainable block's activation memory in its non-linear modules, norms and activation.
-NONLINEAR = {"vit": ("ln1", "ln2", "attn", "act"), "llama": ("n1", "n2", "attn", "act", "product")}
+_NONLINEAR = {"vit": ("ln1", "ln2", "attn", "act"), "llama": ("n1", "n2", "attn", "act", "product")}
 PAPER_SHARES = {"vit": {"non-linear": 0.63, "norms": 0.2105, "activation": 0.2105},
                 "llama": {"non-linear": 0.74, "norms": 0.1835, "activation": 0.1239}}
 
@@ -82,12 +82,12 @@ class Row:
 
     @property
     def explained(self) -> float:
-        return sum(d for _, d, _ in DIFFERENCES.get((self.block, self.variant), ()))
+        return sum(d for _, d, _ in _DIFFERENCES.get((self.block, self.variant), ()))
 
     def unexplained(self) -> dict[str, float]:
         """Module group → measured − paper − documented difference, where it exceeds the statistics."""
         expected = dict(PAPER[self.block, self.variant])
-        for group, d, _ in DIFFERENCES.get((self.block, self.variant), ()):
+        for group, d, _ in _DIFFERENCES.get((self.block, self.variant), ()):
             expected[group] = expected.get(group, 0) + d
         out = {}
         for group in set(expected) | set(self.measured):
@@ -142,25 +142,25 @@ def measure_all() -> list[Row]:
 
 
 def shares(row: Row, paper_counting: bool = False) -> dict[str, float]:
-    """Fig. 2's shares of a trainable block's activation memory (``paper_counting``: with :data:`DIFFERENCES`
+    """Fig. 2's shares of a trainable block's activation memory (``paper_counting``: with :data:`_DIFFERENCES`
     taken off the measurement first)."""
     m = dict(row.measured)
     if paper_counting:
-        for group, d, _ in DIFFERENCES.get((row.block, row.variant), ()):
+        for group, d, _ in _DIFFERENCES.get((row.block, row.variant), ()):
             m[group] = m.get(group, 0) - d
     total = sum(m.values())
     norms = ("ln1", "ln2") if row.block == "vit" else ("n1", "n2")
-    return {"non-linear": sum(m.get(g, 0) for g in NONLINEAR[row.block]) / total,
+    return {"non-linear": sum(m.get(g, 0) for g in _NONLINEAR[row.block]) / total,
             "norms": sum(m.get(g, 0) for g in norms) / total, "activation": m.get("act", 0) / total}
 
 
 def format_rows(rows: list[Row]) -> str:
     """Paper vs measured per block, the documented differences, and Fig. 2's shares."""
     names = {"vit": "ViT-B block", "llama": "LLaMA-13B block"}
-    reasons = list(dict.fromkeys(why for diffs in DIFFERENCES.values() for _, _, why in diffs))
+    reasons = list(dict.fromkeys(why for diffs in _DIFFERENCES.values() for _, _, why in diffs))
     lines = [f"{'block':<16} {'linears':<10} {'paper':>8} {'measured':>9}  {'differences [reason]':<44} verdict"]
     for r in rows:
-        diffs = ", ".join(f"{g} {d:+g} [{reasons.index(why) + 1}]" for g, d, why in DIFFERENCES.get((r.block,
+        diffs = ", ".join(f"{g} {d:+g} [{reasons.index(why) + 1}]" for g, d, why in _DIFFERENCES.get((r.block,
                                                                                                        r.variant), ()))
         lines.append(f"{names[r.block]:<16} {r.variant:<10} {r.paper:>8.6g} {r.total:>9.4f}  {diffs or '-':<44} "
                      + ("reproduced" if r.ok else f"UNEXPLAINED {r.unexplained()}"))

@@ -19,8 +19,8 @@ from approxbp.approximations.files import save_figure, write_atomic
 from approxbp.blocks import ToyGPT, own_rng
 
 __all__ = ["analyze", "arithmetic_corpus", "forward_quantisation", "LEVELS", "memory_per_block", "plot_analysis",
-           "plot_toy_gpt", "random_branches", "RandomBranch", "reconstruction_errors", "reproduce_row", "ToyMLP",
-           "train_toy_gpt", "VOCAB", "write_analysis", "write_toy_gpt"]
+           "plot_toy_gpt", "RandomBranch", "reconstruction_errors", "reproduce_row", "ToyMLP", "train_toy_gpt",
+           "VOCAB", "write_analysis", "write_toy_gpt"]
 
 
 # -- random residual branches ------------------------------------------------------------------
@@ -37,7 +37,7 @@ class RandomBranch(torch.nn.Module):
         return self.c * torch.tanh(x @ self.W.to(x.dtype))
 
 
-def random_branches(K: int, d: int, seed: int) -> list[RandomBranch]:
+def _random_branches(K: int, d: int, seed: int) -> list[RandomBranch]:
     g = torch.Generator().manual_seed(seed)
     return [RandomBranch(d, g) for _ in range(K)]
 
@@ -54,7 +54,7 @@ def reconstruction_errors(K: int, dtype=torch.float32, level: int | None = None,
     ``level=None``: the plain update (eq. 10) and inverse (eq. 16), errors ×2 per block (Fig. 2, red);
     an integer l: eqs. 18–21 with side bits and eq. 24, exactly zero (Fig. 2, blue). Non-finite → inf.
     """
-    hs = [h.to(dtype) for h in random_branches(K, d, seed)]
+    hs = [h.to(dtype) for h in _random_branches(K, d, seed)]
     gam = B.draw_gammas(seed, K, batch).to(dtype)
     xs, sides = B.run(hs, _inputs(batch, d, seed, dtype), gam, level)
     errs = [0.0] * (K - 1)
@@ -73,7 +73,7 @@ def reconstruction_errors(K: int, dtype=torch.float32, level: int | None = None,
 def forward_quantisation(K: int, level: int, dtype=torch.float64, d: int = 64, batch: int = 8,
                          seed: int = 0) -> list[float]:
     """Relative error ‖x_k(eqs. 18–21) − x_k(eqs. 6, 10)‖₂ / ‖x_k(eq. 10)‖₂ for k = 1…K, same branches and γ."""
-    hs = [h.to(dtype) for h in random_branches(K, d, seed)]
+    hs = [h.to(dtype) for h in _random_branches(K, d, seed)]
     gam = B.draw_gammas(seed, K, batch).to(dtype)
     x = _inputs(batch, d, seed, dtype)
     plain, quantised = B.run(hs, x, gam)[0], B.run(hs, x, gam, level)[0]

@@ -6,19 +6,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-__all__ = ["CHECKOUT_FIGURES", "figures_dir", "write_figures"]
+__all__ = ["figures_dir", "write_figures"]
 
 
 #: The source checkout's docs/figures (where the figures are committed, the toy GPT's results beside them).
-CHECKOUT_FIGURES = Path(__file__).resolve().parents[2] / "docs" / "figures"
+_CHECKOUT_FIGURES = Path(__file__).resolve().parents[2] / "docs" / "figures"
 
 
 def figures_dir(out: Path | None) -> Path:
     """``out``, or the source checkout's docs/figures (never the current directory's by surprise)."""
     if out is not None:
         return out
-    if CHECKOUT_FIGURES.is_dir() and (CHECKOUT_FIGURES.parents[1] / "pyproject.toml").is_file():
-        return CHECKOUT_FIGURES
+    if _CHECKOUT_FIGURES.is_dir() and (_CHECKOUT_FIGURES.parents[1] / "pyproject.toml").is_file():
+        return _CHECKOUT_FIGURES
     raise ValueError("pass --out DIR: this approxbp is not a source checkout with docs/figures")
 
 
@@ -42,7 +42,7 @@ def write_figures(out: Path) -> list[Path]:
         written.append(out / f"invact_{act}.png")
         save_figure(f, written[-1], dpi=110)
     written += bdia.write_analysis(out, progress=False)
-    candidates = (out / "bdia_toy_gpt.json", CHECKOUT_FIGURES / "bdia_toy_gpt.json")
+    candidates = (out / "bdia_toy_gpt.json", _CHECKOUT_FIGURES / "bdia_toy_gpt.json")
     results = next((p for p in candidates if p.is_file()), None)
     if results is None:
         print("no bdia_toy_gpt.json to re-plot: retraining the toy GPT (about 2–3 minutes on 2 cores)",

@@ -19,9 +19,8 @@ from dataclasses import dataclass, replace
 
 from approxbp.planner import step_memory as SM
 
-__all__ = ["ABSOLUTE", "AMP", "AUTHORS_QLORA", "Cause", "command", "EAGER", "EXPLAINED", "Group", "GROUPS", "LLAMA13",
-           "LLAMA7", "LLAMA7_EAGER", "markdown", "METHODS", "POINTS", "QLORA", "QLORA_OPEN", "reproduce", "Row",
-           "run_group", "TEST", "text", "USES4", "VIT_B", "VIT_L", "with_changes"]
+__all__ = ["ABSOLUTE", "AMP", "Cause", "command", "EXPLAINED", "Group", "GROUPS", "markdown", "METHODS", "POINTS",
+           "reproduce", "Row", "run_group", "text", "with_changes"]
 
 
 #: The targets: an absolute value within this fraction, a reduction within this many points.
@@ -47,21 +46,21 @@ class Group:
     open: str = ""
 
 
-VIT_B, VIT_L = "google/vit-base-patch16-224-in21k:num_labels=100", "google/vit-large-patch16-224-in21k:num_labels=100"
+_VIT_B, _VIT_L = "google/vit-base-patch16-224-in21k:num_labels=100", "google/vit-large-patch16-224-in21k:num_labels=100"
 #: Approx-BP App. H: ViTs at batch 64 under PyTorch's AMP (fp32 weights, fp16 autocast: the 2080 Ti has no bf16)
 #: with AdamW; the peak of a whole step (--trace), as torch.cuda.max_memory_allocated reports it.
 AMP = "--task image-cls --batch 64 --weights fp32 --autocast fp16 --optimizer adamw --trace"
 #: §6: "FlashAttention is used in the ViT and LLaMA experiments": SDPA (no n² scores saved), transformers' default.
-LLAMA7, LLAMA13 = "huggyllama/llama-7b", "huggyllama/llama-13b"
+_LLAMA7, _LLAMA13 = "huggyllama/llama-7b", "huggyllama/llama-13b"
 #: Table 9 alone keeps eager attention: the cause given for its rows measures both implementations.
-LLAMA7_EAGER = "huggyllama/llama-7b:attn_implementation=eager"
-QLORA = ("--weights nf4 --train lora --adapters bf16 --lora-r 64 --lora-targets all-linear --optimizer paged-adamw")
-EAGER = ("transformers of 2023, which the paper's experiments ran, computed BERT's and RoBERTa's attention eagerly "
+_LLAMA7_EAGER = "huggyllama/llama-7b:attn_implementation=eager"
+_QLORA = ("--weights nf4 --train lora --adapters bf16 --lora-r 64 --lora-targets all-linear --optimizer paged-adamw")
+_EAGER = ("transformers of 2023, which the paper's experiments ran, computed BERT's and RoBERTa's attention eagerly "
          "(SDPA became their default in 4.36–4.41), saving the n² scores: the config's attn_implementation=eager.")
 #: The authors' QLoRA script adds what QLORA leaves at its defaults: LoRA dropout 0.1, the Trainer's --bf16
 #: (autocast), and the model split over the 4 GPUs it sees by blocks (device_map="auto").
-AUTHORS_QLORA = f"{QLORA} --lora-dropout 0.1 --autocast bf16 --devices 4"
-QLORA_OPEN = ("The paper does not print the sequence length: the authors' script (LowMemoryBP "
+_AUTHORS_QLORA = f"{_QLORA} --lora-dropout 0.1 --autocast bf16 --devices 4"
+_QLORA_OPEN = ("The paper does not print the sequence length: the authors' script (LowMemoryBP "
               "experiments/llama_exp/scripts/finetune_llama_7b.sh, qlora.py) caps source and target at 512 + 128 "
               "tokens and groups batches by length, so the longest batch, 640 tokens, stands for the run's peak. "
               "Attention is SDPA, as §6 says (FlashAttention in the LLaMA experiments). As the script runs it: "
@@ -74,40 +73,40 @@ def _rows(uses: tuple[str, ...], values: tuple[float, ...]) -> tuple[tuple[str, 
     return tuple(zip(uses, values))
 
 
-USES4 = ("exact", "relu-sum-k2", "ms-norm", "relu-sum-k2+ms-norm")
+_USES4 = ("exact", "relu-sum-k2", "ms-norm", "relu-sum-k2+ms-norm")
 GROUPS = (
-    Group("Approx-BP Table 1", "ViT-B, LoRA r = 4 on q, v", f"{VIT_B} {AMP} --train lora --lora-r 4", "peak", "MiB",
-          _rows(USES4, (3827, 3087, 3441, 2717)), absolute=True),
-    Group("Approx-BP Table 1", "ViT-B, LoRA r = 4 on all linear", f"{VIT_B} {AMP} --train lora --lora-r 4 "
-          "--lora-targets all-linear", "peak", "MiB", _rows(USES4, (5128, 4380, 4316, 3601)), absolute=True),
-    Group("Approx-BP Table 1", "ViT-B, LoRA-FA r = 4 on q, v", f"{VIT_B} {AMP} --train lora-fa --lora-r 4", "peak",
+    Group("Approx-BP Table 1", "ViT-B, LoRA r = 4 on q, v", f"{_VIT_B} {AMP} --train lora --lora-r 4", "peak", "MiB",
+          _rows(_USES4, (3827, 3087, 3441, 2717)), absolute=True),
+    Group("Approx-BP Table 1", "ViT-B, LoRA r = 4 on all linear", f"{_VIT_B} {AMP} --train lora --lora-r 4 "
+          "--lora-targets all-linear", "peak", "MiB", _rows(_USES4, (5128, 4380, 4316, 3601)), absolute=True),
+    Group("Approx-BP Table 1", "ViT-B, LoRA-FA r = 4 on q, v", f"{_VIT_B} {AMP} --train lora-fa --lora-r 4", "peak",
           "MiB", _rows(("exact", "relu-sum-k2"), (3386, 2597)), absolute=True),
-    Group("Approx-BP Table 1", "ViT-B, LoRA-FA r = 4 on all linear", f"{VIT_B} {AMP} --train lora-fa --lora-r 4 "
+    Group("Approx-BP Table 1", "ViT-B, LoRA-FA r = 4 on all linear", f"{_VIT_B} {AMP} --train lora-fa --lora-r 4 "
           "--lora-targets all-linear", "peak", "MiB", _rows(("exact", "relu-sum-k2"), (3430, 2717)), absolute=True),
-    Group("Approx-BP Table 2", "ViT-B, full tuning", f"{VIT_B} {AMP} --train full", "peak", "GiB",
-          _rows(USES4, (5.6, 4.9, 4.9, 4.1)), absolute=True),
-    Group("Approx-BP Table 2", "ViT-L, full tuning", f"{VIT_L} {AMP} --train full", "peak", "GiB",
-          _rows(USES4, (15.7, 13.7, 13.5, 11.5)), absolute=True),
+    Group("Approx-BP Table 2", "ViT-B, full tuning", f"{_VIT_B} {AMP} --train full", "peak", "GiB",
+          _rows(_USES4, (5.6, 4.9, 4.9, 4.1)), absolute=True),
+    Group("Approx-BP Table 2", "ViT-L, full tuning", f"{_VIT_L} {AMP} --train full", "peak", "GiB",
+          _rows(_USES4, (15.7, 13.7, 13.5, 11.5)), absolute=True),
     Group("Approx-BP Table 3", "LLaMA-7B, QLoRA r = 64 on all linear, batch 4",
-          f"{LLAMA7} --batch 4 --seq 640 {AUTHORS_QLORA}", "peak", "GiB", _rows(USES4, (20.6, 19.0, 18.0, 14.6)),
-          absolute=True, open=QLORA_OPEN),
+          f"{_LLAMA7} --batch 4 --seq 640 {_AUTHORS_QLORA}", "peak", "GiB", _rows(_USES4, (20.6, 19.0, 18.0, 14.6)),
+          absolute=True, open=_QLORA_OPEN),
     Group("Approx-BP Table 3", "LLaMA-13B, QLoRA r = 64 on all linear, batch 4",
-          f"{LLAMA13} --batch 4 --seq 640 {AUTHORS_QLORA}", "peak", "GiB", _rows(USES4, (31.4, 29.0, 27.5, 22.3)),
-          absolute=True, open=QLORA_OPEN),
+          f"{_LLAMA13} --batch 4 --seq 640 {_AUTHORS_QLORA}", "peak", "GiB", _rows(_USES4, (31.4, 29.0, 27.5, 22.3)),
+          absolute=True, open=_QLORA_OPEN),
     Group("Approx-BP Table 4", "RoBERTa-base, LoRA r = 64 on q, k, fp32, batch 32",
           "FacebookAI/roberta-base:attn_implementation=eager --task seq-cls --batch 32 --seq 256 --weights fp32 "
           "--train lora --lora-r 64 --lora-targets query,key --optimizer adamw --devices 2", "peak", "MiB",
-          _rows(USES4, (6517, 5438, 6253, 5173)), absolute=True,
+          _rows(_USES4, (6517, 5438, 6253, 5173)), absolute=True,
           open="The authors' script (LowMemoryBP experiments/roberta_exp/scripts/finetune_roberta.sh, run_glue.py) "
                "pads every example to --max_seq_length 256, batch 32, fp32, peft LoRA r = 64 on query and key "
                "without dropout, and splits the model over 2 GPUs by blocks (device_map=\"auto\"); the paper "
                "reports the sum of the 2 GPUs' peaks (its max_memory_total), the value compared. Dropout (0.1 on "
                "the attention probabilities and hidden states) keeps CUDA's 1-byte mask, not the CPU's 4-byte one: "
-               f"1.26 GiB less at this size (approxbp/planner/attention.py). {EAGER}"),
+               f"1.26 GiB less at this size (approxbp/planner/attention.py). {_EAGER}"),
     Group("Approx-BP Table 9", "LLaMA-7B, QLoRA, batch 1: the longest sequence on an RTX 4090 (24 GiB)",
-          f"{LLAMA7_EAGER} --batch 1 --seq 1024 {QLORA} --budget 24GiB --maximize seq_len --grain 8",
+          f"{_LLAMA7_EAGER} --batch 1 --seq 1024 {_QLORA} --budget 24GiB --maximize seq_len --grain 8",
           "seq_len", "tokens",
-          _rows(USES4, (1354, 1504, 1654, 1979)),
+          _rows(_USES4, (1354, 1504, 1654, 1979)),
           open="The RTX 4090's 24 GiB is the budget (its CUDA context and allocator slack are not modelled); "
                "sequence lengths are searched in multiples of 8 tokens."),
     Group("Approx-BP Table 11", "BERT-base on SQuAD v2, fp32: the largest batch per RTX 3060 (12 GiB)",
@@ -115,7 +114,7 @@ GROUPS = (
           "--train full --optimizer adamw --budget 12GiB --maximize batch", "batch", "samples",
           _rows(("exact", "relu-sum-k2+ms-norm"), (30, 36)),
           open="The paper does not print the sequence length: run_qa.py's default max_seq_length, 384, is used; "
-               f"data parallelism's gradient buckets (one more copy of the gradients) are not modelled. {EAGER}"),
+               f"data parallelism's gradient buckets (one more copy of the gradients) are not modelled. {_EAGER}"),
     Group("InvAct App. A.1", "BERT-base, sequence 1024", "google-bert/bert-base-uncased:max_position_embeddings=1024 "
           "--task base --batch 1 --seq 1024 --weights fp32 --train full", "activations", "%",
           _rows(("invact",), (-22.9,)), open=("A.1 leaves the batch, the dtype and the head open: batch 1 and fp32 "
@@ -134,7 +133,7 @@ GROUPS = (
           "%", _rows(("invact",), (-23.4,)), open=""),
 )
 
-TEST = "tests/approxbp/papers/test_paper_memory.py::"
+_TEST = "tests/approxbp/papers/test_paper_memory.py::"
 
 
 @dataclass(frozen=True)
@@ -150,13 +149,13 @@ _QUICK = Cause(
     "the fc1 width where a GELU saves one; InvAct removes both. With GELU in its place InvAct saves the paper's "
     "−23.4 % within 1 point (`approxbp plan openai/clip-vit-large-patch14:text_config.hidden_act=gelu,"
     "vision_config.hidden_act=gelu --task clip --seq 77 --weights fp32 --use invact`).",
-    TEST + "test_clip_saves_what_the_paper_says_once_its_quick_gelu_is_a_gelu")
+    _TEST + "test_clip_saves_what_the_paper_says_once_its_quick_gelu_is_a_gelu")
 _EAGER_N2 = Cause(
     "Eager attention, which reproduces the exact row (1400 tokens against 1354), keeps n² scores: at 1979 tokens "
     "they, the weights and the optimizer states alone exceed 24 GiB, so no norm or activation rewrite reaches the "
     "paper's +22 % and +46 %. With SDPA (as §6 says: FlashAttention) the exact model holds 2344 tokens, not 1354. No "
     "one attention implementation gives the table's rows in a saved-tensor account.",
-    TEST + "test_eager_attention_alone_overflows_the_4090_at_the_papers_longest_sequence")
+    _TEST + "test_eager_attention_alone_overflows_the_4090_at_the_papers_longest_sequence")
 _DROPOUT = Cause(
     "The paper's rows are those of a step without LoRA dropout: the authors' script sets lora_dropout 0.1, which "
     "gives each of the 7 adapters per block its own dropped copy of its input and a 1-byte mask (5.19 GiB at "
@@ -170,17 +169,17 @@ _DROPOUT = Cause(
     "rewrites save 6.0 GiB at 7B and 9.1 at 13B, 1.8 and 2.8 GiB more than the sums of its single rows), while "
     "the two remove disjoint saved tensors, so their savings add "
     "(tests/approxbp/papers/test_paper_memory.py::test_the_two_rewrites_savings_add_on_llama).",
-    TEST + "test_table_3_rows_are_those_of_a_step_without_lora_dropout")
+    _TEST + "test_table_3_rows_are_those_of_a_step_without_lora_dropout")
 _ONE_SAMPLE = Cause(
     "A batch is a whole number of samples: at the exact model's 26, one sample is 3.8 points, more than the 3-point "
     "target, and the planner's 32 (+23.1 %) is one sample from 31 (+19.2 %), on the other side of the paper's "
     "+20 %. The planned step at 32 fits the 12 GiB and at 33 does not.",
-    TEST + "test_table_11_is_one_sample_from_the_papers_change")
+    _TEST + "test_table_11_is_one_sample_from_the_papers_change")
 #: (table, setup, --use) → the measured cause of a row outside the targets.
 EXPLAINED: dict[tuple[str, str, str], Cause] = {
     ("InvAct App. A.1", "CLIP ViT-L/14, text length 77, one image per text", "invact"): _QUICK,
     **{("Approx-BP Table 3", f"LLaMA-{s}, QLoRA r = 64 on all linear, batch 4", u): _DROPOUT
-       for s in ("7B", "13B") for u in USES4},
+       for s in ("7B", "13B") for u in _USES4},
     ("Approx-BP Table 11", "BERT-base on SQuAD v2, fp32: the largest batch per RTX 3060 (12 GiB)",
      "relu-sum-k2+ms-norm"): _ONE_SAMPLE,
     **{("Approx-BP Table 9", "LLaMA-7B, QLoRA, batch 1: the longest sequence on an RTX 4090 (24 GiB)", u): _EAGER_N2

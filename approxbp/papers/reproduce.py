@@ -13,9 +13,9 @@ from approxbp.fitting.objective import ReluSumObjective, interval_for
 from approxbp.fitting.relu_sum import auto_method, fit_relu_sum, package_version
 
 __all__ = ["bdia_verdict", "Comparison", "FewBitRow", "format_comparisons", "format_fewbit_rows",
-           "format_invact_rows", "INVACT_FORMS", "INVACT_GAIN", "invact_verdicts", "PAPER_RELU_SUM", "paper_table",
-           "PaperReluSum", "regenerate_invact", "regenerate_tables", "reproduce_fewbit", "reproduce_invact",
-           "reproduce_relu_sum", "STATUSES", "verdict"]
+           "format_invact_rows", "INVACT_FORMS", "invact_verdicts", "PAPER_RELU_SUM", "paper_table", "PaperReluSum",
+           "regenerate_invact", "regenerate_tables", "reproduce_fewbit", "reproduce_invact", "reproduce_relu_sum",
+           "verdict"]
 
 
 @dataclass(frozen=True)
@@ -145,13 +145,13 @@ def format_invact_rows(rows: dict[str, list[dict]]) -> str:
 
 
 #: Our newton InvAct forms must be this many times more accurate (L∞, per branch) than every published form.
-INVACT_GAIN = 10.0
+_INVACT_GAIN = 10.0
 
 
 def invact_verdicts(rows: dict[str, list]) -> list[tuple[str, bool]]:
-    """(label, ok) per activation and branch: ours (the last table) beats every published L∞ by :data:`INVACT_GAIN`."""
+    """(label, ok) per activation and branch: ours (the last table) beats every published L∞ by :data:`_INVACT_GAIN`."""
     def beats(tables, b):
-        return tables[-1].metrics[f"linf_{b}"] * INVACT_GAIN <= min(p.metrics[f"linf_{b}"] for p in tables[:-1])
+        return tables[-1].metrics[f"linf_{b}"] * _INVACT_GAIN <= min(p.metrics[f"linf_{b}"] for p in tables[:-1])
 
     return [(f"InvAct {act} {b}", beats(t, b)) for act, t in rows.items() for b in ("left", "right")]
 
@@ -161,7 +161,7 @@ def bdia_verdict(row: dict) -> tuple[str, bool]:
     return "BDIA", row["quantised"] == 0.0 and row["plain"] > 0.0
 
 
-STATUSES = ("within", "explained", "outside")
+_STATUSES = ("within", "explained", "outside")
 
 
 def verdict(verdicts: list[tuple[str, bool | str]]) -> tuple[bool, str]:
@@ -169,9 +169,9 @@ def verdict(verdicts: list[tuple[str, bool | str]]) -> tuple[bool, str]:
     "within" (within the paper's target: matches or beats it), "explained" (outside, with a cause a test measures)
     or False / "outside" (unexplained). An outside row is never counted as a match."""
     status = [(label, {True: "within", False: "outside"}.get(s, s)) for label, s in verdicts]
-    if bad := [s for _, s in status if s not in STATUSES]:
-        raise ValueError(f"row status {bad[0]!r}: expected one of {STATUSES}")
-    count = {k: sum(s == k for _, s in status) for k in STATUSES}
+    if bad := [s for _, s in status if s not in _STATUSES]:
+        raise ValueError(f"row status {bad[0]!r}: expected one of {_STATUSES}")
+    count = {k: sum(s == k for _, s in status) for k in _STATUSES}
     unexplained = [label for label, s in status if s == "outside"]
     if count["within"] == len(status):
         return True, f"all {len(status)} rows within the papers' targets (each matches or beats its paper)"

@@ -7,7 +7,7 @@ same value as Hugging Face's ``ForCausalLMLoss`` (fp32 logits, mean over counted
 Each chunk runs under ``torch.utils.checkpoint`` (non-reentrant): it saves only its rows of H (a view of the tensor
 the head saves anyway) and recomputes its logits in the backward, so the step keeps no r × V tensor: stock keeps
 the fp32 log-softmax (4·r·V bytes); the cost is one more head matmul (2·r·d·V FLOPs). A chunk has ⌈r / ⌈V/d⌉⌉ rows,
-so its logits are about the size of H (the transient), and at least :data:`MIN_ROWS`.
+so its logits are about the size of H (the transient), and at least :data:`_MIN_ROWS`.
 
 The model's forward runs as stock with ``labels=None`` and its head returning its input; the loss is computed from
 what the head was given, only when the model returned that tensor as its logits unchanged (no soft-capping or
@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "chunked_cross_entropy", "LOSS", "MIN_ROWS", "NotChunked",
-           "refusal", "remove_chunked_loss"]
+__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "LOSS", "NotChunked", "refusal", "remove_chunked_loss"]
 
 
 #: A plan's name for the move and for where it applies (the loss, outside every block).
@@ -36,13 +35,13 @@ _LOSS_ARGS = ("num_items_in_batch", "shift_labels", "ignore_index")
 #: The fewest rows a chunk has (all of them if fewer): a chunk's matmul reads the whole head W for 2·rows FLOPs per
 #: 16-bit weight element, so it is bound by memory below ≈ peak / bandwidth FLOP per byte (H100: 989e12 / 3.35e12 ≈
 #: 295 rows; A100 153); with fewer rows, every chunk would read W again for nothing.
-MIN_ROWS = 512
+_MIN_ROWS = 512
 
 
 def chunk_rows(rows: int, width: int, vocab: int) -> int:
     """Rows per chunk: ⌈rows / ⌈vocab / width⌉⌉, so one chunk's logits are about the size of the hidden states, but
-    at least :data:`MIN_ROWS` (or every row)."""
-    return max(-(-rows // max(1, -(-vocab // max(1, width)))), min(rows, MIN_ROWS), 1)
+    at least :data:`_MIN_ROWS` (or every row)."""
+    return max(-(-rows // max(1, -(-vocab // max(1, width)))), min(rows, _MIN_ROWS), 1)
 
 
 class NotChunked(ValueError):
@@ -64,7 +63,7 @@ def refusal(model: nn.Module) -> str | None:
     return None
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor | None, *,
+def _chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor | None, *,
                           ignore_index: int = -100, num_items_in_batch=None,
                           shift_labels: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:
     """ForCausalLMLoss(head(hidden), labels) without the logits: see the module docstring."""
@@ -134,7 +133,7 @@ def apply_chunked_loss(model: nn.Module, rows: int | None = None) -> nn.Module:
         if len(seen) != 1 or getattr(out, "logits", None) is not seen[0]:
             raise RuntimeError(f"chunked loss: {type(model).__name__} changes its logits after the head (or calls "
                                "it more than once); remove it with approxbp.planner.chunked_loss.remove_chunked_loss")
-        loss = chunked_cross_entropy(seen[0], head, labels, rows=rows,
+        loss = _chunked_cross_entropy(seen[0], head, labels, rows=rows,
                                      **{k: kwargs[k] for k in _LOSS_ARGS if k in kwargs})
         return type(out)(**{**out, "loss": loss, "logits": None})
 

@@ -15,18 +15,18 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-__all__ = ["extrapolate", "layer_count", "LAYER_FIELDS", "shrunk", "SMALL", "small_assignment"]
+__all__ = ["extrapolate", "layer_count", "shrunk", "SMALL", "small_assignment"]
 
 
 #: Config fields that count the repeated blocks, by the name each model family uses.
-LAYER_FIELDS = ("num_hidden_layers", "n_layer", "num_layers")
+_LAYER_FIELDS = ("num_hidden_layers", "n_layer", "num_layers")
 #: Block counts measured: a block that is neither the first nor the last at 3, and the step at 2 for the slopes.
 SMALL = (2, 3)
 
 
 def layer_count(config) -> tuple[str, int] | None:
     """(the field, L) of a config whose blocks are alike (every per-layer list uniform), or None."""
-    field = next((f for f in LAYER_FIELDS if isinstance(getattr(config, f, None), int)), None)
+    field = next((f for f in _LAYER_FIELDS if isinstance(getattr(config, f, None), int)), None)
     if field is None:
         return None
     layers = getattr(config, field)

@@ -30,11 +30,11 @@ from torch import nn
 from approxbp.planner.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss
 from approxbp.planner.knapsack import multiple_choice
 
-__all__ = ["apply_moves", "BlockCost", "choose_moves", "LossCost", "MOVES", "Offload", "PART_KEY", "RECOMPUTE_PART",
+__all__ = ["apply_moves", "BlockCost", "choose_moves", "LossCost", "Offload", "PART_KEY", "RECOMPUTE_PART",
            "remove_moves"]
 
 
-MOVES = ("keep", "recompute", "offload")
+_MOVES = ("keep", "recompute", "offload")
 #: A block's move that recomputes one of its parts alone: "recompute mlp" (selective checkpointing, module grain).
 RECOMPUTE_PART = "recompute "
 #: An assignment's key (planner.plan_step.apply) that recomputes that part of every block: "(recompute part) mlp".
@@ -54,7 +54,7 @@ class BlockCost:
 
     @property
     def moves(self) -> tuple[str, ...]:
-        return MOVES + tuple(f"{RECOMPUTE_PART}{name}" for name, _, _ in self.parts)
+        return _MOVES + tuple(f"{RECOMPUTE_PART}{name}" for name, _, _ in self.parts)
 
     def saving(self, move: str) -> int:
         """Bytes the move takes off the end of the forward."""
@@ -125,8 +125,8 @@ def apply_moves(model: nn.Module, moves: dict[str, str]) -> nn.Module:
             continue
         if move.startswith(RECOMPUTE_PART):
             path, move = f"{path}.{move[len(RECOMPUTE_PART):]}", "recompute"
-        if move not in MOVES:
-            raise ValueError(f"block {path}: move {move!r}, expected one of {', '.join(MOVES)} or "
+        if move not in _MOVES:
+            raise ValueError(f"block {path}: move {move!r}, expected one of {', '.join(_MOVES)} or "
                              f"'{RECOMPUTE_PART}PART'")
         if path not in modules:
             raise ValueError(f"block {path}: no such module in {type(model).__name__}")

@@ -26,7 +26,7 @@ from approxbp.planner.plan_step import stepper
 from approxbp.planner.request import Request
 from approxbp.planner.step_memory import size
 
-__all__ = ["figure", "frontier", "MOVED", "pareto", "table", "write_json"]
+__all__ = ["figure", "frontier", "pareto", "table", "write_json"]
 
 
 def pareto(request: Request, *, gpu: str, points: int = 5, compile_budgets: tuple[float, ...] = (),
@@ -63,7 +63,7 @@ def pareto(request: Request, *, gpu: str, points: int = 5, compile_budgets: tupl
         w, m = fastest(weighed, budget, device, itemsize)
         curve.append({"budget": budget, "peak": m["peak"], "seconds": m["seconds_after"], "error": w.assignment.error,
                       "plan": _described(w.assignment.choice, w.assignment.ms_norm) + "; " + ", ".join(
-                          MOVED[k].format(n) for k, n in m["by_move"].items() if n)})
+                          _MOVED[k].format(n) for k, n in m["by_move"].items() if n)})
     if compile_budgets:
         curve = frontier(curve + _compiled(request, device, weighed, compile_budgets, say))
     return curve
@@ -100,7 +100,7 @@ def frontier(points: list[dict]) -> list[dict]:
     return sorted(kept, key=lambda p: -p["peak"])
 
 
-MOVED = {"recompute": "blocks recomputed: {}", "recompute part": "parts recomputed alone: {}",
+_MOVED = {"recompute": "blocks recomputed: {}", "recompute part": "parts recomputed alone: {}",
          "offload": "offloaded: {}", "chunked-loss": "loss chunked"}
 
 

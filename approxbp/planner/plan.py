@@ -43,8 +43,8 @@ from approxbp.planner.step_memory import (
 )
 from approxbp.planner.training import Setup
 
-__all__ = ["assignments", "distinct", "evaluate", "evaluate_each", "MAX_PROBE", "MAXIMIZE", "maximize",
-           "measure_options", "MODES", "NoFit", "parse_use", "plan", "SEQ_GRAIN", "spread"]
+__all__ = ["assignments", "distinct", "evaluate", "evaluate_each", "MAXIMIZE", "maximize", "measure_options", "MODES",
+           "NoFit", "parse_use", "plan", "spread"]
 
 
 MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.planner.training.PRESETS
@@ -247,11 +247,11 @@ def evaluate_each(request: Request, *, uses, budget: int | None = None, progress
 
 
 #: --maximize seq_len searches multiples of this many tokens.
-SEQ_GRAIN = 64
+_SEQ_GRAIN = 64
 
 
 #: --maximize probes batch sizes and sequence lengths up to this (a larger one is no device's step).
-MAX_PROBE = 1 << 20
+_MAX_PROBE = 1 << 20
 
 
 def _one_gpu_budget(setup: Setup, budget: int | None) -> None:
@@ -261,7 +261,7 @@ def _one_gpu_budget(setup: Setup, budget: int | None) -> None:
                          "peak instead: drop --budget, or plan one GPU (--devices 1)")
 
 
-def maximize(request: Request, *, what: str, budget: int, use: str | None = None, grain: int = SEQ_GRAIN,
+def maximize(request: Request, *, what: str, budget: int, use: str | None = None, grain: int = _SEQ_GRAIN,
              progress=None) -> tuple[int, Plan]:
     """The largest ``what`` (``batch`` or ``seq_len``) whose step fits ``budget`` with the most-saving replacements
     (chosen at the request's sizes) or with the assignment ``use`` (:func:`parse_use`; ``exact`` for the stock model),
@@ -289,9 +289,9 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
     grain = 1 if what == "batch" else grain
     lo, hi = 0, max(grain, (batch if what == "batch" else seq) // grain * grain)
     while fits(hi):
-        if hi >= MAX_PROBE:
+        if hi >= _MAX_PROBE:
             raise ValueError(f"--budget {size(budget)} fits {what} = {hi} and beyond: it bounds nothing this planner "
-                             f"measures (sizes up to {MAX_PROBE}); give a device's memory, e.g. 80GiB")
+                             f"measures (sizes up to {_MAX_PROBE}); give a device's memory, e.g. 80GiB")
         lo, hi = hi, 2 * hi
     while hi - lo > grain:
         mid = (lo + hi) // 2 // grain * grain

@@ -17,7 +17,7 @@ from approxbp.planner.tasks import TASKS
 if TYPE_CHECKING:
     from approxbp.planner.training import Setup
 
-__all__ = ["Request", "SETUP_OPTIONS", "add_arguments", "compile_budgets", "parse", "setup_of"]
+__all__ = ["Request", "add_arguments", "compile_budgets", "parse", "setup_of"]
 
 
 def _preset_bf16():
@@ -64,7 +64,7 @@ class Request:
 
 
 #: The set-up options, each overriding --mode's preset (Setup's fields of the same names).
-SETUP_OPTIONS = ("weights", "autocast", "train", "optimizer", "shard", "adapters", "norms", "task", "lora_dropout",
+_SETUP_OPTIONS = ("weights", "autocast", "train", "optimizer", "shard", "adapters", "norms", "task", "lora_dropout",
                  "devices")
 
 
@@ -72,7 +72,7 @@ def setup_of(args: argparse.Namespace) -> Setup:
     """--mode's preset with every set-up option given on the command line in place of its own."""
     from approxbp.planner.training import PRESETS
 
-    changes = {k: getattr(args, k) for k in SETUP_OPTIONS if getattr(args, k) is not None}
+    changes = {k: getattr(args, k) for k in _SETUP_OPTIONS if getattr(args, k) is not None}
     if args.lora_targets:
         changes["lora_targets"] = args.lora_targets if args.lora_targets == "all-linear" else tuple(
             t.strip() for t in args.lora_targets.split(",") if t.strip())

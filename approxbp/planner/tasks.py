@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["build", "head_of", "Inputs", "inputs_for", "is_vision", "Task", "task_of", "TASKS"]
+__all__ = ["build", "head_of", "Inputs", "Task", "task_of", "TASKS"]
 
 
 Inputs = Callable[[int, int], dict]
@@ -42,7 +42,7 @@ TASKS = {
 }
 
 
-def is_vision(config) -> bool:
+def _is_vision(config) -> bool:
     return hasattr(config, "image_size") and hasattr(config, "patch_size")
 
 
@@ -63,7 +63,7 @@ def head_of(config, task: str | None = None) -> tuple[str, str]:
         named = [(len(t.suffix), name) for name, t in TASKS.items() if arch.endswith(t.suffix)]
         if named:
             return max(named)[1], f"named by the config's architectures: {arch}"
-    if is_vision(config):
+    if _is_vision(config):
         return "image-cls", "natural for a vision config: it names no architectures"
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
@@ -74,13 +74,13 @@ def head_of(config, task: str | None = None) -> tuple[str, str]:
     return "causal-lm", "natural for a decoder: the config names no architectures"
 
 
-def inputs_for(config, task: str) -> Inputs:
+def _inputs_for(config, task: str) -> Inputs:
     """inputs(batch, seq) → the keyword arguments of one training step, labels included (all zeros: a fake or
     real step's memory does not depend on their values). ``ignores_seq`` is set where the sequence is fixed."""
     t = TASKS[task]
     vision = getattr(config, "vision_config", config)
     kind = t.inputs if t.inputs != "auto" else (
-        "image" if is_vision(config) else "audio" if hasattr(config, "num_mel_bins") else "text")
+        "image" if _is_vision(config) else "audio" if hasattr(config, "num_mel_bins") else "text")
 
     def make(b: int, n: int) -> dict:
         import torch
@@ -119,4 +119,4 @@ def build(config, task: str):
         raise ValueError(f"--task {task}: transformers has no such head for {config.model_type} "
                          f"({' '.join(str(err).split())[:200]})") from None
     model.tie_weights()  # done by the weight init, which a fake run skips
-    return model, inputs_for(config, task)
+    return model, _inputs_for(config, task)

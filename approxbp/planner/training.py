@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["ADAPTERS", "add_lora", "as_setup", "AUTOCAST", "BNB_BLOCK", "DTYPES", "HEADS", "held_by_module",
-           "LORA_TARGETS", "LoRALinear", "nf4_bytes", "NF4Linear", "NORMS", "norms_in_fp32", "optimizer_bytes",
-           "OPTIMIZERS", "per_rank", "PRESETS", "quantize_base", "quantized_weights", "Setup", "stored_bytes",
-           "TRAIN", "WEIGHTS", "weights_for"]
+__all__ = ["ADAPTERS", "add_lora", "as_setup", "AUTOCAST", "DTYPES", "HEADS", "held_by_module", "LORA_TARGETS",
+           "LoRALinear", "nf4_bytes", "NF4Linear", "NORMS", "norms_in_fp32", "optimizer_bytes", "OPTIMIZERS",
+           "per_rank", "PRESETS", "quantize_base", "quantized_weights", "Setup", "stored_bytes", "TRAIN", "WEIGHTS",
+           "weights_for"]
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -39,7 +39,7 @@ NORMS = ("auto", "fp32")
 WEIGHTS = (*DTYPES, "nf4")
 AUTOCAST = ("off", "bf16", "fp16")
 #: bitsandbytes' 8-bit AdamW: one byte per moment, and one fp32 absmax per block of this many values per moment.
-BNB_BLOCK = 256
+_BNB_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -218,14 +218,14 @@ def add_lora(model: nn.Module, targets, r: int, dtype: torch.dtype | None = None
 def optimizer_bytes(params: list[torch.Tensor], optimizer: str) -> int:
     """The optimizer's state for ``params``: AdamW two moments in the parameter dtype (as torch.optim.AdamW keeps
     them); bitsandbytes' paged AdamW (QLoRA's) two fp32 moments, in CUDA unified memory, counted as resident on the
-    device; 8-bit AdamW one byte per moment plus an fp32 absmax per block of :data:`BNB_BLOCK`; plain SGD none."""
+    device; 8-bit AdamW one byte per moment plus an fp32 absmax per block of :data:`_BNB_BLOCK`; plain SGD none."""
     if optimizer == "sgd":
         return 0
     if optimizer == "adamw":
         return sum(2 * p.numel() * p.element_size() for p in params)
     if optimizer == "paged-adamw":
         return sum(8 * p.numel() for p in params)
-    return sum(2 * (p.numel() + 4 * math.ceil(p.numel() / BNB_BLOCK)) for p in params)
+    return sum(2 * (p.numel() + 4 * math.ceil(p.numel() / _BNB_BLOCK)) for p in params)
 
 
 def nf4_bytes(numel: int) -> int:

@@ -14,7 +14,7 @@ from .printer import (
     tanh_series,
 )
 
-__all__ = ["HELPER_NAMES", "HELPERS_MODULE", "helpers_source", "HELPERS_TEMPLATE", "import_helpers", "render_helpers"]
+__all__ = ["HELPERS_MODULE", "HELPERS_TEMPLATE", "import_helpers", "render_helpers"]
 
 
 HELPERS_TEMPLATE = '''
@@ -91,7 +91,7 @@ def _softplus(z):
 
 
 @cache
-def helpers_source() -> str:
+def _helpers_source() -> str:
     """The shared helpers' Triton code (the Φ-tail fit runs once, on first use: export time, not import time)."""
     return (HELPERS_TEMPLATE.replace("{series}", tanh_series()).replace("{ln2}", repr(LN2))
             .replace("{phi_p}", repr(PHI_TAIL_P)).replace("{phi_poly}", horner(phi_tail(), "t"))
@@ -99,7 +99,7 @@ def helpers_source() -> str:
 
 
 #: The shared helpers' names, read off HELPERS_TEMPLATE (sorted, as the generated imports list them).
-HELPER_NAMES = tuple(sorted(re.findall(r"^def (\w+)\(", HELPERS_TEMPLATE, re.M)))
+_HELPER_NAMES = tuple(sorted(re.findall(r"^def (\w+)\(", HELPERS_TEMPLATE, re.M)))
 
 #: The helpers' one home: generated modules import what they use from it (itself generated, from HELPERS_TEMPLATE).
 HELPERS_MODULE = Path(__file__).parents[1] / "generated" / "triton_helpers.py"
@@ -110,11 +110,11 @@ def render_helpers() -> str:
             "`approxbp export`.\n"
             '"""Float32 primitives and overflow-safe tanh, softplus for the generated Triton modules, which import '
             'what they use."""\n'
-            "import os\n\nimport triton\nimport triton.language as tl\n" + helpers_source())
+            "import os\n\nimport triton\nimport triton.language as tl\n" + _helpers_source())
 
 
 def import_helpers(*code: str) -> str:
     """The import of the shared helpers that the module's generated code calls (or nothing). Only code is searched,
     never labels or docstrings, which come from users."""
-    used = [h for h in HELPER_NAMES if any(f"{h}(" in c for c in code)]
+    used = [h for h in _HELPER_NAMES if any(f"{h}(" in c for c in code)]
     return f"from approxbp.kernels.generated.triton_helpers import {', '.join(used)}\n" if used else ""

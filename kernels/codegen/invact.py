@@ -31,10 +31,10 @@ from .twins import (
     twins_section,
 )
 
-__all__ = ["INVACT_HEAD", "INVACT_KERNELS", "MONOTONE_KERNELS", "render_invact"]
+__all__ = ["render_invact"]
 
 
-INVACT_HEAD = HEADER_TEMPLATE + '''\
+_INVACT_HEAD = HEADER_TEMPLATE + '''\
 {monotone}TURNING_POINT = {T!r}
 F_T = {f_T!r}
 LEFT_MAX = {left_max!r}
@@ -53,7 +53,7 @@ def q_right(y):
 {combined}
 '''
 #: A monotone table's kernels: y = f(x) and nothing else saved; backward reads y alone (one branch, no bit).
-MONOTONE_KERNELS = '''
+_MONOTONE_KERNELS = '''
 @triton.jit
 def forward_kernel(x_ptr, y_ptr, n_elem, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -78,7 +78,7 @@ def backward_kernel(grad_ptr, y_ptr, out_ptr, n_elem, BLOCK: tl.constexpr):
         g = g.to(tl.float32)
     tl.store(out_ptr + offs, (g * q).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=inside)
 '''
-INVACT_KERNELS = '''
+_INVACT_KERNELS = '''
 @triton.jit
 def forward_kernel(x_ptr, y_ptr, packed_ptr, n_elem, n_bytes, BLOCK: tl.constexpr):
     byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -144,7 +144,7 @@ def render_invact(table_path: Path, t: dict | None = None) -> str:
             "rule": TritonPrinter().doprint(backward_rule(t))}
     left_body = "" if t.monotone else "\n".join(by_storage_dtype("x_ptr.dtype.element_ty", lambda dt: [
         f"        left = x < {(round_up(t.turning_point, dt) if dt else t.turning_point)!r}"], "    "))
-    template = INVACT_HEAD + (MONOTONE_KERNELS if t.monotone else INVACT_KERNELS)
+    template = _INVACT_HEAD + (_MONOTONE_KERNELS if t.monotone else _INVACT_KERNELS)
     return template.format(
         docstring=repr(doc), **identity(table_path, t), monotone="MONOTONE = True\n" if t.monotone else "",
         T=t.turning_point, f_T=t.f_T,

@@ -13,8 +13,8 @@ from approxbp.approximations.functions import select, softplus
 from approxbp.approximations.invact_forms import RULE_PARTS
 from sympy.printing.pycode import PythonCodePrinter
 
-__all__ = ["by_storage_dtype", "horner", "lower", "reciprocals", "round_down", "round_up", "tanh_series",
-           "triton_source", "TritonPrinter"]
+__all__ = ["by_storage_dtype", "horner", "lower", "round_down", "round_up", "tanh_series", "triton_source",
+           "TritonPrinter"]
 
 
 _rcp = sp.Function("_rcp")  # 1/u (helpers: one MUFU.RCP in compiled float32)
@@ -30,7 +30,7 @@ class TritonPrinter(PythonCodePrinter):
         self.lowp = lowp
 
     def doprint(self, expr, *args, **kwargs):  # every expression printed gets the helpers' reciprocals
-        return super().doprint(reciprocals(expr), *args, **kwargs)
+        return super().doprint(_reciprocals(expr), *args, **kwargs)
 
     def _print_Float(self, e):
         return repr(float(e))
@@ -101,7 +101,7 @@ def lower(expr: sp.Expr) -> sp.Expr:
     return stable_form(expr).replace(sp.tanh(softplus(u)), tanh_softplus)
 
 
-def reciprocals(expr: sp.Expr) -> sp.Expr:
+def _reciprocals(expr: sp.Expr) -> sp.Expr:
     """Negative powers as the helpers' reciprocals: b^−n → _rcp(bⁿ) (n = 1 … 4), b^−½ → _rsqrt(b) (exponents may be
     floats after evalf); other negative powers stay exp(p·log b). TritonPrinter.doprint applies it."""
     def fast(e):

@@ -28,10 +28,10 @@ from .twins import (
     twins_section,
 )
 
-__all__ = ["RELU_SUM_TEMPLATE", "render_relu_sum", "ROW_TYPES", "UNROLL_BITS"]
+__all__ = ["render_relu_sum"]
 
 
-RELU_SUM_TEMPLATE = HEADER_TEMPLATE + '''\
+_RELU_SUM_TEMPLATE = HEADER_TEMPLATE + '''\
 BITS = {bits}
 STORAGE_BITS = {storage}
 KNOTS = {knots!r}
@@ -98,11 +98,11 @@ def backward_kernel(grad_ptr, packed_ptr, levels_ptr, nan_ptr, out_ptr, n_elem, 
 
 
 #: The integer type of one row of 8 packed codes, by storage bits.
-ROW_TYPES = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+_ROW_TYPES = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 #: Up to this k, knots are compile-time comparisons and levels compile-time selects (2^k − 1 of each per
 #: element); above it the kernels read them from a small table (a k-step binary search, one gather).
-UNROLL_BITS = 4
+_UNROLL_BITS = 4
 
 
 def _f32(v: float) -> str:
@@ -113,7 +113,7 @@ def _f32(v: float) -> str:
 def _code_fn(bits: int) -> str:
     """Above UNROLL_BITS: ``code_of``, a k-step binary search over the knots read from a small table (k ≤ UNROLL_BITS
     packs without forming codes, :func:`_codes_for`)."""
-    if bits <= UNROLL_BITS:
+    if bits <= _UNROLL_BITS:
         return ""
     return "\n".join(["@triton.jit",
                       "def code_of(x, knots_ptr):",
@@ -182,7 +182,7 @@ def _codes_for(knots: list[float], bits: int, storage: int, indent: str, dtype: 
 
 def _pack_body(knots: list[float], bits: int, storage: int) -> str:
     """Σ_j code_j·2^(storage·j) over the row (:func:`_codes_for`; above UNROLL_BITS the searched codes shift)."""
-    if bits > UNROLL_BITS:
+    if bits > _UNROLL_BITS:
         return f"    return tl.sum(code_of(x, knots_ptr){_wide(storage)} << (lane[None, :] * {storage}), axis=1)"
     as_f32 = [float(np.float32(c)) for c in knots]
     lines = by_storage_dtype("DT", lambda dt: _codes_for([round_down(c, dt) for c in as_f32] if dt else as_f32,
@@ -191,7 +191,7 @@ def _pack_body(knots: list[float], bits: int, storage: int) -> str:
 
 
 def _level_body(levels: list[float], bits: int) -> str:
-    if bits <= UNROLL_BITS:
+    if bits <= _UNROLL_BITS:
         lines = [f"    level = tl.full(code.shape, {_f32(levels[0])}, tl.float32)"]
         lines += [f"    level = tl.where(code == {j}, {_f32(v)}, level)" for j, v in enumerate(levels) if j]
         return "\n".join([*lines, "    return level"])
@@ -208,9 +208,9 @@ def render_relu_sum(table_path: Path, t: dict | None = None) -> str:
            f"the exact activation plus one packed {storage}-bit code per element; backward is grad × LEVELS[code].\n"
            f"Table: {relative_path(table_path)} (definition sha256 {T.definition_sha256(t)}).")
     source = triton_source(act.expr, lowp=True)
-    return RELU_SUM_TEMPLATE.format(
+    return _RELU_SUM_TEMPLATE.format(
         docstring=repr(doc), **identity(table_path, t),
-        bits=t.bits, storage=storage, per_row=8, row_bits=8 * storage, row_type=ROW_TYPES[storage],
+        bits=t.bits, storage=storage, per_row=8, row_bits=8 * storage, row_type=_ROW_TYPES[storage],
         mask=(1 << storage) - 1, knots=tuple(t.knots), levels=tuple(t.levels), helpers=import_helpers(source),
         source=source, code_fn=_code_fn(t.bits),
         pack_body=_pack_body(t.knots, t.bits, storage), level_body=_level_body(t.levels, t.bits)

@@ -23,8 +23,8 @@ from approxbp.approximations import bdia as B
 from .launch import BIT_BLOCK_BYTES, num_warps
 from .packing import pack, unpack
 
-__all__ = ["bdia_reference", "BDIAStack", "BDIAStackFunction", "inverse_kernel", "inverse_torch", "inverse_triton",
-           "launch_inverse", "launch_step", "step_kernel", "step_torch", "step_triton"]
+__all__ = ["bdia_reference", "BDIAStack", "BDIAStackFunction", "inverse_torch", "inverse_triton", "launch_inverse",
+           "launch_step", "step_torch", "step_triton"]
 
 
 @triton.jit
@@ -78,7 +78,7 @@ def _rest_grid(x, h, g, scale, ty: tl.constexpr):
 
 
 @triton.jit
-def step_kernel(xp_ptr, x_ptr, h_ptr, gamma_ptr, out_ptr, bits_ptr, n_elem, row, n_bytes, scale,
+def _step_kernel(xp_ptr, x_ptr, h_ptr, gamma_ptr, out_ptr, bits_ptr, n_elem, row, n_bytes, scale,
                 BLOCK: tl.constexpr):
     """Eq. 21: out = Q[γ(x_{k−1} + s/scale)] + Q[(1−γ)x_k + (1+γ)h], s = X_{k−1} odd; bits packed 8 per byte.
     Under the exactness bound every grid value is exact in the storage dtype; only the mix rounds."""
@@ -96,7 +96,7 @@ def step_kernel(xp_ptr, x_ptr, h_ptr, gamma_ptr, out_ptr, bits_ptr, n_elem, row,
 
 
 @triton.jit
-def inverse_kernel(x_ptr, xn_ptr, h_ptr, gamma_ptr, bits_ptr, out_ptr, n_elem, row, n_bytes, scale,
+def _inverse_kernel(x_ptr, xn_ptr, h_ptr, gamma_ptr, bits_ptr, out_ptr, n_elem, row, n_bytes, scale,
                    BLOCK: tl.constexpr):
     """Eq. 24: out = x_{k+1}/γ − s/scale − Q[(1−γ)x_k + (1+γ)h]/γ."""
     byte, lane, offs = _byte_tile(BLOCK)
@@ -129,13 +129,13 @@ def step_triton(x_prev, x, hx, gamma: torch.Tensor, level: int, block: int = 0):
 
 
 def launch_step(xp, xc, hc, g, row: int, level: int):
-    """The launch of :func:`step_kernel` on contiguous tensors (no checks): (out, packed side bits)."""
+    """The launch of :func:`_step_kernel` on contiguous tensors (no checks): (out, packed side bits)."""
     out = torch.empty_like(xc)
     n = xc.numel()
     bits = torch.empty(math.ceil(n / 8), dtype=torch.uint8, device=xc.device)
     if n:
         grid = (triton.cdiv(bits.numel(), BIT_BLOCK_BYTES),)
-        step_kernel[grid](xp, xc, hc, g, out, bits, n, row, bits.numel(), 2.0**level, BLOCK=BIT_BLOCK_BYTES,
+        _step_kernel[grid](xp, xc, hc, g, out, bits, n, row, bits.numel(), 2.0**level, BLOCK=BIT_BLOCK_BYTES,
                           num_warps=num_warps(xc.dtype), enable_fp_fusion=False)
     return out, bits
 
@@ -151,12 +151,12 @@ def inverse_triton(x, x_next, hx, bits, gamma: torch.Tensor, level: int, block: 
 
 
 def launch_inverse(xc, xn, hc, bits, g, row: int, level: int):
-    """The launch of :func:`inverse_kernel` on contiguous tensors (no checks)."""
+    """The launch of :func:`_inverse_kernel` on contiguous tensors (no checks)."""
     out = torch.empty_like(xc)
     n = xc.numel()
     if n:
         grid = (triton.cdiv(bits.numel(), BIT_BLOCK_BYTES),)
-        inverse_kernel[grid](xc, xn, hc, g, bits, out, n, row, bits.numel(), 2.0**level, BLOCK=BIT_BLOCK_BYTES,
+        _inverse_kernel[grid](xc, xn, hc, g, bits, out, n, row, bits.numel(), 2.0**level, BLOCK=BIT_BLOCK_BYTES,
                              num_warps=num_warps(xc.dtype), enable_fp_fusion=False)
     return out
 

@@ -21,8 +21,8 @@ from .guards import check_triton_device
 from .launch import GLU_BLOCK, num_warps
 from .modules import FORMAT, Spec, spec_of
 
-__all__ = ["dispatch", "GatedMLP", "glu", "GLU_ACTIVATIONS", "glu_backward", "glu_forward", "glu_module_name",
-           "GLUFunction", "GLULayout", "GLUSpec"]
+__all__ = ["dispatch", "GatedMLP", "glu", "GLU_ACTIVATIONS", "glu_forward", "glu_module_name", "GLUFunction",
+           "GLULayout", "GLUSpec"]
 
 
 #: The activations whose gated linear unit act(g)·u has a generated exact fused op (``approxbp export`` writes
@@ -108,11 +108,11 @@ def _(g, u, key, use_triton):
 
 
 @torch.library.custom_op("approxbp::glu_backward", mutates_args=())
-def glu_backward(dh: Tensor, g: Tensor, u: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor]:
+def _glu_backward(dh: Tensor, g: Tensor, u: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor]:
     return _backward(dh, g, u, spec_of(key), use_triton)
 
 
-@glu_backward.register_fake
+@_glu_backward.register_fake
 def _(dh, g, u, key, use_triton):
     return (torch.empty_like(g, memory_format=torch.contiguous_format),
             torch.empty_like(u, memory_format=torch.contiguous_format))
@@ -125,7 +125,7 @@ def _setup(ctx, inputs, output):
 
 def _grad(ctx, dh):
     g, u = ctx.saved_tensors
-    return (*glu_backward(dh, g, u, ctx.key, ctx.use_triton), None, None)
+    return (*_glu_backward(dh, g, u, ctx.key, ctx.use_triton), None, None)
 
 
 glu_forward.register_autograd(_grad, setup_context=_setup)

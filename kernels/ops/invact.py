@@ -26,8 +26,8 @@ from .launch import BIT_BLOCK_BYTES, ELEMENT_BLOCK, num_warps
 from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
 
-__all__ = ["dispatch", "invact", "invact_backward", "invact_forward", "InvActFunction", "InvActGELU", "InvActivation",
-           "InvActSiLU", "InvActSpec"]
+__all__ = ["dispatch", "invact", "invact_forward", "InvActFunction", "InvActGELU", "InvActivation", "InvActSiLU",
+           "InvActSpec"]
 
 
 class InvActSpec(GeneratedSpec):
@@ -132,11 +132,11 @@ def _(x, key, use_triton, out_dtype):
 
 
 @torch.library.custom_op("approxbp::invact_backward", mutates_args=())
-def invact_backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: bool, dtype: torch.dtype) -> Tensor:
+def _invact_backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: bool, dtype: torch.dtype) -> Tensor:
     return _backward(g, y, bits, spec_of(key), use_triton, dtype)
 
 
-@invact_backward.register_fake
+@_invact_backward.register_fake
 def _(g, y, bits, key, use_triton, dtype):
     return torch.empty_like(g, dtype=dtype, memory_format=torch.contiguous_format)
 
@@ -149,7 +149,7 @@ def _setup(ctx, inputs, output):
 
 def _grad(ctx, gy, _):
     y, bits = ctx.saved_tensors
-    return invact_backward(gy, y, bits, ctx.key, ctx.use_triton, ctx.dtype), None, None, None
+    return _invact_backward(gy, y, bits, ctx.key, ctx.use_triton, ctx.dtype), None, None, None
 
 
 invact_forward.register_autograd(_grad, setup_context=_setup)

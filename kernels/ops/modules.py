@@ -21,7 +21,7 @@ from typing import ClassVar
 from approxbp.approximations import tables as T
 
 __all__ = ["drop_in_families", "FAMILIES", "FORMAT", "GENERATED", "generated_module", "GeneratedSpec", "kernel_dir",
-           "module_name", "module_path", "register", "RENDERERS", "Spec", "spec_key", "spec_of", "SPECS", "table_file"]
+           "module_name", "module_path", "register", "RENDERERS", "Spec", "spec_key", "spec_of", "SPECS"]
 
 
 GENERATED = Path(__file__).parents[1] / "generated"
@@ -60,7 +60,7 @@ def _packaged_by_definition() -> dict[str, Path]:
     return {T.header(p)[1]: p for p in T.table_paths()}
 
 
-def table_file(table, family: str) -> Path:
+def _table_file(table, family: str) -> Path:
     """A table argument as a file: a path or a packaged name, or a table (typed, or its JSON object) with the
     definition of a packaged table. Any other table in memory has no kernels yet: it is refused with the two steps
     that give it some (save it, ``approxbp export`` it), since run time writes no files."""
@@ -206,7 +206,7 @@ class GeneratedSpec(Spec):
     definition hash and the custom ops' key. A pickle holds only where the table and the kernels are."""
 
     def __init__(self, table, kernels_dir: str | Path | None = None):
-        self.path = table_file(table, self.family)
+        self.path = _table_file(table, self.family)
         self.kernels_dir = None if kernels_dir is None else str(Path(kernels_dir).resolve())
         self.module = generated_module(self.path, self.family, self.kernels_dir)
         self.sha256, self.expression = self.module.TABLE_SHA256, self.module.EXPRESSION

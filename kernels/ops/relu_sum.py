@@ -32,8 +32,8 @@ from .launch import RELU_SUM_ROWS, RELU_SUM_SPAN, num_warps
 from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
 
-__all__ = ["dispatch", "ReGELU2", "relu_sum", "relu_sum_backward", "relu_sum_forward", "ReLUSumActivation",
-           "ReLUSumFunction", "ReLUSumSpec", "ReSiLU2"]
+__all__ = ["dispatch", "ReGELU2", "relu_sum", "relu_sum_forward", "ReLUSumActivation", "ReLUSumFunction",
+           "ReLUSumSpec", "ReSiLU2"]
 
 
 class ReLUSumSpec(GeneratedSpec):
@@ -160,11 +160,11 @@ def _(x, key, use_triton):
 
 
 @torch.library.custom_op("approxbp::relu_sum_backward", mutates_args=())
-def relu_sum_backward(g: Tensor, packed: Tensor, nan: Tensor, key: str, use_triton: bool) -> Tensor:
+def _relu_sum_backward(g: Tensor, packed: Tensor, nan: Tensor, key: str, use_triton: bool) -> Tensor:
     return _backward(g, packed, nan, spec_of(key), use_triton)
 
 
-@relu_sum_backward.register_fake
+@_relu_sum_backward.register_fake
 def _(g, packed, nan, key, use_triton):
     return torch.empty_like(g, memory_format=torch.contiguous_format)
 
@@ -176,7 +176,7 @@ def _setup(ctx, inputs, output):
 
 def _grad(ctx, gy, *_):
     packed, nan = ctx.saved_tensors
-    return relu_sum_backward(gy, packed, nan, ctx.key, ctx.use_triton), None, None
+    return _relu_sum_backward(gy, packed, nan, ctx.key, ctx.use_triton), None, None
 
 
 relu_sum_forward.register_autograd(_grad, setup_context=_setup)

@@ -18,7 +18,7 @@ from ..ops.relu_sum import ReGELU2, ReSiLU2
 from . import functional_swap, swaps
 from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, move_hooks
 
-__all__ = ["ACTIVATION_CLASSES", "ACTIVATION_LIKE", "class_key", "error_of", "OURS", "swap_activations"]
+__all__ = ["ACTIVATION_CLASSES", "ACTIVATION_LIKE", "class_key", "OURS", "swap_activations"]
 
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
@@ -162,7 +162,7 @@ def _swap_modules(model: nn.Module, report: PatchReport, undo: Undo, config: Pat
                 undo.setattr(parent, child_name, new)
                 report.activations.append(
                     f"{where}: {type(child).__name__} → {type(new).__name__}({new.extra_repr()}); "
-                    f"{error_of(new.spec)}"
+                    f"{_error_of(new.spec)}"
                     + ("; inplace=True dropped: the drop-in returns a new tensor" if getattr(child, "inplace", False)
                        else ""))
 
@@ -201,14 +201,14 @@ def _swap_functional(model: nn.Module, owners: dict[str, list[str]], report: Pat
                     dropins[act] = new
                     report.activations.append(f"{where}: {act} called as a function in {type(owner).__name__} → "
                                               f"{type(new).__name__}({new.extra_repr()}) at the call site; "
-                                              f"{error_of(new.spec)}")
+                                              f"{_error_of(new.spec)}")
                 if dropins:
                     functional_swap.install(owner, dropins)
                     undo.steps.append(lambda owner=owner: functional_swap.uninstall(owner))
 
 
 @functools.cache
-def error_of(spec) -> str:
+def _error_of(spec) -> str:
     """The drop-in's gradient error, said once per table (:mod:`approxbp.approximations.gradient_error`) without
     the build side: its family's :meth:`~approxbp.kernels.ops.modules.GeneratedSpec.error_said`."""
     return spec.error_said()

@@ -18,9 +18,9 @@ from torch import nn
 
 from ..ops.saved import charged
 
-__all__ = ["ALL_HOOK_TABLES", "by_pattern", "call", "every_output", "FILTERED", "HOOK_TABLES", "hooks_of", "is_table",
-           "leaves", "MAX_BITS", "mode", "move_hooks", "output_difference", "PatchConfig", "PatchReport",
-           "path_pattern", "replace", "run_example", "saved_on_example", "Savings", "TRAIN_SEED", "Undo"]
+__all__ = ["by_pattern", "call", "every_output", "FILTERED", "hooks_of", "leaves", "MAX_BITS", "mode", "move_hooks",
+           "output_difference", "PatchConfig", "PatchReport", "path_pattern", "replace", "run_example",
+           "saved_on_example", "Savings", "Undo"]
 
 
 #: How a module ``module_filter_fn`` refused is listed in the report's ``skipped``.
@@ -54,11 +54,11 @@ class PatchConfig:
 
         if self.family not in (*drop_in_families(), None):
             raise ValueError(f"family must be one of {(*drop_in_families(), None)}, got {self.family!r}")
-        if not (self.tables is None or isinstance(self.tables, Mapping) or is_table(self.tables)):
+        if not (self.tables is None or isinstance(self.tables, Mapping) or _is_table(self.tables)):
             raise ValueError(f"tables must be a table path, a packaged table name or a mapping, got {self.tables!r}")
         if isinstance(self.tables, Mapping):
             for key, value in self.tables.items():
-                if isinstance(value, str | Path) and value != "exact" and not is_table(value):
+                if isinstance(value, str | Path) and value != "exact" and not _is_table(value):
                     raise ValueError(f"tables[{key!r}] = {str(value)!r}: no such table file or packaged table (or "
                                      "\"exact\")")
         if not isinstance(self.norms, bool):
@@ -76,7 +76,7 @@ class PatchConfig:
         return self.module_filter_fn is None or bool(self.module_filter_fn(module, fqn))
 
 
-def is_table(value) -> bool:
+def _is_table(value) -> bool:
     """Whether ``value`` names a table file (a path or a packaged name)."""
     try:
         return isinstance(value, str | Path) and T.resolve(value).is_file()
@@ -257,13 +257,13 @@ def leaves(out) -> list:
 
 
 #: The seed both runs of the train-mode check draw their dropout masks from.
-TRAIN_SEED = 0
+_TRAIN_SEED = 0
 
 
 @contextlib.contextmanager
 def mode(model: nn.Module, training: bool, grad: bool = False):
     """Within: ``model`` in train or eval mode, without grad (``grad=True``: with), torch's, numpy's and Python's
-    RNGs seeded with :data:`TRAIN_SEED` (wav2vec2-style models draw their time masks from numpy); on leaving, the
+    RNGs seeded with :data:`_TRAIN_SEED` (wav2vec2-style models draw their time masks from numpy); on leaving, the
     RNG states, every module's mode and every buffer (BatchNorm's running statistics) are restored, and the hooks
     and instance attributes the run added are removed (transformers installs output-capturing forward hooks on the
     first ``output_hidden_states=True`` call; kept, they would break a compiled model's graphs), so that a probe
@@ -273,15 +273,15 @@ def mode(model: nn.Module, training: bool, grad: bool = False):
     import numpy as np
 
     was = {m: m.training for m in model.modules()}
-    held = {m: (set(vars(m)), {t: set(getattr(m, t, ())) for t in ALL_HOOK_TABLES}) for m in model.modules()}
+    held = {m: (set(vars(m)), {t: set(getattr(m, t, ())) for t in _ALL_HOOK_TABLES}) for m in model.modules()}
     buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
     states = (np.random.get_state(), random.getstate())
     model.train(training)
     try:
         with torch.set_grad_enabled(grad), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(TRAIN_SEED)
-            np.random.seed(TRAIN_SEED)
-            random.seed(TRAIN_SEED)
+            torch.manual_seed(_TRAIN_SEED)
+            np.random.seed(_TRAIN_SEED)
+            random.seed(_TRAIN_SEED)
             yield
     finally:
         np.random.set_state(states[0])
@@ -307,7 +307,7 @@ def _forget_additions(m: nn.Module, attributes: set, hooks: dict) -> None:
 
 def run_example(model: nn.Module, example_input):
     """Every floating-point output of the model on ``example_input`` (tuples, dicts, ``ModelOutput`` fields, hidden
-    states: :func:`every_output`), in eval mode and in train mode (dropout drawn from :data:`TRAIN_SEED`), without
+    states: :func:`every_output`), in eval mode and in train mode (dropout drawn from :data:`_TRAIN_SEED`), without
     grad; None without an example."""
     if example_input is None:
         return None
@@ -353,7 +353,7 @@ class Undo:
 
 #: Every per-module hook table of ``nn.Module`` (the ``*_with_kwargs`` and ``always_called`` ones share the keys of
 #: the hooks they qualify).
-ALL_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+_ALL_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
                    "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
 
 
@@ -361,7 +361,7 @@ def move_hooks(old: nn.Module, new: nn.Module) -> None:
     """Forward, forward-pre, backward and full backward hooks registered on the replaced module keep firing on its
     drop-in, with the stock arguments (every rewrite returns the stock value). A full backward hook needs the
     module's ``_is_full_backward_hook`` flag too: without it the hooks were kept but never called."""
-    for attr in ALL_HOOK_TABLES:
+    for attr in _ALL_HOOK_TABLES:
         if hasattr(old, attr) and getattr(old, attr):
             getattr(new, attr).update(getattr(old, attr))
     if getattr(old, "_is_full_backward_hook", None) is not None:
@@ -374,8 +374,8 @@ def replace(model: nn.Module, modules: dict, name: str, new: nn.Module, undo: Un
 
 
 #: Module hook tables; a norm with any of them, or a consumer with any but forward hooks, is not rewritten.
-HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
-def hooks_of(module: nn.Module, tables=HOOK_TABLES) -> list[str]:
+def hooks_of(module: nn.Module, tables=_HOOK_TABLES) -> list[str]:
     return [t.strip("_").replace("_", " ") for t in tables if getattr(module, t, None)]

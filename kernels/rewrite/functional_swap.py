@@ -16,11 +16,11 @@ from torch.overrides import TorchFunctionMode
 
 from .glu_forms import functional_activation
 
-__all__ = ["install", "installed", "KEY", "STOCK", "uninstall"]
+__all__ = ["install", "installed", "STOCK", "uninstall"]
 
 
 #: Where a module keeps its call-site drop-ins ({activation: drop-in}; in ``__dict__``: not submodules, no state).
-KEY = "_approxbp_call_site"
+_KEY = "_approxbp_call_site"
 
 #: The torch module computing each activation function, for the table lookup and the float64 check.
 STOCK = {"gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU, "mish": nn.Mish}
@@ -56,9 +56,9 @@ _ACTIVE: list = []  # (owner, mode, hook handles) of the calls under way, innerm
 
 
 def _enter(owner: nn.Module, args) -> None:
-    if torch.compiler.is_compiling() or KEY not in owner.__dict__:
+    if torch.compiler.is_compiling() or _KEY not in owner.__dict__:
         return
-    mode = _CallSite(owner, owner.__dict__[KEY])
+    mode = _CallSite(owner, owner.__dict__[_KEY])
     handles = (register_module_forward_pre_hook(mode.enter), register_module_forward_hook(mode.leave,
                                                                                          always_call=True))
     mode.__enter__()
@@ -75,14 +75,14 @@ def _leave(owner: nn.Module, args, out) -> None:
 
 def install(owner: nn.Module, dropins: dict) -> None:
     """Swap ``owner``'s own calls of each activation in ``dropins`` ({activation: drop-in module})."""
-    owner.__dict__[KEY] = dropins
+    owner.__dict__[_KEY] = dropins
     owner.register_forward_pre_hook(_enter)
     owner.register_forward_hook(_leave, always_call=True)
 
 
 def uninstall(owner: nn.Module) -> None:
     """Undo :func:`install` (the hooks found by identity: a deep copy of the model has its own)."""
-    if owner.__dict__.pop(KEY, None) is None:
+    if owner.__dict__.pop(_KEY, None) is None:
         return
     for table, fn in ((owner._forward_pre_hooks, _enter), (owner._forward_hooks, _leave)):
         for k in [k for k, h in table.items() if h is fn]:
@@ -92,4 +92,4 @@ def uninstall(owner: nn.Module) -> None:
 
 def installed(owner: nn.Module) -> dict:
     """The call-site drop-ins of ``owner`` ({} when none)."""
-    return owner.__dict__.get(KEY, {})
+    return owner.__dict__.get(_KEY, {})

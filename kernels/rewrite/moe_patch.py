@@ -17,14 +17,13 @@ from . import swaps
 from .activation_swap import ACTIVATION_CLASSES, class_key
 from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, hooks_of
 
-__all__ = ["bmm_candidates", "bmm_experts_forward", "candidates", "ExactExpertGate", "experts_forward",
-           "fuse_expert_gates", "GATE", "GATED_IMPLEMENTATIONS", "own_gate_candidates"]
+__all__ = ["bmm_experts_forward", "candidates", "ExactExpertGate", "experts_forward", "fuse_expert_gates"]
 
 
 #: The class attribute the grouped and batched forwards call (the rewrite sets an instance attribute over it).
-GATE = swaps.EXPERT_GATE
+_GATE = swaps.EXPERT_GATE
 #: The experts implementations that call ``self._apply_gate`` (the eager per-expert loop calls act_fn itself).
-GATED_IMPLEMENTATIONS = ("grouped_mm", "batched_mm")
+_GATED_IMPLEMENTATIONS = ("grouped_mm", "batched_mm")
 
 
 class ExactExpertGate:
@@ -85,14 +84,14 @@ def experts_forward(module: nn.Module):
     return forward
 
 
-def bmm_candidates(model: nn.Module) -> dict[str, nn.Module]:
+def _bmm_candidates(model: nn.Module) -> dict[str, nn.Module]:
     """Experts modules with a forward of their own (no ``_apply_gate``: Llama-4's): 3-d ``gate_up_proj`` [E, H, 2I]
     and ``down_proj`` [E, I, H] parameters and an ``act_fn``, not rewritten yet."""
     def fits(m: nn.Module) -> bool:
         gu, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
         return (isinstance(gu, torch.Tensor) and isinstance(down, torch.Tensor) and gu.dim() == 3 and down.dim() == 3
                 and gu.shape[-1] == 2 * down.shape[1] and gu.shape[1] == down.shape[2]
-                and isinstance(getattr(m, "act_fn", None), nn.Module) and not hasattr(type(m), GATE))
+                and isinstance(getattr(m, "act_fn", None), nn.Module) and not hasattr(type(m), _GATE))
     return {n: m for n, m in model.named_modules() if fits(m) and swaps.expert_gate(m) is None}
 
 
@@ -147,7 +146,7 @@ def _gate_of(module: nn.Module) -> str | None:
     """The name of the gate a gated experts module with a 3-d ``gate_up_proj`` applies (its class's
     ``_apply_gate``: transformers' ``_default_apply_gate``, act_fn(g)·u on gate_up.chunk(2), or a class's own, such
     as GPT-OSS's clamped, interleaved one); None for any other module."""
-    own = getattr(type(module), GATE, None)
+    own = getattr(type(module), _GATE, None)
     gated = getattr(module, "has_gate", False) and isinstance(getattr(module, "gate_up_proj", None), torch.Tensor)
     return getattr(own, "__name__", "") if own is not None and gated and module.gate_up_proj.dim() == 3 else None
 
@@ -162,7 +161,7 @@ def candidates(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if _default_gate(m) and swaps.expert_gate(m) is None}
 
 
-def own_gate_candidates(model: nn.Module) -> dict[str, nn.Module]:
+def _own_gate_candidates(model: nn.Module) -> dict[str, nn.Module]:
     """Experts modules with 3-d parameters whose class defines its own ``_apply_gate`` (GPT-OSS), not rewritten
     yet: no fused GLU computes their gate, but :func:`experts_forward` recomputes it."""
     return {n: m for n, m in model.named_modules()
@@ -171,7 +170,7 @@ def own_gate_candidates(model: nn.Module) -> dict[str, nn.Module]:
 
 def _own_gate(module: nn.Module):
     """The class's own ``_apply_gate``, bound to ``module``."""
-    return getattr(type(module), GATE).__get__(module)
+    return getattr(type(module), _GATE).__get__(module)
 
 
 def _why_not_own(module: nn.Module) -> str | None:
@@ -187,9 +186,9 @@ def _why_not(module: nn.Module) -> str | None:
     """Why the exact gate cannot replace this module's (None when it can): the implementation, the activation, a
     hook on act_fn, or a probe that differs."""
     implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
-    if implementation not in GATED_IMPLEMENTATIONS:
+    if implementation not in _GATED_IMPLEMENTATIONS:
         return (f"its experts run the {implementation!r} implementation, which calls act_fn itself (the exact gate "
-                f"needs config._experts_implementation in {GATED_IMPLEMENTATIONS})")
+                f"needs config._experts_implementation in {_GATED_IMPLEMENTATIONS})")
     act = ACTIVATION_CLASSES.get(class_key(module.act_fn))
     if act not in GLU_ACTIVATIONS:
         return f"its act_fn ({type(module.act_fn).__name__}) has no fused GLU (those: {', '.join(GLU_ACTIVATIONS)})"
@@ -206,7 +205,7 @@ def _probe(module: nn.Module, gate: ExactExpertGate) -> str | None:
     z = (3 * torch.randn(64, width, dtype=torch.float64, generator=gen)).requires_grad_()
     dh = torch.randn(64, width // 2, dtype=torch.float64, generator=gen)
     outs = []
-    for fn in (lambda t: getattr(type(module), GATE)(module, t), gate):
+    for fn in (lambda t: getattr(type(module), _GATE)(module, t), gate):
         y = fn(z)
         (grad,) = torch.autograd.grad(y, z, dh)
         outs.append((y.detach(), grad))
@@ -252,13 +251,13 @@ def fuse_expert_gates(model: nn.Module, report: PatchReport, undo: Undo, config:
         undo.steps.append(lambda module=module: swaps.remove_expert_gate(module))
         report.glus.append(f"{name}: {type(module).__name__} → experts with {gate!r} (saves g and u, act(g) "
                            "recomputed" + ("; the down projection's input act(g)·u recomputed too)" if own else ")"))
-    for name, module in _proven(own_gate_candidates(model), "MoE experts, own gate", _why_not_own, report, config,
+    for name, module in _proven(_own_gate_candidates(model), "MoE experts, own gate", _why_not_own, report, config,
                                 savings):
         swaps.mark_expert_gate(module, _own_gate(module), experts_forward(module))
         undo.steps.append(lambda module=module: swaps.remove_expert_gate(module))
         report.glus.append(f"{name}: {type(module).__name__} → experts with its own gate and the down projection "
                            "recomputed from [g | u] in the backward (saves [g | u], not the gate's intermediates)")
-    for name, module in _proven(bmm_candidates(model), "MoE experts, own forward", _probe_bmm, report, config,
+    for name, module in _proven(_bmm_candidates(model), "MoE experts, own forward", _probe_bmm, report, config,
                                 savings):
         forward = bmm_experts_forward(module)
         swaps.mark_expert_gate(module, forward, forward)  # the forward is the marker: no _apply_gate here

@@ -14,19 +14,19 @@ from . import swaps
 from .common import call, every_output, leaves, mode
 from .norm_merge import is_mergeable_norm
 
-__all__ = ["consumers_by_dispatch", "consumers_by_fx", "is_consumer", "RETURNED", "watched"]
+__all__ = ["consumers_by_dispatch", "consumers_by_fx"]
 
 
 #: How a norm's output read as a model output (a hidden state) is listed among its other readers.
-RETURNED = "returned as a model output"
+_RETURNED = "returned as a model output"
 
 
-def watched(module: nn.Module) -> bool:
+def _watched(module: nn.Module) -> bool:
     """A norm to patch, or an MS-norm an earlier call made (whose new consumers may need wrapping)."""
     return is_mergeable_norm(module) or swaps.merged(module) is not None or swaps.kept_affine(module)
 
 
-def is_consumer(module: nn.Module) -> bool:
+def _is_consumer(module: nn.Module) -> bool:
     """nn.Linear, or Hugging Face's Conv1D (GPT-2: a Linear with its weight stored transposed)."""
     return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
@@ -44,7 +44,7 @@ class _LeafTracer(torch.fx.Tracer):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.leaves = {id(m) for m in model.modules() if watched(m) or is_consumer(m)}
+        self.leaves = {id(m) for m in model.modules() if _watched(m) or _is_consumer(m)}
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return id(m) in self.leaves or super().is_leaf_module(m, qualname)
@@ -61,17 +61,17 @@ def consumers_by_fx(model: nn.Module) -> dict:
     for node in graph.nodes:
         if node.op != "call_module":
             continue
-        if is_consumer(modules[node.target]):
+        if _is_consumer(modules[node.target]):
             src = node.args[0] if node.args else None
-            norm = src.target if getattr(src, "op", None) == "call_module" and watched(modules[src.target]) else None
+            norm = src.target if getattr(src, "op", None) == "call_module" and _watched(modules[src.target]) else None
             reads.setdefault(node.target, []).append(norm)
-        if not watched(modules[node.target]):
+        if not _watched(modules[node.target]):
             continue
         linear, other = found.setdefault(node.target, ([], set()))
         for u in node.users:
             if _shape_query(u):
                 continue
-            if u.op == "call_module" and is_consumer(modules[u.target]) and u.args and u.args[0] is node:
+            if u.op == "call_module" and _is_consumer(modules[u.target]) and u.args and u.args[0] is node:
                 if u.target not in linear:
                     linear.append(u.target)
             else:
@@ -183,12 +183,12 @@ def consumers_by_dispatch(model: nn.Module, example_input) -> dict:
         watch.running.pop()
 
     for name, m in model.named_modules():
-        if watched(m):
+        if _watched(m):
             handles.append(m.register_forward_hook(on_norm(name)))
-        elif name and not is_consumer(m) and next(m.children(), None) is None:  # a leaf: dropout, pooling, …
+        elif name and not _is_consumer(m) and next(m.children(), None) is None:  # a leaf: dropout, pooling, …
             handles.append(m.register_forward_pre_hook(push(name)))
             handles.append(m.register_forward_hook(pop, always_call=True))
-        elif is_consumer(m):
+        elif _is_consumer(m):
             handles.append(m.register_forward_pre_hook(enter(name)))
             handles.append(m.register_forward_hook(leave(name)))
     extra = every_output(model)
@@ -199,7 +199,7 @@ def consumers_by_dispatch(model: nn.Module, example_input) -> dict:
             for t in leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
                 name = watch.owner.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
                 if name is not None:
-                    watch.found[name[0]][1].add(RETURNED)
+                    watch.found[name[0]][1].add(_RETURNED)
     finally:
         for h in handles:
             h.remove()

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["DEFAULT_EPS", "is_norm_candidate", "norm_form", "NormForm", "PROBE_SCALES", "PROBE_TOLERANCE"]
+__all__ = ["is_norm_candidate", "norm_form", "NormForm"]
 
 
 #: The scales of the probe's rows: eps matters at the small ones (a variance of 1e-12, 1e-6).
-PROBE_SCALES = (1e-6, 1e-3, 1.0, 1e3)
+_PROBE_SCALES = (1e-6, 1e-3, 1.0, 1e3)
 #: eps values tried when a module has no ``eps``/``variance_epsilon`` attribute (OLMo writes 1e-5 in its forward).
-DEFAULT_EPS = (1e-5, 1e-6, 1e-12, 1e-8, 1e-7)
+_DEFAULT_EPS = (1e-5, 1e-6, 1e-12, 1e-8, 1e-7)
 #: How close the module's output must come to a form (relative to max(1, |y|)).
-PROBE_TOLERANCE = 1e-5
+_PROBE_TOLERANCE = 1e-5
 _FORM = "_approxbp_norm_form"
 
 
@@ -104,7 +104,7 @@ def _probe(module: nn.Module) -> NormForm | str:
         return "no single feature size to read from its weight, bias or normalized_shape"
     dim = dims.pop()
     eps_attr = next((a for a in ("eps", "variance_epsilon", "epsilon") if hasattr(module, a)), None)
-    eps_values = (getattr(module, eps_attr),) if eps_attr else DEFAULT_EPS
+    eps_values = (getattr(module, eps_attr),) if eps_attr else _DEFAULT_EPS
     if not all(e is None or isinstance(e, float | int) for e in eps_values):
         return f"its {eps_attr} is not a number"
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -116,13 +116,13 @@ def _probe(module: nn.Module) -> NormForm | str:
             other = probe.forward(x)              # eval mode is trained next)
         except Exception as err:  # noqa: BLE001 - what cannot be probed is not rewritten
             return f"could not be probed on float64 rows ({type(err).__name__}: {str(err)[:80]})"
-        if other.shape != y.shape or not bool(((other - y).abs() <= PROBE_TOLERANCE * y.abs().clamp_min(1)).all()):
+        if other.shape != y.shape or not bool(((other - y).abs() <= _PROBE_TOLERANCE * y.abs().clamp_min(1)).all()):
             return "its forward depends on the training mode (train and eval give other outputs on float64 rows)"
         w, b = probe._parameters.get("weight"), probe._parameters.get("bias")
         offsets = (0.0, 1.0) if w is not None else (0.0,)
         for center, offset, eps in itertools.product((True, False), offsets, eps_values):
             want = _form_output(x, center, eps, None if w is None else w + offset, b)
-            if y.shape == want.shape and bool(((y - want).abs() <= PROBE_TOLERANCE * y.abs().clamp_min(1)).all()):
+            if y.shape == want.shape and bool(((y - want).abs() <= _PROBE_TOLERANCE * y.abs().clamp_min(1)).all()):
                 return NormForm(dim, None if eps is None else float(eps), center, offset)
     tried = "eps " + (str(eps_values[0]) if eps_attr else "1e-5, 1e-6, 1e-12, 1e-8, 1e-7")
     return f"computes none of the norm forms (LayerNorm, RMSNorm; α = w, 1 + w; {tried}) on float64 rows"
@@ -130,7 +130,7 @@ def _probe(module: nn.Module) -> NormForm | str:
 
 def _probe_run(module: nn.Module, dim: int):
     """(the probe copy, its input rows, its output): a shallow copy with real random float64 parameters and no
-    hooks, run through ``forward`` on rows of every scale in :data:`PROBE_SCALES` with a nonzero mean."""
+    hooks, run through ``forward`` on rows of every scale in :data:`_PROBE_SCALES` with a nonzero mean."""
     g = torch.Generator().manual_seed(0)
     probe = copy.copy(module)
     probe._parameters = OrderedDict((k, nn.Parameter(torch.randn(p.shape, generator=g, dtype=torch.float64)))
@@ -139,9 +139,9 @@ def _probe_run(module: nn.Module, dim: int):
     probe._buffers = OrderedDict((k, None if b is None else torch.randn(b.shape, generator=g, dtype=torch.float64)
                                   if b.is_floating_point() else torch.zeros(b.shape, dtype=b.dtype))
                                  for k, b in module._buffers.items())
-    rows = torch.randn(len(PROBE_SCALES), 6, dim, generator=g, dtype=torch.float64)
-    rows = rows + torch.randn(len(PROBE_SCALES), 6, 1, generator=g, dtype=torch.float64)
-    x = rows * torch.tensor(PROBE_SCALES, dtype=torch.float64)[:, None, None]
+    rows = torch.randn(len(_PROBE_SCALES), 6, dim, generator=g, dtype=torch.float64)
+    rows = rows + torch.randn(len(_PROBE_SCALES), 6, 1, generator=g, dtype=torch.float64)
+    x = rows * torch.tensor(_PROBE_SCALES, dtype=torch.float64)[:, None, None]
     return probe, x, probe.forward(x)
 
 

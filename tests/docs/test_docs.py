@@ -52,3 +52,16 @@ def test_the_relu_sum_api_example_prints_what_its_comment_says():
     exec("\n".join(lines[:upto]), namespace)  # the page's own code (ours, not a user's)
     quoted = re.search(r'# "(.*)"', lines[upto])[1]
     assert namespace["fit"].message == quoted
+
+
+def test_the_api_page_names_only_public_names_that_exist():
+    """Every member docs/api.md lists is in its module's ``__all__`` (mkdocstrings skips a missing one silently)."""
+    import importlib
+    import re
+
+    page = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    missing = []
+    for module, members in re.findall(r"^::: ([\w.]+)\n    options:\n      members: \[([^\]]*)\]", page, re.M):
+        listed = set(getattr(importlib.import_module(module), "__all__", ()))
+        missing += [f"{module}.{m.strip()}" for m in members.split(",") if m.strip() not in listed]
+    assert not missing, missing
