@@ -22,7 +22,7 @@ from pathlib import Path
 from approxbp.planner.gpus import gpu as step_gpu
 from approxbp.planner.plan import assignments, distinct, measure_options, spread
 from approxbp.planner.plan_moves import Weighed, fastest, modelled_time, move_costs
-from approxbp.planner.plan_step import stepper
+from approxbp.planner.plan_step import measurer
 from approxbp.planner.request import Request
 from approxbp.planner.step_memory import size
 
@@ -39,11 +39,7 @@ def pareto(request: Request, *, gpu: str, points: int = 5, compile_budgets: tupl
         raise ValueError(f"--pareto {points}: expected at least 2 points per stretch")
     say = progress or (lambda msg: None)
     device = step_gpu(gpu)
-    step = stepper(request)
-
-    def run(assignment, ms_norm):
-        return step(None, None, assignment, ms_norm)
-
+    run = measurer(request)
     base, layers, options, ms = measure_options(run, say)
     found = assignments(run, layers, options, ms, base.peak, say, points)
     curve, weighed = [], []

@@ -32,6 +32,7 @@ from approxbp.planner.plan_moves import Assignment, Weighed, move_costs
 from approxbp.planner.plan_step import (
     OPTIONS,
     gradient_error,
+    measurer,
     option_table,
     stepper,
 )
@@ -43,11 +44,10 @@ from approxbp.planner.step_memory import (
 )
 from approxbp.planner.training import Setup
 
-__all__ = ["assignments", "distinct", "evaluate", "evaluate_each", "MAXIMIZE", "maximize", "measure_options", "MODES",
+__all__ = ["assignments", "distinct", "evaluate", "evaluate_each", "MAXIMIZE", "maximize", "measure_options",
            "NoFit", "parse_use", "plan", "spread"]
 
 
-MODES = ("bf16", "autocast", "lora", "compile")  # the presets of approxbp.planner.training.PRESETS
 #: What :func:`maximize` searches for.
 MAXIMIZE = ("batch", "seq_len")
 
@@ -74,11 +74,7 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
                             or request.traced):
         raise ValueError("--compile-budgets weighs compiled plans by their modelled time under a budget: it needs "
                          "--gpu and --budget (or --pareto), on fake tensors, without --checkpoint or --trace")
-    step = stepper(request)
-
-    def run(assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
-        return step(None, None, assignment, ms_norm)
-
+    run = measurer(request)
     base, layers, options, ms = measure_options(run, say)
     moved = refused = None
     if not compile_budgets:  # the least-error assignment within the budget; the moves only where none reaches it
@@ -228,16 +224,16 @@ def evaluate_each(request: Request, *, uses, budget: int | None = None, progress
     """:func:`evaluate` for each assignment of ``uses``, the exact step measured once for all of them."""
     say = progress or (lambda msg: None)
     parsed = [parse_use(use) for use in uses]
-    step = stepper(request)
+    run = measurer(request)
     say("exact model")
-    base = step()
+    base = run()
     plans = []
     for use, (option, ms) in zip(uses, parsed):
         assignment = {p: option for p in base.layers} if isinstance(option, str) else option
         if unknown := sorted(set(assignment) - set(base.layers)):
             raise ValueError(f"--use {use}: the plan names layers this model does not have ({', '.join(unknown[:3])})")
         say(f"the assignment {use}")
-        after = step(None, None, assignment, ms) if ms or set(assignment.values()) - {"exact"} else base
+        after = run(assignment, ms) if ms or set(assignment.values()) - {"exact"} else base
         layers = {p: {"activation": base.layers[p], "option": o, "table": option_table(base.layers[p], o),
                       "error": gradient_error(base.layers[p], o)} for p, o in assignment.items()}
         plans.append(Plan(request.model, request.setup.describe(base.lora, base.head), request.batch,

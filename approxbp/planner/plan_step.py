@@ -19,7 +19,8 @@ from approxbp.planner.step_time import block_paths
 from approxbp.planner.tasks import head_of
 from approxbp.planner.training import LoRALinear, Setup, weights_for
 
-__all__ = ["activation_layers", "apply", "gradient_error", "option_table", "OPTIONS", "step_inputs", "stepper"]
+__all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_table", "OPTIONS", "step_inputs",
+           "stepper"]
 
 
 #: Per activation layer; ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no
@@ -135,6 +136,13 @@ def stepper(request: Request, *, whole: bool = False):
         return extrapolate(two, three, count[1], prefix[0])
 
     return run
+
+
+def measurer(request: Request):
+    """run(assignment=None, ms_norm=False) → the step at the request's own batch and sequence length
+    (:func:`stepper`'s run, which the planner's searches call with only an assignment)."""
+    step = stepper(request)
+    return lambda assignment=None, ms_norm=False: step(None, None, assignment, ms_norm)
 
 
 @contextlib.contextmanager
