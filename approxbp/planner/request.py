@@ -7,7 +7,7 @@ Building the parser imports no torch (``approxbp --help`` stays instant): the ch
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from approxbp.planner import choices as C
@@ -18,12 +18,6 @@ if TYPE_CHECKING:
     from approxbp.planner.training import Setup
 
 __all__ = ["Request", "add_arguments", "compile_budgets", "parse", "setup_of"]
-
-
-def _preset_bf16():
-    from approxbp.planner.training import PRESETS
-
-    return PRESETS["bf16"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +31,7 @@ class Request:
     model: str
     batch: int = 1
     seq: int = 512
-    setup: Setup = field(default_factory=_preset_bf16)
+    setup: Setup | str = "bf16"  # a preset's name becomes its Setup
     lora_r: int = 8
     checkpoint: bool = False
     traced: bool | None = None
