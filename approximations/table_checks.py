@@ -37,7 +37,7 @@ from .table_schema import (
     number_text,
 )
 
-__all__ = ["check", "check_invact_certified", "check_relu_sum_certified", "MONOTONE_SPAN", "not_increasing_at",
+__all__ = ["check", "check_invact_certified", "check_relu_sum_certified", "recorded_loss_slack", "MONOTONE_SPAN", "not_increasing_at",
            "validate_invact", "validate_relu_sum"]
 
 
@@ -87,14 +87,40 @@ def check_invact_certified(t: dict, where: str) -> None:
                   f"({b['attained']!r}) or sampled ({sampled!r}): not a bound")
 
 
+def recorded_loss_slack(objective: str, interval, knots, levels, loss: float) -> float:
+    """How far a ReLU-sum table's recorded loss E = ∫_A^B (t − h̃)² may lie from the exact objective of its own
+    numbers: 1e-12·E plus E's float64 rounding. However it was evaluated (eq. 14's closed form, the free levels'
+    ∫h′² − Σ m·Δh, or quadrature split at the knots), E sums n + 1 pieces of ∫t² − 2∫t·h̃ + ∫h̃², so its
+    absolute error is ≤ (n + 2)·u·2(∫t² + ∫h̃²), u = 2⁻⁵³; with t² ≤ 2h̃² + 2(t − h̃)², ∫t² + ∫h̃² ≤ 3∫h̃² + 2E,
+    which the table's own knots and levels give (h̃′ = ℓ₀ + Σ w_i [x > c_i]; h̃ = ℓ₀x + Σ w_i ReLU(x − c_i)).
+    At the float64 floor (hard-sigmoid's free levels: E ≈ 1e-16 from terms of size ∫h′² = 1/6) this term, not the
+    relative one, is what a comparison must allow."""
+    A, B = map(float, interval)
+    c = np.asarray(knots, dtype=np.float64)
+    lv = np.asarray(levels, dtype=np.float64)
+    x = np.unique(np.clip(np.concatenate([[A, B], c]), A, B))
+    lo, hi = x[:-1], x[1:]
+    slope = lv[np.searchsorted(c, (lo + hi) / 2)]
+    if objective == "derivative":
+        h2 = float(np.sum((hi - lo) * slope**2))
+    else:
+        w = np.diff(lv)
+        v = lv[0] * x + np.maximum(x[:, None] - c[None, :], 0.0) @ w  # h̃ at each break
+        h2 = float(np.sum((hi - lo) * (v[:-1] ** 2 + v[:-1] * v[1:] + v[1:] ** 2) / 3))
+    return 1e-12 * abs(loss) + (c.size + 2) * 2.0**-53 * 2 * (3 * h2 + 2 * abs(loss))
+
+
 def check_relu_sum_certified(t: dict, where: str) -> None:
-    """``metrics.certified`` of a ReLU-sum table: an objective enclosure that holds the recorded loss, and the global
-    optimality gap where one was certified."""
+    """``metrics.certified`` of a ReLU-sum table: an objective enclosure that holds the recorded loss (within
+    :func:`recorded_loss_slack`), and the global optimality gap where one was certified."""
     c = need(t["metrics"], "certified", dict, f"{where} metrics")
     lo_hi = c.get("objective")
-    if not (isinstance(lo_hi, list) and len(lo_hi) == 2 and all(number(v) for v in lo_hi)
-            and lo_hi[0] <= t["loss"] * (1 + 1e-12) and t["loss"] * (1 - 1e-12) <= lo_hi[1]):
+    if not (isinstance(lo_hi, list) and len(lo_hi) == 2 and all(number(v) for v in lo_hi)):
         fail(where, "metrics.certified.objective", "must be [lower, upper] around the recorded loss")
+    slack = recorded_loss_slack(t["objective"], t["interval"], t["knots"], t["levels"], t["loss"])
+    if not lo_hi[0] - slack <= t["loss"] <= lo_hi[1] + slack:
+        fail(where, "metrics.certified.objective", f"[{lo_hi[0]!r}, {lo_hi[1]!r}] does not hold the recorded loss "
+             f"{t['loss']!r} within its float64 rounding ({slack:.3g})")
     if "global_gap" in c and not (number(c["global_gap"]) and c["global_gap"] >= 0):
         fail(where, "metrics.certified.global_gap", "must be a finite number ≥ 0")
 

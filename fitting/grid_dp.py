@@ -30,6 +30,8 @@ def _grid(obj: ReluSumObjective, points: int) -> np.ndarray:
     fine = np.linspace(obj.A, obj.B, 40001)
     p = 2 / 5 if obj.objective == "primitive" else 2 / 3
     dens = np.abs(obj.activation.d2f(fine)) ** p
+    if not dens.any():  # a piecewise-linear h (hard-sigmoid): h″ = 0 between kinks, a uniform grid
+        dens[:] = 1.0
     dens += 0.05 * dens.mean()  # some points where h'' vanishes
     cdf = np.concatenate([[0.0], np.cumsum((dens[1:] + dens[:-1]) / 2)])
     return np.interp(np.linspace(0.0, 1.0, points), cdf / cdf[-1], fine)

@@ -220,3 +220,47 @@ def test_each_certificate_line_is_emitted_as_soon_as_it_is_done(capsys):
     assert ok and seen == list(lines) and len(seen) == 2 and "left" in seen[0] and "right" in seen[1]
     held = print_certificates(["invact/relu2-exact"], progress=False, write=False)
     assert list(held.values()) == [True] and capsys.readouterr().out.count("relu2-exact") == 2
+
+
+def _hardsigmoid_at_the_floor(ulps: int):
+    """Hard-sigmoid's k = 2 free levels with the borders ``ulps`` ulps outside ±3 (where a fit on another machine's
+    libm/BLAS lands): h′ is matched exactly but on those few ulps, so the loss is ~1e-17 from terms ∫h′² = 1/6."""
+    from approxbp.fitting.free_levels import FreeLevelsFit, FreeLevelsObjective
+
+    step = math.ulp(3.0)
+    borders = np.array([-3.0 - ulps * step, 3.0 + ulps * step, 33.515799])
+    obj = FreeLevelsObjective("hardsigmoid", 2, (-100.0, 100.0))
+    return FreeLevelsFit("hardsigmoid", 2, (-100.0, 100.0), borders, obj.levels(borders), 0.0, {}).table()
+
+
+def test_a_recorded_loss_at_the_float64_floor_is_compared_with_its_own_rounding():
+    """Issue 60: a loss at the float64 floor is recorded with an absolute rounding error (the float evaluation
+    cannot place a point between a border one ulp from the kink and the kink), which a relative 1e-12 did not admit:
+    the certificate holds, is written and validates on read; a recorded loss off by more than that rounding fails."""
+    from approxbp.approximations.table_checks import recorded_loss_slack
+    from approxbp.fitting.optimality import relu_sum_objective
+
+    t = _hardsigmoid_at_the_floor(1)
+    enclosure = relu_sum_objective(t)
+    exact = float(enclosure.mid())
+    assert 1e-17 < exact < 1e-16 and abs(t.loss - exact) > 1e-12 * exact  # the old relative test fails here
+    slack = recorded_loss_slack(t.objective, t.interval, t.knots, t.levels, t.loss)
+    assert abs(t.loss - exact) < slack < 1e-15  # ∫h̃² = 1/6: (n + 2)·u·2·(3/6 + …) ≈ 5.6e-16
+    entry, lines, ok = C.certify_table(t)
+    assert ok and "within its float64 rounding" in lines[0], lines
+    from_json(t.with_metrics(certified=entry).to_json())  # the written certificate validates on read
+    wrong = from_json({**t.to_json(), "loss": exact + 10 * slack})
+    _, lines, ok = C.certify_table(wrong)
+    assert not ok and "OUTSIDE: FAILED" in lines[0]
+    with pytest.raises(TableError, match="float64 rounding"):
+        from_json({**wrong.to_json(), "metrics": {**wrong.to_json()["metrics"], "certified": entry}})
+
+
+def test_the_loss_slack_is_tight_on_a_packaged_table():
+    """The rounding allowance is the float64 error of the loss's terms, not a blanket tolerance: on the packaged
+    GELU k = 2 primitive table it is below 1e-9 of the loss, and the stored certificate still holds."""
+    from approxbp.approximations.table_checks import recorded_loss_slack
+
+    t = load(RELU / "gelu-k2-primitive.json")
+    slack = recorded_loss_slack(t.objective, t.interval, t.knots, t.levels, t.loss)
+    assert 1e-12 * t.loss < slack < 1e-9 * t.loss
