@@ -37,8 +37,8 @@ from .table_schema import (
     number_text,
 )
 
-__all__ = ["check", "check_invact_certified", "check_relu_sum_certified", "recorded_loss_slack", "MONOTONE_SPAN", "not_increasing_at",
-           "validate_invact", "validate_relu_sum"]
+__all__ = ["check", "check_invact_certified", "check_relu_sum_certified", "MONOTONE_SPAN", "not_increasing_at",
+           "recorded_loss_slack", "validate_invact", "validate_relu_sum"]
 
 
 def check(t: dict, where: str = "<table>") -> dict:
