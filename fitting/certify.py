@@ -350,8 +350,9 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = _RTOL, progress=None
     evaluation bound; ``rounded``: the form's numbers rounded to float32 first. ReLU-sum: an enclosure of the
     objective (it must contain the recorded loss within its float64 rounding, :func:`recorded_loss_slack`), and
     for k ≤ 2 the global optimality gap (target 1e-9). Each certificate stops at ``budget_s`` seconds or
-    ``max_boxes`` boxes (InvAct default :data:`_MAX_BOXES`), whichever comes first. ``emit``: called with each line as soon as its certificate is done
-    (a branch, a bound), so that a long run says something per branch even without progress."""
+    ``max_boxes`` boxes (InvAct default :data:`_MAX_BOXES`), whichever comes first. ``emit``: called with each
+    line as soon as its certificate is done (a branch, a bound), so that a long run says something per branch even
+    without progress."""
     t = as_table(t)
     certify = member(CERTIFIERS, t.family, "certificate").certify
     return certify(t, budget_s, rtol, progress, rounded, max_boxes, _Lines(emit))
