@@ -13,12 +13,8 @@ Layers, imports pointing one way only (``tests/test_architecture.py``):
 ``approxbp.data`` holds the packaged coefficient tables. ``python -m approxbp`` runs the CLI.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 __all__ = []
 
-
-try:
-    __version__ = version("approxbp")
-except PackageNotFoundError:  # a source tree that is not installed
-    __version__ = "0+unknown"
+#: The one place the version is written: pyproject.toml reads it (``dynamic``), ``approxbp --version`` prints it,
+#: tables record it; CHANGELOG.md's first heading names the same release (tested).
+__version__ = "0.2.0.dev0"

@@ -6,8 +6,10 @@ sympy (``diff`` + ``lambdify``); nothing is written twice by hand.
 
 from __future__ import annotations
 
+import difflib
 import functools
 from dataclasses import dataclass, field
+from decimal import Decimal, localcontext
 from typing import Any
 
 import mpmath
@@ -21,7 +23,7 @@ from .functions import Phi, sigmoid, softplus
 from .functions import expm1 as _functions_expm1
 
 __all__ = ["Activation", "get_activation", "known_form", "list_activations", "MONOTONE", "named_activation",
-           "named_expression", "PIECEWISE", "REGISTRY", "stable_form", "x"]
+           "named_expression", "PIECEWISE", "readable", "REGISTRY", "stable_form", "x"]
 
 
 x = sp.Symbol("x", real=True)
@@ -285,6 +287,12 @@ class Activation:
         """The sympy ``str`` of h (what tables record)."""
         return str(self.expr)
 
+    @property
+    def readable(self) -> str:
+        """h as a person typed it: the exact decimals the parser made rationals (1.702 → 851/500) written as
+        decimals again, so that 1.0507009873554805 is not echoed as 2101401974710961/2000000000000000."""
+        return readable(self.expr)
+
     def derivative_expr(self, order: int = 1) -> sp.Expr:
         """h^(order) by sympy; a piecewise h's unit steps with their arguments made exact
         (:func:`.pieces.sharpen`: eˣ·H(1 − eˣ) is eˣ·H(−x))."""
@@ -393,6 +401,23 @@ class Activation:
                          *([f"--bits {bits}"] if bits else [])])
 
 
+def readable(expr: sp.Expr) -> str:
+    """``str(expr)`` with each rational whose denominator is a power-of-ten divisor ≥ 10 (a typed decimal) as that
+    decimal, exactly (0.05, 1.702, 1.6732632423543772); ½, ¼ and integers stay as they are."""
+    decimals = {}
+    for r in expr.atoms(sp.Rational):
+        q = r.q
+        for f in (2, 5):
+            while q % f == 0:
+                q //= f
+        if q == 1 and r.q >= 10:
+            with localcontext() as exact:  # the denominator divides a power of ten: a finite decimal
+                exact.prec = len(str(r.p)) + len(str(r.q)) + 2
+                text = format(Decimal(r.p) / Decimal(r.q), "f")
+            decimals[r] = sp.Float(text, len(text.replace("-", "").replace(".", "").lstrip("0")))
+    return str(expr.xreplace(decimals))
+
+
 def get_activation(name_or_expr: str | Activation) -> Activation:
     """Look up a registry name (case-insensitive) or parse a sympy expression string in x."""
     if isinstance(name_or_expr, Activation):
@@ -404,9 +429,11 @@ def get_activation(name_or_expr: str | Activation) -> Activation:
         return Activation(key, _parse(named_expression(key)))
     allowed = _allowed_functions()
     if name_or_expr.strip().isidentifier() and name_or_expr.strip() not in allowed:
+        names = [*REGISTRY, *PIECEWISE, *MONOTONE]
+        near = difflib.get_close_matches(key, names + [n for n in allowed if callable(allowed[n])], n=1)
         raise ValueError(
-            f"unknown activation {name_or_expr!r}; registry: {', '.join(REGISTRY)}; "
-            "or pass an expression in x, e.g. 'x*tanh(log(1+exp(x)))'"
+            f"unknown activation {name_or_expr!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+            + f"; named: {', '.join(names)}; or pass an expression in x, e.g. 'x*tanh(log(1+exp(x)))'"
         )
     text = name_or_expr.strip()
     fn = allowed.get(text)

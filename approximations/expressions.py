@@ -15,6 +15,7 @@ table's constants round-trip.
 from __future__ import annotations
 
 import ast
+import difflib
 from functools import lru_cache
 
 import sympy as sp
@@ -163,7 +164,10 @@ def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
 
     unknown = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - set(table))
     if unknown:
-        raise ExpressionError(f"{what} {text!r} uses unknown name(s) {unknown}; allowed: {', '.join(sorted(table))}")
+        near = {n: difflib.get_close_matches(n, list(table), n=1) for n in unknown}
+        hint = "; ".join(f"did you mean {m[0]!r} for {n!r}?" for n, m in near.items() if m)
+        raise ExpressionError(f"{what} {text!r} uses unknown name(s) {unknown}" + (f" ({hint})" if hint else "")
+                              + f"; allowed: {', '.join(sorted(table))}")
 
     build = _builder(table, text, what, exact)
 

@@ -86,7 +86,7 @@ def certify(family: str, tables: list[Path]) -> dict:
 def _key_lines(stdout: str, verdicts: bool = False) -> str:
     """What a command found, in one line: a fit's loss and restarts, InvAct's L∞ per branch, cost's and certify's
     verdicts (not the paths of temporary files); ``verdicts``: certify's lines that are not ok."""
-    marks = ("NOT CERTIFIED", "VIOLATED", "OUTSIDE") if verdicts else ("kernels in", "tables in", "∫(h' − q)²")
+    marks = ("not certified (budget", "VIOLATED", "OUTSIDE") if verdicts else ("kernels in", "tables in", "∫(h' − q)²")
     keep = [" ".join(ln.split()) for ln in stdout.splitlines()
             if (not verdicts and ln.strip().startswith(("loss", "restarts", "left", "right", "invact ·")))
             or any(k in ln for k in marks)]

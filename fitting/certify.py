@@ -20,6 +20,7 @@ and the kernels' ``_log``: lg2.approx's stated absolute error, :func:`log_error`
 
 from __future__ import annotations
 
+import enum
 import heapq
 import math
 import time
@@ -48,7 +49,7 @@ from .optimality import (
 )
 from .progress import heartbeat
 
-__all__ = ["certifiable", "Certificate", "CERTIFIERS", "certify_files", "certify_invact_branch", "certify_table",
+__all__ = ["certifiable", "Certificate", "CERTIFIERS", "Verdict", "certify_files", "certify_invact_branch", "certify_table",
            "CertifyFamily", "float32_error", "InvactRule", "log_error", "NewtonSteps", "supremum"]
 
 
@@ -328,6 +329,29 @@ def log_error() -> tuple[float, float]:
 
 
 # ---- one entry point per table ---------------------------------------------------------------------------
+class Verdict(enum.Enum):
+    """A certificate's verdict: ``HELD`` (every claim proven), ``OPEN`` (nothing violated, but a bound or the
+    optimality search did not close within its budget: more ``--budget`` or ``--max-boxes`` may close it) or
+    ``FAILED`` (a claim is violated: a better point, an error above the claim, a loss outside its enclosure).
+    Truthy only when held; ``a & b`` is the worse of the two."""
+
+    HELD = "held"
+    OPEN = "open within budget"
+    FAILED = "failed"
+
+    def __bool__(self) -> bool:
+        return self is Verdict.HELD
+
+    def __and__(self, other: Verdict) -> Verdict:
+        order = (Verdict.HELD, Verdict.OPEN, Verdict.FAILED)
+        return max(self, other, key=order.index)
+
+    @classmethod
+    def of(cls, passed: bool, violated: bool) -> Verdict:
+        """HELD when ``passed``, else FAILED when ``violated``, else OPEN."""
+        return cls.HELD if passed else cls.FAILED if violated else cls.OPEN
+
+
 #: Significant digits kept in a table's certified metrics (the bound is rounded up, the attained value down).
 _DIGITS = 4
 
@@ -342,9 +366,9 @@ def _round(v: float, up: bool) -> float:
 @iv.at_precision
 def certify_table(t, budget_s: float = 600.0, rtol: float = _RTOL, progress=None,
                   rounded: bool = False, max_boxes: int | None = None, emit=None
-                  ) -> tuple[dict | None, list[str], bool]:
+                  ) -> tuple[dict | None, list[str], Verdict]:
     """Certify one table: (the ``metrics["certified"]`` entry or None when a bound is not finite, printable lines,
-    whether every claim holds).
+    the :class:`Verdict`, truthy when every claim holds).
 
     InvAct: per branch the certified sup of |q_s(f(x)) − f′(x)| (claim: :func:`_claim_of`) and the float32
     evaluation bound; ``rounded``: the form's numbers rounded to float32 first. ReLU-sum: an enclosure of the
@@ -372,11 +396,11 @@ class _Lines(list):
 
 
 def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines=None
-                          ) -> tuple[dict | None, list[str], bool]:
+                          ) -> tuple[dict | None, list[str], Verdict]:
     """:func:`certify_table` for an InvAct table: each branch proven exact (sympy identity) or bounded in balls."""
     lines = _Lines() if lines is None else lines
     say = progress or (lambda msg: None)
-    ok, entry, newton = True, {}, False
+    ok, entry, newton = Verdict.HELD, {}, False
     for branch in t.branches:
         say(f"{t.name} {branch}")
         if identity_proof(t, branch):  # exact: the real-number error is 0, only float32 evaluation remains
@@ -397,8 +421,8 @@ def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines
         entry[branch] = {"bound": _round(cert.bound, True), "attained": _round(cert.attained, False),
                          "at_x": float(f"{cert.where:.6g}"), "claim": cert.claim,
                          "float32_evaluation": _round(f32, True) if math.isfinite(f32) else None}
-        ok &= cert.passed
-        verdict = "ok" if cert.passed else ("VIOLATED" if cert.attained > cert.claim else "NOT CERTIFIED (budget)")
+        ok &= Verdict.of(cert.passed, violated=cert.attained > cert.claim)
+        verdict = "ok" if cert.passed else ("VIOLATED" if cert.attained > cert.claim else "not certified (budget)")
         lines.append(f"{t.name:<22} {branch:<5} certified {cert.bound:.4e} (attained {cert.attained:.4e} at "
                      f"x = {cert.where:.6g}; sampled {t.metrics[f'linf_{branch}']:.4e}) claim {cert.claim:.2e} "
                      f"{verdict}; float32 evaluation "
@@ -407,7 +431,7 @@ def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines
     entry["method"] = _invact_method(t, entry, newton)
     if not all(math.isfinite(entry[b]["bound"]) for b in t.branches):
         lines.append(f"{t.name:<22} no finite bound within the budget: nothing to store")
-        return None, lines, False
+        return None, lines, ok & Verdict.OPEN
     return entry, lines, ok
 
 
@@ -421,7 +445,7 @@ def _invact_method(t, entry: dict, newton: bool) -> str:
 
 
 def _certify_relu_sum_table(t, budget_s: float, rtol: float, progress, rounded: bool, max_boxes,
-                            lines: _Lines) -> tuple[dict, list[str], bool]:
+                            lines: _Lines) -> tuple[dict, list[str], Verdict]:
     """:func:`certify_table` for a ReLU-sum table: the objective's enclosure, and global optimality for k ≤ 2
     (``rtol``, ``rounded``: InvAct's, unused)."""
     (progress or (lambda msg: None))(t.name)
@@ -429,7 +453,8 @@ def _certify_relu_sum_table(t, budget_s: float, rtol: float, progress, rounded: 
     # the recorded loss is a float64 value: it may lie off the exact objective by its own rounding, which at the
     # float64 floor (free levels of hard-sigmoid, E ≈ 1e-16) is absolute, not relative
     slack = recorded_loss_slack(t.objective, t.interval, t.knots, t.levels, t.loss)
-    ok = consistent = bool(abs(enclosure - t.loss).upper() <= slack)
+    consistent = bool(abs(enclosure - t.loss).upper() <= slack)
+    ok = Verdict.HELD if consistent else Verdict.FAILED
     entry = {"objective": [float(enclosure.lower()), float(enclosure.upper())]}
     lines.append(f"{t.name:<28} objective ∈ [{float(enclosure.lower()):.16e}, {float(enclosure.upper()):.16e}]; "
                  f"recorded loss {t.loss:.16e} "
@@ -443,7 +468,7 @@ def _certify_relu_sum_table(t, budget_s: float, rtol: float, progress, rounded: 
     elif t.bits <= 2:
         g = certify_relu_sum_global(t, budget_s=budget_s, max_boxes=max_boxes, say=progress)
         entry["global_gap"] = _round(g.gap, True)
-        ok &= g.passed
+        ok &= Verdict.of(g.passed, violated="a better point exists" in g.note)
         verdict = ("ok" if g.passed else "VIOLATED (a better point exists)" if "a better point exists" in g.note
                    else "not certified (budget: the gap did not close; more --budget or boxes)")
         lines.append(f"{'':<28} global optimum: gap {g.gap:.2e} (target {g.target_gap:.0e}) {verdict}; "
@@ -457,8 +482,8 @@ def _certify_relu_sum_table(t, budget_s: float, rtol: float, progress, rounded: 
 def certify_files(paths, *, write: bool = False, only_default: bool = False, progress=None, **options):
     """Certify each table file (read once, :func:`certify_table` with ``options``) and, with ``write``, store its
     certificate in the file's metrics (``approxbp certify --write``; then export its kernels again);
-    ``only_default`` skips the tables :func:`certifiable` leaves out. Yields (table name, printable lines, whether
-    every claim holds) as each table is done."""
+    ``only_default`` skips the tables :func:`certifiable` leaves out. Yields (table name, printable lines,
+    :class:`Verdict`) as each table is done."""
     for path in paths:
         t = load(path)
         if only_default and not certifiable(t):

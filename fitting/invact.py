@@ -193,17 +193,51 @@ def _one_branch(act, form: str, progress: bool, t0: float) -> T.InvActTable | No
     return None
 
 
+def _fast_table(act, ia: InvertedActivation, progress: bool, t0: float) -> T.InvActTable:
+    """The fast form's table (:func:`.invact_fast.fast_form`), measured on wide grids of both tails; raises
+    :class:`.invact_fast.NoFastForm` when no degree reaches the tolerance there."""
+    from .invact_fast import TOL, NoFastForm, branch, fast_form, fused_operations
+
+    say = _say("fast", t0) if progress else None
+    say and say("fitting the rational in the signed root and the left tail, 3 splits")
+    combined, info = fast_form(ia, say=say)
+    left, right = branch(combined, "left"), branch(combined, "right")
+    trans, other = fused_operations(combined)
+    yl = np.concatenate([np.linspace(ia.f_T, 0.0, 40001)[:-1], -np.geomspace(1e-300, 1e-2, 2000)])
+    yr = np.concatenate([np.linspace(ia.f_T, ia.f_T + 30.0, 60001), np.geomspace(30.0, 1e4, 2000)])
+    info["linf_everywhere"] = wide = max(float(np.max(np.abs(f(v) - ia.g(v, side))))
+                                         for f, v, side in ((left, yl, "left"), (right, yr, "right")))
+    if not wide <= TOL:
+        raise NoFastForm(f"the fast form errs by {wide:.3g} > {TOL:g} somewhere in the tails", act)
+    prov = {"method": f"fast: rational minimax in the signed root σ = ±√(y − f(T)) (degree "
+                      f"{info['rational_degree']}) + y·poly(log(−y)) left tail (degree {info['tail_degree']})",
+            "seconds": round(time.perf_counter() - t0, 2)}
+    extra = {"fast": {**info, "tolerance": TOL, "transcendental_ops": trans, "other_ops": other}}
+    return invact_table(act, left, right, "fast", provenance=prov, extra=extra, combined=combined)
+
+
 def _invact_table(activation, form, seed, backend, sr_generations, progress) -> T.InvActTable:
     t0, act = time.perf_counter(), get_activation(activation)
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     if (one_branch := _one_branch(act, form, progress, t0)) is not None:
         return one_branch
-    form = "fast" if form == "auto" else form
+    auto, form = form == "auto", "fast" if form == "auto" else form
     _refuse_piecewise(act)
     ia = InvertedActivation(act)
     _check_right_tail(ia)
-    extra, combined = None, None  # combined: the fast form's one q(y, b) for both branches
+    extra, combined, fallback = None, None, ""  # combined: the fast form's one q(y, b) for both branches
+    if form == "fast":
+        from .invact_fast import NoFastForm
+
+        try:
+            return _fast_table(act, ia, progress, t0)
+        except NoFastForm as refused:
+            if not auto:
+                raise
+            print(f"[fit invact auto] {refused.reason}: falling back to --form newton "
+                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+            form, fallback = "newton", f"--form auto: no fast form ({refused.reason}), so "
     if form in ("paper", "released"):
         forms = published_forms(act.name, ia)
         if form not in forms:
@@ -217,27 +251,9 @@ def _invact_table(activation, form, seed, backend, sr_generations, progress) -> 
         left, right = refit(ia, left0, "left", norm), refit(ia, right0, "right", norm)
         how = ", IRLS minimax" if norm == "linf" else ""
         prov = {"method": f"{form} of the paper's forms (scipy least_squares{how})"}
-    elif form == "fast":
-        from .invact_fast import TOL, branch, fast_form, fused_operations
-
-        say = _say("fast", t0) if progress else None
-        say and say("fitting the rational in the signed root and the left tail, 3 splits")
-        combined, info = fast_form(ia, say=say)
-        left, right = branch(combined, "left"), branch(combined, "right")
-        trans, other = fused_operations(combined)
-        yl = np.concatenate([np.linspace(ia.f_T, 0.0, 40001)[:-1], -np.geomspace(1e-300, 1e-2, 2000)])
-        yr = np.concatenate([np.linspace(ia.f_T, ia.f_T + 30.0, 60001), np.geomspace(30.0, 1e4, 2000)])
-        info["linf_everywhere"] = wide = max(float(np.max(np.abs(f(v) - ia.g(v, side))))
-                                             for f, v, side in ((left, yl, "left"), (right, yr, "right")))
-        if not wide <= TOL:
-            raise ValueError(f"the fast form for {act.name!r} errs by {wide:.3g} > {TOL:g} somewhere in the tails; "
-                             "use form='newton'")
-        prov = {"method": f"fast: rational minimax in the signed root σ = ±√(y − f(T)) (degree "
-                          f"{info['rational_degree']}) + y·poly(log(−y)) left tail (degree {info['tail_degree']})"}
-        extra = {"fast": {**info, "tolerance": TOL, "transcendental_ops": trans, "other_ops": other}}
     elif form == "newton":
         left, right = (_fit_newton(ia, b, *_NEWTON_DEFAULTS[b]) for b in ("left", "right"))
-        prov = {"method": "newton: √t-rational initial guess (degree, steps) = "
+        prov = {"method": f"{fallback}newton: √t-rational initial guess (degree, steps) = "
                           f"{_NEWTON_DEFAULTS} + damped exact Newton steps"}
     else:
         from .symbolic import fit_branch_sr

@@ -27,13 +27,21 @@ from approxbp.approximations.invact_forms import Form, y
 from numpy.polynomial import chebyshev as C
 from scipy.optimize import least_squares
 
-__all__ = ["b", "branch", "EVERY", "fast_form", "fused_operations", "rational", "TOL"]
+__all__ = ["b", "branch", "EVERY", "fast_form", "fused_operations", "NoFastForm", "rational", "TOL"]
 
 
 TOL = 1e-6  # per-branch L∞ target, recorded in the table and asserted by the tests
 _FIT_TOL = 3e-7  # what each piece is fitted to (margin for the pieces' joins and the grid)
 _FLAT = 2e-7  # |g − 1| beyond Y_R and |g| beyond y₀, where the form returns 1 and ≈ 0
 b = sp.Symbol("b")
+
+
+class NoFastForm(ValueError):
+    """The fast form cannot reach its tolerance for this activation; the message names the newton command."""
+
+    def __init__(self, reason: str, activation):
+        self.reason = reason
+        super().__init__(f"{reason}; the newton form serves it: {activation.fit_command('invact', '--form newton')}")
 
 
 def _g(ia: InvertedActivation, sig: np.ndarray) -> np.ndarray:
@@ -65,9 +73,10 @@ def _irls(fit, residual, n: int, rounds: int = 12):
 EVERY = 4
 
 
-def rational(z: np.ndarray, g: np.ndarray, m: int) -> tuple[float, np.ndarray, np.ndarray]:
+def rational(z: np.ndarray, g: np.ndarray, m: int, rounds: int = 12) -> tuple[float, np.ndarray, np.ndarray]:
     """(max error over the whole grid, P, Q) of a degree-(m, m) rational minimax fit P/Q on z ∈ [−1, 1]
-    (Chebyshev coefficients, Q₀ = 1), fitted on every EVERY-th point; error inf if Q changes sign on [−1, 1]."""
+    (Chebyshev coefficients, Q₀ = 1), fitted on every EVERY-th point in ``rounds`` IRLS rounds; error inf if Q
+    changes sign on [−1, 1]."""
     zs, gs = z[::EVERY], g[::EVERY]
     Vp, Vq = C.chebvander(zs, m), C.chebvander(zs, m)[:, 1:]
 
@@ -80,7 +89,7 @@ def rational(z: np.ndarray, g: np.ndarray, m: int) -> tuple[float, np.ndarray, n
         return least_squares(res, p0 if p is None else p, args=(sw,), method="lm", xtol=1e-15, ftol=1e-15,
                              max_nfev=400).x
 
-    _, p = _irls(fit, lambda p: res(p, 1.0), zs.size)
+    _, p = _irls(fit, lambda p: res(p, 1.0), zs.size, rounds=rounds)
     q = np.concatenate([[1.0], p[m + 1:]])
     err = float(np.max(np.abs(C.chebval(z, p[: m + 1]) / C.chebval(z, q) - g)))
     if np.min(C.chebval(np.linspace(-1, 1, 20001), q)) <= 0:
@@ -105,6 +114,10 @@ def _first(fit, degrees):
     return None
 
 
+#: IRLS rounds of :func:`fast_form`'s cheap bound (a full fit takes 12).
+_BOUND_ROUNDS = 4
+
+
 def _horner(z: sp.Symbol, names: list[sp.Symbol]) -> sp.Expr:
     out = names[-1]
     for c in reversed(names[:-1]):
@@ -125,13 +138,23 @@ def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 1
     yr = np.linspace(fT, fT + 80.0, 80001)[1:]
     far = np.abs(ia.g(yr, "right") - 1.0) > _FLAT
     Y_R = float(yr[np.nonzero(far)[0].max() + 1])
-    best = None
-    for p in splits:
+
+    def center_grid(p: float):
         y1 = fT * (1 - p)
         s1, sR = np.sqrt(y1 - fT), np.sqrt(Y_R - fT)
         sig = np.concatenate([-np.linspace(s1, 0, 4000, endpoint=False), np.linspace(0, sR, 6000)])
-        z = (2 * sig - (sR - s1)) / (sR + s1)
-        gc = _g(ia, sig)
+        return y1, s1, sR, (2 * sig - (sR - s1)) / (sR + s1), _g(ia, sig)
+
+    # a cheap bound first: the rational covers σ ∈ [−√(−p·f(T)), √(Y_R − f(T))], widest at the largest split, so
+    # where the top degree misses FIT_TOL at the smallest split no split can reach it: refuse in one fit, not 24
+    # (a fit whose Q changes sign, error inf, is no bound: GELU's degree 12 has a spurious pole; then search)
+    *_, z, gc = center_grid(min(splits))
+    if np.isfinite(top := rational(z, gc, max(degrees), rounds=_BOUND_ROUNDS)[0]) and not top < _FIT_TOL:
+        raise NoFastForm(f"no fast form reaches {_FIT_TOL:g} for {ia.activation.name!r}: the rational of degree "
+                         f"{max(degrees)} misses it on the narrowest split ({min(splits)})", ia.activation)
+    best = None
+    for p in splits:
+        y1, s1, sR, z, gc = center_grid(p)
         center = _first(lambda m, z=z, gc=gc: rational(z, gc, m), degrees)
         w0, w1 = np.log(-y_zero), np.log(-y1)
         wv = np.linspace(w1, w0, 6000)
@@ -147,8 +170,8 @@ def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 1
         if best is None or cost < best[0]:
             best = (cost, p, y1, s1, sR, w0, w1, center, tail)
     if best is None:
-        raise ValueError(f"no fast form reaches {_FIT_TOL:g} for {ia.activation.name!r} with degrees ≤ "
-                         f"{max(degrees)}; use form='newton'")
+        raise NoFastForm(f"no fast form reaches {_FIT_TOL:g} for {ia.activation.name!r} with degrees ≤ "
+                         f"{max(degrees)}", ia.activation)
     _, p, y1, s1, sR, w0, w1, (m, _, P, Q), (d, _, Tc) = best
     pm, qm, tm = C.cheb2poly(P), C.cheb2poly(Q), C.cheb2poly(Tc)
     pm, qm = pm / qm[0], qm / qm[0]  # monomial basis with Q(0) = 1 (Q > 0 on [−1, 1])

@@ -98,7 +98,7 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
         def mass(L):
             return mass_beyond(act, t, L)
         if (far := mass(_CAP)) > eps / 2:  # an algebraic tail: ±CAP, its outside mass a constant of the loss
-            heavy.append(f"{t.describe()}, {far:.3g} beyond |x| = {_CAP:g}")
+            heavy.append(f"{t.describe().replace(' (', ', ').rstrip(')')}, {far:.3g} of it beyond |x| = {_CAP:g}")
             return _CAP
         lo, hi = 0.5, 1.0
         while mass(hi) > eps / 2:
@@ -111,9 +111,9 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
     a, b = -side(left), side(right)
     how = f"numerical: each tail ≤ ε/2 = {eps / 2:g} (mpmath quad)"
     if heavy:
-        how = (f"|x| ≤ {_CAP:g} where the tail is algebraic ({'; '.join(heavy)}): beyond the outermost knot h̃ is "
-               "exactly 0 or x (h̃′ 0 or 1), so the mass outside is a constant added to the loss, whatever the "
-               "knots; a wider --interval changes that constant only; " + how.replace("numerical: ", "elsewhere "))
+        how = (f"|x| ≤ {_CAP:g} where the tail is algebraic: {'; '.join(heavy)}. Beyond the outermost knot h̃ is "
+               "exactly 0 or x, so the mass outside is a constant added to the loss whatever the knots, and a wider "
+               "--interval changes only that constant; " + how.replace("numerical: ", "elsewhere "))
     return a, b, _outside(act, a, b, left, right), how
 
 

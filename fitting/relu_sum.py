@@ -346,14 +346,15 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     options = dict(method=method, restarts=restarts, seed=seed, workers=workers, progress=progress,
                    command=command, structured=structured, lower_knots=lower_knots)
     fit = _fit(activation, bits, objective, interval=interval, **options)
-    for _ in range(_WIDENINGS if interval is None else 0):
+    (A0, B0), rule = fit.table.interval, fit.table.metrics["interval_rule"]
+    for doubled in range(1, 1 + (_WIDENINGS if interval is None else 0)):
         (A, B), knots = fit.table.interval, np.asarray(fit.x)
         if not np.any(np.isclose(knots, A, rtol=0, atol=1e-6 * (B - A)) | np.isclose(knots, B, rtol=0,
                                                                                       atol=1e-6 * (B - A))):
             break
-        rule = fit.table.metrics["interval_rule"]
         fit = _fit(activation, bits, objective, interval=(2 * A, 2 * B), **options)
-        why = f"[{2 * A:g}, {2 * B:g}]: on the tail rule's [{A:g}, {B:g}] ({rule}) a knot lay on an end"
+        why = (f"[{2 * A:g}, {2 * B:g}], the tail rule's [{A0:g}, {B0:g}] doubled {doubled}× because a knot lay "
+               f"on an end; the tail rule: {rule}")
         fit.table = fit.table.with_metrics(interval_rule=why)
     return fit
 

@@ -7,7 +7,7 @@ import time
 
 from approxbp.commands import common
 
-__all__ = ["add_parser", "print_certificates", "run"]
+__all__ = ["add_parser", "OPEN_EXIT", "print_certificates", "run"]
 
 
 def add_parser(sub, add) -> None:
@@ -29,8 +29,13 @@ def add_parser(sub, add) -> None:
     common.no_progress(cer)
 
 
+#: ``approxbp certify``'s exit status when nothing is violated but a certificate did not close within its budget.
+OPEN_EXIT = 3
+
+
 def run(args, argv) -> int:
-    """``approxbp certify``: one line per certificate; exit 1 when a claim fails."""
+    """``approxbp certify``: one line per certificate; exit 0 when every claim holds, 1 when one fails,
+    :data:`OPEN_EXIT` when none fails but one is open within its budget."""
     from approxbp.approximations import tables as T
 
     progress = common.progress_on(args)
@@ -41,18 +46,24 @@ def run(args, argv) -> int:
     held = print_certificates(paths, progress, write=args.write and not args.kernel_constants,
                               only_default=not args.tables, budget_s=args.budget, rtol=args.rtol,
                               rounded=args.kernel_constants, max_boxes=args.max_boxes)
-    failed = [name for name, ok in held.items() if not ok]
+    from approxbp.fitting.certify import Verdict
+
+    failed = [name for name, v in held.items() if v is Verdict.FAILED]
+    still_open = [name for name, v in held.items() if v is Verdict.OPEN]
     print(f"{len(held)} tables in {time.perf_counter() - t0:.1f} s: "
-          + ("every certificate holds (each table's lines say what it certifies)" if not failed
-             else f"FAILED: {', '.join(failed)}"))
+          + (f"FAILED: {', '.join(failed)}" if failed
+             else f"open within the budget (nothing violated; more --budget or --max-boxes may close it): "
+                  f"{', '.join(still_open)}" if still_open
+             else "every certificate holds (each table's lines say what it certifies)"))
     if args.write:
         print("tables updated; regenerate their kernels with `approxbp export`")
-    return 1 if failed else 0
+    return 1 if failed else OPEN_EXIT if still_open else 0
 
 
 def print_certificates(paths, progress: bool, write: bool, only_default: bool = False, **options) -> dict[str, bool]:
     """Certify each table (:func:`approxbp.fitting.certify.certify_files`), printing each line as soon as its
-    certificate (a branch, a bound) is done, with or without progress. Returns name → whether its claims hold."""
+    certificate (a branch, a bound) is done, with or without progress. Returns name → its
+    :class:`~approxbp.fitting.certify.Verdict` (truthy when its claims hold)."""
     from approxbp.fitting.certify import certify_files
 
     tell = (lambda msg: print(f"[certify] {msg}", file=sys.stderr, flush=True)) if progress else None

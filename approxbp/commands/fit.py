@@ -147,11 +147,13 @@ def _fit_free_levels(args, argv) -> int:
 
 def _summary(t) -> str:
     """The one-screen summary of a fitted ReluSumTable."""
+    from approxbp.approximations.activations import get_activation, readable
+
     m = t.metrics
     lines = [
         f"{t.family} · {t.activation} · k={t.bits} · objective={t.objective} · "
         f"interval=[{t.interval[0]:.6g}, {t.interval[1]:.6g}]",
-        f"  expression  {t.expression}",
+        f"  expression  {readable(get_activation(t.expression).expr)}",
         f"  loss        {t.loss:.15e}   (tail mass outside interval {m['tail_mass']:.2e})",
         f"  interval    {m.get('interval_rule', '')}",
         f"  knots       {_short(t.knots, 8)}",

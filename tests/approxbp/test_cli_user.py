@@ -282,3 +282,19 @@ def test_sweep_checks_every_activation_first_and_carries_on_past_a_failed_fit(mo
     out = capsys.readouterr().out
     assert "silu            1 primitive  FAILED (ValueError)" in out and "1 of 2 fits in" in out
     assert "failed: silu k=1 primitive: a numerical failure over two lines" in out
+
+
+def test_the_version_is_written_once_and_is_the_changelogs():
+    """Issue 60: ``--version`` printed 0.1.0 (pyproject's literal) while CHANGELOG.md named 0.2. The version is
+    approxbp.__version__ alone: pyproject reads it, ``--version`` prints it, the changelog's first heading names it."""
+    import approxbp
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "approxbp.__version__"}
+    heading = next(ln for ln in (ROOT / "CHANGELOG.md").read_text().splitlines() if ln.startswith("## "))
+    release = re.match(r"## (\d+\.\d+)", heading).group(1)
+    assert approxbp.__version__.startswith(release + "."), (approxbp.__version__, heading)
+    r = _run("--version")
+    assert r.returncode == 0 and r.stdout == f"approxbp {approxbp.__version__}\n"

@@ -38,7 +38,7 @@ def test_user_expression_is_parsed_and_differentiated():
 
 
 def test_unknown_name_lists_registry():
-    with pytest.raises(ValueError, match="registry: gelu, gelu_tanh"):
+    with pytest.raises(ValueError, match="named: gelu, gelu_tanh"):
         get_activation("swishy")
 
 

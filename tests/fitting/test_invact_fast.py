@@ -69,3 +69,34 @@ def test_fast_is_the_default_and_its_kernel_matches_the_twin():
         if exact is not None:
             ok = ~x.isnan()
             assert (grads[0][ok].double() - exact[ok] * g[ok].double()).abs().max() <= 1e-4 * g.abs().max()
+
+
+BUMPED_SILU = "x*sigmoid(x)*(1+exp(-x**2)/10)"  # no rational of degree ≤ 12 reaches the fast form's tolerance
+
+
+def test_auto_refuses_the_fast_form_in_one_fit_and_falls_to_newton_saying_so(monkeypatch, capsys):
+    """Issue 60: `fit invact` (--form auto) searched 24 rational fits (175 s) on an activation with no fast form and
+    then refused with Python syntax (use form='newton'). The top degree on the narrowest split is a cheap bound:
+    one rational fit (counted: a budget in work, not seconds), then the newton form, said on stderr and in the
+    table's provenance; --form fast refuses naming the CLI's own command, which runs."""
+    import shlex
+
+    from approxbp.fitting import invact_fast as F
+    from approxbp.fitting.invact import fit_invact
+
+    from approxbp.cli import main
+
+    calls = []
+    real = F.rational
+    monkeypatch.setattr(F, "rational", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    fit = fit_invact(BUMPED_SILU, progress=False)
+    assert calls == [12], calls
+    assert fit.table.form == "newton" and fit.fun <= 1e-6
+    assert fit.table.provenance["method"].startswith("--form auto: no fast form")
+    assert "falling back to --form newton" in capsys.readouterr().err
+    assert main(["fit", "invact", "--activation", BUMPED_SILU, "--form", "fast", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "use form=" not in err and "the newton form serves it: approxbp fit invact --form newton" in err, err
+    command = shlex.split(err.split("serves it: ")[1].strip())
+    assert command[:4] == ["approxbp", "fit", "invact", "--form"]
+    assert main([*command[1:], "--no-progress"]) == 0
