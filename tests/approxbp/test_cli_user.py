@@ -287,8 +287,9 @@ def test_sweep_checks_every_activation_first_and_carries_on_past_a_failed_fit(mo
 def test_the_version_is_written_once_and_is_the_changelogs():
     """Issue 60: ``--version`` printed 0.1.0 (pyproject's literal) while CHANGELOG.md named 0.2. The version is
     approxbp.__version__ alone: pyproject reads it, ``--version`` prints it, the changelog's first heading names it."""
-    import approxbp
     import tomllib
+
+    import approxbp
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
