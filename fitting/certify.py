@@ -49,8 +49,8 @@ from .optimality import (
 )
 from .progress import heartbeat
 
-__all__ = ["certifiable", "Certificate", "CERTIFIERS", "Verdict", "certify_files", "certify_invact_branch", "certify_table",
-           "CertifyFamily", "float32_error", "InvactRule", "log_error", "NewtonSteps", "supremum"]
+__all__ = ["certifiable", "Certificate", "CERTIFIERS", "certify_files", "certify_invact_branch", "certify_table",
+           "CertifyFamily", "float32_error", "InvactRule", "log_error", "NewtonSteps", "supremum", "Verdict"]
 
 
 #: |x| up to which InvAct certificates reach (y up to f(2^64) ≈ 1.8e19; beyond, Arb cannot enclose e^{x³}).
