@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import functools
 from dataclasses import dataclass, field
-from decimal import Decimal, localcontext
 from typing import Any
 
 import mpmath
@@ -18,12 +17,13 @@ import sympy as sp
 
 from .backends import grammar, mpmath_namespace, numpy_namespace, rough_functions, torch_namespace
 from .expressions import parse as parse_expression
+from .expressions import readable
 from .files import SAFE_NAME
 from .functions import Phi, sigmoid, softplus
 from .functions import expm1 as _functions_expm1
 
 __all__ = ["Activation", "get_activation", "known_form", "list_activations", "MONOTONE", "named_activation",
-           "named_expression", "PIECEWISE", "readable", "REGISTRY", "stable_form", "x"]
+           "named_expression", "PIECEWISE", "REGISTRY", "stable_form", "x"]
 
 
 x = sp.Symbol("x", real=True)
@@ -399,23 +399,6 @@ class Activation:
         given = self.name if named_expression(self.name) else self.expression
         return " ".join(["approxbp fit", family, *options, "--activation", f"'{given}'",
                          *([f"--bits {bits}"] if bits else [])])
-
-
-def readable(expr: sp.Expr) -> str:
-    """``str(expr)`` with each rational whose denominator is a power-of-ten divisor ≥ 10 (a typed decimal) as that
-    decimal, exactly (0.05, 1.702, 1.6732632423543772); ½, ¼ and integers stay as they are."""
-    decimals = {}
-    for r in expr.atoms(sp.Rational):
-        q = r.q
-        for f in (2, 5):
-            while q % f == 0:
-                q //= f
-        if q == 1 and r.q >= 10:
-            with localcontext() as exact:  # the denominator divides a power of ten: a finite decimal
-                exact.prec = len(str(r.p)) + len(str(r.q)) + 2
-                text = format(Decimal(r.p) / Decimal(r.q), "f")
-            decimals[r] = sp.Float(text, len(text.replace("-", "").replace(".", "").lstrip("0")))
-    return str(expr.xreplace(decimals))
 
 
 def get_activation(name_or_expr: str | Activation) -> Activation:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import ast
 import difflib
+from decimal import Decimal, localcontext
 from functools import lru_cache
 
 import sympy as sp
 
-__all__ = ["ExpressionError", "parse"]
+__all__ = ["ExpressionError", "parse", "readable"]
 
 
 #: Longest accepted expression text (the largest committed table expression is far below this).
@@ -187,3 +188,20 @@ def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
     for n in expr.atoms(sp.Number):
         _check_number(n, text, what)
     return expr
+
+
+def readable(expr: sp.Expr) -> str:
+    """``str(expr)`` with each rational whose denominator is a power-of-ten divisor ≥ 10 (a typed decimal) as that
+    decimal, exactly (0.05, 1.702, 1.6732632423543772); ½, ¼ and integers stay as they are."""
+    decimals = {}
+    for r in expr.atoms(sp.Rational):
+        q = r.q
+        for f in (2, 5):
+            while q % f == 0:
+                q //= f
+        if q == 1 and r.q >= 10:
+            with localcontext() as exact:  # the denominator divides a power of ten: a finite decimal
+                exact.prec = len(str(r.p)) + len(str(r.q)) + 2
+                text = format(Decimal(r.p) / Decimal(r.q), "f")
+            decimals[r] = sp.Float(text, len(text.replace("-", "").replace(".", "").lstrip("0")))
+    return str(expr.xreplace(decimals))

@@ -20,7 +20,6 @@ and the kernels' ``_log``: lg2.approx's stated absolute error, :func:`log_error`
 
 from __future__ import annotations
 
-import enum
 import heapq
 import math
 import time
@@ -48,9 +47,10 @@ from .optimality import (
     relu_sum_objective,
 )
 from .progress import heartbeat
+from .result import Verdict
 
 __all__ = ["certifiable", "Certificate", "CERTIFIERS", "certify_files", "certify_invact_branch", "certify_table",
-           "CertifyFamily", "float32_error", "InvactRule", "log_error", "NewtonSteps", "supremum", "Verdict"]
+           "CertifyFamily", "float32_error", "InvactRule", "log_error", "NewtonSteps", "supremum"]
 
 
 #: |x| up to which InvAct certificates reach (y up to f(2^64) ≈ 1.8e19; beyond, Arb cannot enclose e^{x³}).
@@ -329,29 +329,6 @@ def log_error() -> tuple[float, float]:
 
 
 # ---- one entry point per table ---------------------------------------------------------------------------
-class Verdict(enum.Enum):
-    """A certificate's verdict: ``HELD`` (every claim proven), ``OPEN`` (nothing violated, but a bound or the
-    optimality search did not close within its budget: more ``--budget`` or ``--max-boxes`` may close it) or
-    ``FAILED`` (a claim is violated: a better point, an error above the claim, a loss outside its enclosure).
-    Truthy only when held; ``a & b`` is the worse of the two."""
-
-    HELD = "held"
-    OPEN = "open within budget"
-    FAILED = "failed"
-
-    def __bool__(self) -> bool:
-        return self is Verdict.HELD
-
-    def __and__(self, other: Verdict) -> Verdict:
-        order = (Verdict.HELD, Verdict.OPEN, Verdict.FAILED)
-        return max(self, other, key=order.index)
-
-    @classmethod
-    def of(cls, passed: bool, violated: bool) -> Verdict:
-        """HELD when ``passed``, else FAILED when ``violated``, else OPEN."""
-        return cls.HELD if passed else cls.FAILED if violated else cls.OPEN
-
-
 #: Significant digits kept in a table's certified metrics (the bound is rounded up, the attained value down).
 _DIGITS = 4
 

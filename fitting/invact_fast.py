@@ -125,6 +125,16 @@ def _horner(z: sp.Symbol, names: list[sp.Symbol]) -> sp.Expr:
     return out
 
 
+def _cheap_bound(ia: InvertedActivation, center_grid, split: float, degree: int) -> None:
+    """Refuse in one fit, not 24: the rational covers σ ∈ [−√(−p·f(T)), √(Y_R − f(T))], widest at the largest
+    split p, so where the top degree misses FIT_TOL at the smallest split no split can reach it. A fit whose Q
+    changes sign (error inf) bounds nothing (GELU's degree 12 has a spurious pole): then the search decides."""
+    *_, z, gc = center_grid(split)
+    if np.isfinite(top := rational(z, gc, degree, rounds=_BOUND_ROUNDS)[0]) and not top < _FIT_TOL:
+        raise NoFastForm(f"no fast form reaches {_FIT_TOL:g} for {ia.activation.name!r}: the rational of degree "
+                         f"{degree} misses it on the narrowest split ({split})", ia.activation)
+
+
 def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 13),
               say=None) -> tuple[Form, dict]:
     """The combined form q(y, b) (b = 1 on the left branch) and what was chosen: {y1, y_zero, Y_R, m, d, errors};
@@ -145,13 +155,7 @@ def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 1
         sig = np.concatenate([-np.linspace(s1, 0, 4000, endpoint=False), np.linspace(0, sR, 6000)])
         return y1, s1, sR, (2 * sig - (sR - s1)) / (sR + s1), _g(ia, sig)
 
-    # a cheap bound first: the rational covers σ ∈ [−√(−p·f(T)), √(Y_R − f(T))], widest at the largest split, so
-    # where the top degree misses FIT_TOL at the smallest split no split can reach it: refuse in one fit, not 24
-    # (a fit whose Q changes sign, error inf, is no bound: GELU's degree 12 has a spurious pole; then search)
-    *_, z, gc = center_grid(min(splits))
-    if np.isfinite(top := rational(z, gc, max(degrees), rounds=_BOUND_ROUNDS)[0]) and not top < _FIT_TOL:
-        raise NoFastForm(f"no fast form reaches {_FIT_TOL:g} for {ia.activation.name!r}: the rational of degree "
-                         f"{max(degrees)} misses it on the narrowest split ({min(splits)})", ia.activation)
+    _cheap_bound(ia, center_grid, min(splits), max(degrees))
     best = None
     for p in splits:
         y1, s1, sR, z, gc = center_grid(p)

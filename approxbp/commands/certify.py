@@ -46,7 +46,7 @@ def run(args, argv) -> int:
     held = print_certificates(paths, progress, write=args.write and not args.kernel_constants,
                               only_default=not args.tables, budget_s=args.budget, rtol=args.rtol,
                               rounded=args.kernel_constants, max_boxes=args.max_boxes)
-    from approxbp.fitting.certify import Verdict
+    from approxbp.fitting.result import Verdict
 
     failed = [name for name, v in held.items() if v is Verdict.FAILED]
     still_open = [name for name, v in held.items() if v is Verdict.OPEN]
@@ -63,7 +63,7 @@ def run(args, argv) -> int:
 def print_certificates(paths, progress: bool, write: bool, only_default: bool = False, **options) -> dict[str, bool]:
     """Certify each table (:func:`approxbp.fitting.certify.certify_files`), printing each line as soon as its
     certificate (a branch, a bound) is done, with or without progress. Returns name → its
-    :class:`~approxbp.fitting.certify.Verdict` (truthy when its claims hold)."""
+    :class:`~approxbp.fitting.result.Verdict` (truthy when its claims hold)."""
     from approxbp.fitting.certify import certify_files
 
     tell = (lambda msg: print(f"[certify] {msg}", file=sys.stderr, flush=True)) if progress else None

@@ -147,7 +147,8 @@ def _fit_free_levels(args, argv) -> int:
 
 def _summary(t) -> str:
     """The one-screen summary of a fitted ReluSumTable."""
-    from approxbp.approximations.activations import get_activation, readable
+    from approxbp.approximations.activations import get_activation
+    from approxbp.approximations.expressions import readable
 
     m = t.metrics
     lines = [

@@ -14,7 +14,7 @@ from approxbp.fitting.relu_sum import auto_method, fit_relu_sum, package_version
 
 __all__ = ["bdia_verdict", "Comparison", "FewBitRow", "format_comparisons", "format_fewbit_rows",
            "format_invact_rows", "INVACT_FORMS", "invact_verdicts", "PAPER_RELU_SUM", "paper_table", "PaperReluSum",
-           "regenerate_invact", "regenerate_tables", "reproduce_fewbit", "reproduce_invact", "reproduce_relu_sum",
+           "regenerate_invact", "regenerate_tables", "regenerated_names", "reproduce_fewbit", "reproduce_invact", "reproduce_relu_sum",
            "verdict"]
 
 
@@ -178,6 +178,16 @@ def verdict(verdicts: list[tuple[str, bool | str]]) -> tuple[bool, str]:
     line = (f"{count['within']} of {len(status)} rows within the papers' targets, {count['explained']} outside "
             f"with a measured cause, {count['outside']} outside unexplained")
     return not unexplained, line + (f"; FAILED (unexplained): {', '.join(unexplained)}" if unexplained else "")
+
+
+def regenerated_names() -> dict[str, list[str]]:
+    """family → the table names ``approxbp reproduce --full`` writes (:func:`regenerate_tables`,
+    :func:`regenerate_invact`); the other packaged tables come from their own commands (each table's
+    ``provenance.command``)."""
+    relu = [T.relu_sum_name(row.activation, 2, row.objective, "paper") for row in PAPER_RELU_SUM]
+    relu += [T.relu_sum_name(act, k, objective) for act in REGISTRY for objective in ("primitive", "derivative")
+             for k in range(1, 9)]
+    return {"relu_sum": relu, "invact": [f"{act}-{form}" for act, forms in INVACT_FORMS.items() for form in forms]}
 
 
 def regenerate_tables(out: Path | None = None, activations=tuple(REGISTRY), bits=range(1, 9),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GPU", "gpu", "GPUS"]
+__all__ = ["DEFAULT_GPU", "GPU", "gpu", "GPUS"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,10 @@ GPUS = {
     "rtx4090": GPU("NVIDIA GeForce RTX 4090", 165.2e12, 82.6e12, 1.008e12, 32e9,
                    "NVIDIA Ada Lovelace architecture whitepaper (bf16 with fp32 accumulate); PCIe Gen4 x16"),
 }
+
+
+#: The GPU a plan's moves are weighed on when ``--budget`` is given without ``--gpu`` (the report's header names it).
+DEFAULT_GPU = "h100"
 
 
 def gpu(name: str) -> GPU:

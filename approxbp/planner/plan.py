@@ -25,7 +25,7 @@ programming on the bytes).
 
 from __future__ import annotations
 
-from approxbp.planner.gpus import GPUS
+from approxbp.planner.gpus import DEFAULT_GPU
 from approxbp.planner.gpus import gpu as step_gpu
 from approxbp.planner.knapsack import multiple_choice
 from approxbp.planner.plan_moves import Assignment, Weighed, move_costs
@@ -44,8 +44,8 @@ from approxbp.planner.step_memory import (
 )
 from approxbp.planner.training import Setup
 
-__all__ = ["assignments", "distinct", "evaluate", "evaluate_each", "MAXIMIZE", "maximize", "measure_options",
-           "NoFit", "parse_use", "plan", "spread"]
+__all__ = ["assignments", "BROUGHT_BACK", "distinct", "evaluate", "evaluate_each", "KEPT", "MAXIMIZE", "maximize",
+           "measure_options", "NoFit", "parse_use", "plan", "spread"]
 
 
 #: What :func:`maximize` searches for.
@@ -63,8 +63,9 @@ def _summary(m: StepMemory) -> dict:
 def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
          compile_budgets: tuple[float, ...] = (), progress=None) -> Plan:
     """Measure the exact model and each option, then choose (see the module docstring; the request's ``checkpoint``,
-    ``traced``: :func:`stepper`'s). ``gpu`` (a name of :data:`~.step_time.GPUS`): where the approximations cannot reach
-    the budget, recompute and offload blocks at the least modelled time on it (:mod:`approxbp.planner.plan_moves`).
+    ``traced``: :func:`stepper`'s). ``gpu`` (a name of :data:`~.gpus.GPUS`; None: :data:`~.gpus.DEFAULT_GPU`, and
+    the plan says so): where the approximations cannot reach the budget, recompute and offload blocks at the least
+    modelled time on it (:mod:`approxbp.planner.plan_moves`).
     ``compile_budgets`` (with ``gpu`` and ``budget``): the fastest plan within the budget of every assignment's
     moves and of every assignment compiled at each of these ``activation_memory_budget`` values
     (:mod:`approxbp.planner.compiled`)."""
@@ -83,21 +84,39 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
         except NoFit as err:
             if budget is None:
                 raise
-            if gpu is None:
-                raise ValueError(f"{err}; --gpu NAME (one of {', '.join(GPUS)}) adds recompute and offload moves "
-                                 "to reach it") from None
             refused = err
     if compile_budgets or refused:  # the fastest plan within the budget
-        best, moved = _fastest(run, request, layers, options, ms, base, budget, gpu, compile_budgets,
-                               refused or f"nothing planned reaches {size(budget)}", say)
+        best, moved = _fastest(run, request, layers, options, ms, base, budget, gpu or DEFAULT_GPU,
+                               compile_budgets, refused or f"nothing planned reaches {size(budget)}", say)
+        moved["gpu_default"] = gpu is None  # the moves weighed on DEFAULT_GPU: the report's header says so
         choice, ms["chosen"], after, estimate = (best.assignment.choice, best.assignment.ms_norm,
                                                  best.assignment.after, best.assignment.estimate)
+    chosen = _summary(after)
     return Plan(request.model, request.setup.describe(base.lora, base.head), request.batch,
-                request.seq if base.uses_seq else None, budget, _summary(base), _summary(after),
+                request.seq if base.uses_seq else None, budget, _summary(base),
+                _with_moves(chosen, moved) if moved else chosen,
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                      **options[layers[p]][o]} for p, o in choice.items()},
                 options, ms, estimate, request.checkpoint,
-                bool(base.moment), moves=moved)  # only a traced step has a moment
+                bool(base.moment), moves=moved,  # only a traced step has a moment
+                assignment=chosen if moved else None)
+
+
+#: The final step's activation rows with moves: what the moves keep saved, and what comes back at the peak.
+KEPT, BROUGHT_BACK = "kept after the moves", "a moved block or a chunk back at the peak"
+
+
+def _with_moves(chosen: dict, moved: dict) -> dict:
+    """The planned step with its moves: the assignment's (``chosen``) with the moves' saving taken off its
+    activations and, for recompute/offload/chunked loss, the largest transient back at the peak — the modelled
+    peak of :func:`~.plan_moves.plan_moves` (compiled: the compiled step's saved bytes)."""
+    if moved.get("compile"):
+        kept, back = moved["saved"], 0
+    else:
+        kept, back = chosen["activations"] - (chosen["peak"] - moved["end_of_forward"]), moved["transient"]
+    return {**chosen, "activations": kept + back, "peak": moved["peak"], "block_units": None,
+            "activations_by_kind": {KEPT: kept, **({BROUGHT_BACK: back} if back else {})},
+            "device_peaks": [], "peak_moment": None}
 
 
 def _fastest(run, request: Request, layers, options, ms, base, budget, gpu, compile_budgets, refused,

@@ -22,10 +22,17 @@ def _title(p: Plan, short: bool = False) -> str:
 
 def report(p: Plan) -> str:
     """The plan as text: the step before and after by category, the options per activation, the choice."""
-    lines = [_title(p) + (f" · budget {size(p.budget)}" if p.budget else ""),
-             f"{'':<28}{'exact':>12}{'planned':>12}"]
+    steps = (p.before, *([p.assignment] if p.assignment else []), p.after)  # with moves: the assignment alone too
+    default = p.moves.get("gpu_default") if p.moves else False
+    lines = [_title(p) + (f" · budget {size(p.budget)}" if p.budget else "")
+             + (f" · moves weighed on {p.moves['gpu']}, the default GPU (--gpu NAME for another)" if default else ""),
+             f"{'':<28}{'exact':>12}" + (f"{'approximated':>14}" if p.assignment else "") + f"{'planned':>12}"]
+    widths = (12, 14, 12) if p.assignment else (12, 12)
     for key in (*CATEGORIES, "activations", "peak"):
-        lines.append(f"  {key:<26}{size(p.before[key]):>12}{size(p.after[key]):>12}")
+        lines.append(f"  {key:<26}" + "".join(f"{size(step[key]):>{w}}" for step, w in zip(steps, widths)))
+    if p.assignment:
+        lines.append(f"  {'':<26}(approximated: the approximations alone; planned: with the moves below, the "
+                     "peak they model)")
     if p.before.get("device_peaks"):
         before, after = (" + ".join(size(b) for b in side["device_peaks"]) for side in (p.before, p.after))
         lines.append(f"  {'per GPU (by blocks)':<26}exact {before}; planned {after} (their sum is the peak "
@@ -33,9 +40,9 @@ def report(p: Plan) -> str:
     if p.before.get("peak_moment"):
         lines.append(f"  {'peak reached in':<26}{p.before['peak_moment']} / {p.after['peak_moment']} (a traced step: "
                      "gradients and activations alive then)")
-    for kind in sorted(set(p.before["activations_by_kind"]) | set(p.after["activations_by_kind"])):
-        lines.append(f"    {kind:<24}{size(p.before['activations_by_kind'].get(kind, 0)):>12}"
-                     f"{size(p.after['activations_by_kind'].get(kind, 0)):>12}")
+    for kind in sorted({k for step in steps for k in step["activations_by_kind"]}):
+        lines.append(f"    {kind:<24}" + "".join(f"{size(step['activations_by_kind'].get(kind, 0)):>{w}}"
+                                              for step, w in zip(steps, widths)))
     if p.before.get("block_units") is not None and p.after.get("block_units") is not None:
         lines.append(f"  {'one block, App. B units':<26}{p.before['block_units']:>12.3f}"
                      f"{p.after['block_units']:>12.3f}   ({p.before['block'] or 'the model'}: saved bytes / a 16-bit "

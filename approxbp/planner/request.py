@@ -117,7 +117,8 @@ def add_arguments(pln) -> None:
     _setup_arguments(pln)
     pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")
     pln.add_argument("--gpu", choices=list(GPUS), default=None, help="beyond the approximations, recompute and "
-                     "offload blocks at the least modelled step time on this GPU (a roofline; planner/gpus.py)")
+                     "offload blocks at the least modelled step time on this GPU (a roofline; planner/gpus.py); "
+                     "--budget without it weighs the moves on h100 and says so")
     pln.add_argument("--pareto", type=int, default=None, metavar="N",
                      help="with --gpu: the curve of modelled peak vs step time vs gradient-error bound over budgets, N "
                           "points on each stretch (approximations, then moves); --out writes it as JSON, --figure "

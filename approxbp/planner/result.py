@@ -37,6 +37,7 @@ class Plan:
     traced: bool = False  # a whole step traced (MemTracker) rather than the forward's saved tensors
     use: str | None = None  # the assignment evaluated (--use), or None: chosen by the planner
     moves: dict | None = None  # recompute/offload moves beyond the approximations (planner.plan_moves.plan_moves)
+    assignment: dict | None = None  # with moves: the approximations' step before them (``after`` is the final one)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

@@ -146,3 +146,31 @@ def test_piecewise_is_parsed_into_nested_selects():
                      ("Piecewise(x, True)", "pairs")):
         with pytest.raises(ValueError, match=msg):
             get_activation(bad)
+
+
+@pytest.mark.parametrize("typed, shown", [
+    ("x*sigmoid(1.702*x)", "x*sigmoid(1.702*x)"),
+    ("x*sigmoid(0.3*x) - 0.05*x", "x*sigmoid(0.3*x) - 0.05*x"),
+    ("1.0507009873554805*Piecewise((x, x > 0), (1.6732632423543772*(exp(x) - 1), True))",
+     "1.0507009873554805*select(x, x, 1.6732632423543772*exp(x) - 1.6732632423543772)"),
+    ("x*(1 + erf(x/sqrt(2)))/2", "x*Phi(x)"),  # the registry's own form; ½ and integers stay exact
+    ("x*sigmoid(x)/4", "x*sigmoid(x)/4"),
+])
+def test_an_expression_is_echoed_with_the_decimals_typed(typed, shown):
+    """Issue 60: a user's constants were echoed as exact fractions (2101401974710961*select(x, …)/2000…): typed
+    decimals are parsed exactly, and shown as those decimals again."""
+    from approxbp.approximations.expressions import readable
+
+    act = get_activation(typed)
+    assert act.readable == shown and readable(act.expr) == shown
+    assert get_activation(shown).expr == act.expr  # the echo parses back to the same function
+
+
+@pytest.mark.parametrize("typed, hint", [("x*sigmod(x)", "did you mean 'sigmoid' for 'sigmod'?"),
+                                         ("sigmod", "did you mean 'sigmoid'?"),
+                                         ("gelo", "did you mean 'gelu'?"),
+                                         ("x*tanh(softplu(x))", "did you mean 'softplus' for 'softplu'?")])
+def test_a_misspelt_name_gets_a_did_you_mean(typed, hint):
+    with pytest.raises(ValueError) as refused:
+        get_activation(typed)
+    assert hint in str(refused.value)

@@ -17,6 +17,7 @@ from approxbp.approximations.table_schema import TableError
 from approxbp.approximations.tables import data_dir, from_json, load
 from approxbp.fitting import certify as C  # the module, whatever was imported before
 from approxbp.fitting import intervals as iv
+from approxbp.fitting.result import Verdict
 from flint import arb
 
 from approxbp.cli import main
@@ -205,6 +206,28 @@ def test_a_relu_sum_global_certificate_cut_short_says_budget_not_a_wrong_table()
     t = T.as_table(T.load("relu_sum/gelu-k2-derivative"))
     _, lines, ok = certify_table(t, 60, max_boxes=5)
     assert not ok and "not certified (budget" in lines[-1] and "NOT CERTIFIED" not in lines[-1], lines[-1]
+    assert ok is Verdict.OPEN  # the objective is enclosed; only the optimality search is open
+
+
+@pytest.mark.slow
+def test_certify_exits_3_when_only_the_budget_left_a_certificate_open(capsys):
+    """Issue 60: `approxbp certify` printed FAILED and exited 1 when the loss was enclosed and only the k ≤ 2
+    global-optimality branch and bound was open within its budget. Open is its own verdict and exit status (3);
+    a violated claim still exits 1 (the wrong-table test above)."""
+    from approxbp.commands.certify import OPEN_EXIT
+
+    assert OPEN_EXIT == 3
+    assert main(["certify", "relu_sum/gelu-k2-derivative", "--max-boxes", "5", "--no-progress"]) == 3
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "open within the budget" in last and "FAILED" not in last and "gelu-k2-derivative" in last, last
+
+
+def test_verdicts_combine_to_the_worse():
+    V = Verdict
+    assert (V.HELD & V.OPEN) is V.OPEN and (V.OPEN & V.FAILED) is V.FAILED and (V.HELD & V.HELD) is V.HELD
+    assert bool(V.HELD) and not V.OPEN and not V.FAILED
+    assert V.of(True, violated=True) is V.HELD and V.of(False, violated=True) is V.FAILED
+    assert V.of(False, violated=False) is V.OPEN
 
 
 def test_each_certificate_line_is_emitted_as_soon_as_it_is_done(capsys):
@@ -219,7 +242,7 @@ def test_each_certificate_line_is_emitted_as_soon_as_it_is_done(capsys):
     _, lines, ok = certify_table(load("invact/relu2-exact"), emit=seen.append)
     assert ok and seen == list(lines) and len(seen) == 2 and "left" in seen[0] and "right" in seen[1]
     held = print_certificates(["invact/relu2-exact"], progress=False, write=False)
-    assert list(held.values()) == [True] and capsys.readouterr().out.count("relu2-exact") == 2
+    assert list(held.values()) == [Verdict.HELD] and capsys.readouterr().out.count("relu2-exact") == 2
 
 
 def _hardsigmoid_at_the_floor(ulps: int):

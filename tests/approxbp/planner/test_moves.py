@@ -3,6 +3,7 @@ device exactly the bytes the plan charges; the choice is the least modelled time
 hand-computed ones; ``plan --budget --gpu`` reaches budgets the approximations alone cannot."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from approxbp.kernels.ops.saved import charged
 
 from approxbp.planner.gpus import GPUS, gpu
 from approxbp.planner.moves import BlockCost, apply_moves, choose_moves, remove_moves
+from approxbp.planner.step_memory import size
 from approxbp.planner.step_time import Roofline
 
 transformers = pytest.importorskip("transformers")
@@ -168,13 +170,21 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path):
     budget = full.after["parameters"] + full.after["gradients"] + full.after["optimizer"] + (
         full.after["activations"] // 2)
     assert budget < best
-    with pytest.raises(ValueError, match="--gpu NAME"):
-        plan(Request(model=LLAMA, batch=2, seq=128), budget=budget)
     moved = plan(Request(model=LLAMA, batch=2, seq=128), budget=budget, gpu="h100")
     m = moved.moves
     assert m["moves"] and m["peak"] <= budget and m["seconds_after"] > m["seconds_before"] > 0, m
     assert m["peak"] == m["end_of_forward"] + m["transient"]
     assert "moves beyond the approximations" in report(moved) and "a model, not a measurement" in report(moved)
+    # issue 60: the plan's peak is the final one (the approximations alone under their own name), the table shows
+    # both, and --budget without --gpu returns the same plan, weighed on the default GPU that the header names
+    assert moved.after["peak"] == m["peak"] and moved.assignment["peak"] > budget >= moved.after["peak"]
+    assert json.loads(moved.to_json())["after"]["peak"] == m["peak"]
+    peak_row = next(ln for ln in report(moved).splitlines() if ln.strip().startswith("peak"))
+    assert peak_row.endswith(f"{size(moved.assignment['peak']):>14}{size(m['peak']):>12}"), peak_row
+    assert "approximated" in report(moved).splitlines()[1] and "default GPU" not in report(moved)
+    unnamed = plan(Request(model=LLAMA, batch=2, seq=128), budget=budget)
+    assert unnamed.moves["moves"] == m["moves"] and unnamed.after == moved.after
+    assert "moves weighed on NVIDIA H100 SXM5 80GB, the default GPU" in report(unnamed).splitlines()[0]
     # the plan, saved and applied to a real model of that config: its moves are made, and it trains as stock
     # (the chosen assignment is the exact fused GLU and the MS-norms here: nothing approximate)
     path = tmp_path / "plan.json"
