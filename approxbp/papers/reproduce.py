@@ -14,8 +14,8 @@ from approxbp.fitting.relu_sum import auto_method, fit_relu_sum, package_version
 
 __all__ = ["bdia_verdict", "Comparison", "FewBitRow", "format_comparisons", "format_fewbit_rows",
            "format_invact_rows", "INVACT_FORMS", "invact_verdicts", "PAPER_RELU_SUM", "paper_table", "PaperReluSum",
-           "regenerate_invact", "regenerate_tables", "regenerated_names", "reproduce_fewbit", "reproduce_invact", "reproduce_relu_sum",
-           "verdict"]
+           "regenerate_invact", "regenerate_tables", "regenerated_names", "reproduce_fewbit", "reproduce_invact",
+           "reproduce_relu_sum", "verdict"]
 
 
 @dataclass(frozen=True)
