@@ -39,25 +39,52 @@ def check_objective(objective: str) -> str:
     return objective
 
 
-def quadrature(breaks: np.ndarray, panel: float = _PANEL_WIDTH, splits: np.ndarray | None = None):
+#: Graded panels (algebraic tails): beyond |x| = _PANEL_WIDTH/_GRADE a panel is _GRADE·|x| wide, not _PANEL_WIDTH.
+_GRADE = 1 / 16
+
+
+def _graded(x: np.ndarray, panel: float, inverse: bool = False) -> np.ndarray:
+    """Φ(x) = ∫₀ˣ dt / max(panel, _GRADE·|t|), the panel count from 0 to x (or Φ⁻¹ with ``inverse``): uniform panels
+    up to |x| = X₀ = panel/_GRADE, geometric beyond (ratio e^_GRADE), where an algebraic tail varies on the scale |x|
+    and a 10-point Gauss–Legendre panel of that width is exact to rounding."""
+    x0 = panel / _GRADE
+    a, sign = np.abs(x), np.sign(x)
+    if inverse:
+        return sign * np.where(a <= x0 / panel, a * panel, x0 * np.exp(_GRADE * (a - x0 / panel)))
+    return sign * np.where(a <= x0, a / panel, x0 / panel + np.log(np.maximum(a, x0) / x0) / _GRADE)
+
+
+def quadrature(breaks: np.ndarray, panel: float = _PANEL_WIDTH, splits: np.ndarray | None = None,
+               graded: bool = False):
     """Composite Gauss–Legendre nodes on [breaks[0], breaks[-1]], split at every break, and at every point of
     ``splits`` (a piecewise activation's kinks, where Gauss–Legendre would lose its order) without making it a
-    segment of its own.
+    segment of its own; ``graded``: panels widening geometrically beyond |x| = 8 (:func:`_graded`; the objective of
+    an activation with an algebraic tail, whose interval reaches |x| = 64 … 256).
 
     Returns (x, weight, segment index, τ ∈ [0, 1] within the segment)."""
     if splits is not None and len(inside := splits[(splits > breaks[0]) & (splits < breaks[-1])]):
         edges = np.union1d(breaks, inside)
-        x, w, sub, _ = quadrature(edges, panel)
+        x, w, sub, _ = quadrature(edges, panel, graded=graded)
         seg = (np.searchsorted(breaks, edges[:-1], side="right") - 1)[sub]  # the break segment holding each piece
         widths = np.diff(breaks)
         tau = ((x - breaks[seg]) / np.where(widths[seg] > 0, widths[seg], 1.0)).clip(0.0, 1.0)
         return x, w, seg, tau
     widths = np.diff(breaks)
-    counts = np.maximum(1, np.ceil(widths / panel)).astype(np.int64)
+    if graded:
+        phi = _graded(breaks, panel)
+        counts = np.maximum(1, np.ceil(np.diff(phi))).astype(np.int64)
+    else:
+        counts = np.maximum(1, np.ceil(widths / panel)).astype(np.int64)
     seg = np.repeat(np.arange(widths.size), counts)
     j = np.arange(seg.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    lo = breaks[seg] + widths[seg] * j / counts[seg]
-    half = widths[seg] / counts[seg] / 2
+    if graded:  # panel edges equally spaced in Φ, mapped back; a segment's ends are its breaks exactly
+        step = np.diff(phi)[seg] / counts[seg]
+        lo = np.where(j == 0, breaks[seg], _graded(phi[seg] + step * j, panel, inverse=True))
+        hi = np.where(j == counts[seg] - 1, breaks[seg + 1], _graded(phi[seg] + step * (j + 1), panel, inverse=True))
+        half = (hi - lo) / 2
+    else:
+        lo = breaks[seg] + widths[seg] * j / counts[seg]
+        half = widths[seg] / counts[seg] / 2
     xq = (lo + half)[:, None] + half[:, None] * _XI
     wq = half[:, None] * _WI
     segq = np.repeat(seg, _GL_POINTS)
@@ -152,6 +179,14 @@ def interval_for(act: Activation, objective: str, interval: tuple[float, float] 
     return _interval(act.expression, act.name, objective, eps)
 
 
+@lru_cache(maxsize=64)
+def _algebraic(expression: str, order: int) -> bool:
+    """Whether either tail of the residual (h or h′, order) falls algebraically: then the objective's panels are
+    graded (:func:`quadrature`), every other activation keeps its uniform panels and its numbers."""
+    act = Activation.from_expression("h", expression)
+    return any(tail(act, order, side).kind == "algebraic" for side in ("left", "right"))
+
+
 # ---- the objective ----------------------------------------------------------------------------
 @dataclass
 class ReluSumObjective:
@@ -168,6 +203,7 @@ class ReluSumObjective:
         check_objective(self.objective)
         self.activation.check_relu_sum_asymptotics(self.bits)
         self.kinks = np.array(self.activation.kinks(), dtype=np.float64)  # where the quadrature splits its panels
+        self.graded = _algebraic(self.activation.expression, 0 if self.objective == "primitive" else 1)
         self.n = 2**self.bits - 1
         self.A, self.B = map(float, self.interval)
         self.target = self.activation.f if self.objective == "primitive" else self.activation.df
@@ -187,7 +223,7 @@ class ReluSumObjective:
             d = np.diff(c)
             mean = np.where(d > 0, np.diff(h) / np.where(d > 0, d, 1), self.activation.df(c[:-1]))
             return np.concatenate([[0.0], mean + self._shift(c, h), [1.0]])
-        x, w, s, tau = nodes if nodes is not None else quadrature(b, splits=self.kinks)
+        x, w, s, tau = nodes if nodes is not None else quadrature(b, splits=self.kinks, graded=self.graded)
         V = np.zeros(n + 2)
         V[n], V[n + 1] = c[-1], self.B
         r0 = self.target(x) - (V[s] * (1 - tau) + V[s + 1] * tau)
@@ -236,7 +272,7 @@ class ReluSumObjective:
         if self.n > 1 and cs[-1] <= cs[0]:  # every knot at one point: eq. 13's Σw·c = 0 has no solution there
             return np.inf, np.zeros(self.n)  # a line search backs off, as from any infeasible step
         b = self._breaks(cs)
-        nodes = quadrature(b, splits=self.kinks)
+        nodes = quadrature(b, splits=self.kinks, graded=self.graded)
         x, w, s, tau = nodes
         L = self.levels_for(cs, nodes)
         t = self.target(x)
@@ -267,7 +303,7 @@ class ReluSumObjective:
     def loss(self, rs: ReLUSum) -> float:
         """E(w, c) for any ReLU sum (not only optimal ones), by quadrature split at its knots."""
         inside = rs.knots[(rs.knots > self.A) & (rs.knots < self.B)]
-        x, w, s, _ = quadrature(np.concatenate([[self.A], inside, [self.B]]), splits=self.kinks)
+        x, w, s, _ = quadrature(np.concatenate([[self.A], inside, [self.B]]), splits=self.kinks, graded=self.graded)
         approx = rs(x) if self.objective == "primitive" else rs.derivative(x)
         # the derivative is a step function: evaluate it at node positions (never on a knot)
         return float(np.dot(w, (self.target(x) - approx) ** 2))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -352,6 +353,9 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
         if not np.any(np.isclose(knots, A, rtol=0, atol=1e-6 * (B - A)) | np.isclose(knots, B, rtol=0,
                                                                                       atol=1e-6 * (B - A))):
             break
+        if progress:
+            print(f"[fit relu-sum] a knot lay on an end of [{A:g}, {B:g}]: fitting again on [{2 * A:g}, {2 * B:g}]",
+                  file=sys.stderr, flush=True)
         fit = _fit(activation, bits, objective, interval=(2 * A, 2 * B), **options)
         why = (f"[{2 * A:g}, {2 * B:g}], the tail rule's [{A0:g}, {B0:g}] doubled {doubled}× because a knot lay "
                f"on an end; the tail rule: {rule}")

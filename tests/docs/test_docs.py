@@ -65,3 +65,25 @@ def test_the_api_page_names_only_public_names_that_exist():
         listed = set(getattr(importlib.import_module(module), "__all__", ()))
         missing += [f"{module}.{m.strip()}" for m in members.split(",") if m.strip() not in listed]
     assert not missing, missing
+
+
+def test_the_table_counts_in_the_docs_are_the_repositorys():
+    """Issue 60: docs/kernels.md counted 83 relu-sum and 18 invact tables (89 and 26 were packaged) and
+    docs/reproduce.md said --full regenerates every committed table. Both pages' counts are checked here against
+    the packaged files and against what --full writes (approxbp.papers.reproduce.regenerated_names)."""
+    from approxbp.approximations.tables import data_dir
+
+    from approxbp.papers.reproduce import regenerated_names
+
+    packaged = {family: {p.stem for p in (data_dir() / family).glob("*.json")} for family in ("relu_sum", "invact")}
+    written = regenerated_names()
+    assert all(set(written[f]) <= packaged[f] for f in packaged)  # --full writes only packaged tables
+    kernels = (ROOT / "docs" / "kernels.md").read_text(encoding="utf-8")
+    assert f"({len(packaged['relu_sum'])} relu-sum, {len(packaged['invact'])} invact packaged)" in kernels
+    page = " ".join((ROOT / "docs" / "reproduce.md").read_text(encoding="utf-8").split())
+    n, m = len(written["relu_sum"]), len(written["invact"])
+    assert (f"{n} of the {len(packaged['relu_sum'])} packaged relu-sum tables and {m} of the "
+            f"{len(packaged['invact'])} invact tables; the other {len(packaged['relu_sum']) - n} and "
+            f"{len(packaged['invact']) - m}") in page
+    others = sorted((packaged["relu_sum"] - set(written["relu_sum"])) | (packaged["invact"] - set(written["invact"])))
+    assert all(o.startswith("hardswish-") or o.endswith("-exact") for o in others), others  # as the page says
