@@ -396,7 +396,7 @@ class Activation:
 
     def fit_command(self, family: str, *options: str, bits: int | None = None) -> str:
         """The ``approxbp fit`` command line for this activation (its registry name, else its expression)."""
-        given = self.name if named_expression(self.name) else self.expression
+        given = self.name if named_expression(self.name) else self.readable
         return " ".join(["approxbp fit", family, *options, "--activation", f"'{given}'",
                          *([f"--bits {bits}"] if bits else [])])
 
