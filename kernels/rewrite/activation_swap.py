@@ -4,6 +4,8 @@ what its class computes, checked on a float64 grid) replaced by the drop-in of i
 from __future__ import annotations
 
 import copy
+import dataclasses
+import difflib
 import functools
 from collections.abc import Mapping
 
@@ -131,9 +133,53 @@ def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: 
     (:func:`_swap_functional`). Each table file is read once and each drop-in checked once for both."""
     family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])
     checked: dict = {}
+    if isinstance(config.tables, Mapping):
+        config = dataclasses.replace(config, tables=_Looked(config.tables, model))
     _swap_modules(model, report, undo, config, savings, family_of, checked)
     if functional:
         _swap_functional(model, functional, report, undo, config, savings, family_of, checked)
+    if isinstance(config.tables, _Looked):
+        config.tables.refuse_unmatched()
+
+
+class _Looked(dict):
+    """A ``tables=`` mapping that remembers which keys the swaps found, and what the model offered before them."""
+
+    def __init__(self, mapping: Mapping, model: nn.Module):
+        super().__init__(mapping)
+        self.found: set = set()
+        self.paths = {n for n, _ in model.named_modules() if n}
+        self.keys_offered = {k for m in model.modules() for k in (type(m), type(m).__name__, class_key(m))}
+        self.activations = sorted({class_key(m) for m in model.modules() if class_key(m) in ACTIVATION_CLASSES
+                                   or any(f.lower() in type(m).__name__.lower() for f in ACTIVATION_LIKE)})
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        self.found.add(key)
+        return value
+
+    def get(self, key, default=None):
+        if key in self:
+            return self[key]
+        return default
+
+    def refuse_unmatched(self) -> None:
+        """Every key names a module of the model (its path, class or class name) or was used at a call site; one
+        that matches nothing is an error naming what the model has (patch_model then undoes everything): a key
+        "SiLU" on a Hugging Face Llama, whose class is SiLUActivation, would otherwise leave its table unused
+        while the packaged one is swapped in."""
+        unmatched = [k for k in self if k not in self.found and k not in self.paths and k not in self.keys_offered]
+        if not unmatched:
+            return
+        classes = sorted({k for k in self.keys_offered if isinstance(k, str)})
+        hints = []
+        for key in unmatched:
+            text = key.__name__ if isinstance(key, type) else str(key)
+            near = ([c for c in [*self.activations, *classes] if text.lower() in c.lower()]
+                    or difflib.get_close_matches(text, [*self.activations, *classes, *self.paths], n=1))
+            hints.append(f"{text!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        raise ValueError(f"tables= names {', '.join(hints)}, which matches no module of this model (by path, class "
+                         f"or class name); its activation classes: {', '.join(self.activations) or 'none'}")
 
 
 def _swap_modules(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig, savings: Savings,

@@ -3,6 +3,8 @@ proven (:mod:`.glu_forms`) becomes a :class:`~.glu.GatedMLP`, the exact fused op
 
 from __future__ import annotations
 
+import difflib
+
 from torch import nn
 
 from ..ops.glu import GatedMLP
@@ -24,7 +26,19 @@ from .common import (
 )
 from .glu_forms import layout_of, prove, record_calls
 
-__all__ = ["fuse_gated_mlps"]
+__all__ = ["check_glu_paths", "fuse_gated_mlps"]
+
+
+def check_glu_paths(model: nn.Module, glu) -> None:
+    """``glu=`` given as module paths: each must be one of ``model``'s (a path that matches nothing is refused with
+    a "did you mean", never left unfused without a word)."""
+    if isinstance(glu, bool):
+        return
+    paths = [n for n, _ in model.named_modules()]
+    if unknown := sorted(set(glu) - set(paths)):
+        near = {p: difflib.get_close_matches(p, paths, n=1) for p in unknown}
+        raise ValueError("glu= names " + ", ".join(f"{p!r}" + (f" (did you mean {near[p][0]!r}?)" if near[p] else "")
+                                                  for p in unknown) + ", which is no module path of this model")
 
 
 def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_input, config: PatchConfig,

@@ -23,7 +23,7 @@ from .common import (
     path_pattern,
     run_example,
 )
-from .glu_patch import fuse_gated_mlps
+from .glu_patch import check_glu_paths, fuse_gated_mlps
 from .moe_patch import fuse_expert_gates
 from .norm_merge import unmerge_norm
 from .norm_patch import merge_norms
@@ -61,6 +61,7 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
         config = PatchConfig(**given)
     elif changed := [k for k, v in given.items() if v is not (d := patch_model.__kwdefaults__[k]) and v != d]:
         raise TypeError(f"patch_model(model, config=…) takes no other rewrite arguments (got {', '.join(changed)})")
+    check_glu_paths(model, config.glu)
     report, undo = PatchReport(), Undo()
     before = run_example(model, example_input) if check else None
     try:

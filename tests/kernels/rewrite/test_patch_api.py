@@ -84,3 +84,42 @@ def test_patch_config_refuses_bad_arguments_when_it_is_made(kw, says):
     with pytest.raises((TypeError, ValueError)) as err:
         PatchConfig(**kw)
     assert says in str(err.value)
+
+
+def _hf_llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model("llama", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                               intermediate_size=64, vocab_size=50)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("key", ["SiLU", nn.SiLU, "model.layers.0.mlp.act"])
+def test_a_tables_key_that_matches_no_module_is_refused_naming_what_the_model_has(key):
+    """Issue 59 item 3: tables={"SiLU": "my-table.json"} on a Hugging Face Llama (whose class is SiLUActivation)
+    reported "swapped 2 activations" with the packaged table and never read the user's. A key that matches no
+    module (path, class or class name) is an error that names the model's activation classes, and nothing is left
+    patched."""
+    model = _hf_llama()
+    stock = copy.deepcopy(model)
+    with pytest.raises(ValueError, match=r"matches no module of this model.*activation classes: SiLUActivation") as e:
+        patch_model(model, glu=False, tables={key: "relu_sum/silu-k3-primitive"}, norms=False)
+    if key == "SiLU":
+        assert "did you mean 'SiLUActivation'?" in str(e.value)
+    if key == "model.layers.0.mlp.act":
+        assert "did you mean 'model.layers.0.mlp.act_fn'?" in str(e.value)
+    assert [type(m) for m in model.modules()] == [type(m) for m in stock.modules()]
+    report = patch_model(model, glu=False, tables={"SiLUActivation": "relu_sum/silu-k3-primitive"}, norms=False)
+    assert report.activations and "silu-k3-primitive" in report.activations[0], report
+
+
+def test_a_glu_path_that_matches_no_module_is_refused():
+    """Issue 59 item 3: glu=[path] with a path the model lacks was reported as "not fused" (without an example)
+    or passed over in silence (with one)."""
+    model = _hf_llama()
+    ids = torch.randint(0, 50, (1, 8))
+    for example in (None, {"input_ids": ids}):
+        with pytest.raises(ValueError, match=r"glu= names 'model.layers.0.mpl' \(did you mean 'model.layers.0.mlp'"):
+            patch_model(model, glu=["model.layers.0.mpl"], example_input=example)
+    report = patch_model(model, glu=["model.layers.0.mlp"], example_input={"input_ids": ids}, norms=False)
+    assert report.glus and report.glus[0].startswith("model.layers.0.mlp:"), report
