@@ -177,26 +177,45 @@ class Savings:
             return None
         return output_difference(self.stock, run_example(self.model, self.example))[1]
 
+    def _fault(self) -> str | None:
+        """Why the model as rewritten now cannot stay (None: it can): an output changed on the example, or the
+        example fails with it — e.g. an in-place writer (``h.mul_``, ``+=``, ``dropout(inplace=True)``) after a
+        swapped activation, which autograd refuses on a custom Function's output only in a training forward. That
+        forward is the saved-bytes measurement, kept for :meth:`_keep_if_saving`."""
+        try:
+            if (why := self._changed()) is not None:
+                return f"it changed {why} on the example"
+            if self.bytes is not None:
+                self._measured = (self._marks(), saved_on_example(self.model, self.example))
+        except Exception as err:  # noqa: BLE001 — any failure of the rewritten model is a reason to keep the stock one
+            if "modified inplace" in str(err):
+                return ("its output is written in place after it (h.mul_, +=, clamp_, dropout(inplace=True)), which "
+                        "autograd refuses on a custom Function's output in a training forward")
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            return f"the example fails with it ({type(err).__name__}: {first[:200]})"
+        return None
+
     def attempts(self, what: str, items: list, name=lambda item: item):
         """Yields the items of one group to rewrite: all together, and again one at a time if together they change
-        an output (:class:`Savings`). The caller rewrites each item it is given."""
+        an output or fail (:meth:`_fault`); a module that does so alone is undone and skipped with the reason,
+        never the whole call (:class:`Savings`). The caller rewrites each item it is given."""
         marks = self._marks()
         yield items
-        if len(self.undo.steps) > marks[0] and self._changed():
+        if len(self.undo.steps) > marks[0] and self._fault():
             self._undo_to(marks)
             for item in items:
                 mine = self._marks()
                 yield [item]
-                if len(self.undo.steps) > mine[0] and (why := self._changed()):
+                if len(self.undo.steps) > mine[0] and (why := self._fault()):
                     self._undo_to(mine)
-                    self.report.skipped.append(f"{name(item)}: rewritten, it changed {why} on the example; kept "
-                                               "as it was")
+                    self.report.skipped.append(f"{name(item)}: rewritten, {why}; kept as it was")
         self._keep_if_saving(what, marks)
 
     def _keep_if_saving(self, what: str, marks: tuple[int, ...]) -> None:
         if self.bytes is None or len(self.undo.steps) == marks[0]:
             return
-        now = saved_on_example(self.model, self.example)
+        measured = getattr(self, "_measured", None)
+        now = measured[1] if measured and measured[0] == self._marks() else saved_on_example(self.model, self.example)
         if now < self.bytes:
             self.bytes = now
             return

@@ -123,3 +123,43 @@ def test_a_glu_path_that_matches_no_module_is_refused():
             patch_model(model, glu=["model.layers.0.mpl"], example_input=example)
     report = patch_model(model, glu=["model.layers.0.mlp"], example_input={"input_ids": ids}, norms=False)
     assert report.glus and report.glus[0].startswith("model.layers.0.mlp:"), report
+
+
+class _InPlaceAfter(nn.Module):
+    """Four activations, each followed by an in-place writer of another kind, and one read as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.other = nn.Linear(8, 16), nn.Linear(8, 16)
+        self.a, self.b, self.c, self.d, self.e = nn.GELU(), nn.SiLU(), nn.GELU(), nn.SiLU(), nn.GELU()
+        self.drop = nn.Dropout(0.1, inplace=True)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x):
+        u = self.inp(x)
+        a = self.a(u)
+        a.mul_(2.0)
+        b = self.drop(self.b(u))
+        c = self.c(u)
+        c += 1.0
+        d = self.d(u).clamp_(max=3.0)
+        return self.out(a + b + c + d + self.e(self.other(x)))
+
+
+def test_an_in_place_writer_after_an_activation_skips_that_activation_only():
+    """Issue 59 item 4: an in-place writer after a swapped activation (h.mul_, dropout(inplace=True), +=, clamp_)
+    made patch_model raise and undo everything. Each such activation is now skipped with its reason; the one read
+    as it is is swapped, and the model computes the stock outputs."""
+    torch.manual_seed(0)
+    model = _InPlaceAfter()
+    stock = copy.deepcopy(model)
+    x = torch.randn(4, 8)
+    report = patch_model(model, example_input=x, norms=False)
+    skipped = {s.split(":")[0]: s for s in report.skipped}
+    for name in "abcd":
+        assert "written in place after it" in skipped[name], report.skipped
+        assert type(getattr(model, name)) is type(getattr(stock, name))
+    assert [s.split(":")[0] for s in report.activations] == ["e"], report
+    model.eval()
+    stock.eval()
+    torch.testing.assert_close(model(x), stock(x), rtol=1e-5, atol=1e-6)
