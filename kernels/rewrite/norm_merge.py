@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..ops import custom_ops
 from ..ops.norms import MSLayerNorm, MSRMSNorm
 from . import swaps
 from .norm_forms import NormForm, is_norm_candidate, norm_form
@@ -60,7 +61,7 @@ def _weight_grads(dy, z, weight, alpha, beta, need_w: bool, need_b: bool):
     return dw, rows(dy).sum(0).to(weight.dtype) if need_b else None
 
 
-class _NormInputLinearFn(torch.autograd.Function):
+class _NormInputLinearFn(custom_ops.FirstOrder):
     """y = (α⊙z + β)·Wᵀ + b from the MS-norm's output z (W is (out, in); Conv1D passes Wᵀ's view). Saves z (the
     tensor the MS-norm saves anyway) and references to W, α, β (parameters: no copies); u = α⊙z + β is recomputed
     in the backward. Gradients are exact: dz = (dy·W)⊙α, dW = dyᵀ·u, db = Σ dy, dα = Σ (dy·W)⊙z, dβ = Σ dy·W."""
@@ -72,10 +73,14 @@ class _NormInputLinearFn(torch.autograd.Function):
         return u + beta.to(z.dtype) if beta is not None else u
 
     @staticmethod
-    def forward(ctx, z, weight, bias, alpha, beta):
+    def forward(z, weight, bias, alpha, beta):
+        return _not_a_view(nn.functional.linear(_NormInputLinearFn._input(z, alpha, beta), weight, bias))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        z, weight, bias, alpha, beta = inputs
         ctx.save_for_backward(z, weight, alpha, beta)
         ctx.has_bias = bias is not None
-        return _not_a_view(nn.functional.linear(_NormInputLinearFn._input(z, alpha, beta), weight, bias))
 
     @staticmethod
     def backward(ctx, dy):  # in dy's dtype (autocast's, when the forward's Linear ran under it)
@@ -93,17 +98,21 @@ class _NormInputLinearFn(torch.autograd.Function):
         return dz, dw, db, da, dbeta
 
 
-class _SavesZLinearFn(torch.autograd.Function):
+class _SavesZLinearFn(custom_ops.FirstOrder):
     """out = y·Wᵀ + b for a consumer of a shared-output norm's y = α⊙z + β: the forward reads y (the stock value,
     computed once by the norm for all its readers), the gradient goes back to y as stock (du = dy·W, so the norm's
     own backward forms dz = du⊙α and dα, dβ once for all readers), and only z is saved (shared with the MS-norm,
     passed detached: no gradient edge), u = α⊙z + β recomputed in the backward for dW alone."""
 
     @staticmethod
-    def forward(ctx, y, z, weight, bias, alpha, beta):
+    def forward(y, z, weight, bias, alpha, beta):
+        return _not_a_view(nn.functional.linear(y, weight, bias))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        y, z, weight, bias, alpha, beta = inputs
         ctx.save_for_backward(z, weight, alpha, beta)
         ctx.has_bias, ctx.y_dtype = bias is not None, y.dtype
-        return _not_a_view(nn.functional.linear(y, weight, bias))
 
     @staticmethod
     def backward(ctx, dy):
@@ -113,14 +122,18 @@ class _SavesZLinearFn(torch.autograd.Function):
         return du, None, *_weight_grads(dy, z, weight, alpha, beta, need_w, need_b and ctx.has_bias), None, None
 
 
-class _AffineOutFn(torch.autograd.Function):
+class _AffineOutFn(custom_ops.FirstOrder):
     """y = α⊙z + β for the ops that read a norm's output and keep nothing for backward (a residual add, a pad). Saves
     z (the MS-norm's own saved output: no new storage), and only when α trains; dz = dy⊙α, dα = Σ dy⊙z, dβ = Σ dy."""
 
     @staticmethod
-    def forward(ctx, z, alpha, beta):
-        ctx.save_for_backward(z if alpha is not None and alpha.requires_grad else None, alpha)
+    def forward(z, alpha, beta):
         return _NormInputLinearFn._input(z, alpha, beta)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        z, alpha, _ = inputs
+        ctx.save_for_backward(z if alpha is not None and alpha.requires_grad else None, alpha)
 
     @staticmethod
     def backward(ctx, dy):
@@ -167,7 +180,7 @@ class _SharedOutput:
             return type(stock).forward(stock, x)  # its Parameters are this module's (keep_affine)
         z = self.normalise(x, None)
         alpha, beta = self.norm_form.alpha(self), self.norm_form.beta(self)
-        y = _AffineOutFn.apply(z, alpha, beta) if alpha is not None or beta is not None else z.view_as(z)
+        y = custom_ops.apply(_AffineOutFn, z, alpha, beta) if alpha is not None or beta is not None else z.view_as(z)
         if not torch.compiler.is_compiling():  # (a norm with no stock module to run: its consumers read y as stock)
             setattr(y, _Z, (self, z, y._version))
         return y
@@ -202,8 +215,9 @@ class NormInputLinear(nn.Linear):
             found = None if torch.compiler.is_compiling() else attached_z(z, norm)
             if found is None:
                 return nn.functional.linear(z, weight, self.bias)
-            return _SavesZLinearFn.apply(z, found.detach(), weight, self.bias, form.alpha(norm), form.beta(norm))
-        return _NormInputLinearFn.apply(z, weight, self.bias, form.alpha(norm), form.beta(norm))
+            return custom_ops.apply(_SavesZLinearFn, z, found.detach(), weight, self.bias, form.alpha(norm),
+                                    form.beta(norm))
+        return custom_ops.apply(_NormInputLinearFn, z, weight, self.bias, form.alpha(norm), form.beta(norm))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (", Conv1D" if self.transposed else "") + ", input α⊙z + β"

@@ -62,3 +62,48 @@ def test_inference_without_grad_still_takes_the_fast_path():
     with torch.no_grad():
         y = ReGELU2()(x)
     assert y.grad_fn is None and torch.equal(y, ReGELU2()(x).detach())
+
+
+def _norm_models():
+    from torch import nn
+
+    torch.manual_seed(0)
+    yield "sequential", nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 16), nn.Tanh(),
+                                      nn.Linear(16, 4)).double(), torch.randn(5, 8, dtype=torch.float64)
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model("llama", hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                               intermediate_size=32, vocab_size=30)
+    llama = transformers.AutoModelForCausalLM.from_config(config).double()
+    yield "llama", llama, torch.randint(0, 30, (2, 6))
+
+
+def test_torch_func_grad_goes_through_the_norm_rewrite():
+    """Issue 59 item 5: torch.func.grad through a model with norms rewritten failed ("must override setup_context"):
+    the rewrite's own Functions (a consumer Linear reading z, one reading the shared y, the shared output's α⊙z + β)
+    were old-style. Written as the drop-ins' ops are, the gradient through torch.func equals the stock model's
+    (the norms' rewrite is exact); vmap is refused in the drop-ins' one line."""
+    import copy
+
+    from approxbp.kernels import patch_model
+    from torch.func import functional_call, grad, vmap
+
+    for name, model, x in _norm_models():
+        stock = copy.deepcopy(model)
+        report = patch_model(model, family=None, glu=False, example_input=x)
+        assert report.norms, (name, report)
+
+        def loss(params, m):
+            out = functional_call(m, params, (x,))
+            return (out.logits if hasattr(out, "logits") else out).pow(2).sum()
+
+        got = grad(loss)({k: v.detach() for k, v in model.named_parameters()}, model)
+        loss(dict(model.named_parameters()), model).backward()
+        for k, p in model.named_parameters():  # torch.func gives what loss.backward() gives (up to summation order)
+            torch.testing.assert_close(got[k], p.grad, rtol=1e-12, atol=1e-15, msg=f"{name} {k}")
+        if name == "sequential":  # float64 throughout, so also the stock gradient (HF's RMSNorm computes in fp32)
+            want = grad(loss)({k: v.detach() for k, v in stock.named_parameters()}, stock)
+            for k in want:
+                torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-12, msg=f"{name} {k}")
+        if name == "sequential":
+            with pytest.raises(RuntimeError, match=re.escape(FIRST_ORDER_ONLY[:40])):
+                vmap(lambda xi, m=model: m(xi))(x)
