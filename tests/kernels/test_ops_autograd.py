@@ -92,7 +92,7 @@ def test_torch_func_grad_goes_through_the_norm_rewrite():
         report = patch_model(model, family=None, glu=False, example_input=x)
         assert report.norms, (name, report)
 
-        def loss(params, m):
+        def loss(params, m, x=x):
             out = functional_call(m, params, (x,))
             return (out.logits if hasattr(out, "logits") else out).pow(2).sum()
 
