@@ -86,7 +86,7 @@ def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtyp
             _ms_norm_forward[(triton.cdiv(xc.shape[0], rows_per),)](
                 xc, z, rstd, xc.shape[0], d, eps, CENTER=center, ROWS=rows_per, BLOCK_D=block_d)
         return z.view(x.shape), rstd.view(*x.shape[:-1], 1)
-    xf = x.to(acc)
+    xf = x.contiguous().to(acc)  # z laid out as torch's norms lay out y: contiguous, whatever x's strides
     if center:  # shifted by the row's first element first (as the kernel): a constant row centres to exactly 0
         xf = xf - xf[..., :1]
         xf = xf - xf.mean(-1, keepdim=True)

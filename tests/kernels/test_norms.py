@@ -187,3 +187,30 @@ def test_adversarial_inputs_norms(values, center, use_triton):
         assert torch.isnan(z[0]).all() and torch.isnan(x.grad[0]).all()
     assert torch.isfinite(x.grad[1]).all()
     assert not math.isnan(float(z[1].sum()))
+
+
+def test_a_non_contiguous_input_gives_the_stock_layout():
+    """Issue 59 item 2 (layout): a vision tower hands its final norm a transposed input; torch's norms return a
+    contiguous tensor, the MS-norm kept the input's strides, and a reader's .view failed (SmolVLM with its images
+    could not be patched). z, and the shared output α⊙z + β, are laid out as torch lays out y."""
+    from approxbp.kernels import patch_model
+    from torch import nn
+
+    x = torch.randn(2, 16, 5).transpose(1, 2)
+    assert not x.is_contiguous()
+    for ms, stock in ((MSLayerNorm(16), nn.LayerNorm(16)), (MSRMSNorm(16, eps=1e-6), nn.RMSNorm(16, eps=1e-6))):
+        z = ms(x)
+        assert z.is_contiguous() and z.stride() == stock(x).stride()
+
+    class ViewReader(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = nn.LayerNorm(16), nn.Linear(16, 4)
+
+        def forward(self, h):
+            return self.proj(self.norm(h).view(-1, 16))
+
+    model = ViewReader()
+    report = patch_model(model, example_input=x)
+    assert report.norms and not report.skipped, report
+    assert model(x).shape == (10, 4)
