@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -18,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..ops.glu import GLU_ACTIVATIONS, GatedMLP, GLULayout
 
-__all__ = ["functional_activation", "layout_of", "PROOF_NUMEL", "prove", "record_calls"]
+__all__ = ["fixed_graph", "functional_activation", "layout_of", "PROOF_NUMEL", "prove", "record_calls"]
 
 
 #: Activation functions → registry activation (F.gelu by its ``approximate`` argument).
@@ -214,10 +215,47 @@ def _proof_key(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor):
     return tuple(parts), shapes, layout, act, x.dim(), x.shape[-1] if x.dim() else None
 
 
+class _OwnCode(torch.fx.Tracer):
+    """Traces a module's own forward only: every submodule is a leaf (the projections and the activation are what
+    :class:`GatedMLP` calls as they are)."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return True
+
+
+def fixed_graph(module: nn.Module) -> str | None:
+    """Why ``module``'s forward may compute differently on another input than on the proof's (None when it cannot):
+    it must trace (torch.fx, its submodules as leaves) to one graph — a branch on a shape or a value of its input
+    stops the trace — and to the same graph in training and in eval mode (a ``self.training`` branch)."""
+    modes = {m: m.training for m in module.modules()}
+    codes = []
+    try:
+        for training in (True, False):
+            module.train(training)
+            try:
+                with warnings.catch_warnings():  # hooks see proxies while tracing: not the user's concern
+                    warnings.simplefilter("ignore")
+                    codes.append(_OwnCode().trace(module).python_code("self").src)
+            except Exception as err:  # noqa: BLE001 - what cannot be captured is not rewritten
+                first = (str(err).strip().splitlines() or [""])[0]
+                return (f"its forward is not one fixed graph of its input ({type(err).__name__}: {first[:100]}), so a "
+                        "proof on the example would not cover other inputs")
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    if codes[0] != codes[1]:
+        return "its forward differs between training and eval mode, so a proof in one would not cover the other"
+    return None
+
+
 def prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:
-    """Why ``GatedMLP(module, layout, act)`` may not replace ``module`` (None when it may): both run in float64,
-    with random weights, on random inputs of ``x``'s feature size (a few rows) at three scales and must agree to
-    1e-9 relative. Cached per :func:`_proof_key` (never across modules that differ in anything the forward reads)."""
+    """Why ``GatedMLP(module, layout, act)`` may not replace ``module`` (None when it may): its forward is one fixed
+    graph (:func:`fixed_graph`: no branch on its input's shape or values, none on the mode), and both run in
+    float64, with random weights, on random inputs of ``x``'s feature size (a few rows) at three scales and must
+    agree to 1e-9 relative. Cached per :func:`_proof_key` (never across modules that differ in anything the
+    forward reads)."""
+    if why := fixed_graph(module):
+        return why
     key = _proof_key(module, layout, act, x)
     if key is None:
         return _prove(module, layout, act, x)
