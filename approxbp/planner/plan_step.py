@@ -75,9 +75,10 @@ def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: d
         assignment = {p: o for p, o in assignment.items() if p != LOSS}
         if not assignment and not ms_norm:
             return model
-    tables = {path: option_table(act, assignment[path]) or "exact"
-              for path, act in activation_layers(model).items() if path in assignment}
-    fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu"}
+    layers = activation_layers(model)  # the 2-block model of an extrapolation gets the 3-block assignment
+    tables = {path: option_table(act, assignment[path]) or "exact" for path, act in layers.items()
+              if path in assignment}
+    fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu" and path in layers}
     patch_model(model, family=None, tables=tables or None, norms=ms_norm, example_input=inputs, check=False, glu=fused)
     return model
 

@@ -158,7 +158,7 @@ def test_every_gpu_has_a_source_and_an_unknown_one_is_refused():
 LLAMA = "llama:hidden_size=128,num_hidden_layers=4,intermediate_size=344,num_attention_heads=4,vocab_size=256"
 
 
-def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path):
+def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path, capsys):
     from approxbp.planner.models import model_spec
     from approxbp.planner.plan import plan
     from approxbp.planner.report import report
@@ -182,9 +182,17 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path):
     peak_row = next(ln for ln in report(moved).splitlines() if ln.strip().startswith("peak"))
     assert peak_row.endswith(f"{size(moved.assignment['peak']):>14}{size(m['peak']):>12}"), peak_row
     assert "approximated" in report(moved).splitlines()[1] and "default GPU" not in report(moved)
-    unnamed = plan(Request(model=LLAMA, batch=2, seq=128), budget=budget)
-    assert unnamed.moves["moves"] == m["moves"] and unnamed.after == moved.after
-    assert "moves weighed on NVIDIA H100 SXM5 80GB, the default GPU" in report(unnamed).splitlines()[0]
+    from approxbp.cli import main  # through the command line: the table, the JSON and the header a user reads
+
+    out = tmp_path / "unnamed.json"
+    assert main(["plan", LLAMA, "--batch", "2", "--seq", "128", "--mode", "bf16", "--budget", str(budget), "--out",
+                 str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    unnamed = json.loads(out.read_text())
+    assert unnamed["moves"]["moves"] == m["moves"] and unnamed["after"] == moved.after
+    assert unnamed["assignment"]["peak"] == moved.assignment["peak"]
+    assert "moves weighed on NVIDIA H100 SXM5 80GB, the default GPU" in printed.splitlines()[0], printed
+    assert any(ln.strip().startswith("peak") and ln.endswith(f"{size(m['peak']):>12}") for ln in printed.splitlines())
     # the plan, saved and applied to a real model of that config: its moves are made, and it trains as stock
     # (the chosen assignment is the exact fused GLU and the MS-norms here: nothing approximate)
     path = tmp_path / "plan.json"
