@@ -135,6 +135,16 @@ def _cheap_bound(ia: InvertedActivation, center_grid, split: float, degree: int)
                          f"{degree} misses it on the narrowest split ({split})", ia.activation)
 
 
+def _left_tail(ia: InvertedActivation, y_zero: float, y1: float, degrees):
+    """(w₀, w₁, the lowest-degree fit of g(y)/y in u, affine in w = log(−y) ∈ [w₁, w₀], or None)."""
+    w0, w1 = np.log(-y_zero), np.log(-y1)
+    wv = np.linspace(w1, w0, 6000)
+    yv = -np.exp(wv)
+    u = (2 * wv - (w0 + w1)) / (w0 - w1)
+    target, weight = ia.g(yv, "left") / yv, np.abs(yv)
+    return w0, w1, _first(lambda d: _polyfit(u, target, d, weight), degrees)
+
+
 def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 13),
               say=None) -> tuple[Form, dict]:
     """The combined form q(y, b) (b = 1 on the left branch) and what was chosen: {y1, y_zero, Y_R, m, d, errors};
@@ -160,12 +170,7 @@ def fast_form(ia: InvertedActivation, splits=(0.6, 0.7, 0.8), degrees=range(5, 1
     for p in splits:
         y1, s1, sR, z, gc = center_grid(p)
         center = _first(lambda m, z=z, gc=gc: rational(z, gc, m), degrees)
-        w0, w1 = np.log(-y_zero), np.log(-y1)
-        wv = np.linspace(w1, w0, 6000)
-        yv = -np.exp(wv)
-        u = (2 * wv - (w0 + w1)) / (w0 - w1)
-        target, weight = ia.g(yv, "left") / yv, np.abs(yv)
-        tail = _first(lambda d, u=u, t=target, wt=weight: _polyfit(u, t, d, wt), degrees)
+        w0, w1, tail = _left_tail(ia, y_zero, y1, degrees)
         say(f"split {p}: rational degree {center[0] if center else '> ' + str(max(degrees))}, tail polynomial "
             f"degree {tail[0] if tail else '> ' + str(max(degrees))}")
         if center is None or tail is None:
