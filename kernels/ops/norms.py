@@ -191,7 +191,9 @@ def ms_norm(x: torch.Tensor, eps: float, center: bool, use_triton: bool | None =
 
 
 def _eps(eps: float | None, x: torch.Tensor) -> float:
-    return eps if eps is not None else float(torch.finfo(x.dtype).eps)
+    """eps, or for None the machine epsilon of the dtype the norm computes in, as torch's rms_norm: fp32's for
+    fp16/bf16 input (1.2e-7, not bf16's 7.8e-3, which turned a row of 0.05 into 0.996, not 1), fp64's for fp64."""
+    return eps if eps is not None else float(torch.finfo(torch.promote_types(x.dtype, torch.float32)).eps)
 
 
 class MSLayerNorm(nn.Module):
@@ -201,7 +203,7 @@ class MSLayerNorm(nn.Module):
 
     def __init__(self, normalized_shape: int, eps: float | None = 1e-5, use_triton: bool | None = None):
         super().__init__()
-        # eps=None: the input dtype's machine epsilon at each call, as nn.RMSNorm(eps=None) does
+        # eps=None: at each call the machine epsilon of the dtype it computes in, as nn.RMSNorm(eps=None) does
         self.normalized_shape, self.use_triton = int(normalized_shape), use_triton
         self.eps = None if eps is None else float(eps)
 

@@ -214,3 +214,14 @@ def test_a_non_contiguous_input_gives_the_stock_layout():
     report = patch_model(model, example_input=x)
     assert report.norms and not report.skipped, report
     assert model(x).shape == (10, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_eps_none_is_the_compute_dtypes_epsilon_as_torch(dtype):
+    """Issue 59 item 2 (eps): MSRMSNorm(eps=None) used the input dtype's epsilon where torch's rms_norm uses that of
+    the dtype it computes in (fp32 for fp16/bf16): a bf16 row of 0.05 gave 0.996 where torch gives 1."""
+    x = torch.full((2, 8), 0.05, dtype=dtype)
+    want = nn.RMSNorm(8, eps=None, elementwise_affine=False)(x)
+    got = MSRMSNorm(8, eps=None)(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
