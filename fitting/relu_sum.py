@@ -446,7 +446,7 @@ def _restarts(obj: ReluSumObjective, act, method: str, restarts: int, seed: int,
     results = _map(jobs, workers, progress, f"{act.name} k={obj.bits} {obj.objective}")
     if all(r.degenerate is not None for r in results):
         raise RuntimeError(f"every restart degenerated ({'; '.join(r.degenerate for r in results)}); "
-                           "try more restarts or another method")
+                           "try more restarts or another method (--restarts N, --method anneal|sgd|polish)")
     nfev = sum(r.nfev for r in results)
     if structured and obj.bits <= _RELOCATE_BITS:
         c = _best(results).knots
