@@ -86,7 +86,7 @@ def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtyp
             _ms_norm_forward[(triton.cdiv(xc.shape[0], rows_per),)](
                 xc, z, rstd, xc.shape[0], d, eps, CENTER=center, ROWS=rows_per, BLOCK_D=block_d)
         return z.view(x.shape), rstd.view(*x.shape[:-1], 1)
-    xf = x.contiguous().to(acc)  # z laid out as torch's norms lay out y: contiguous, whatever x's strides
+    xf = x.to(acc)
     if center:  # shifted by the row's first element first (as the kernel): a constant row centres to exactly 0
         xf = xf - xf[..., :1]
         xf = xf - xf.mean(-1, keepdim=True)
@@ -200,6 +200,10 @@ class MSLayerNorm(nn.Module):
     """LayerNorm without affine whose backward needs only its output and σ⁻¹ (Algorithm 2)."""
 
     center = True  # σ⁻¹·H·x (LayerNorm); MSRMSNorm: σ⁻¹·x
+    #: z laid out as the replaced norm lays out y: contiguous for torch's nn.LayerNorm / nn.RMSNorm (what this
+    #: drop-in stands for), the input's strides for a norm written in elementwise ops (Gemma's q_norm on a
+    #: transposed q; the rewrite sets it per norm, kernels/rewrite/norm_merge.py)
+    contiguous_output = True
 
     def __init__(self, normalized_shape: int, eps: float | None = 1e-5, use_triton: bool | None = None):
         super().__init__()
@@ -217,6 +221,8 @@ class MSLayerNorm(nn.Module):
                              f"{tuple(x.shape)}")
         check_input(x, type(self).__name__)
         use_triton = x.is_cuda if self.use_triton is None else self.use_triton
+        if self.contiguous_output:  # a transient copy of x, never saved: z (and y) come out contiguous
+            x = x.contiguous()
         return dispatch(x, _eps(self.eps, x), self.center, use_triton, out_dtype)
 
     def extra_repr(self) -> str:

@@ -241,10 +241,13 @@ def consumer_features(linear: nn.Module) -> tuple[int, int]:
     return (w.shape[0], w.shape[1]) if type(linear).__name__ == "Conv1D" else (linear.in_features, linear.out_features)
 
 
-def _ms_norm_of(form: NormForm, shared_output: bool = False) -> MSLayerNorm:
+def _ms_norm_of(form: NormForm, norm: nn.Module, shared_output: bool = False) -> MSLayerNorm:
     kinds = (MSLayerNormSharedOutput, MSRMSNormSharedOutput) if shared_output else (MSLayerNorm, MSRMSNorm)
     ms = kinds[0 if form.center else 1](form.dim, form.eps)
     ms.norm_form = form  # the form whose α, β NormInputLinear applies (kept affine: the same Parameters)
+    # y's layout as the stock norm's: torch's native norms return a contiguous tensor, one written in elementwise
+    # ops keeps its input's strides (a reader's .view, or what attention saves, depends on it)
+    ms.contiguous_output = isinstance(norm, nn.LayerNorm | nn.RMSNorm)
     return ms
 
 
@@ -268,7 +271,7 @@ def keep_affine(norm: nn.Module, consumers: list[nn.Module],
     and all its consumers. ``shared_output``: the norm's output also feeds ops that keep nothing for backward, so it
     returns y = α⊙z + β with z attached (:class:`_SharedOutput`)."""
     form = proven_form(norm)
-    ms = _ms_norm_of(form, shared_output)
+    ms = _ms_norm_of(form, norm, shared_output)
     wrapped = consumer_wrappers(ms, consumers)
     ms.weight = getattr(norm, "weight", None)  # Parameters (or None): the same objects, the same state-dict keys
     if hasattr(norm, "bias"):
@@ -313,7 +316,7 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
             lin.bias = nn.Parameter(b, requires_grad=lin.weight.requires_grad)
         elif b is not None:
             lin.bias.copy_(b.to(lin.bias.dtype))
-    ms = _ms_norm_of(form)
+    ms = _ms_norm_of(form, norm)
     # what unmerge_norm needs (kept outside the module tree: no parameters, no state-dict keys)
     swaps.mark_merged(ms, norm, [m for m, _, _ in merged], created)
     ms._register_state_dict_hook(_warn_merged_layout)

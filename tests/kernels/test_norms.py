@@ -192,7 +192,9 @@ def test_adversarial_inputs_norms(values, center, use_triton):
 def test_a_non_contiguous_input_gives_the_stock_layout():
     """Issue 59 item 2 (layout): a vision tower hands its final norm a transposed input; torch's norms return a
     contiguous tensor, the MS-norm kept the input's strides, and a reader's .view failed (SmolVLM with its images
-    could not be patched). z, and the shared output α⊙z + β, are laid out as torch lays out y."""
+    could not be patched). z, and the shared output α⊙z + β, are laid out as the replaced norm lays out y:
+    contiguous for torch's norms, the input's strides for one written in elementwise ops (Gemma 3's q_norm on a
+    transposed q, whose saving depends on it: benchmarks/model_coverage.py)."""
     from approxbp.kernels import patch_model
     from torch import nn
 
@@ -214,6 +216,27 @@ def test_a_non_contiguous_input_gives_the_stock_layout():
     report = patch_model(model, example_input=x)
     assert report.norms and not report.skipped, report
     assert model(x).shape == (10, 4)
+
+    class ElementwiseRMSNorm(nn.Module):  # as Gemma's q_norm: elementwise ops keep the input's strides
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(16))
+
+        def forward(self, h):
+            return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    class Reader(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = ElementwiseRMSNorm(), nn.Linear(16, 4)
+
+        def forward(self, h):
+            return self.proj(self.norm(h))
+
+    stock, model = Reader(), Reader()
+    patch_model(model, example_input=x)
+    assert type(model.norm).__name__.startswith("MSRMSNorm") and not model.norm.contiguous_output
+    assert model.norm(x).stride() == stock.norm(x).stride() != (80, 16, 1)  # the stock norm's own layout
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
