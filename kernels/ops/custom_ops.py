@@ -32,7 +32,7 @@ from .guards import check_triton_available
 from .modules import Spec, register
 
 __all__ = ["apply", "as_kernels", "attach", "autocast_dtype", "classic", "FIRST_ORDER_ONLY", "FirstOrder",
-           "needs_grad", "once_differentiable", "opaque", "transformed"]
+           "laid_out", "like", "needs_grad", "once_differentiable", "opaque", "transformed"]
 
 
 def attach(spec: Spec, use_triton: bool | None) -> Spec:
@@ -52,6 +52,20 @@ def autocast_dtype(x: Tensor) -> torch.dtype | None:
     if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) and x.dtype in (torch.float32, torch.float64):
         return torch.get_autocast_dtype(dev)
     return None
+
+
+def laid_out(t: Tensor, strides: tuple[int, ...]) -> Tensor:
+    """``t`` with these strides (a copy only where they differ): each op's real output laid out as its fake declares
+    and as torch's own op lays it out (``torch.empty_like(x)`` for an elementwise op: x's strides when dense, else
+    contiguous), so eager, compiled and stock agree on layout."""
+    if t.stride() == tuple(strides) or t.numel() <= 1:
+        return t
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def like(t: Tensor, ref: Tensor) -> Tensor:
+    """``t`` laid out as ``torch.empty_like(ref)`` (:func:`laid_out`)."""
+    return laid_out(t, torch.empty_like(ref, device="meta").stride())
 
 
 # ---- eager entry points: one autograd.Function per op, custom ops while dynamo traces ---------------------

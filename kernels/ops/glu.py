@@ -20,6 +20,7 @@ from . import custom_ops
 from .guards import check_triton_device
 from .launch import GLU_BLOCK, num_warps
 from .modules import FORMAT, Spec, spec_of
+from .stock import exact_forward
 
 __all__ = ["dispatch", "GatedMLP", "glu", "GLU_ACTIVATIONS", "glu_forward", "glu_module_name", "GLUFunction",
            "GLULayout", "GLUSpec"]
@@ -60,8 +61,8 @@ class GLUSpec(Spec):
         return GLUSpec, (self.activation,)
 
     def forward_torch(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        acc = torch.promote_types(g.dtype, torch.float32)  # fp32 math; fp64 stays fp64
-        return (self.module.activation_twin(g.to(acc)) * u.to(acc)).to(g.dtype)
+        """act(g)·u as the stock gated MLP computes it: act(g) in g's dtype (torch's op, :mod:`.stock`), times u."""
+        return (exact_forward(self.module, g) * u).to(g.dtype)
 
     def backward_torch(self, dh, g, u) -> tuple[torch.Tensor, torch.Tensor]:
         acc = torch.promote_types(g.dtype, torch.float32)
@@ -89,12 +90,12 @@ class GLUSpec(Spec):
 
 # ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
 def _forward(g, u, spec, use_triton):
-    return (spec.forward_triton if use_triton else spec.forward_torch)(g, u).view(g.shape)
+    return custom_ops.like((spec.forward_triton if use_triton else spec.forward_torch)(g, u).view(g.shape), g)
 
 
 def _backward(dh, g, u, spec, use_triton):
     dg, du = (spec.backward_triton if use_triton else spec.backward_torch)(dh.to(g.dtype), g, u)
-    return dg.view(g.shape), du.view(u.shape)
+    return custom_ops.like(dg.view(g.shape), g), custom_ops.like(du.view(u.shape), u)
 
 
 @torch.library.custom_op("approxbp::glu_forward", mutates_args=())
@@ -104,7 +105,7 @@ def glu_forward(g: Tensor, u: Tensor, key: str, use_triton: bool) -> Tensor:
 
 @glu_forward.register_fake
 def _(g, u, key, use_triton):
-    return torch.empty_like(g, memory_format=torch.contiguous_format)
+    return torch.empty_like(g)
 
 
 @torch.library.custom_op("approxbp::glu_backward", mutates_args=())
@@ -114,8 +115,7 @@ def _glu_backward(dh: Tensor, g: Tensor, u: Tensor, key: str, use_triton: bool) 
 
 @_glu_backward.register_fake
 def _(dh, g, u, key, use_triton):
-    return (torch.empty_like(g, memory_format=torch.contiguous_format),
-            torch.empty_like(u, memory_format=torch.contiguous_format))
+    return torch.empty_like(g), torch.empty_like(u)
 
 
 def _setup(ctx, inputs, output):

@@ -25,6 +25,7 @@ from .guards import check_input, check_triton_device
 from .launch import BIT_BLOCK_BYTES, ELEMENT_BLOCK, num_warps
 from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
+from .stock import exact_forward
 
 __all__ = ["dispatch", "invact", "invact_forward", "InvActFunction", "InvActGELU", "InvActivation", "InvActSiLU",
            "InvActSpec"]
@@ -51,7 +52,6 @@ class InvActSpec(GeneratedSpec):
         self.T, self.f_T = self.module.TURNING_POINT, self.module.F_T
         #: an increasing activation: one branch, so no bit is saved (the "bits" tensor is empty)
         self.monotone = getattr(self.module, "MONOTONE", False)
-        self._f = self.module.activation_twin
 
     def bit_bytes(self, n: int) -> int:
         """Bytes of branch bits saved for ``n`` elements: one bit each, none for a monotone table."""
@@ -60,11 +60,12 @@ class InvActSpec(GeneratedSpec):
     def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xc = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 math; fp64 stays fp64
         bits = x.new_empty((0,), dtype=torch.uint8) if self.monotone else pack(xc < self.T, 1)
-        return self._f(xc).to(x.dtype), bits
+        return exact_forward(self.module, x), bits
 
     def forward_only_torch(self, x: torch.Tensor) -> torch.Tensor:
-        """y = f(x) without branch bits (no gradient wanted): the twin's y, bit for bit."""
-        return self._f(x.to(torch.promote_types(x.dtype, torch.float32))).to(x.dtype)
+        """y = f(x) without branch bits (no gradient wanted): torch's own op where it has one (:mod:`.stock`), else
+        the twin's y, bit for bit."""
+        return exact_forward(self.module, x)
 
     def q(self, y: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
         """q_s(y) for saved outputs ``y`` and branch flags ``left`` (True where x < T): the backward rule
@@ -111,13 +112,13 @@ class InvActSpec(GeneratedSpec):
 # ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
 def _forward(x, spec, use_triton, out_dtype):
     y, bits = (spec.forward_triton if use_triton else spec.forward_torch)(x)
-    y = y.view(x.shape)
+    y = custom_ops.like(y.view(x.shape), x)
     return (y if out_dtype is None else y.to(out_dtype)), bits
 
 
 def _backward(g, y, bits, spec, use_triton, dtype):
     g = g.to(dtype)
-    return (spec.backward_triton if use_triton else spec.backward_torch)(g, y, bits).view(g.shape)
+    return custom_ops.like((spec.backward_triton if use_triton else spec.backward_torch)(g, y, bits).view(g.shape), g)
 
 
 @torch.library.custom_op("approxbp::invact_forward", mutates_args=())
@@ -127,7 +128,7 @@ def invact_forward(x: Tensor, key: str, use_triton: bool, out_dtype: torch.dtype
 
 @invact_forward.register_fake
 def _(x, key, use_triton, out_dtype):
-    return (torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format),
+    return (torch.empty_like(x, dtype=out_dtype or x.dtype),
             x.new_empty((spec_of(key).bit_bytes(x.numel()),), dtype=torch.uint8))
 
 
@@ -138,7 +139,7 @@ def _invact_backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: b
 
 @_invact_backward.register_fake
 def _(g, y, bits, key, use_triton, dtype):
-    return torch.empty_like(g, dtype=dtype, memory_format=torch.contiguous_format)
+    return torch.empty_like(g, dtype=dtype)
 
 
 def _setup(ctx, inputs, output):

@@ -7,8 +7,9 @@ saves the same z for its weight gradient, so the two layers share one tensor (Pr
 Backward (Algorithms 2–3): dx = σ⁻¹·(dz − mean(dz) − z·mean(dz·z)) for LayerNorm and
 dx = σ⁻¹·(dz − z·mean(dz·z)) for RMSNorm, per row over the last dimension.
 CUDA tensors (or ``use_triton=True``, e.g. under ``TRITON_INTERPRET=1``) run the fused row kernels below;
-other tensors run the PyTorch twin. Both reduce in fp32 (fp64 stays fp64); reduction order differs, so
-they agree to rounding, not bit for bit.
+other tensors run the PyTorch twin, whose z is torch's own ``layer_norm`` / ``rms_norm`` without affine (bit for bit
+the stock value, NaN pattern and layout included). Both reduce in fp32 (fp64 stays fp64); the kernels' reduction
+order differs, so they agree with the twin to rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -70,12 +71,18 @@ def _launch_shape(d: int) -> tuple[int, int]:
     return max(1, min(64, 4096 // block_d)), block_d
 
 
+def _torch_norm(x, eps: float, center: bool):
+    """torch's own LayerNorm / RMSNorm of x without affine (its value, NaN pattern and layout)."""
+    shape = (x.shape[-1],)
+    return nn.functional.layer_norm(x, shape, eps=eps) if center else nn.functional.rms_norm(x, shape, eps=eps)
+
+
 def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtype):
     """(z, σ⁻¹): z = σ⁻¹·H·x (LayerNorm) or σ⁻¹·x (RMSNorm) in ``out_dtype`` (default x's), σ⁻¹ per row in fp32
     (fp64 for fp64 input)."""
     acc = torch.promote_types(x.dtype, torch.float32)  # fp32 math (fp64 stays fp64)
     out_dtype = out_dtype or x.dtype
-    if use_triton:
+    if use_triton and x.shape[-1]:  # (a zero-width row has nothing to launch: the twin's empty result)
         check_triton_device(x)
         d = x.shape[-1]
         xc = x.reshape(-1, d).contiguous()
@@ -85,7 +92,11 @@ def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtyp
         if xc.numel():
             _ms_norm_forward[(triton.cdiv(xc.shape[0], rows_per),)](
                 xc, z, rstd, xc.shape[0], d, eps, CENTER=center, ROWS=rows_per, BLOCK_D=block_d)
-        return z.view(x.shape), rstd.view(*x.shape[:-1], 1)
+        return custom_ops.laid_out(z.view(x.shape), _torch_norm(x.to("meta"), eps, center).stride()), \
+            rstd.view(*x.shape[:-1], 1)
+    # z by torch's own op (its rounding, NaN/Inf pattern and layout: what nn.LayerNorm / nn.RMSNorm return without
+    # an affine); σ⁻¹, which only the backward reads, in fp32 (torch's LayerNorm keeps it in fp16 for fp16 input)
+    z = _torch_norm(x, eps, center)
     xf = x.to(acc)
     if center:  # shifted by the row's first element first (as the kernel): a constant row centres to exactly 0
         xf = xf - xf[..., :1]
@@ -94,12 +105,12 @@ def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtyp
     rstd = torch.rsqrt(var + eps)
     if center:  # an overflowing variance gives NaN, as torch's LayerNorm does (its RMSNorm gives 0, as here)
         rstd = torch.where(torch.isinf(var), float("nan"), rstd)
-    return (xf * rstd).to(out_dtype), rstd
+    return z.to(out_dtype), rstd
 
 
 def ms_norm_backward_impl(dz, z, rstd, center: bool, use_triton: bool, dtype):
     """dx (Algorithms 2–3) in ``dtype`` (the input's) from dz, z and σ⁻¹."""
-    if use_triton:
+    if use_triton and z.shape[-1]:
         d = z.shape[-1]
         dzc = dz.reshape(-1, d).contiguous()
         dx = torch.empty(dzc.shape, dtype=dtype, device=dz.device)
@@ -113,7 +124,7 @@ def ms_norm_backward_impl(dz, z, rstd, center: bool, use_triton: bool, dtype):
     dx = dzf - zf * (dzf * zf).mean(-1, keepdim=True)
     if center:
         dx = dx - dzf.mean(-1, keepdim=True)
-    return (dx * rstd).to(dtype)
+    return (dx * rstd).to(dtype).contiguous()  # laid out as the fake declares
 
 
 # ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
@@ -126,7 +137,7 @@ def ms_norm_forward(x: Tensor, eps: float, center: bool, use_triton: bool,
 @ms_norm_forward.register_fake
 def _(x, eps, center, use_triton, out_dtype):
     acc = torch.promote_types(x.dtype, torch.float32)
-    return (torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format),
+    return (_torch_norm(x, eps, center).to(out_dtype or x.dtype),
             x.new_empty((*x.shape[:-1], 1), dtype=acc))
 
 
@@ -200,11 +211,6 @@ class MSLayerNorm(nn.Module):
     """LayerNorm without affine whose backward needs only its output and σ⁻¹ (Algorithm 2)."""
 
     center = True  # σ⁻¹·H·x (LayerNorm); MSRMSNorm: σ⁻¹·x
-    #: z laid out as the replaced norm lays out y: contiguous for torch's nn.LayerNorm / nn.RMSNorm (what this
-    #: drop-in stands for), the input's strides for a norm written in elementwise ops (Gemma's q_norm on a
-    #: transposed q; the rewrite sets it per norm, kernels/rewrite/norm_merge.py)
-    contiguous_output = True
-
     def __init__(self, normalized_shape: int, eps: float | None = 1e-5, use_triton: bool | None = None):
         super().__init__()
         # eps=None: at each call the machine epsilon of the dtype it computes in, as nn.RMSNorm(eps=None) does
@@ -216,13 +222,11 @@ class MSLayerNorm(nn.Module):
 
     def normalise(self, x: torch.Tensor, out_dtype: torch.dtype | None) -> torch.Tensor:
         """z in ``out_dtype`` (None: x's; :func:`ms_norm` explains the autocast policy); saves z and σ⁻¹."""
-        if x.shape[-1] != self.normalized_shape:
+        if x.dim() == 0 or x.shape[-1] != self.normalized_shape:
             raise ValueError(f"{type(self).__name__} expects last dimension {self.normalized_shape}, got "
-                             f"{tuple(x.shape)}")
+                             f"{tuple(x.shape)}" + (" (a 0-dim tensor: no dimension to normalise)" * (x.dim() == 0)))
         check_input(x, type(self).__name__)
         use_triton = x.is_cuda if self.use_triton is None else self.use_triton
-        if self.contiguous_output:  # a transient copy of x, never saved: z (and y) come out contiguous
-            x = x.contiguous()
         return dispatch(x, _eps(self.eps, x), self.center, use_triton, out_dtype)
 
     def extra_repr(self) -> str:

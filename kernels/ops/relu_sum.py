@@ -31,6 +31,7 @@ from .guards import check_input, check_triton_device
 from .launch import RELU_SUM_ROWS, RELU_SUM_SPAN, num_warps
 from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
+from .stock import exact_forward
 
 __all__ = ["dispatch", "ReGELU2", "relu_sum", "relu_sum_forward", "ReLUSumActivation", "ReLUSumFunction",
            "ReLUSumSpec", "ReSiLU2"]
@@ -64,7 +65,6 @@ class ReLUSumSpec(GeneratedSpec):
         with unset_fake_temporarily():  # real constants even when built for a fake-tensor plan (specs are shared)
             self.knots64 = torch.tensor(m.KNOTS, dtype=torch.float64)
             self.levels64 = torch.tensor(m.LEVELS, dtype=torch.float64)
-        self._f = m.activation_twin
         self._dev: dict = {}
 
     def consts(self, device):
@@ -87,8 +87,9 @@ class ReLUSumSpec(GeneratedSpec):
 
     # -- the pure-PyTorch twin -------------------------------------------------------------
     def forward_only_torch(self, x: torch.Tensor) -> torch.Tensor:
-        """y = h(x) without codes (no gradient wanted): the twin's y, bit for bit."""
-        return self._f(x.to(torch.promote_types(x.dtype, torch.float32))).to(x.dtype)
+        """y = h(x) without codes (no gradient wanted): torch's own op where it has one (:mod:`.stock`), else the
+        twin's y, bit for bit."""
+        return exact_forward(self.module, x)
 
     def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         knots = self.consts(x.device)[0]
@@ -138,11 +139,12 @@ class ReLUSumSpec(GeneratedSpec):
 # ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
 def _forward(x, spec, use_triton):
     y, packed, nan = (spec.forward_triton if use_triton else spec.forward_torch)(x)
-    return y.view(x.shape), packed, nan
+    return custom_ops.like(y.view(x.shape), x), packed, nan
 
 
 def _backward(g, packed, nan, spec, use_triton):
-    return (spec.backward_triton if use_triton else spec.backward_torch)(g, packed, nan, g.numel()).view(g.shape)
+    return custom_ops.like((spec.backward_triton if use_triton else spec.backward_torch)(g, packed, nan, g.numel())
+                           .view(g.shape), g)
 
 
 @torch.library.custom_op("approxbp::relu_sum_forward", mutates_args=())
@@ -154,7 +156,7 @@ def relu_sum_forward(x: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Ten
 def _(x, key, use_triton):
     spec = spec_of(key)
     n = x.numel()
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+    return (torch.empty_like(x),
             x.new_empty((spec.packed_bytes(n),), dtype=torch.uint8),
             x.new_empty(((n + spec.nan_span - 1) // spec.nan_span,), dtype=torch.uint8))
 
@@ -166,7 +168,7 @@ def _relu_sum_backward(g: Tensor, packed: Tensor, nan: Tensor, key: str, use_tri
 
 @_relu_sum_backward.register_fake
 def _(g, packed, nan, key, use_triton):
-    return torch.empty_like(g, memory_format=torch.contiguous_format)
+    return torch.empty_like(g)
 
 
 def _setup(ctx, inputs, output):

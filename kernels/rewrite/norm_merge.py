@@ -145,6 +145,32 @@ class _AffineOutFn(custom_ops.FirstOrder):
         return dz, da, dbeta
 
 
+class _StockOutFn(_AffineOutFn):
+    """y = the replaced norm's own output for x: its operation, rounding, dtype, NaN/Inf pattern and memory layout,
+    so every reader sees the stock value bit for bit. Its gradient is that of y = α⊙z + β (:class:`_AffineOutFn`:
+    dz = dy⊙α, dα = Σ dy⊙z, dβ = Σ dy), which is what the stock norm computes; x carries no gradient here (it
+    reaches x through z, the MS-norm's backward). ``weight`` is the norm's raw Parameter (α = w or 1 + w), passed
+    so that the stock forward runs with the module's current Parameters, also under torch.func."""
+
+    @staticmethod
+    def forward(z, alpha, beta, x, weight, stock):
+        params = stock._parameters
+        saved = dict(params)
+        try:  # the stock forward on this module's Parameters (the same objects, or torch.func's stand-ins)
+            params.update((k, v) for k, v in (("weight", weight), ("bias", beta)) if k in params)
+            return type(stock).forward(stock, x)
+        finally:
+            params.update(saved)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _AffineOutFn.setup_context(ctx, inputs[:3], output)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return *_AffineOutFn.backward(ctx, dy), None, None, None
+
+
 #: The attribute of a shared-output norm's y that holds (the norm, z, y's version when z was attached).
 _Z = "_approxbp_z"
 
@@ -180,7 +206,13 @@ class _SharedOutput:
             return type(stock).forward(stock, x)  # its Parameters are this module's (keep_affine)
         z = self.normalise(x, None)
         alpha, beta = self.norm_form.alpha(self), self.norm_form.beta(self)
-        y = custom_ops.apply(_AffineOutFn, z, alpha, beta) if alpha is not None or beta is not None else z.view_as(z)
+        stock = swaps.replaced(self)
+        if stock is not None and not torch.compiler.is_exporting():  # y: the stock norm's own value
+            y = custom_ops.apply(_StockOutFn, z, alpha, beta, x, getattr(self, "weight", None), stock)
+        elif alpha is not None or beta is not None:  # (no stock module: a norm built by hand, or an export)
+            y = custom_ops.apply(_AffineOutFn, z, alpha, beta)
+        else:
+            y = z.view_as(z)
         if not torch.compiler.is_compiling():  # (a norm with no stock module to run: its consumers read y as stock)
             setattr(y, _Z, (self, z, y._version))
         return y
@@ -241,13 +273,10 @@ def consumer_features(linear: nn.Module) -> tuple[int, int]:
     return (w.shape[0], w.shape[1]) if type(linear).__name__ == "Conv1D" else (linear.in_features, linear.out_features)
 
 
-def _ms_norm_of(form: NormForm, norm: nn.Module, shared_output: bool = False) -> MSLayerNorm:
+def _ms_norm_of(form: NormForm, shared_output: bool = False) -> MSLayerNorm:
     kinds = (MSLayerNormSharedOutput, MSRMSNormSharedOutput) if shared_output else (MSLayerNorm, MSRMSNorm)
     ms = kinds[0 if form.center else 1](form.dim, form.eps)
     ms.norm_form = form  # the form whose α, β NormInputLinear applies (kept affine: the same Parameters)
-    # y's layout as the stock norm's: torch's native norms return a contiguous tensor, one written in elementwise
-    # ops keeps its input's strides (a reader's .view, or what attention saves, depends on it)
-    ms.contiguous_output = isinstance(norm, nn.LayerNorm | nn.RMSNorm)
     return ms
 
 
@@ -271,7 +300,7 @@ def keep_affine(norm: nn.Module, consumers: list[nn.Module],
     and all its consumers. ``shared_output``: the norm's output also feeds ops that keep nothing for backward, so it
     returns y = α⊙z + β with z attached (:class:`_SharedOutput`)."""
     form = proven_form(norm)
-    ms = _ms_norm_of(form, norm, shared_output)
+    ms = _ms_norm_of(form, shared_output)
     wrapped = consumer_wrappers(ms, consumers)
     ms.weight = getattr(norm, "weight", None)  # Parameters (or None): the same objects, the same state-dict keys
     if hasattr(norm, "bias"):
@@ -316,7 +345,7 @@ def merge_norm(norm: nn.Module, consumers: list[nn.Linear]) -> MSLayerNorm:
             lin.bias = nn.Parameter(b, requires_grad=lin.weight.requires_grad)
         elif b is not None:
             lin.bias.copy_(b.to(lin.bias.dtype))
-    ms = _ms_norm_of(form, norm)
+    ms = _ms_norm_of(form)
     # what unmerge_norm needs (kept outside the module tree: no parameters, no state-dict keys)
     swaps.mark_merged(ms, norm, [m for m, _, _ in merged], created)
     ms._register_state_dict_hook(_warn_merged_layout)
