@@ -1,7 +1,8 @@
 """Example inputs with images for tiny vision-language models (issue 44, item 6: the benchmark runs what users run).
 
 Two layouts cover the matrix's VLMs: square pixel images with one placeholder token per image feature (LLaVA,
-PaliGemma, Gemma-3, ...: ``pixel_values [B, 3, S, S]``) and flattened patches with a (t, h, w) grid per image
+PaliGemma, Gemma-3, ...: ``pixel_values [B, 3, S, S]``; SmolVLM/Idefics3: ``[B, 1, 3, S, S]``, one token per
+scale_factor² features) and flattened patches with a (t, h, w) grid per image
 (Qwen2-VL, Qwen2.5-VL, GLM-4V, ...: ``pixel_values [Σ t·h·w, C·T·P·P]``, ``image_grid_thw``). The special tokens
 are moved into the tiny 128-token vocabulary and the text is drawn above them, so every placeholder is one the
 model expects. A model whose forward refuses the batch is run text only and its row says why.
@@ -62,7 +63,11 @@ def image_batch(config, seed: int = 0) -> dict | None:
         n = (size // patch) ** 2
         if getattr(config, "mm_tokens_per_image", None):  # Gemma-3 pools the patches to this many tokens
             config.mm_tokens_per_image = n = 4
-        extra = {"pixel_values": torch.randn(2, getattr(vision, "num_channels", 3), size, size, generator=gen)}
+        pixels = torch.randn(2, getattr(vision, "num_channels", 3), size, size, generator=gen)
+        if getattr(config, "scale_factor", None):  # Idefics3 / SmolVLM: [B, images, C, S, S], pixel-shuffled tokens
+            n //= config.scale_factor ** 2
+            pixels = pixels[:, None]
+        extra = {"pixel_values": pixels}
     image = [START] * start + [IMAGE] * n + [END] * end
     ids = torch.cat([torch.randint(TEXT_FROM, text.vocab_size, (2, 2), generator=gen), torch.tensor([image] * 2),
                      torch.randint(TEXT_FROM, text.vocab_size, (2, 8), generator=gen)], 1)

@@ -9,15 +9,18 @@ the head saves anyway) and recomputes its logits in the backward, so the step ke
 the fp32 log-softmax (4·r·V bytes); the cost is one more head matmul (2·r·d·V FLOPs). A chunk has ⌈r / ⌈V/d⌉⌉ rows,
 so its logits are about the size of H (the transient), and at least :data:`_MIN_ROWS`.
 
-The model's forward runs as stock with ``labels=None`` and its head returning its input; the loss is computed from
-what the head was given, only when the model returned that tensor as its logits unchanged (no soft-capping or
-scaling after the head) — else the call raises. With the move, a training call with labels returns the loss and
-``logits=None`` (that is the move: nothing else is returned differently); without labels, or without grad, the
-model runs as stock."""
+The model's forward runs as stock, with its labels, its head returning its input and its ``loss_function``
+computing the chunked cross-entropy from what the head was given: the model adds what it adds itself (an MoE's
+router_aux_loss_coef · aux_loss), so the loss is the model's own. It applies only when the model hands that tensor
+to its loss function and returns it as its logits unchanged (no soft-capping or scaling after the head) — else the
+call raises. With the move, a training call with labels returns the loss and ``logits=None`` (that is the move:
+nothing else is returned differently); without labels, or without grad, the model runs as stock."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -101,41 +104,78 @@ def _vocab(head: nn.Module, row: torch.Tensor) -> int:
 def _head_returns_its_input(head: nn.Module, into: list):
     had = head.__dict__.get("forward")
 
-    def forward(x, *args, **kwargs):
+    def restore():
+        if head.__dict__.get("forward") is not forward:
+            return
+        if had is None:
+            del head.__dict__["forward"]
+        else:
+            head.forward = had
+
+    def forward(x, *args, **kwargs):  # once: the loss function's chunks then call the head itself
         into.append(x)
+        restore()
         return x
 
     head.forward = forward
     try:
         yield
     finally:
+        restore()
+
+
+@contextlib.contextmanager
+def _loss_function(model: nn.Module, loss_function):
+    had = model.__dict__.get("_loss_function")
+    model.loss_function = loss_function  # transformers' setter: the model's own forward calls it with its logits
+    try:
+        yield
+    finally:
         if had is None:
-            del head.__dict__["forward"]
+            model.__dict__.pop("_loss_function", None)
         else:
-            head.forward = had
+            model.loss_function = had
 
 
 def apply_chunked_loss(model: nn.Module, rows: int | None = None) -> nn.Module:
     """In place: ``model``'s training calls with labels compute the chunked loss (module docstring); ``rows`` per
-    chunk (default :func:`chunk_rows`). Raises :class:`NotChunked` with the reason where it cannot apply."""
+    chunk (default :func:`chunk_rows`). The model's own forward runs with its labels and computes its own loss —
+    auxiliary losses (an MoE's router_aux_loss_coef · aux_loss), ``num_items_in_batch``, ``shift_labels``,
+    ``ignore_index`` — with its ``loss_function`` computing the cross-entropy chunk by chunk from what the head was
+    given; its signature stays visible (``inspect.signature``: Trainer's column filter), ``return_dict=False`` gives
+    the stock tuple with None for the logits. Raises :class:`NotChunked` with the reason where it cannot apply."""
     if (why := refusal(model)) is not None:
         raise NotChunked(f"chunked loss: {why}")
     if _APPLIED in model.__dict__:
         return model
     inner = model.forward
+    signature = inspect.signature(inner)
 
-    def forward(*args, labels=None, **kwargs):
-        if labels is None or not torch.is_grad_enabled() or kwargs.get("logits_to_keep", 0) != 0:
-            return inner(*args, labels=labels, **kwargs)
-        head, seen = model.get_output_embeddings(), []  # the head as it is now (a later rewrite may replace it)
-        with _head_returns_its_input(head, seen):
-            out = inner(*args, labels=None, **kwargs)
-        if len(seen) != 1 or getattr(out, "logits", None) is not seen[0]:
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        given = signature.bind_partial(*args, **kwargs).arguments
+        if given.get("labels") is None or not torch.is_grad_enabled() or given.get("logits_to_keep") not in (0, None):
+            return inner(*args, **kwargs)
+        head, seen, handed = model.get_output_embeddings(), [], []  # the head as it is now (a rewrite may replace it)
+
+        def chunked(logits, labels, vocab_size=None, **loss_kwargs):  # the model's loss_function (its own names)
+            handed.append(logits)
+            return _chunked_cross_entropy(logits, head, labels, rows=rows,
+                                         **{k: loss_kwargs[k] for k in _LOSS_ARGS if k in loss_kwargs})
+
+        as_tuple = kwargs.get("return_dict") is False
+        if as_tuple:
+            kwargs["return_dict"] = True
+        with _head_returns_its_input(head, seen), _loss_function(model, chunked):
+            out = inner(*args, **kwargs)
+        unchanged = len(seen) == len(handed) == 1 and handed[0] is seen[0]
+        if not unchanged or getattr(out, "logits", None) is not seen[0]:
             raise RuntimeError(f"chunked loss: {type(model).__name__} changes its logits after the head (or calls "
-                               "it more than once); remove it with approxbp.planner.chunked_loss.remove_chunked_loss")
-        loss = _chunked_cross_entropy(seen[0], head, labels, rows=rows,
-                                     **{k: kwargs[k] for k in _LOSS_ARGS if k in kwargs})
-        return type(out)(**{**out, "loss": loss, "logits": None})
+                               "it more than once, or computes its loss otherwise); remove it with "
+                               "approxbp.planner.chunked_loss.remove_chunked_loss")
+        if as_tuple:  # the stock tuple (its None fields left out, as transformers does), the logits' place kept
+            return tuple(None if k == "logits" else v for k, v in out.items())
+        return type(out)(**{**out, "logits": None})
 
     model.__dict__[_APPLIED] = inner
     model.forward = forward

@@ -22,6 +22,8 @@ on real tensors); the peak adds the largest S_b of a moved block, the transient 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +120,8 @@ def apply_moves(model: nn.Module, moves: dict[str, str]) -> nn.Module:
     """In place: each block of ``moves`` (path → move) recomputed or offloaded (``keep`` leaves it). A recomputed
     block's inputs are saved by the checkpoint through the saved-tensor hooks, so the hooks' count is the device's."""
     modules = dict(model.named_modules())
+    if any(path != LOSS and (move == "recompute" or move.startswith(RECOMPUTE_PART)) for path, move in moves.items()):
+        _no_cache_while_training(model)  # first: the chunked loss, if any, wraps it (remove_moves unwraps in turn)
     for path, move in moves.items():
         if path == LOSS and move in ("keep", CHUNKED):
             if move == CHUNKED:
@@ -135,17 +139,46 @@ def apply_moves(model: nn.Module, moves: dict[str, str]) -> nn.Module:
             continue
         inner = block.forward
         block.__dict__[_MOVED] = (move, inner)
-        block.forward = _recompute(inner) if move == "recompute" else _offload(inner)
+        block.forward = _recompute(block, inner) if move == "recompute" else _offload(inner)
     return model
 
 
-def _recompute(inner):
+#: A block's keyword arguments that hold the KV cache it writes (transformers' names across its layers).
+_CACHE_ARGS = ("past_key_values", "past_key_value", "cache", "layer_past")
+_NO_CACHE = "_approxbp_no_cache_while_training"  # the model's __dict__: the forward it had
+
+
+def _recompute(block: nn.Module, inner):
+    """The block under a non-reentrant checkpoint. Training with grad, as transformers' GradientCheckpointingLayer
+    does: ``use_cache=False`` and no cache handed in, since the replay in the backward would write its keys and values
+    into the cache a second time (eager attention: "24 vs 12")."""
     from torch.utils.checkpoint import checkpoint
 
     def forward(*args, **kwargs):
+        if block.training and torch.is_grad_enabled():
+            kwargs.update({k: None for k in _CACHE_ARGS if kwargs.get(k) is not None})
+            if kwargs.get("use_cache"):
+                kwargs["use_cache"] = False
         return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
     return forward
+
+
+def _no_cache_while_training(model: nn.Module) -> None:
+    """A model with recomputed blocks makes no KV cache in training calls with grad (``use_cache=False``), as a
+    transformers model with gradient checkpointing on: the blocks could not fill it (see :func:`_recompute`)."""
+    if _NO_CACHE in model.__dict__ or "use_cache" not in inspect.signature(model.forward).parameters:
+        return
+    inner = model.forward
+
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        if model.training and torch.is_grad_enabled():
+            kwargs["use_cache"] = False
+        return inner(*args, **kwargs)
+
+    model.__dict__[_NO_CACHE] = inner
+    model.forward = forward
 
 
 def _offload(inner):
@@ -159,6 +192,12 @@ def _offload(inner):
 def remove_moves(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_moves`: each moved block gets the forward it had, the loss its stock computation."""
     remove_chunked_loss(model)
+    inner = model.__dict__.pop(_NO_CACHE, None)
+    if inner is not None:
+        if getattr(inner, "__func__", None) is type(model).forward and inner.__self__ is model:
+            del model.__dict__["forward"]
+        else:
+            model.forward = inner
     for block in model.modules():
         if _MOVED in block.__dict__:
             _, inner = block.__dict__.pop(_MOVED)

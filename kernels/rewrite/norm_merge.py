@@ -194,8 +194,9 @@ def attached_z(y: torch.Tensor, norm: nn.Module) -> torch.Tensor | None:
 
 class _SharedOutput:
     """An MS-norm whose output also feeds ops that keep nothing for backward (post-LN encoders: the residual add of
-    the next sub-layer): it returns y = α⊙z + β itself (:class:`_AffineOutFn`), with z attached, so that its consumer
-    Linears (:class:`NormInputLinear`) read and save z while the add reads y. z stays in the input's dtype (the add
+    the next sub-layer): it returns y by the replaced module's own forward (:class:`_StockOutFn`: the stock value bit
+    for bit, with the gradient of α⊙z + β), with z attached, so that its consumer Linears (:class:`NormInputLinear`)
+    read y and save z while the add reads y. z stays in the input's dtype (the add
     needs the stock precision under autocast). Compiled (dynamo), the stock module's own forward runs: the
     partitioner already saves the norm's input and statistics and recomputes y for its readers (one tensor per
     norm, the MS-norm's saving), and under autocast it may keep a bf16 y where z would be fp32 (docs/training.md)."""

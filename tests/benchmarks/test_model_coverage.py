@@ -18,9 +18,10 @@ COVERAGE = runpy.run_path(str(ROOT / "benchmarks" / "model_coverage.py"))
 #: the residual add (glm4), ReLU² (nemotron, exact table), Mistral's code under another name (ministral), and a
 #: vision-language models run with images, whose top-level forwards count image tokens with .item() (llava; gemma3's
 #: SigLIP tower with pooled image tokens; qwen2_5_vl's flattened patches on a grid), and an MoE whose
-#: 3-d-parameter experts get the exact gate (qwen3_moe).
+#: 3-d-parameter experts get the exact gate (qwen3_moe); SmolVLM with its images ([B, 1, C, S, S] pixels), whose vision
+#: tower hands its final norm a non-contiguous input and whose connector .view()s the result (issue 59).
 SUBSET = ("llama", "gemma", "qwen3", "phi3", "bert", "roberta", "t5", "vit", "gpt2", "glm4", "nemotron", "ministral",
-          "llava", "gemma3", "qwen2_5_vl", "qwen3_moe")
+          "llava", "gemma3", "qwen2_5_vl", "qwen3_moe", "smolvlm")
 VISION_LANGUAGE = ("llava", "gemma3", "qwen2_5_vl")
 
 
@@ -86,6 +87,16 @@ def test_vision_language_models_run_with_images_get_both_towers_within_five_poin
     assert row["input"] == "text and images", row
     assert row["norms_rewritten"] == row["norms"] and row["unreported"] == [], row["skipped"]
     assert row["saving"] > rows["llama"]["saving"] - 0.05, row
+
+
+def test_smolvlm_with_images_is_patched_and_stock(rows):
+    """Issue 59: the post-layernorm's output layout is the stock module's (it is the stock forward's value), so the
+    connector's .view works and SmolVLM run with its images is patched whole: every norm rewritten, the forward equal
+    to stock bit for bit, the saving positive."""
+    row = rows["smolvlm"]
+    assert row["input"] == "text and images", row
+    assert row["norms_rewritten"] == row["norms"] and row["skipped"] == [], row
+    assert row["forward_difference"] == 0.0 and row["saving"] > 0.05, row
 
 
 def test_the_table_says_what_was_left_and_why(rows):

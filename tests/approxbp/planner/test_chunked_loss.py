@@ -99,3 +99,53 @@ def test_a_model_without_a_causal_lm_loss_is_refused():
 def test_a_chunk_has_logits_the_size_of_the_hidden_states_and_rows_enough_to_be_compute_bound(rows, width, vocab,
                                                                                                  expected):
     assert chunk_rows(rows, width, vocab) == expected
+
+
+def _qwen3_moe():
+    cfg = transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                      num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                                      output_router_logits=True, router_aux_loss_coef=0.5)
+    torch.manual_seed(0)
+    return transformers.Qwen3MoeForCausalLM(cfg)  # (its grouped_mm experts refuse float64)
+
+
+def test_an_moe_models_auxiliary_loss_is_kept():
+    """Issue 58: the chunked loss ran the model with labels=None and lost router_aux_loss_coef · aux_loss (4.563 where
+    stock returns 5.565, the router's gradients off by 0.027). The model now computes its own loss with its labels."""
+    stock = _qwen3_moe()
+    ours = apply_chunked_loss(copy.deepcopy(stock))
+    ids, labels = _batch()
+    outs = []
+    for model in (stock, ours):
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+        outs.append(out)
+    assert outs[0].aux_loss is not None and float(outs[0].aux_loss) > 0
+    assert outs[1].loss.item() == pytest.approx(outs[0].loss.item(), rel=1e-6)  # fp32, summed in another order
+    for (name, a), b in zip(stock.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_the_models_signature_stays_visible():
+    """Issue 58: Trainer's remove_unused_columns keeps the columns the forward's signature names; the wrapper's
+    (*args, labels=None, **kwargs) made it drop input_ids."""
+    import inspect
+
+    model = _llama()
+    before = list(inspect.signature(model.forward).parameters)
+    apply_chunked_loss(model)
+    assert list(inspect.signature(model.forward).parameters) == before and "input_ids" in before
+
+
+def test_return_dict_false_gives_the_stock_tuple_with_the_stock_loss():
+    """Issue 58: return_dict=False raised a misleading "changes its logits after the head"."""
+    stock = _llama(torch.float64)
+    ours = apply_chunked_loss(copy.deepcopy(stock))
+    ids, labels = _batch()
+    want = stock(input_ids=ids, labels=labels, return_dict=False)
+    got = ours(input_ids=ids, labels=labels, return_dict=False)
+    assert isinstance(got, tuple) and len(got) == len(want) and got[1] is None
+    assert got[0].item() == pytest.approx(want[0].item(), rel=1e-9)
+    positional = ours(ids, None, None, None, None, labels)  # labels given by position
+    assert positional.loss.item() == pytest.approx(want[0].item(), rel=1e-9)

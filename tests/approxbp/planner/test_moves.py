@@ -86,6 +86,29 @@ def test_a_part_is_chosen_where_it_saves_bytes_more_cheaply_than_its_block():
     assert choose_moves(costs, 20, host_link=1.0) == {"b0": "recompute attn", "b1": "recompute attn"}
 
 
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_a_recomputed_block_with_the_kv_cache_on_trains_as_stock(attention):
+    """Issue 58: training with use_cache at its default, a recomputed block wrote its keys into the cache a second
+    time in the backward replay (eager: "24 vs 12"; SDPA ran with a doubled cache). As transformers' checkpointed
+    layers, recompute moves turn the cache off in training calls with grad; loss and gradients are stock's (the
+    model's own loss, with labels), eval and no-grad calls keep their cache, remove_moves restores the forward."""
+    stock = _llama()
+    stock.config._attn_implementation = attention
+    moved = apply_moves(copy.deepcopy(stock), {"model.layers.1": "recompute", "model.layers.2": "recompute mlp"})
+    grads = []
+    for model in (stock, moved):
+        out = model(input_ids=IDS, labels=IDS)  # use_cache left at its default (True)
+        out.loss.backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():
+        cached = moved.eval()(input_ids=IDS, use_cache=True).past_key_values
+    assert cached is not None and cached.get_seq_length() == IDS.shape[1]
+    remove_moves(moved)
+    assert "forward" not in moved.__dict__
+
+
 def test_a_bad_move_or_path_is_refused():
     with pytest.raises(ValueError, match="expected one of keep, recompute, offload"):
         apply_moves(_llama(), {"model.layers.0": "swap"})
