@@ -1,0 +1,74 @@
+"""Issue 58: approxbp in Hugging Face Trainer through one callback (approxbp.trainer.ApproxBPCallback): patched on
+the first real batch, moves applied (chunked loss, recompute), ≥ 20 steps whose losses equal stock's, every
+checkpoint loadable into the stock class with the trained values."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from approxbp.trainer import ApproxBPCallback  # noqa: E402
+
+VOCAB = 64
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    ids = (torch.randint(0, VOCAB, (48, 1), generator=g) + torch.arange(16)) % VOCAB  # next token = token + 1
+    return [{"input_ids": r, "labels": r} for r in ids]
+
+
+def _llama():
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+        vocab_size=VOCAB, max_position_embeddings=32))
+
+
+def _qwen3_moe():
+    return transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=32, output_router_logits=True))
+
+
+def _train(build, out_dir, callback=None):
+    torch.manual_seed(0)
+    model = build()
+    args = transformers.TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=2, max_steps=20,
+                                          learning_rate=3e-3, logging_steps=1, report_to=[], save_steps=10,
+                                          use_cpu=True, seed=0, disable_tqdm=True, data_seed=0)
+    # remove_unused_columns at its default (True): the chunked loss keeps the signature Trainer filters columns by
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_data(),
+                                   callbacks=[callback] if callback else None)
+    trainer.train()
+    trainer.save_model(str(out_dir / "final"))
+    return model, [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+@pytest.mark.parametrize("build", [_llama, _qwen3_moe], ids=["llama", "qwen3_moe"])
+def test_trainer_with_the_callback_trains_as_stock_and_saves_stock_checkpoints(build, tmp_path):
+    _, stock = _train(build, tmp_path / "stock")
+    callback = ApproxBPCallback(family="invact", moves={"model.layers.0": "recompute", "(loss)": "chunked-loss"})
+    model, ours = _train(build, tmp_path / "ours", callback)
+    assert callback.report is not None and callback.report.norms and callback.report.saved_bytes[1] < \
+        callback.report.saved_bytes[0], callback.report
+    assert "_approxbp_chunked_loss" in model.__dict__  # the move was applied
+    assert len(ours) == len(stock) == 20
+    for a, b in zip(stock, ours):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-6), (stock, ours)
+    ids = torch.arange(12)[None] % VOCAB
+    model.eval()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    for folder in ("final", "checkpoint-10", "checkpoint-20"):
+        loaded = type(model).from_pretrained(str(tmp_path / "ours" / folder)).eval()
+        assert type(loaded.model.norm).__name__ == type(build().model.norm).__name__
+        if folder != "checkpoint-10":
+            with torch.no_grad():
+                torch.testing.assert_close(loaded(input_ids=ids).logits, want, rtol=1e-6, atol=1e-6)
+
+
+def test_an_argument_patch_model_does_not_take_is_refused():
+    with pytest.raises(TypeError, match="famliy"):
+        ApproxBPCallback(famliy="invact")
+    with pytest.raises(TypeError, match="example_input"):
+        ApproxBPCallback(example_input=torch.zeros(1))
