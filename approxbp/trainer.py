@@ -6,8 +6,8 @@
 Why a callback: it is the one object ``Trainer`` and every TRL trainer (SFT, DPO, GRPO, KTO, GKD: subclasses of
 ``Trainer``) accept unchanged, and ``on_train_begin`` hands it the model the trainer trains — after peft, whichever
 way accelerate wraps it — with the optimizer already holding its Parameters (every rewrite keeps them: the same
-objects). The patch itself waits for the first real batch (a forward pre-hook that removes itself): its keyword
-arguments, labels left out, are ``patch_model``'s ``example_input``, so the rewrites are proven and measured on the
+objects). The patch itself waits for the first real batch (a forward pre-hook that removes itself): its
+arguments, by name, are ``patch_model``'s ``example_input``, so the rewrites are proven and measured on the
 shapes the run trains on, outside autocast (the proof compares with stock in the model's own dtype). Then the plan's
 moves (``approxbp.planner.moves.apply_moves``: ``"recompute"`` per block path, ``"chunked-loss"`` for ``"(loss)"``)
 are applied to the transformers model. The report (saved bytes, every skip with its reason) is logged once and kept
@@ -70,8 +70,8 @@ class ApproxBPCallback(TrainerCallback):
 
 
 def _keywords(model: nn.Module, args: tuple, kwargs: dict) -> dict:
-    """The call's arguments by name (positional ones bound to the forward's signature), labels left out: the
-    example input of the model's own call."""
+    """The call's arguments by name (positional ones bound to the forward's signature), labels included (TRL's
+    fused-head forward needs them): the example input is the model's own first call."""
     signature = inspect.signature(model.forward)
     bound = signature.bind_partial(*args, **kwargs).arguments
     out = {}
@@ -80,5 +80,4 @@ def _keywords(model: nn.Module, args: tuple, kwargs: dict) -> dict:
             out.update(value)
         elif signature.parameters[name].kind is not inspect.Parameter.VAR_POSITIONAL:
             out[name] = value
-    out.pop("labels", None)
     return out

@@ -168,6 +168,8 @@ def apply_chunked_loss(model: nn.Module, rows: int | None = None) -> nn.Module:
             kwargs["return_dict"] = True
         with _head_returns_its_input(head, seen), _loss_function(model, chunked):
             out = inner(*args, **kwargs)
+        if not seen and not handed:  # the call computed its loss without the head module (TRL's fused-head loss,
+            return out               # itself a chunked loss): the model's own result, as it is
         unchanged = len(seen) == len(handed) == 1 and handed[0] is seen[0]
         if not unchanged or getattr(out, "logits", None) is not seen[0]:
             raise RuntimeError(f"chunked loss: {type(model).__name__} changes its logits after the head (or calls "

@@ -72,3 +72,38 @@ def test_an_argument_patch_model_does_not_take_is_refused():
         ApproxBPCallback(famliy="invact")
     with pytest.raises(TypeError, match="example_input"):
         ApproxBPCallback(example_input=torch.zeros(1))
+
+
+def test_trl_sft_trainer_with_the_callback_trains_as_stock(tmp_path):
+    """TRL's SFTTrainer (a Trainer subclass) takes the same callback. Its own fused-head loss (TRL ≥ 1.x chunks the
+    head itself) is left as TRL computes it: the chunked-loss move returns the model's result unchanged when the
+    call never runs the head module. Losses: the first steps bit for bit, then within 5e-4 — the norms' backward
+    rounds otherwise than stock's in fp32 and Adam amplifies it (the same curve with family=None, norms only)."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from tokenizers import Tokenizer, models
+
+    data = datasets.Dataset.from_list([{"input_ids": r["input_ids"].tolist()} for r in _data()])
+
+    def run(callback):
+        torch.manual_seed(0)
+        model = _llama()
+        model.config.pad_token_id = 0
+        tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t1"))
+        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t2",
+                                                         unk_token="t1")
+        args = trl.SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=20,
+                             learning_rate=3e-3, logging_steps=1, report_to=[], use_cpu=True, seed=0,
+                             disable_tqdm=True, save_strategy="no")
+        trainer = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
+                                 callbacks=[callback] if callback else None)
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    stock = run(None)
+    callback = ApproxBPCallback(family="invact", moves={"model.layers.0": "recompute", "(loss)": "chunked-loss"})
+    ours = run(callback)
+    assert callback.report is not None and callback.report.norms
+    assert len(ours) == len(stock) == 20 and ours[:3] == stock[:3]
+    for a, b in zip(stock, ours):
+        assert b == pytest.approx(a, rel=5e-4), (stock, ours)
