@@ -84,8 +84,8 @@ def _rewrite_norm(model, modules, name, consumers, other, report, undo) -> None:
         return
     ms, wrapped = keep_affine(modules[name], [modules[c] for c in plain], shared_output=True)
     _install(model, modules, {name: ms, **dict(zip(plain, wrapped))}, undo)
-    report.norms.append(f"{name} → {type(ms).__name__}: returns y by the stock forward, saves z and σ⁻¹ in place of its "
-                        f"input" + (f"; {plain} save z in place of its output" if plain else "")
+    report.norms.append(f"{name} → {type(ms).__name__}: returns y by the stock forward, saves z and σ⁻¹ in place of "
+                        f"its input" + (f"; {plain} save z in place of its output" if plain else "")
                         + (f"; {', '.join(readers)} read its output as stock" if readers else ""))
 
 
