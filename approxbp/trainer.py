@@ -29,7 +29,7 @@ from transformers import TrainerCallback
 
 __all__ = ["ApproxBPCallback"]
 
-logger = logging.getLogger("approxbp")
+_logger = logging.getLogger("approxbp")
 
 
 class ApproxBPCallback(TrainerCallback):
@@ -66,7 +66,7 @@ class ApproxBPCallback(TrainerCallback):
         if self.moves:
             target = model.get_base_model() if hasattr(model, "get_base_model") else model
             apply_moves(target, self.moves)
-        logger.info("approxbp: %s", self.report)
+        _logger.info("approxbp: %s", self.report)
 
 
 def _keywords(model: nn.Module, args: tuple, kwargs: dict) -> dict:

@@ -77,6 +77,17 @@ def _torch_norm(x, eps: float, center: bool):
     return nn.functional.layer_norm(x, shape, eps=eps) if center else nn.functional.rms_norm(x, shape, eps=eps)
 
 
+def _z_strides(x, center: bool) -> tuple[int, ...]:
+    """The strides torch's norm gives its output (without running a meta kernel, whose Python decomposition would
+    import sympy at run time): contiguous for layer_norm; rms_norm keeps a channels-last input's format."""
+    fmt = torch.contiguous_format
+    if not center and not x.is_contiguous():
+        for kind, dims in ((torch.channels_last, 4), (torch.channels_last_3d, 5)):
+            if x.dim() == dims and x.is_contiguous(memory_format=kind):
+                fmt = kind
+    return torch.empty_like(x, device="meta", memory_format=fmt).stride()
+
+
 def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtype):
     """(z, σ⁻¹): z = σ⁻¹·H·x (LayerNorm) or σ⁻¹·x (RMSNorm) in ``out_dtype`` (default x's), σ⁻¹ per row in fp32
     (fp64 for fp64 input)."""
@@ -92,8 +103,7 @@ def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtyp
         if xc.numel():
             _ms_norm_forward[(triton.cdiv(xc.shape[0], rows_per),)](
                 xc, z, rstd, xc.shape[0], d, eps, CENTER=center, ROWS=rows_per, BLOCK_D=block_d)
-        return custom_ops.laid_out(z.view(x.shape), _torch_norm(x.to("meta"), eps, center).stride()), \
-            rstd.view(*x.shape[:-1], 1)
+        return custom_ops.laid_out(z.view(x.shape), _z_strides(x, center)), rstd.view(*x.shape[:-1], 1)
     # z by torch's own op (its rounding, NaN/Inf pattern and layout: what nn.LayerNorm / nn.RMSNorm return without
     # an affine); σ⁻¹, which only the backward reads, in fp32 (torch's LayerNorm keeps it in fp16 for fp16 input)
     z = _torch_norm(x, eps, center)

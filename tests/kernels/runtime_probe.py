@@ -20,6 +20,10 @@ def audit(event, args):
         WRITES.append(f"{event} {args[0]}")
 
 
+# Imported before the hook: torch's data module imports dill when it is installed (trl's datasets brings it), and
+# dill probes file types at import time (opens /dev/null and a temporary file): a third party's import, not ours.
+import torch.utils.data  # noqa: E402, F401
+
 sys.addaudithook(audit)
 
 import approxbp.kernels as K  # noqa: E402
