@@ -133,8 +133,9 @@ def test_activation_checkpointing_gives_the_same_gradients():
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
-@pytest.mark.parametrize("fsdp", [False, True], ids=["DDP", "FSDP2"])
-def test_distributed_gradients_equal_single_process(fsdp, tmp_path):
+@pytest.mark.parametrize("fsdp,patch_after", [(False, False), (True, False), (False, True)],
+                         ids=["DDP", "FSDP2", "DDP-patched-after-wrapping"])  # FSDP2 after: issue 58, open
+def test_distributed_gradients_equal_single_process(fsdp, patch_after, tmp_path):
     import torch.multiprocessing as mp
 
     if fsdp:
@@ -147,7 +148,8 @@ def test_distributed_gradients_equal_single_process(fsdp, tmp_path):
     out_file = tmp_path / "grads.pt"
     for attempt in range(2):  # gloo's rendezvous on a loaded 2-core machine has aborted (SIGABRT) once in ~10 runs
         port = _free_port()
-        procs = [ctx.Process(target=_ddp_worker, args=(r, 2, port, x, str(out_file), fsdp)) for r in range(2)]
+        procs = [ctx.Process(target=_ddp_worker, args=(r, 2, port, x, str(out_file), fsdp, patch_after))
+                 for r in range(2)]
         for p in procs:
             p.start()
         for p in procs:

@@ -39,13 +39,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ddp_worker(rank, world, port, x, out_file, fsdp):
+def _ddp_worker(rank, world, port, x, out_file, fsdp, patch_after=False):
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        model = _patched("relu-sum")
+        model = _gpt() if patch_after else _patched("relu-sum")
         if fsdp:
             from torch.distributed.fsdp import fully_shard
 
@@ -55,6 +55,8 @@ def _ddp_worker(rank, world, port, x, out_file, fsdp):
             fully_shard(model)
         else:
             model = nn.parallel.DistributedDataParallel(model)
+        if patch_after:  # the wrapped model patched in place (DDP: its .module), as a trainer's callback does
+            patch_model(getattr(model, "module", model), family="relu-sum")
         shard = x.chunk(world)[rank]
         model(shard).square().mean().backward()
         grads = []
