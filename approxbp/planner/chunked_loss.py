@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "LOSS", "NotChunked", "refusal", "remove_chunked_loss"]
+__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "LOSS", "NotChunked", "refusal", "remove_chunked_loss", "restore_forward"]
 
 
 #: A plan's name for the move and for where it applies (the loss, outside every block).
@@ -186,10 +186,15 @@ def apply_chunked_loss(model: nn.Module, rows: int | None = None) -> nn.Module:
 
 def remove_chunked_loss(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_chunked_loss`."""
-    inner = model.__dict__.pop(_APPLIED, None)
-    if inner is not None:
-        if getattr(inner, "__func__", None) is type(model).forward and inner.__self__ is model:
-            del model.__dict__["forward"]
-        else:
-            model.forward = inner
+    restore_forward(model, model.__dict__.pop(_APPLIED, None))
     return model
+
+
+def restore_forward(module: nn.Module, inner) -> None:
+    """Give ``module`` back the forward ``inner`` it had before a wrapper was set on it (None: nothing was)."""
+    if inner is None:
+        return
+    if getattr(inner, "__func__", None) is type(module).forward and inner.__self__ is module:
+        del module.__dict__["forward"]  # the class's own
+    else:
+        module.forward = inner

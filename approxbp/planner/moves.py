@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from approxbp.planner.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss
+from approxbp.planner.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss, restore_forward
 from approxbp.planner.knapsack import multiple_choice
 
 __all__ = ["apply_moves", "BlockCost", "choose_moves", "LossCost", "Offload", "PART_KEY", "RECOMPUTE_PART",
@@ -192,19 +192,10 @@ def _offload(inner):
 def remove_moves(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_moves`: each moved block gets the forward it had, the loss its stock computation."""
     remove_chunked_loss(model)
-    inner = model.__dict__.pop(_NO_CACHE, None)
-    if inner is not None:
-        if getattr(inner, "__func__", None) is type(model).forward and inner.__self__ is model:
-            del model.__dict__["forward"]
-        else:
-            model.forward = inner
+    restore_forward(model, model.__dict__.pop(_NO_CACHE, None))
     for block in model.modules():
         if _MOVED in block.__dict__:
-            _, inner = block.__dict__.pop(_MOVED)
-            if getattr(inner, "__func__", None) is type(block).forward and inner.__self__ is block:
-                del block.__dict__["forward"]  # the class's own
-            else:
-                block.forward = inner
+            restore_forward(block, block.__dict__.pop(_MOVED)[1])
     return model
 
 
