@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "LOSS", "NotChunked", "refusal", "remove_chunked_loss", "restore_forward"]
+__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "LOSS", "NotChunked", "refusal", "remove_chunked_loss",
+           "restore_forward"]
 
 
 #: A plan's name for the move and for where it applies (the loss, outside every block).
