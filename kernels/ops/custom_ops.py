@@ -64,7 +64,10 @@ def laid_out(t: Tensor, strides: tuple[int, ...]) -> Tensor:
 
 
 def like(t: Tensor, ref: Tensor) -> Tensor:
-    """``t`` laid out as ``torch.empty_like(ref)`` (:func:`laid_out`)."""
+    """``t`` laid out as ``torch.empty_like(ref)`` (:func:`laid_out`); both contiguous (the common case): ``t``, with
+    no meta tensor made on the hot path."""
+    if t.is_contiguous() and ref.is_contiguous():
+        return t
     return laid_out(t, torch.empty_like(ref, device="meta").stride())
 
 

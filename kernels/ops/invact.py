@@ -58,8 +58,10 @@ class InvActSpec(GeneratedSpec):
         return 0 if self.monotone else (n + 7) // 8
 
     def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        xc = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 math; fp64 stays fp64
-        bits = x.new_empty((0,), dtype=torch.uint8) if self.monotone else pack(xc < self.T, 1)
+        if self.monotone:
+            bits = x.new_empty((0,), dtype=torch.uint8)
+        else:  # the branch compared in fp32 (fp64 stays fp64), as the kernels compare
+            bits = pack(x.to(torch.promote_types(x.dtype, torch.float32)) < self.T, 1)
         return exact_forward(self.module, x), bits
 
     def forward_only_torch(self, x: torch.Tensor) -> torch.Tensor:

@@ -108,7 +108,7 @@ def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtyp
     # an affine); σ⁻¹, which only the backward reads, in fp32 (torch's LayerNorm keeps it in fp16 for fp16 input)
     z = _torch_norm(x, eps, center)
     xf = x.to(acc)
-    if center:  # shifted by the row's first element first (as the kernel): a constant row centres to exactly 0
+    if center:  # σ⁻¹ from the row shifted by its first element first (as the kernel): a constant row's variance is 0
         xf = xf - xf[..., :1]
         xf = xf - xf.mean(-1, keepdim=True)
     var = xf.pow(2).mean(-1, keepdim=True)

@@ -202,12 +202,11 @@ class _SharedOutput:
     norm, the MS-norm's saving), and under autocast it may keep a bf16 y where z would be fp32 (docs/training.md)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (torch.compiler.is_compiling() and not torch.compiler.is_exporting()
-                and (stock := swaps.replaced(self)) is not None):  # (an exported program keeps the MS-norm's ops)
+        stock = swaps.replaced(self)  # (None: a norm built by hand; an exported program keeps the MS-norm's ops)
+        if stock is not None and torch.compiler.is_compiling() and not torch.compiler.is_exporting():
             return type(stock).forward(stock, x)  # its Parameters are this module's (keep_affine)
         z = self.normalise(x, None)
         alpha, beta = self.norm_form.alpha(self), self.norm_form.beta(self)
-        stock = swaps.replaced(self)
         if stock is not None and not torch.compiler.is_exporting():  # y: the stock norm's own value
             y = custom_ops.apply(_StockOutFn, z, alpha, beta, x, getattr(self, "weight", None), stock)
         elif alpha is not None or beta is not None:  # (no stock module: a norm built by hand, or an export)
