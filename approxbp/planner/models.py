@@ -78,6 +78,10 @@ def model_spec(text: str, task: str | None = None) -> Callable[[], tuple[nn.Modu
     except Exception as err:  # noqa: BLE001 - transformers' own validation errors, said in one line
         cause = " ".join(str(err).split())
         raise ValueError(f"{text}: transformers refused this config: {cause[-300:]}") from None
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv, int) and kv > 0 and heads % kv:
+        raise ValueError(f"{text}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv}); "
+                         "set kv_heads= too")
 
     return hf_builder(config, task)
 

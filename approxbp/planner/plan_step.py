@@ -83,6 +83,20 @@ def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: d
     return model
 
 
+def _refuse_gpu_less_experts(model: nn.Module) -> None:
+    """Refuse experts that run transformers' ``grouped_mm`` on weights other than bf16: a GPU's grouped matmul takes
+    bf16 only and autocast does not cast it (pytorch#174763), so the step planned would not run there (its fake
+    kernel says so with a bare dtype error)."""
+    for name, m in model.named_modules():
+        weight = getattr(m, "gate_up_proj", None)
+        implementation = getattr(getattr(m, "config", None), "_experts_implementation", None)
+        if implementation == "grouped_mm" and isinstance(weight, torch.Tensor) and weight.dtype != torch.bfloat16:
+            raise ValueError(f"{name}: its experts run grouped_mm on {str(weight.dtype).removeprefix('torch.')} "
+                             "weights, which a GPU's grouped matmul does not take (bf16 only; autocast does not cast "
+                             "it): plan with bf16 weights (--mode bf16, --mode lora), or add "
+                             "experts_implementation=batched_mm to the model's overrides")
+
+
 def step_inputs(make_inputs, batch: int, seq: int, setup: Setup) -> dict:
     """One step's inputs: the floating ones in the set-up's dtype, unless autocast computes in its own."""
     return {k: v.to(setup.dtype) if torch.is_tensor(v) and v.is_floating_point() and setup.autocast == "off" else v
@@ -114,6 +128,7 @@ def stepper(request: Request, *, whole: bool = False):
             with weights_for(setup), no_init() if fake else contextlib.nullcontext():
                 model, make_inputs = builder()
                 model = prepare(model, setup, lora_r, checkpoint)
+            _refuse_gpu_less_experts(model)
             inputs = step_inputs(make_inputs, batch, seq, setup)
             layers = activation_layers(model)
             if assignment or ms_norm:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..ops.glu import GLU_ACTIVATIONS, GLUSpec, glu
 from . import swaps
 from .activation_swap import ACTIVATION_CLASSES, class_key
 from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, hooks_of
+from .glu_forms import _float64_twin
 
 __all__ = ["bmm_experts_forward", "candidates", "ExactExpertGate", "experts_forward", "fuse_expert_gates"]
 
@@ -71,7 +73,9 @@ def experts_forward(module: nn.Module):
     def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         k = top_k_index.size(-1)
         expert_of, perm = torch.sort(top_k_index.reshape(-1))
-        offsets = torch.cumsum(torch.bincount(expert_of, minlength=module.num_experts), 0, dtype=torch.int32)
+        counts = torch.histc(expert_of.float() if expert_of.device.type in ("cpu", "mps") else expert_of.int(),
+                             bins=module.num_experts, min=0, max=module.num_experts - 1)  # as transformers counts
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # (histc has a fake kernel; bincount has none)
         gate_up = _grouped_linear(hidden_states[perm // k], module.gate_up_proj, offsets,
                                   bias=rows("gate_up_proj_bias", expert_of), is_transposed=module.is_transposed)
         out = checkpoint(gate_down, gate_up, module.down_proj, offsets, expert_of if biased else None,
@@ -117,17 +121,25 @@ def bmm_experts_forward(module: nn.Module):
 def _probe_bmm(module: nn.Module) -> str | None:
     """:func:`bmm_experts_forward` against the module's own forward on a float64 copy: 4 tokens per expert of N(0, 1),
     the output and the gradients of the tokens and the parameters to 1e-12 relative; the reason when they differ."""
-    import copy
-
-    probe = copy.deepcopy(module).double()
-    gen = torch.Generator().manual_seed(0)
-    experts, width = probe.gate_up_proj.shape[:2]
-    x = torch.randn(experts * 4, width, dtype=torch.float64, generator=gen).requires_grad_()
-    try:
-        off = _difference(probe, lambda: bmm_experts_forward(probe), (x,), (x,))
-    except Exception as err:  # noqa: BLE001 - a forward that takes other inputs is not this one
-        return f"could not be probed as Llama-4's experts ({type(err).__name__}: {str(err)[:80]})"
+    with unset_fake_temporarily():
+        probe = _real_twin(module, torch.float64)
+        gen = torch.Generator().manual_seed(0)
+        experts, width = probe.gate_up_proj.shape[:2]
+        x = torch.randn(experts * 4, width, dtype=torch.float64, generator=gen).requires_grad_()
+        try:
+            off = _difference(probe, lambda: bmm_experts_forward(probe), (x,), (x,))
+        except Exception as err:  # noqa: BLE001 - a forward that takes other inputs is not this one
+            return f"could not be probed as Llama-4's experts ({type(err).__name__}: {str(err)[:80]})"
     return None if off <= 1e-12 else f"its forward is not u·act(g) by bmm per expert (off by {off:.2g})"
+
+
+def _real_twin(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy of ``module`` whose parameters are real random tensors of their shapes in ``dtype``, requiring grad (so
+    a probe holds for any weights, and the planner's fake-tensor model can be probed); call it outside fake mode."""
+    twin = _float64_twin(module, torch.Generator().manual_seed(1)).to(dtype).train(module.training)
+    for p in twin.parameters():
+        p.requires_grad_()
+    return twin
 
 
 def _difference(probe: nn.Module, make_ours, args: tuple, wrt: tuple) -> float:
@@ -201,17 +213,19 @@ def _probe(module: nn.Module, gate: ExactExpertGate) -> str | None:
     """The gate against the class's ``_apply_gate`` in float64 on 64 rows of N(0, 3²) (values, dg and du to 1e-12
     relative); the reason when they differ."""
     width = module.gate_up_proj.shape[-1 if getattr(module, "is_transposed", False) else -2]
-    gen = torch.Generator().manual_seed(0)
-    z = (3 * torch.randn(64, width, dtype=torch.float64, generator=gen)).requires_grad_()
-    dh = torch.randn(64, width // 2, dtype=torch.float64, generator=gen)
-    outs = []
-    for fn in (lambda t: getattr(type(module), _GATE)(module, t), gate):
-        y = fn(z)
-        (grad,) = torch.autograd.grad(y, z, dh)
-        outs.append((y.detach(), grad))
-    (y0, g0), (y1, g1) = outs
-    off = max(float((y0 - y1).abs().max() / y0.abs().max().clamp_min(1e-300)),
-              float((g0 - g1).abs().max() / g0.abs().max().clamp_min(1e-300)))
+    with unset_fake_temporarily():
+        probe = _real_twin(module, torch.float64)
+        gen = torch.Generator().manual_seed(0)
+        z = (3 * torch.randn(64, width, dtype=torch.float64, generator=gen)).requires_grad_()
+        dh = torch.randn(64, width // 2, dtype=torch.float64, generator=gen)
+        outs = []
+        for fn in (lambda t: getattr(type(probe), _GATE)(probe, t), gate):
+            y = fn(z)
+            (grad,) = torch.autograd.grad(y, z, dh)
+            outs.append((y.detach(), grad))
+        (y0, g0), (y1, g1) = outs
+        off = max(float((y0 - y1).abs().max() / y0.abs().max().clamp_min(1e-300)),
+                  float((g0 - g1).abs().max() / g0.abs().max().clamp_min(1e-300)))
     return None if off <= 1e-12 else f"the exact gate differs from its _apply_gate by {off:.2g} on a float64 probe"
 
 
@@ -220,20 +234,18 @@ def _probe_forward(module: nn.Module, gate: ExactExpertGate | None) -> str | Non
     copy (grouped_mm takes no float64): 12
     tokens routed to 2 experts each, outputs and the gradients of the tokens, the routing weights and the parameters
     to 1e-6 relative (the same ops in the same order: equal in practice)."""
-    import copy
-
-    probe = copy.deepcopy(module).float()
-    gen = torch.Generator().manual_seed(0)
-    width = probe.down_proj.shape[-1 if probe.is_transposed else -2]  # the hidden size
-    x = torch.randn(12, width, generator=gen).requires_grad_()
-    index = torch.stack([torch.randperm(probe.num_experts, generator=gen)[:2] for _ in range(12)])
-    weights = torch.rand(12, 2, generator=gen).requires_grad_()
-
     def ours():
         swaps.mark_expert_gate(probe, gate or _own_gate(probe), experts_forward(probe))
         return probe.forward
 
-    off = _difference(probe, ours, (x, index, weights), (x, weights))
+    with unset_fake_temporarily():
+        probe = _real_twin(module, torch.float32)
+        gen = torch.Generator().manual_seed(0)
+        width = probe.down_proj.shape[-1 if probe.is_transposed else -2]  # the hidden size
+        x = torch.randn(12, width, generator=gen).requires_grad_()
+        index = torch.stack([torch.randperm(probe.num_experts, generator=gen)[:2] for _ in range(12)])
+        weights = torch.rand(12, 2, generator=gen).requires_grad_()
+        off = _difference(probe, ours, (x, index, weights), (x, weights))
     return None if off <= 1e-6 else f"the experts' forward with act(g)·u recomputed differs by {off:.2g}"
 
 
