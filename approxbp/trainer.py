@@ -21,35 +21,64 @@ with the trained values (tested).
 from __future__ import annotations
 
 import inspect
+import json
 import logging
+from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import TrainerCallback
 
-__all__ = ["ApproxBPCallback"]
+from approxbp.planner.gpus import DEFAULT_GPU
+from approxbp.planner.gpus import gpu as step_gpu
+from approxbp.planner.step_memory import parse_size
+
+__all__ = ["ApproxBPCallback", "plan_for", "trainer_setup"]
 
 _logger = logging.getLogger("approxbp")
 
 
 class ApproxBPCallback(TrainerCallback):
-    """Patch the trained model on its first batch: ``patch_model(model, example_input=<that batch>, **patch)``,
-    then ``apply_moves(<the transformers model>, moves)``. ``patch``: ``patch_model``'s keyword arguments
-    (``family``, ``tables``, ``norms``, ``glu``, ``bits``, ``module_filter_fn``); ``moves``: block path → move, as
-    ``approxbp plan --out`` writes them."""
+    """Patch the trained model on its first batch, one of three ways:
 
-    def __init__(self, *, moves: dict[str, str] | None = None, **patch):
+    - ``patch`` (``patch_model``'s keyword arguments: ``family``, ``tables``, ``norms``, ``glu``, ``bits``,
+      ``module_filter_fn``) and ``moves`` (block path → move, as ``approxbp plan --out`` writes them):
+      ``patch_model(model, example_input=<that batch>, **patch)``, then ``apply_moves``;
+    - ``plan``: a plan file (``approxbp plan --out``) or :class:`~approxbp.planner.result.Plan`, applied as it is;
+    - ``budget`` (bytes or ``"24GiB"``) with ``gpu`` (default h100) and ``setup`` (a
+      :class:`~approxbp.planner.training.Setup` or preset name; default: read off the trainer, :func:`trainer_setup`):
+      the model's config planned on fake tensors at the first batch's shape, and the fastest plan that fits applied
+      (``callback.plan`` keeps it)."""
+
+    def __init__(self, *, plan=None, budget: int | str | None = None, gpu: str | None = None, setup=None,
+                 moves: dict[str, str] | None = None, **patch):
         from approxbp.kernels.rewrite.patch import patch_model
+        from approxbp.planner.result import Plan
 
         unknown = sorted(set(patch) - set(patch_model.__kwdefaults__) - {"config"})
         if unknown or "example_input" in patch:
             raise TypeError(f"ApproxBPCallback: {', '.join(unknown) or 'example_input'} is not an argument of "
                             "patch_model it passes on (the example input is the trainer's first batch)")
-        self.patch, self.moves, self.report, self._hook = patch, dict(moves or {}), None, None
+        given = [name for name, v in (("plan", plan), ("budget", budget), ("moves", moves), ("patch_model's", patch))
+                 if v]
+        if len(given) > 1 and given != ["moves", "patch_model's"]:
+            raise TypeError(f"ApproxBPCallback: {' and '.join(given)} arguments together: a plan carries its own "
+                            "layers, norms and moves, and a budget plans them; give one")
+        if budget is None and (gpu is not None or setup is not None):
+            raise TypeError("ApproxBPCallback: gpu= and setup= describe the step planned from budget=; give budget=")
+        self.plan = Plan.load(plan) if isinstance(plan, str | Path) else plan
+        if self.plan is not None and not isinstance(self.plan, Plan):
+            raise TypeError(f"ApproxBPCallback: plan= takes a plan file or a Plan, not {type(plan).__name__}")
+        self.budget = parse_size(budget) if isinstance(budget, str) else budget
+        if gpu is not None:
+            step_gpu(gpu)  # an unknown name refused now, not on the first batch
+        self.gpu, self.setup, self.patch, self.moves = gpu, setup, patch, dict(moves or {})
+        self.report, self._hook, self._args = None, None, None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
             raise RuntimeError("ApproxBPCallback: the trainer handed no model to on_train_begin")
+        self._args = args
         if self.report is None and self._hook is None:
             self._hook = model.register_forward_pre_hook(self._patch_on_first_batch, with_kwargs=True)
 
@@ -60,13 +89,76 @@ class ApproxBPCallback(TrainerCallback):
         self._hook.remove()
         self._hook = None
         example = _keywords(model, args, kwargs)
-        device = next(model.parameters()).device.type
-        with torch.autocast(device, enabled=False):
-            self.report = patch_model(model, example_input=example, **self.patch)
-        if self.moves:
-            target = model.get_base_model() if hasattr(model, "get_base_model") else model
-            apply_moves(target, self.moves)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        with torch.autocast(next(model.parameters()).device.type, enabled=False):
+            if self.budget is not None:
+                self.plan = plan_for(model, example, self.budget, gpu=self.gpu,
+                                     setup=self.setup or trainer_setup(self._args, model),
+                                     checkpoint=bool(getattr(self._args, "gradient_checkpointing", False)))
+            if self.plan is not None:
+                self.report = self.plan.apply(base, example_input=example)
+            else:
+                self.report = patch_model(model, example_input=example, **self.patch)
+                if self.moves:
+                    apply_moves(base, self.moves)
         _logger.info("approxbp: %s", self.report)
+
+
+#: Trainer's ``optim`` names → the planner's optimizers (the states it holds per parameter).
+_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adamw_apex_fused": "adamw",
+               "adamw_bnb_8bit": "adamw-8bit", "adamw_8bit": "adamw-8bit", "paged_adamw_32bit": "paged-adamw",
+               "sgd": "sgd"}
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def trainer_setup(args, model: nn.Module):
+    """The planner's :class:`~approxbp.planner.training.Setup` of what a trainer trains: the weights' dtype, bf16/fp16
+    autocast (``args.bf16``/``args.fp16`` on float32 weights), peft's LoRA (rank, targets, dropout) or full training,
+    the optimizer (``args.optim``); anything else is refused by name (pass ``setup=``)."""
+    from approxbp.planner.training import Setup
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    dtype = next(base.parameters()).dtype
+    optim = str(getattr(getattr(args, "optim", None), "value", getattr(args, "optim", "adamw_torch")))
+    if dtype not in _DTYPES or optim not in _OPTIMIZERS:
+        raise ValueError(f"ApproxBPCallback: cannot plan for {dtype} weights with optim={optim!r} (planned: "
+                         f"{', '.join(map(str, _DTYPES))}; {', '.join(_OPTIMIZERS)}): pass setup=")
+    weights = _DTYPES[dtype]
+    autocast = ("bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "off"
+                ) if weights == "fp32" else "off"
+    lora = {}
+    config = next(iter(getattr(model, "peft_config", {}).values()), None)
+    if config is not None:
+        if type(config).__name__ != "LoraConfig":
+            raise ValueError(f"ApproxBPCallback: cannot plan for a {type(config).__name__} adapter: pass setup=")
+        targets = config.target_modules
+        lora = {"train": "lora", "lora_dropout": config.lora_dropout,
+                "lora_targets": targets if isinstance(targets, str) else tuple(sorted(targets))}
+    return Setup(weights=weights, autocast=autocast, optimizer=_OPTIMIZERS[optim], **lora)
+
+
+def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, setup, checkpoint: bool = False):
+    """The plan of ``model``'s config (fake tensors, ``approxbp plan``'s search) at the example's batch and sequence
+    length under ``budget`` on ``gpu``: its approximations, norms and moves (the fastest that fit)."""
+    import tempfile
+
+    from approxbp.planner import plan as planner
+    from approxbp.planner.request import Request
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    ids = example.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise ValueError("ApproxBPCallback: planning from a budget reads the batch and sequence length off the first "
+                         "batch's input_ids [batch, seq]; this batch has none: pass plan= instead")
+    config = json.loads(base.config.to_json_string(use_diff=False))
+    config["architectures"] = [type(base).__name__]  # the head the planner builds
+    lora_r = next(iter(getattr(model, "peft_config", {}).values()), None)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_text(json.dumps(config))
+        request = Request(model=str(path), batch=ids.shape[0], seq=ids.shape[1], setup=setup, checkpoint=checkpoint,
+                          lora_r=getattr(lora_r, "r", 8))
+        return planner.plan(request, budget=budget, gpu=gpu or DEFAULT_GPU)
 
 
 def _keywords(model: nn.Module, args: tuple, kwargs: dict) -> dict:

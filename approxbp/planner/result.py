@@ -5,6 +5,7 @@ read (:func:`read_plan`: :meth:`Plan.load`, ``--use plan.json``); applying it to
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
@@ -63,6 +64,9 @@ class Plan:
         config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
         report = patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
                              example_input=example_input, check=check)
+        if missed := unapplied(config, report):
+            warnings.warn("the plan and its application disagree (the planned peak does not hold): "
+                          + "; ".join(missed), stacklevel=2)
         if self.moves and self.moves.get("compile"):
             from approxbp.planner.compiled import budget_backend
 
@@ -91,6 +95,21 @@ class Plan:
             resolved[found[0]] = move
         apply_moves(model, resolved)
         return [f"{path}: {move}" for path, move in resolved.items()]
+
+
+def unapplied(config: PatchConfig, report) -> list[str]:
+    """Each rewrite ``config`` plans that ``report`` did not make, with the reason the report gives: a planned table
+    or fused GLU skipped (its proof failed, or it saved nothing on the example), or MS-norms planned and none merged."""
+    done = report.rewritten()
+    planned = [p for p, t in (config.tables or {}).items() if t != "exact" and p.rpartition(".")[0] not in config.glu]
+    missed = []
+    for path in [*planned, *sorted(config.glu)]:
+        if path not in done:
+            why = [s for s in report.skipped if s.startswith(path + " ") or s.startswith(path + ":")]
+            missed.append(why[0] if why else f"{path}: not rewritten")
+    if config.norms and not report.norms:
+        missed.append("MS-norms planned, none merged")
+    return missed
 
 
 def read_plan(plan) -> dict:

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+from approxbp.planner.step_memory import measure  # noqa: E402
+from approxbp.planner.training import Setup  # noqa: E402
 from approxbp.trainer import ApproxBPCallback  # noqa: E402
 
 VOCAB = 64
@@ -107,3 +109,35 @@ def test_trl_sft_trainer_with_the_callback_trains_as_stock(tmp_path):
     assert len(ours) == len(stock) == 20 and ours[:3] == stock[:3]
     for a, b in zip(stock, ours):
         assert b == pytest.approx(a, rel=5e-4), (stock, ours)
+
+
+def test_given_only_a_budget_the_callback_plans_on_the_first_batch_and_trains_as_stock(tmp_path):
+    """ApproxBPCallback(budget=…): the model's config planned at the first batch's shape (fp32 AdamW, read off the
+    trainer), at a budget under what the fused GLUs and MS-norms alone reach, so the plan recomputes blocks and
+    chunks the loss; every planned rewrite applied (none skipped) and the losses stock's."""
+    _, stock = _train(_llama, tmp_path / "stock")
+    callback = ApproxBPCallback(budget=440_000)
+    model, ours = _train(_llama, tmp_path / "ours", callback)
+    plan, report = callback.plan, callback.report
+    assert plan.after["peak"] <= 440_000 < plan.before["peak"]
+    assert plan.moves["moves"] == {"model.layers.0": "recompute", "model.layers.1": "recompute",
+                                   "(loss)": "chunked-loss"}
+    assert {v["option"] for v in plan.layers.values()} == {"glu"} and plan.ms_norm["chosen"]
+    assert len(report.glus) == 2 and report.norms and not report.skipped, report
+    assert "_approxbp_chunked_loss" in model.__dict__
+    ids = torch.zeros(2, 16, dtype=torch.long)  # the step as planned: the end of its forward, byte for byte
+    assert measure(model.train(), {"input_ids": ids, "labels": ids}, Setup(weights="fp32")).peak == \
+        plan.moves["end_of_forward"]
+    for a, b in zip(stock, ours, strict=True):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-6), (stock, ours)
+
+
+def test_the_callbacks_ways_in_are_one_at_a_time():
+    with pytest.raises(TypeError, match="budget and patch_model's"):
+        ApproxBPCallback(budget="1GiB", family="invact")
+    with pytest.raises(TypeError, match="give budget="):
+        ApproxBPCallback(gpu="h100")
+    with pytest.raises(ValueError, match="--gpu 'h1000'"):
+        ApproxBPCallback(budget="1GiB", gpu="h1000")
+    with pytest.raises(ValueError, match="size '1 GB!'"):
+        ApproxBPCallback(budget="1 GB!")

@@ -233,8 +233,12 @@ def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_
         model, x = build(other)
         with pytest.raises(ValueError, match="made for another model"):
             PR.Plan.load(path).apply(model, example_input=x)
-    model, x = build()  # without an example, each planned GLU says it was not applied, never "exact by choice"
-    report = PR.Plan.load(path).apply(peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj"])))
+    model, x = build()  # without an example, each planned GLU says it was not applied, never "exact by choice",
+    with pytest.warns(UserWarning, match="the plan and its application disagree") as said:  # and warns
+        report = PR.Plan.load(path).apply(peft.get_peft_model(model, peft.LoraConfig(r=8,
+                                                                                     target_modules=["q_proj"])))
+    (message,) = [str(w.message) for w in said if "disagree" in str(w.message)]
+    assert message.count("listed in glu=, not fused") == len(fused)
     assert not report.glus and not any("exact by choice" in s for s in report.skipped), report
     not_applied = [s for s in report.skipped if "listed in glu=, not fused" in s]
     assert len(not_applied) == len(fused), report
