@@ -22,6 +22,8 @@ on real tensors); the peak adds the largest S_b of a moved block, the transient 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 from dataclasses import dataclass
@@ -106,14 +108,46 @@ class Offload(torch.autograd.graph.saved_tensors_hooks):
             self._seen.add(key)
             self.moved += t.untyped_storage().nbytes()
         if t.device.type == "cpu":
-            return t.device, t
+            return t.device, (_Host(t) if HOST_ELSEWHERE.get() else t)
         host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=True)
         return t.device, host.copy_(t, non_blocking=True)
 
     @staticmethod
     def _unpack(packed):
         device, t = packed
-        return t.to(device, non_blocking=True)
+        return t.back() if isinstance(t, _Host) else t.to(device, non_blocking=True)
+
+
+#: Set by a traced step (:func:`~.step_memory.traced_step`): the host is another memory than the device's, even on
+#: the CPU, so an offloaded tensor leaves what MemTracker counts and comes back anew when the backward reads it.
+HOST_ELSEWHERE = contextvars.ContextVar("approxbp_host_elsewhere", default=False)
+
+
+@contextlib.contextmanager
+def host_elsewhere():
+    """Within: :data:`HOST_ELSEWHERE`."""
+    token = HOST_ELSEWHERE.set(True)
+    try:
+        yield
+    finally:
+        HOST_ELSEWHERE.reset(token)
+
+
+class _Host:
+    """A CPU tensor held outside torch (its bytes in numpy; a fake tensor: its shape only), as a GPU's offload holds
+    it in host memory; :meth:`back` allocates it again."""
+
+    def __init__(self, t: torch.Tensor):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        self.shape, self.dtype = t.shape, t.dtype
+        flat = t.detach().reshape(-1)
+        self.data = None if isinstance(t, FakeTensor) else flat.view(torch.uint8).numpy().copy()
+
+    def back(self) -> torch.Tensor:
+        if self.data is None:
+            return torch.empty(self.shape, dtype=self.dtype)
+        return torch.from_numpy(self.data.copy()).view(self.dtype).reshape(self.shape)
 
 
 def apply_moves(model: nn.Module, moves: dict[str, str]) -> nn.Module:

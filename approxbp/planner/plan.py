@@ -25,6 +25,8 @@ programming on the bytes).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from approxbp.planner.gpus import DEFAULT_GPU
 from approxbp.planner.gpus import gpu as step_gpu
 from approxbp.planner.knapsack import multiple_choice
@@ -77,29 +79,71 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
                          "--gpu and --budget (or --pareto), on fake tensors, without --checkpoint or --trace")
     run = measurer(request)
     base, layers, options, ms = measure_options(run, say)
+    target, cache = budget, {}
+    traced = None
+    for _ in range(6):  # the chosen step traced whole; over the budget, chosen again under a tighter target
+        try:
+            choice, after, estimate, moved = _choose_within(run, request, layers, options, ms, base, target, gpu,
+                                                            compile_budgets, say, cache)
+        except ValueError as err:
+            if traced is None:
+                raise
+            raise NoFit(f"the plan the search found for {size(budget)} peaks at {size(traced.peak)} in a whole "
+                        f"step traced by MemTracker (in {traced.moment}), over the budget, and nothing reaches the "
+                        f"tighter target that would correct for it ({err})") from None
+        traced = _traced(request, choice, ms["chosen"], moved, say) if budget is not None else None
+        if traced is None or traced.peak <= budget:
+            break
+        modelled = moved["peak"] if moved else after.peak  # what the search believed: tighten below it
+        target = min(target, modelled) - (traced.peak - budget)
+    else:
+        raise NoFit(f"no plan was traced within the budget: the last peaked at {size(traced.peak)} in a whole step "
+                    f"(MemTracker on fake tensors) where {size(budget)} was planned")
+    chosen = _summary(after)
+    chosen = _with_moves(chosen, moved) if moved else chosen
+    if traced is not None:  # the promise: the whole step's peak, traced, not the model of it
+        chosen = {**chosen, "peak": traced.peak, "peak_moment": traced.moment, "peak_traced": True}
+    return Plan(request.model, request.setup.describe(base.lora, base.head), request.batch,
+                request.seq if base.uses_seq else None, budget, _summary(base), chosen,
+                {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
+                     **options[layers[p]][o]} for p, o in choice.items()},
+                options, ms, estimate, request.checkpoint,
+                bool(base.moment), moves=moved,  # only a traced step has a moment
+                assignment=_summary(after) if moved else None)
+
+
+def _choose_within(run, request, layers, options, ms, base, budget, gpu, compile_budgets, say, cache):
+    """(choice, its measured step, the additive estimate, its moves or None): the least-error assignment within
+    ``budget``; the moves (or compiled budget) of least modelled time only where none reaches it."""
     moved = refused = None
-    if not compile_budgets:  # the least-error assignment within the budget; the moves only where none reaches it
+    if not compile_budgets:
         try:
             choice, after, estimate = _within(run, layers, options, ms, base.peak, budget, say)
         except NoFit as err:
             if budget is None:
                 raise
             refused = err
-    if compile_budgets or refused:  # the fastest plan within the budget
+    if compile_budgets or refused:
         best, moved = _fastest(run, request, layers, options, ms, base, budget, gpu or DEFAULT_GPU,
-                               compile_budgets, refused or f"nothing planned reaches {size(budget)}", say)
+                               compile_budgets, refused or f"nothing planned reaches {size(budget)}", say, cache)
         moved["gpu_default"] = gpu is None  # the moves weighed on DEFAULT_GPU: the report's header says so
         choice, ms["chosen"], after, estimate = (best.assignment.choice, best.assignment.ms_norm,
                                                  best.assignment.after, best.assignment.estimate)
-    chosen = _summary(after)
-    return Plan(request.model, request.setup.describe(base.lora, base.head), request.batch,
-                request.seq if base.uses_seq else None, budget, _summary(base),
-                _with_moves(chosen, moved) if moved else chosen,
-                {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
-                     **options[layers[p]][o]} for p, o in choice.items()},
-                options, ms, estimate, request.checkpoint,
-                bool(base.moment), moves=moved,  # only a traced step has a moment
-                assignment=chosen if moved else None)
+    return choice, after, estimate, moved
+
+
+def _traced(request: Request, choice: dict, ms_norm: bool, moved: dict | None, say) -> StepMemory | None:
+    """The whole step of the chosen plan — its approximations, norms and moves on the model built afresh — traced by
+    MemTracker on fake tensors (:func:`~.step_memory.traced_step`: forward, backward, optimizer step, each kernel
+    allocating as on a GPU); None where a step cannot be traced (sharded, split over devices, 8-bit or paged
+    optimizers, compiled), whose peak stays the model of it."""
+    setup = request.setup
+    if (setup.shard > 1 or setup.devices > 1 or setup.optimizer not in ("adamw", "sgd") or setup.compile
+            or (moved or {}).get("compile")):
+        return None
+    say("the chosen plan, traced whole")
+    step = stepper(replace(request, traced=True), whole=True)
+    return step(None, None, choice, ms_norm, (moved or {}).get("moves") or None)
 
 
 #: The final step's activation rows with moves: what the moves keep saved, and what comes back at the peak.
@@ -120,14 +164,16 @@ def _with_moves(chosen: dict, moved: dict) -> dict:
 
 
 def _fastest(run, request: Request, layers, options, ms, base, budget, gpu, compile_budgets, refused,
-             say) -> tuple[Weighed, dict]:
+             say, cache: dict) -> tuple[Weighed, dict]:
     """The assignment and moves (or compiled budget) of least modelled time within ``budget``: every assignment of
     :func:`assignments` weighed with its moves, and compiled at each of ``compile_budgets``."""
     from approxbp.planner.compiled import fastest_within
 
     device = step_gpu(gpu)
-    weighed = [Weighed(a, *move_costs(run, request, a.choice, a.ms_norm, a.after, device, say))
-               for a in distinct(assignments(run, layers, options, ms, base.peak, say))]
+    if "weighed" not in cache:  # a retry under a tighter budget: the candidates and their costs are the same
+        cache["weighed"] = [Weighed(a, *move_costs(run, request, a.choice, a.ms_norm, a.after, device, say))
+                            for a in distinct(assignments(run, layers, options, ms, base.peak, say))]
+    weighed = cache["weighed"]
     picked = fastest_within(weighed, budget, device, request, compile_budgets, say)
     if picked is None:
         raise ValueError(f"{refused}; and no moves reach it from any of {len(weighed)} assignments weighed "

@@ -57,9 +57,14 @@ def activation_layers(model: nn.Module) -> dict[str, str]:
             if class_key(m) in ACTIVATION_CLASSES}
 
 
-def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: dict | None = None) -> nn.Module:
+def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: dict | None = None,
+          moves: dict[str, str] | None = None) -> nn.Module:
     """Replace each layer by its option (``exact`` keeps it; ``glu`` fuses its gated MLP) and merge the norms
-    (patch_model's rules). Other gated MLPs keep their activation as a layer of its own: the options are per layer."""
+    (patch_model's rules), then apply a plan's ``moves`` (:func:`~.moves.apply_moves`). Other gated MLPs keep their
+    activation as a layer of its own: the options are per layer."""
+    if moves:
+        apply(model, assignment, ms_norm, inputs)
+        return apply_moves(model, moves)
     from approxbp.kernels.rewrite.patch import patch_model
     from approxbp.planner.chunked_loss import apply_chunked_loss
 
@@ -122,7 +127,8 @@ def stepper(request: Request, *, whole: bool = False):
     prefix: list[str] = []  # the blocks' path prefix ("model.layers."), known after the first small run
     head = "{} ({})".format(*head_of(build.config, setup.task)) if hasattr(build, "config") else ""
 
-    def one(builder, batch: int, seq: int, assignment: dict[str, str] | None, ms_norm: bool) -> StepMemory:
+    def one(builder, batch: int, seq: int, assignment: dict[str, str] | None, ms_norm: bool,
+            moves: dict[str, str] | None = None) -> StepMemory:
         with scope():
             torch.manual_seed(0)
             with weights_for(setup), no_init() if fake else contextlib.nullcontext():
@@ -131,8 +137,8 @@ def stepper(request: Request, *, whole: bool = False):
             _refuse_gpu_less_experts(model)
             inputs = step_inputs(make_inputs, batch, seq, setup)
             layers = activation_layers(model)
-            if assignment or ms_norm:
-                apply(model, assignment or {}, ms_norm, inputs)
+            if assignment or ms_norm or moves:
+                apply(model, assignment or {}, ms_norm, inputs, moves)
             step = measure(model, inputs, setup, traced)
             step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
             step.lora = tuple(sorted({n.rpartition(".")[2] for n, m in model.named_modules()
@@ -141,8 +147,10 @@ def stepper(request: Request, *, whole: bool = False):
             return step
 
     def run(batch: int | None = None, seq: int | None = None, assignment: dict[str, str] | None = None,
-            ms_norm: bool = False) -> StepMemory:
+            ms_norm: bool = False, moves: dict[str, str] | None = None) -> StepMemory:
         batch, seq = batch or request.batch, seq or request.seq
+        if moves:  # block by block: measured whole
+            return one(build, batch, seq, assignment, ms_norm, moves)
         if small and not prefix:
             prefix.append(one(small[SMALL[-1]], batch, seq, None, False).block.rpartition(".")[0] + ".")
         part = small_assignment(assignment or {}, prefix[0], count[1]) if small and prefix[0] != "." else None

@@ -31,8 +31,8 @@ def report(p: Plan) -> str:
     for key in (*CATEGORIES, "activations", "peak"):
         lines.append(f"  {key:<26}" + "".join(f"{size(step[key]):>{w}}" for step, w in zip(steps, widths)))
     if p.assignment:
-        lines.append(f"  {'':<26}(approximated: the approximations alone; planned: with the moves below, the "
-                     "peak they model)")
+        lines.append(f"  {'':<26}(approximated: the approximations alone; planned: with the moves below)")
+    lines.append(f"  {'':<26}({_which_peak(p)})")
     if p.before.get("device_peaks"):
         before, after = (" + ".join(size(b) for b in side["device_peaks"]) for side in (p.before, p.after))
         lines.append(f"  {'per GPU (by blocks)':<26}exact {before}; planned {after} (their sum is the peak "
@@ -69,6 +69,18 @@ def report(p: Plan) -> str:
     lines += [f"  {what}: {len(paths)} layers ({paths[0]}{', …' if len(paths) > 1 else ''})"
               for what, paths in chosen.items()]
     return "\n".join(lines + _moves_lines(p.moves))
+
+
+def _which_peak(p: Plan) -> str:
+    """Which peak the table's peak row is, per column."""
+    if p.after.get("peak_traced"):
+        return (f"peak: planned, a whole step traced by MemTracker on fake tensors (it peaks in "
+                f"{p.after['peak_moment']}), the number the budget is checked against; exact: "
+                + ("traced too" if p.traced else "the end of the forward with every gradient alive, modelled"))
+    if p.traced:
+        return "peak: a whole step traced by MemTracker on fake tensors"
+    return ("peak: the end of the forward with every gradient alive, modelled (a whole step is traced with "
+            "--budget, or --trace)")
 
 
 def _ranges(paths: list[str]) -> str:

@@ -203,6 +203,7 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 
     from approxbp.kernels.ops.custom_ops import as_kernels
+    from approxbp.planner.moves import host_elsewhere
 
     setup = as_setup(mode)
     if setup.shard > 1 or setup.devices > 1 or setup.optimizer in ("adamw-8bit", "paged-adamw"):
@@ -224,7 +225,7 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     def peak_now() -> dict:  # the peak so far, by category (one device)
         return next(iter(tracker.get_tracker_snapshot("peak").values()))
 
-    with as_kernels(), as_a_gpu_runs_it(), tracker:
+    with as_kernels(), as_a_gpu_runs_it(), host_elsewhere(), tracker:  # offloaded tensors leave, as on a GPU
         with _autocast(setup):
             loss = _loss_of(model(**inputs))
         gc.collect()  # at both phase ends: the automatic collector's timing cannot move a real step's peak
