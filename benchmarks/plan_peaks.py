@@ -93,11 +93,18 @@ def row(name: str) -> dict:
             "seconds": time.perf_counter() - start}
 
 
+def _why(refused: str) -> str:
+    """A refusal in a few words."""
+    if "traced by MemTracker" in refused:
+        return "the plan's traced step stays over the budget"
+    return "no plan reaches it in the moves' model"
+
+
 def markdown(rows: list[dict]) -> str:
     head = ("| set-up | budget | planned peak | measured peak | planned / measured | moves | options |\n"
             "|---|---:|---:|---:|---:|---|---|\n")
     return head + "".join(
-        f"| {r['name']} | {size(r['budget'])} | refused: no plan's traced step fits | | | | |\n" if "refused" in r else
+        f"| {r['name']} | {size(r['budget'])} | refused: {_why(r['refused'])} | | | | |\n" if "refused" in r else
         f"| {r['name']} | {size(r['budget'])} | {size(r['planned'])} | {size(r['measured'])} | {r['ratio']:.3f}"
         f"{'' if r['ok'] else ' ✗'} | {', '.join(f'{k} {v}' for k, v in r['moves'].items()) or '—'} | "
         f"{', '.join(r['options'])}{' + MS-norms' if r['ms_norm'] else ''} |\n" for r in rows)
