@@ -34,8 +34,8 @@ from torch import nn
 from approxbp.planner.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss, restore_forward
 from approxbp.planner.knapsack import multiple_choice
 
-__all__ = ["apply_moves", "BlockCost", "choose_moves", "LossCost", "Offload", "PART_KEY", "RECOMPUTE_PART",
-           "remove_moves"]
+__all__ = ["apply_moves", "BlockCost", "choose_moves", "HOST_ELSEWHERE", "host_elsewhere", "LossCost", "Offload",
+           "PART_KEY", "RECOMPUTE_PART", "remove_moves"]
 
 
 _MOVES = ("keep", "recompute", "offload")

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 from approxbp.approximations import tables as T
 
-__all__ = ["Plan", "plan_config", "read_plan"]
+__all__ = ["Plan", "plan_config", "read_plan", "unapplied"]
 
 
 @dataclass

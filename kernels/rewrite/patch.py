@@ -31,8 +31,6 @@ from .norm_patch import merge_norms
 __all__ = ["patch_model", "unpatch", "patched_state_dict", "PatchConfig", "PatchReport", "ACTIVATION_CLASSES",
            "ACTIVATION_LIKE", "OURS", "class_key", "every_output", "path_pattern"]
 
-#: patch_model's positional parameters in 0.1, in order (each still accepted, with a DeprecationWarning).
-
 
 def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=None, module_filter_fn=None,
                 norms: bool = True, example_input=None, check: bool = True, bits: int = 2, glu=True,
