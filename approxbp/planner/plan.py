@@ -99,12 +99,14 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
     else:
         raise NoFit(f"no plan was traced within the budget: the last peaked at {size(traced.peak)} in a whole step "
                     f"(MemTracker on fake tensors) where {size(budget)} was planned")
-    chosen = _summary(after)
+    chosen, before = _summary(after), _summary(base)
     chosen = _with_moves(chosen, moved) if moved else chosen
-    if traced is not None:  # the promise: the whole step's peak, traced, not the model of it
+    if traced is not None:  # the promise: the whole step's peak, traced, not the model of it (the exact one too)
+        exact = _traced(request, {}, False, None, say)
         chosen = {**chosen, "peak": traced.peak, "peak_moment": traced.moment, "peak_traced": True}
+        before = {**before, "peak": exact.peak, "peak_moment": exact.moment, "peak_traced": True}
     return Plan(request.model, request.setup.describe(base.lora, base.head), request.batch,
-                request.seq if base.uses_seq else None, budget, _summary(base), chosen,
+                request.seq if base.uses_seq else None, budget, before, chosen,
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                      **options[layers[p]][o]} for p, o in choice.items()},
                 options, ms, estimate, request.checkpoint,
