@@ -70,6 +70,10 @@ class ApproxBPCallback(TrainerCallback):
         if self.plan is not None and not isinstance(self.plan, Plan):
             raise TypeError(f"ApproxBPCallback: plan= takes a plan file or a Plan, not {type(plan).__name__}")
         self.budget = parse_size(budget) if isinstance(budget, str) else budget
+        if self.budget is not None and (not isinstance(self.budget, int) or isinstance(self.budget, bool)
+                                        or self.budget <= 0):
+            raise ValueError(f"ApproxBPCallback: budget={budget!r}: expected bytes (a positive int) or a size such "
+                             "as '24GiB'")
         if gpu is not None:
             step_gpu(gpu)  # an unknown name refused now, not on the first batch
         self.gpu, self.setup, self.patch, self.moves = gpu, setup, patch, dict(moves or {})
@@ -89,7 +93,7 @@ class ApproxBPCallback(TrainerCallback):
         self._hook.remove()
         self._hook = None
         example = _keywords(model, args, kwargs)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = _base(model)
         with torch.autocast(next(model.parameters()).device.type, enabled=False):
             if self.budget is not None:
                 self.plan = plan_for(model, example, self.budget, gpu=self.gpu,
@@ -117,8 +121,7 @@ def trainer_setup(args, model: nn.Module):
     the optimizer (``args.optim``); anything else is refused by name (pass ``setup=``)."""
     from approxbp.planner.training import Setup
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    dtype = next(base.parameters()).dtype
+    dtype = next(_base(model).parameters()).dtype
     optim = str(getattr(getattr(args, "optim", None), "value", getattr(args, "optim", "adamw_torch")))
     if dtype not in _DTYPES or optim not in _OPTIMIZERS:
         raise ValueError(f"ApproxBPCallback: cannot plan for {dtype} weights with optim={optim!r} (planned: "
@@ -127,7 +130,7 @@ def trainer_setup(args, model: nn.Module):
     autocast = ("bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "off"
                 ) if weights == "fp32" else "off"
     lora = {}
-    config = next(iter(getattr(model, "peft_config", {}).values()), None)
+    config = _adapter_config(model)
     if config is not None:
         if type(config).__name__ != "LoraConfig":
             raise ValueError(f"ApproxBPCallback: cannot plan for a {type(config).__name__} adapter: pass setup=")
@@ -145,20 +148,29 @@ def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, s
     from approxbp.planner import plan as planner
     from approxbp.planner.request import Request
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     ids = example.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise ValueError("ApproxBPCallback: planning from a budget reads the batch and sequence length off the first "
                          "batch's input_ids [batch, seq]; this batch has none: pass plan= instead")
     config = json.loads(base.config.to_json_string(use_diff=False))
     config["architectures"] = [type(base).__name__]  # the head the planner builds
-    lora_r = next(iter(getattr(model, "peft_config", {}).values()), None)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "config.json"
         path.write_text(json.dumps(config))
         request = Request(model=str(path), batch=ids.shape[0], seq=ids.shape[1], setup=setup, checkpoint=checkpoint,
-                          lora_r=getattr(lora_r, "r", 8))
+                          lora_r=getattr(_adapter_config(model), "r", 8))
         return planner.plan(request, budget=budget, gpu=gpu or DEFAULT_GPU)
+
+
+def _base(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (the model itself when there is none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _adapter_config(model: nn.Module):
+    """The peft adapter's config (its first adapter), or None."""
+    return next(iter(getattr(model, "peft_config", {}).values()), None)
 
 
 def _keywords(model: nn.Module, args: tuple, kwargs: dict) -> dict:

@@ -34,7 +34,7 @@ from torch import nn
 from approxbp.planner.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss, restore_forward
 from approxbp.planner.knapsack import multiple_choice
 
-__all__ = ["apply_moves", "BlockCost", "choose_moves", "HOST_ELSEWHERE", "host_elsewhere", "LossCost", "Offload",
+__all__ = ["apply_moves", "BlockCost", "choose_moves", "host_elsewhere", "LossCost", "Offload",
            "PART_KEY", "RECOMPUTE_PART", "remove_moves"]
 
 
@@ -108,7 +108,7 @@ class Offload(torch.autograd.graph.saved_tensors_hooks):
             self._seen.add(key)
             self.moved += t.untyped_storage().nbytes()
         if t.device.type == "cpu":
-            return t.device, (_Host(t) if HOST_ELSEWHERE.get() else t)
+            return t.device, (_Host(t) if _HOST_ELSEWHERE.get() else t)
         host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=True)
         return t.device, host.copy_(t, non_blocking=True)
 
@@ -120,17 +120,17 @@ class Offload(torch.autograd.graph.saved_tensors_hooks):
 
 #: Set by a traced step (:func:`~.step_memory.traced_step`): the host is another memory than the device's, even on
 #: the CPU, so an offloaded tensor leaves what MemTracker counts and comes back anew when the backward reads it.
-HOST_ELSEWHERE = contextvars.ContextVar("approxbp_host_elsewhere", default=False)
+_HOST_ELSEWHERE = contextvars.ContextVar("approxbp_host_elsewhere", default=False)
 
 
 @contextlib.contextmanager
 def host_elsewhere():
-    """Within: :data:`HOST_ELSEWHERE`."""
-    token = HOST_ELSEWHERE.set(True)
+    """Within: an offloaded tensor is held outside torch, as a GPU's offload holds it in host memory."""
+    token = _HOST_ELSEWHERE.set(True)
     try:
         yield
     finally:
-        HOST_ELSEWHERE.reset(token)
+        _HOST_ELSEWHERE.reset(token)
 
 
 class _Host:

@@ -43,6 +43,7 @@ from approxbp.planner.result import Plan
 from approxbp.planner.step_memory import (
     StepMemory,
     size,
+    traceable,
 )
 from approxbp.planner.training import Setup
 
@@ -139,9 +140,7 @@ def _traced(request: Request, choice: dict, ms_norm: bool, moved: dict | None, s
     MemTracker on fake tensors (:func:`~.step_memory.traced_step`: forward, backward, optimizer step, each kernel
     allocating as on a GPU); None where a step cannot be traced (sharded, split over devices, 8-bit or paged
     optimizers, compiled), whose peak stays the model of it."""
-    setup = request.setup
-    if (setup.shard > 1 or setup.devices > 1 or setup.optimizer not in ("adamw", "sgd") or setup.compile
-            or (moved or {}).get("compile")):
+    if not traceable(request.setup) or request.setup.compile or (moved or {}).get("compile"):
         return None
     say("the chosen plan, traced whole")
     step = stepper(replace(request, traced=True), whole=True)

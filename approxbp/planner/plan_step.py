@@ -88,7 +88,7 @@ def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: d
     return model
 
 
-def _refuse_gpu_less_experts(model: nn.Module) -> None:
+def _refuse_float32_grouped_mm(model: nn.Module) -> None:
     """Refuse experts that run transformers' ``grouped_mm`` on weights other than bf16: a GPU's grouped matmul takes
     bf16 only and autocast does not cast it (pytorch#174763), so the step planned would not run there (its fake
     kernel says so with a bare dtype error)."""
@@ -134,7 +134,7 @@ def stepper(request: Request, *, whole: bool = False):
             with weights_for(setup), no_init() if fake else contextlib.nullcontext():
                 model, make_inputs = builder()
                 model = prepare(model, setup, lora_r, checkpoint)
-            _refuse_gpu_less_experts(model)
+            _refuse_float32_grouped_mm(model)
             inputs = step_inputs(make_inputs, batch, seq, setup)
             layers = activation_layers(model)
             if assignment or ms_norm or moves:

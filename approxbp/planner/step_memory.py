@@ -29,7 +29,7 @@ from approxbp.planner.training import (
 )
 
 __all__ = ["AT_PEAK", "checkpoint_blocks", "first_block", "measure", "parse_size", "prepare", "size", "StepMemory",
-           "traced_step"]
+           "traceable", "traced_step"]
 
 
 @dataclass
@@ -192,6 +192,11 @@ def measure(model: nn.Module, inputs: dict, mode: str | Setup, traced: bool = Fa
 AT_PEAK = "(alive at the peak)"
 
 
+def traceable(setup: Setup) -> bool:
+    """A step :func:`traced_step` runs: one process on one device with torch's own optimizers."""
+    return setup.shard == 1 and setup.devices == 1 and setup.optimizer in ("adamw", "sgd")
+
+
 def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> StepMemory:
     """A whole training step (forward, backward, AdamW step) under PyTorch's ``MemTracker``: the peak of the memory
     alive, by category, and its moment. For activation checkpointing, where the peak is not the end of the forward
@@ -206,7 +211,7 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     from approxbp.planner.moves import host_elsewhere
 
     setup = as_setup(mode)
-    if setup.shard > 1 or setup.devices > 1 or setup.optimizer in ("adamw-8bit", "paged-adamw"):
+    if not traceable(setup):
         raise ValueError("--trace/--checkpoint run a real step of one process on one device with torch's optimizers: "
                          f"not with --shard, --devices or --optimizer {setup.optimizer} (plan those without tracing)")
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..ops.glu import GLU_ACTIVATIONS, GatedMLP, GLULayout
 
-__all__ = ["fixed_graph", "functional_activation", "layout_of", "PROOF_NUMEL", "prove", "record_calls"]
+__all__ = ["fixed_graph", "float64_twin", "functional_activation", "layout_of", "PROOF_NUMEL", "prove", "record_calls"]
 
 
 #: Activation functions → registry activation (F.gelu by its ``approximate`` argument).
@@ -150,15 +150,15 @@ def layout_of(rec: _Record, activation_of) -> tuple[GLULayout, str] | str | None
     return (layout, act) if act in GLU_ACTIVATIONS else f"gated by {act}, which has no exact fused GLU"
 
 
-def _float64_twin(module: nn.Module, gen: torch.Generator, f: int = 1) -> nn.Module:
+def float64_twin(module: nn.Module, gen: torch.Generator, f: int = 1) -> nn.Module:
     """A copy of ``module`` in eval mode whose parameters and floating buffers are real random float64 tensors of
     the same shapes (so the proof holds for any weights, and a fake-tensor model — the planner's — can be probed),
     each dimension that ``f`` divides divided by it (:func:`_narrowing`)."""
     twin = copy.copy(module)
-    held = {k: _float64_twin(v, gen, f) for k, v in module.__dict__.items() if isinstance(v, nn.Module)}  # a norm
+    held = {k: float64_twin(v, gen, f) for k, v in module.__dict__.items() if isinstance(v, nn.Module)}  # a norm
     twin.__dict__ = {**module.__dict__, **held, "_parameters": dict(module._parameters),  # NormInputLinear reads
                      "_buffers": dict(module._buffers),
-                     "_modules": {n: _float64_twin(c, gen, f) if c is not None else None
+                     "_modules": {n: float64_twin(c, gen, f) if c is not None else None
                                   for n, c in module._modules.items()}}
 
     def shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -271,7 +271,7 @@ def _prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> s
     rows = (*(1,) * (x.dim() - 2), min(x.shape[-2], 8), x.shape[-1] // f) if x.dim() >= 2 else tuple(x.shape)
     with unset_fake_temporarily(), torch.no_grad():
         gen = torch.Generator().manual_seed(0)
-        stock = _float64_twin(module, gen, f)
+        stock = float64_twin(module, gen, f)
         ours = GatedMLP(stock, layout, act)
         worst = 0.0
         for scale in (0.3, 2.0, 8.0):

@@ -17,7 +17,7 @@ from ..ops.glu import GLU_ACTIVATIONS, GLUSpec, glu
 from . import swaps
 from .activation_swap import ACTIVATION_CLASSES, class_key
 from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, hooks_of
-from .glu_forms import _float64_twin
+from .glu_forms import float64_twin
 
 __all__ = ["bmm_experts_forward", "candidates", "ExactExpertGate", "experts_forward", "fuse_expert_gates"]
 
@@ -136,7 +136,7 @@ def _probe_bmm(module: nn.Module) -> str | None:
 def _real_twin(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """A copy of ``module`` whose parameters are real random tensors of their shapes in ``dtype``, requiring grad (so
     a probe holds for any weights, and the planner's fake-tensor model can be probed); call it outside fake mode."""
-    twin = _float64_twin(module, torch.Generator().manual_seed(1)).to(dtype).train(module.training)
+    twin = float64_twin(module, torch.Generator().manual_seed(1)).to(dtype).train(module.training)
     for p in twin.parameters():
         p.requires_grad_()
     return twin

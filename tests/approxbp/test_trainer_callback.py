@@ -141,3 +141,6 @@ def test_the_callbacks_ways_in_are_one_at_a_time():
         ApproxBPCallback(budget="1GiB", gpu="h1000")
     with pytest.raises(ValueError, match="size '1 GB!'"):
         ApproxBPCallback(budget="1 GB!")
+    for bad in (-1, 0, True, 1.5):
+        with pytest.raises(ValueError, match="expected bytes"):
+            ApproxBPCallback(budget=bad)
