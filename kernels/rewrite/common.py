@@ -17,6 +17,7 @@ from approxbp.approximations import tables as T
 from torch import nn
 
 from ..ops.saved import charged
+from .fsdp import share_with_fsdp
 
 __all__ = ["by_pattern", "call", "every_output", "FILTERED", "hooks_of", "leaves", "MAX_BITS", "mode", "move_hooks",
            "output_difference", "PatchConfig", "PatchReport", "path_pattern", "replace", "run_example",
@@ -138,6 +139,7 @@ def saved_on_example(model: nn.Module, example_input) -> int | None:
     if not any(p.requires_grad for p in params):
         return None
     into: dict[str, int] = {}
+    share_with_fsdp(model)
     with mode(model, True, grad=True), charged(into, exclude=params):
         call(model, example_input)
     return sum(into.values())
@@ -330,6 +332,7 @@ def run_example(model: nn.Module, example_input):
     grad; None without an example."""
     if example_input is None:
         return None
+    share_with_fsdp(model)  # the rewrites so far, on a model FSDP2 sharded before the patch
     outs, extra = [], every_output(model)
     for training in (False, True):
         with mode(model, training):

@@ -18,6 +18,7 @@ from .common import (
     move_hooks,
     replace,
 )
+from .fsdp import sharded_by_fsdp
 from .norm_consumers import (
     consumers_by_dispatch,
     consumers_by_fx,
@@ -44,12 +45,17 @@ def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input
     for name, m in model.named_modules():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
         if is_norm_candidate(m) and isinstance(why := norm_form(m), str):
             report.skipped.append(f"{name} ({type(m).__name__}): {why}")
-    try:
-        found = consumers_by_fx(model)
-    except Exception as err:  # noqa: BLE001 - any tracing failure: fall back to running the model, or say why
+    found = why = None
+    if sharded_by_fsdp(model):  # tracing would run FSDP2's hooks (and make a block its root)
+        why = "it is sharded by FSDP2 already"
+    else:
+        try:
+            found = consumers_by_fx(model)
+        except Exception as err:  # noqa: BLE001 - any tracing failure: fall back to running the model, or say why
+            why = f"it is not fx-traceable ({type(err).__name__}: {str(err)[:80]})"
+    if found is None:
         if example_input is None:
-            report.skipped.append(f"norm merging: model is not fx-traceable ({type(err).__name__}: "
-                                  f"{str(err)[:80]}); pass example_input to find consumers by running it")
+            report.skipped.append(f"norm merging: {why}; pass example_input to find consumers by running it")
             return
         found = consumers_by_dispatch(model, example_input)  # (a branch on tensor values changes no reader's value)
     modules = dict(model.named_modules())

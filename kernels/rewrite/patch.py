@@ -23,6 +23,7 @@ from .common import (
     path_pattern,
     run_example,
 )
+from .fsdp import share_with_fsdp
 from .glu_patch import check_glu_paths, fuse_gated_mlps
 from .moe_patch import fuse_expert_gates
 from .norm_merge import unmerge_norm
@@ -78,6 +79,7 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
         if config.family is not None or config.tables is not None:
             swap_activations(model, report, undo, config, savings, functional)
         savings.close()
+        share_with_fsdp(model)  # a model sharded by FSDP2 before the patch: its new modules hold sharded Parameters
         if before is not None:
             report.max_output_difference = _compare_outputs(before, run_example(model, example_input))
     except BaseException:

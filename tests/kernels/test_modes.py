@@ -133,8 +133,8 @@ def test_activation_checkpointing_gives_the_same_gradients():
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
-@pytest.mark.parametrize("fsdp,patch_after", [(False, False), (True, False), (False, True)],
-                         ids=["DDP", "FSDP2", "DDP-patched-after-wrapping"])  # FSDP2 after: issue 58, open
+@pytest.mark.parametrize("fsdp,patch_after", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["DDP", "FSDP2", "DDP-patched-after-wrapping", "FSDP2-patched-after-sharding"])
 def test_distributed_gradients_equal_single_process(fsdp, patch_after, tmp_path):
     import torch.multiprocessing as mp
 

@@ -55,9 +55,12 @@ def _ddp_worker(rank, world, port, x, out_file, fsdp, patch_after=False):
             fully_shard(model)
         else:
             model = nn.parallel.DistributedDataParallel(model)
-        if patch_after:  # the wrapped model patched in place (DDP: its .module), as a trainer's callback does
-            patch_model(getattr(model, "module", model), family="relu-sum")
         shard = x.chunk(world)[rank]
+        if patch_after:  # the wrapped model patched in place (DDP: its .module), as a trainer's callback does;
+            # FSDP2 with the example batch (tracing a sharded model would run FSDP2's hooks: consumers found by a run)
+            report = patch_model(getattr(model, "module", model), family="relu-sum",
+                                 example_input=shard if fsdp else None)
+            assert len(report.norms) == 5, report  # every norm merged, as in the single-process reference
         model(shard).square().mean().backward()
         grads = []
         for p in model.parameters():
