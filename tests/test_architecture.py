@@ -528,3 +528,12 @@ def test_every_module_says_what_is_public():
 def test_the_public_names_checker_sees_an_unlisted_definition(tmp_path):
     tree = ast.parse("import os\n__all__ = ['f', 'os']\ndef f(): pass\ndef g(): pass\ndef _h(): pass\nX = 1\n")
     assert _all_of(tree) == ["f", "os"] and _public_definitions(tree) - set(_all_of(tree)) == {"g", "X"}
+
+
+def test_the_docs_speak_of_features_not_of_the_tracker():
+    """An issue number tells a reader of the docs nothing: the pages name features and the commands that measure
+    them (the tracker's numbers belong in the changelog and the commits)."""
+    found = [f"{page.name}:{n}: {line.strip()[:60]}" for page in sorted((ROOT / "docs").glob("*.md"))
+             for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bissues? #?\d+", line, re.IGNORECASE)]
+    assert not found, found
