@@ -537,3 +537,11 @@ def test_the_docs_speak_of_features_not_of_the_tracker():
              for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"\bissues? #?\d+", line, re.IGNORECASE)]
     assert not found, found
+
+
+def test_library_code_never_patches_with_unittest_mock():
+    """Library code replaces a library's function only through approxbp/planner/compat.py (by name, refusing a
+    missing one), never with unittest.mock, whose guards hide a rename."""
+    found = [str(p.relative_to(ROOT)) for folder in ("approxbp", "kernels", "fitting", "approximations")
+             for p in (ROOT / folder).rglob("*.py") if "unittest" in p.read_text(encoding="utf-8")]
+    assert not found, found

@@ -18,10 +18,11 @@ is the GPU's. RoBERTa at batch 32 and 256 tokens keeps 1.27 GiB less for it (iss
 from __future__ import annotations
 
 import contextlib
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
+
+from approxbp.planner.compat import swapped
 
 __all__ = ["as_a_gpu_runs_it", "gpu_attention", "gpu_dropout", "RNG_STATE_BYTES"]
 
@@ -71,7 +72,7 @@ def _as_a_gpu_runs_it(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
 def gpu_attention():
     """Within it, ``F.scaled_dot_product_attention`` with dropout keeps for backward what CUDA's fused kernels keep
     (Hugging Face's attention calls it through ``torch.nn.functional``, so every model's SDPA path is covered)."""
-    with mock.patch.object(F, "scaled_dot_product_attention", _as_a_gpu_runs_it):
+    with swapped(F, "scaled_dot_product_attention", _as_a_gpu_runs_it):
         yield
 
 
@@ -85,7 +86,7 @@ def _dropout_as_a_gpu_runs_it(input, p=0.5, training=True, inplace=False):
 def gpu_dropout():
     """Within it, ``F.dropout`` (and so ``nn.Dropout``) keeps CUDA's 1-byte bool mask for backward, not the CPU's
     mask in the input's dtype; the values are a dropout's all the same."""
-    with mock.patch.object(F, "dropout", _dropout_as_a_gpu_runs_it):
+    with swapped(F, "dropout", _dropout_as_a_gpu_runs_it):
         yield
 
 

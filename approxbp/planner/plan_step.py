@@ -174,16 +174,9 @@ def _fake_like_real():
     """FakeTensorMode, in which Hugging Face models take the path they take on real tensors: transformers treats a
     fake tensor as tracing and skips its check for packed sequences, then materialises a causal mask (kept as an
     input of every checkpointed layer) where a real run of these unpacked inputs uses SDPA's is_causal."""
-    from unittest import mock
-
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with contextlib.ExitStack() as stack:
-        try:
-            import transformers.masking_utils as masks
-        except ImportError:
-            masks = None
-        if masks is not None and hasattr(masks, "find_packed_sequence_indices"):
-            stack.enter_context(mock.patch.object(masks, "find_packed_sequence_indices", lambda position_ids: None))
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+    from approxbp.planner.compat import unpacked_sequences
+
+    with unpacked_sequences(), FakeTensorMode(allow_non_fake_inputs=True):
         yield
