@@ -102,10 +102,10 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
                     f"(MemTracker on fake tensors) where {size(budget)} was planned")
     chosen, before = _summary(after), _summary(base)
     chosen = _with_moves(chosen, moved) if moved else chosen
-    if traced is not None:  # the promise: the whole step's peak, traced, not the model of it (the exact one too)
-        exact = _traced(request, {}, False, None, say)
+    if traced is not None:  # the promise: the whole step's peak, traced, not the model of it
         chosen = {**chosen, "peak": traced.peak, "peak_moment": traced.moment, "peak_traced": True}
-        before = {**before, "peak": exact.peak, "peak_moment": exact.moment, "peak_traced": True}
+        if not moved and not ms["chosen"] and all(o == "exact" for o in choice.values()):  # the exact step itself
+            before = {**before, "peak": traced.peak, "peak_moment": traced.moment, "peak_traced": True}
     return Plan(request.model, request.setup.describe(base.lora, base.head), request.batch,
                 request.seq if base.uses_seq else None, budget, before, chosen,
                 {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),

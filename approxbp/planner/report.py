@@ -74,8 +74,10 @@ def report(p: Plan) -> str:
 def _which_peak(p: Plan) -> str:
     """Which peak the table's peak row is, per column."""
     if p.after.get("peak_traced"):
-        return (f"peak: exact and planned, each a whole step traced by MemTracker on fake tensors (planned peaks in "
-                f"{p.after['peak_moment']}), the number the budget is checked against")
+        exact = ("traced too: the plan is the exact step" if p.before.get("peak_traced") else "traced too" if p.traced
+                 else "the end of the forward with every gradient alive, modelled")
+        return (f"peak: planned, a whole step traced by MemTracker on fake tensors (it peaks in "
+                f"{p.after['peak_moment']}), the number the budget is checked against; exact: {exact}")
     if p.traced:
         return "peak: a whole step traced by MemTracker on fake tensors"
     return ("peak: the end of the forward with every gradient alive, modelled (a whole step is traced with "
