@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ ROWS = {
     "llama autocast, moves": (LLAMA, "autocast", 4, 64, ("moves", 0.05)),
     "llama LoRA, approximations": (LLAMA, "lora", 4, 64, ("approx", 0.5)),
     "llama LoRA, moves": (LLAMA, "lora", 4, 64, ("moves", 0.1)),
-    "llama bf16, vocab 16k, chunked loss": (LLAMA.replace("vocab=1000", "vocab=16000"), "bf16", 4, 64,
+    "llama bf16, vocab 16k, chunked loss": (LLAMA.replace("vocab=1000", "vocab=16000"), "bf16", 4, 512,
                                             ("moves", 0.1)),
     "vit bf16 full, moves": ("vit:hidden=64,layers=4,heads=4,intermediate=128,image=32,patch=4", "bf16", 8, 0,
                              ("moves", 0.05)),
@@ -95,8 +96,9 @@ def row(name: str) -> dict:
 
 def _why(refused: str) -> str:
     """A refusal in a few words."""
-    if "traced by MemTracker" in refused:
-        return "the plan's traced step stays over the budget"
+    least = re.search(r"peak at (.+?) or more", refused)
+    if least:
+        return f"every plan traced peaks at {least[1]} or more"
     return "no plan reaches it in the moves' model"
 
 

@@ -3,8 +3,8 @@
   paper    the published forms and coefficients, measured
   refit    the same forms refitted: least squares (L2) and minimax (L∞, Lawson-style IRLS)
   newton   our form: √t-rational initial guess for f⁻¹ plus exact Newton steps (invact_forms.newton_form):
-           the accuracy reference (L∞ 1e-9 … 1e-7); for an increasing activation, one branch from a fitted guess
-           (fitting.invact_fitted), which needs no closed-form inverse
+           the accuracy reference (L∞ 8e-9 … 3e-6 on the packaged tables); for an increasing activation, one
+           branch from a fitted guess (fitting.invact_fitted), which needs no closed-form inverse
   fast     ours for kernels (fitting.invact_fast, the default): one rational in the signed root ±√(y − f(T))
            for both branches plus a y·poly(log(−y)) left tail; L∞ ≤ 1e-6, one √ and one log per element
   sr       symbolic regression (fitting.symbolic), constants refitted in float64
@@ -38,7 +38,7 @@ from scipy.optimize import least_squares
 from .relu_sum import package_version
 from .result import FitResult
 
-__all__ = ["fit_invact", "FORMS", "invact_table", "refit"]
+__all__ = ["fit_invact", "FORMS", "invact_table", "refit", "verdict_of"]
 
 
 FORMS = ("auto", "paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact")
@@ -142,9 +142,30 @@ def fit_invact(activation: str = "gelu", form: str = "auto", seed: int = 0,
     holds it as ``table``, its worse branch L∞ as ``fun``."""
     table = _invact_table(activation, form, seed, backend, sr_generations, progress)
     worst = max(table.metrics[f"linf_{b}"] for b in table.branches)
-    return FitResult(table=table, fun=worst, success=True, seconds=table.provenance.get("seconds"),
+    success, verdict = verdict_of(table.form, worst)
+    return FitResult(table=table, fun=worst, success=success, seconds=table.provenance.get("seconds"),
                      message=f"{table.name}: L∞ " + ", ".join(f"{table.metrics[f'linf_{b}']:.3g} ({b})"
-                                                              for b in table.branches))
+                                                              for b in table.branches) + f"; {verdict}")
+
+
+#: The L∞ the exact form promises per branch: the float64 floor.
+_EXACT_FLOOR = 1e-12
+
+
+def verdict_of(form: str, worst: float) -> tuple[bool, str]:
+    """(success, why): the fit's own verdict on the worse branch's L∞ ``worst`` — finite, and within what the form
+    promises where it promises a number (fast, the kernels' form: its tolerance ``invact_fast.TOL``; exact: the
+    float64 floor); the other forms (published, refitted, symbolic regression, Newton) promise none."""
+    from .invact_fast import TOL
+
+    promised = {"fast": TOL, "exact": _EXACT_FLOOR}.get(form)
+    if not np.isfinite(worst):
+        return False, "failed: the error is not finite on the measuring grid"
+    if promised is None:
+        return True, f"the {form} form promises no bound: finite on the measuring grid"
+    if worst <= promised:
+        return True, f"within the {form} form's promised L∞ {promised:g}"
+    return False, f"failed: over the {form} form's promised L∞ {promised:g}"
 
 
 def _refuse_piecewise(act) -> None:

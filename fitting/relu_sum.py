@@ -328,7 +328,9 @@ class ReluSumFit(FitResult):
     :class:`ReluSumTable`), ``x`` (knots), ``fun`` (loss), ``success``, ``message``, ``seconds``, ``nfev`` (objective
     evaluations over all restarts), ``restarts`` (each restart's final loss, in order), ``restart_labels`` and
     ``at_best`` (how many restarts reached the best loss within a relative 1e-9) and ``untrusted`` (only one did,
-    and it was not the grid DP's global optimum of the derivative objective: run more restarts)."""
+    and it was not the grid DP's global optimum of the derivative objective: run more restarts). ``success`` is the
+    search's own verdict: a finite loss that is not ``untrusted`` (two restarts agree, or the grid DP's global
+    optimum, or the closed form at k = 1)."""
 
 
 def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "primitive", method: str = "auto",
@@ -410,7 +412,8 @@ def _fit(activation, bits: int, objective: str, method: str, restarts: int, seed
     message = (f"{at_best} of {len(results)} restarts reached the best loss {loss:.6e}"
                + ("; only one did: run more restarts to trust this optimum" if untrusted else "")
                + ("; found by the grid DP (the global optimum on its grid, polished)" if global_on_grid else ""))
-    return ReluSumFit(table=table, x=rs.knots, fun=loss, success=True, message=message, nfev=nfev,
+    return ReluSumFit(table=table, x=rs.knots, fun=loss, success=bool(np.isfinite(loss)) and not untrusted,
+                      message=message, nfev=nfev,
                       seconds=table.provenance.get("seconds"),
                       restarts=losses, restart_labels=labels, at_best=at_best, untrusted=untrusted)
 

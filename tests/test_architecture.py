@@ -545,3 +545,12 @@ def test_library_code_never_patches_with_unittest_mock():
     found = [str(p.relative_to(ROOT)) for folder in ("approxbp", "kernels", "fitting", "approximations")
              for p in (ROOT / folder).rglob("*.py") if "unittest" in p.read_text(encoding="utf-8")]
     assert not found, found
+
+
+def test_a_fit_success_is_never_a_constant():
+    """``success`` is the fitter's own verdict (scipy's meaning: the solver says whether it met its criterion), not
+    a literal True."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "fitting").rglob("*.py"))
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bsuccess\s*=\s*True\b", line)]
+    assert not found, found

@@ -81,25 +81,26 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
     run = measurer(request)
     base, layers, options, ms = measure_options(run, say)
     target, cache = budget, {}
-    traced = None
-    for _ in range(6):  # the chosen step traced whole; over the budget, chosen again under a tighter target
+    traced = over = None  # over: the least target whose plan traced over the budget
+    for _ in range(_TRACES):  # the chosen step traced whole; over the budget, chosen again under a tighter target
         try:
             choice, after, estimate, moved = _choose_within(run, request, layers, options, ms, base, target, gpu,
                                                             compile_budgets, say, cache)
         except ValueError as err:
             if traced is None:
                 raise
-            raise NoFit(f"the plan the search found for {size(budget)} peaks at {size(traced.peak)} in a whole "
-                        f"step traced by MemTracker (in {traced.moment}), over the budget, and nothing reaches the "
-                        f"tighter target that would correct for it ({err})") from None
-        traced = _traced(request, choice, ms["chosen"], moved, say) if budget is not None else None
+            if over - target > _RESOLUTION * budget:  # the correction overshot what the model reaches: halve it
+                target = (target + over) // 2
+                continue
+            raise NoFit(f"{_least_traced(cache, budget)} (the last in {traced.moment}), and nothing reaches a "
+                        f"tighter target ({err})") from None
+        traced = _traced(request, choice, ms["chosen"], moved, say, cache) if budget is not None else None
         if traced is None or traced.peak <= budget:
             break
-        modelled = moved["peak"] if moved else after.peak  # what the search believed: tighten below it
-        target = min(target, modelled) - (traced.peak - budget)
+        over = min(target, moved["peak"] if moved else after.peak)  # what the search believed: tighten below it
+        target = over - (traced.peak - budget)
     else:
-        raise NoFit(f"no plan was traced within the budget: the last peaked at {size(traced.peak)} in a whole step "
-                    f"(MemTracker on fake tensors) where {size(budget)} was planned")
+        raise NoFit(_least_traced(cache, budget))
     chosen, before = _summary(after), _summary(base)
     chosen = _with_moves(chosen, moved) if moved else chosen
     if traced is not None:  # the promise: the whole step's peak, traced, not the model of it
@@ -113,6 +114,12 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
                 options, ms, estimate, request.checkpoint,
                 bool(base.moment), moves=moved,  # only a traced step has a moment
                 assignment=_summary(after) if moved else None)
+
+
+#: Whole-step traces a budgeted plan may take, and the fraction of the budget below which a tighter target is not
+#: sought: a trace over the budget tightens the search's target by the overshoot; a target nothing reaches is halved
+#: back toward the last one that was reached.
+_TRACES, _RESOLUTION = 8, 0.005
 
 
 def _choose_within(run, request, layers, options, ms, base, budget, gpu, compile_budgets, say, cache):
@@ -135,16 +142,26 @@ def _choose_within(run, request, layers, options, ms, base, budget, gpu, compile
     return choice, after, estimate, moved
 
 
-def _traced(request: Request, choice: dict, ms_norm: bool, moved: dict | None, say) -> StepMemory | None:
+def _traced(request: Request, choice: dict, ms_norm: bool, moved: dict | None, say,
+            cache: dict) -> StepMemory | None:
     """The whole step of the chosen plan — its approximations, norms and moves on the model built afresh — traced by
     MemTracker on fake tensors (:func:`~.step_memory.traced_step`: forward, backward, optimizer step, each kernel
     allocating as on a GPU); None where a step cannot be traced (sharded, split over devices, 8-bit or paged
     optimizers, compiled), whose peak stays the model of it."""
     if not traceable(request.setup) or request.setup.compile or (moved or {}).get("compile"):
         return None
-    say("the chosen plan, traced whole")
-    step = stepper(replace(request, traced=True), whole=True)
-    return step(None, None, choice, ms_norm, (moved or {}).get("moves") or None)
+    moves = (moved or {}).get("moves") or None
+    key = ("traced", tuple(sorted(choice.items())), ms_norm, tuple(sorted((moves or {}).items())))
+    if key not in cache:  # a tighter target can choose the same plan again
+        say("the chosen plan, traced whole")
+        cache[key] = stepper(replace(request, traced=True), whole=True)(None, None, choice, ms_norm, moves)
+    return cache[key]
+
+
+def _least_traced(cache: dict, budget: int) -> str:
+    peaks = [v.peak for k, v in cache.items() if k[0] == "traced"]
+    return (f"no plan fits {size(budget)} in a whole step traced by MemTracker on fake tensors: the {len(peaks)} "
+            f"the search chose peak at {size(min(peaks))} or more")
 
 
 #: The final step's activation rows with moves: what the moves keep saved, and what comes back at the peak.

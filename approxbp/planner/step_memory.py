@@ -205,10 +205,11 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     after the step, so the gradients counted are those alive at the peak. The drop-ins run as their custom ops
     (:func:`~.custom_ops.as_kernels`): each allocates what its kernel allocates, on fake and real tensors
     alike."""
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
+    from torch.distributed._tools.mem_tracker import _MemRefType, _ModState
 
     from approxbp.kernels.ops.custom_ops import as_kernels
     from approxbp.planner.moves import host_elsewhere
+    from approxbp.planner.tracker import Tracker
 
     setup = as_setup(mode)
     if not traceable(setup):
@@ -220,7 +221,7 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
         p.grad = torch.zeros_like(p)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    tracker = MemTracker()
+    tracker = Tracker()
     no_hook = type("NoHook", (), {"remove": lambda self: None})()
     for p in model.parameters():  # MemTracker hooks every parameter's gradient, which fails on frozen ones (none)
         if not p.requires_grad:

@@ -189,6 +189,7 @@ def test_both_fits_return_one_result_type_holding_the_typed_table():
     assert isinstance(inv.table, T.InvActTable) and isinstance(rs.table, T.ReluSumTable)
     assert inv.fun == max(inv.table.metrics["linf_left"], inv.table.metrics["linf_right"]) and rs.fun == rs.table.loss
     assert inv.table.form == "paper"
+    assert inv.success and rs.success  # finite; the closed form at k = 1
     with pytest.raises(AttributeError):
         inv.form  # noqa: B018
     with warnings.catch_warnings():

@@ -183,3 +183,18 @@ def test_a_given_interval_may_put_the_outermost_knots_on_its_ends():
     loss = sum(quad(residual2, a, b, epsabs=0, epsrel=1e-12, limit=200)[0] for a, b in zip(edges[:-1], edges[1:]))
     assert fit.fun == pytest.approx(loss, rel=1e-9)
     assert fit.fun < 0.05  # k = 2 on the same interval: 0.2985
+
+
+def test_success_is_the_search_own_verdict():
+    """One restart without the structured starts: nothing confirms its optimum, and the fit says so (scipy's
+    ``success`` semantics: the solver's verdict, not a constant)."""
+    r = fit_relu_sum("silu", 2, "primitive", restarts=1, seed=0, workers=1, progress=False, structured=False)
+    assert r.untrusted and not r.success and "only one did" in r.message
+
+
+def test_invact_success_is_the_form_promise():
+    from approxbp.fitting.invact import verdict_of
+
+    assert verdict_of("fast", 2e-7)[0] and not verdict_of("fast", 2e-6)[0]
+    assert verdict_of("exact", 0.0)[0] and not verdict_of("exact", 1e-9)[0]
+    assert verdict_of("sr", 2e-4)[0] and not verdict_of("sr", float("nan"))[0]
