@@ -13,22 +13,23 @@ from approxbp.approximations import tables as T
 from approxbp.approximations.files import write_atomic
 
 from ..ops.glu import GLU_ACTIVATIONS
-from ..ops.modules import RENDERERS, module_path
+from ..ops.modules import module_path
 from .glu import glu_module_path, render_glu
 from .helpers import HELPERS_MODULE, render_helpers
 from .invact import render_invact
 from .printer import lower, triton_source
 from .reference import render_reference
+from .registry import RENDERERS
 from .relu_sum import render_relu_sum
 from .twins import activation_twin
 
 __all__ = ["export", "export_if_stale", "render", "render_relu_sum", "render_invact", "render_glu",
            "render_reference", "render_helpers", "glu_module_path", "triton_source", "lower", "activation_twin",
-           "HELPERS_MODULE", "GLU_ACTIVATIONS"]
+           "HELPERS_MODULE", "GLU_ACTIVATIONS", "RENDERERS"]
 
 
 def render(table_path: Path, t: dict | None = None) -> str:
-    """The Triton module of a table of any registered family (its renderer, ``kernels.modules.RENDERERS``)."""
+    """The Triton module of a table of any registered family (its renderer, :data:`RENDERERS`)."""
     from approxbp.approximations.families import member
 
     t = t or T.load(table_path)

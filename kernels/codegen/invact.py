@@ -11,7 +11,6 @@ from approxbp.approximations import tables as T
 from approxbp.approximations.families import register
 from approxbp.approximations.invact_forms import RULE_PARTS, backward_rule
 
-from ..ops.modules import RENDERERS
 from .helpers import import_helpers
 from .printer import (
     TritonPrinter,
@@ -20,6 +19,7 @@ from .printer import (
     round_up,
     triton_source,
 )
+from .registry import RENDERERS
 from .twins import (
     ACTIVATION_TEMPLATE,
     HEADER_TEMPLATE,

@@ -11,7 +11,6 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import tables as T
 from approxbp.approximations.families import register
 
-from ..ops.modules import RENDERERS
 from ..ops.packing import storage_bits
 from .helpers import import_helpers
 from .printer import (
@@ -19,6 +18,7 @@ from .printer import (
     round_down,
     triton_source,
 )
+from .registry import RENDERERS
 from .twins import (
     ACTIVATION_TEMPLATE,
     HEADER_TEMPLATE,

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import os
-from contextvars import ContextVar
 
 import torch
 
-__all__ = ["check_input", "check_triton_available", "check_triton_device", "OFFLINE"]
-
-
-#: True while ``approxbp cost`` captures launches on ``meta`` tensors (nothing runs, so any device will do).
-OFFLINE: ContextVar[bool] = ContextVar("approxbp_offline_capture", default=False)
+__all__ = ["check_input", "check_triton_available", "check_triton_device"]
 
 
 def check_input(x: torch.Tensor, who: str) -> None:
@@ -26,8 +21,10 @@ def _interpreting() -> bool:
 
 def check_triton_device(x: torch.Tensor) -> None:
     """Triton kernels need a CUDA tensor, or the interpreter (TRITON_INTERPRET=1) for a CPU one: say so in one
-    line instead of Triton's "0 active drivers"."""
-    if not x.is_cuda and not _interpreting() and not OFFLINE.get():
+    line instead of Triton's "0 active drivers". A ``meta`` tensor passes: nothing runs on it (``approxbp cost``
+    calls the launchers with meta tensors while it records their launches; the custom ops' fakes serve meta tensors
+    in any other use)."""
+    if not (x.is_cuda or x.is_meta) and not _interpreting():
         raise RuntimeError("use_triton=True on a CPU tensor needs the Triton interpreter: set TRITON_INTERPRET=1 "
                            "before triton is imported; on the CPU the default (use_triton=None) runs the PyTorch twin")
 

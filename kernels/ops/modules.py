@@ -21,7 +21,7 @@ from typing import ClassVar
 from approxbp.approximations import tables as T
 
 __all__ = ["drop_in_families", "FAMILIES", "FORMAT", "GENERATED", "generated_module", "GeneratedSpec", "kernel_dir",
-           "module_name", "module_path", "register", "RENDERERS", "Spec", "spec_key", "spec_of", "SPECS"]
+           "module_name", "module_path", "register", "Spec", "spec_key", "spec_of", "SPECS"]
 
 
 GENERATED = Path(__file__).parents[1] / "generated"
@@ -132,11 +132,6 @@ def _check_before_import(target: Path, want: str, table: Path, fix: str) -> None
 SPECS: dict[str, Spec] = {}
 #: family name → spec class, filled by :meth:`Spec.__init_subclass__`: a new family registers itself here
 FAMILIES: dict[str, type[Spec]] = {}
-
-
-#: family name → its Triton module's renderer ``(table_path, table) → source`` (the build side, kernels.codegen: each
-#: family's codegen module registers its own)
-RENDERERS: dict[str, object] = {}
 
 
 def drop_in_families() -> tuple[str, ...]:

@@ -9,9 +9,8 @@ from approxbp.approximations.table_schema import TableError
 
 
 def test_an_unknown_family_is_refused_by_name_in_every_layer():
-    import approxbp.kernels.codegen  # noqa: F401 (the build side registers its renderers)
     from approxbp.fitting.certify import CERTIFIERS
-    from approxbp.kernels.ops.modules import RENDERERS
+    from approxbp.kernels.codegen import RENDERERS  # the build side: importing it registers the renderers
 
     from approxbp.cost import LAUNCHES
 
@@ -30,8 +29,7 @@ def test_a_toy_family_registered_in_each_layer_is_what_serves_its_tables():
     """A toy family reuses the InvAct table's shape under its own name: its record, not invact's, checks it, bounds
     its error, renders, certifies and costs it."""
     from approxbp.fitting.certify import CERTIFIERS, CertifyFamily, certifiable
-    from approxbp.kernels.codegen import render
-    from approxbp.kernels.ops.modules import RENDERERS
+    from approxbp.kernels.codegen import RENDERERS, render
 
     from approxbp.cost import LAUNCHES
 

@@ -1,0 +1,8 @@
+"""The build side's registry: family name → its Triton module's renderer ``(table_path, table) → source``; each
+family's codegen module registers its own (the run time never reads it)."""
+
+from __future__ import annotations
+
+__all__ = ["RENDERERS"]
+
+RENDERERS: dict[str, object] = {}
