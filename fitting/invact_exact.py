@@ -67,7 +67,7 @@ def derive_exact(activation: str) -> tuple[sp.Expr, sp.Expr]:
 
 
 def is_monotone(act) -> bool:
-    """h′ > 0 wherever the tables check it (:func:`~approxbp.approximations.tables.not_increasing_at`)."""
+    """h′ > 0 wherever the tables check it (:func:`~approxbp.approximations.table_checks.not_increasing_at`)."""
     return not_increasing_at(act) is None
 
 

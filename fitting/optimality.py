@@ -5,7 +5,7 @@ k = 1: the constraints Σw = 1, Σw·c = 0 leave one feasible point. k = 2 (thre
 and are projected out in closed form (:class:`DerivativeObjectiveK2`, :class:`PrimitiveObjectiveK2`), leaving
 J(c₁, d₁, d₂) on ordered knots c₁ ≤ c₂ = c₁ + d₁ ≤ c₃ = c₂ + d₂ in the table's interval [A, B]. Boxes are bounded
 below by monotone terms, the mean-value form and the second-order form; around the table's knots an interval
-Hessian proves strict convexity (:func:`strongly_convex_lower`).
+Hessian proves strict convexity (:func:`_convex_box`).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0
 
 
 def _convex_box(J, point: list[float]) -> tuple[float | None, float]:
-    """(lower bound of J by strong convexity, radius) on the largest box of :attr:`convex_radii` around ``point``
+    """(lower bound of J by strong convexity, radius) on the largest box of :attr:`~.objectives_k2.ProjectedK2.convex_radii` around ``point``
     where an interval Hessian proves J strictly convex; (None, 0) when none does."""
     for r in J.convex_radii:
         local = J.convex_lower(point, r, piece=J.convex_piece or r)

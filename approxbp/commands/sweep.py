@@ -1,5 +1,5 @@
 """``approxbp sweep``: ReLU-sum tables for activations × bit-widths × objectives, each fit warm-started from the
-one below it (:func:`approxbp.fitting.relu_sum.sweep_relu_sum`)."""
+one below it (:func:`approxbp.fitting.sweep.sweep_relu_sum`)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ predicted peak is their sum: at the end of the forward every saved tensor is ali
 step's gradients were freed by ``zero_grad(set_to_none=True)``, so are the gradients (with it the peak is lower
 by up to the gradients; transient buffers of single ops are not counted). With activation checkpointing the end
 of the forward is not the peak (the backward recomputes each block), so that mode traces a whole step with
-PyTorch's ``MemTracker`` instead (:func:`traced_step`): the peak of what is alive, and its moment.
+PyTorch's ``MemTracker`` instead (:func:`~.step_memory.traced_step`): the peak of what is alive, and its moment.
 
 Per layer, every activation gets the options exact, ReLU-sum k = 1…4 (primitive tables) and InvAct (fast form),
 with the saving of the peak measured in this graph (one run per option with every layer of that activation

@@ -203,7 +203,7 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     but the backward's recomputation of a block, with the checkpointed blocks' inputs and part of the gradients
     alive. AdamW's moments are made beforehand (as in every step after the first); gradients are set to None
     after the step, so the gradients counted are those alive at the peak. The drop-ins run as their custom ops
-    (:func:`~.custom_ops.as_kernels`): each allocates what its kernel allocates, on fake and real tensors
+    (:func:`~approxbp.kernels.ops.custom_ops.as_kernels`): each allocates what its kernel allocates, on fake and real tensors
     alike."""
     from torch.distributed._tools.mem_tracker import _MemRefType, _ModState
 

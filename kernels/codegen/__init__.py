@@ -38,7 +38,7 @@ def render(table_path: Path, t: dict | None = None) -> str:
 
 def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> list[Path]:
     """(Re)generate a Triton module per table (every packaged table by default) into ``out_dir`` or
-    :func:`kernel_dir`; returns the written paths."""
+    :func:`~approxbp.kernels.ops.modules.kernel_dir`; returns the written paths."""
     written = []
     if not tables and out_dir is None:  # the packaged set: the shared helpers and the GLU modules too
         write_atomic(HELPERS_MODULE, render_helpers())

@@ -101,7 +101,7 @@ def activation(x, LOWP: tl.constexpr):
 
 def identity(table_path: Path, t) -> dict:
     """The constants every generated module starts with: which table (file, definition hash, family, name), in
-    which layout (:data:`~.modules.FORMAT`)."""
+    which layout (:data:`~approxbp.kernels.ops.modules.FORMAT`)."""
     return {"table": relative_path(table_path), "sha": T.definition_sha256(t), "format": FORMAT, "family": t.family,
             "name": t.name, "activation": t.activation, "expression": t.expression}
 

@@ -1,7 +1,7 @@
 """Gated MLPs found by what they run, not by class name: one run of the model records, for every module, the calls
 of its direct children and the activation ops it runs itself; a module whose calls are gate(x), up(x) (or one fused
 projection chunked in two), an activation of the gate and down(…) last is a candidate, and it becomes a
-:class:`~.glu.GatedMLP` only once a float64 probe proves that it computes down(act(gate(x))·up(x)).
+:class:`~approxbp.kernels.ops.glu.GatedMLP` only once a float64 probe proves that it computes down(act(gate(x))·up(x)).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The gated-MLP rewrite of :func:`~.patch.patch_model`: every down(act(gate(x))·up(x)) found on the example and
-proven (:mod:`.glu_forms`) becomes a :class:`~.glu.GatedMLP`, the exact fused op."""
+proven (:mod:`.glu_forms`) becomes a :class:`~approxbp.kernels.ops.glu.GatedMLP`, the exact fused op."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def check_glu_paths(model: nn.Module, glu) -> None:
 
 def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_input, config: PatchConfig,
                     savings: Savings) -> dict[str, list[str]]:
-    """Replace every proven gated MLP by a :class:`~.glu.GatedMLP` (``config.glu``: all, or these paths; modules
+    """Replace every proven gated MLP by a :class:`~approxbp.kernels.ops.glu.GatedMLP` (``config.glu``: all, or these paths; modules
     ``config.module_filter_fn`` refuses are left and reported); return the activations called as functions
     outside them, {module path: activations} (one run of the example records both,
     :func:`~.glu_forms.record_calls`), for :func:`~.activation_swap.swap_activations`."""

@@ -1,6 +1,6 @@
 """Model surgery for the memory-sharing norms (Approx-BP App. G, eq. 58): merging a pretrained norm's affine (α, β)
 into the Linears that consume it, keeping it beside LoRA adapters (``keep_affine``, with the adapter Linears that
-read z), and undoing the merge. The norms themselves (kernels, twin, modules) are :mod:`.norms`.
+read z), and undoing the merge. The norms themselves (kernels, twin, modules) are :mod:`approxbp.kernels.ops.norms`.
 """
 
 from __future__ import annotations

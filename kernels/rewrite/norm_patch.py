@@ -41,7 +41,7 @@ __all__ = ["merge_norms"]
 def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input, savings: Savings,
                 config: PatchConfig) -> None:
     """Every norm whose readers allow it becomes an MS-norm (:func:`_rewrite_norm`), one pattern of paths at a time
-    (:class:`~.rewrite.Savings`); norms ``config.module_filter_fn`` refuses are left and reported."""
+    (:class:`~.common.Savings`); norms ``config.module_filter_fn`` refuses are left and reported."""
     for name, m in model.named_modules():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
         if is_norm_candidate(m) and isinstance(why := norm_form(m), str):
             report.skipped.append(f"{name} ({type(m).__name__}): {why}")

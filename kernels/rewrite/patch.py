@@ -38,7 +38,7 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
                 config: PatchConfig | None = None) -> PatchReport:
     """In place: replace every activation in :data:`ACTIVATION_CLASSES` (nn.GELU both ways, nn.SiLU, nn.Mish,
     nn.Softplus and the Hugging Face GELU/NewGELU/FastGELU/QuickGELU/SiLU/Mish classes) by its drop-in, fuse gated
-    MLPs and make norms MS-norms, as :class:`~.rewrite.PatchConfig` describes (``family``, ``tables``, ``norms``,
+    MLPs and make norms MS-norms, as :class:`~.common.PatchConfig` describes (``family``, ``tables``, ``norms``,
     ``glu``, ``bits``, ``module_filter_fn``: keyword arguments of the same names, or ``config=``).
 
     Every rewrite changes what is saved for backward, never what a reader sees. Norms: a LayerNorm/RMSNorm (found by
@@ -46,7 +46,7 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
     attached; its plain Linear consumers (found with torch.fx, or for models fx cannot trace by one run of
     ``example_input`` — a tensor, a tuple of positional arguments or a dict of keyword arguments — under a dispatch
     mode that sees every op reading the norm's output) save z in place of y; every other reader reads y as stock.
-    Gated MLPs (with an example input) become :class:`~.glu.GatedMLP` (saves g and u, no gradient error) once a
+    Gated MLPs (with an example input) become :class:`~approxbp.kernels.ops.glu.GatedMLP` (saves g and u, no gradient error) once a
     float64 probe proves it.
 
     With ``example_input`` each group of rewrites is run against the stock outputs (eval and train mode) and its
@@ -89,8 +89,8 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
 
 
 def _compare_outputs(before: list, after: list) -> float:
-    """The largest difference between the stock and the patched model's outputs (:func:`~.rewrite.run_example`).
-    Each group of rewrites was already proven (:class:`~.rewrite.Savings`), so a difference here is a bug: it
+    """The largest difference between the stock and the patched model's outputs (:func:`~.common.run_example`).
+    Each group of rewrites was already proven (:class:`~.common.Savings`), so a difference here is a bug: it
     raises, and patch_model undoes everything."""
     largest, why = output_difference(before, after)
     if why:

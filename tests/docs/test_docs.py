@@ -98,3 +98,29 @@ def test_reproduces_time_is_written_once_with_its_commit():
     stated = {name: pattern.findall(text) for name, text in pages.items() if pattern.search(text)}
     assert list(stated) == ["reproduce.md"] and len(stated["reproduce.md"]) == 1, stated
     assert re.search(r"takes \d+\.\d s wall, .* at commit [0-9a-f]{7}", pages["reproduce.md"])
+
+
+def _hooks():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_cross_reference_names_something_that_is_there():
+    """The check the strict build runs (docs/hooks.py): Sphinx roles in the sources, dotted names and files on the
+    pages."""
+    hooks = _hooks()
+    assert hooks.unresolved() == []
+
+
+def test_the_cross_reference_check_sees_a_moved_name():
+    hooks = _hooks()
+    here = "approxbp.planner.plan_step"
+    assert hooks.resolves("~.plan_moves.timed", here) and hooks.resolves("~.step_memory.traced_step", here)
+    assert not hooks.resolves("timed", here)  # it lives in plan_moves: a bare name is not found from here
+    assert not hooks.resolves("~.rewrite.Savings", "approxbp.kernels.rewrite.patch")  # a module that moved
+    assert hooks.resolves("to_json", "approxbp.approximations.tables")  # a method of a class of the module
+    assert not hooks.resolves("approxbp.kernels.ops.modules.RENDERERS", here)  # moved to the build side
