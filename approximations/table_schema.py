@@ -46,7 +46,8 @@ CONSTRAINT_TOL = 1e-12
 PAPER_CONSTRAINT_TOL = 1e-3
 
 
-#: Fields that describe how and when a table was made, not what it is: left out of :func:`~approxbp.approximations.tables.definition_sha256`.
+#: Fields that describe how and when a table was made, not what it is: left out of
+#: :func:`~approxbp.approximations.tables.definition_sha256`.
 VOLATILE = ("created", "provenance")
 
 

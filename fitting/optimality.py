@@ -127,8 +127,9 @@ def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0
 
 
 def _convex_box(J, point: list[float]) -> tuple[float | None, float]:
-    """(lower bound of J by strong convexity, radius) on the largest box of :attr:`~.objectives_k2.ProjectedK2.convex_radii` around ``point``
-    where an interval Hessian proves J strictly convex; (None, 0) when none does."""
+    """(lower bound of J by strong convexity, radius) on the largest box of
+    :attr:`~.objectives_k2.ProjectedK2.convex_radii` around ``point`` where an interval Hessian proves J strictly
+    convex; (None, 0) when none does."""
     for r in J.convex_radii:
         local = J.convex_lower(point, r, piece=J.convex_piece or r)
         if local is not None:

@@ -325,12 +325,12 @@ def _degenerate(obj: ReluSumObjective, c: np.ndarray) -> str | None:
 # ---- the public entry point --------------------------------------------------------------------
 class ReluSumFit(FitResult):
     """What :func:`fit_relu_sum` returns (a :class:`~.result.FitResult`): ``table`` (the validated
-    :class:`~approxbp.approximations.tables.ReluSumTable`), ``x`` (knots), ``fun`` (loss), ``success``, ``message``, ``seconds``, ``nfev`` (objective
-    evaluations over all restarts), ``restarts`` (each restart's final loss, in order), ``restart_labels`` and
-    ``at_best`` (how many restarts reached the best loss within a relative 1e-9) and ``untrusted`` (only one did,
-    and it was not the grid DP's global optimum of the derivative objective: run more restarts). ``success`` is the
-    search's own verdict: a finite loss that is not ``untrusted`` (two restarts agree, or the grid DP's global
-    optimum, or the closed form at k = 1)."""
+    :class:`~approxbp.approximations.tables.ReluSumTable`), ``x`` (knots), ``fun`` (loss), ``success``, ``message``,
+    ``seconds``, ``nfev`` (objective evaluations over all restarts), ``restarts`` (each restart's final loss, in order),
+    ``restart_labels`` and ``at_best`` (how many restarts reached the best loss within a relative 1e-9) and
+    ``untrusted`` (only one did, and it was not the grid DP's global optimum of the derivative objective: run more
+    restarts). ``success`` is the search's own verdict: a finite loss that is not ``untrusted`` (two restarts agree, or
+    the grid DP's global optimum, or the closed form at k = 1)."""
 
 
 def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "primitive", method: str = "auto",

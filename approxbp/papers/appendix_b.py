@@ -5,8 +5,8 @@ every other operator 16-bit and fused attention. That is the planner's ``autocas
 under bf16 autocast): the residual stream and the norms' inputs are fp32; linears, SDPA and activations run in
 bf16. Autocast also saves a bf16 copy of each weight, whose size does not grow with the tokens, so a block's
 memory in the paper's unit is the slope: saved bytes at 2N tokens minus those at N, over 2·N·c bytes. Measured on
-fake tensors with :func:`~approxbp.planner.step_memory.measure`, per module, for the project's ViT-B block (c = 768, 4c MLP)
-and a LLaMA-13B-sized block (c = 5120, 13824 = 2.7c SwiGLU, 40 heads).
+fake tensors with :func:`~approxbp.planner.step_memory.measure`, per module, for the project's ViT-B block (c = 768, 4c
+MLP) and a LLaMA-13B-sized block (c = 5120, 13824 = 2.7c SwiGLU, 40 heads).
 
 Where the measurement and the paper differ, :data:`_DIFFERENCES` names the module group, the units and why; a row
 is reproduced when measured − paper equals their sum up to the per-token statistics the paper lists at +0 (the

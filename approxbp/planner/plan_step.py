@@ -1,6 +1,7 @@
 """One planned training step (``approxbp plan``): the options per activation layer, putting an assignment on a
 model, the step function that builds a model afresh and measures it (:func:`stepper`, on fake tensors by default;
-a model of many alike blocks measured at 2 and 3 and extrapolated) and its roofline timing (:func:`~.plan_moves.timed`)."""
+a model of many alike blocks measured at 2 and 3 and extrapolated) and its roofline timing
+(:func:`~.plan_moves.timed`)."""
 
 from __future__ import annotations
 
@@ -113,9 +114,9 @@ def stepper(request: Request, *, whole: bool = False):
     afresh, on fake tensors unless ``request.fake`` is False) at that batch and sequence length (default: the
     request's) with those replacements; its ``layers`` are the activation layers found before them. The request's
     ``checkpoint``: activation checkpointing; its ``traced`` (default: with checkpointing) a whole step traced by
-    :func:`~.step_memory.traced_step` rather than the tensors saved by the forward. A Hugging Face model of more than 3 alike blocks
-    is measured at 2 and 3 blocks and extrapolated (:mod:`~.extrapolate`) unless ``whole`` or an assignment treats its
-    blocks differently."""
+    :func:`~.step_memory.traced_step` rather than the tensors saved by the forward. A Hugging Face model of more than 3
+    alike blocks is measured at 2 and 3 blocks and extrapolated (:mod:`~.extrapolate`) unless ``whole`` or an assignment
+    treats its blocks differently."""
     setup, lora_r, checkpoint, fake = request.setup, request.lora_r, request.checkpoint, request.fake
     traced = checkpoint if request.traced is None else request.traced
     build = model_spec(request.model, setup.task)

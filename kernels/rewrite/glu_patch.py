@@ -43,9 +43,9 @@ def check_glu_paths(model: nn.Module, glu) -> None:
 
 def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_input, config: PatchConfig,
                     savings: Savings) -> dict[str, list[str]]:
-    """Replace every proven gated MLP by a :class:`~approxbp.kernels.ops.glu.GatedMLP` (``config.glu``: all, or these paths; modules
-    ``config.module_filter_fn`` refuses are left and reported); return the activations called as functions
-    outside them, {module path: activations} (one run of the example records both,
+    """Replace every proven gated MLP by a :class:`~approxbp.kernels.ops.glu.GatedMLP` (``config.glu``: all, or these
+    paths; modules ``config.module_filter_fn`` refuses are left and reported); return the activations called as
+    functions outside them, {module path: activations} (one run of the example records both,
     :func:`~.glu_forms.record_calls`), for :func:`~.activation_swap.swap_activations`."""
     fuse = config.glu
     modules = dict(model.named_modules())

@@ -46,8 +46,8 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
     attached; its plain Linear consumers (found with torch.fx, or for models fx cannot trace by one run of
     ``example_input`` — a tensor, a tuple of positional arguments or a dict of keyword arguments — under a dispatch
     mode that sees every op reading the norm's output) save z in place of y; every other reader reads y as stock.
-    Gated MLPs (with an example input) become :class:`~approxbp.kernels.ops.glu.GatedMLP` (saves g and u, no gradient error) once a
-    float64 probe proves it.
+    Gated MLPs (with an example input) become :class:`~approxbp.kernels.ops.glu.GatedMLP` (saves g and u, no gradient
+    error) once a float64 probe proves it.
 
     With ``example_input`` each group of rewrites is run against the stock outputs (eval and train mode) and its
     saved bytes measured: a group that changes an output is retried module by module and the module that cannot be

@@ -3,7 +3,6 @@
 
 import pytest
 import torch
-
 from approxbp.kernels.ops.guards import check_triton_device
 
 
