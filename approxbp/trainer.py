@@ -118,8 +118,14 @@ _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 def trainer_setup(args, model: nn.Module):
     """The planner's :class:`~approxbp.planner.training.Setup` of what a trainer trains: the weights' dtype, bf16/fp16
     autocast (``args.bf16``/``args.fp16`` on float32 weights), peft's LoRA (rank, targets, dropout) or full training,
-    the optimizer (``args.optim``); anything else is refused by name (pass ``setup=``)."""
+    the optimizer (``args.optim``), FSDP's sharding over ``args.world_size`` ranks (``args.fsdp``: each rank's peak
+    is planned); anything else — DeepSpeed among it — is refused by name (pass ``setup=``)."""
     from approxbp.planner.training import Setup
+
+    if getattr(args, "deepspeed", None):
+        raise ValueError("ApproxBPCallback: cannot plan DeepSpeed's partitioning (planned: FSDP's, per rank): pass "
+                         "setup=")
+    shard = int(getattr(args, "world_size", 1)) if getattr(args, "fsdp", None) else 1
 
     dtype = next(_base(model).parameters()).dtype
     optim = str(getattr(getattr(args, "optim", None), "value", getattr(args, "optim", "adamw_torch")))
@@ -137,7 +143,7 @@ def trainer_setup(args, model: nn.Module):
         targets = config.target_modules
         lora = {"train": "lora", "lora_dropout": config.lora_dropout,
                 "lora_targets": targets if isinstance(targets, str) else tuple(sorted(targets))}
-    return Setup(weights=weights, autocast=autocast, optimizer=_OPTIMIZERS[optim], **lora)
+    return Setup(weights=weights, autocast=autocast, optimizer=_OPTIMIZERS[optim], shard=shard, **lora)
 
 
 def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, setup, checkpoint: bool = False):

@@ -73,6 +73,15 @@ def report(p: Plan) -> str:
 
 def _which_peak(p: Plan) -> str:
     """Which peak the table's peak row is, per column."""
+    return _which_traced(p) + (_RANK if "sharded over" in p.mode and (p.traced or p.after.get("peak_traced")) else "")
+
+
+#: What a sharded traced peak is (approxbp.planner.step_memory.fsdp2_rank).
+_RANK = ("; sharded: one rank's — the step traced on one device, its parameters, gradients and optimizer states "
+         "sharded, plus FSDP2's gathered parameters (the root's, two blocks' and one block's gradients)")
+
+
+def _which_traced(p: Plan) -> str:
     if p.after.get("peak_traced"):
         exact = ("traced too: the plan is the exact step" if p.before.get("peak_traced") else "traced too" if p.traced
                  else "the end of the forward with every gradient alive, modelled")

@@ -6,6 +6,7 @@ or real ones (the tests' reference). :func:`traced_step` traces a whole step wit
 from __future__ import annotations
 
 import gc
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from approxbp.planner.training import (
     add_lora,
     as_setup,
     held_by_module,
+    nf4_bytes,
     norms_in_fp32,
     optimizer_bytes,
     per_rank,
@@ -28,8 +30,8 @@ from approxbp.planner.training import (
     stored_bytes,
 )
 
-__all__ = ["AT_PEAK", "checkpoint_blocks", "first_block", "measure", "parse_size", "prepare", "size", "StepMemory",
-           "traceable", "traced_step"]
+__all__ = ["AT_PEAK", "checkpoint_blocks", "first_block", "fsdp2_rank", "GATHERED", "measure", "parse_size",
+           "prepare", "size", "StepMemory", "traceable", "traced_step"]
 
 
 @dataclass
@@ -121,6 +123,8 @@ def _category(kind: str) -> str:
     from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES, OURS
 
     low = kind.lower()
+    if kind == _GATHERED_KIND:
+        return kind
     if kind in ACTIVATION_CLASSES or kind in OURS or "activation" in low or kind in ("GELU", "SiLU", "Mish"):
         return "activation functions"
     if "norm" in low:
@@ -190,11 +194,41 @@ def measure(model: nn.Module, inputs: dict, mode: str | Setup, traced: bool = Fa
 
 #: Where the memory alive at a traced step's peak is charged (module hooks cannot split it).
 AT_PEAK = "(alive at the peak)"
+#: Where an FSDP2 rank's gathered (unsharded) parameters and one block's unsharded gradients are charged.
+GATHERED, _GATHERED_KIND = "(FSDP2 gathered)", "FSDP2 gathered parameters"
+
+
+def fsdp2_rank(one: StepMemory, model: nn.Module, setup: Setup) -> StepMemory:
+    """One rank's peak under FSDP2 as users wrap a model (``fully_shard`` on each of its blocks, then on the model),
+    from ``one``, the whole step traced on one device: what is alive at its peak and its gradients at that moment
+    (sharded) and, per rank, the parameters' and optimizer states' shards (dim 0 split, padded, as FSDP2 does), the
+    root's own parameters gathered for the whole step (the root is not resharded after the forward), and two blocks'
+    parameters gathered with one block's unsharded gradients (the block running, the one prefetched on a GPU's
+    all-gather stream, and a block's gradients before their reduce-scatter). A rank of a real CPU step (gloo, two
+    processes) peaks within the bound (tests/approxbp/planner/test_shard_peak.py)."""
+    params, quantized = list(model.parameters()), quantized_weights(model, setup)
+    trained = [p for p in params if p.requires_grad]
+    shards = per_rank(trained, setup.shard)
+    share = sum(q.numel() for q in shards) / max(1, sum(p.numel() for p in trained))
+
+    def full(ps) -> int:  # gathered: every element, stored as the model stores it
+        return sum(nf4_bytes(p.numel()) if id(p) in quantized else p.numel() * p.element_size() for p in ps)
+
+    path = first_block(model)
+    blocks = list(dict(model.named_modules())[path.rpartition(".")[0]]) if path else []
+    inside = {id(p) for b in blocks for p in b.parameters()}
+    block = max((full(b.parameters()) for b in blocks), default=0)
+    block_grads = max((full(p for p in b.parameters() if p.requires_grad) for b in blocks), default=0)
+    gathered = full(p for p in params if id(p) not in inside) + 2 * block + block_grads
+    return StepMemory(stored_bytes(params, quantized, setup.shard), math.ceil(one.gradients * share),
+                      optimizer_bytes(shards, setup.optimizer), {**one.saved, GATHERED: gathered},
+                      {**one.kinds, GATHERED: _GATHERED_KIND}, one.block, moment=one.moment)
 
 
 def traceable(setup: Setup) -> bool:
-    """A step :func:`traced_step` runs: one process on one device with torch's own optimizers."""
-    return setup.shard == 1 and setup.devices == 1 and setup.optimizer in ("adamw", "sgd")
+    """A step :func:`traced_step` runs: one device per rank (FSDP2 ranks: :func:`fsdp2_rank`) with torch's own
+    optimizers."""
+    return setup.devices == 1 and setup.optimizer in ("adamw", "sgd")
 
 
 def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> StepMemory:
@@ -203,8 +237,11 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     but the backward's recomputation of a block, with the checkpointed blocks' inputs and part of the gradients
     alive. AdamW's moments are made beforehand (as in every step after the first); gradients are set to None
     after the step, so the gradients counted are those alive at the peak. The drop-ins run as their custom ops
-    (:func:`~approxbp.kernels.ops.custom_ops.as_kernels`): each allocates what its kernel allocates, on fake and real tensors
-    alike."""
+    (:func:`~approxbp.kernels.ops.custom_ops.as_kernels`): each allocates what its kernel allocates, on fake and
+    real tensors alike. Sharded over N ranks (``setup.shard``): one rank's step, :func:`fsdp2_rank` of the step
+    traced on one device."""
+    from dataclasses import replace
+
     from torch.distributed._tools.mem_tracker import _MemRefType, _ModState
 
     from approxbp.kernels.ops.custom_ops import as_kernels
@@ -213,8 +250,10 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
 
     setup = as_setup(mode)
     if not traceable(setup):
-        raise ValueError("--trace/--checkpoint run a real step of one process on one device with torch's optimizers: "
-                         f"not with --shard, --devices or --optimizer {setup.optimizer} (plan those without tracing)")
+        raise ValueError("--trace/--checkpoint run a real step on one device per rank with torch's optimizers: "
+                         f"not with --devices or --optimizer {setup.optimizer} (plan those without tracing)")
+    if setup.shard > 1:
+        return fsdp2_rank(traced_step(model, inputs, replace(setup, shard=1)), model, setup)
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable) if setup.optimizer == "adamw" else torch.optim.SGD(trainable, lr=1e-3)
     for p in trainable:

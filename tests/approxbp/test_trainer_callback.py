@@ -144,3 +144,19 @@ def test_the_callbacks_ways_in_are_one_at_a_time():
     for bad in (-1, 0, True, 1.5):
         with pytest.raises(ValueError, match="expected bytes"):
             ApproxBPCallback(budget=bad)
+
+
+def test_the_set_up_read_off_the_trainer_shards_under_fsdp_and_refuses_deepspeed(tmp_path):
+    from types import SimpleNamespace
+
+    from approxbp.trainer import trainer_setup
+
+    model = _llama()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    assert trainer_setup(args, model).shard == 1
+    fsdp = SimpleNamespace(fsdp=["full_shard"], world_size=4, optim="adamw_torch", bf16=False, fp16=False)
+    assert trainer_setup(fsdp, model).shard == 4  # each rank's peak is what the budget bounds
+    ddp = SimpleNamespace(fsdp=[], world_size=4, optim="adamw_torch")
+    assert trainer_setup(ddp, model).shard == 1  # DDP: every rank holds the whole model
+    with pytest.raises(ValueError, match="DeepSpeed"):
+        trainer_setup(SimpleNamespace(deepspeed="ds.json", optim="adamw_torch"), model)
