@@ -554,3 +554,10 @@ def test_a_fit_success_is_never_a_constant():
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"\bsuccess\s*=\s*True\b", line)]
     assert not found, found
+
+
+def test_the_planner_keeps_no_ms_norm_sentinel_in_an_assignment():
+    """The MS-norms' choice is a value of its own (``Assignment.ms_norm``), not a key mixed into the per-layer dict."""
+    found = [str(p.relative_to(ROOT)) for p in (ROOT / "approxbp" / "planner").rglob("*.py")
+             if "__ms_norm__" in p.read_text(encoding="utf-8")]
+    assert not found, found

@@ -84,8 +84,8 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
     traced = over = None  # over: the least target whose plan traced over the budget
     for _ in range(_TRACES):  # the chosen step traced whole; over the budget, chosen again under a tighter target
         try:
-            choice, after, estimate, moved = _choose_within(run, request, layers, options, ms, base, target, gpu,
-                                                            compile_budgets, say, cache)
+            picked, moved = _choose_within(run, request, layers, options, ms, base, target, gpu, compile_budgets,
+                                           say, cache)
         except ValueError as err:
             if traced is None:
                 raise
@@ -94,25 +94,27 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
                 continue
             raise NoFit(f"{_least_traced(cache, budget)} (the last in {traced.moment}), and nothing reaches a "
                         f"tighter target ({err})") from None
-        traced = _traced(request, choice, ms["chosen"], moved, say, cache) if budget is not None else None
+        traced = (_traced(request, picked.choice, picked.ms_norm, moved, say, cache) if budget is not None
+                  else None)
         if traced is None or traced.peak <= budget:
             break
-        over = min(target, moved["peak"] if moved else after.peak)  # what the search believed: tighten below it
+        over = min(target, moved["peak"] if moved else picked.after.peak)  # what the search believed: tighten below it
         target = over - (traced.peak - budget)
     else:
         raise NoFit(_least_traced(cache, budget))
+    choice, after, estimate, ms = picked.choice, picked.after, picked.estimate, {**ms, "chosen": picked.ms_norm}
     chosen, before = _summary(after), _summary(base)
     chosen = _with_moves(chosen, moved) if moved else chosen
     if traced is not None:  # the promise: the whole step's peak, traced, not the model of it
         chosen = {**chosen, "peak": traced.peak, "peak_moment": traced.moment, "peak_traced": True}
         if not moved and not ms["chosen"] and all(o == "exact" for o in choice.values()):  # the exact step itself
             before = {**before, "peak": traced.peak, "peak_moment": traced.moment, "peak_traced": True}
-    return Plan(request.model, request.setup.describe(base.lora, base.head), request.batch,
-                request.seq if base.uses_seq else None, budget, before, chosen,
-                {p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
-                     **options[layers[p]][o]} for p, o in choice.items()},
-                options, ms, estimate, request.checkpoint,
-                bool(base.moment), moves=moved,  # only a traced step has a moment
+    return Plan(model=request.model, mode=request.setup.describe(base.lora, base.head), batch=request.batch,
+                seq=request.seq if base.uses_seq else None, budget=budget, before=before, after=chosen,
+                layers={p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
+                            **options[layers[p]][o]} for p, o in choice.items()},
+                options=options, ms_norm=ms, estimate=estimate, checkpoint=request.checkpoint,
+                traced=bool(base.moment), moves=moved,  # only a traced step has a moment
                 assignment=_summary(after) if moved else None)
 
 
@@ -122,24 +124,21 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
 _TRACES, _RESOLUTION = 8, 0.005
 
 
-def _choose_within(run, request, layers, options, ms, base, budget, gpu, compile_budgets, say, cache):
-    """(choice, its measured step, the additive estimate, its moves or None): the least-error assignment within
-    ``budget``; the moves (or compiled budget) of least modelled time only where none reaches it."""
+def _choose_within(run, request, layers, options, ms, base, budget, gpu, compile_budgets, say,
+                   cache) -> tuple[Assignment, dict | None]:
+    """(the assignment, its moves or None): the least-error assignment within ``budget``; the moves (or compiled
+    budget) of least modelled time only where none reaches it."""
     moved = refused = None
     if not compile_budgets:
         try:
-            choice, after, estimate = _within(run, layers, options, ms, base.peak, budget, say)
+            return _within(run, layers, options, ms["saving"], base.peak, budget, say), None
         except NoFit as err:
             if budget is None:
                 raise
             refused = err
-    if compile_budgets or refused:
-        best, moved = _fastest(run, request, layers, options, ms, base, budget, gpu or DEFAULT_GPU,
-                               compile_budgets, refused or f"nothing planned reaches {size(budget)}", say, cache)
-        moved["gpu_default"] = gpu is None  # the moves weighed on DEFAULT_GPU: the report's header says so
-        choice, ms["chosen"], after, estimate = (best.assignment.choice, best.assignment.ms_norm,
-                                                 best.assignment.after, best.assignment.estimate)
-    return choice, after, estimate, moved
+    best, moved = _fastest(run, request, layers, options, ms, base, budget, gpu or DEFAULT_GPU, compile_budgets,
+                           refused or f"nothing planned reaches {size(budget)}", say, cache)
+    return best.assignment, {**moved, "gpu_default": gpu is None}  # weighed on DEFAULT_GPU: the report says so
 
 
 def _traced(request: Request, choice: dict, ms_norm: bool, moved: dict | None, say,
@@ -231,15 +230,14 @@ def assignments(run, layers, options, ms: dict, peak: int, say, count: int = 3) 
     """(budget, the least-error assignment within it) at ``count`` budgets evenly from ``peak`` down to the most-saving
     assignment's peak (the approximations' stretch of the curve; a budget the measured options miss is left out):
     the candidates moves are weighed on."""
-    most = Assignment(*_within(run, layers, options, ms, peak, None, say), ms["chosen"], 0.0)
+    most = _within(run, layers, options, ms["saving"], peak, None, say)
     found = []
     for budget in spread(peak, most.after.peak, count)[:-1]:
         try:
-            found.append((budget, Assignment(*_within(run, layers, options, ms, peak, budget, say), ms["chosen"], 0.0)))
+            found.append((budget, _within(run, layers, options, ms["saving"], peak, budget, say)))
         except NoFit:  # the options' measured savings do not add up to this budget
             continue
-    return [(b, a._replace(error=max((options[layers[p]][o]["error"] for p, o in a.choice.items()), default=0.0)))
-            for b, a in [*found, (most.after.peak, most)]]
+    return [*found, (most.after.peak, most)]
 
 
 def distinct(found: list[tuple[int, Assignment]]) -> list[Assignment]:
@@ -256,20 +254,20 @@ def spread(high: int, low: int, points: int) -> list[int]:
     return [round(high - (high - low) * i / (points - 1)) for i in range(points)]
 
 
-def _within(run, layers, options, ms: dict, peak: int, budget: int | None, say):
-    """(choice, the measured step, the additive estimate) of the least-error assignment within ``budget`` (None:
-    the most saving); sets ``ms["chosen"]``. Savings are measured per option and their sum can be off by what the
-    options share, so the chosen plan is measured and the target tightened by what it missed, up to 4 times."""
+def _within(run, layers, options, ms_saving: int, peak: int, budget: int | None, say) -> Assignment:
+    """The least-error :class:`~.plan_moves.Assignment` within ``budget`` (None: the most saving), measured.
+    Savings are measured per option and their sum can be off by what the options share, so the chosen plan is
+    measured and the target tightened by what it missed, up to 4 times."""
     target = budget
     for _ in range(4):
-        choice = _choose(layers, options, ms["saving"], peak, target)
-        ms["chosen"] = choice.pop("__ms_norm__") == "on"
+        choice, ms_norm = _choose(layers, options, ms_saving, peak, target)
         estimate = peak - sum(options[layers[p]][o]["saving_per_layer"] for p, o in choice.items()) - (
-            ms["saving"] if ms["chosen"] else 0)
+            ms_saving if ms_norm else 0)
         say("the chosen plan")
-        after = run(choice, ms["chosen"])
+        after = run(choice, ms_norm)
         if budget is None or after.peak <= budget:
-            return choice, after, estimate
+            error = max((options[layers[p]][o]["error"] for p, o in choice.items()), default=0.0)
+            return Assignment(choice, after, estimate, ms_norm, error)
         target -= after.peak - budget
     raise NoFit(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
 
@@ -319,9 +317,11 @@ def evaluate_each(request: Request, *, uses, budget: int | None = None, progress
         after = run(assignment, ms) if ms or set(assignment.values()) - {"exact"} else base
         layers = {p: {"activation": base.layers[p], "option": o, "table": option_table(base.layers[p], o),
                       "error": gradient_error(base.layers[p], o)} for p, o in assignment.items()}
-        plans.append(Plan(request.model, request.setup.describe(base.lora, base.head), request.batch,
-                          request.seq if base.uses_seq else None, budget, _summary(base), _summary(after), layers, {},
-                          {"chosen": ms, "saving": None}, None, request.checkpoint, bool(base.moment), use))
+        plans.append(Plan(model=request.model, mode=request.setup.describe(base.lora, base.head),
+                          batch=request.batch, seq=request.seq if base.uses_seq else None, budget=budget,
+                          before=_summary(base), after=_summary(after), layers=layers, options={},
+                          ms_norm={"chosen": ms, "saving": None}, checkpoint=request.checkpoint,
+                          traced=bool(base.moment), use=use))
     return plans
 
 
@@ -344,23 +344,26 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
              progress=None) -> tuple[int, Plan]:
     """The largest ``what`` (``batch`` or ``seq_len``) whose step fits ``budget`` with the most-saving replacements
     (chosen at the request's sizes) or with the assignment ``use`` (:func:`parse_use`; ``exact`` for the stock model),
-    by doubling then bisection (sequence lengths in multiples of ``grain`` tokens), one fake step per probe; then
-    the least-error plan (or ``use``'s evaluation) at that size."""
+    by doubling then bisection (sequence lengths in multiples of ``grain`` tokens), one fake step per probe — a
+    whole step traced by MemTracker where the set-up can be traced (:func:`~.step_memory.traceable`; else the
+    modelled end of the forward), the peak a budget's plan promises; then the least-error plan (or ``use``'s
+    evaluation, traced alike) at that size."""
     if what not in ("batch", "seq_len"):
         raise ValueError(f"--maximize {what!r}: expected batch or seq_len")
     _one_gpu_budget(request.setup, budget)
     say = progress or (lambda msg: None)
     batch, seq = request.batch, request.seq
     first = (plan(request, progress=progress) if use is None else evaluate(request, use=use, progress=progress))
+    traced = traceable(request.setup) and not request.setup.compile  # chosen by saved bytes, probed traced
     if what == "seq_len" and first.seq is None:
         raise ValueError(f"--maximize seq_len: {request.model}'s inputs do not depend on the sequence length")
-    step = stepper(request)
+    step = stepper(replace(request, traced=True) if traced else request)
     assignment = {p: layer["option"] for p, layer in first.layers.items()}
 
     def fits(v: int) -> bool:
         b, n = (v, seq) if what == "batch" else (batch, v)
         peak = step(b, n, assignment, first.ms_norm["chosen"]).peak
-        say(f"{what} = {v}: peak {size(peak)}")
+        say(f"{what} = {v}: peak {size(peak)}" + (" (traced)" if traced else ""))
         return peak <= budget
 
     if not (isinstance(grain, int) and grain >= 1):
@@ -379,27 +382,31 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
         raise ValueError(f"even {what} = 1 does not fit {size(budget)} with every saving applied")
     at = request.at(batch=lo) if what == "batch" else request.at(seq=lo)
     return lo, (plan(at, budget=budget, progress=progress) if use is None else
-                evaluate(at, use=use, budget=budget, progress=progress))
+                evaluate(replace(at, traced=True) if traced else at, use=use, budget=budget, progress=progress))
 
 
 def _choose(layers: dict[str, str], options: dict[str, dict], ms_saving: int, peak: int,
-            budget: int | None) -> dict[str, str]:
-    """The assignment (with "__ms_norm__": on/off) of least summed error whose predicted peak is ≤ budget; without a
-    budget the one that saves most (least error among those). Multiple-choice knapsack: a DP over saved bytes in
-    units of 1/4096 of the largest possible saving."""
-    groups = [(p, [(o, v["saving_per_layer"], v["error"]) for o, v in options[a].items()]) for p, a in layers.items()]
-    groups.append(("__ms_norm__", [("off", 0, 0.0), ("on", max(ms_saving, 0), 0.0)]))
+            budget: int | None) -> tuple[dict[str, str], bool]:
+    """(the assignment, MS-norms on) of least summed error whose predicted peak is ≤ budget; without a budget the
+    one that saves most (least error among those). Multiple-choice knapsack: a DP over saved bytes in units of
+    1/4096 of the largest possible saving, one group per activation layer and the MS-norms' group last."""
+    groups = [[(o, v["saving_per_layer"], v["error"]) for o, v in options[a].items()] for a in layers.values()]
+    groups.append([(False, 0, 0.0), (True, max(ms_saving, 0), 0.0)])
+
+    def chosen(picks: list) -> tuple[dict[str, str], bool]:
+        return dict(zip(layers, picks[:-1])), picks[-1]
+
     if budget is None:
-        return {p: min(opts, key=lambda o: (-o[1], o[2]))[0] for p, opts in groups}
+        return chosen([min(opts, key=lambda o: (-o[1], o[2]))[0] for opts in groups])
     need = peak - budget
     if need <= 0:
-        return {p: "exact" if p != "__ms_norm__" else "off" for p, _ in groups}
-    top = sum(max(s for _, s, _ in opts) for _, opts in groups)
+        return dict.fromkeys(layers, "exact"), False
+    top = sum(max(s for _, s, _ in opts) for opts in groups)
     if top < need:
         raise NoFit(f"no assignment fits: the exact step peaks at {size(peak)}, {size(need)} over the budget, "
                          f"and the options save at most {size(top)}")
-    found = multiple_choice([[(saving, error) for _, saving, error in opts] for _, opts in groups], need,
+    found = multiple_choice([[(saving, error) for _, saving, error in opts] for opts in groups], need,
                             max(1, top // 4096))
     if found is None:
         raise NoFit("no assignment fits the budget")
-    return {path: opts[j][0] for (path, opts), j in zip(groups, found[1])}
+    return chosen([opts[j][0] for opts, j in zip(groups, found[1])])

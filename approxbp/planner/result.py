@@ -18,10 +18,14 @@ if TYPE_CHECKING:
 
 from approxbp.approximations import tables as T
 
-__all__ = ["Plan", "plan_config", "read_plan", "unapplied"]
+__all__ = ["Plan", "PLAN_SCHEMA", "plan_config", "read_plan", "unapplied"]
+
+#: The plan JSON's version, written as ``"schema"``: 1 is the first that carries it (0.2's files, which have none,
+#: read as it); a file of a later version is refused by name rather than misread.
+PLAN_SCHEMA = 1
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Plan:
     model: str
     mode: str
@@ -39,6 +43,7 @@ class Plan:
     use: str | None = None  # the assignment evaluated (--use), or None: chosen by the planner
     moves: dict | None = None  # recompute/offload moves beyond the approximations (planner.plan_moves.plan_moves)
     assignment: dict | None = None  # with moves: the approximations' step before them (``after`` is the final one)
+    schema: int = PLAN_SCHEMA  # the JSON's version (:data:`PLAN_SCHEMA`)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -113,13 +118,18 @@ def unapplied(config: PatchConfig, report) -> list[str]:
 
 
 def read_plan(plan) -> dict:
-    """A plan (JSON file path or its dict), its ``layers`` and ``ms_norm`` checked field by field."""
+    """A plan (JSON file path or its dict), its schema version (:data:`PLAN_SCHEMA`; none: 0.2's, read as 1) and its
+    ``layers`` and ``ms_norm`` checked field by field."""
     where = "plan" if isinstance(plan, dict) else str(plan)
     if not isinstance(plan, dict):
         try:
             plan = json.loads(Path(plan).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{where}: not a readable plan JSON file ({err})") from None
+    version = plan.get("schema", PLAN_SCHEMA) if isinstance(plan, dict) else PLAN_SCHEMA
+    if not isinstance(version, int) or version > PLAN_SCHEMA:
+        raise ValueError(f"{where}: a plan of schema {version!r}, written by a newer approxbp; this one reads plan "
+                         f"schema {PLAN_SCHEMA} and earlier: upgrade approxbp, or plan again with this version")
     layers, ms = (plan.get("layers"), plan.get("ms_norm")) if isinstance(plan, dict) else (None, None)
     if not isinstance(layers, dict) or not all(isinstance(v, dict) and isinstance(v.get("table"), str | None)
                                                for v in layers.values()):
@@ -132,15 +142,15 @@ def read_plan(plan) -> dict:
 
 
 def plan_config(plan, model: nn.Module) -> PatchConfig:
-    from approxbp.kernels.rewrite.activation_swap import ACTIVATION_CLASSES, class_key
-    from approxbp.kernels.rewrite.common import PatchConfig
-
     """An ``approxbp plan`` (JSON file or dict, :func:`read_plan`) → the patch that applies it to ``model``: tables
     {module path in ``model``: table path or "exact"}, MS-norms on or off, the gated MLPs to fuse (the parents of the
     layers whose option is ``glu``).
     The plan's layer paths are matched to the model's activation modules as they are or as a suffix (peft wraps
     the planned model as ``base_model.model.…``); each must match exactly one, and every activation of the model
     must be in the plan, else it was made for another model and is refused."""
+    from approxbp.kernels.rewrite.activation_swap import ACTIVATION_CLASSES, class_key
+    from approxbp.kernels.rewrite.common import PatchConfig
+
     where = "plan" if isinstance(plan, dict) else str(plan)
     plan = read_plan(plan)
     layers, ms = plan["layers"], plan["ms_norm"]

@@ -265,7 +265,8 @@ def test_a_budget_the_logits_alone_exceed_is_met_by_the_chunked_loss():
     x = inputs(batch, seq)
     x["labels"] = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(2))
     ours = copy.deepcopy(stock)
-    plan_file = Plan(WIDE_VOCAB, "", batch, seq, budget, {}, {}, {}, {}, {"chosen": False}, 0, moves=moved)
+    plan_file = Plan(model=WIDE_VOCAB, mode="", batch=batch, seq=seq, budget=budget, before={}, after={}, layers={},
+                     options={}, ms_norm={"chosen": False}, estimate=0, moves=moved)
     plan_file._apply_moves(ours)
     counts, losses = [], []
     for net in (stock, ours):

@@ -5,13 +5,14 @@ whole when it was made for another model."""
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
 from approxbp.approximations import tables as T
 from torch import nn
 
-from approxbp.planner.result import Plan, plan_config, read_plan
+from approxbp.planner.result import PLAN_SCHEMA, Plan, plan_config, read_plan
 
 
 def _plan(**changes) -> Plan:
@@ -102,3 +103,23 @@ def test_a_glu_option_fuses_the_layers_parent():
 def test_a_plan_made_for_another_model_is_refused(layers):
     with pytest.raises(ValueError, match="was made for another model"):
         plan_config(_plan_json(layers), _Two())
+
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("name", ["plan-0.2.json", "plan-0.2-moves.json"])
+def test_a_plan_written_by_0_2_still_loads_and_a_newer_schema_is_refused_by_name(name, tmp_path):
+    """0.2's plan files (written by `approxbp plan --out` before the JSON carried a version) load as schema 1; a
+    plan of a later schema is refused, not misread; a plan written now carries its schema and reads back equal."""
+    old = Plan.load(DATA / name)
+    assert old.schema == PLAN_SCHEMA == 1 and old.layers and (old.moves is None) == ("moves" not in name)
+    again = tmp_path / "again.json"
+    again.write_text(old.to_json())
+    assert json.loads(again.read_text())["schema"] == PLAN_SCHEMA and Plan.load(again) == old
+    newer = {**json.loads(again.read_text()), "schema": PLAN_SCHEMA + 1}
+    again.write_text(json.dumps(newer))
+    with pytest.raises(ValueError, match=f"a plan of schema {PLAN_SCHEMA + 1}, written by a newer approxbp"):
+        Plan.load(again)
+    with pytest.raises(TypeError):
+        Plan("model", "mode")  # built by keyword only
