@@ -242,7 +242,7 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     traced on one device."""
     from dataclasses import replace
 
-    from torch.distributed._tools.mem_tracker import _MemRefType, _ModState
+    from torch.distributed._tools.mem_tracker import _MemRefType
 
     from approxbp.kernels.ops.custom_ops import as_kernels
     from approxbp.planner.moves import host_elsewhere
@@ -281,13 +281,9 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
         opt.step()
         opt.zero_grad(set_to_none=True)
     peak = peak_now()
-    moment = ("the optimizer step" if peak["Total"] > after_backward else
-              "the backward" if peak["Total"] > after_forward else "the forward")
-    for stats in tracker.memory_tracking.values():  # the innermost module whose local peak is the global one
-        for state, phase in ((_ModState.PEAK_FW, "forward"), (_ModState.PEAK_BW, "backward")):
-            if any(next(iter(snap.values()))["Total"] == peak["Total"] for snap in stats.snapshots.get(state, ())):
-                if len(stats.mod_fqn) >= len(moment.partition(" of ")[2]):
-                    moment = f"{phase} of {stats.mod_fqn}"
+    moment = tracker.innermost_at(peak["Total"]) or (
+        "the optimizer step" if peak["Total"] > after_backward else
+        "the backward" if peak["Total"] > after_forward else "the forward")
     alive = peak[_MemRefType.ACT] + peak[_MemRefType.TEMP] + peak[_MemRefType.OTH]
     return StepMemory(peak[_MemRefType.PARAM] + peak[_MemRefType.BUFFER], peak[_MemRefType.GRAD],
                       peak[_MemRefType.OPT], {AT_PEAK: alive}, {AT_PEAK: "alive at the peak"}, first_block(model),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from copy import deepcopy
 
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _ModState
 
 __all__ = ["Tracker"]
 
@@ -42,3 +42,14 @@ class Tracker(MemTracker):
             if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
                 self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
                 self._peak_mem_snap[dev] = deepcopy(dev_snap)
+
+    def innermost_at(self, total: int) -> str | None:
+        """"forward of PATH" or "backward of PATH": the innermost module whose local peak is ``total`` (the step's
+        peak), or None when no module's is."""
+        moment = None
+        for stats in self.memory_tracking.values():
+            for state, phase in ((_ModState.PEAK_FW, "forward"), (_ModState.PEAK_BW, "backward")):
+                if any(next(iter(snap.values()))["Total"] == total for snap in stats.snapshots.get(state, ())):
+                    if moment is None or len(stats.mod_fqn) >= len(moment.partition(" of ")[2]):
+                        moment = f"{phase} of {stats.mod_fqn}"
+        return moment
