@@ -79,8 +79,9 @@ def test_an_argument_patch_model_does_not_take_is_refused():
 def test_trl_sft_trainer_with_the_callback_trains_as_stock(tmp_path):
     """TRL's SFTTrainer (a Trainer subclass) takes the same callback. Its own fused-head loss (TRL ≥ 1.x chunks the
     head itself) is left as TRL computes it: the chunked-loss move returns the model's result unchanged when the
-    call never runs the head module. Losses: the first steps bit for bit, then within 5e-4 — the norms' backward
-    rounds otherwise than stock's in fp32 and Adam amplifies it (the same curve with family=None, norms only)."""
+    call never runs the head module. Losses: without the MS-norms bit for bit; with them the first steps bit for
+    bit, then within 5e-4 — the norms' backward rounds otherwise than stock's in fp32 and Adam amplifies it (the
+    same curve with family=None, norms only)."""
     trl = pytest.importorskip("trl")
     datasets = pytest.importorskip("datasets")
     from tokenizers import Tokenizer, models
@@ -103,7 +104,10 @@ def test_trl_sft_trainer_with_the_callback_trains_as_stock(tmp_path):
         return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
     stock = run(None)
-    callback = ApproxBPCallback(family="invact", moves={"model.layers.0": "recompute", "(loss)": "chunked-loss"})
+    moves = {"model.layers.0": "recompute", "(loss)": "chunked-loss"}
+    without_norms = run(ApproxBPCallback(family="invact", norms=False, moves=moves))
+    assert without_norms == stock  # InvAct and the moves: bit for bit
+    callback = ApproxBPCallback(family="invact", moves=moves)
     ours = run(callback)
     assert callback.report is not None and callback.report.norms
     assert len(ours) == len(stock) == 20 and ours[:3] == stock[:3]

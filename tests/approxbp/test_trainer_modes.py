@@ -1,0 +1,59 @@
+"""The Trainer callback with gradient checkpointing on, on a peft LoRA model, and with torch_compile=True: each
+trains 20 steps to stock's losses (relative 1e-6), patched on its first batch with the chunked loss applied. What
+each merges is what saves there: with checkpointing the final norm only (a checkpointed block keeps its input
+alone), with peft the two norms whose readers are LoRA-adapted Linears and both gated MLPs; under torch_compile the
+keep-if-saving measurement finds the norms would save more, and nothing is merged."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from approxbp.trainer import ApproxBPCallback  # noqa: E402
+
+VOCAB = 64
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    ids = (torch.randint(0, VOCAB, (48, 1), generator=g) + torch.arange(16)) % VOCAB  # next token = token + 1
+    return [{"input_ids": r, "labels": r} for r in ids]
+
+
+def _llama():
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+        vocab_size=VOCAB, max_position_embeddings=32))
+
+
+def _lora():
+    peft = pytest.importorskip("peft")
+    return peft.get_peft_model(_llama(), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+
+
+def _train(build, out_dir, callback=None, **extra):
+    torch.manual_seed(0)
+    model = build()
+    args = transformers.TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=2, max_steps=20,
+                                          learning_rate=3e-3, logging_steps=1, report_to=[], save_strategy="no",
+                                          use_cpu=True, seed=0, disable_tqdm=True, data_seed=0, **extra)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_data(),
+                                   callbacks=[callback] if callback else None)
+    trainer.train()
+    return model, [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+@pytest.mark.parametrize("build, extra", [
+    (_llama, {"gradient_checkpointing": True}),
+    (_lora, {}),
+    (_llama, {"torch_compile": True, "torch_compile_backend": "aot_eager"}),
+], ids=["gradient-checkpointing", "peft-lora", "torch-compile"])
+def test_the_callback_trains_as_stock_in_each_mode(build, extra, tmp_path):
+    _, stock = _train(build, tmp_path / "stock", **extra)
+    callback = ApproxBPCallback(family="invact", moves={"(loss)": "chunked-loss"})
+    model, ours = _train(build, tmp_path / "ours", callback, **extra)
+    assert callback.report is not None, "the callback did not patch"
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    assert "_approxbp_chunked_loss" in base.__dict__  # the move was applied
+    assert len(ours) == len(stock) == 20
+    for a, b in zip(stock, ours):
+        assert b == pytest.approx(a, rel=1e-6, abs=0), (stock, ours)
