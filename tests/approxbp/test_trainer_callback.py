@@ -6,23 +6,13 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+from _tiny_llm import VOCAB, tiny_data, tiny_llama  # noqa: E402
+
 from approxbp.planner.step_memory import measure  # noqa: E402
 from approxbp.planner.training import Setup  # noqa: E402
 from approxbp.trainer import ApproxBPCallback  # noqa: E402
 
-VOCAB = 64
-
-
-def _data():
-    g = torch.Generator().manual_seed(1)
-    ids = (torch.randint(0, VOCAB, (48, 1), generator=g) + torch.arange(16)) % VOCAB  # next token = token + 1
-    return [{"input_ids": r, "labels": r} for r in ids]
-
-
-def _llama():
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-        vocab_size=VOCAB, max_position_embeddings=32))
+_data, _llama = tiny_data, tiny_llama
 
 
 def _qwen3_moe():

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from _patched_gpt import _ddp_worker, _free_port, _patched  # noqa: E402  (spawned workers import it)
+from _patched_gpt import _ddp_worker, _patched, run_two_ranks  # noqa: E402  (spawned workers import it)
 from approxbp.kernels import patch_model
 from torch import nn
 
@@ -136,28 +136,15 @@ def test_activation_checkpointing_gives_the_same_gradients():
 @pytest.mark.parametrize("fsdp,patch_after", [(False, False), (True, False), (False, True), (True, True)],
                          ids=["DDP", "FSDP2", "DDP-patched-after-wrapping", "FSDP2-patched-after-sharding"])
 def test_distributed_gradients_equal_single_process(fsdp, patch_after, tmp_path):
-    import torch.multiprocessing as mp
-
     if fsdp:
         try:
             from torch.distributed.fsdp import fully_shard  # noqa: F401
         except ImportError:
             pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
     x = torch.randn(4, 8, 32)
-    ctx = mp.get_context("spawn")
     out_file = tmp_path / "grads.pt"
-    for attempt in range(2):  # gloo's rendezvous on a loaded 2-core machine has aborted (SIGABRT) once in ~10 runs
-        port = _free_port()
-        procs = [ctx.Process(target=_ddp_worker, args=(r, 2, port, x, str(out_file), fsdp, patch_after))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=300)
-        codes = [p.exitcode for p in procs]
-        if not (attempt == 0 and any(c is not None and c < 0 for c in codes)):  # retry a killed worker once only
-            break
-    assert codes == [0, 0], codes  # a Python error in a worker (exit code 1) is never retried
+    codes = run_two_ranks(_ddp_worker, x, str(out_file), fsdp, patch_after)
+    assert codes == [0, 0], codes
     grads = torch.load(out_file)
     single = _patched("relu-sum")
     single(x).square().mean().backward()

@@ -12,26 +12,21 @@ from pathlib import Path
 
 import torch
 import transformers
+from _tiny_llm import tiny_data, tiny_llama
 
 from approxbp.trainer import ApproxBPCallback
 
-VOCAB = 64
-
 
 def main(out: str, which: str) -> None:
-    g = torch.Generator().manual_seed(1)
-    ids = (torch.randint(0, VOCAB, (48, 1), generator=g) + torch.arange(16)) % VOCAB  # next token = token + 1
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-        vocab_size=VOCAB, max_position_embeddings=32))
+    model = tiny_llama()
     args = transformers.TrainingArguments(
         output_dir=f"{out}/{which}", per_device_train_batch_size=1, max_steps=10, learning_rate=3e-3, logging_steps=1,
         report_to=[], use_cpu=True, seed=0, disable_tqdm=True, data_seed=0, save_strategy="no", ddp_backend="gloo",
         fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
     callback = (ApproxBPCallback(family="invact", moves={"model.layers.0": "recompute", "(loss)": "chunked-loss"})
                 if which == "ours" else None)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids],
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=tiny_data(),
                                    callbacks=[callback] if callback else None)
     trainer.train()
     trainer.save_model(f"{out}/{which}/final")

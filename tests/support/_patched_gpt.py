@@ -39,6 +39,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_two_ranks(target, *args) -> list[int | None]:
+    """``target(rank, 2, port, *args)`` in two spawned processes (gloo ranks); their exit codes. gloo's rendezvous
+    on a loaded 2-core machine has aborted (SIGABRT) once in ~10 runs: a killed worker is retried once, a Python
+    error in a worker (exit code 1) never."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    for attempt in range(2):
+        port = _free_port()
+        procs = [ctx.Process(target=target, args=(r, 2, port, *args)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        codes = [p.exitcode for p in procs]
+        if not (attempt == 0 and any(c is not None and c < 0 for c in codes)):
+            break
+    return codes
+
+
 def _ddp_worker(rank, world, port, x, out_file, fsdp, patch_after=False):
     import torch.distributed as dist
 

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _patched_gpt import _free_port  # noqa: E402
+from _patched_gpt import run_two_ranks  # noqa: E402
 from _shard_worker import shard_worker  # noqa: E402  (spawned workers import it)
 
 from approxbp.planner import plan as P  # noqa: E402
@@ -20,25 +20,13 @@ LLAMA = "llama:hidden=64,layers=4,heads=4,intermediate=128,vocab=1000"
 
 
 def _ranks_peaks(weights: str, tmp_path) -> list[int]:
-    import torch.multiprocessing as mp
-
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
     except ImportError:
         pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
     out = str(tmp_path / f"peak-{weights}")
-    ctx = mp.get_context("spawn")
-    for attempt in range(2):  # gloo's rendezvous on a loaded 2-core machine has aborted (SIGABRT) once in ~10 runs
-        port = _free_port()
-        procs = [ctx.Process(target=shard_worker, args=(r, 2, port, LLAMA, weights, 4, 64, out)) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=300)
-        codes = [p.exitcode for p in procs]
-        if not (attempt == 0 and any(c is not None and c < 0 for c in codes)):  # retry a killed worker once only
-            break
-    assert codes == [0, 0], codes  # a Python error in a worker (exit code 1) is never retried
+    codes = run_two_ranks(shard_worker, LLAMA, weights, 4, 64, out)
+    assert codes == [0, 0], codes
     return [torch.load(f"{out}.{r}") for r in range(2)]
 
 
