@@ -24,20 +24,28 @@ __all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_t
            "stepper"]
 
 
-#: Per activation layer; ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no
-#: gradient error; saves nothing where the layer is in no gated MLP).
-OPTIONS = ("exact", "relu-sum-k1", "relu-sum-k2", "relu-sum-k3", "relu-sum-k4", "invact", "glu")
+def _approximations() -> dict[str, tuple[type, int]]:
+    """Option name → (the family's spec class, bits): every registered family's ``plan_options``."""
+    import approxbp.kernels  # noqa: F401  (importing the kernels registers every family's spec)
+    from approxbp.kernels.ops.modules import FAMILIES
+
+    return {name: (spec, bits) for spec in FAMILIES.values()
+            for name, bits in getattr(spec, "plan_options", {}).items()}
+
+
+#: Per activation layer: ``exact``, each table family's options (named by the family's spec,
+#: ``Spec.plan_options``), and ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g):
+#: no gradient error; saves nothing where the layer is in no gated MLP).
+OPTIONS = ("exact", *_approximations(), "glu")
 
 
 def option_table(activation: str, option: str) -> str | None:
-    """The packaged table of an option for a registry activation (None for ``exact`` and ``glu``)."""
+    """The packaged table of an option for a registry activation (None for ``exact`` and ``glu``): the family's own
+    ``packaged`` table at the option's bits."""
     if option in ("exact", "glu"):
         return None
-    if option == "invact":
-        return f"invact/{activation}-fast"
-    from approxbp.approximations import tables as T
-
-    return f"relu_sum/{T.relu_sum_name(activation, int(option[-1]), 'primitive')}"
+    spec, bits = _approximations()[option]
+    return spec.packaged(activation, bits)
 
 
 def gradient_error(activation: str, option: str) -> float:

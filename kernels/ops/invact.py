@@ -36,6 +36,7 @@ class InvActSpec(GeneratedSpec):
     Triton kernels and the PyTorch twin of the backward rule)."""
 
     family = "invact"
+    plan_options = {"invact": 1}  # one option: the packaged fast form (one branch bit)
 
     @staticmethod
     def packaged(activation: str, bits: int) -> str:

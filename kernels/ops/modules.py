@@ -220,6 +220,9 @@ class GeneratedSpec(Spec):
 
     #: the family's drop-in ``nn.Module`` (built from a table), set by the family's module after it defines it
     drop_in: ClassVar[type]
+    #: the planner's options for this family (``approxbp plan``'s per-layer choices): option name → bits, for
+    #: :meth:`packaged`
+    plan_options: ClassVar[dict[str, int]] = {}
 
     @staticmethod
     def packaged(activation: str, bits: int) -> str:

@@ -43,6 +43,7 @@ class ReLUSumSpec(GeneratedSpec):
     file still has). Built once per module; the custom ops find it by ``key``."""
 
     family = "relu-sum"
+    plan_options = {f"relu-sum-k{k}": k for k in (1, 2, 3, 4)}  # the packaged primitive fits the planner weighs
 
     @staticmethod
     def packaged(activation: str, bits: int) -> str:

@@ -56,3 +56,28 @@ def test_a_toy_family_registered_in_each_layer_is_what_serves_its_tables():
         for registry, _ in entries:
             registry.pop("toy", None)
     assert "toy" not in TABLE_FAMILIES
+
+
+def test_the_planner_options_are_the_families_own():
+    """``approxbp plan``'s per-layer options come from each family's spec (``plan_options``), and an option's table
+    is that family's ``packaged`` table: a toy family's option resolves through its own spec."""
+    from approxbp.kernels.ops.modules import FAMILIES, Spec
+
+    from approxbp.planner.plan_step import OPTIONS, option_table
+
+    named = {n for spec in FAMILIES.values() for n in getattr(spec, "plan_options", {})}
+    assert set(OPTIONS) == named | {"exact", "glu"} and {"invact", "relu-sum-k2"} <= named
+    assert option_table("silu", "relu-sum-k2") == "relu_sum/silu-k2-primitive"
+
+    class ToySpec(Spec):
+        family = "toy"
+        plan_options = {"toy-k3": 3}
+
+        @staticmethod
+        def packaged(activation: str, bits: int) -> str:
+            return f"toy/{activation}-{bits}"
+
+    try:
+        assert option_table("gelu", "toy-k3") == "toy/gelu-3"
+    finally:
+        FAMILIES.pop("toy", None)
