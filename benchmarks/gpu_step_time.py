@@ -33,7 +33,6 @@ SETUPS = (("exact", None, False, False), ("glu+ms-norm", None, False, True),
 
 def _model(text: str, setup, batch: int, seq: int, fused: bool, move: str | None, chunked: bool, device: str):
     """(model, inputs) of the set-up, built on ``device`` (under the planner's fake mode when it is "fake")."""
-    from approxbp.planner.chunked_loss import CHUNKED, LOSS
     from approxbp.planner.models import model_spec
     from approxbp.planner.moves import apply_moves
     from approxbp.planner.plan_step import activation_layers, apply
@@ -49,10 +48,8 @@ def _model(text: str, setup, batch: int, seq: int, fused: bool, move: str | None
         model = model.cuda()
     inputs = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in make_inputs(batch, seq).items()}
     assignment = {p: "glu" for p in activation_layers(model)} if fused else {}
-    if chunked:
-        assignment[LOSS] = CHUNKED
-    if assignment or fused:
-        apply(model, assignment, fused, inputs)
+    if assignment or fused or chunked:
+        apply(model, assignment, fused, inputs, chunked_loss=chunked)
     if move:
         apply_moves(model, {b: move for b in block_paths(model, first_block(model))})
     return model, inputs

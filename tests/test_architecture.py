@@ -556,8 +556,10 @@ def test_a_fit_success_is_never_a_constant():
     assert not found, found
 
 
-def test_the_planner_keeps_no_ms_norm_sentinel_in_an_assignment():
-    """The MS-norms' choice is a value of its own (``Assignment.ms_norm``), not a key mixed into the per-layer dict."""
+def test_the_planner_keeps_no_sentinel_key_in_an_assignment():
+    """An assignment maps activation layers to options, nothing else: the MS-norms' choice is a value of its own
+    (``Assignment.ms_norm``), the chunked loss and the parts recomputed in every block are arguments of the step
+    (``plan_step.apply(…, chunked_loss=, parts=)``), not keys mixed into the per-layer dict."""
     found = [str(p.relative_to(ROOT)) for p in (ROOT / "approxbp" / "planner").rglob("*.py")
-             if "__ms_norm__" in p.read_text(encoding="utf-8")]
+             if any(key in p.read_text(encoding="utf-8") for key in ("__ms_norm__", "(recompute part)", "PART_KEY"))]
     assert not found, found

@@ -35,14 +35,12 @@ from approxbp.planner.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, rem
 from approxbp.planner.knapsack import multiple_choice
 
 __all__ = ["apply_moves", "BlockCost", "choose_moves", "host_elsewhere", "LossCost", "Offload",
-           "PART_KEY", "RECOMPUTE_PART", "remove_moves"]
+           "RECOMPUTE_PART", "remove_moves"]
 
 
 _MOVES = ("keep", "recompute", "offload")
 #: A block's move that recomputes one of its parts alone: "recompute mlp" (selective checkpointing, module grain).
 RECOMPUTE_PART = "recompute "
-#: An assignment's key (planner.plan_step.apply) that recomputes that part of every block: "(recompute part) mlp".
-PART_KEY = "(recompute part) "
 _MOVED = "_approxbp_move"  # the block's __dict__: (move, the forward it had)
 
 

@@ -15,7 +15,7 @@ from approxbp.planner.chunked_loss import CHUNKED, LOSS, NotChunked, chunk_rows
 from approxbp.planner.extrapolate import SMALL, layer_count, shrunk, small_assignment
 from approxbp.planner.gpus import GPU
 from approxbp.planner.models import hf_builder, model_spec, no_init
-from approxbp.planner.moves import PART_KEY, RECOMPUTE_PART, BlockCost, LossCost, choose_moves
+from approxbp.planner.moves import RECOMPUTE_PART, BlockCost, LossCost, choose_moves
 from approxbp.planner.plan_step import _fake_like_real, apply
 from approxbp.planner.request import Request
 from approxbp.planner.step_memory import StepMemory, first_block, prepare
@@ -135,7 +135,8 @@ def plan_moves(step: StepMemory, time: StepTime, blocks: int, budget: int, devic
                                                        "seconds": loss.extra}}
 
 
-def timed(request: Request, device, assignment: dict[str, str] | None = None, ms_norm: bool = False):
+def timed(request: Request, device, assignment: dict[str, str] | None = None, ms_norm: bool = False, *,
+          chunked_loss: bool = False):
     """(the roofline of one step with the assignment, :func:`~approxbp.planner.plan_moves.time_step`; the model's block
     count). A model of more than 3 alike blocks is timed at 3: its block 1 stands for each block, and what is outside
     the blocks does not depend on their number."""
@@ -153,8 +154,8 @@ def timed(request: Request, device, assignment: dict[str, str] | None = None, ms
         first = first_block(model)
         if assignment and small and first:
             assignment = small_assignment(assignment, first.rpartition(".")[0] + ".", SMALL[-1])
-        if assignment or ms_norm:
-            apply(model, assignment or {}, ms_norm, make_inputs(batch, seq))
+        if assignment or ms_norm or chunked_loss:
+            apply(model, assignment or {}, ms_norm, make_inputs(batch, seq), chunked_loss=chunked_loss)
         blocks = len(block_paths(model, first))
         return time_step(model, make_inputs(batch, seq), setup, device), count[1] if small else blocks
 
@@ -164,14 +165,13 @@ def move_costs(run, request: Request, choice: dict[str, str], ms_norm: bool, aft
     recomputable alone with their measured saving per block): what :func:`plan_moves` weighs at any budget."""
     say(f"recompute and offload moves, timed for {device.name}")
     time, blocks = timed(request, device, choice, ms_norm)
-    with_loss = {**choice, LOSS: CHUNKED}
-    loss = _loss_cost(lambda: run(with_loss, ms_norm),
-                      lambda: timed(request, device, with_loss, ms_norm)[0],
+    loss = _loss_cost(lambda: run(choice, ms_norm, chunked_loss=True),
+                      lambda: timed(request, device, choice, ms_norm, chunked_loss=True)[0],
                       after, time, blocks, _loss_sizes(request), say)
     parts = {}
     for name in _large_parts(after):
         say(f"recompute {name} alone")
-        saving = (after.peak - run({**choice, PART_KEY + name: "recompute"}, ms_norm).peak) // blocks
+        saving = (after.peak - run(choice, ms_norm, parts=(name,)).peak) // blocks
         if saving > 0:
             parts[name] = saving
     return time, blocks, loss, parts

@@ -10,10 +10,9 @@ import contextlib
 import torch
 from torch import nn
 
-from approxbp.planner.chunked_loss import CHUNKED, LOSS
 from approxbp.planner.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
 from approxbp.planner.models import hf_builder, model_spec, no_init
-from approxbp.planner.moves import PART_KEY, RECOMPUTE_PART, apply_moves
+from approxbp.planner.moves import RECOMPUTE_PART, apply_moves
 from approxbp.planner.request import Request
 from approxbp.planner.step_memory import StepMemory, first_block, measure, prepare
 from approxbp.planner.step_time import block_paths
@@ -67,34 +66,28 @@ def activation_layers(model: nn.Module) -> dict[str, str]:
 
 
 def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: dict | None = None,
-          moves: dict[str, str] | None = None) -> nn.Module:
-    """Replace each layer by its option (``exact`` keeps it; ``glu`` fuses its gated MLP) and merge the norms
-    (patch_model's rules), then apply a plan's ``moves`` (:func:`~.moves.apply_moves`). Other gated MLPs keep their
-    activation as a layer of its own: the options are per layer."""
-    if moves:
-        apply(model, assignment, ms_norm, inputs)
-        return apply_moves(model, moves)
+          moves: dict[str, str] | None = None, *, chunked_loss: bool = False, parts: tuple[str, ...] = ()
+          ) -> nn.Module:
+    """The loss chunked (``chunked_loss``: :func:`~.chunked_loss.apply_chunked_loss`), each layer replaced by its
+    option (``exact`` keeps it; ``glu`` fuses its gated MLP) and the norms merged (patch_model's rules), then the
+    ``parts`` of every block recomputed alone (a move the planner measures per block) and a plan's ``moves``
+    (:func:`~.moves.apply_moves`) — the moves after the rewrites, which patch_model proves on the stock forward.
+    Other gated MLPs keep their activation as a layer of its own: the options are per layer."""
     from approxbp.kernels.rewrite.patch import patch_model
     from approxbp.planner.chunked_loss import apply_chunked_loss
 
-    parts = [p[len(PART_KEY):] for p in assignment if p.startswith(PART_KEY)]
-    assignment = {p: o for p, o in assignment.items() if not p.startswith(PART_KEY)}
-    if parts:  # after the other rewrites (patch_model proves on the stock forward)
-        apply(model, assignment, ms_norm, inputs)
-        blocks = block_paths(model, first_block(model))
-        apply_moves(model, {b: RECOMPUTE_PART + part for b in blocks for part in parts})
-        return model
-    if assignment.get(LOSS) == CHUNKED:
+    if chunked_loss:
         apply_chunked_loss(model)
-        assignment = {p: o for p, o in assignment.items() if p != LOSS}
-        if not assignment and not ms_norm:
-            return model
-    layers = activation_layers(model)  # the 2-block model of an extrapolation gets the 3-block assignment
-    tables = {path: option_table(act, assignment[path]) or "exact" for path, act in layers.items()
-              if path in assignment}
-    fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu" and path in layers}
-    patch_model(model, family=None, tables=tables or None, norms=ms_norm, example_input=inputs, check=False, glu=fused)
-    return model
+    if assignment or ms_norm:
+        layers = activation_layers(model)  # the 2-block model of an extrapolation gets the 3-block assignment
+        tables = {path: option_table(act, assignment[path]) or "exact" for path, act in layers.items()
+                  if path in assignment}
+        fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu" and path in layers}
+        patch_model(model, family=None, tables=tables or None, norms=ms_norm, example_input=inputs, check=False,
+                    glu=fused)
+    if parts:
+        apply_moves(model, {b: RECOMPUTE_PART + part for b in block_paths(model, first_block(model)) for part in parts})
+    return apply_moves(model, moves) if moves else model
 
 
 def _refuse_float32_grouped_mm(model: nn.Module) -> None:
@@ -137,7 +130,7 @@ def stepper(request: Request, *, whole: bool = False):
     head = "{} ({})".format(*head_of(build.config, setup.task)) if hasattr(build, "config") else ""
 
     def one(builder, batch: int, seq: int, assignment: dict[str, str] | None, ms_norm: bool,
-            moves: dict[str, str] | None = None) -> StepMemory:
+            moves: dict[str, str] | None = None, **extra) -> StepMemory:
         with scope():
             torch.manual_seed(0)
             with weights_for(setup), no_init() if fake else contextlib.nullcontext():
@@ -146,8 +139,8 @@ def stepper(request: Request, *, whole: bool = False):
             _refuse_float32_grouped_mm(model)
             inputs = step_inputs(make_inputs, batch, seq, setup)
             layers = activation_layers(model)
-            if assignment or ms_norm or moves:
-                apply(model, assignment or {}, ms_norm, inputs, moves)
+            if assignment or ms_norm or moves or any(extra.values()):
+                apply(model, assignment or {}, ms_norm, inputs, moves, **extra)
             step = measure(model, inputs, setup, traced)
             step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
             step.lora = tuple(sorted({n.rpartition(".")[2] for n, m in model.named_modules()
@@ -156,26 +149,28 @@ def stepper(request: Request, *, whole: bool = False):
             return step
 
     def run(batch: int | None = None, seq: int | None = None, assignment: dict[str, str] | None = None,
-            ms_norm: bool = False, moves: dict[str, str] | None = None) -> StepMemory:
+            ms_norm: bool = False, moves: dict[str, str] | None = None, *, chunked_loss: bool = False,
+            parts: tuple[str, ...] = ()) -> StepMemory:
         batch, seq = batch or request.batch, seq or request.seq
+        extra = {"chunked_loss": chunked_loss, "parts": parts}  # the same in every block: extrapolated as well
         if moves:  # block by block: measured whole
-            return one(build, batch, seq, assignment, ms_norm, moves)
+            return one(build, batch, seq, assignment, ms_norm, moves, **extra)
         if small and not prefix:
             prefix.append(one(small[SMALL[-1]], batch, seq, None, False).block.rpartition(".")[0] + ".")
         part = small_assignment(assignment or {}, prefix[0], count[1]) if small and prefix[0] != "." else None
         if part is None:
-            return one(build, batch, seq, assignment, ms_norm)
-        two, three = (one(small[n], batch, seq, part, ms_norm) for n in SMALL)
+            return one(build, batch, seq, assignment, ms_norm, **extra)
+        two, three = (one(small[n], batch, seq, part, ms_norm, **extra) for n in SMALL)
         return extrapolate(two, three, count[1], prefix[0])
 
     return run
 
 
 def measurer(request: Request):
-    """run(assignment=None, ms_norm=False) → the step at the request's own batch and sequence length
-    (:func:`stepper`'s run, which the planner's searches call with only an assignment)."""
+    """run(assignment=None, ms_norm=False, *, chunked_loss, parts) → the step at the request's own batch and
+    sequence length (:func:`stepper`'s run, which the planner's searches call without sizes)."""
     step = stepper(request)
-    return lambda assignment=None, ms_norm=False: step(None, None, assignment, ms_norm)
+    return lambda assignment=None, ms_norm=False, **extra: step(None, None, assignment, ms_norm, **extra)
 
 
 @contextlib.contextmanager
