@@ -84,7 +84,10 @@ class ApproxBPCallback(TrainerCallback):
             raise RuntimeError("ApproxBPCallback: the trainer handed no model to on_train_begin")
         self._args = args
         if self.report is None and self._hook is None:
-            self._hook = model.register_forward_pre_hook(self._patch_on_first_batch, with_kwargs=True)
+            # run eagerly even when the first forward is being compiled (torch_compile=True): dynamo would otherwise
+            # reach the hook while tracing, and the patch's proofs and measurements would run as compiled code
+            self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._patch_on_first_batch),
+                                                         with_kwargs=True)
 
     def _patch_on_first_batch(self, model: nn.Module, args: tuple, kwargs: dict):
         from approxbp.kernels.rewrite.patch import patch_model

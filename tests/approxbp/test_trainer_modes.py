@@ -1,8 +1,9 @@
 """The Trainer callback with gradient checkpointing on, on a peft LoRA model, and with torch_compile=True: each
 trains 20 steps to stock's losses (relative 1e-6), patched on its first batch with the chunked loss applied. What
 each merges is what saves there: with checkpointing the final norm only (a checkpointed block keeps its input
-alone), with peft the two norms whose readers are LoRA-adapted Linears and both gated MLPs; under torch_compile the
-keep-if-saving measurement finds the norms would save more, and nothing is merged."""
+alone), with peft the two norms whose readers are LoRA-adapted Linears and both gated MLPs, under torch_compile all
+five norms and both gated MLPs (the patch runs eagerly although the first forward is being compiled: traced by
+dynamo, its measurement said the norms would save more and nothing was merged)."""
 
 import pytest
 import torch
@@ -32,16 +33,17 @@ def _train(build, out_dir, callback=None, **extra):
     return model, [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
-@pytest.mark.parametrize("build, extra", [
-    (_llama, {"gradient_checkpointing": True}),
-    (_lora, {}),
-    (_llama, {"torch_compile": True, "torch_compile_backend": "aot_eager"}),
+@pytest.mark.parametrize("build, extra, merged", [
+    (_llama, {"gradient_checkpointing": True}, (1, 0)),
+    (_lora, {}, (2, 2)),
+    (_llama, {"torch_compile": True, "torch_compile_backend": "aot_eager"}, (5, 2)),
 ], ids=["gradient-checkpointing", "peft-lora", "torch-compile"])
-def test_the_callback_trains_as_stock_in_each_mode(build, extra, tmp_path):
+def test_the_callback_trains_as_stock_in_each_mode(build, extra, merged, tmp_path):
     _, stock = _train(build, tmp_path / "stock", **extra)
     callback = ApproxBPCallback(family="invact", moves={"(loss)": "chunked-loss"})
     model, ours = _train(build, tmp_path / "ours", callback, **extra)
     assert callback.report is not None, "the callback did not patch"
+    assert (len(callback.report.norms), len(callback.report.glus)) == merged, callback.report
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     assert "_approxbp_chunked_loss" in base.__dict__  # the move was applied
     assert len(ours) == len(stock) == 20
