@@ -80,7 +80,7 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
                          "--gpu and --budget (or --pareto), on fake tensors, without --checkpoint or --trace")
     run = measurer(request)
     base, layers, options, ms = measure_options(run, say)
-    target, cache = budget, {}
+    target, cache, traces = budget, {}, {}
     traced = over = None  # over: the least target whose plan traced over the budget
     for _ in range(_TRACES):  # the chosen step traced whole; over the budget, chosen again under a tighter target
         try:
@@ -92,16 +92,16 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
             if over - target > _RESOLUTION * budget:  # the correction overshot what the model reaches: halve it
                 target = (target + over) // 2
                 continue
-            raise NoFit(f"{_least_traced(cache, budget)} (the last in {traced.moment}), and nothing reaches a "
+            raise NoFit(f"{_least_traced(traces, budget)} (the last in {traced.moment}), and nothing reaches a "
                         f"tighter target ({err})") from None
-        traced = (_traced(request, picked.choice, picked.ms_norm, moved, say, cache) if budget is not None
+        traced = (_traced(request, picked.choice, picked.ms_norm, moved, say, traces) if budget is not None
                   else None)
         if traced is None or traced.peak <= budget:
             break
         over = min(target, moved["peak"] if moved else picked.after.peak)  # what the search believed: tighten below it
         target = over - (traced.peak - budget)
     else:
-        raise NoFit(_least_traced(cache, budget))
+        raise NoFit(_least_traced(traces, budget))
     choice, after, estimate, ms = picked.choice, picked.after, picked.estimate, {**ms, "chosen": picked.ms_norm}
     chosen, before = _summary(after), _summary(base)
     chosen = _with_moves(chosen, moved) if moved else chosen
@@ -142,23 +142,30 @@ def _choose_within(run, request, layers, options, ms, base, budget, gpu, compile
 
 
 def _traced(request: Request, choice: dict, ms_norm: bool, moved: dict | None, say,
-            cache: dict) -> StepMemory | None:
+            traces: dict) -> StepMemory | None:
     """The whole step of the chosen plan — its approximations, norms and moves on the model built afresh — traced by
     MemTracker on fake tensors (:func:`~.step_memory.traced_step`: forward, backward, optimizer step, each kernel
     allocating as on a GPU); None where a step cannot be traced (sharded, split over devices, 8-bit or paged
-    optimizers, compiled), whose peak stays the model of it."""
-    if not traceable(request.setup) or request.setup.compile or (moved or {}).get("compile"):
+    optimizers, compiled), whose peak stays the model of it. ``traces``: the steps traced so far, by plan (a tighter
+    target can choose the same plan again)."""
+    if not _traces(request.setup) or (moved or {}).get("compile"):
         return None
     moves = (moved or {}).get("moves") or None
-    key = ("traced", tuple(sorted(choice.items())), ms_norm, tuple(sorted((moves or {}).items())))
-    if key not in cache:  # a tighter target can choose the same plan again
+    key = (tuple(sorted(choice.items())), ms_norm, tuple(sorted((moves or {}).items())))
+    if key not in traces:
         say("the chosen plan, traced whole")
-        cache[key] = stepper(replace(request, traced=True), whole=True)(None, None, choice, ms_norm, moves)
-    return cache[key]
+        traces[key] = stepper(replace(request, traced=True), whole=True)(None, None, choice, ms_norm, moves)
+    return traces[key]
 
 
-def _least_traced(cache: dict, budget: int) -> str:
-    peaks = [v.peak for k, v in cache.items() if k[0] == "traced"]
+def _traces(setup) -> bool:
+    """Whether the planner traces this set-up's steps: :func:`~.step_memory.traceable` and not compiled (a compiled
+    step's peak stays the modelled one)."""
+    return traceable(setup) and not setup.compile
+
+
+def _least_traced(traces: dict, budget: int) -> str:
+    peaks = [step.peak for step in traces.values()]
     return (f"no plan fits {size(budget)} in a whole step traced by MemTracker on fake tensors: the {len(peaks)} "
             f"the search chose peak at {size(min(peaks))} or more")
 
@@ -354,7 +361,7 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
     say = progress or (lambda msg: None)
     batch, seq = request.batch, request.seq
     first = (plan(request, progress=progress) if use is None else evaluate(request, use=use, progress=progress))
-    traced = traceable(request.setup) and not request.setup.compile  # chosen by saved bytes, probed traced
+    traced = _traces(request.setup)  # the assignment chosen by saved bytes, each probe traced
     if what == "seq_len" and first.seq is None:
         raise ValueError(f"--maximize seq_len: {request.model}'s inputs do not depend on the sequence length")
     step = stepper(replace(request, traced=True) if traced else request)

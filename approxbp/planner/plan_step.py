@@ -28,8 +28,7 @@ def _approximations() -> dict[str, tuple[type, int]]:
     import approxbp.kernels  # noqa: F401  (importing the kernels registers every family's spec)
     from approxbp.kernels.ops.modules import FAMILIES
 
-    return {name: (spec, bits) for spec in FAMILIES.values()
-            for name, bits in getattr(spec, "plan_options", {}).items()}
+    return {name: (spec, bits) for spec in FAMILIES.values() for name, bits in spec.plan_options.items()}
 
 
 #: Per activation layer: ``exact``, each table family's options (named by the family's spec,

@@ -21,7 +21,6 @@ from approxbp.planner.training import (
     add_lora,
     as_setup,
     held_by_module,
-    nf4_bytes,
     norms_in_fp32,
     optimizer_bytes,
     per_rank,
@@ -31,7 +30,7 @@ from approxbp.planner.training import (
 )
 
 __all__ = ["AT_PEAK", "checkpoint_blocks", "first_block", "fsdp2_rank", "GATHERED", "measure", "parse_size",
-           "prepare", "size", "StepMemory", "traceable", "traced_step"]
+           "prepare", "repeated_blocks", "size", "StepMemory", "traceable", "traced_step"]
 
 
 @dataclass
@@ -211,11 +210,10 @@ def fsdp2_rank(one: StepMemory, model: nn.Module, setup: Setup) -> StepMemory:
     shards = per_rank(trained, setup.shard)
     share = sum(q.numel() for q in shards) / max(1, sum(p.numel() for p in trained))
 
-    def full(ps) -> int:  # gathered: every element, stored as the model stores it
-        return sum(nf4_bytes(p.numel()) if id(p) in quantized else p.numel() * p.element_size() for p in ps)
+    def full(ps) -> int:  # gathered: every element, stored as the model stores it (one rank of one)
+        return stored_bytes(list(ps), quantized, 1)
 
-    path = first_block(model)
-    blocks = list(dict(model.named_modules())[path.rpartition(".")[0]]) if path else []
+    blocks = repeated_blocks(model)
     inside = {id(p) for b in blocks for p in b.parameters()}
     block = max((full(b.parameters()) for b in blocks), default=0)
     block_grads = max((full(p for p in b.parameters() if p.requires_grad) for b in blocks), default=0)
@@ -303,11 +301,15 @@ def checkpoint_blocks(model: nn.Module) -> nn.Module:
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return model
-    path = first_block(model)
-    blocks = list(dict(model.named_modules())[path.rpartition(".")[0]]) if path else [model]
-    for block in blocks:
+    for block in repeated_blocks(model) or [model]:
         block.forward = (lambda inner: lambda *a, **k: checkpoint(inner, *a, use_reentrant=False, **k))(block.forward)
     return model
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks (the ModuleList of :func:`first_block`); none for a model without them."""
+    path = first_block(model)
+    return list(dict(model.named_modules())[path.rpartition(".")[0]]) if path else []
 
 
 def first_block(model: nn.Module) -> str:

@@ -146,6 +146,9 @@ class Spec:
 
     family: str
     key: str
+    #: the planner's options for this family (``approxbp plan``'s per-layer choices): option name → bits, for the
+    #: family's ``packaged`` table; none for a spec the planner does not weigh (the fused GLU is its own option)
+    plan_options: ClassVar[dict[str, int]] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -220,9 +223,6 @@ class GeneratedSpec(Spec):
 
     #: the family's drop-in ``nn.Module`` (built from a table), set by the family's module after it defines it
     drop_in: ClassVar[type]
-    #: the planner's options for this family (``approxbp plan``'s per-layer choices): option name → bits, for
-    #: :meth:`packaged`
-    plan_options: ClassVar[dict[str, int]] = {}
 
     @staticmethod
     def packaged(activation: str, bits: int) -> str:

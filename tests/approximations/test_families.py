@@ -65,7 +65,7 @@ def test_the_planner_options_are_the_families_own():
 
     from approxbp.planner.plan_step import OPTIONS, option_table
 
-    named = {n for spec in FAMILIES.values() for n in getattr(spec, "plan_options", {})}
+    named = {n for spec in FAMILIES.values() for n in spec.plan_options}
     assert set(OPTIONS) == named | {"exact", "glu"} and {"invact", "relu-sum-k2"} <= named
     assert option_table("silu", "relu-sum-k2") == "relu_sum/silu-k2-primitive"
 
