@@ -55,8 +55,7 @@ def forward_us(module, x) -> float:
 def entry_points_us(rounds=15, calls=200) -> dict:
     """Forward+backward through the custom op (what dynamo traces) against the eager autograd.Function (what the
     drop-ins call outside dynamo), interleaved, best of ``rounds``: the custom op's own dispatch cost."""
-    from approxbp.kernels import invact, relu_sum
-    from approxbp.kernels.ops import norms
+    from approxbp.kernels.ops import invact, norms, relu_sum
 
     x = torch.randn(8, 8, requires_grad=True)
     g = torch.ones_like(x)

@@ -5,9 +5,11 @@ DDP/FSDP and activation checkpointing see one opaque op per call and keep our ba
 dispatch costs more host time per call than the twin's whole computation on small tensors
 (``benchmarks/host_overhead.py``). Without grad (inference) the twins skip the saved codes altogether.
 
-Each family's file holds its spec, its custom ops, its Function and its ``dispatch`` (``relu_sum.py``,
-``invact.py``, ``norms.py``, ``glu.py``); this module holds the autocast policy, the first-order-only rules and
-the switch between the two entry points. The ops receive a spec's key (``modules.spec_of``), never the spec:
+Every op is described once, as an :class:`Op` (forward, backward, what is saved, the fakes), and both entry points
+are made from that description. Each family's file holds its spec, its ``Op`` and its ``dispatch``
+(``relu_sum.py``, ``invact.py``, ``norms.py``, ``glu.py``; the norm rewrite's Linear ops: ``norm_linear.py``); this
+module holds :class:`Op`, the autocast policy, the first-order-only rules and the switch between the two entry
+points. The ops receive a spec's key (``modules.spec_of``), never the spec:
 
     approxbp::relu_sum_forward(x, key, use_triton) → (y, packed codes, NaN bytes)   saves codes + NaN bytes
     approxbp::invact_forward(x, key, use_triton, out_dtype) → (y, branch bits)       saves y + bits (none: monotone)
@@ -23,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
+from collections.abc import Callable
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
@@ -32,7 +36,7 @@ from .guards import check_triton_available
 from .modules import Spec, register
 
 __all__ = ["apply", "as_kernels", "attach", "autocast_dtype", "classic", "FIRST_ORDER_ONLY", "FirstOrder",
-           "laid_out", "like", "needs_grad", "once_differentiable", "opaque", "transformed"]
+           "laid_out", "like", "needs_grad", "once_differentiable", "Op", "opaque", "transformed"]
 
 
 def attach(spec: Spec, use_triton: bool | None) -> Spec:
@@ -172,7 +176,74 @@ def classic(fn: type[FirstOrder]) -> type[torch.autograd.Function]:
                 {"forward": staticmethod(forward), "backward": staticmethod(fn.backward)})
 
 
-def apply(fn: type[FirstOrder], x: Tensor, *args):
-    """``fn`` applied to (x, *args): itself under torch.func or forward-mode AD, else its classic twin."""
-    return (fn if transformed(x) else classic(fn)).apply(x, *args)
+def apply(fn: type[FirstOrder], *args):
+    """``fn`` applied to ``args``: itself when a tensor among them is inside torch.func or forward-mode AD is on, else
+    its classic twin."""
+    wrapped = _forward_ad._current_level >= 0 or any(
+        isinstance(a, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(a) for a in args)
+    return (fn if wrapped else classic(fn)).apply(*args)
 
+
+def _no_options(*inputs) -> tuple:
+    return ()
+
+
+class Op:
+    """One op, described once; from it the eager :class:`FirstOrder` Function (``function``) and, given ``fakes``,
+    the custom ops ``approxbp::<name>_forward`` / ``_backward`` (fakes, registered autograd), which save the same
+    tensors: the save policy is written in one place.
+
+    - ``forward(*inputs) → output``: tensors, then options of a custom op's argument types (a spec's key, flags,
+      dtypes), annotated (the schema is read from them); the output is a tensor, or a tuple whose first tensor alone
+      is differentiable (the others are marked non-differentiable).
+    - ``saves(inputs, outputs) → tensors`` the backward reads (``outputs`` always a tuple); ``options(*inputs) →``
+      the non-tensor values it reads (default none).
+    - ``backward([needs,] grad, *saved, *options) → gradient(s)`` of the leading inputs (the rest get None);
+      ``needs`` (only with ``masked``, for ops without custom ops): which inputs want a gradient.
+    - ``exact``: the backward is made of differentiable ops and may take part in a second derivative; else it is
+      :func:`once_differentiable`.
+    """
+
+    def __init__(self, name: str, forward: Callable, backward: Callable, *, saves: Callable,
+                 options: Callable = _no_options, fakes: tuple[Callable, Callable] | None = None,
+                 masked: bool = False, exact: bool = False, function_name: str | None = None):
+        if masked and fakes is not None:
+            raise ValueError(f"op {name}: a custom op's backward takes no mask of needed gradients")
+        self.name, self.forward, self.backward, self.saves, self.options = name, forward, backward, saves, options
+        self.masked, self.arity = masked, len(inspect.signature(forward).parameters)
+        self.forward_op = self.backward_op = None
+        if fakes is not None:
+            self.forward_op = torch.library.custom_op(f"approxbp::{name}_forward", forward, mutates_args=())
+            self.backward_op = torch.library.custom_op(f"approxbp::{name}_backward", backward, mutates_args=())
+            self.forward_op.register_fake(fakes[0])
+            self.backward_op.register_fake(fakes[1])
+            self.forward_op.register_autograd(self._op_grad, setup_context=self._setup)
+        grad = self._grad if exact else once_differentiable(self._grad)
+        self.function = type(function_name or f"{name}_function", (FirstOrder,),
+                             {"forward": staticmethod(forward), "setup_context": staticmethod(self._setup),
+                              "backward": staticmethod(grad), "__doc__": forward.__doc__,
+                              "__module__": forward.__module__})
+
+    def __call__(self, *inputs):
+        """The op on ``inputs``: its custom op while dynamo traces or within :func:`as_kernels`, else its Function."""
+        if self.forward_op is not None and opaque():
+            return self.forward_op(*inputs)
+        return apply(self.function, *inputs)
+
+    def _setup(self, ctx, inputs, output):
+        outputs = output if isinstance(output, tuple) else (output,)
+        if len(outputs) > 1:
+            ctx.mark_non_differentiable(*outputs[1:])
+        ctx.save_for_backward(*self.saves(inputs, outputs))
+        ctx.options = self.options(*inputs)
+
+    def _per_input(self, grads) -> tuple:
+        grads = tuple(grads) if isinstance(grads, (tuple, list)) else (grads,)
+        return grads + (None,) * (self.arity - len(grads))
+
+    def _grad(self, ctx, grad, *_):
+        mask = (ctx.needs_input_grad,) if self.masked else ()
+        return self._per_input(self.backward(*mask, grad, *ctx.saved_tensors, *ctx.options))
+
+    def _op_grad(self, ctx, grad, *_):
+        return self._per_input(self.backward_op(grad, *ctx.saved_tensors, *ctx.options))

@@ -22,8 +22,8 @@ from .launch import GLU_BLOCK, num_warps
 from .modules import FORMAT, Spec, spec_of
 from .stock import exact_forward
 
-__all__ = ["dispatch", "GatedMLP", "glu", "GLU_ACTIVATIONS", "glu_forward", "glu_module_name", "GLUFunction",
-           "GLULayout", "GLUSpec"]
+__all__ = ["dispatch", "GatedMLP", "GLU", "glu", "GLU_ACTIVATIONS", "glu_forward", "glu_module_name",
+           "GLUFunction", "GLULayout", "GLUSpec"]
 
 
 #: The activations whose gated linear unit act(g)·u has a generated exact fused op (``approxbp export`` writes
@@ -88,74 +88,33 @@ class GLUSpec(Spec):
         return dg, du
 
 
-# ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
-def _forward(g, u, spec, use_triton):
+# ---- the op (custom_ops.Op): custom ops under dynamo, an eager Function otherwise ---------------------------------
+def _forward(g: Tensor, u: Tensor, key: str, use_triton: bool) -> Tensor:
+    """h = act(g)·u."""
+    spec = spec_of(key)
     return custom_ops.like((spec.forward_triton if use_triton else spec.forward_torch)(g, u).view(g.shape), g)
 
 
-def _backward(dh, g, u, spec, use_triton):
+def _backward(dh: Tensor, g: Tensor, u: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor]:
+    """dg = dh·u·act′(g), du = dh·act(g)."""
+    spec = spec_of(key)
     dg, du = (spec.backward_triton if use_triton else spec.backward_torch)(dh.to(g.dtype), g, u)
     return custom_ops.like(dg.view(g.shape), g), custom_ops.like(du.view(u.shape), u)
 
 
-@torch.library.custom_op("approxbp::glu_forward", mutates_args=())
-def glu_forward(g: Tensor, u: Tensor, key: str, use_triton: bool) -> Tensor:
-    return _forward(g, u, spec_of(key), use_triton)
-
-
-@glu_forward.register_fake
-def _(g, u, key, use_triton):
-    return torch.empty_like(g)
-
-
-@torch.library.custom_op("approxbp::glu_backward", mutates_args=())
-def _glu_backward(dh: Tensor, g: Tensor, u: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor]:
-    return _backward(dh, g, u, spec_of(key), use_triton)
-
-
-@_glu_backward.register_fake
-def _(dh, g, u, key, use_triton):
-    return torch.empty_like(g), torch.empty_like(u)
-
-
-def _setup(ctx, inputs, output):
-    g, u, ctx.key, ctx.use_triton = inputs
-    ctx.save_for_backward(g, u)
-
-
-def _grad(ctx, dh):
-    g, u = ctx.saved_tensors
-    return (*_glu_backward(dh, g, u, ctx.key, ctx.use_triton), None, None)
-
-
-glu_forward.register_autograd(_grad, setup_context=_setup)
-
-
-class GLUFunction(custom_ops.FirstOrder):
-    @staticmethod
-    def forward(g, u, spec, use_triton):
-        return _forward(g, u, spec, use_triton)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        g, u, ctx.spec, ctx.use_triton = inputs
-        ctx.save_for_backward(g, u)
-
-    @staticmethod
-    @custom_ops.once_differentiable
-    def backward(ctx, dh):
-        return (*_backward(dh, *ctx.saved_tensors, ctx.spec, ctx.use_triton), None, None)
+GLU = custom_ops.Op("glu", _forward, _backward, saves=lambda inputs, out: inputs[:2],
+                    options=lambda g, u, key, use_triton: (key, use_triton),
+                    fakes=(lambda g, u, key, use_triton: torch.empty_like(g),
+                           lambda dh, g, u, key, use_triton: (torch.empty_like(g), torch.empty_like(u))),
+                    function_name="GLUFunction")
+glu_forward, GLUFunction = GLU.forward_op, GLU.function
 
 
 def dispatch(g: Tensor, u: Tensor, spec: GLUSpec, use_triton: bool) -> Tensor:
-    """h = act(g)·u exactly; saves g and u: ``approxbp::glu_forward`` under dynamo, the twin without grad,
-    :class:`GLUFunction` otherwise."""
-    if custom_ops.opaque():
-        return glu_forward(g, u, spec.key, use_triton)
-    if not use_triton and not (custom_ops.needs_grad(g) or custom_ops.needs_grad(u)):
+    """h = act(g)·u exactly; saves g and u (:data:`GLU`); without grad, the twin."""
+    if not (use_triton or custom_ops.needs_grad(g) or custom_ops.needs_grad(u) or custom_ops.opaque()):
         return spec.forward_torch(g, u)
-    fn = GLUFunction if custom_ops.transformed(g) or custom_ops.transformed(u) else custom_ops.classic(GLUFunction)
-    return fn.apply(g, u, spec, use_triton)
+    return GLU(g, u, spec.key, use_triton)
 
 
 def glu(g: torch.Tensor, u: torch.Tensor, spec: GLUSpec, use_triton: bool | None = None) -> torch.Tensor:

@@ -27,8 +27,8 @@ from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
 from .stock import exact_forward
 
-__all__ = ["dispatch", "invact", "invact_forward", "InvActFunction", "InvActGELU", "InvActivation", "InvActSiLU",
-           "InvActSpec"]
+__all__ = ["dispatch", "INVACT", "invact", "invact_forward", "InvActFunction", "InvActGELU", "InvActivation",
+           "InvActSiLU", "InvActSpec"]
 
 
 class InvActSpec(GeneratedSpec):
@@ -112,81 +112,42 @@ class InvActSpec(GeneratedSpec):
         return out
 
 
-# ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
-def _forward(x, spec, use_triton, out_dtype):
+# ---- the op (custom_ops.Op): custom ops under dynamo, an eager Function otherwise ---------------------------------
+def _forward(x: Tensor, key: str, use_triton: bool, out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+    """y = f(x) in ``out_dtype`` (None: x's) and the packed branch bits."""
+    spec = spec_of(key)
     y, bits = (spec.forward_triton if use_triton else spec.forward_torch)(x)
     y = custom_ops.like(y.view(x.shape), x)
     return (y if out_dtype is None else y.to(out_dtype)), bits
 
 
-def _backward(g, y, bits, spec, use_triton, dtype):
+def _backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: bool, dtype: torch.dtype) -> Tensor:
+    """dx = dy · q_s(y) in ``dtype`` (the input's)."""
+    spec = spec_of(key)
     g = g.to(dtype)
     return custom_ops.like((spec.backward_triton if use_triton else spec.backward_torch)(g, y, bits).view(g.shape), g)
 
 
-@torch.library.custom_op("approxbp::invact_forward", mutates_args=())
-def invact_forward(x: Tensor, key: str, use_triton: bool, out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
-    return _forward(x, spec_of(key), use_triton, out_dtype)
-
-
-@invact_forward.register_fake
-def _(x, key, use_triton, out_dtype):
+def _forward_fake(x, key, use_triton, out_dtype):
     return (torch.empty_like(x, dtype=out_dtype or x.dtype),
             x.new_empty((spec_of(key).bit_bytes(x.numel()),), dtype=torch.uint8))
 
 
-@torch.library.custom_op("approxbp::invact_backward", mutates_args=())
-def _invact_backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: bool, dtype: torch.dtype) -> Tensor:
-    return _backward(g, y, bits, spec_of(key), use_triton, dtype)
-
-
-@_invact_backward.register_fake
-def _(g, y, bits, key, use_triton, dtype):
-    return torch.empty_like(g, dtype=dtype)
-
-
-def _setup(ctx, inputs, output):
-    x, ctx.key, ctx.use_triton, _ = inputs
-    ctx.dtype = x.dtype
-    ctx.save_for_backward(*output)
-
-
-def _grad(ctx, gy, _):
-    y, bits = ctx.saved_tensors
-    return _invact_backward(gy, y, bits, ctx.key, ctx.use_triton, ctx.dtype), None, None, None
-
-
-invact_forward.register_autograd(_grad, setup_context=_setup)
-
-
-class InvActFunction(custom_ops.FirstOrder):
-    @staticmethod
-    def forward(x, spec, use_triton, out_dtype):
-        return _forward(x, spec, use_triton, out_dtype)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        y, bits = output
-        ctx.mark_non_differentiable(bits)
-        ctx.save_for_backward(y, bits)
-        ctx.spec, ctx.use_triton, ctx.dtype = inputs[1], inputs[2], inputs[0].dtype
-
-    @staticmethod
-    @custom_ops.once_differentiable
-    def backward(ctx, gy, _bits):
-        return _backward(gy, *ctx.saved_tensors, ctx.spec, ctx.use_triton, ctx.dtype), None, None, None
+INVACT = custom_ops.Op("invact", _forward, _backward, saves=lambda inputs, out: out,
+                       options=lambda x, key, use_triton, out_dtype: (key, use_triton, x.dtype),
+                       fakes=(_forward_fake,
+                              lambda g, y, bits, key, use_triton, dtype: torch.empty_like(g, dtype=dtype)),
+                       function_name="InvActFunction")
+invact_forward, InvActFunction = INVACT.forward_op, INVACT.function
 
 
 def dispatch(x: Tensor, spec: InvActSpec, use_triton: bool, out_dtype: torch.dtype | None) -> Tensor:
-    """y = f(x) in ``out_dtype`` (default x's); saves y and one branch bit per element:
-    ``approxbp::invact_forward`` under dynamo, the twin's plain forward without grad, :class:`InvActFunction`
-    otherwise."""
-    if custom_ops.opaque():
-        return invact_forward(x, spec.key, use_triton, out_dtype)[0]
-    if not use_triton and not custom_ops.needs_grad(x):
+    """y = f(x) in ``out_dtype`` (default x's); saves y and one branch bit per element (:data:`INVACT`); without
+    grad, the twin's plain forward."""
+    if not (use_triton or custom_ops.needs_grad(x) or custom_ops.opaque()):
         y = spec.forward_only_torch(x)
         return y if out_dtype is None else y.to(out_dtype)
-    return custom_ops.apply(InvActFunction, x, spec, use_triton, out_dtype)[0]
+    return INVACT(x, spec.key, use_triton, out_dtype)[0]
 
 
 def invact(x: torch.Tensor, spec: InvActSpec, use_triton: bool | None = None) -> torch.Tensor:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from . import custom_ops
 from .guards import check_input, check_triton_device
 
-__all__ = ["dispatch", "ms_norm", "ms_norm_backward", "ms_norm_backward_impl", "ms_norm_forward",
+__all__ = ["dispatch", "MS_NORM", "ms_norm", "ms_norm_backward", "ms_norm_backward_impl", "ms_norm_forward",
            "ms_norm_forward_impl", "MSLayerNorm", "MSNormFunction", "MSRMSNorm"]
 
 
@@ -88,7 +88,8 @@ def _z_strides(x, center: bool) -> tuple[int, ...]:
     return torch.empty_like(x, device="meta", memory_format=fmt).stride()
 
 
-def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtype):
+def ms_norm_forward_impl(x: Tensor, eps: float, center: bool, use_triton: bool,
+                         out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
     """(z, σ⁻¹): z = σ⁻¹·H·x (LayerNorm) or σ⁻¹·x (RMSNorm) in ``out_dtype`` (default x's), σ⁻¹ per row in fp32
     (fp64 for fp64 input)."""
     acc = torch.promote_types(x.dtype, torch.float32)  # fp32 math (fp64 stays fp64)
@@ -118,7 +119,8 @@ def ms_norm_forward_impl(x, eps: float, center: bool, use_triton: bool, out_dtyp
     return z.to(out_dtype), rstd
 
 
-def ms_norm_backward_impl(dz, z, rstd, center: bool, use_triton: bool, dtype):
+def ms_norm_backward_impl(dz: Tensor, z: Tensor, rstd: Tensor, center: bool, use_triton: bool,
+                          dtype: torch.dtype) -> Tensor:
     """dx (Algorithms 2–3) in ``dtype`` (the input's) from dz, z and σ⁻¹."""
     if use_triton and z.shape[-1]:
         d = z.shape[-1]
@@ -137,70 +139,24 @@ def ms_norm_backward_impl(dz, z, rstd, center: bool, use_triton: bool, dtype):
     return (dx * rstd).to(dtype).contiguous()  # laid out as the fake declares
 
 
-# ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
-@torch.library.custom_op("approxbp::ms_norm_forward", mutates_args=())
-def ms_norm_forward(x: Tensor, eps: float, center: bool, use_triton: bool,
-                    out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
-    return ms_norm_forward_impl(x, eps, center, use_triton, out_dtype)
-
-
-@ms_norm_forward.register_fake
-def _(x, eps, center, use_triton, out_dtype):
+# ---- the op (custom_ops.Op): custom ops under dynamo, an eager Function otherwise ---------------------------------
+def _forward_fake(x, eps, center, use_triton, out_dtype):
     acc = torch.promote_types(x.dtype, torch.float32)
-    return (_torch_norm(x, eps, center).to(out_dtype or x.dtype),
-            x.new_empty((*x.shape[:-1], 1), dtype=acc))
+    return _torch_norm(x, eps, center).to(out_dtype or x.dtype), x.new_empty((*x.shape[:-1], 1), dtype=acc)
 
 
-@torch.library.custom_op("approxbp::ms_norm_backward", mutates_args=())
-def ms_norm_backward(dz: Tensor, z: Tensor, rstd: Tensor, center: bool, use_triton: bool,
-                     dtype: torch.dtype) -> Tensor:
-    return ms_norm_backward_impl(dz, z, rstd, center, use_triton, dtype)
-
-
-@ms_norm_backward.register_fake
-def _(dz, z, rstd, center, use_triton, dtype):
-    return torch.empty_like(dz, dtype=dtype, memory_format=torch.contiguous_format)
-
-
-def _setup(ctx, inputs, output):
-    x, _, ctx.center, ctx.use_triton, _ = inputs
-    ctx.dtype = x.dtype
-    ctx.save_for_backward(*output)
-
-
-def _grad(ctx, dz, _):
-    z, rstd = ctx.saved_tensors
-    return ms_norm_backward(dz, z, rstd, ctx.center, ctx.use_triton, ctx.dtype), None, None, None, None
-
-
-ms_norm_forward.register_autograd(_grad, setup_context=_setup)
-
-
-class MSNormFunction(custom_ops.FirstOrder):
-    @staticmethod
-    def forward(x, eps, center, use_triton, out_dtype):
-        return ms_norm_forward_impl(x, eps, center, use_triton, out_dtype)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        z, rstd = output
-        ctx.mark_non_differentiable(rstd)
-        ctx.save_for_backward(z, rstd)
-        ctx.center, ctx.use_triton, ctx.dtype = inputs[2], inputs[3], inputs[0].dtype
-
-    @staticmethod
-    @custom_ops.once_differentiable
-    def backward(ctx, dz, _rstd):
-        z, rstd = ctx.saved_tensors
-        return ms_norm_backward_impl(dz, z, rstd, ctx.center, ctx.use_triton, ctx.dtype), None, None, None, None
+MS_NORM = custom_ops.Op(
+    "ms_norm", ms_norm_forward_impl, ms_norm_backward_impl, saves=lambda inputs, out: out,
+    options=lambda x, eps, center, use_triton, out_dtype: (center, use_triton, x.dtype),
+    fakes=(_forward_fake, lambda dz, z, rstd, center, use_triton, dtype:
+           torch.empty_like(dz, dtype=dtype, memory_format=torch.contiguous_format)),
+    function_name="MSNormFunction")
+ms_norm_forward, ms_norm_backward, MSNormFunction = MS_NORM.forward_op, MS_NORM.backward_op, MS_NORM.function
 
 
 def dispatch(x: Tensor, eps: float, center: bool, use_triton: bool, out_dtype: torch.dtype | None) -> Tensor:
-    """z = σ⁻¹·H·x (``center``) or σ⁻¹·x; saves z and σ⁻¹: ``approxbp::ms_norm_forward`` under dynamo,
-    :class:`MSNormFunction` otherwise."""
-    if custom_ops.opaque():
-        return ms_norm_forward(x, eps, center, use_triton, out_dtype)[0]
-    return custom_ops.apply(MSNormFunction, x, eps, center, use_triton, out_dtype)[0]
+    """z = σ⁻¹·H·x (``center``) or σ⁻¹·x; saves z and σ⁻¹ (:data:`MS_NORM`)."""
+    return MS_NORM(x, eps, center, use_triton, out_dtype)[0]
 
 
 def ms_norm(x: torch.Tensor, eps: float, center: bool, use_triton: bool | None = None) -> torch.Tensor:

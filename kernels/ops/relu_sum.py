@@ -33,7 +33,7 @@ from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
 from .stock import exact_forward
 
-__all__ = ["dispatch", "ReGELU2", "relu_sum", "relu_sum_forward", "ReLUSumActivation", "ReLUSumFunction",
+__all__ = ["dispatch", "ReGELU2", "RELU_SUM", "relu_sum", "relu_sum_forward", "ReLUSumActivation", "ReLUSumFunction",
            "ReLUSumSpec", "ReSiLU2"]
 
 
@@ -137,80 +137,39 @@ class ReLUSumSpec(GeneratedSpec):
         return out
 
 
-# ---- the two entry points (custom_ops.py): custom ops under dynamo, an eager Function otherwise ---------------------
-def _forward(x, spec, use_triton):
+# ---- the op (custom_ops.Op): custom ops under dynamo, an eager Function otherwise ---------------------------------
+def _forward(x: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """y = h(x), the packed k-bit codes and one NaN byte per block."""
+    spec = spec_of(key)
     y, packed, nan = (spec.forward_triton if use_triton else spec.forward_torch)(x)
     return custom_ops.like(y.view(x.shape), x), packed, nan
 
 
-def _backward(g, packed, nan, spec, use_triton):
+def _backward(g: Tensor, packed: Tensor, nan: Tensor, key: str, use_triton: bool) -> Tensor:
+    """dx = dy · LEVELS[code] (NaN for each element of a block that held a NaN)."""
+    spec = spec_of(key)
     return custom_ops.like((spec.backward_triton if use_triton else spec.backward_torch)(g, packed, nan, g.numel())
                            .view(g.shape), g)
 
 
-@torch.library.custom_op("approxbp::relu_sum_forward", mutates_args=())
-def relu_sum_forward(x: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _forward(x, spec_of(key), use_triton)
-
-
-@relu_sum_forward.register_fake
-def _(x, key, use_triton):
-    spec = spec_of(key)
-    n = x.numel()
-    return (torch.empty_like(x),
-            x.new_empty((spec.packed_bytes(n),), dtype=torch.uint8),
+def _forward_fake(x, key, use_triton):
+    spec, n = spec_of(key), x.numel()
+    return (torch.empty_like(x), x.new_empty((spec.packed_bytes(n),), dtype=torch.uint8),
             x.new_empty(((n + spec.nan_span - 1) // spec.nan_span,), dtype=torch.uint8))
 
 
-@torch.library.custom_op("approxbp::relu_sum_backward", mutates_args=())
-def _relu_sum_backward(g: Tensor, packed: Tensor, nan: Tensor, key: str, use_triton: bool) -> Tensor:
-    return _backward(g, packed, nan, spec_of(key), use_triton)
-
-
-@_relu_sum_backward.register_fake
-def _(g, packed, nan, key, use_triton):
-    return torch.empty_like(g)
-
-
-def _setup(ctx, inputs, output):
-    _, ctx.key, ctx.use_triton = inputs
-    ctx.save_for_backward(output[1], output[2])
-
-
-def _grad(ctx, gy, *_):
-    packed, nan = ctx.saved_tensors
-    return _relu_sum_backward(gy, packed, nan, ctx.key, ctx.use_triton), None, None
-
-
-relu_sum_forward.register_autograd(_grad, setup_context=_setup)
-
-
-class ReLUSumFunction(custom_ops.FirstOrder):
-    @staticmethod
-    def forward(x, spec, use_triton):
-        return _forward(x, spec, use_triton)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, packed, nan = output
-        ctx.mark_non_differentiable(packed, nan)
-        ctx.save_for_backward(packed, nan)
-        ctx.spec, ctx.use_triton = inputs[1], inputs[2]
-
-    @staticmethod
-    @custom_ops.once_differentiable
-    def backward(ctx, gy, _packed, _nan):
-        return _backward(gy, *ctx.saved_tensors, ctx.spec, ctx.use_triton), None, None
+RELU_SUM = custom_ops.Op("relu_sum", _forward, _backward, saves=lambda inputs, out: out[1:],
+                         options=lambda x, key, use_triton: (key, use_triton),
+                         fakes=(_forward_fake, lambda g, packed, nan, key, use_triton: torch.empty_like(g)),
+                         function_name="ReLUSumFunction")
+relu_sum_forward, ReLUSumFunction = RELU_SUM.forward_op, RELU_SUM.function
 
 
 def dispatch(x: Tensor, spec: ReLUSumSpec, use_triton: bool) -> Tensor:
-    """y = h(x); saves the packed codes and NaN bytes: ``approxbp::relu_sum_forward`` under dynamo, the twin's
-    plain forward without grad, :class:`ReLUSumFunction` otherwise."""
-    if custom_ops.opaque():
-        return relu_sum_forward(x, spec.key, use_triton)[0]
-    if not use_triton and not custom_ops.needs_grad(x):
+    """y = h(x); saves the packed codes and NaN bytes (:data:`RELU_SUM`); without grad, the twin's plain forward."""
+    if not (use_triton or custom_ops.needs_grad(x) or custom_ops.opaque()):
         return spec.forward_only_torch(x)
-    return custom_ops.apply(ReLUSumFunction, x, spec, use_triton)[0]
+    return RELU_SUM(x, spec.key, use_triton)[0]
 
 
 def relu_sum(x: torch.Tensor, spec: ReLUSumSpec, use_triton: bool | None = None) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops import custom_ops
+from ..ops.norm_linear import AFFINE_OUT, NORM_INPUT_LINEAR, SAVES_Z_LINEAR, STOCK_OUT
 from ..ops.norms import MSLayerNorm, MSRMSNorm
 from . import swaps
 from .norm_forms import NormForm, is_norm_candidate, norm_form
@@ -38,139 +38,6 @@ class AffineInputLinear(nn.Linear):
         return nn.functional.linear(z, self.weight * self.alpha.to(self.weight.dtype), bias)
 
 
-def _not_a_view(out: torch.Tensor) -> torch.Tensor:
-    """A custom Function's output that is a view cannot be written in place by the model (data2vec-audio masks time
-    steps with hidden[mask] = …), and F.linear with a bias returns a view of its 2-D product. Where the view covers
-    its whole (fresh, private) base, the same storage as a plain tensor (what matmul itself does: no copy); else a
-    copy."""
-    base = out._base
-    if base is None:
-        return out
-    if (out.is_contiguous() and base.is_contiguous() and out.numel() == base.numel()
-            and out.storage_offset() == base.storage_offset()):
-        return torch.ops.aten._unsafe_view(base, out.shape)
-    return out.clone()
-
-
-def _weight_grads(dy, z, weight, alpha, beta, need_w: bool, need_b: bool):
-    """(dW, db) of a consumer Linear whose input is u = α⊙z + β: dW = dyᵀ·u with u recomputed from the saved z
-    (never saved itself), db = Σ dy; None where not needed."""
-    rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-    dw = rows(dy).t().matmul(rows(_NormInputLinearFn._input(z, alpha, beta)).to(dy.dtype)).to(weight.dtype) \
-        if need_w else None
-    return dw, rows(dy).sum(0).to(weight.dtype) if need_b else None
-
-
-class _NormInputLinearFn(custom_ops.FirstOrder):
-    """y = (α⊙z + β)·Wᵀ + b from the MS-norm's output z (W is (out, in); Conv1D passes Wᵀ's view). Saves z (the
-    tensor the MS-norm saves anyway) and references to W, α, β (parameters: no copies); u = α⊙z + β is recomputed
-    in the backward. Gradients are exact: dz = (dy·W)⊙α, dW = dyᵀ·u, db = Σ dy, dα = Σ (dy·W)⊙z, dβ = Σ dy·W."""
-
-    @staticmethod
-    def _input(z, alpha, beta):
-        """u = α⊙z + β in z's dtype (α or β may be absent)."""
-        u = z * alpha.to(z.dtype) if alpha is not None else z
-        return u + beta.to(z.dtype) if beta is not None else u
-
-    @staticmethod
-    def forward(z, weight, bias, alpha, beta):
-        return _not_a_view(nn.functional.linear(_NormInputLinearFn._input(z, alpha, beta), weight, bias))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        z, weight, bias, alpha, beta = inputs
-        ctx.save_for_backward(z, weight, alpha, beta)
-        ctx.has_bias = bias is not None
-
-    @staticmethod
-    def backward(ctx, dy):  # in dy's dtype (autocast's, when the forward's Linear ran under it)
-        z, weight, alpha, beta = ctx.saved_tensors
-        need_z, need_w, need_b, need_a, need_beta = ctx.needs_input_grad
-        du = dy.matmul(weight.to(dy.dtype))  # dL/du
-        rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-        dz = (du * alpha.to(du.dtype) if alpha is not None else du).to(z.dtype) if need_z else None
-        da = dbeta = None
-        dw, db = _weight_grads(dy, z, weight, alpha, beta, need_w, need_b and ctx.has_bias)
-        if need_a and alpha is not None:
-            da = (rows(du) * rows(z).to(du.dtype)).sum(0).to(alpha.dtype)
-        if need_beta and beta is not None:
-            dbeta = rows(du).sum(0).to(beta.dtype)
-        return dz, dw, db, da, dbeta
-
-
-class _SavesZLinearFn(custom_ops.FirstOrder):
-    """out = y·Wᵀ + b for a consumer of a shared-output norm's y = α⊙z + β: the forward reads y (the stock value,
-    computed once by the norm for all its readers), the gradient goes back to y as stock (du = dy·W, so the norm's
-    own backward forms dz = du⊙α and dα, dβ once for all readers), and only z is saved (shared with the MS-norm,
-    passed detached: no gradient edge), u = α⊙z + β recomputed in the backward for dW alone."""
-
-    @staticmethod
-    def forward(y, z, weight, bias, alpha, beta):
-        return _not_a_view(nn.functional.linear(y, weight, bias))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        y, z, weight, bias, alpha, beta = inputs
-        ctx.save_for_backward(z, weight, alpha, beta)
-        ctx.has_bias, ctx.y_dtype = bias is not None, y.dtype
-
-    @staticmethod
-    def backward(ctx, dy):
-        z, weight, alpha, beta = ctx.saved_tensors
-        need_y, _, need_w, need_b = ctx.needs_input_grad[:4]
-        du = dy.matmul(weight.to(dy.dtype)).to(ctx.y_dtype) if need_y else None
-        return du, None, *_weight_grads(dy, z, weight, alpha, beta, need_w, need_b and ctx.has_bias), None, None
-
-
-class _AffineOutFn(custom_ops.FirstOrder):
-    """y = α⊙z + β for the ops that read a norm's output and keep nothing for backward (a residual add, a pad). Saves
-    z (the MS-norm's own saved output: no new storage), and only when α trains; dz = dy⊙α, dα = Σ dy⊙z, dβ = Σ dy."""
-
-    @staticmethod
-    def forward(z, alpha, beta):
-        return _NormInputLinearFn._input(z, alpha, beta)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        z, alpha, _ = inputs
-        ctx.save_for_backward(z if alpha is not None and alpha.requires_grad else None, alpha)
-
-    @staticmethod
-    def backward(ctx, dy):
-        z, alpha = ctx.saved_tensors
-        rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-        dz = dy * alpha.to(dy.dtype) if alpha is not None else dy
-        da = (rows(dy) * rows(z).to(dy.dtype)).sum(0).to(alpha.dtype) if z is not None else None
-        dbeta = rows(dy).sum(0) if ctx.needs_input_grad[2] else None
-        return dz, da, dbeta
-
-
-class _StockOutFn(_AffineOutFn):
-    """y = the replaced norm's own output for x: its operation, rounding, dtype, NaN/Inf pattern and memory layout,
-    so every reader sees the stock value bit for bit. Its gradient is that of y = α⊙z + β (:class:`_AffineOutFn`:
-    dz = dy⊙α, dα = Σ dy⊙z, dβ = Σ dy), which is what the stock norm computes; x carries no gradient here (it
-    reaches x through z, the MS-norm's backward). ``weight`` is the norm's raw Parameter (α = w or 1 + w), passed
-    so that the stock forward runs with the module's current Parameters, also under torch.func."""
-
-    @staticmethod
-    def forward(z, alpha, beta, x, weight, stock):
-        params = stock._parameters
-        saved = dict(params)
-        try:  # the stock forward on this module's Parameters (the same objects, or torch.func's stand-ins)
-            params.update((k, v) for k, v in (("weight", weight), ("bias", beta)) if k in params)
-            return type(stock).forward(stock, x)
-        finally:
-            params.update(saved)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _AffineOutFn.setup_context(ctx, inputs[:3], output)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return *_AffineOutFn.backward(ctx, dy), None, None, None
-
-
 #: The attribute of a shared-output norm's y that holds (the norm, z, y's version when z was attached).
 _Z = "_approxbp_z"
 
@@ -194,9 +61,9 @@ def attached_z(y: torch.Tensor, norm: nn.Module) -> torch.Tensor | None:
 
 class _SharedOutput:
     """An MS-norm whose output also feeds ops that keep nothing for backward (post-LN encoders: the residual add of
-    the next sub-layer): it returns y by the replaced module's own forward (:class:`_StockOutFn`: the stock value bit
-    for bit, with the gradient of α⊙z + β), with z attached, so that its consumer Linears (:class:`NormInputLinear`)
-    read y and save z while the add reads y. z stays in the input's dtype (the add
+    the next sub-layer): it returns y by the replaced module's own forward (``norm_linear.STOCK_OUT``: the stock
+    value bit for bit, with the gradient of α⊙z + β), with z attached, so that its consumer Linears
+    (:class:`NormInputLinear`) read y and save z while the add reads y. z stays in the input's dtype (the add
     needs the stock precision under autocast). Compiled (dynamo), the stock module's own forward runs: the
     partitioner already saves the norm's input and statistics and recomputes y for its readers (one tensor per
     norm, the MS-norm's saving), and under autocast it may keep a bf16 y where z would be fp32 (docs/training.md)."""
@@ -208,9 +75,9 @@ class _SharedOutput:
         z = self.normalise(x, None)
         alpha, beta = self.norm_form.alpha(self), self.norm_form.beta(self)
         if stock is not None and not torch.compiler.is_exporting():  # y: the stock norm's own value
-            y = custom_ops.apply(_StockOutFn, z, alpha, beta, x, getattr(self, "weight", None), stock)
+            y = STOCK_OUT(z, alpha, beta, x, getattr(self, "weight", None), stock)
         elif alpha is not None or beta is not None:  # (no stock module: a norm built by hand, or an export)
-            y = custom_ops.apply(_AffineOutFn, z, alpha, beta)
+            y = AFFINE_OUT(z, alpha, beta)
         else:
             y = z.view_as(z)
         if not torch.compiler.is_compiling():  # (a norm with no stock module to run: its consumers read y as stock)
@@ -230,7 +97,7 @@ class NormInputLinear(nn.Linear):
     """A consumer Linear (or Hugging Face ``Conv1D``) of a norm whose affine α, β stay the model's own parameters:
     it reads the MS-norm's z and computes Linear(α⊙z + β) exactly, saving only z (shared with the MS-norm).
     Weight, bias and their state-dict keys are the original module's; α, β are read from the norm at every call,
-    so they train as in the stock model (:class:`_NormInputLinearFn`)."""
+    so they train as in the stock model (``norm_linear.NORM_INPUT_LINEAR``)."""
 
     def __init__(self, linear: nn.Module, norm: nn.Module):
         nn.Module.__init__(self)
@@ -247,9 +114,8 @@ class NormInputLinear(nn.Linear):
             found = None if torch.compiler.is_compiling() else attached_z(z, norm)
             if found is None:
                 return nn.functional.linear(z, weight, self.bias)
-            return custom_ops.apply(_SavesZLinearFn, z, found.detach(), weight, self.bias, form.alpha(norm),
-                                    form.beta(norm))
-        return custom_ops.apply(_NormInputLinearFn, z, weight, self.bias, form.alpha(norm), form.beta(norm))
+            return SAVES_Z_LINEAR(z, found.detach(), weight, self.bias, form.alpha(norm), form.beta(norm))
+        return NORM_INPUT_LINEAR(z, weight, self.bias, form.alpha(norm), form.beta(norm))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (", Conv1D" if self.transposed else "") + ", input α⊙z + β"

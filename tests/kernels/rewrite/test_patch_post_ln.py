@@ -264,7 +264,7 @@ def test_a_consumers_output_written_in_place_trains_as_stock_without_a_copy():
     """F.linear with a bias returns a view of its 2-D product, which autograd forbids writing in place when a custom
     Function returns it; the consumer hands back the same storage as a plain tensor (no copy of every consumer
     output, which the H100 profile of the ViT step found) and the in-place write trains as stock."""
-    from approxbp.kernels.rewrite.norm_merge import _not_a_view
+    from approxbp.kernels.ops.norm_linear import _not_a_view
 
     torch.manual_seed(0)
     stock = MasksTheConsumersOutput().double()
