@@ -1,7 +1,7 @@
 """approxbp inside Hugging Face ``Trainer`` and TRL's trainers: one callback.
 
     trainer = Trainer(model=model, args=args, train_dataset=data,
-                      callbacks=[ApproxBPCallback(family="invact", moves={"(loss)": "chunked-loss"})])
+                      callbacks=[ApproxBPCallback(family="invact", chunked_loss=True)])
 
 Why a callback: it is the one object ``Trainer`` and every TRL trainer (SFT, DPO, GRPO, KTO, GKD: subclasses of
 ``Trainer``) accept unchanged, and ``on_train_begin`` hands it the model the trainer trains — after peft, whichever
@@ -9,7 +9,7 @@ way accelerate wraps it — with the optimizer already holding its Parameters (e
 objects). The patch itself waits for the first real batch (a forward pre-hook that removes itself): its
 arguments, by name, are ``patch_model``'s ``example_input``, so the rewrites are proven and measured on the
 shapes the run trains on, outside autocast (the proof compares with stock in the model's own dtype). Then the plan's
-moves (``approxbp.planner.moves.apply_moves``: ``"recompute"`` per block path, ``"chunked-loss"`` for ``"(loss)"``)
+moves (``approxbp.planner.moves.apply_moves``: ``"recompute"``, ``"offload"`` per block path; the chunked loss)
 are applied to the transformers model. The report (saved bytes, every skip with its reason) is logged once and kept
 as ``callback.report``.
 
@@ -42,8 +42,8 @@ class ApproxBPCallback(TrainerCallback):
     """Patch the trained model on its first batch, one of three ways:
 
     - ``patch`` (``patch_model``'s keyword arguments: ``family``, ``tables``, ``norms``, ``glu``, ``bits``,
-      ``module_filter_fn``) and ``moves`` (block path → move, as ``approxbp plan --out`` writes them):
-      ``patch_model(model, example_input=<that batch>, **patch)``, then ``apply_moves``;
+      ``module_filter_fn``), ``moves`` (block path → move, as ``approxbp plan --out`` writes them) and
+      ``chunked_loss``: ``patch_model(model, example_input=<that batch>, **patch)``, then ``apply_moves``;
     - ``plan``: a plan file (``approxbp plan --out``) or :class:`~approxbp.planner.result.Plan`, applied as it is;
     - ``budget`` (bytes or ``"24GiB"``) with ``gpu`` (default h100) and ``setup`` (a
       :class:`~approxbp.planner.training.Setup` or preset name; default: read off the trainer, :func:`trainer_setup`):
@@ -51,7 +51,7 @@ class ApproxBPCallback(TrainerCallback):
       (``callback.plan`` keeps it)."""
 
     def __init__(self, *, plan=None, budget: int | str | None = None, gpu: str | None = None, setup=None,
-                 moves: dict[str, str] | None = None, **patch):
+                 moves: dict[str, str] | None = None, chunked_loss: bool = False, **patch):
         from approxbp.kernels.rewrite.patch import patch_model
         from approxbp.planner.result import Plan
 
@@ -59,8 +59,8 @@ class ApproxBPCallback(TrainerCallback):
         if unknown or "example_input" in patch:
             raise TypeError(f"ApproxBPCallback: {', '.join(unknown) or 'example_input'} is not an argument of "
                             "patch_model it passes on (the example input is the trainer's first batch)")
-        given = [name for name, v in (("plan", plan), ("budget", budget), ("moves", moves), ("patch_model's", patch))
-                 if v]
+        given = [name for name, v in (("plan", plan), ("budget", budget), ("moves", moves or chunked_loss),
+                                      ("patch_model's", patch)) if v]
         if len(given) > 1 and given != ["moves", "patch_model's"]:
             raise TypeError(f"ApproxBPCallback: {' and '.join(given)} arguments together: a plan carries its own "
                             "layers, norms and moves, and a budget plans them; give one")
@@ -76,7 +76,14 @@ class ApproxBPCallback(TrainerCallback):
                              "as '24GiB'")
         if gpu is not None:
             step_gpu(gpu)  # an unknown name refused now, not on the first batch
+        if not isinstance(chunked_loss, bool):
+            raise TypeError(f"ApproxBPCallback: chunked_loss={chunked_loss!r}: expected True or False")
+        if bad := [p for p, m in (moves or {}).items() if not isinstance(m, str) or m == "chunked-loss"]:
+            raise ValueError(f"ApproxBPCallback: moves={{{bad[0]!r}: {moves[bad[0]]!r}}}: moves maps block paths "
+                             "to 'recompute', 'offload', 'recompute PART' or 'keep'; the chunked loss is "
+                             "chunked_loss=True")
         self.gpu, self.setup, self.patch, self.moves = gpu, setup, patch, dict(moves or {})
+        self.chunked_loss = chunked_loss
         self.report, self._hook, self._args = None, None, None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -106,8 +113,8 @@ class ApproxBPCallback(TrainerCallback):
                 self.report = self.plan.apply(base, example_input=example)
             else:
                 self.report = patch_model(model, example_input=example, **self.patch)
-                if self.moves:
-                    apply_moves(base, self.moves)
+                if self.moves or self.chunked_loss:
+                    apply_moves(base, self.moves, chunked_loss=self.chunked_loss)
         _logger.info("approxbp: %s", self.report)
 
 

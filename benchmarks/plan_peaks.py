@@ -84,11 +84,12 @@ def row(name: str) -> dict:
     peak, moment, skipped = measured_peak(plan, model, setup, batch, seq)
     planned = plan.after["peak"]
     moves = (plan.moves or {}).get("moves") or {}
+    kinds = sorted({v.split(" ")[0] for v in moves.values()} | ({"chunked-loss"} if plan.chunked_loss else set()))
     return {"name": name, "model": model, "setup": setup, "batch": batch, "seq": seq or None, "budget": budget,
             "planned": planned, "modelled": (plan.moves or {}).get("peak"), "measured": peak,
             "measured_moment": moment, "ratio": planned / peak, "ok": peak <= planned <= 1.10 * peak,
-            "moves": {m: sum(v == m or v.startswith(m) for v in moves.values()) for m in sorted(set(
-                v.split(" ")[0] for v in moves.values()))},
+            "moves": {m: 1 if m == "chunked-loss" else sum(v == m or v.startswith(m) for v in moves.values())
+                      for m in kinds},
             "options": sorted({v["option"] for v in plan.layers.values()}), "ms_norm": plan.ms_norm["chosen"],
             "skipped": [s for s in skipped if "exact by choice" not in s and not s.startswith("saved bytes:")],
             "seconds": time.perf_counter() - start}

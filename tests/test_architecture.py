@@ -563,3 +563,55 @@ def test_the_planner_keeps_no_sentinel_key_in_an_assignment():
     found = [str(p.relative_to(ROOT)) for p in (ROOT / "approxbp" / "planner").rglob("*.py")
              if any(key in p.read_text(encoding="utf-8") for key in ("__ms_norm__", "(recompute part)", "PART_KEY"))]
     assert not found, found
+
+
+def _loss_keys(path: Path) -> list[int]:
+    """Lines of a string literal "(loss)" (schema 1's key for the chunked loss among a plan's block moves), outside
+    the one assignment that names it for the schema-1 reader (``_SCHEMA_1_LOSS = "(loss)"``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    reader = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+              and [getattr(t, "id", None) for t in n.targets] == ["_SCHEMA_1_LOSS"]}
+    return [n.lineno for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value == "(loss)" and id(n) not in reader]
+
+
+def test_the_chunked_loss_is_no_key_among_a_plans_block_moves():
+    """A plan's ``moves["moves"]`` maps module paths to moves; the chunked loss is ``moves["chunked_loss"]["chosen"]``
+    and ``apply_moves(…, chunked_loss=)``. Only the schema-1 reader (approxbp/planner/result.py) names the old key."""
+    files = [*(ROOT / "approxbp").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted(files) for n in _loss_keys(p)]
+    assert not found, found
+
+
+def test_the_loss_key_checker_sees_a_key(tmp_path):
+    (tmp_path / "m.py").write_text('_SCHEMA_1_LOSS = "(loss)"\nmoves = {"(loss)": "chunked-loss"}\n')
+    assert _loss_keys(tmp_path / "m.py") == [2]
+
+
+def _subclasses_a_function(tree: ast.Module) -> list[str]:
+    """Classes deriving from an autograd Function (``torch.autograd.Function``, ``Function``, ``FirstOrder``)."""
+    bases = {"Function", "FirstOrder"}
+    return [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            and any((b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")) in bases for b in node.bases)]
+
+
+def test_one_helper_defines_every_op():
+    """The drop-ins' ops and the norm rewrite's are each one ``custom_ops.Op`` description (forward, backward, what is
+    saved, fakes): no ``autograd.Function`` subclass in the rewrite room or in a family's op module, and
+    ``torch.library.custom_op`` / ``register_autograd`` called only by the helper (kernels/ops/custom_ops.py)."""
+    families = {"relu_sum.py", "invact.py", "norms.py", "glu.py", "norm_linear.py"}
+    found = []
+    for p in sorted((ROOT / "kernels").rglob("*.py")):
+        if "generated" in p.parts or p.name == "custom_ops.py":
+            continue
+        text = p.read_text(encoding="utf-8")
+        if "rewrite" in p.parts or p.name in families:
+            found += [f"{p.relative_to(ROOT)}: class {c}" for c in _subclasses_a_function(ast.parse(text))]
+        found += [f"{p.relative_to(ROOT)}: {call}" for call in ("custom_op(", "register_autograd(", "register_fake(")
+                  if call in text]
+    assert not found, found
+
+
+def test_the_function_checker_sees_a_subclass():
+    tree = ast.parse("class A(torch.autograd.Function): pass\nclass B(custom_ops.FirstOrder): pass\nclass C: pass")
+    assert _subclasses_a_function(tree) == ["A", "B"]

@@ -26,12 +26,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "LOSS", "NotChunked", "refusal", "remove_chunked_loss",
+__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "chosen_in", "NotChunked", "refusal", "remove_chunked_loss",
            "restore_forward"]
 
 
-#: A plan's name for the move and for where it applies (the loss, outside every block).
-CHUNKED, LOSS = "chunked-loss", "(loss)"
+#: A plan's name for the move (counted in its ``by_move``; whether it is chosen: ``moves["chunked_loss"]["chosen"]``).
+CHUNKED = "chunked-loss"
+
+
+def chosen_in(moves: dict | None) -> bool:
+    """Whether a plan's moves (``Plan.moves``, :func:`~.plan_moves.plan_moves`) chunk the loss."""
+    return bool(((moves or {}).get("chunked_loss") or {}).get("chosen"))
 _APPLIED = "_approxbp_chunked_loss"  # the model's __dict__: the forward it had
 _LOSS_ARGS = ("num_items_in_batch", "shift_labels", "ignore_index")
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from approxbp.planner.chunked_loss import CHUNKED, LOSS, apply_chunked_loss, remove_chunked_loss, restore_forward
+from approxbp.planner.chunked_loss import CHUNKED, apply_chunked_loss, remove_chunked_loss, restore_forward
 from approxbp.planner.knapsack import multiple_choice
 
 __all__ = ["apply_moves", "BlockCost", "choose_moves", "host_elsewhere", "LossCost", "Offload",
@@ -148,17 +148,14 @@ class _Host:
         return torch.from_numpy(self.data.copy()).view(self.dtype).reshape(self.shape)
 
 
-def apply_moves(model: nn.Module, moves: dict[str, str]) -> nn.Module:
-    """In place: each block of ``moves`` (path → move) recomputed or offloaded (``keep`` leaves it). A recomputed
-    block's inputs are saved by the checkpoint through the saved-tensor hooks, so the hooks' count is the device's."""
-    modules = dict(model.named_modules())
-    if any(path != LOSS and (move == "recompute" or move.startswith(RECOMPUTE_PART)) for path, move in moves.items()):
-        _no_cache_while_training(model)  # first: the chunked loss, if any, wraps it (remove_moves unwraps in turn)
-    for path, move in moves.items():
-        if path == LOSS and move in ("keep", CHUNKED):
-            if move == CHUNKED:
-                apply_chunked_loss(model)
-            continue
+def apply_moves(model: nn.Module, moves: dict[str, str], *, chunked_loss: bool = False) -> nn.Module:
+    """In place: each block of ``moves`` (module path → move) recomputed or offloaded (``keep`` leaves it), and the
+    loss chunked (``chunked_loss``: :func:`~.chunked_loss.apply_chunked_loss`). A recomputed block's inputs are saved
+    by the checkpoint through the saved-tensor hooks, so the hooks' count is the device's."""
+    modules, resolved = dict(model.named_modules()), []
+    for path, move in moves.items():  # every entry checked before the model is changed
+        if move == CHUNKED:
+            raise ValueError(f"{path} → {CHUNKED!r}: the chunked loss is not a block's move; pass chunked_loss=True")
         if move.startswith(RECOMPUTE_PART):
             path, move = f"{path}.{move[len(RECOMPUTE_PART):]}", "recompute"
         if move not in _MOVES:
@@ -166,7 +163,12 @@ def apply_moves(model: nn.Module, moves: dict[str, str]) -> nn.Module:
                              f"'{RECOMPUTE_PART}PART'")
         if path not in modules:
             raise ValueError(f"block {path}: no such module in {type(model).__name__}")
-        block = modules[path]
+        resolved.append((modules[path], move))
+    if any(move == "recompute" for _, move in resolved):
+        _no_cache_while_training(model)  # first: the chunked loss, if any, wraps it (remove_moves unwraps in turn)
+    if chunked_loss:
+        apply_chunked_loss(model)
+    for block, move in resolved:
         if move == "keep" or _MOVED in block.__dict__:
             continue
         inner = block.forward
@@ -231,8 +233,9 @@ def remove_moves(model: nn.Module) -> nn.Module:
     return model
 
 
-def choose_moves(costs: dict[str, BlockCost | LossCost], need: int, host_link: float) -> dict[str, str]:
-    """The moves of least modelled time that take at least ``need`` bytes off the end of the forward plus the
+def choose_moves(costs: dict, need: int, host_link: float) -> dict:
+    """``costs``: item → its :class:`BlockCost` (a block's path) or :class:`LossCost` (keyed by itself). The moves of
+    least modelled time that take at least ``need`` bytes off the end of the forward plus the
     transient they bring back (the largest S_b moved); {} when ``need`` ≤ 0. Exhaustive over which block sets the
     transient (the largest moved S_b), then a multiple-choice knapsack by dynamic programming on the bytes."""
     if need <= 0:
@@ -251,8 +254,7 @@ def choose_moves(costs: dict[str, BlockCost | LossCost], need: int, host_link: f
     return best[1]
 
 
-def _knapsack(costs: dict[str, BlockCost | LossCost], need: int, host_link: float
-              ) -> tuple[float, dict[str, str]] | None:
+def _knapsack(costs: dict, need: int, host_link: float) -> tuple[float, dict] | None:
     """Least total seconds with Σ saving ≥ need (:func:`approxbp.planner.knapsack.multiple_choice`, bytes in units of
     need/2048)."""
     groups = [[(c.saving(m), c.seconds(m, host_link)) for m in c.moves] for c in costs.values()]

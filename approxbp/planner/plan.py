@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from approxbp.planner import chunked_loss
 from approxbp.planner.gpus import DEFAULT_GPU
 from approxbp.planner.gpus import gpu as step_gpu
 from approxbp.planner.knapsack import multiple_choice
@@ -151,10 +152,12 @@ def _traced(request: Request, choice: dict, ms_norm: bool, moved: dict | None, s
     if not _traces(request.setup) or (moved or {}).get("compile"):
         return None
     moves = (moved or {}).get("moves") or None
-    key = (tuple(sorted(choice.items())), ms_norm, tuple(sorted((moves or {}).items())))
+    chunked = chunked_loss.chosen_in(moved)
+    key = (tuple(sorted(choice.items())), ms_norm, tuple(sorted((moves or {}).items())), chunked)
     if key not in traces:
         say("the chosen plan, traced whole")
-        traces[key] = stepper(replace(request, traced=True), whole=True)(None, None, choice, ms_norm, moves)
+        traces[key] = stepper(replace(request, traced=True), whole=True)(None, None, choice, ms_norm, moves,
+                                                                          chunked_loss=chunked)
     return traces[key]
 
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from approxbp.planner.chunked_loss import CHUNKED, LOSS, NotChunked, chunk_rows
+from approxbp.planner.chunked_loss import CHUNKED, NotChunked, chunk_rows
 from approxbp.planner.extrapolate import SMALL, layer_count, shrunk, small_assignment
 from approxbp.planner.gpus import GPU
 from approxbp.planner.models import hf_builder, model_spec, no_init
@@ -115,24 +115,27 @@ def modelled_time(time: StepTime, blocks: int) -> float:
 def plan_moves(step: StepMemory, time: StepTime, blocks: int, budget: int, device: GPU,
                bytes_per_element: int, loss: LossCost | None = None, parts: dict[str, int] | None = None) -> dict:
     """The moves of least modelled time that bring the step's peak to ``budget`` (see the module docstring): the
-    moves, the modelled peak and its parts, the modelled seconds before and after. ``loss``: the chunked loss's
-    measured cost, an item beside the blocks (None: the model's loss cannot be chunked); ``parts``: the blocks'
-    parts recomputable alone, with their measured saving per block."""
+    blocks' moves (module path → move), the modelled peak and its parts, the modelled seconds before and after, and
+    the chunked loss's cost with whether it is chosen (``chunked_loss``: None where the model's loss cannot be
+    chunked). ``loss``: the chunked loss's measured cost, an item of the knapsack beside the blocks (keyed by itself,
+    not by a path); ``parts``: the blocks' parts recomputable alone, with their measured saving per block."""
     costs: dict = block_costs(step, time, bytes_per_element, parts)
     if loss is not None:
-        costs[LOSS] = loss
-    moves = choose_moves(costs, step.peak - budget, device.host_link)
-    taken = sum(costs[p].saving(m) for p, m in moves.items())
-    transient = max((costs[p].saved for p in moves), default=0)
+        costs[loss] = loss
+    chosen = choose_moves(costs, step.peak - budget, device.host_link)
+    taken = sum(costs[p].saving(m) for p, m in chosen.items())
+    transient = max((costs[p].saved for p in chosen), default=0)
     base = modelled_time(time, blocks)
-    extra = sum(costs[p].seconds(m, device.host_link) for p, m in moves.items())
-    return {"moves": moves, "gpu": device.name, "gpu_source": device.source,
+    extra = sum(costs[p].seconds(m, device.host_link) for p, m in chosen.items())
+    chunked = chosen.pop(loss, None) == CHUNKED
+    return {"moves": chosen, "gpu": device.name, "gpu_source": device.source,
             "end_of_forward": step.peak - taken, "transient": transient, "peak": step.peak - taken + transient,
             "seconds_before": base, "seconds_after": base + extra,
-            "by_move": {**{m: sum(1 for v in moves.values() if v == m) for m in ("recompute", "offload", CHUNKED)},
-                        "recompute part": sum(1 for v in moves.values() if v.startswith(RECOMPUTE_PART))},
-            "chunked_loss": None if loss is None else {"saving": loss.takes, "transient": loss.saved,
-                                                       "seconds": loss.extra}}
+            "by_move": {**{m: sum(1 for v in chosen.values() if v == m) for m in ("recompute", "offload")},
+                        CHUNKED: int(chunked),
+                        "recompute part": sum(1 for v in chosen.values() if v.startswith(RECOMPUTE_PART))},
+            "chunked_loss": None if loss is None else {"chosen": chunked, "saving": loss.takes,
+                                                       "transient": loss.saved, "seconds": loss.extra}}
 
 
 def timed(request: Request, device, assignment: dict[str, str] | None = None, ms_norm: bool = False, *,

@@ -21,8 +21,10 @@ from approxbp.approximations import tables as T
 __all__ = ["Plan", "PLAN_SCHEMA", "plan_config", "read_plan", "unapplied"]
 
 #: The plan JSON's version, written as ``"schema"``: 1 is the first that carries it (0.2's files, which have none,
-#: read as it); a file of a later version is refused by name rather than misread.
-PLAN_SCHEMA = 1
+#: read as it); 2 names the chunked loss in ``moves["chunked_loss"]["chosen"]`` (1 had a ``"(loss)"`` key among the
+#: blocks' moves: read as 2). A file of a later version is refused by name rather than misread.
+PLAN_SCHEMA = 2
+_SCHEMA_1_LOSS = "(loss)"
 
 
 @dataclass(kw_only=True)
@@ -84,22 +86,26 @@ class Plan:
 
     def _apply_moves(self, model: nn.Module) -> list[str]:
         """The planned recompute/offload moves on ``model``'s blocks (a planned path matches as it is or as a suffix,
-        as the layers do); a block the model lacks is refused in one line."""
-        from approxbp.planner.chunked_loss import LOSS
+        as the layers do) and the chunked loss where chosen; a block the model lacks is refused in one line."""
         from approxbp.planner.moves import apply_moves
 
         paths = [n for n, _ in model.named_modules()]
         resolved = {}
         for planned, move in self.moves["moves"].items():
-            if planned == LOSS:
-                resolved[LOSS] = move
-                continue
             found = [p for p in paths if p == planned or p.endswith("." + planned)]
             if len(found) != 1:
                 raise ValueError(f"the plan moves block {planned!r}, which this model has {len(found)} times, not once")
             resolved[found[0]] = move
-        apply_moves(model, resolved)
-        return [f"{path}: {move}" for path, move in resolved.items()]
+        chunked = self.chunked_loss
+        apply_moves(model, resolved, chunked_loss=chunked)
+        return [f"{path}: {move}" for path, move in resolved.items()] + ["the loss: chunked"] * chunked
+
+    @property
+    def chunked_loss(self) -> bool:
+        """Whether the plan chunks the loss (one of its moves)."""
+        from approxbp.planner.chunked_loss import chosen_in
+
+        return chosen_in(self.moves)
 
 
 def unapplied(config: PatchConfig, report) -> list[str]:
@@ -126,10 +132,12 @@ def read_plan(plan) -> dict:
             plan = json.loads(Path(plan).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{where}: not a readable plan JSON file ({err})") from None
-    version = plan.get("schema", PLAN_SCHEMA) if isinstance(plan, dict) else PLAN_SCHEMA
+    version = plan.get("schema", 1) if isinstance(plan, dict) else PLAN_SCHEMA
     if not isinstance(version, int) or version > PLAN_SCHEMA:
         raise ValueError(f"{where}: a plan of schema {version!r}, written by a newer approxbp; this one reads plan "
                          f"schema {PLAN_SCHEMA} and earlier: upgrade approxbp, or plan again with this version")
+    if version < 2:
+        plan = _from_schema_1(plan)
     layers, ms = (plan.get("layers"), plan.get("ms_norm")) if isinstance(plan, dict) else (None, None)
     if not isinstance(layers, dict) or not all(isinstance(v, dict) and isinstance(v.get("table"), str | None)
                                                for v in layers.values()):
@@ -139,6 +147,20 @@ def read_plan(plan) -> dict:
         raise ValueError(f"{where}: 'ms_norm' must be {{'chosen': true or false, …}}, as `approxbp plan --out` "
                          "writes it")
     return plan
+
+
+def _from_schema_1(plan: dict) -> dict:
+    """A schema-1 (or 0.2) plan as schema 2: its ``"(loss)"`` entry among the blocks' moves becomes
+    ``moves["chunked_loss"]["chosen"]`` (a copy: the caller's dict is not changed)."""
+    moves = plan.get("moves")
+    if not isinstance(moves, dict) or not isinstance(moves.get("moves"), dict):
+        return {**plan, "schema": 2}
+    blocks = dict(moves["moves"])
+    chunked = blocks.pop(_SCHEMA_1_LOSS, "keep") == "chunked-loss"
+    cost = moves.get("chunked_loss")
+    return {**plan, "schema": 2, "moves": {**moves, "moves": blocks,
+                                           "chunked_loss": None if cost is None and not chunked else
+                                           {"chosen": chunked, **(cost or {})}}}
 
 
 def plan_config(plan, model: nn.Module) -> PatchConfig:

@@ -39,7 +39,7 @@ def _train(build, out_dir, callback=None):
 @pytest.mark.parametrize("build", [_llama, _qwen3_moe], ids=["llama", "qwen3_moe"])
 def test_trainer_with_the_callback_trains_as_stock_and_saves_stock_checkpoints(build, tmp_path):
     _, stock = _train(build, tmp_path / "stock")
-    callback = ApproxBPCallback(family="invact", moves={"model.layers.0": "recompute", "(loss)": "chunked-loss"})
+    callback = ApproxBPCallback(family="invact", moves={"model.layers.0": "recompute"}, chunked_loss=True)
     model, ours = _train(build, tmp_path / "ours", callback)
     assert callback.report is not None and callback.report.norms and callback.report.saved_bytes[1] < \
         callback.report.saved_bytes[0], callback.report
@@ -94,10 +94,10 @@ def test_trl_sft_trainer_with_the_callback_trains_as_stock(tmp_path):
         return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
     stock = run(None)
-    moves = {"model.layers.0": "recompute", "(loss)": "chunked-loss"}
-    without_norms = run(ApproxBPCallback(family="invact", norms=False, moves=moves))
+    moves = {"model.layers.0": "recompute"}
+    without_norms = run(ApproxBPCallback(family="invact", norms=False, moves=moves, chunked_loss=True))
     assert without_norms == stock  # InvAct and the moves: bit for bit
-    callback = ApproxBPCallback(family="invact", moves=moves)
+    callback = ApproxBPCallback(family="invact", moves=moves, chunked_loss=True)
     ours = run(callback)
     assert callback.report is not None and callback.report.norms
     assert len(ours) == len(stock) == 20 and ours[:3] == stock[:3]
@@ -114,8 +114,8 @@ def test_given_only_a_budget_the_callback_plans_on_the_first_batch_and_trains_as
     model, ours = _train(_llama, tmp_path / "ours", callback)
     plan, report = callback.plan, callback.report
     assert plan.after["peak"] <= 440_000 < plan.before["peak"]
-    assert plan.moves["moves"] == {"model.layers.0": "recompute", "model.layers.1": "recompute",
-                                   "(loss)": "chunked-loss"}
+    assert plan.moves["moves"] == {"model.layers.0": "recompute", "model.layers.1": "recompute"}
+    assert plan.chunked_loss and plan.moves["chunked_loss"]["chosen"]
     assert {v["option"] for v in plan.layers.values()} == {"glu"} and plan.ms_norm["chosen"]
     assert len(report.glus) == 2 and report.norms and not report.skipped, report
     assert "_approxbp_chunked_loss" in model.__dict__
@@ -138,6 +138,12 @@ def test_the_callbacks_ways_in_are_one_at_a_time():
     for bad in (-1, 0, True, 1.5):
         with pytest.raises(ValueError, match="expected bytes"):
             ApproxBPCallback(budget=bad)
+    with pytest.raises(ValueError, match="the chunked loss is chunked_loss=True"):
+        ApproxBPCallback(family="invact", moves={"(loss)": "chunked-loss"})
+    with pytest.raises(TypeError, match="expected True or False"):
+        ApproxBPCallback(family="invact", chunked_loss="yes")
+    with pytest.raises(TypeError, match="budget and moves"):
+        ApproxBPCallback(budget="1GiB", chunked_loss=True)
 
 
 def test_the_set_up_read_off_the_trainer_shards_under_fsdp_and_refuses_deepspeed(tmp_path):

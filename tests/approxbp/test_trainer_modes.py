@@ -40,7 +40,7 @@ def _train(build, out_dir, callback=None, **extra):
 ], ids=["gradient-checkpointing", "peft-lora", "torch-compile"])
 def test_the_callback_trains_as_stock_in_each_mode(build, extra, merged, tmp_path):
     _, stock = _train(build, tmp_path / "stock", **extra)
-    callback = ApproxBPCallback(family="invact", moves={"(loss)": "chunked-loss"})
+    callback = ApproxBPCallback(family="invact", chunked_loss=True)
     model, ours = _train(build, tmp_path / "ours", callback, **extra)
     assert callback.report is not None, "the callback did not patch"
     assert (len(callback.report.norms), len(callback.report.glus)) == merged, callback.report

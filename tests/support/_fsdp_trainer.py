@@ -24,7 +24,7 @@ def main(out: str, which: str) -> None:
         output_dir=f"{out}/{which}", per_device_train_batch_size=1, max_steps=10, learning_rate=3e-3, logging_steps=1,
         report_to=[], use_cpu=True, seed=0, disable_tqdm=True, data_seed=0, save_strategy="no", ddp_backend="gloo",
         fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
-    callback = (ApproxBPCallback(family="invact", moves={"model.layers.0": "recompute", "(loss)": "chunked-loss"})
+    callback = (ApproxBPCallback(family="invact", moves={"model.layers.0": "recompute"}, chunked_loss=True)
                 if which == "ours" else None)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=tiny_data(),
                                    callbacks=[callback] if callback else None)

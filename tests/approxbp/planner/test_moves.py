@@ -114,6 +114,12 @@ def test_a_bad_move_or_path_is_refused():
         apply_moves(_llama(), {"model.layers.0": "swap"})
     with pytest.raises(ValueError, match="no such module"):
         apply_moves(_llama(), {"model.layers.9": "offload"})
+    model = _llama()
+    for moves in ({"model.layers.0": "recompute", "(loss)": "chunked-loss"},  # a schema-1 plan's key, by hand
+                  {"model.layers.0": "recompute", "model.layers.9": "offload"}):
+        with pytest.raises(ValueError, match="chunked_loss=True|no such module"):
+            apply_moves(model, moves)
+        assert not any("_approxbp" in k for m in model.modules() for k in m.__dict__)  # refused before any change
 
 
 def test_the_choice_is_the_least_modelled_time():
@@ -228,7 +234,9 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path, cap
     x = inputs(2, 16)
     model = copy.deepcopy(stock)
     patched = Plan.load(path).apply(model, example_input=x)
-    assert patched.moves == [f"{p}: {v}" for p, v in m["moves"].items()], patched
+    assert patched.moves == [f"{p}: {v}" for p, v in m["moves"].items()] + ["the loss: chunked"] * \
+        moved.chunked_loss, patched
+    assert ("_approxbp_chunked_loss" in model.__dict__) == moved.chunked_loss
     grads = []
     for net in (stock, model):
         net(**x).loss.backward()  # the loss: the plan may chunk it (then logits=None)
@@ -256,7 +264,8 @@ def test_a_budget_the_logits_alone_exceed_is_met_by_the_chunked_loss():
     rows, vocab = batch * seq, 8192
     budget = full.after["peak"] - rows * vocab // 2  # an eighth of the log-softmax (a chunk brings 3/4 back)
     moved = plan(Request(model=WIDE_VOCAB, batch=batch, seq=seq), budget=budget, gpu="h100").moves
-    assert moved["moves"] == {"(loss)": "chunked-loss"} and moved["peak"] <= budget, moved
+    assert moved["moves"] == {} and moved["chunked_loss"]["chosen"] and moved["peak"] <= budget, moved
+    assert moved["by_move"]["chunked-loss"] == 1
     # less the final norm's bf16 output, which the head's chunks read where the MS-norm's head saved its z
     assert 0 <= rows * vocab * 4 - moved["chunked_loss"]["saving"] <= rows * 64 * 2 + 16, moved["chunked_loss"]
     assert moved["chunked_loss"]["seconds"] > 0

@@ -32,7 +32,7 @@ def test_a_budgeted_plan_promises_the_peak_of_its_traced_step_and_a_real_step_re
     most = P.plan(request)
     budget = most.after["peak"] - most.after["activations"] // 20  # below the approximations: moves needed
     plan = P.plan(request, budget=budget)
-    assert plan.after["peak_traced"] and plan.after["peak"] <= budget and plan.moves["moves"]
+    assert plan.after["peak_traced"] and plan.after["peak"] <= budget and (plan.moves["moves"] or plan.chunked_loss)
     peak, _, skipped = measured_peak(plan, LLAMA, "bf16", 4, 32)
     assert peak <= plan.after["peak"] <= 1.10 * peak, (peak, plan.after["peak"])
     assert not [s for s in skipped if "exact by choice" not in s and not s.startswith("saved bytes:")], skipped

@@ -108,12 +108,13 @@ def test_a_plan_made_for_another_model_is_refused(layers):
 DATA = Path(__file__).parent / "data"
 
 
-@pytest.mark.parametrize("name", ["plan-0.2.json", "plan-0.2-moves.json"])
+@pytest.mark.parametrize("name", ["plan-0.2.json", "plan-0.2-moves.json", "plan-1-chunked-loss.json"])
 def test_a_plan_written_by_0_2_still_loads_and_a_newer_schema_is_refused_by_name(name, tmp_path):
-    """0.2's plan files (written by `approxbp plan --out` before the JSON carried a version) load as schema 1; a
-    plan of a later schema is refused, not misread; a plan written now carries its schema and reads back equal."""
+    """0.2's plan files (written by `approxbp plan --out` before the JSON carried a version) and schema 1's load as
+    schema 2; a plan of a later schema is refused, not misread; a plan written now carries its schema and reads back
+    equal."""
     old = Plan.load(DATA / name)
-    assert old.schema == PLAN_SCHEMA == 1 and old.layers and (old.moves is None) == ("moves" not in name)
+    assert old.schema == PLAN_SCHEMA == 2 and old.layers and (old.moves is None) == (name == "plan-0.2.json")
     again = tmp_path / "again.json"
     again.write_text(old.to_json())
     assert json.loads(again.read_text())["schema"] == PLAN_SCHEMA and Plan.load(again) == old
@@ -123,3 +124,16 @@ def test_a_plan_written_by_0_2_still_loads_and_a_newer_schema_is_refused_by_name
         Plan.load(again)
     with pytest.raises(TypeError):
         Plan("model", "mode")  # built by keyword only
+
+
+def test_a_schema_1_plans_loss_key_becomes_its_chunked_loss():
+    """Schema 1 named the chunked loss "(loss)" among the blocks' moves (plan-1-chunked-loss.json: plan-0.2-moves.json
+    with the moves a schema-1 plan of a recomputed block and the chunked loss has); read, the blocks' moves are
+    module paths only and the loss is chunked; the file's dict is not changed by reading."""
+    raw = json.loads((DATA / "plan-1-chunked-loss.json").read_text())
+    plan = Plan.load(DATA / "plan-1-chunked-loss.json")
+    assert plan.moves["moves"] == {"model.layers.0": "recompute"} and plan.chunked_loss
+    assert plan.moves["chunked_loss"] == {"chosen": True, **raw["moves"]["chunked_loss"]}
+    assert read_plan(raw)["moves"]["moves"] == {"model.layers.0": "recompute"}
+    assert "(loss)" in raw["moves"]["moves"]  # the caller's dict as it was
+    assert not Plan.load(DATA / "plan-0.2-moves.json").chunked_loss  # a schema-1 plan without the key: not chunked
