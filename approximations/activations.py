@@ -40,8 +40,8 @@ REGISTRY: dict[str, str] = {
 }
 
 #: Piecewise activations: not smooth, so no ReLU-sum or InvAct fit takes them (those fits need h′ and h″), but exact
-#: tables derived from the expression, piece by piece, serve them (``fitting.invact_exact``: ReLU², f′(f⁻¹(y)) = 2√y,
-#: issue 32; ELU, select(y, 1, y + 1); SELU, select(y, λ, y + λα), issue 47), and FewBit's free levels fit them.
+#: tables derived from the expression, piece by piece, serve them (``fitting.invact_exact``: ReLU², f′(f⁻¹(y)) = 2√y;
+#: ELU, select(y, 1, y + 1); SELU, select(y, λ, y + λα)), and FewBit's free levels fit them.
 #: CELU with torch's default α = 1 is ELU; SELU's λ and α are torch's.
 PIECEWISE: dict[str, str] = {
     "relu2": "Max(0, x)**2",
@@ -432,7 +432,7 @@ _SAME_POINTS = tuple(-12 + 24 * i / 64 for i in range(65))
 
 @functools.lru_cache(maxsize=256)
 def known_form(text: str) -> str | None:
-    """The registry activation that the expression ``text`` is (issue 47: a user's GELU written x·erfc(−x/√2)/2,
+    """The registry activation that the expression ``text`` is (a user's GELU written x·erfc(−x/√2)/2,
     which sympy turns into the cancelling x·(2 − erfc(x/√2))/2, is evaluated, fitted and generated from the
     packaged x·Φ(x)), else None. Equal when sympy finds h − h_known = 0 (both in erf/exp), or, where sympy cannot
     decide, when h and h′ agree to 1e-15 (relative, absolute below 1: float64 cannot tell them apart) at 30 digits

@@ -1,4 +1,4 @@
-"""One record per table family (issue 48, item 2). A family is what a table's ``"family"`` names; each layer keeps
+"""One record per table family. A family is what a table's ``"family"`` names; each layer keeps
 its part of the family in a registry keyed by that name, filled by the family's own modules:
 
     approximations   :data:`TABLE_FAMILIES`: the typed table, its schema checks, its gradient error (this module)

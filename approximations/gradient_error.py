@@ -1,4 +1,4 @@
-"""The gradient error a table's backward makes, the number a user trades for memory (issue 35): for a ReLU-sum
+"""The gradient error a table's backward makes, the number a user trades for memory: for a ReLU-sum
 table E_{x∼N(0,1)}[(h̃′(x) − f′(x))²]^½ (its levels between its knots against the exact derivative, on a grid of
 [−10, 10] by the trapezoid rule; the N(0, 1) weight is below 1e-22 beyond), for an InvAct table its certified L∞
 (the sampled one where no certificate is stored), 0 for the exact activation. numpy only: the run-time side

@@ -1,4 +1,4 @@
-"""A piecewise activation as smooth pieces (issue 47): the kinks of an expression in x (where a Max or Min switches
+"""A piecewise activation as smooth pieces: the kinks of an expression in x (where a Max or Min switches
 argument, an Abs or Heaviside argument or a select condition crosses 0), and on each interval between kinks the
 smooth expression it equals there (each switch resolved at a point inside). ELU = Max(0, x) + Min(0, eˣ − 1): a kink
 at 0, pieces eˣ − 1 on (−∞, 0) and x on (0, ∞).

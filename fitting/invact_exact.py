@@ -1,4 +1,4 @@
-"""Exact inverted-activation tables derived in closed form (Inverted Activations §2, issue 32): for a piecewise
+"""Exact inverted-activation tables derived in closed form (Inverted Activations §2): for a piecewise
 activation that is flat left of T = 0 and strictly increasing right of it, f′(f⁻¹(y)) has one value per y,
 
     q(y) = 0 on the left branch (f′ = 0 there),   q(y) = f_r′(f_r⁻¹(y)) on the right (sympy ``solve``),

@@ -1,4 +1,4 @@
-"""A fitted one-branch InvAct form for an increasing activation whose inverse has no closed form (issue 47): the
+"""A fitted one-branch InvAct form for an increasing activation whose inverse has no closed form: the
 saved y still gives f′(f⁻¹(y)) with no bit (Inverted Activations §2), through a fitted initial guess and Newton steps,
 
     t = max(y − inf f, t₀),   w = t + log(−expm1(−t))   (= log(eᵗ − 1): ~log t as t → 0, ~t as t → ∞),

@@ -539,6 +539,15 @@ def test_the_docs_speak_of_features_not_of_the_tracker():
     assert not found, found
 
 
+def test_the_api_pages_docstrings_speak_of_features_not_of_the_tracker():
+    """The API reference renders the library's docstrings (docs/api.md): no issue number in them either."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for folder in ("approxbp", "kernels", "fitting", "approximations")
+             for p in sorted((ROOT / folder).rglob("*.py"))
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bissues? #?\d+", line, re.IGNORECASE)]
+    assert not found, found
+
+
 def test_library_code_never_patches_with_unittest_mock():
     """Library code replaces a library's function only through approxbp/planner/compat.py (by name, refusing a
     missing one), never with unittest.mock, whose guards hide a rename."""

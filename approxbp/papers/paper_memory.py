@@ -1,10 +1,10 @@
-"""The papers' memory tables, row by row, as ``approxbp plan`` commands (issue 33, item 6; ``approxbp reproduce
+"""The papers' memory tables, row by row, as ``approxbp plan`` commands (``approxbp reproduce
 --memory``): Approx-BP Tables 1, 2, 3, 4, 9 and 11 and Inverted Activations App. A.1.
 
 Each group is one set-up written as the plan command that produces it; its rows differ only in ``--use`` (the
 exact model, ReGELU2/ReSiLU2 = ``relu-sum-k2``, MS-LN/MS-RMSNorm = ``ms-norm``, both, InvAct). A row's
 *reduction* is its change against the group's exact row, (v − v₀)/v₀, from the printed values on the paper's side.
-Targets (issue 33): the absolute value within 15 % where the set-up is known (Tables 1 and 2 from the paper, Table 3
+Targets: the absolute value within 15 % where the set-up is known (Tables 1 and 2 from the paper, Table 3
 from the authors' scripts), and
 every reduction within 3 points. A row outside them carries the measured cause that explains it
 (:data:`EXPLAINED`), never a fitted constant. Mesa's rows (8-bit activation quantisation) are not approxbp's and

@@ -1,4 +1,4 @@
-"""Attention and dropout as a GPU runs them, for the planner (issue 33, item 4; issue 45).
+"""Attention and dropout as a GPU runs them, for the planner.
 
 On a CPU, ``F.scaled_dot_product_attention`` with dropout takes the math path and keeps the n × n attention
 probabilities and the dropout mask for backward; a GPU's fused kernels (flash, memory-efficient) take dropout and
@@ -12,7 +12,7 @@ This is a memory model: the values are the CPU's (the backward recomputes attent
 Dropout itself differs the same way: on a CPU ``F.dropout`` multiplies by a mask of the input's dtype and keeps that
 mask (4 bytes per fp32 element), while CUDA runs ``native_dropout``, which keeps a 1-byte bool mask.
 :func:`gpu_dropout` runs ``native_dropout`` where CUDA would (training, 0 < p < 1, not in place), so the mask counted
-is the GPU's. RoBERTa at batch 32 and 256 tokens keeps 1.27 GiB less for it (issue 45, Table 4).
+is the GPU's. RoBERTa at batch 32 and 256 tokens keeps 1.27 GiB less for it (Table 4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The chunked loss, a memory move of ``approxbp plan`` (issue 46): a causal LM's loss computed a chunk of tokens at a
+"""The chunked loss, a memory move of ``approxbp plan``: a causal LM's loss computed a chunk of tokens at a
 time, so the logits are never materialised.
 
 For hidden states H (r rows of width d after the final norm), the head W (V × d) and the shifted labels y, the loss

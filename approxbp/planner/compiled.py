@@ -1,4 +1,4 @@
-"""``torch.compile``'s ``activation_memory_budget`` as one of the planner's moves (issue 46): an assignment of the
+"""``torch.compile``'s ``activation_memory_budget`` as one of the planner's moves: an assignment of the
 approximations, compiled at a budget b ∈ [0, 1] (inductor's min-cut partitioner recomputes the cheapest ops until
 the saved activations are below b of what it would save at 1).
 

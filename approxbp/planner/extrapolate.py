@@ -1,4 +1,4 @@
-"""One block measured, every block planned (issue 33, item 5): a model whose L blocks are alike saves, per block,
+"""One block measured, every block planned: a model whose L blocks are alike saves, per block,
 what its block 2 saves in a 3-block model, and everything outside the blocks (embeddings, the final norm, the head,
 a compiled graph's or a traced peak's totals, the parameters) is linear in L. So the planner measures the model at 2
 and 3 blocks and writes the L-block step from them:

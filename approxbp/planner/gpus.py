@@ -1,4 +1,4 @@
-"""The GPUs a plan can be timed for (issue 46): dense peaks, memory and host-link bandwidth, with their sources.
+"""The GPUs a plan can be timed for: dense peaks, memory and host-link bandwidth, with their sources.
 No torch import: the CLI lists them in its help."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Memory moves per block beyond the approximations (issue 46): keep, recompute, offload — planned from one
+"""Memory moves per block beyond the approximations: keep, recompute, offload — planned from one
 measured step, timed by the roofline model (:mod:`approxbp.planner.step_time`), applied to a real model.
 
 For a block b with saved bytes S_b (the step's bytes charged to b's modules), input bytes I_b (its tensor arguments),

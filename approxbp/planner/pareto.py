@@ -1,4 +1,4 @@
-"""``approxbp plan … --pareto --gpu G`` (issue 46 item 3): the planner's whole curve — peak against modelled step time
+"""``approxbp plan … --pareto --gpu G``: the planner's whole curve — peak against modelled step time
 against the gradient-error bound — over budgets from the exact step's peak to the lowest any plan reaches.
 
 Two stretches, each measured once and then chosen at every budget:

@@ -1,4 +1,4 @@
-"""``approxbp plan --budget … --gpu …`` beyond the approximations (issue 46): when the least-error assignment cannot
+"""``approxbp plan --budget … --gpu …`` beyond the approximations: when the least-error assignment cannot
 reach the budget, the most-saving one is taken (the approximations cost no modelled time: their kernels move fewer
 bytes than the exact ones) and blocks are recomputed or offloaded (:mod:`~.moves`) at the least modelled step
 time (:mod:`approxbp.planner.step_time`, a roofline for the named GPU on fake tensors). The peak is modelled from the

@@ -1,4 +1,4 @@
-"""A training step's time, modelled for a named GPU on the planner's fake tensors (issue 46): a roofline per aten op,
+"""A training step's time, modelled for a named GPU on the planner's fake tensors: a roofline per aten op,
 
     t_op = max(FLOPs / P, bytes / B),
 

@@ -1,5 +1,5 @@
-"""The head a planned model is built with, and the inputs and labels of one training step (``approxbp plan --task``,
-issue 33 item 1). Each task builds the Hugging Face model class that carries its head and gives labels, so the
+"""The head a planned model is built with, and the inputs and labels of one training step (``approxbp plan --task``).
+Each task builds the Hugging Face model class that carries its head and gives labels, so the
 model computes its own training loss (cross-entropy on the logits, CLIP's contrastive loss) as a training step does.
 
 Without ``--task`` the head is the one the config's ``architectures`` names, else the family's natural

@@ -1,4 +1,4 @@
-"""A training set-up, as orthogonal options (issue 33, item 1): the planner's ``--mode`` names are presets of it.
+"""A training set-up, as orthogonal options: the planner's ``--mode`` names are presets of it.
 
 weights (the stored dtype), autocast (the forward's compute dtype, or off), train (full, lora, lora-fa, none),
 the LoRA targets and rank, the optimizer (its state bytes), torch.compile, sharding over N ranks (FSDP2 / ZeRO-3:

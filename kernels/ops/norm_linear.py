@@ -1,7 +1,7 @@
 """The ops of a merged norm's readers (Approx-BP App. G, eq. 58) when its affine (α, β) stays the model's own: the
 rewrite (``rewrite/norm_merge.py``) keeps the MS-norm's z as the one saved tensor and has each reader recompute
-u = α⊙z + β. Every gradient is exact (the backwards are differentiable ops), so these are :class:`~.custom_ops.Op`\\ s
-with eager Functions only: dynamo traces them, and nothing here needs a custom op's opacity.
+u = α⊙z + β. Every gradient is exact (the backwards are differentiable ops), so each is a :class:`~.custom_ops.Op`
+with an eager Function only: dynamo traces them, and nothing here needs a custom op's opacity.
 
     NORM_INPUT_LINEAR(z, W, b, α, β) = (α⊙z + β)·Wᵀ + b      saves z, W, α, β (references)
     SAVES_Z_LINEAR(y, z, W, b, α, β) = y·Wᵀ + b              saves z, W, α, β; the gradient goes to y

@@ -1,4 +1,4 @@
-"""The MoE rewrite of :func:`~.patch.patch_model` (issue 44): experts stored as 3-d parameters (transformers 5's
+"""The MoE rewrite of :func:`~.patch.patch_model`: experts stored as 3-d parameters (transformers 5's
 ``@use_experts_implementation`` classes: Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE, …) compute, in their grouped and
 batched forwards, h = ``self._apply_gate(gate_up)`` = act(g)·u on the concatenated projection [g | u] of the tokens
 routed to each expert. Stock, that saves the projection (g for act′, u for the product: one storage) and act(g);
