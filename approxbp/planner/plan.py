@@ -25,7 +25,7 @@ programming on the bytes).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from approxbp.planner import chunked_loss
 from approxbp.planner.gpus import DEFAULT_GPU
@@ -40,7 +40,7 @@ from approxbp.planner.plan_step import (
     stepper,
 )
 from approxbp.planner.request import Request
-from approxbp.planner.result import Plan
+from approxbp.planner.result import OptionCost, Plan
 from approxbp.planner.step_memory import (
     StepMemory,
     size,
@@ -113,7 +113,7 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
     return Plan(model=request.model, mode=request.setup.describe(base.lora, base.head), batch=request.batch,
                 seq=request.seq if base.uses_seq else None, budget=budget, before=before, after=chosen,
                 layers={p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
-                            **options[layers[p]][o]} for p, o in choice.items()},
+                            **asdict(options[layers[p]][o])} for p, o in choice.items()},
                 options=options, ms_norm=ms, estimate=estimate, checkpoint=request.checkpoint,
                 traced=bool(base.moment), moves=moved,  # only a traced step has a moment
                 assignment=_summary(after) if moved else None)
@@ -209,7 +209,7 @@ def _fastest(run, request: Request, layers, options, ms, base, budget, gpu, comp
     return picked
 
 
-def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dict], dict]:
+def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dict[str, OptionCost]], dict]:
     """(the exact step, its activation layers, each activation's options with their saving per layer and gradient
     error, the MS-norms' saving) — ``run(assignment, ms_norm)`` measures one step."""
     say("exact model")
@@ -220,13 +220,12 @@ def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dic
         counts[act] = counts.get(act, 0) + 1
     options: dict[str, dict] = {}
     for act, n in counts.items():
-        options[act] = {"exact": {"saving_per_layer": 0, "error": 0.0}}
+        options[act] = {"exact": OptionCost(0, 0.0)}
         for option in OPTIONS[1:]:
             say(f"{act}: {option}")
             every = {p: option for p, a in layers.items() if a == act}
             got = run(every, False)
-            options[act][option] = {"saving_per_layer": (base.peak - got.peak) // n,
-                                    "error": gradient_error(act, option)}
+            options[act][option] = OptionCost((base.peak - got.peak) // n, gradient_error(act, option))
     say("MS-norms")
     merged = run(None, True)
     return base, layers, options, {"saving": base.peak - merged.peak}
@@ -271,12 +270,12 @@ def _within(run, layers, options, ms_saving: int, peak: int, budget: int | None,
     target = budget
     for _ in range(4):
         choice, ms_norm = _choose(layers, options, ms_saving, peak, target)
-        estimate = peak - sum(options[layers[p]][o]["saving_per_layer"] for p, o in choice.items()) - (
+        estimate = peak - sum(options[layers[p]][o].saving_per_layer for p, o in choice.items()) - (
             ms_saving if ms_norm else 0)
         say("the chosen plan")
         after = run(choice, ms_norm)
         if budget is None or after.peak <= budget:
-            error = max((options[layers[p]][o]["error"] for p, o in choice.items()), default=0.0)
+            error = max((options[layers[p]][o].error for p, o in choice.items()), default=0.0)
             return Assignment(choice, after, estimate, ms_norm, error)
         target -= after.peak - budget
     raise NoFit(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
@@ -400,7 +399,7 @@ def _choose(layers: dict[str, str], options: dict[str, dict], ms_saving: int, pe
     """(the assignment, MS-norms on) of least summed error whose predicted peak is ≤ budget; without a budget the
     one that saves most (least error among those). Multiple-choice knapsack: a DP over saved bytes in units of
     1/4096 of the largest possible saving, one group per activation layer and the MS-norms' group last."""
-    groups = [[(o, v["saving_per_layer"], v["error"]) for o, v in options[a].items()] for a in layers.values()]
+    groups = [[(o, v.saving_per_layer, v.error) for o, v in options[a].items()] for a in layers.values()]
     groups.append([(False, 0, 0.0), (True, max(ms_saving, 0), 0.0)])
 
     def chosen(picks: list) -> tuple[dict[str, str], bool]:

@@ -54,7 +54,7 @@ def report(p: Plan) -> str:
         lines.append("options (saving of the peak per layer, measured in this graph; gradient error: "
                      "E_N(0,1)[(h̃′ − f′)²]^½ or InvAct's certified L∞):")
         for act, opts in p.options.items():
-            lines.append("  " + act + ": " + ", ".join(f"{o} {size(v['saving_per_layer'])} / {v['error']:.2g}"
+            lines.append("  " + act + ": " + ", ".join(f"{o} {size(v.saving_per_layer)} / {v.error:.2g}"
                                                       for o, v in opts.items()))
         lines.append(f"  MS-norms (all mergeable norms): {size(p.ms_norm['saving'])}, exact; "
                      f"{'chosen' if p.ms_norm['chosen'] else 'not chosen'}")

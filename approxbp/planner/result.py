@@ -18,13 +18,23 @@ if TYPE_CHECKING:
 
 from approxbp.approximations import tables as T
 
-__all__ = ["Plan", "PLAN_SCHEMA", "plan_config", "read_plan", "unapplied"]
+__all__ = ["OptionCost", "Plan", "PLAN_SCHEMA", "plan_config", "read_plan", "unapplied"]
 
 #: The plan JSON's version, written as ``"schema"``: 1 is the first that carries it (0.2's files, which have none,
 #: read as it); 2 names the chunked loss in ``moves["chunked_loss"]["chosen"]`` (1 had a ``"(loss)"`` key among the
 #: blocks' moves: read as 2). A file of a later version is refused by name rather than misread.
 PLAN_SCHEMA = 2
 _SCHEMA_1_LOSS = "(loss)"
+
+
+@dataclass(frozen=True)
+class OptionCost:
+    """What one option of one activation costs, measured: the bytes it takes off the step's peak per layer (every
+    layer of that activation given the option, divided by their count) and the gradient error its backward makes
+    (:mod:`approxbp.approximations.gradient_error`; 0 for exact and the fused GLU). In the JSON: its two fields."""
+
+    saving_per_layer: int
+    error: float
 
 
 @dataclass(kw_only=True)
@@ -37,7 +47,7 @@ class Plan:
     before: dict
     after: dict
     layers: dict[str, dict]  # path → {"activation", "option", "saving", "error"}
-    options: dict[str, dict]  # activation → option → {"saving per layer", "error"}
+    options: dict[str, dict[str, OptionCost]]  # activation → option → its measured cost
     ms_norm: dict
     estimate: int | None = None  # the knapsack's additive prediction of the peak; ``after`` is measured
     checkpoint: bool = False  # activation checkpointing
@@ -56,7 +66,13 @@ class Plan:
         data = read_plan(str(path))
         if missing := [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]:
             raise ValueError(f"{path}: not a plan written by `approxbp plan --out` (no {', '.join(missing)})")
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        try:
+            options = {act: {o: OptionCost(**cost) for o, cost in opts.items()}
+                       for act, opts in data["options"].items()}
+        except (AttributeError, TypeError) as err:
+            raise ValueError(f"{path}: 'options' must map each activation to {{option: {{'saving_per_layer', "
+                             f"'error'}}}}, as `approxbp plan --out` writes it ({err})") from None
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data} | {"options": options})
 
     def apply(self, model: nn.Module, *, example_input=None, check: bool = True,
               module_filter_fn: Callable[[nn.Module, str], bool] | None = None, compile_backend="inductor"):

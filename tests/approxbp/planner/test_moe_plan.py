@@ -21,7 +21,7 @@ def test_moe_plans_on_fake_tensors_what_real_ones_save(model):
     assert fake.before == real.before and fake.after == real.after
     assert fake.options == real.options and fake.layers == real.layers
     glu = next(iter(fake.options.values()))["glu"]
-    assert glu["saving_per_layer"] > 0 and glu["error"] == 0  # the experts' exact gate saves act(g)
+    assert glu.saving_per_layer > 0 and glu.error == 0  # the experts' exact gate saves act(g)
     assert fake.before["activations"] > fake.after["activations"] > 0
 
 

@@ -18,6 +18,7 @@ from approxbp.planner import report as PR
 from approxbp.planner import step_memory as SM
 from approxbp.planner import training as SU
 from approxbp.planner.request import Request
+from approxbp.planner.result import OptionCost
 
 LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
 GPT2 = "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100,n_positions=64"
@@ -51,7 +52,7 @@ def test_fake_tensors_predict_the_real_measurement_exactly(model, mode):
         assert fake.before["block"] in ("model.layers.0", "transformer.h.0")
         assert fake.before["block_units"] > fake.after["block_units"] > 0
     act = next(iter(fake.options.values()))
-    assert act["invact"]["error"] < 1e-6 < act["relu-sum-k4"]["error"] < act["relu-sum-k2"]["error"]
+    assert act["invact"].error < 1e-6 < act["relu-sum-k4"].error < act["relu-sum-k2"].error
 
 
 def test_checkpointing_keeps_block_inputs_and_one_recomputed_block():
@@ -86,18 +87,16 @@ def test_a_plan_applies_to_the_model_and_saves_what_it_said(tmp_path):
 
 def test_the_knapsack_is_the_least_error_choice_that_fits():
     layers = {f"l{i}": "act" for i in range(4)}
-    options = {"act": {"exact": {"saving_per_layer": 0, "error": 0.0},
-                       "a": {"saving_per_layer": 30, "error": 0.3},
-                       "b": {"saving_per_layer": 50, "error": 1.0},
-                       "c": {"saving_per_layer": 20, "error": 0.05}}}
+    options = {"act": {"exact": OptionCost(0, 0.0), "a": OptionCost(30, 0.3), "b": OptionCost(50, 1.0),
+                       "c": OptionCost(20, 0.05)}}
     for need in (0, 20, 45, 90, 130, 170, 200):
         got, ms_norm = P._choose(layers, options, 15, 1000, 1000 - need)
         assert set(got) == set(layers)  # the layers only: the MS-norms' choice is a value of its own
-        saving = sum(options["act"][o]["saving_per_layer"] for o in got.values()) + (15 if ms_norm else 0)
-        error = sum(options["act"][o]["error"] for o in got.values())
-        best = min(sum(options["act"][o]["error"] for o in combo)
+        saving = sum(options["act"][o].saving_per_layer for o in got.values()) + (15 if ms_norm else 0)
+        error = sum(options["act"][o].error for o in got.values())
+        best = min(sum(options["act"][o].error for o in combo)
                    for combo in itertools.product(options["act"], repeat=4) for ms in (0, 15)
-                   if sum(options["act"][o]["saving_per_layer"] for o in combo) + ms >= need)
+                   if sum(options["act"][o].saving_per_layer for o in combo) + ms >= need)
         assert saving >= need and error == pytest.approx(best), (need, got)
     with pytest.raises(ValueError, match="options save at most"):
         P._choose(layers, options, 15, 1000, 700)

@@ -4,7 +4,6 @@ read field by field and matched to a model's activation modules (as they are, or
 whole when it was made for another model."""
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 from approxbp.approximations import tables as T
 from torch import nn
 
-from approxbp.planner.result import PLAN_SCHEMA, Plan, plan_config, read_plan
+from approxbp.planner.result import PLAN_SCHEMA, OptionCost, Plan, plan_config, read_plan
 
 
 def _plan(**changes) -> Plan:
@@ -23,10 +22,16 @@ def _plan(**changes) -> Plan:
 
 
 def test_a_written_plan_loads_back_equal(tmp_path):
-    plan = _plan(moves={"recompute": ["blocks.0"]}, use="invact")
+    options = {"gelu": {"exact": OptionCost(0, 0.0), "invact": OptionCost(4096, 2e-7)}}
+    plan = _plan(moves={"recompute": ["blocks.0"]}, use="invact", options=options)
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())
-    assert asdict(Plan.load(path)) == asdict(plan)
+    assert json.loads(path.read_text())["options"]["gelu"]["invact"] == {"saving_per_layer": 4096, "error": 2e-7}
+    loaded = Plan.load(path)
+    assert loaded == plan and loaded.options["gelu"]["invact"].saving_per_layer == 4096
+    path.write_text(json.dumps({**json.loads(path.read_text()), "options": {"gelu": {"exact": {"saving": 0}}}}))
+    with pytest.raises(ValueError, match="'options' must map each activation"):
+        Plan.load(path)
 
 
 def test_a_file_that_is_not_a_plan_is_refused_in_one_line(tmp_path):
