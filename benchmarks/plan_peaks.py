@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -80,6 +79,7 @@ def row(name: str) -> dict:
         plan = P.plan(Request(model=model, batch=batch, seq=seq or 1, setup=setup), budget=budget)
     except ValueError as err:  # refused: no plan whose traced step fits (never a promise it would break)
         return {"name": name, "model": model, "setup": setup, "budget": budget, "refused": str(err), "ok": True,
+                "least_traced": getattr(err, "least_traced", None),
                 "seconds": time.perf_counter() - start}
     peak, moment, skipped = measured_peak(plan, model, setup, batch, seq)
     planned = plan.after["peak"]
@@ -95,11 +95,10 @@ def row(name: str) -> dict:
             "seconds": time.perf_counter() - start}
 
 
-def _why(refused: str) -> str:
-    """A refusal in a few words."""
-    least = re.search(r"peak at (.+?) or more", refused)
-    if least:
-        return f"every plan traced peaks at {least[1]} or more"
+def _why(row: dict) -> str:
+    """A refusal in a few words: the least peak of the plans traced (``NoFit.least_traced``), or the model's."""
+    if row.get("least_traced") is not None:
+        return f"every plan traced peaks at {size(row['least_traced'])} or more"
     return "no plan reaches it in the moves' model"
 
 
@@ -107,7 +106,7 @@ def markdown(rows: list[dict]) -> str:
     head = ("| set-up | budget | planned peak | measured peak | planned / measured | moves | options |\n"
             "|---|---:|---:|---:|---:|---|---|\n")
     return head + "".join(
-        f"| {r['name']} | {size(r['budget'])} | refused: {_why(r['refused'])} | | | | |\n" if "refused" in r else
+        f"| {r['name']} | {size(r['budget'])} | refused: {_why(r)} | | | | |\n" if "refused" in r else
         f"| {r['name']} | {size(r['budget'])} | {size(r['planned'])} | {size(r['measured'])} | {r['ratio']:.3f}"
         f"{'' if r['ok'] else ' ✗'} | {', '.join(f'{k} {v}' for k, v in r['moves'].items()) or '—'} | "
         f"{', '.join(r['options'])}{' + MS-norms' if r['ms_norm'] else ''} |\n" for r in rows)

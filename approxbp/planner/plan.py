@@ -93,8 +93,8 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
             if over - target > _RESOLUTION * budget:  # the correction overshot what the model reaches: halve it
                 target = (target + over) // 2
                 continue
-            raise NoFit(f"{_least_traced(traces, budget)} (the last in {traced.moment}), and nothing reaches a "
-                        f"tighter target ({err})") from None
+            raise _least_traced(traces, budget, f" (the last in {traced.moment}), and nothing reaches a tighter "
+                                f"target ({err})") from None
         traced = (_traced(request, picked.choice, picked.ms_norm, moved, say, traces) if budget is not None
                   else None)
         if traced is None or traced.peak <= budget:
@@ -102,7 +102,7 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
         over = min(target, moved["peak"] if moved else picked.after.peak)  # what the search believed: tighten below it
         target = over - (traced.peak - budget)
     else:
-        raise NoFit(_least_traced(traces, budget))
+        raise _least_traced(traces, budget)
     choice, after, estimate, ms = picked.choice, picked.after, picked.estimate, {**ms, "chosen": picked.ms_norm}
     chosen, before = _summary(after), _summary(base)
     chosen = _with_moves(chosen, moved) if moved else chosen
@@ -115,7 +115,7 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
                 layers={p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
                             **asdict(options[layers[p]][o])} for p, o in choice.items()},
                 options=options, ms_norm=ms, estimate=estimate, checkpoint=request.checkpoint,
-                traced=bool(base.moment), moves=moved,  # only a traced step has a moment
+                shard=request.setup.shard, traced=bool(base.moment), moves=moved,  # only a traced step has a moment
                 assignment=_summary(after) if moved else None)
 
 
@@ -167,10 +167,11 @@ def _traces(setup) -> bool:
     return traceable(setup) and not setup.compile
 
 
-def _least_traced(traces: dict, budget: int) -> str:
+def _least_traced(traces: dict, budget: int, more: str = "") -> NoFit:
+    """The refusal when every plan the search chose traced over ``budget``, carrying the least traced peak."""
     peaks = [step.peak for step in traces.values()]
-    return (f"no plan fits {size(budget)} in a whole step traced by MemTracker on fake tensors: the {len(peaks)} "
-            f"the search chose peak at {size(min(peaks))} or more")
+    return NoFit(f"no plan fits {size(budget)} in a whole step traced by MemTracker on fake tensors: the {len(peaks)} "
+                 f"the search chose peak at {size(min(peaks))} or more{more}", least_traced=min(peaks))
 
 
 #: The final step's activation rows with moves: what the moves keep saved, and what comes back at the peak.
@@ -232,7 +233,12 @@ def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dic
 
 
 class NoFit(ValueError):
-    """No assignment of the approximations reaches the budget (the moves may: ``gpu``)."""
+    """No assignment of the approximations reaches the budget (the moves may: ``gpu``). ``least_traced``: where plans
+    were traced whole and each peaked over the budget, the least of those peaks (bytes); else None."""
+
+    def __init__(self, message: str, *, least_traced: int | None = None):
+        super().__init__(message)
+        self.least_traced = least_traced
 
 
 def assignments(run, layers, options, ms: dict, peak: int, say, count: int = 3) -> list[tuple[int, Assignment]]:
@@ -330,7 +336,7 @@ def evaluate_each(request: Request, *, uses, budget: int | None = None, progress
                           batch=request.batch, seq=request.seq if base.uses_seq else None, budget=budget,
                           before=_summary(base), after=_summary(after), layers=layers, options={},
                           ms_norm={"chosen": ms, "saving": None}, checkpoint=request.checkpoint,
-                          traced=bool(base.moment), use=use))
+                          shard=request.setup.shard, traced=bool(base.moment), use=use))
     return plans
 
 

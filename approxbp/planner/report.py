@@ -73,7 +73,7 @@ def report(p: Plan) -> str:
 
 def _which_peak(p: Plan) -> str:
     """Which peak the table's peak row is, per column."""
-    return _which_traced(p) + (_RANK if "sharded over" in p.mode and (p.traced or p.after.get("peak_traced")) else "")
+    return _which_traced(p) + (_RANK if p.shard > 1 and (p.traced or p.after.get("peak_traced")) else "")
 
 
 #: What a sharded traced peak is (approxbp.planner.step_memory.fsdp2_rank).

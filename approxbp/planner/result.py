@@ -5,6 +5,7 @@ read (:func:`read_plan`: :meth:`Plan.load`, ``--use plan.json``); applying it to
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, fields, replace
@@ -22,7 +23,7 @@ __all__ = ["OptionCost", "Plan", "PLAN_SCHEMA", "plan_config", "read_plan", "una
 
 #: The plan JSON's version, written as ``"schema"``: 1 is the first that carries it (0.2's files, which have none,
 #: read as it); 2 names the chunked loss in ``moves["chunked_loss"]["chosen"]`` (1 had a ``"(loss)"`` key among the
-#: blocks' moves: read as 2). A file of a later version is refused by name rather than misread.
+#: blocks' moves: read as 2) and carries ``shard``. A file of a later version is refused by name rather than misread.
 PLAN_SCHEMA = 2
 _SCHEMA_1_LOSS = "(loss)"
 
@@ -51,6 +52,7 @@ class Plan:
     ms_norm: dict
     estimate: int | None = None  # the knapsack's additive prediction of the peak; ``after`` is measured
     checkpoint: bool = False  # activation checkpointing
+    shard: int = 1  # FSDP ranks the model is sharded over: the peaks are one rank's (schema 1: read off ``mode``)
     traced: bool = False  # a whole step traced (MemTracker) rather than the forward's saved tensors
     use: str | None = None  # the assignment evaluated (--use), or None: chosen by the planner
     moves: dict | None = None  # recompute/offload moves beyond the approximations (planner.plan_moves.plan_moves)
@@ -168,13 +170,15 @@ def read_plan(plan) -> dict:
 def _from_schema_1(plan: dict) -> dict:
     """A schema-1 (or 0.2) plan as schema 2: its ``"(loss)"`` entry among the blocks' moves becomes
     ``moves["chunked_loss"]["chosen"]`` (a copy: the caller's dict is not changed)."""
+    sharded = re.search(r"sharded over (\d+)", str(plan.get("mode", "")))  # schema 1 said it in words only
+    plan = {**plan, "schema": 2, **({"shard": int(sharded[1])} if sharded else {})}
     moves = plan.get("moves")
     if not isinstance(moves, dict) or not isinstance(moves.get("moves"), dict):
-        return {**plan, "schema": 2}
+        return plan
     blocks = dict(moves["moves"])
     chunked = blocks.pop(_SCHEMA_1_LOSS, "keep") == "chunked-loss"
     cost = moves.get("chunked_loss")
-    return {**plan, "schema": 2, "moves": {**moves, "moves": blocks,
+    return {**plan, "moves": {**moves, "moves": blocks,
                                            "chunked_loss": None if cost is None and not chunked else
                                            {"chosen": chunked, **(cost or {})}}}
 

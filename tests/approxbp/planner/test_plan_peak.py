@@ -20,6 +20,7 @@ from approxbp.planner.moves import apply_moves  # noqa: E402
 from approxbp.planner.plan_step import stepper  # noqa: E402
 from approxbp.planner.report import report  # noqa: E402
 from approxbp.planner.request import Request  # noqa: E402
+from approxbp.planner.step_memory import size  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parents[3] / "benchmarks"))
 from plan_peaks import measured_peak  # noqa: E402
@@ -65,8 +66,10 @@ def test_a_plan_whose_traced_step_stays_over_the_budget_is_refused():
     the targets halved back from it give a plan whose traced step fits."""
     request = Request(model="llama:hidden=64,layers=4,heads=4,intermediate=128,vocab=1000", batch=4, seq=64,
                       setup="bf16")
-    with pytest.raises(P.NoFit, match="whole step traced by MemTracker"):
+    with pytest.raises(P.NoFit, match="whole step traced by MemTracker") as refused:
         P.plan(request, budget=4_602_756, gpu="h100")
+    assert refused.value.least_traced > 4_602_756  # the least peak traced, as a number (what the benchmark reports)
+    assert size(refused.value.least_traced) in str(refused.value)
 
 
 def test_a_lora_budget_the_moves_model_misjudges_is_planned_by_tracing_again():

@@ -142,3 +142,4 @@ def test_a_schema_1_plans_loss_key_becomes_its_chunked_loss():
     assert read_plan(raw)["moves"]["moves"] == {"model.layers.0": "recompute"}
     assert "(loss)" in raw["moves"]["moves"]  # the caller's dict as it was
     assert not Plan.load(DATA / "plan-0.2-moves.json").chunked_loss  # a schema-1 plan without the key: not chunked
+    assert plan.shard == 1 and read_plan({**raw, "mode": raw["mode"] + ", sharded over 4"})["shard"] == 4

@@ -2,6 +2,8 @@
 tiny Llama as users do (each block, then the model) and trace a real CPU step with MemTracker; the plan's rank peak
 (the step traced on one device, sharded, plus FSDP2's gathered parameters) is ≥ each rank's and within 10 %."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -45,4 +47,5 @@ def test_a_budgeted_sharded_plan_promises_the_traced_rank_peak():
     traced = stepper(Request(model=LLAMA, batch=4, seq=64, setup=setup, traced=True), whole=True)
     assert plan.after["peak_traced"]
     assert plan.after["peak"] == traced(None, None, choice, plan.ms_norm["chosen"], None).peak <= 64 * 2**20
-    assert "FSDP2's gathered parameters" in report(plan)
+    assert plan.shard == 2 and "FSDP2's gathered parameters" in report(plan)
+    assert "FSDP2's gathered parameters" not in report(replace(plan, shard=1))  # said from the field, not the mode
