@@ -168,8 +168,8 @@ def read_plan(plan) -> dict:
 
 
 def _from_schema_1(plan: dict) -> dict:
-    """A schema-1 (or 0.2) plan as schema 2: its ``"(loss)"`` entry among the blocks' moves becomes
-    ``moves["chunked_loss"]["chosen"]`` (a copy: the caller's dict is not changed)."""
+    """A schema-1 (or 0.2) plan as schema 2 (a copy: the caller's dict is not changed): its ``"(loss)"`` entry among
+    the blocks' moves becomes ``moves["chunked_loss"]["chosen"]``, and its mode's "sharded over N" ``shard``."""
     sharded = re.search(r"sharded over (\d+)", str(plan.get("mode", "")))  # schema 1 said it in words only
     plan = {**plan, "schema": 2, **({"shard": int(sharded[1])} if sharded else {})}
     moves = plan.get("moves")
@@ -178,9 +178,8 @@ def _from_schema_1(plan: dict) -> dict:
     blocks = dict(moves["moves"])
     chunked = blocks.pop(_SCHEMA_1_LOSS, "keep") == "chunked-loss"
     cost = moves.get("chunked_loss")
-    return {**plan, "moves": {**moves, "moves": blocks,
-                                           "chunked_loss": None if cost is None and not chunked else
-                                           {"chosen": chunked, **(cost or {})}}}
+    loss = None if cost is None and not chunked else {"chosen": chunked, **(cost or {})}
+    return {**plan, "moves": {**moves, "moves": blocks, "chunked_loss": loss}}
 
 
 def plan_config(plan, model: nn.Module) -> PatchConfig:
