@@ -31,6 +31,7 @@ from transformers import TrainerCallback
 
 from approxbp.planner.gpus import DEFAULT_GPU
 from approxbp.planner.gpus import gpu as step_gpu
+from approxbp.planner.moves import apply_moves, block_moves
 from approxbp.planner.step_memory import parse_size
 
 __all__ = ["ApproxBPCallback", "plan_for", "trainer_setup"]
@@ -78,10 +79,10 @@ class ApproxBPCallback(TrainerCallback):
             step_gpu(gpu)  # an unknown name refused now, not on the first batch
         if not isinstance(chunked_loss, bool):
             raise TypeError(f"ApproxBPCallback: chunked_loss={chunked_loss!r}: expected True or False")
-        if bad := [p for p, m in (moves or {}).items() if not isinstance(m, str) or m == "chunked-loss"]:
-            raise ValueError(f"ApproxBPCallback: moves={{{bad[0]!r}: {moves[bad[0]]!r}}}: moves maps block paths "
-                             "to 'recompute', 'offload', 'recompute PART' or 'keep'; the chunked loss is "
-                             "chunked_loss=True")
+        try:
+            block_moves(moves or {})  # refused now, not on the first batch
+        except ValueError as err:
+            raise ValueError(f"ApproxBPCallback: moves=: {err}") from None
         self.gpu, self.setup, self.patch, self.moves = gpu, setup, patch, dict(moves or {})
         self.chunked_loss = chunked_loss
         self.report, self._hook, self._args = None, None, None
@@ -98,7 +99,6 @@ class ApproxBPCallback(TrainerCallback):
 
     def _patch_on_first_batch(self, model: nn.Module, args: tuple, kwargs: dict):
         from approxbp.kernels.rewrite.patch import patch_model
-        from approxbp.planner.moves import apply_moves
 
         self._hook.remove()
         self._hook = None

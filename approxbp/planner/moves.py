@@ -34,7 +34,7 @@ from torch import nn
 from approxbp.planner.chunked_loss import CHUNKED, apply_chunked_loss, remove_chunked_loss, restore_forward
 from approxbp.planner.knapsack import multiple_choice
 
-__all__ = ["apply_moves", "BlockCost", "choose_moves", "host_elsewhere", "LossCost", "Offload",
+__all__ = ["apply_moves", "block_moves", "BlockCost", "choose_moves", "host_elsewhere", "LossCost", "Offload",
            "RECOMPUTE_PART", "remove_moves"]
 
 
@@ -148,19 +148,28 @@ class _Host:
         return torch.from_numpy(self.data.copy()).view(self.dtype).reshape(self.shape)
 
 
+def block_moves(moves: dict[str, str]) -> list[tuple[str, str]]:
+    """(module path, keep/recompute/offload) of each entry of ``moves`` (``"recompute PART"`` of a block: its part
+    recomputed); anything else refused in one line, the chunked loss with the argument that asks for it."""
+    found = []
+    for path, move in moves.items():
+        if move == CHUNKED:
+            raise ValueError(f"{path} → {CHUNKED!r}: the chunked loss is not a block's move; pass chunked_loss=True")
+        if isinstance(move, str) and move.startswith(RECOMPUTE_PART):
+            path, move = f"{path}.{move[len(RECOMPUTE_PART):]}", "recompute"
+        if move not in _MOVES:
+            raise ValueError(f"block {path}: move {move!r}, expected one of {', '.join(_MOVES)} or "
+                             f"'{RECOMPUTE_PART}PART'")
+        found.append((path, move))
+    return found
+
+
 def apply_moves(model: nn.Module, moves: dict[str, str], *, chunked_loss: bool = False) -> nn.Module:
     """In place: each block of ``moves`` (module path → move) recomputed or offloaded (``keep`` leaves it), and the
     loss chunked (``chunked_loss``: :func:`~.chunked_loss.apply_chunked_loss`). A recomputed block's inputs are saved
     by the checkpoint through the saved-tensor hooks, so the hooks' count is the device's."""
     modules, resolved = dict(model.named_modules()), []
-    for path, move in moves.items():  # every entry checked before the model is changed
-        if move == CHUNKED:
-            raise ValueError(f"{path} → {CHUNKED!r}: the chunked loss is not a block's move; pass chunked_loss=True")
-        if move.startswith(RECOMPUTE_PART):
-            path, move = f"{path}.{move[len(RECOMPUTE_PART):]}", "recompute"
-        if move not in _MOVES:
-            raise ValueError(f"block {path}: move {move!r}, expected one of {', '.join(_MOVES)} or "
-                             f"'{RECOMPUTE_PART}PART'")
+    for path, move in block_moves(moves):  # every entry checked before the model is changed
         if path not in modules:
             raise ValueError(f"block {path}: no such module in {type(model).__name__}")
         resolved.append((modules[path], move))

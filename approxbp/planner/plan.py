@@ -400,7 +400,7 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
                 evaluate(replace(at, traced=True) if traced else at, use=use, budget=budget, progress=progress))
 
 
-def _choose(layers: dict[str, str], options: dict[str, dict], ms_saving: int, peak: int,
+def _choose(layers: dict[str, str], options: dict[str, dict[str, OptionCost]], ms_saving: int, peak: int,
             budget: int | None) -> tuple[dict[str, str], bool]:
     """(the assignment, MS-norms on) of least summed error whose predicted peak is ≤ budget; without a budget the
     one that saves most (least error among those). Multiple-choice knapsack: a DP over saved bytes in units of

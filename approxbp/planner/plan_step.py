@@ -6,6 +6,7 @@ a model of many alike blocks measured at 2 and 3 and extrapolated) and its roofl
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ __all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_t
            "stepper"]
 
 
+@functools.cache
 def _approximations() -> dict[str, tuple[type, int]]:
     """Option name → (the family's spec class, bits): every registered family's ``plan_options``."""
     import approxbp.kernels  # noqa: F401  (importing the kernels registers every family's spec)

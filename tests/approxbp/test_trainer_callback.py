@@ -138,8 +138,10 @@ def test_the_callbacks_ways_in_are_one_at_a_time():
     for bad in (-1, 0, True, 1.5):
         with pytest.raises(ValueError, match="expected bytes"):
             ApproxBPCallback(budget=bad)
-    with pytest.raises(ValueError, match="the chunked loss is chunked_loss=True"):
+    with pytest.raises(ValueError, match="not a block's move; pass chunked_loss=True"):
         ApproxBPCallback(family="invact", moves={"(loss)": "chunked-loss"})
+    with pytest.raises(ValueError, match="moves=: block model.layers.0: move 'swap'"):
+        ApproxBPCallback(family="invact", moves={"model.layers.0": "swap"})  # at construction, not the first batch
     with pytest.raises(TypeError, match="expected True or False"):
         ApproxBPCallback(family="invact", chunked_loss="yes")
     with pytest.raises(TypeError, match="budget and moves"):
