@@ -6,7 +6,6 @@ a model of many alike blocks measured at 2 and 3 and extrapolated) and its roofl
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 from torch import nn
@@ -24,9 +23,9 @@ __all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_t
            "stepper"]
 
 
-@functools.cache
 def _approximations() -> dict[str, tuple[type, int]]:
-    """Option name → (the family's spec class, bits): every registered family's ``plan_options``."""
+    """Option name → (the family's spec class, bits): every registered family's ``plan_options``, read at each call
+    (a family registered later, a user's own, is weighed too; a few specs to walk)."""
     import approxbp.kernels  # noqa: F401  (importing the kernels registers every family's spec)
     from approxbp.kernels.ops.modules import FAMILIES
 
