@@ -108,6 +108,7 @@ def supremum(bound_on, pieces, rtol: float = _RTOL, budget_s: float = 120.0, cla
         nonlocal best, where, count
         up, low, m = bound_on(lo, hi)
         count += 1
+        up = up if up >= 0 else math.inf  # a NaN upper bound proves nothing: the box is refined first, never lost
         if low > best:
             best, where = low, m
         heapq.heappush(heap, (-up, count, lo, hi))
@@ -422,7 +423,7 @@ def _invact_method(t, entry: dict, newton: bool) -> str:
 
 
 def _certify_relu_sum_table(t, budget_s: float, rtol: float, progress, rounded: bool, max_boxes,
-                            lines: _Lines) -> tuple[dict, list[str], Verdict]:
+                            lines: _Lines) -> tuple[dict | None, list[str], Verdict]:
     """:func:`certify_table` for a ReLU-sum table: the objective's enclosure, and global optimality for k ≤ 2
     (``rtol``, ``rounded``: InvAct's, unused)."""
     (progress or (lambda msg: None))(t.name)
@@ -430,6 +431,9 @@ def _certify_relu_sum_table(t, budget_s: float, rtol: float, progress, rounded: 
     # the recorded loss is a float64 value: it may lie off the exact objective by its own rounding, which at the
     # float64 floor (free levels of hard-sigmoid, E ≈ 1e-16) is absolute, not relative
     slack = recorded_loss_slack(t.objective, t.interval, t.knots, t.levels, t.loss)
+    if not enclosure.is_finite():  # Arb could not enclose the integral: nothing is proven, nothing violated
+        lines.append(f"{t.name:<28} objective: no finite enclosure ({enclosure}); not certified")
+        return None, lines, Verdict.OPEN
     consistent = bool(abs(enclosure - t.loss).upper() <= slack)
     ok = Verdict.HELD if consistent else Verdict.FAILED
     entry = {"objective": [float(enclosure.lower()), float(enclosure.upper())]}

@@ -73,6 +73,21 @@ def upper(b: arb) -> float:
     return math.nextafter(v, math.inf) if v else 0.0
 
 
+def proven_lower(b: arb) -> float:
+    """The lower end of ``b`` as a float (rounded down) where ``b`` is finite, else −∞: a NaN or infinite ball
+    proves no lower bound, and a branch and bound must keep (split) a box bounded by it, never compare it away."""
+    if not b.is_finite():
+        return -math.inf
+    v = float(b.lower())
+    return math.nextafter(v, -math.inf) if v else 0.0
+
+
+def kept(low: float) -> float:
+    """A box's lower bound as a branch and bound may compare it: a finite float as it is, anything else (NaN, ±∞
+    from an overflowed enclosure) −∞. ``nan <= cutoff`` is False: compared raw, a NaN bound discards its box."""
+    return low if math.isfinite(low) else -math.inf
+
+
 def lower(b: arb) -> float:
     """A lower bound of |b| as a float (rounded down)."""
     if not b.is_finite():

@@ -39,6 +39,17 @@ def _cells(grid: list, a: arb, b: arb) -> tuple[int, int] | None:
     return (i, j) if i < j else None
 
 
+def _nonnegative_sum(terms: list[arb]) -> float:
+    """A lower bound of a sum of terms each ≥ 0 from enclosures of them: each term counts for max(its lower end,
+    0), and one that is not finite (NaN, an overflow) for 0 — still a bound, where the raw sum would be NaN."""
+    total = arb(0)
+    for term in terms:
+        if term.is_finite():
+            total += arb(max(term.lower(), 0))
+    v = float(total.lower())
+    return math.nextafter(v, 0.0) if v else 0.0
+
+
 class Steps:
     """The B&B's coordinates (c₁, d₁, d₂) with c₂ = c₁ + d₁, c₃ = c₂ + d₂: knots ordered by construction."""
 
@@ -189,28 +200,30 @@ class ProjectedK2:
             else:
                 return None
         value, g = self.value_gradient(*(arb(p) for p in point))
-        g2 = sum((balls.square(gi) for gi in g), arb(0))
-        return float((value - g2 / (2 * lam)).lower())
+        if g is None:
+            return None
+        bound = iv.proven_lower(value - sum((balls.square(gi) for gi in g), arb(0)) / (2 * lam))
+        return bound if math.isfinite(bound) else None  # a NaN value proves nothing: no convex box
 
     def lower_bound(self, lo: list, hi: list) -> tuple[float, float]:
-        """(a lower bound of J over the box of (c₁, d₁, d₂), an upper bound of J at the box centre)."""
+        """(a lower bound of J over the box of (c₁, d₁, d₂), an upper bound of J at the box centre). Each bound is
+        finite or −∞ (:func:`~.intervals.kept`): a NaN from one form never hides another's finite bound, nor drops
+        the box."""
         X = [box(a, b) for a, b in zip(lo, hi)]
-        low = self.monotone_lower(lo, hi)
+        low = iv.kept(self.monotone_lower(lo, hi))
         g = None
         if self.direct_bounds:  # the direct enclosure and the mean-value form
             over, g = self.value_gradient(*X)
-            low = max(low, float(over.lower()) if over.is_finite() else -math.inf)
+            low = max(low, iv.proven_lower(over))
         mid = [((a + b) / 2).mid() for a, b in zip(lo, hi)]
         at, g_mid = self.value_gradient(*mid)
         if not at.is_finite():
             return low, math.inf
         if g is not None:
-            mv = at + sum((gi * (xi - mi) for gi, xi, mi in zip(g, X, mid)), arb(0))
-            if mv.is_finite():
-                low = max(low, float(mv.lower()))
+            low = max(low, iv.proven_lower(at + sum((gi * (xi - mi) for gi, xi, mi in zip(g, X, mid)), arb(0))))
         ordered = g is not None or not self.direct_bounds and self.separated(X)
         if ordered and max(float(x.rad()) for x in X) < self.taylor_width and low < self.cutoff and g_mid is not None:
-            low = max(low, self._taylor_lower(X, mid, at, g_mid))
+            low = max(low, iv.kept(self._taylor_lower(X, mid, at, g_mid)))
         c1, _, c2, _, c3, _ = self.knot_ranges(mid, mid)
         return low, float(at.upper()) if c1 < c2 < c3 <= self.B else math.inf  # J only at ordered knots in [A, B]
 
@@ -226,7 +239,7 @@ class ProjectedK2:
             for j in range(i + 1, 3):
                 quad += 2 * H[i][j] * delta[i] * delta[j]
         total += quad / 2
-        return float(total.lower()) if total.is_finite() else -math.inf
+        return iv.proven_lower(total)
 
 
 class DerivativeObjectiveK2(ProjectedK2):
@@ -262,23 +275,22 @@ class DerivativeObjectiveK2(ProjectedK2):
         V(a, b) = ∫_a^b h′² − Δh²/(b − a) is the best constant fit's error, which grows with [a, b]. On a box each
         term is bounded below by its value on the smallest segment the box allows (grid cells inside it)."""
         c1lo, c1hi, c2lo, c2hi, c3lo, c3hi = self.knot_ranges(lo, hi)
-        total = arb(0)
+        terms = []
         cells = _cells(self.grid, self.A, c1lo)
         if cells:
-            total += self.P[cells[1]] - self.P[cells[0]]
+            terms.append(self.P[cells[1]] - self.P[cells[0]])
         cells = _cells(self.grid, c3hi, self.B)
         if cells:
-            total += self.Q[cells[1]] - self.Q[cells[0]]
+            terms.append(self.Q[cells[1]] - self.Q[cells[0]])
         for a, b in ((c1hi, c2lo), (c2hi, c3lo)):
             cells = _cells(self.grid, a, b) if a < b else None
             if cells:
-                v = self.P[cells[1]] - self.P[cells[0]] - (self._h(b) - self._h(a)) ** 2 / (b - a)
-                total += arb(max(v.lower(), 0))
+                terms.append(self.P[cells[1]] - self.P[cells[0]] - (self._h(b) - self._h(a)) ** 2 / (b - a))
         d13 = box(lo[1] + lo[2], hi[1] + hi[2])
         num = self._u(box(c3lo, c3hi)) + self._h(box(c1lo, c1hi))
         if d13.upper() > 0:
-            total += arb(balls.square(num).lower() / d13.upper())
-        return float(total.lower())
+            terms.append(balls.square(num) / d13.upper())
+        return _nonnegative_sum(terms)
 
     def _h(self, c: arb) -> arb:
         return self.ev(self.h, {X_SYMBOL: Ball(c)}).v
@@ -474,7 +486,7 @@ class PrimitiveObjectiveK2(ProjectedK2):
         box allows, rounded inward to grid points."""
         c1lo, c1hi, c2lo, c2hi, c3lo, c3hi = self.knot_ranges(lo, hi)
         G0, G1, G2 = (self.cum[name] for name in self.G)
-        total = arb(0)
+        terms = []
         pieces = ((self.A, c1lo, "left"), (c1hi, c2lo, "line"), (c2hi, c3lo, "line"), (c3hi, self.B, "right"))
         for a, b, piece in pieces:
             cells = _cells(self.grid, a, b) if a < b else None
@@ -490,7 +502,7 @@ class PrimitiveObjectiveK2(ProjectedK2):
             else:  # orthogonal basis 1, x − m on [p, q]: ∫1 = 2r, ∫(x − m)² = 2r³/3
                 m, r = (p + q) / 2, (q - p) / 2
                 term = i2 - i0**2 / (2 * r) - (i1 - m * i0) ** 2 / (2 * r**3 / 3)
-            total += arb(max(term.lower(), 0))
-        return float(total.lower())
+            terms.append(term)
+        return _nonnegative_sum(terms)
 
 

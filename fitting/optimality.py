@@ -14,6 +14,7 @@ import heapq
 import math
 import time
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 import sympy as sp
@@ -102,6 +103,11 @@ def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0
     start = time.perf_counter()
     t = as_table(t)
     value = float(relu_sum_objective(t).upper())
+    if not (math.isfinite(value) and value > 0):
+        return OptimalityCertificate(t.name, value, -math.inf, math.inf, target_gap, False, 0,
+                                     round(time.perf_counter() - start, 2),
+                                     f"the table's objective has no finite positive enclosure ({value}): no gap "
+                                     "can be certified against it")
     if t.bits == 1:
         ok = list(t.knots) == [0.0] and list(t.levels) == [0.0, 1.0]
         return OptimalityCertificate(t.name, value, value if ok else -math.inf, 0.0 if ok else math.inf, target_gap,
@@ -116,13 +122,18 @@ def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0
     if local is not None:
         note += f"; strictly convex within ±{radius:g} of the table's knots (interval Hessian)"
     inner = [(arb(p) - radius, arb(p) + radius) for p in J.coordinates.of(t.knots)] if local is not None else None
-    low, best, count = _branch_and_bound(J, t, value, inner, target_gap, budget_s, max_boxes, start, say)
-    lower_all = min(low, local if local is not None else value)
-    if best < value * (1 - 1e-12):
-        note += f"; a better point exists: J = {best!r} < the table's {value!r}"
-    gap = max(0.0, (value - lower_all) / value)
-    passed = gap <= target_gap and best >= value * (1 - 1e-12)
-    return OptimalityCertificate(t.name, value, lower_all, gap, target_gap, passed, count,
+    search = _branch_and_bound(J, t, value, inner, target_gap, budget_s, max_boxes, start, say)
+    lower_all = min(search.lower, local if local is not None else value)
+    if search.best < value * (1 - 1e-12):
+        note += f"; a better point exists: J = {search.best!r} < the table's {value!r}"
+    if search.unbounded:
+        note += (f"; {search.unbounded} of {search.boxes} boxes had no finite lower bound (NaN or overflow in the "
+                 f"enclosure) and were kept and split" + (f", {search.open_unbounded} of them still open: the gap "
+                                                          "is unbounded" if search.open_unbounded else ""))
+    gap = (value - lower_all) / value if math.isfinite(lower_all) else math.inf
+    gap = max(0.0, gap)
+    passed = gap <= target_gap and search.best >= value * (1 - 1e-12)
+    return OptimalityCertificate(t.name, value, lower_all, gap, target_gap, passed, search.boxes,
                                  round(time.perf_counter() - start, 2), note)
 
 
@@ -137,23 +148,40 @@ def _convex_box(J, point: list[float]) -> tuple[float | None, float]:
     return None, 0.0
 
 
+class _Search(NamedTuple):
+    """What a branch and bound ended with: ``lower`` (the smallest lower bound of the open boxes, ``value`` when
+    none is left, −∞ while a box without a finite bound is open), ``best`` (the smallest J seen at a box centre),
+    ``boxes`` bounded, ``unbounded`` (boxes whose bound was not finite: each kept and split, never dropped) and
+    ``open_unbounded`` (those still open at the end)."""
+
+    lower: float
+    best: float
+    boxes: int
+    unbounded: int
+    open_unbounded: int
+
+
 def _branch_and_bound(J, t, value: float, inner, target_gap: float, budget_s: float, max_boxes: int | None,
-                      start: float, say) -> tuple[float, float, int]:
-    """(smallest lower bound of the open boxes, or ``value`` when none is left; the smallest J seen at a box
-    centre; boxes bounded): the box with the smallest lower bound is split along its side of largest scaled width
-    until the gap closes to ``target_gap`` or the budget is spent. Boxes inside ``inner`` (the convex box) and boxes
-    whose lower bound exceeds ``value`` are dropped."""
-    heap, count, best = [], 0, value
+                      start: float, say) -> _Search:
+    """The box with the smallest lower bound is split along its side of largest scaled width until the gap closes
+    to ``target_gap`` or the budget is spent. Boxes inside ``inner`` (the convex box) and boxes whose *finite* lower
+    bound exceeds ``value`` are dropped; a box whose bound is NaN or infinite counts as bounded by −∞: it is kept,
+    split first, and while one is open the gap is unbounded (a NaN compared raw would drop it: ``nan <= v`` is
+    False)."""
+    heap, count, best, unbounded = [], 0, value, 0
 
     def push(lo, hi):
-        nonlocal count, best
+        nonlocal count, best, unbounded
         if not J.feasible(lo, hi):
             return
         if inner and all(a >= ia and b <= ib for a, b, (ia, ib) in zip(lo, hi, inner)):
             return  # inside the convex box: bounded below by the convexity certificate
         low, at = J.lower_bound(lo, hi)
         count += 1
-        best = min(best, at)
+        if math.isfinite(at):
+            best = min(best, at)
+        low = iv.kept(low)
+        unbounded += low == -math.inf
         if low <= value * (1 + 1e-15):
             heapq.heappush(heap, (low, count, lo, hi))
 
@@ -170,7 +198,9 @@ def _branch_and_bound(J, t, value: float, inner, target_gap: float, budget_s: fl
         i = int(np.argmax(widths))
         m = ((lo[i] + hi[i]) / 2).mid()
         if not (lo[i] < m < hi[i]):
+            heapq.heappush(heap, (low, 0, lo, hi))  # cannot split further: it stays open
             break
         push(lo, [*hi[:i], m, *hi[i + 1:]])
         push([*lo[:i], m, *lo[i + 1:]], hi)
-    return (heap[0][0] if heap else value), best, count
+    still = sum(1 for entry in heap if entry[0] == -math.inf)
+    return _Search(heap[0][0] if heap else value, best, count, unbounded, still)

@@ -1,6 +1,7 @@
 """fitting/optimality.py: the rigorous enclosure of a ReLU-sum table's objective (eqs. 14, 63) against the table and
 scipy's quadrature; global certificates: k = 1's one feasible point (and a table moved off it refused), k = 2's
-branch and bound (box lower bounds below the objective at points of the box, a worse table refused)."""
+branch and bound (box lower bounds below the objective at points of the box, a worse table refused; a box whose
+bound is NaN kept, never dropped; tables of generated activations moved off their optimum never certified)."""
 
 import json
 import math
@@ -8,11 +9,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from _k2_tables import RELU, k2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from _k2_tables import RELU, k2, moved
 from approxbp.approximations import get_activation
 from approxbp.approximations.tables import from_json, load
 from approxbp.fitting.objective import ReluSumObjective
 from approxbp.fitting.objectives_k2 import DerivativeObjectiveK2
+from approxbp.fitting import optimality
 from approxbp.fitting.optimality import certify_relu_sum_global, relu_sum_objective
 from flint import arb
 
@@ -91,3 +95,59 @@ def test_k2_branch_and_bound_lower_bound_holds_everywhere():
         low, _ = J.lower_bound(lo, hi)
         c1, d1, d2 = (float(a.mid()) + w * rng.uniform() for a in lo)
         assert obj(np.array([c1, c1 + d1, c1 + d1 + d2]))[0] >= low
+
+
+def test_a_box_without_a_finite_bound_is_kept_and_the_certificate_stays_open(monkeypatch):
+    """The branch and bound once compared a NaN bound raw (``nan <= value`` is False), dropped the box, emptied its
+    heap and reported a gap of 0: a bound that proves nothing must leave the certificate open, saying why."""
+    t = load(RELU / "gelu-k2-derivative.json")
+    monkeypatch.setattr(DerivativeObjectiveK2, "lower_bound", lambda self, lo, hi: (math.nan, math.inf))
+    monkeypatch.setattr(optimality, "_convex_box", lambda J, point: (None, 0.0))  # the 20 s Hessian proof: not this test's
+    cert = certify_relu_sum_global(t, max_boxes=40)
+    assert not cert.passed and cert.gap == math.inf and cert.lower == -math.inf, cert
+    assert "no finite lower bound" in cert.note and "still open" in cert.note
+
+
+def test_the_packaged_mish_k2_derivative_start_box_has_a_finite_bound_below_the_table():
+    """mish's enclosures on the whole start box are NaN (c − h(c) for c up to 75): the monotone bound drops only
+    the non-finite terms, a sum of non-negative terms, so the box keeps a finite bound ≤ J, not NaN."""
+    t = load(RELU / "mish-k2-derivative.json")
+    J = DerivativeObjectiveK2(t)
+    low, _ = J.lower_bound(*J.coordinates.start_box(arb(t.interval[0]), arb(t.interval[1])))
+    assert math.isfinite(low) and 0 <= low <= t.loss
+
+
+def test_the_mish_table_at_twice_its_loss_is_not_certified():
+    """The issue's case: the packaged mish k = 2 derivative table's knots moved by hand (loss 1.9× the optimum's),
+    certified 'global optimum: gap 0' after one box before the NaN fix."""
+    t = load(RELU / "mish-k2-derivative.json")
+    far = moved(t, [-3.5, -0.3, 0.9])
+    assert far.loss > 1.8 * t.loss
+    cert = certify_relu_sum_global(far, max_boxes=200)
+    assert not cert.passed and cert.gap > 0.5 and cert.boxes > 1, cert
+
+
+_GATES = ("1/(1 + exp(-{a}*x))", "(1 + erf({a}*x))/2", "(1 + tanh({a}*x))/2", "tanh(log(1 + exp({a}*x)))",
+          "1 - exp(-exp({a}*x))")
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(gates=st.lists(st.tuples(st.sampled_from(_GATES), st.sampled_from(("0.7", "1.3", "1.702")),
+                                st.sampled_from((1, 2))), min_size=1, max_size=2),
+       objective=st.sampled_from(("derivative", "primitive")),
+       shift=st.lists(st.floats(0.2, 1.0), min_size=3, max_size=3))
+def test_a_generated_activation_moved_off_its_optimum_is_never_certified(gates, objective, shift):
+    """h = x·Π gate(a·x)^p (softplus, erf, tanh, sigmoid, exp and powers: eq. 13's limits hold), fitted at k = 2,
+    its knots moved off the optimum: certify must never call the moved table the global optimum, at any budget
+    the test can afford (the false certificate of a NaN bound came after one box)."""
+    from approxbp.fitting import fit_relu_sum
+
+    expr = "x*" + "*".join(f"({g.format(a=a)})**{p}" for g, a, p in gates)
+    fit = fit_relu_sum(expr, bits=2, objective=objective, restarts=1, structured=False, interval=(-12.0, 12.0),
+                       progress=False, workers=1)
+    c = np.array(fit.x)
+    far = moved(fit.table, [c[0] - shift[0], c[1] + shift[1] * (c[2] - c[1]) / 2, c[2] + shift[2]])
+    assert far.loss > fit.table.loss * (1 + 1e-6)
+    cert = certify_relu_sum_global(far, max_boxes=150)
+    assert not cert.passed and cert.gap > 0, (expr, objective, cert)
