@@ -9,16 +9,16 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from _k2_tables import RELU, k2, moved
 from approxbp.approximations import get_activation
 from approxbp.approximations.tables import from_json, load
+from approxbp.fitting import optimality
 from approxbp.fitting.objective import ReluSumObjective
 from approxbp.fitting.objectives_k2 import DerivativeObjectiveK2
-from approxbp.fitting import optimality
 from approxbp.fitting.optimality import certify_relu_sum_global, relu_sum_objective
 from flint import arb
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 @pytest.mark.parametrize("name", ["gelu-k2-derivative", "silu-k2-primitive", "gelu_tanh-k3-derivative",
@@ -102,7 +102,7 @@ def test_a_box_without_a_finite_bound_is_kept_and_the_certificate_stays_open(mon
     heap and reported a gap of 0: a bound that proves nothing must leave the certificate open, saying why."""
     t = load(RELU / "gelu-k2-derivative.json")
     monkeypatch.setattr(DerivativeObjectiveK2, "lower_bound", lambda self, lo, hi: (math.nan, math.inf))
-    monkeypatch.setattr(optimality, "_convex_box", lambda J, point: (None, 0.0))  # the 20 s Hessian proof: not this test's
+    monkeypatch.setattr(optimality, "_convex_box", lambda J, point: (None, 0.0))  # its Hessian proof: 20 s
     cert = certify_relu_sum_global(t, max_boxes=40)
     assert not cert.passed and cert.gap == math.inf and cert.lower == -math.inf, cert
     assert "no finite lower bound" in cert.note and "still open" in cert.note
