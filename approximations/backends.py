@@ -152,7 +152,15 @@ def _torch_softplus():
 def _torch_select():
     import torch
 
-    return lambda c, a, b: torch.where(torch.as_tensor(c) > 0, a, b)
+    def select(c, a, b):
+        """a where c > 0, else b; two numbers take c's floating dtype (torch.where would give float32 values:
+        q = select(y, 1, 1/10) on float64 y returned 0.10000000149)."""
+        c = torch.as_tensor(c)
+        if c.is_floating_point() and not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+            a, b = torch.as_tensor(a, dtype=c.dtype), torch.as_tensor(b, dtype=c.dtype)
+        return torch.where(c > 0, a, b)
+
+    return select
 
 
 # ---- numpy and mpmath forms that differ from the library's own function of the same name ------------------------

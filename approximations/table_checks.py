@@ -212,6 +212,9 @@ def _check_branch(t: dict, side: str, where: str) -> None:
 #: Where a monotone table's activation is checked: increasing on [−MONOTONE_SPAN, MONOTONE_SPAN], and f_T its
 #: infimum (f(−1e8) within 1e-6 of f_T: exponential or algebraic left tails both pass).
 MONOTONE_SPAN = 60.0
+#: f_T of a monotone table whose h → −∞ as x → −∞ (0.05·x left of 0, x + sin²x): −float32 max, so the kernels'
+#: clamp max(y, f_T) leaves every finite float32 y alone; f increasing, a saved y still maps back to one x.
+UNBOUNDED_BELOW = -3.4028234663852886e38
 
 
 def not_increasing_at(act) -> float | None:
@@ -260,6 +263,13 @@ def _check_monotone(t: dict, act, where: str) -> None:
         fail(where, "monotone", why)
     with np.errstate(all="ignore"):
         low = float(act.f(-1e8))
+    if t["f_T"] == UNBOUNDED_BELOW:  # h → −∞: h(−1e8) far below h(0) and still falling at −1e16
+        with np.errstate(all="ignore"):
+            lower, zero = float(act.f(-1e16)), float(act.f(0.0))
+        if not (math.isfinite(low) and low < zero - 1e6 and (lower < low or lower == -math.inf)):
+            fail(where, "f_T", f"records {UNBOUNDED_BELOW!r} (h unbounded below) but h(−1e8) = {low!r}, "
+                               f"h(−1e16) = {lower!r}")
+        return
     if not (math.isfinite(low) and abs(low - t["f_T"]) <= 1e-6 * max(1.0, abs(t["f_T"]))):
         fail(where, "f_T", f"records {t['f_T']!r} but h(−1e8) = {low!r}: f_T must be lim_(x→−∞) h")
 

@@ -23,7 +23,7 @@ from approxbp.approximations.backends import numpy_namespace
 from approxbp.approximations.functions import select
 from approxbp.approximations.invact_forms import Form
 from approxbp.approximations.pieces import inside, pieces
-from approxbp.approximations.table_checks import MONOTONE_SPAN, not_increasing_at
+from approxbp.approximations.table_checks import MONOTONE_SPAN, UNBOUNDED_BELOW, not_increasing_at
 
 from .relu_sum import package_version
 
@@ -109,11 +109,14 @@ def takes_exact(act) -> bool:
     return is_monotone(act) or _is_saturating(act)  # ReLU² is one of the latter
 
 
-def infimum(activation) -> float:
+def infimum(activation, unbounded: bool = False) -> float:
     """inf f = lim f as x → −∞ of an increasing activation (sympy's limit of its leftmost smooth piece): 0 for
-    softplus, −1 for ELU; a ValueError when it is not finite (a saved y must still map back to one x)."""
+    softplus, −1 for ELU; for f → −∞, :data:`UNBOUNDED_BELOW` with ``unbounded`` (the exact one-branch form needs
+    no floor: q holds for every y), else a ValueError (a fitted form's window starts at the floor)."""
     act = get_activation(activation)
     limit = sp.limit(pieces(act.expr)[0][2], x, -sp.oo)
+    if unbounded and limit == -sp.oo:
+        return UNBOUNDED_BELOW
     if not (limit.is_real and limit.is_finite):
         raise ValueError(f"{act.name}: f → {limit} as x → −∞; an inverted activation needs a finite infimum")
     return float(limit)
@@ -134,7 +137,7 @@ def _derived_monotone(act) -> tuple[sp.Expr, float]:
     if not (is_monotone(act) or _is_saturating(act)):
         raise ValueError(f"{act.name}: not increasing on [−{MONOTONE_SPAN:g}, {MONOTONE_SPAN:g}] (nor non-decreasing "
                          "with constant pieces)")
-    floor, y = infimum(act), sp.Symbol("y")
+    floor, y = infimum(act, unbounded=True), sp.Symbol("y")
     q, right_flat = None, False
     for lo, hi, f in reversed(pieces(act.expr)):
         flat = _constant(f)
@@ -150,7 +153,10 @@ def _derived_monotone(act) -> tuple[sp.Expr, float]:
 
 def _piece_slope(act, f: sp.Expr, lo: float, hi: float, floor: float) -> sp.Expr:
     """f′(f⁻¹(y)) on one smooth piece of an increasing activation, in y, from the one real inverse that maps back."""
-    low = floor if not np.isfinite(lo) else float(act.f(lo))
+    if np.isfinite(lo):
+        low = float(act.f(lo))
+    else:  # the leftmost piece: from the floor, or (unbounded below) from far left on it
+        low = floor if floor != UNBOUNDED_BELOW else float(act.f(min(-MONOTONE_SPAN, hi - MONOTONE_SPAN)))
     xr, y = sp.Symbol("x", real=True), sp.Symbol("y", positive=True) if low >= 0 else sp.Symbol("y", real=True)
     f = f.subs(x, xr)
     at = inside(lo, hi)
@@ -190,15 +196,22 @@ def measured(activation, q, left: bool = True, floor: float = 0.0) -> dict:
     act = get_activation(activation)
     q_of = sp.lambdify(sp.Symbol("y"), q, numpy_namespace()) if isinstance(q, sp.Basic) else q  # its select
     top = supremum(act) if not left else float("inf")
-    span = min(RIGHT_SPAN, (top - floor) * (1 - 1e-9))
+    if floor == UNBOUNDED_BELOW:  # both ways from f(0): y down to f(0) − RIGHT_SPAN, up to f(0) + RIGHT_SPAN
+        zero = float(act.f(0.0))
+        span = min(RIGHT_SPAN, (top - zero) * (1 - 1e-9))
+        ys = np.concatenate([zero - np.logspace(np.log10(RIGHT_SPAN), -12, _CHECK_POINTS),
+                             zero + np.logspace(-12, np.log10(span), _CHECK_POINTS)])
+    else:
+        span = min(RIGHT_SPAN, (top - floor) * (1 - 1e-9))
+        ys = floor + np.logspace(-12, np.log10(span), _CHECK_POINTS)
 
     def f_minus(yv):
         return lambda t: act.mp(t, 0, None) - yv
 
     constants = [] if left else [float(f) for _, _, f in pieces(act.expr) if _constant(f)]
     errors = [abs(float(q_of(c))) for c in constants]  # f′ = 0 on the constant pieces
-    with mpmath.workdps(60):
-        for yv in floor + np.logspace(-12, np.log10(span), _CHECK_POINTS):
+    with mpmath.workdps(60), np.errstate(invalid="ignore"):  # select evaluates both pieces: √y at y < 0 is NaN
+        for yv in ys:
             lo, hi = mpmath.mpf(0 if left else -1), mpmath.mpf(1)
             while f_minus(yv)(lo) > 0:  # a monotone activation's inverse of a small y lies far left (−1e12)
                 lo *= 2
@@ -241,11 +254,13 @@ def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
     q, floor = _derived_monotone(act)
     metrics = measured(act, q, left=False, floor=floor)
     given = act.name if named_expression(act.name) else act.expression
+    unbounded = floor == UNBOUNDED_BELOW
+    top = (float(act.f(0.0)) if unbounded else floor) + RIGHT_SPAN
     return T.InvActTable.new(
         act, source="derived", form="exact", monotone=True, f_T=floor,
-        reference=f"derived: f increasing with inf f = {floor:g}, f′(f⁻¹(y)) = {q} (Inverted Activations §2: one "
-                  "branch, no bit)",
-        right=Form.parse(str(q)).to_json((floor, floor + RIGHT_SPAN)), metrics=metrics,
+        reference=f"derived: f increasing with {'f → −∞ as x → −∞' if unbounded else f'inf f = {floor:g}'}, "
+                  f"f′(f⁻¹(y)) = {q} (Inverted Activations §2: one branch, no bit)",
+        right=Form.parse(str(q)).to_json((floor, top)), metrics=metrics,
         provenance=_provenance(f"approxbp fit invact --activation '{given}' --form exact", t0))
 
 

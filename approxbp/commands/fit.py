@@ -89,6 +89,7 @@ def _fit_relu_sum(args, argv) -> int:
 
 def _fit_invact(args, argv) -> int:
     from approxbp.approximations import tables as T
+    from approxbp.approximations.table_checks import UNBOUNDED_BELOW
     from approxbp.approximations.activations import named_activation
 
     progress = common.progress_on(args)
@@ -98,9 +99,10 @@ def _fit_invact(args, argv) -> int:
                        backend=args.backend,
                        sr_generations=args.sr_generations, progress=progress).table
     m = table.metrics
+    floor = "−∞ (no clamp)" if table.f_T == UNBOUNDED_BELOW else f"{table.f_T:.17g}"
     print(f"invact · {table.activation} · form={table.form} · "
           + ("monotone: one branch, no bit · inf f = " if table.monotone else
-             f"T={table.turning_point:.17g} · f(T)=") + f"{table.f_T:.17g}")
+             f"T={table.turning_point:.17g} · f(T)=") + floor)
     for side in table.branches:
         q = textwrap.shorten(getattr(table, side).expression, 70, placeholder=" …")  # cut at a space, not mid-token
         print(f"  {side:<5} L∞ {m[f'linf_{side}']:.3e}  L2 {m[f'l2_{side}']:.3e}  "

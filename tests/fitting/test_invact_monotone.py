@@ -136,3 +136,46 @@ def test_patch_model_swaps_nn_softplus_and_trains_as_stock():
     assert report.saved_bytes[1] < report.saved_bytes[0], report
     for a, b in zip(sgd_steps(stock, x).parameters(), sgd_steps(model, x).parameters()):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+LEAKY = {"leaky square": ("select(x, x**2, 0.05*x)", "select(y, 2*sqrt(y), 1/20)",
+                          lambda v: torch.where(v > 0, v * v, 0.05 * v)),
+         "leaky ReLU": ("select(x, x, 0.1*x)", "select(y, 1, 1/10)", lambda v: torch.where(v > 0, v, 0.1 * v))}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKY))
+def test_an_activation_unbounded_below_gets_the_one_branch_exact_form(name, tmp_path):
+    """h → −∞ as x → −∞ (leaky pieces) once met 'needs a finite infimum' from `fit invact`, though f increases and
+    f′∘f⁻¹ has a closed form on each piece: the table is one branch with no bit and no floor (f_T = −float32 max,
+    a clamp that changes no finite y), proven by sympy, and the drop-in's gradient is autograd's for |x| ≤ 1e4."""
+    from approxbp.approximations.table_checks import UNBOUNDED_BELOW
+
+    expression, q, reference = LEAKY[name]
+    table = fit_invact(expression, progress=False).table
+    assert table.monotone and table.form == "exact" and table.f_T == UNBOUNDED_BELOW
+    assert table.right.expression == q and table.metrics["linf_right"] == 0.0
+    entry, _, held = certify_table(table, budget_s=60)
+    assert held and entry["right"]["identity"]
+    path = T.save(table, tmp_path / "leaky.json")
+    T.load(path)  # validated on read
+    export([path])
+    for use_triton in (False, True):
+        x = torch.cat([-torch.logspace(4, -6, 400), torch.zeros(1), torch.logspace(-6, 4, 400)]).double()
+        ours, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y = InvActivation(path, use_triton=use_triton)(ours)
+        want = reference(ref)
+        torch.testing.assert_close(y, want, rtol=1e-15, atol=0)
+        g = torch.linspace(-1, 1, x.numel(), dtype=torch.float64)
+        y.backward(g)
+        want.backward(g)
+        # the kernels write the form's numbers as float32 literals (1/10 to 2^-24 relative)
+        torch.testing.assert_close(ours.grad, ref.grad, rtol=2.0**-23 if use_triton else 1e-12, atol=1e-300)
+
+
+def test_a_table_claiming_no_floor_for_a_bounded_activation_is_refused():
+    from approxbp.approximations.table_checks import UNBOUNDED_BELOW
+
+    d = json.loads(PACKAGED.read_text())
+    d["f_T"] = d["right"]["domain"][0] = UNBOUNDED_BELOW
+    with pytest.raises(ValueError, match="f_T"):
+        T.from_json(d)
