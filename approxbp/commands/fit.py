@@ -89,8 +89,8 @@ def _fit_relu_sum(args, argv) -> int:
 
 def _fit_invact(args, argv) -> int:
     from approxbp.approximations import tables as T
-    from approxbp.approximations.table_checks import UNBOUNDED_BELOW
     from approxbp.approximations.activations import named_activation
+    from approxbp.approximations.table_checks import UNBOUNDED_BELOW
 
     progress = common.progress_on(args)
     from approxbp.fitting.invact import fit_invact
