@@ -53,11 +53,11 @@ class InvertedActivation:
                 f"activation {act.name!r} does not have exactly two monotone branches (decreasing, then "
                 f"increasing): f' changes sign {changes} time(s) on [-60, 60]; inverted activations need "
                 "f = GELU/SiLU-like shapes with one minimiser T"
-                + ("; a piecewise activation flat left of 0 (relu2) takes the exact form (--form exact)"
-                   if changes == 0 and act.name in PIECEWISE else
-                   "; an increasing one takes the exact one-branch form (--form exact: it needs a finite inf f, "
-                   "h′ > 0 in float64 on [−60, 60] and a closed-form inverse on each smooth piece)" if changes == 0
-                   else ""))
+                + (f"; a piecewise activation flat left of 0 (relu2) takes the exact form: "
+                   f"{act.fit_command('invact', '--form exact')}" if changes == 0 and act.name in PIECEWISE else
+                   f"; an increasing one takes the exact one-branch form: {act.fit_command('invact', '--form exact')}"
+                   " (it needs h′ > 0 in float64 on [−60, 60] and a closed-form inverse on each smooth piece)"
+                   if changes == 0 else ""))
         i = int(np.argmax(d > 0))
         with mpmath.workdps(60):
             T = mpmath.findroot(lambda v: act.mp(v, 1, None), (mpmath.mpf(grid[i - 1]), mpmath.mpf(grid[i])),

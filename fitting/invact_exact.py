@@ -54,8 +54,9 @@ def derive_exact(activation: str) -> tuple[sp.Expr, sp.Expr]:
     pos, neg = sp.Symbol("xp", positive=True), sp.Symbol("xn", negative=True)
     left, right = act.expr.subs(x, neg), act.expr.subs(x, pos)
     if left.free_symbols or sp.sympify(left - act.expr.subs(x, 0)) != 0:
-        raise ValueError(f"{act.name}: an exact table needs f constant for x < 0 and continuous at 0; left of 0 it is "
-                         f"{left}")
+        raise ValueError(f"{act.name}: an exact table needs f increasing, or constant for x < 0 and continuous at 0; "
+                         f"left of 0 it is {left}. A way forward: {act.fit_command('invact')} (the fitted two-branch "
+                         f"forms, for an f with one minimiser), or {act.relu_sum_way_forward()}")
     y = sp.Symbol("y", positive=True)
     roots = sp.solve(sp.Eq(right, y), pos)
     if len(roots) != 1:

@@ -187,7 +187,12 @@ def fitted_monotone_table(activation, say=None) -> T.InvActTable:
     if act.kinks() or not is_monotone(act):
         raise ValueError(f"{act.name}: the fitted one-branch form needs a smooth activation increasing everywhere; "
                          f"a way forward: {act.relu_sum_way_forward()}")
-    floor = infimum(act)
+    try:
+        floor = infimum(act)
+    except ValueError as err:  # the fitted form's window starts at inf f; the exact form needs none
+        raise ValueError(f"{err} (the fitted one-branch form's window starts there); a way forward: "
+                         f"{act.fit_command('invact', '--form exact')} (one branch, no floor, "
+                         f"where each piece has a closed-form inverse), or {act.relu_sum_way_forward()}") from None
     span = _tail_span(act, floor)
     form, grid_err = _choose_form(act, floor, span, say)
     metrics = measured(act, _rule(act, form, floor, span), left=False, floor=floor)
