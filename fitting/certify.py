@@ -405,7 +405,9 @@ def _certify_invact_table(t, budget_s, rtol, progress, rounded, max_boxes, lines
                      f"x = {cert.where:.6g}; sampled {t.metrics[f'linf_{branch}']:.4e}) claim {cert.claim:.2e} "
                      f"{verdict}; float32 evaluation "
                      f"{'not bounded (Newton steps)' if newton else f'≤ {f32:.2e}'}; "
-                     f"{cert.boxes} boxes, {cert.seconds:.1f} s{'' if cert.converged else ' (budget reached)'}")
+                     f"{cert.boxes} boxes, {cert.seconds:.1f} s"
+                     + ("" if cert.converged or not cert.passed else " (budget reached before the bound came "
+                        f"within {rtol:g} of the attained error: the bound holds, looser)"))
     entry["method"] = _invact_method(t, entry, newton)
     if not all(math.isfinite(entry[b]["bound"]) for b in t.branches):
         lines.append(f"{t.name:<22} no finite bound within the budget: nothing to store")

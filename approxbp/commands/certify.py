@@ -7,7 +7,7 @@ import time
 
 from approxbp.commands import common
 
-__all__ = ["add_parser", "OPEN_EXIT", "print_certificates", "run"]
+__all__ = ["add_parser", "OPEN_EXIT", "budget_line", "print_certificates", "run"]
 
 
 def add_parser(sub, add) -> None:
@@ -43,6 +43,7 @@ def run(args, argv) -> int:
         raise ValueError("--budget and --max-boxes must be > 0 and --rtol in (0, 10)")
     t0 = time.perf_counter()
     paths = args.tables or T.table_paths()
+    print(budget_line(args.budget, args.max_boxes), flush=True)
     held = print_certificates(paths, progress, write=args.write and not args.kernel_constants,
                               only_default=not args.tables, budget_s=args.budget, rtol=args.rtol,
                               rounded=args.kernel_constants, max_boxes=args.max_boxes)
@@ -58,6 +59,17 @@ def run(args, argv) -> int:
     if args.write:
         print("tables updated; regenerate their kernels with `approxbp export`")
     return 1 if failed else OPEN_EXIT if still_open else 0
+
+
+def budget_line(budget_s: float, max_boxes: int | None) -> str:
+    """What each certificate may spend, said before the first one starts (the default is 600 s apiece)."""
+    from approxbp.fitting.certify import _MAX_BOXES
+
+    seconds = "no time limit" if budget_s == float("inf") else f"{budget_s:g} s"
+    boxes = (f"{max_boxes:,} boxes" if max_boxes is not None
+             else f"{_MAX_BOXES:,} boxes per InvAct branch, no box limit for a ReLU-sum branch and bound")
+    return (f"budget per certificate: {seconds} or {boxes}, whichever comes first (--budget, --max-boxes; a box count "
+            "gives the same answer on any machine)")
 
 
 def print_certificates(paths, progress: bool, write: bool, only_default: bool = False, **options) -> dict[str, bool]:

@@ -223,3 +223,11 @@ def test_help_and_argument_errors_import_no_torch_scipy_or_sympy():
             "print(sorted(m for m in ('torch', 'scipy', 'sympy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]", out
+
+
+def test_certify_states_its_budget_before_it_starts(capsys):
+    """The default budget is 600 s per certificate: a user learns it before waiting, not after."""
+    assert main(["certify", str(T.data_dir() / "invact" / "softplus-exact.json"), "--budget", "30",
+                 "--max-boxes", "500", "--no-progress"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("budget per certificate: 30 s or 500 boxes, whichever comes first"), first
