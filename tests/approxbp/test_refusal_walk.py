@@ -6,6 +6,7 @@ import re
 import shlex
 
 import pytest
+
 from approxbp.cli import main
 
 ACTIVATIONS = ("select(x, x**2, 0.05*x)", "select(x, x, 0.1*x)", "x + sin(x)**2", "1.5*x*tanh(log(1 + exp(x)))")
