@@ -58,7 +58,7 @@ def _built(request, blocks: tuple[int, int] | None, choice: dict, ms_norm: bool)
     assignment (its first blocks' options; :class:`_NotAlike` when the blocks' options differ)."""
     from approxbp.planner.extrapolate import layer_count, shrunk, small_assignment
     from approxbp.planner.models import hf_builder, model_spec, no_init
-    from approxbp.planner.plan_step import _fake_like_real, apply, step_inputs
+    from approxbp.planner.plan_step import _fake_like_real, apply, seeded, step_inputs
     from approxbp.planner.step_memory import _autocast, _loss_of, first_block, prepare
     from approxbp.planner.training import weights_for
 
@@ -69,7 +69,7 @@ def _built(request, blocks: tuple[int, int] | None, choice: dict, ms_norm: bool)
         build = hf_builder(shrunk(build.config, count[0], blocks[0]), build.task)
     scope = contextlib.ExitStack()
     scope.enter_context(_fake_like_real())
-    torch.manual_seed(0)
+    scope.enter_context(seeded(0))
     with weights_for(setup), no_init():
         model, make_inputs = build()
         model = prepare(model, setup, request.lora_r)

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
-
 from approxbp.planner.chunked_loss import CHUNKED, NotChunked, chunk_rows
 from approxbp.planner.extrapolate import SMALL, layer_count, shrunk, small_assignment
 from approxbp.planner.gpus import GPU
 from approxbp.planner.models import hf_builder, model_spec, no_init
 from approxbp.planner.moves import RECOMPUTE_PART, BlockCost, LossCost, choose_moves
-from approxbp.planner.plan_step import _fake_like_real, apply
+from approxbp.planner.plan_step import _fake_like_real, apply, seeded
 from approxbp.planner.request import Request
 from approxbp.planner.step_memory import StepMemory, first_block, prepare
 from approxbp.planner.step_time import Roofline, StepTime, block_paths, drop_in_paths
@@ -149,8 +147,7 @@ def timed(request: Request, device, assignment: dict[str, str] | None = None, ms
     small = count is not None and count[1] > SMALL[-1]
     if small:
         build = hf_builder(shrunk(build.config, count[0], SMALL[-1]), build.task)
-    with _fake_like_real():
-        torch.manual_seed(0)
+    with _fake_like_real(), seeded(0):
         with weights_for(setup), no_init():
             model, make_inputs = build()
             model = prepare(model, setup, request.lora_r)

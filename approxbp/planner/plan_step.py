@@ -131,8 +131,7 @@ def stepper(request: Request, *, whole: bool = False):
 
     def one(builder, batch: int, seq: int, assignment: dict[str, str] | None, ms_norm: bool,
             moves: dict[str, str] | None = None, **extra) -> StepMemory:
-        with scope():
-            torch.manual_seed(0)
+        with scope(), seeded(0):
             with weights_for(setup), no_init() if fake else contextlib.nullcontext():
                 model, make_inputs = builder()
                 model = prepare(model, setup, lora_r, checkpoint)
@@ -171,6 +170,19 @@ def measurer(request: Request):
     sequence length (:func:`stepper`'s run, which the planner's searches call without sizes)."""
     step = stepper(request)
     return lambda assignment=None, ms_norm=False, **extra: step(None, None, assignment, ms_norm, **extra)
+
+
+@contextlib.contextmanager
+def seeded(seed: int = 0):
+    """torch's RNG seeded for a planned model's weights and dropout, and restored after: planning leaves the user's
+    random state as it found it (CPU, and every CUDA device already initialised; numpy's and Python's are not
+    touched). ``torch.manual_seed`` alone, as the planner once called it, reset the user's dropout stream."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.default_generator.manual_seed(seed)
+        for d in devices:
+            torch.cuda.default_generators[d].manual_seed(seed)
+        yield
 
 
 @contextlib.contextmanager
