@@ -147,15 +147,28 @@ def read_plan(plan) -> dict:
     where = "plan" if isinstance(plan, dict) else str(plan)
     if not isinstance(plan, dict):
         try:
+            size = Path(plan).stat().st_size
+            if size > MAX_PLAN_BYTES:
+                raise ValueError(f"{where}: {size} bytes; a plan file is at most {MAX_PLAN_BYTES} bytes (refused "
+                                 "unread)")
             plan = json.loads(Path(plan).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{where}: not a readable plan JSON file ({err})") from None
-    version = plan.get("schema", 1) if isinstance(plan, dict) else PLAN_SCHEMA
-    if not isinstance(version, int) or version > PLAN_SCHEMA:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise ValueError(f"{where}: not a readable plan JSON file ({type(err).__name__}: "
+                             f"{str(err)[:200]})") from None
+    if not isinstance(plan, dict):
+        raise ValueError(f"{where}: a plan is a JSON object, got {type(plan).__name__}")
+    if _depth(plan) > _MAX_DEPTH:
+        raise ValueError(f"{where}: nested more than {_MAX_DEPTH} levels deep; a plan nests at most {_MAX_DEPTH}")
+    version = plan.get("schema", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"{where}: 'schema' must be an integer ≥ 1 (this approxbp writes {PLAN_SCHEMA}), got "
+                         f"{version!r}")
+    if version > PLAN_SCHEMA:
         raise ValueError(f"{where}: a plan of schema {version!r}, written by a newer approxbp; this one reads plan "
                          f"schema {PLAN_SCHEMA} and earlier: upgrade approxbp, or plan again with this version")
     if version < 2:
         plan = _from_schema_1(plan)
+    _check_fields(plan, where)
     layers, ms = (plan.get("layers"), plan.get("ms_norm")) if isinstance(plan, dict) else (None, None)
     if not isinstance(layers, dict) or not all(isinstance(v, dict) and isinstance(v.get("table"), str | None)
                                                for v in layers.values()):
@@ -165,6 +178,59 @@ def read_plan(plan) -> dict:
         raise ValueError(f"{where}: 'ms_norm' must be {{'chosen': true or false, …}}, as `approxbp plan --out` "
                          "writes it")
     return plan
+
+
+#: A plan file's size cap (what `approxbp plan --out` writes is a few KiB; a model of 1 000 layers ~1 MiB).
+MAX_PLAN_BYTES = 16 * 2**20
+#: How deep a plan's JSON may nest (it writes 4 levels).
+_MAX_DEPTH = 16
+
+
+def _depth(value, limit: int = _MAX_DEPTH + 1) -> int:
+    """How deep ``value`` nests (counted up to ``limit``, no recursion: a hostile file cannot exhaust the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if d < limit and isinstance(v, dict | list):
+            stack += [(c, d + 1) for c in (v.values() if isinstance(v, dict) else v) if isinstance(c, dict | list)]
+    return deepest
+
+
+def _count(v, positive: bool = True) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and (v > 0 if positive else v >= 0)
+
+
+def _check_fields(plan: dict, where: str) -> None:
+    """Each field a plan's reader uses, by type and range: a refusal names the field and the value."""
+    def refuse(field: str, want: str):
+        value = plan
+        for key in field.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        raise ValueError(f"{where}: {field!r} must be {want}, got {value!r}")
+
+    if "batch" in plan and not _count(plan["batch"]):
+        refuse("batch", "an integer ≥ 1")
+    if "seq" in plan and plan["seq"] is not None and not _count(plan["seq"]):
+        refuse("seq", "an integer ≥ 1 or null")
+    if "budget" in plan and plan["budget"] is not None and not _count(plan["budget"]):
+        refuse("budget", "bytes, an integer ≥ 1, or null")
+    if "shard" in plan and not _count(plan["shard"]):
+        refuse("shard", "an integer ≥ 1")
+    for flag in ("checkpoint", "traced"):
+        if flag in plan and not isinstance(plan[flag], bool):
+            refuse(flag, "true or false")
+    moves = plan.get("moves")
+    if moves is None:
+        return
+    if not isinstance(moves, dict):
+        refuse("moves", "an object ({'moves': {block path: move}, 'chunked_loss': …}) or null")
+    blocks = moves.get("moves", {})
+    if not isinstance(blocks, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in blocks.items()):
+        refuse("moves.moves", "an object of block path → move name")
+    loss = moves.get("chunked_loss")
+    if loss is not None and not (isinstance(loss, dict) and isinstance(loss.get("chosen"), bool)):
+        refuse("moves.chunked_loss", "null or {'chosen': true or false, …}")
 
 
 def _from_schema_1(plan: dict) -> dict:

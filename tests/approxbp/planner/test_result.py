@@ -143,3 +143,41 @@ def test_a_schema_1_plans_loss_key_becomes_its_chunked_loss():
     assert "(loss)" in raw["moves"]["moves"]  # the caller's dict as it was
     assert not Plan.load(DATA / "plan-0.2-moves.json").chunked_loss  # a schema-1 plan without the key: not chunked
     assert plan.shard == 1 and read_plan({**raw, "mode": raw["mode"] + ", sharded over 4"})["shard"] == 4
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"moves": {"moves": {}, "chunked_loss": {"chosen": "false"}}}, r"'moves.chunked_loss' must be null or"),
+    ({"moves": ["blocks.0"]}, r"'moves' must be an object"),
+    ({"moves": {"moves": {"blocks.0": 1}}}, r"'moves.moves' must be an object of block path"),
+    ({"batch": -2}, r"'batch' must be an integer ≥ 1, got -2"),
+    ({"batch": True}, r"'batch' must be an integer ≥ 1, got True"),
+    ({"budget": -1}, r"'budget' must be bytes"),
+    ({"seq": "sixteen"}, r"'seq' must be an integer ≥ 1 or null, got 'sixteen'"),
+    ({"schema": "2"}, r"'schema' must be an integer ≥ 1 \(this approxbp writes 2\), got '2'"),
+    ({"checkpoint": "false"}, r"'checkpoint' must be true or false"),
+])
+def test_plan_files_are_refused_field_by_field(tmp_path, change, message):
+    """Each field a plan's reader uses is checked as tables are: "chosen": "false" was read as True, a list of moves
+    failed inside result.py, a negative batch and seq "sixteen" were accepted, schema "2" was called newer."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**json.loads(_plan().to_json()), **change}))
+    with pytest.raises(ValueError, match=message):
+        Plan.load(path)
+
+
+def test_a_deep_or_huge_plan_file_is_refused_unread(tmp_path, monkeypatch):
+    from approxbp.planner import result
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # json.loads: RecursionError
+    with pytest.raises(ValueError, match="deep.json: not a readable plan JSON file"):
+        read_plan(deep)
+    nested = tmp_path / "nested.json"
+    nested.write_text(json.dumps({**_plan_json({}), "x": [[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]}))
+    with pytest.raises(ValueError, match="nested more than 16 levels deep"):
+        read_plan(nested)
+    monkeypatch.setattr(result, "MAX_PLAN_BYTES", 100)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({**_plan_json({}), "pad": "x" * 200}))
+    with pytest.raises(ValueError, match=r"big.json: \d+ bytes; a plan file is at most 100 bytes"):
+        read_plan(big)
