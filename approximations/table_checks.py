@@ -38,7 +38,7 @@ from .table_schema import (
 )
 
 __all__ = ["check", "check_invact_certified", "check_relu_sum_certified", "MONOTONE_SPAN", "not_increasing_at",
-           "recorded_loss_slack", "validate_invact", "validate_relu_sum"]
+           "recorded_loss_slack", "UNBOUNDED_BELOW", "validate_invact", "validate_relu_sum"]
 
 
 def check(t: dict, where: str = "<table>") -> dict:

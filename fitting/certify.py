@@ -42,10 +42,7 @@ from flint import arb
 from . import intervals as iv
 from .identity import identity_proof
 from .intervals import Ball, Evaluator, box, float32, lower, number, upper
-from .optimality import (
-    certify_relu_sum_global,
-    relu_sum_objective,
-)
+from .optimality import certify_relu_sum_global, relu_sum_objective
 from .progress import heartbeat
 from .result import Verdict
 

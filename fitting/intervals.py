@@ -20,8 +20,8 @@ import sympy as sp
 from approxbp.approximations import backends, balls
 from flint import arb
 
-__all__ = ["at_precision", "Ball", "box", "complex_function", "enclosure", "Evaluator", "float32", "lower", "number",
-           "PRECISION", "precision", "U32", "upper"]
+__all__ = ["at_precision", "Ball", "box", "complex_function", "enclosure", "Evaluator", "float32", "kept", "lower",
+           "nonnegative_sum", "number", "PRECISION", "precision", "proven_lower", "U32", "upper"]
 
 
 #: Working precision (bits) of every ball: boxes near an InvAct turning point are 1e-30 wide.
@@ -86,6 +86,17 @@ def kept(low: float) -> float:
     """A box's lower bound as a branch and bound may compare it: a finite float as it is, anything else (NaN, ±∞
     from an overflowed enclosure) −∞. ``nan <= cutoff`` is False: compared raw, a NaN bound discards its box."""
     return low if math.isfinite(low) else -math.inf
+
+
+def nonnegative_sum(terms: list[arb]) -> float:
+    """A lower bound of a sum of terms each ≥ 0 from enclosures of them: each term counts for max(its lower end,
+    0), and one that is not finite (NaN, an overflow) for 0 — still a bound, where the raw sum would be NaN."""
+    total = arb(0)
+    for term in terms:
+        if term.is_finite():
+            total += arb(max(term.lower(), 0))
+    v = float(total.lower())
+    return math.nextafter(v, 0.0) if v else 0.0
 
 
 def lower(b: arb) -> float:

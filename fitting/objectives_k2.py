@@ -39,17 +39,6 @@ def _cells(grid: list, a: arb, b: arb) -> tuple[int, int] | None:
     return (i, j) if i < j else None
 
 
-def _nonnegative_sum(terms: list[arb]) -> float:
-    """A lower bound of a sum of terms each ≥ 0 from enclosures of them: each term counts for max(its lower end,
-    0), and one that is not finite (NaN, an overflow) for 0 — still a bound, where the raw sum would be NaN."""
-    total = arb(0)
-    for term in terms:
-        if term.is_finite():
-            total += arb(max(term.lower(), 0))
-    v = float(total.lower())
-    return math.nextafter(v, 0.0) if v else 0.0
-
-
 class Steps:
     """The B&B's coordinates (c₁, d₁, d₂) with c₂ = c₁ + d₁, c₃ = c₂ + d₂: knots ordered by construction."""
 
@@ -290,7 +279,7 @@ class DerivativeObjectiveK2(ProjectedK2):
         num = self._u(box(c3lo, c3hi)) + self._h(box(c1lo, c1hi))
         if d13.upper() > 0:
             terms.append(balls.square(num) / d13.upper())
-        return _nonnegative_sum(terms)
+        return iv.nonnegative_sum(terms)
 
     def _h(self, c: arb) -> arb:
         return self.ev(self.h, {X_SYMBOL: Ball(c)}).v
@@ -503,6 +492,6 @@ class PrimitiveObjectiveK2(ProjectedK2):
                 m, r = (p + q) / 2, (q - p) / 2
                 term = i2 - i0**2 / (2 * r) - (i1 - m * i0) ** 2 / (2 * r**3 / 3)
             terms.append(term)
-        return _nonnegative_sum(terms)
+        return iv.nonnegative_sum(terms)
 
 

@@ -19,8 +19,8 @@ from approxbp.planner.step_time import block_paths
 from approxbp.planner.tasks import head_of
 from approxbp.planner.training import LoRALinear, Setup, weights_for
 
-__all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_table", "OPTIONS", "step_inputs",
-           "stepper"]
+__all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_table", "OPTIONS", "seeded",
+           "step_inputs", "stepper"]
 
 
 def _approximations() -> dict[str, tuple[type, int]]:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 from approxbp.approximations import tables as T
 
-__all__ = ["OptionCost", "Plan", "PLAN_SCHEMA", "plan_config", "read_plan", "unapplied"]
+__all__ = ["MAX_PLAN_BYTES", "OptionCost", "Plan", "PLAN_SCHEMA", "plan_config", "read_plan", "unapplied"]
 
 #: The plan JSON's version, written as ``"schema"``: 1 is the first that carries it (0.2's files, which have none,
 #: read as it); 2 names the chunked loss in ``moves["chunked_loss"]["chosen"]`` (1 had a ``"(loss)"`` key among the
