@@ -78,8 +78,7 @@ def proven_lower(b: arb) -> float:
     proves no lower bound, and a branch and bound must keep (split) a box bounded by it, never compare it away."""
     if not b.is_finite():
         return -math.inf
-    v = float(b.lower())
-    return math.nextafter(v, -math.inf) if v else 0.0
+    return math.nextafter(float(b.lower()), -math.inf)  # float() rounds to nearest: one step down (−0.0 too)
 
 
 def kept(low: float) -> float:

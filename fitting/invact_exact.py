@@ -190,6 +190,11 @@ def supremum(act) -> float:
     return float(limit) if limit.is_real and limit.is_finite else float("inf")
 
 
+def _y_base(act, floor: float) -> float:
+    """Where a monotone table's checked y-range starts: inf f, or f(0) for an f unbounded below."""
+    return float(act.f(0.0)) if floor == UNBOUNDED_BELOW else floor
+
+
 def measured(activation, q, left: bool = True, floor: float = 0.0) -> dict:
     """L∞ and L2 of q (a sympy expression in y, or a float64 callable) against f′(f⁻¹(y)) (f⁻¹ by mpmath at 60
     digits, bracketed) for y from ``floor`` + 1e-12 to ``floor`` + RIGHT_SPAN, or to just below sup f, where q at the
@@ -197,14 +202,11 @@ def measured(activation, q, left: bool = True, floor: float = 0.0) -> dict:
     act = get_activation(activation)
     q_of = sp.lambdify(sp.Symbol("y"), q, numpy_namespace()) if isinstance(q, sp.Basic) else q  # its select
     top = supremum(act) if not left else float("inf")
-    if floor == UNBOUNDED_BELOW:  # both ways from f(0): y down to f(0) − RIGHT_SPAN, up to f(0) + RIGHT_SPAN
-        zero = float(act.f(0.0))
-        span = min(RIGHT_SPAN, (top - zero) * (1 - 1e-9))
-        ys = np.concatenate([zero - np.logspace(np.log10(RIGHT_SPAN), -12, _CHECK_POINTS),
-                             zero + np.logspace(-12, np.log10(span), _CHECK_POINTS)])
-    else:
-        span = min(RIGHT_SPAN, (top - floor) * (1 - 1e-9))
-        ys = floor + np.logspace(-12, np.log10(span), _CHECK_POINTS)
+    base = _y_base(act, floor)
+    span = min(RIGHT_SPAN, (top - base) * (1 - 1e-9))
+    ys = base + np.logspace(-12, np.log10(span), _CHECK_POINTS)
+    if floor == UNBOUNDED_BELOW:  # below f(0) too, down to f(0) − RIGHT_SPAN
+        ys = np.concatenate([base - np.logspace(np.log10(RIGHT_SPAN), -12, _CHECK_POINTS), ys])
 
     def f_minus(yv):
         return lambda t: act.mp(t, 0, None) - yv
@@ -256,12 +258,11 @@ def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
     metrics = measured(act, q, left=False, floor=floor)
     given = act.name if named_expression(act.name) else act.expression
     unbounded = floor == UNBOUNDED_BELOW
-    top = (float(act.f(0.0)) if unbounded else floor) + RIGHT_SPAN
     return T.InvActTable.new(
         act, source="derived", form="exact", monotone=True, f_T=floor,
         reference=f"derived: f increasing with {'f → −∞ as x → −∞' if unbounded else f'inf f = {floor:g}'}, "
                   f"f′(f⁻¹(y)) = {q} (Inverted Activations §2: one branch, no bit)",
-        right=Form.parse(str(q)).to_json((floor, top)), metrics=metrics,
+        right=Form.parse(str(q)).to_json((floor, _y_base(act, floor) + RIGHT_SPAN)), metrics=metrics,
         provenance=_provenance(f"approxbp fit invact --activation '{given}' --form exact", t0))
 
 

@@ -130,8 +130,7 @@ def certify_relu_sum_global(t, target_gap: float = 1e-9, budget_s: float = 300.0
         note += (f"; {search.unbounded} of {search.boxes} boxes had no finite lower bound (NaN or overflow in the "
                  f"enclosure) and were kept and split" + (f", {search.open_unbounded} of them still open: the gap "
                                                           "is unbounded" if search.open_unbounded else ""))
-    gap = (value - lower_all) / value if math.isfinite(lower_all) else math.inf
-    gap = max(0.0, gap)
+    gap = max(0.0, (value - lower_all) / value) if math.isfinite(lower_all) else math.inf
     passed = gap <= target_gap and search.best >= value * (1 - 1e-12)
     return OptimalityCertificate(t.name, value, lower_all, gap, target_gap, passed, search.boxes,
                                  round(time.perf_counter() - start, 2), note)

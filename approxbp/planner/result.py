@@ -197,40 +197,34 @@ def _depth(value, limit: int = _MAX_DEPTH + 1) -> int:
     return deepest
 
 
-def _count(v, positive: bool = True) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and (v > 0 if positive else v >= 0)
+def _count(v) -> bool:
+    """An integer ≥ 1 (JSON's true is not one)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def _check_fields(plan: dict, where: str) -> None:
     """Each field a plan's reader uses, by type and range: a refusal names the field and the value."""
-    def refuse(field: str, want: str):
-        value = plan
-        for key in field.split("."):
-            value = value.get(key) if isinstance(value, dict) else None
+    def refuse(field: str, value, want: str):
         raise ValueError(f"{where}: {field!r} must be {want}, got {value!r}")
 
-    if "batch" in plan and not _count(plan["batch"]):
-        refuse("batch", "an integer ≥ 1")
-    if "seq" in plan and plan["seq"] is not None and not _count(plan["seq"]):
-        refuse("seq", "an integer ≥ 1 or null")
-    if "budget" in plan and plan["budget"] is not None and not _count(plan["budget"]):
-        refuse("budget", "bytes, an integer ≥ 1, or null")
-    if "shard" in plan and not _count(plan["shard"]):
-        refuse("shard", "an integer ≥ 1")
+    for field, want in (("batch", "an integer ≥ 1"), ("seq", "an integer ≥ 1 or null"),
+                        ("budget", "bytes, an integer ≥ 1, or null"), ("shard", "an integer ≥ 1")):
+        if field in plan and not (_count(plan[field]) or "null" in want and plan[field] is None):
+            refuse(field, plan[field], want)
     for flag in ("checkpoint", "traced"):
         if flag in plan and not isinstance(plan[flag], bool):
-            refuse(flag, "true or false")
+            refuse(flag, plan[flag], "true or false")
     moves = plan.get("moves")
     if moves is None:
         return
     if not isinstance(moves, dict):
-        refuse("moves", "an object ({'moves': {block path: move}, 'chunked_loss': …}) or null")
+        refuse("moves", moves, "an object ({'moves': {block path: move}, 'chunked_loss': …}) or null")
     blocks = moves.get("moves", {})
     if not isinstance(blocks, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in blocks.items()):
-        refuse("moves.moves", "an object of block path → move name")
+        refuse("moves.moves", blocks, "an object of block path → move name")
     loss = moves.get("chunked_loss")
     if loss is not None and not (isinstance(loss, dict) and isinstance(loss.get("chosen"), bool)):
-        refuse("moves.chunked_loss", "null or {'chosen': true or false, …}")
+        refuse("moves.chunked_loss", loss, "null or {'chosen': true or false, …}")
 
 
 def _from_schema_1(plan: dict) -> dict:
