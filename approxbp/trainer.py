@@ -6,12 +6,16 @@
 Why a callback: it is the one object ``Trainer`` and every TRL trainer (SFT, DPO, GRPO, KTO, GKD: subclasses of
 ``Trainer``) accept unchanged, and ``on_train_begin`` hands it the model the trainer trains — after peft, whichever
 way accelerate wraps it — with the optimizer already holding its Parameters (every rewrite keeps them: the same
-objects). The patch itself waits for the first real batch (a forward pre-hook that removes itself): its
-arguments, by name, are ``patch_model``'s ``example_input``, so the rewrites are proven and measured on the
-shapes the run trains on, outside autocast (the proof compares with stock in the model's own dtype). Then the plan's
+objects). The patch itself waits for the model's first training call (a ``forward`` set on the model that removes
+itself, patches, and runs that call through the patched model: every move in force from step 1; an evaluation or a
+generation before it runs stock and waits): its arguments, by name, are ``patch_model``'s ``example_input``, so the
+rewrites are proven and measured on the shapes the run trains on, outside autocast (the proof compares with stock in
+the model's own dtype). Then the plan's
 moves (``approxbp.planner.moves.apply_moves``: ``"recompute"``, ``"offload"`` per block path; the chunked loss)
 are applied to the transformers model. The report (saved bytes, every skip with its reason) is logged once and kept
-as ``callback.report``.
+as ``callback.report``. A second model handed to the same callback (another Trainer, ``model_init``) is patched too
+(planned anew under a budget); ``callback.report`` then describes it. Where the trainer computes the loss from the
+logits (``label_smoothing_factor``), ``chunked_loss=True`` is refused and a budget is planned without it.
 
 Checkpoints: a patched model's state dict is the stock model's (the rewrites keep every Parameter under its stock
 name and merge nothing), so ``save_model``, ``save_steps`` checkpoints and ``push_to_hub`` load into the stock class
@@ -23,6 +27,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import weakref
 from pathlib import Path
 
 import torch
@@ -85,30 +90,37 @@ class ApproxBPCallback(TrainerCallback):
             raise ValueError(f"ApproxBPCallback: moves=: {err}") from None
         self.gpu, self.setup, self.patch, self.moves = gpu, setup, patch, dict(moves or {})
         self.chunked_loss = chunked_loss
-        self.report, self._hook, self._args = None, None, None
+        self.report, self._model, self._args = None, None, None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
             raise RuntimeError("ApproxBPCallback: the trainer handed no model to on_train_begin")
         self._args = args
-        if self.report is None and self._hook is None:
-            # run eagerly even when the first forward is being compiled (torch_compile=True): dynamo would otherwise
-            # reach the hook while tracing, and the patch's proofs and measurements would run as compiled code
-            self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._patch_on_first_batch),
-                                                         with_kwargs=True)
+        if self._model is not None and self._model() is model:
+            return  # this model is patched (or waits for its first training call): a resumed or second train()
+        if self._model is not None:  # another model (a second Trainer, model_init): patched too, planned anew
+            _logger.info("approxbp: a new model (%s) in this callback: patched on its first batch too; "
+                         "callback.report will describe it", type(model).__name__)
+            self.report = None
+            if self.budget is not None:
+                self.plan = None
+        self._model = weakref.ref(model)
+        _refuse_unchunkable_loss(args, self.chunked_loss or (self.plan is not None and self.plan.chunked_loss))
+        _PatchOnFirstTrainingCall.install(model, self._patch)
 
-    def _patch_on_first_batch(self, model: nn.Module, args: tuple, kwargs: dict):
+    def _patch(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Patch ``model`` on the arguments of its first training call (the example input), every move in force
+        before that call's forward runs."""
         from approxbp.kernels.rewrite.patch import patch_model
 
-        self._hook.remove()
-        self._hook = None
         example = _keywords(model, args, kwargs)
         base = _base(model)
         with torch.autocast(next(model.parameters()).device.type, enabled=False):
             if self.budget is not None:
                 self.plan = plan_for(model, example, self.budget, gpu=self.gpu,
                                      setup=self.setup or trainer_setup(self._args, model),
-                                     checkpoint=bool(getattr(self._args, "gradient_checkpointing", False)))
+                                     checkpoint=bool(getattr(self._args, "gradient_checkpointing", False)),
+                                     chunked_loss=_loss_reaches_model(self._args))
             if self.plan is not None:
                 self.report = self.plan.apply(base, example_input=example)
             else:
@@ -116,6 +128,54 @@ class ApproxBPCallback(TrainerCallback):
                 if self.moves or self.chunked_loss:
                     apply_moves(base, self.moves, chunked_loss=self.chunked_loss)
         _logger.info("approxbp: %s", self.report)
+
+
+class _PatchOnFirstTrainingCall:
+    """Set as the model's ``forward`` until its first training call (training mode, grad enabled: an evaluation
+    first, ``eval_on_start``, or a generation runs the model as it is and waits): that call patches the model, then
+    runs through the patched forward — the chunked loss and every move in force from step 1 (a forward pre-hook
+    could not: the call has looked up its forward before the hooks run). Runs eagerly under ``torch.compile``
+    (dynamo would otherwise trace the patch's proofs and measurements)."""
+
+    def __init__(self, model: nn.Module, patch):
+        self.model, self.patch, self.had = model, patch, model.__dict__.get("forward")
+
+    @classmethod
+    def install(cls, model: nn.Module, patch) -> None:
+        if not isinstance(model.__dict__.get("forward"), cls):
+            model.forward = cls(model, patch)
+
+    @property
+    def __signature__(self):
+        return inspect.signature(self.had or type(self.model).forward.__get__(self.model))
+
+    def __call__(self, *args, **kwargs):
+        return torch.compiler.disable(self._call)(*args, **kwargs)
+
+    def _call(self, *args, **kwargs):
+        model = self.model
+        if not (model.training and torch.is_grad_enabled()):
+            return (self.had or type(model).forward.__get__(model))(*args, **kwargs)
+        if self.had is None:
+            del model.__dict__["forward"]
+        else:
+            model.forward = self.had
+        self.patch(model, args, kwargs)
+        return model.forward(*args, **kwargs)
+
+
+def _loss_reaches_model(args) -> bool:
+    """Whether the trainer hands the labels to the model, so that a chunked loss computes the loss (Trainer's label
+    smoother pops them and computes the loss from the logits itself)."""
+    return not getattr(args, "label_smoothing_factor", 0)
+
+
+def _refuse_unchunkable_loss(args, chunked: bool) -> None:
+    if chunked and not _loss_reaches_model(args):
+        raise ValueError(f"ApproxBPCallback: chunked_loss with label_smoothing_factor="
+                         f"{args.label_smoothing_factor}: Trainer's label smoother calls the model without labels "
+                         "and reads its logits, which the chunked loss never makes; drop chunked_loss (a budget "
+                         "plans without it under label smoothing)")
 
 
 #: Trainer's ``optim`` names → the planner's optimizers (the states it holds per parameter).
@@ -128,7 +188,8 @@ _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 def trainer_setup(args, model: nn.Module):
     """The planner's :class:`~approxbp.planner.training.Setup` of what a trainer trains: the weights' dtype, bf16/fp16
     autocast (``args.bf16``/``args.fp16`` on float32 weights), peft's LoRA (rank, targets, dropout) or full training,
-    the optimizer (``args.optim``), FSDP's sharding over ``args.world_size`` ranks (``args.fsdp``: each rank's peak
+    the optimizer (``args.optim``), gradient accumulation (``args.gradient_accumulation_steps`` > 1: the gradients
+    alive through each micro-batch), FSDP's sharding over ``args.world_size`` ranks (``args.fsdp``: each rank's peak
     is planned); anything else — DeepSpeed among it — is refused by name (pass ``setup=``)."""
     from approxbp.planner.training import Setup
 
@@ -153,12 +214,16 @@ def trainer_setup(args, model: nn.Module):
         targets = config.target_modules
         lora = {"train": "lora", "lora_dropout": config.lora_dropout,
                 "lora_targets": targets if isinstance(targets, str) else tuple(sorted(targets))}
-    return Setup(weights=weights, autocast=autocast, optimizer=_OPTIMIZERS[optim], shard=shard, **lora)
+    accumulate = int(getattr(args, "gradient_accumulation_steps", 1) or 1) > 1
+    return Setup(weights=weights, autocast=autocast, optimizer=_OPTIMIZERS[optim], shard=shard,
+                 accumulate=accumulate, **lora)
 
 
-def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, setup, checkpoint: bool = False):
+def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, setup, checkpoint: bool = False,
+             chunked_loss: bool = True):
     """The plan of ``model``'s config (fake tensors, ``approxbp plan``'s search) at the example's batch and sequence
-    length under ``budget`` on ``gpu``: its approximations, norms and moves (the fastest that fit)."""
+    length under ``budget`` on ``gpu``: its approximations, norms and moves (the fastest that fit; without the
+    chunked loss when ``chunked_loss`` is False, as where the trainer computes the loss from the logits)."""
     import tempfile
 
     from approxbp.planner import plan as planner
@@ -171,12 +236,23 @@ def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, s
                          "batch's input_ids [batch, seq]; this batch has none: pass plan= instead")
     config = json.loads(base.config.to_json_string(use_diff=False))
     config["architectures"] = [type(base).__name__]  # the head the planner builds
+    for setting in _AS_CONFIGURED:  # the model as it runs, not as its config JSON rebuilds it (those are dropped)
+        if (value := getattr(base.config, f"_{setting}", None)) is not None:
+            config[setting] = value
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "config.json"
         path.write_text(json.dumps(config))
         request = Request(model=str(path), batch=ids.shape[0], seq=ids.shape[1], setup=setup, checkpoint=checkpoint,
-                          lora_r=getattr(_adapter_config(model), "r", 8))
+                          lora_r=getattr(_adapter_config(model), "r", 8), chunked_loss=chunked_loss)
+        if not chunked_loss:
+            _logger.warning("approxbp: the trainer computes the loss from the logits (label smoothing): the budget "
+                            "is planned without the chunked loss")
         return planner.plan(request, budget=budget, gpu=gpu or DEFAULT_GPU)
+
+
+#: The settings a model runs with that its config JSON leaves out: planned as the model runs (eager attention keeps
+#: the attention matrix; fused or batched experts keep other tensors).
+_AS_CONFIGURED = ("attn_implementation", "experts_implementation")
 
 
 def _base(model: nn.Module) -> nn.Module:

@@ -19,15 +19,15 @@ nothing else is returned differently); without labels, or without grad, the mode
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "chosen_in", "NotChunked", "refusal", "remove_chunked_loss",
-           "restore_forward"]
+from approxbp.kernels.rewrite.bound_forward import install_forward, uninstall_forward
+
+__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "chosen_in", "NotChunked", "refusal", "remove_chunked_loss"]
 
 
 #: A plan's name for the move (counted in its ``by_move``; whether it is chosen: ``moves["chunked_loss"]["chosen"]``).
@@ -37,7 +37,7 @@ CHUNKED = "chunked-loss"
 def chosen_in(moves: dict | None) -> bool:
     """Whether a plan's moves (``Plan.moves``, :func:`~.plan_moves.plan_moves`) chunk the loss."""
     return bool(((moves or {}).get("chunked_loss") or {}).get("chosen"))
-_APPLIED = "_approxbp_chunked_loss"  # the model's __dict__: the forward it had
+_APPLIED = "_approxbp_chunked_loss"  # the model's __dict__: the BoundForward installed
 _LOSS_ARGS = ("num_items_in_batch", "shift_labels", "ignore_index")
 
 
@@ -106,28 +106,34 @@ def _vocab(head: nn.Module, row: torch.Tensor) -> int:
         return head(row).shape[-1]
 
 
-@contextlib.contextmanager
-def _head_returns_its_input(head: nn.Module, into: list):
-    had = head.__dict__.get("forward")
+class _HeadReturnsItsInput:
+    """Within: the head's next call returns its input (appended to ``into``) and puts the head's own forward back;
+    the loss function's chunks then call the head itself. An object, not two closures: closures that name each other
+    form a cycle that would hold the hidden states (``into``) until the garbage collector runs, past the step's
+    peak."""
 
-    def restore():
-        if head.__dict__.get("forward") is not forward:
-            return
-        if had is None:
-            del head.__dict__["forward"]
-        else:
-            head.forward = had
+    def __init__(self, head: nn.Module, into: list):
+        self.head, self.into, self.had = head, into, head.__dict__.get("forward")
 
-    def forward(x, *args, **kwargs):  # once: the loss function's chunks then call the head itself
-        into.append(x)
-        restore()
+    def __enter__(self):
+        self.head.forward = self._once
+        return self
+
+    def __exit__(self, *exc):
+        self._restore()
+
+    def _once(self, x, *args, **kwargs):
+        self.into.append(x)
+        self._restore()
         return x
 
-    head.forward = forward
-    try:
-        yield
-    finally:
-        restore()
+    def _restore(self):
+        if self.head.__dict__.get("forward") != self._once:
+            return
+        if self.had is None:
+            del self.head.__dict__["forward"]
+        else:
+            self.head.forward = self.had
 
 
 @contextlib.contextmanager
@@ -152,55 +158,41 @@ def apply_chunked_loss(model: nn.Module, rows: int | None = None) -> nn.Module:
     the stock tuple with None for the logits. Raises :class:`NotChunked` with the reason where it cannot apply."""
     if (why := refusal(model)) is not None:
         raise NotChunked(f"chunked loss: {why}")
-    if _APPLIED in model.__dict__:
-        return model
-    inner = model.forward
-    signature = inspect.signature(inner)
-
-    @functools.wraps(inner)
-    def forward(*args, **kwargs):
-        given = signature.bind_partial(*args, **kwargs).arguments
-        if given.get("labels") is None or not torch.is_grad_enabled() or given.get("logits_to_keep") not in (0, None):
-            return inner(*args, **kwargs)
-        head, seen, handed = model.get_output_embeddings(), [], []  # the head as it is now (a rewrite may replace it)
-
-        def chunked(logits, labels, vocab_size=None, **loss_kwargs):  # the model's loss_function (its own names)
-            handed.append(logits)
-            return _chunked_cross_entropy(logits, head, labels, rows=rows,
-                                         **{k: loss_kwargs[k] for k in _LOSS_ARGS if k in loss_kwargs})
-
-        as_tuple = kwargs.get("return_dict") is False
-        if as_tuple:
-            kwargs["return_dict"] = True
-        with _head_returns_its_input(head, seen), _loss_function(model, chunked):
-            out = inner(*args, **kwargs)
-        if not seen and not handed:  # the call computed its loss without the head module (TRL's fused-head loss,
-            return out               # itself a chunked loss): the model's own result, as it is
-        unchanged = len(seen) == len(handed) == 1 and handed[0] is seen[0]
-        if not unchanged or getattr(out, "logits", None) is not seen[0]:
-            raise RuntimeError(f"chunked loss: {type(model).__name__} changes its logits after the head (or calls "
-                               "it more than once, or computes its loss otherwise); remove it with "
-                               "approxbp.planner.chunked_loss.remove_chunked_loss")
-        if as_tuple:  # the stock tuple (its None fields left out, as transformers does), the logits' place kept
-            return tuple(None if k == "logits" else v for k, v in out.items())
-        return type(out)(**{**out, "logits": None})
-
-    model.__dict__[_APPLIED] = inner
-    model.forward = forward
+    if _APPLIED not in model.__dict__:
+        model.__dict__[_APPLIED] = install_forward(model, _chunked_forward, rows)
     return model
+
+
+def _chunked_forward(model: nn.Module, inner, rows: int | None, *args, **kwargs):
+    """The forward :func:`apply_chunked_loss` installs (``inner``: the model's forward before it)."""
+    given = inspect.signature(inner).bind_partial(*args, **kwargs).arguments
+    if given.get("labels") is None or not torch.is_grad_enabled() or given.get("logits_to_keep") not in (0, None):
+        return inner(*args, **kwargs)
+    head, seen, handed = model.get_output_embeddings(), [], []  # the head as it is now (a rewrite may replace it)
+
+    def chunked(logits, labels, vocab_size=None, **loss_kwargs):  # the model's loss_function (its own names)
+        handed.append(logits)
+        return _chunked_cross_entropy(logits, head, labels, rows=rows,
+                                     **{k: loss_kwargs[k] for k in _LOSS_ARGS if k in loss_kwargs})
+
+    as_tuple = kwargs.get("return_dict") is False
+    if as_tuple:
+        kwargs["return_dict"] = True
+    with _HeadReturnsItsInput(head, seen), _loss_function(model, chunked):
+        out = inner(*args, **kwargs)
+    if not seen and not handed:  # the call computed its loss without the head module (TRL's fused-head loss,
+        return out               # itself a chunked loss): the model's own result, as it is
+    unchanged = len(seen) == len(handed) == 1 and handed[0] is seen[0]
+    if not unchanged or getattr(out, "logits", None) is not seen[0]:
+        raise RuntimeError(f"chunked loss: {type(model).__name__} changes its logits after the head (or calls "
+                           "it more than once, or computes its loss otherwise); remove it with "
+                           "approxbp.planner.chunked_loss.remove_chunked_loss")
+    if as_tuple:  # the stock tuple (its None fields left out, as transformers does), the logits' place kept
+        return tuple(None if k == "logits" else v for k, v in out.items())
+    return type(out)(**{**out, "logits": None})
 
 
 def remove_chunked_loss(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_chunked_loss`."""
-    restore_forward(model, model.__dict__.pop(_APPLIED, None))
+    uninstall_forward(model, model.__dict__.pop(_APPLIED, None))
     return model
-
-
-def restore_forward(module: nn.Module, inner) -> None:
-    """Give ``module`` back the forward ``inner`` it had before a wrapper was set on it (None: nothing was)."""
-    if inner is None:
-        return
-    if getattr(inner, "__func__", None) is type(module).forward and inner.__self__ is module:
-        del module.__dict__["forward"]  # the class's own
-    else:
-        module.forward = inner

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from approxbp.planner.chunked_loss import CHUNKED, apply_chunked_loss, remove_chunked_loss, restore_forward
+from approxbp.kernels.rewrite.bound_forward import install_forward, uninstall_forward
+from approxbp.planner.chunked_loss import CHUNKED, apply_chunked_loss, remove_chunked_loss
 from approxbp.planner.knapsack import multiple_choice
 
 __all__ = ["apply_moves", "block_moves", "BlockCost", "choose_moves", "host_elsewhere", "LossCost", "Offload",
@@ -41,7 +41,7 @@ __all__ = ["apply_moves", "block_moves", "BlockCost", "choose_moves", "host_else
 _MOVES = ("keep", "recompute", "offload")
 #: A block's move that recomputes one of its parts alone: "recompute mlp" (selective checkpointing, module grain).
 RECOMPUTE_PART = "recompute "
-_MOVED = "_approxbp_move"  # the block's __dict__: (move, the forward it had)
+_MOVED = "_approxbp_move"  # the block's __dict__: (move, the BoundForward installed)
 
 
 @dataclass(frozen=True)
@@ -180,65 +180,53 @@ def apply_moves(model: nn.Module, moves: dict[str, str], *, chunked_loss: bool =
     for block, move in resolved:
         if move == "keep" or _MOVED in block.__dict__:
             continue
-        inner = block.forward
-        block.__dict__[_MOVED] = (move, inner)
-        block.forward = _recompute(block, inner) if move == "recompute" else _offload(inner)
+        block.__dict__[_MOVED] = (move, install_forward(block, _recompute if move == "recompute" else _offload))
     return model
 
 
 #: A block's keyword arguments that hold the KV cache it writes (transformers' names across its layers).
 _CACHE_ARGS = ("past_key_values", "past_key_value", "cache", "layer_past")
-_NO_CACHE = "_approxbp_no_cache_while_training"  # the model's __dict__: the forward it had
+_NO_CACHE = "_approxbp_no_cache_while_training"  # the model's __dict__: the BoundForward installed
 
 
-def _recompute(block: nn.Module, inner):
+def _recompute(block: nn.Module, inner, *args, **kwargs):
     """The block under a non-reentrant checkpoint. Training with grad, as transformers' GradientCheckpointingLayer
     does: ``use_cache=False`` and no cache handed in, since the replay in the backward would write its keys and values
     into the cache a second time (eager attention: "24 vs 12")."""
     from torch.utils.checkpoint import checkpoint
 
-    def forward(*args, **kwargs):
-        if block.training and torch.is_grad_enabled():
-            kwargs.update({k: None for k in _CACHE_ARGS if kwargs.get(k) is not None})
-            if kwargs.get("use_cache"):
-                kwargs["use_cache"] = False
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
-
-    return forward
+    if block.training and torch.is_grad_enabled():
+        kwargs.update({k: None for k in _CACHE_ARGS if kwargs.get(k) is not None})
+        if kwargs.get("use_cache"):
+            kwargs["use_cache"] = False
+    return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
 
 def _no_cache_while_training(model: nn.Module) -> None:
     """A model with recomputed blocks makes no KV cache in training calls with grad (``use_cache=False``), as a
     transformers model with gradient checkpointing on: the blocks could not fill it (see :func:`_recompute`)."""
-    if _NO_CACHE in model.__dict__ or "use_cache" not in inspect.signature(model.forward).parameters:
-        return
-    inner = model.forward
+    if _NO_CACHE not in model.__dict__ and "use_cache" in inspect.signature(model.forward).parameters:
+        model.__dict__[_NO_CACHE] = install_forward(model, _no_cache_forward)
 
-    @functools.wraps(inner)
-    def forward(*args, **kwargs):
-        if model.training and torch.is_grad_enabled():
-            kwargs["use_cache"] = False
+
+def _no_cache_forward(model: nn.Module, inner, *args, **kwargs):
+    if model.training and torch.is_grad_enabled():
+        kwargs["use_cache"] = False
+    return inner(*args, **kwargs)
+
+
+def _offload(block: nn.Module, inner, *args, **kwargs):
+    with Offload():
         return inner(*args, **kwargs)
-
-    model.__dict__[_NO_CACHE] = inner
-    model.forward = forward
-
-
-def _offload(inner):
-    def forward(*args, **kwargs):
-        with Offload():
-            return inner(*args, **kwargs)
-
-    return forward
 
 
 def remove_moves(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_moves`: each moved block gets the forward it had, the loss its stock computation."""
     remove_chunked_loss(model)
-    restore_forward(model, model.__dict__.pop(_NO_CACHE, None))
+    uninstall_forward(model, model.__dict__.pop(_NO_CACHE, None))
     for block in model.modules():
         if _MOVED in block.__dict__:
-            restore_forward(block, block.__dict__.pop(_MOVED)[1])
+            uninstall_forward(block, block.__dict__.pop(_MOVED)[1])
     return model
 
 

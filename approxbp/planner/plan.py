@@ -37,6 +37,7 @@ from approxbp.planner.plan_step import (
     gradient_error,
     measurer,
     option_table,
+    planned_weights,
     stepper,
 )
 from approxbp.planner.request import Request
@@ -116,7 +117,7 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
                             **asdict(options[layers[p]][o])} for p, o in choice.items()},
                 options=options, ms_norm=ms, estimate=estimate, checkpoint=request.checkpoint,
                 shard=request.setup.shard, traced=bool(base.moment), moves=moved,  # only a traced step has a moment
-                assignment=_summary(after) if moved else None)
+                assignment=_summary(after) if moved else None, weights=planned_weights(request))
 
 
 #: Whole-step traces a budgeted plan may take, and the fraction of the budget below which a tighter target is not
@@ -336,7 +337,8 @@ def evaluate_each(request: Request, *, uses, budget: int | None = None, progress
                           batch=request.batch, seq=request.seq if base.uses_seq else None, budget=budget,
                           before=_summary(base), after=_summary(after), layers=layers, options={},
                           ms_norm={"chosen": ms, "saving": None}, checkpoint=request.checkpoint,
-                          shard=request.setup.shard, traced=bool(base.moment), use=use))
+                          shard=request.setup.shard, traced=bool(base.moment), use=use,
+                          weights=planned_weights(request)))
     return plans
 
 

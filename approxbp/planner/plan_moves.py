@@ -165,9 +165,13 @@ def move_costs(run, request: Request, choice: dict[str, str], ms_norm: bool, aft
     recomputable alone with their measured saving per block): what :func:`plan_moves` weighs at any budget."""
     say(f"recompute and offload moves, timed for {device.name}")
     time, blocks = timed(request, device, choice, ms_norm)
-    loss = _loss_cost(lambda: run(choice, ms_norm, chunked_loss=True),
-                      lambda: timed(request, device, choice, ms_norm, chunked_loss=True)[0],
-                      after, time, blocks, _loss_sizes(request), say)
+    loss = None
+    if not request.chunked_loss:
+        say("chunked loss: not a move here (the trainer computes the loss from the logits)")
+    else:
+        loss = _loss_cost(lambda: run(choice, ms_norm, chunked_loss=True),
+                          lambda: timed(request, device, choice, ms_norm, chunked_loss=True)[0],
+                          after, time, blocks, _loss_sizes(request), say)
     parts = {}
     for name in _large_parts(after):
         say(f"recompute {name} alone")

@@ -14,13 +14,13 @@ from approxbp.planner.extrapolate import SMALL, extrapolate, layer_count, shrunk
 from approxbp.planner.models import hf_builder, model_spec, no_init
 from approxbp.planner.moves import RECOMPUTE_PART, apply_moves
 from approxbp.planner.request import Request
-from approxbp.planner.step_memory import StepMemory, first_block, measure, prepare
+from approxbp.planner.step_memory import StepMemory, first_block, measure, prepare, weight_shapes
 from approxbp.planner.step_time import block_paths
 from approxbp.planner.tasks import head_of
 from approxbp.planner.training import LoRALinear, Setup, weights_for
 
-__all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_table", "OPTIONS", "seeded",
-           "step_inputs", "stepper"]
+__all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_table", "OPTIONS", "planned_weights",
+           "seeded", "step_inputs", "stepper"]
 
 
 def _approximations() -> dict[str, tuple[type, int]]:
@@ -163,6 +163,14 @@ def stepper(request: Request, *, whole: bool = False):
         return extrapolate(two, three, count[1], prefix[0])
 
     return run
+
+
+def planned_weights(request: Request) -> str:
+    """:func:`~.result.weight_shapes` of the request's model, built on fake tensors as its steps are (stock: before
+    its set-up adds LoRA)."""
+    with _fake_like_real(), seeded(0), no_init():
+        model, _ = model_spec(request.model, request.setup.task)()
+    return weight_shapes(model)
 
 
 def measurer(request: Request):

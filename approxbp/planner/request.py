@@ -25,8 +25,9 @@ class Request:
     """One training step: ``model`` (a config file, a bundled hub id or a model type with overrides, or
     ``module:package.module:factory``; :func:`approxbp.planner.models.model_spec`), ``batch`` × ``seq`` inputs, the
     ``setup`` (:class:`~approxbp.planner.training.Setup` or a preset's name), the LoRA rank, activation
-    ``checkpoint``-ing, ``traced`` (a whole step traced by MemTracker; default: with checkpointing) and ``fake``
-    (fake tensors; False: real ones, for the tests that compare)."""
+    ``checkpoint``-ing, ``traced`` (a whole step traced by MemTracker; default: with checkpointing), ``fake``
+    (fake tensors; False: real ones, for the tests that compare) and ``chunked_loss`` (False: not a move, as where
+    the trainer computes the loss from the logits itself)."""
 
     model: str
     batch: int = 1
@@ -36,6 +37,7 @@ class Request:
     checkpoint: bool = False
     traced: bool | None = None
     fake: bool = True
+    chunked_loss: bool = True  # whether the loss may be chunked (False: the trainer computes it from the logits)
 
     def __post_init__(self):
         from approxbp.planner.training import as_setup
@@ -59,7 +61,7 @@ class Request:
 
 #: The set-up options, each overriding --mode's preset (Setup's fields of the same names).
 _SETUP_OPTIONS = ("weights", "autocast", "train", "optimizer", "shard", "adapters", "norms", "task", "lora_dropout",
-                 "devices")
+                 "devices", "accumulate")
 
 
 def setup_of(args: argparse.Namespace) -> Setup:
@@ -162,5 +164,7 @@ def _setup_arguments(pln) -> None:
     setup.add_argument("--devices", type=int, default=None, help="GPUs the model is split over by blocks, as "
                        "Hugging Face's device_map=\"auto\" does: each GPU's peak and their sum (not with --budget)")
     setup.add_argument("--compile", action="store_true", help="torch.compile (inductor's partitioner)")
+    setup.add_argument("--accumulate", action="store_true", default=None, help="gradient accumulation: every "
+                       "gradient alive through a micro-batch's forward and backward (the traced step starts with them)")
     setup.add_argument("--shard", type=int, default=None, help="ranks that shard parameters, gradients and "
                        "optimizer states (FSDP2 / ZeRO-3); activations are per rank")

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from approxbp.kernels.rewrite.common import PatchConfig
 
 from approxbp.approximations import tables as T
+from approxbp.planner.step_memory import weight_shapes
 
 __all__ = ["MAX_PLAN_BYTES", "OptionCost", "Plan", "PLAN_SCHEMA", "plan_config", "read_plan", "unapplied"]
 
@@ -58,6 +59,7 @@ class Plan:
     moves: dict | None = None  # recompute/offload moves beyond the approximations (planner.plan_moves.plan_moves)
     assignment: dict | None = None  # with moves: the approximations' step before them (``after`` is the final one)
     schema: int = PLAN_SCHEMA  # the JSON's version (:data:`PLAN_SCHEMA`)
+    weights: str | None = None  # the planned model's weight shapes (:func:`weight_shapes`); None: not recorded
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -86,6 +88,7 @@ class Plan:
         fused GLUs are not applied, and it says so per layer."""
         from approxbp.kernels.rewrite.patch import patch_model
 
+        self.check_model(model)
         config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
         report = patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
                              example_input=example_input, check=check)
@@ -101,6 +104,13 @@ class Plan:
         elif self.moves:
             report.moves = self._apply_moves(model)
         return report
+
+    def check_model(self, model: nn.Module) -> None:
+        """Refuse ``model`` when its weight shapes are not the planned model's (a plan's layer paths alone match any
+        model of the same architecture: a hidden-128 model would take a hidden-32 plan and its budget)."""
+        if self.weights is not None and (here := weight_shapes(model)) != self.weights:
+            raise ValueError(f"this plan was made for another model: planned weights {self.weights}, this model's "
+                             f"{here}; plan this model (`approxbp plan` on its config, or ApproxBPCallback(budget=…))")
 
     def _apply_moves(self, model: nn.Module) -> list[str]:
         """The planned recompute/offload moves on ``model``'s blocks (a planned path matches as it is or as a suffix,
@@ -210,6 +220,9 @@ def _check_fields(plan: dict, where: str) -> None:
     for field, want in (("batch", "an integer ≥ 1"), ("seq", "an integer ≥ 1 or null"),
                         ("budget", "bytes, an integer ≥ 1, or null"), ("shard", "an integer ≥ 1")):
         if field in plan and not (_count(plan[field]) or "null" in want and plan[field] is None):
+            refuse(field, plan[field], want)
+    for field, kind, want in (("weights", str, "a string (as `approxbp plan --out` writes it) or null"),):
+        if plan.get(field) is not None and not isinstance(plan[field], kind):
             refuse(field, plan[field], want)
     for flag in ("checkpoint", "traced"):
         if flag in plan and not isinstance(plan[flag], bool):

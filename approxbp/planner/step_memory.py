@@ -6,6 +6,7 @@ or real ones (the tests' reference). :func:`traced_step` traces a whole step wit
 from __future__ import annotations
 
 import gc
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -30,7 +31,8 @@ from approxbp.planner.training import (
 )
 
 __all__ = ["AT_PEAK", "checkpoint_blocks", "first_block", "fsdp2_rank", "GATHERED", "measure", "parse_size",
-           "prepare", "repeated_blocks", "size", "StepMemory", "traceable", "traced_step"]
+           "prepare", "repeated_blocks", "size", "StepMemory", "traceable", "traced_step",
+           "weight_shapes"]
 
 
 @dataclass
@@ -234,7 +236,8 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     alive, by category, and its moment. For activation checkpointing, where the peak is not the end of the forward
     but the backward's recomputation of a block, with the checkpointed blocks' inputs and part of the gradients
     alive. AdamW's moments are made beforehand (as in every step after the first); gradients are set to None
-    after the step, so the gradients counted are those alive at the peak. The drop-ins run as their custom ops
+    after the step, so the gradients counted are those alive at the peak (``setup.accumulate``: alive from the start, as
+in gradient accumulation's later micro-batches). The drop-ins run as their custom ops
     (:func:`~approxbp.kernels.ops.custom_ops.as_kernels`): each allocates what its kernel allocates, on fake and
     real tensors alike. Sharded over N ranks (``setup.shard``): one rank's step, :func:`fsdp2_rank` of the step
     traced on one device."""
@@ -257,7 +260,8 @@ def traced_step(model: nn.Module, inputs: dict, mode: str | Setup = "bf16") -> S
     for p in trainable:
         p.grad = torch.zeros_like(p)
     opt.step()
-    opt.zero_grad(set_to_none=True)
+    if not setup.accumulate:  # accumulating, a micro-batch after the first starts with every gradient
+        opt.zero_grad(set_to_none=True)
     tracker = Tracker()
     no_hook = type("NoHook", (), {"remove": lambda self: None})()
     for p in model.parameters():  # MemTracker hooks every parameter's gradient, which fails on frozen ones (none)
@@ -343,3 +347,13 @@ def prepare(model: nn.Module, mode: str | Setup, lora_r: int = 8, checkpoint: bo
     if setup.norms == "fp32":
         norms_in_fp32(model)
     return model.train()
+
+
+def weight_shapes(model: nn.Module) -> str:
+    """The model's weights as a plan records them: "N tensors, M elements, <digest of their sorted shapes>" over its
+    parameters less peft's (LoRA factors, ``modules_to_save`` copies), so a peft-wrapped model matches its base
+    model's plan; names are not read (a wrapper renames them), shapes are."""
+    shapes = sorted(tuple(p.shape) for n, p in model.named_parameters()
+                    if "lora_" not in n and "modules_to_save" not in n)
+    digest = hashlib.sha256(repr(shapes).encode()).hexdigest()[:12]
+    return f"{len(shapes)} tensors, {sum(math.prod(s) for s in shapes)} elements, shapes {digest}"

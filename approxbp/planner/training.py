@@ -3,8 +3,10 @@
 weights (the stored dtype), autocast (the forward's compute dtype, or off), train (full, lora, lora-fa, none),
 the LoRA targets and rank, the optimizer (its state bytes), torch.compile, sharding over N ranks (FSDP2 / ZeRO-3:
 parameters, gradients and optimizer states split dim-0-wise over the ranks; activations are per rank), and the task
-(the model's head and loss). LoRA adapters are laid out as peft lays them out by default: fp32 adapters on a 16-bit
-base (peft's ``autocast_adapter_dtype``), the input cast to the adapter's dtype and the sum cast back; ``adapters``
+(the model's head and loss), and gradient accumulation (a micro-batch after the first runs its forward and backward
+with every gradient alive: a traced step starts with them). LoRA adapters are laid out as peft lays them out by
+default: fp32 adapters on a 16-bit base (peft's ``autocast_adapter_dtype``), the input cast to the adapter's dtype
+and the sum cast back; ``adapters``
 may name their dtype instead (QLoRA's reference script casts them to bf16). LoRA-FA (Zhang et al. 2023) freezes
 the down-projection A at its initialisation, so only B trains and the layer keeps A·x (r values per token) in place
 of x.
@@ -58,6 +60,7 @@ class Setup:
     task: str | None = None  # the head (approxbp.planner.tasks.TASKS); None: the config's architectures, else a default
     lora_dropout: float = 0.0  # peft's lora_dropout: the adapters read dropout(x) (a copy of x and its mask saved)
     devices: int = 1  # GPUs the model is split over by blocks (device_map="auto"): each one's peak, and their sum
+    accumulate: bool = False  # gradient accumulation: the gradients alive through each micro-batch's forward
 
     def __post_init__(self):
         checks = (("weights", self.weights, WEIGHTS), ("autocast", self.autocast, AUTOCAST),
@@ -103,7 +106,8 @@ class Setup:
             *([f"{self.norms} norms"] if self.norms != "auto" else []),
             self.optimizer, *(["compiled"] if self.compile else []),
             *([f"sharded over {self.shard}"] if self.shard > 1 else []),
-            *([f"split over {self.devices} GPUs by blocks"] if self.devices > 1 else [])]
+            *([f"split over {self.devices} GPUs by blocks"] if self.devices > 1 else []),
+            *(["gradients accumulated"] if self.accumulate else [])]
         parts.append(f"head {head}" if head else f"task {self.task}" if self.task else "")
         return ", ".join(p for p in parts if p)
 

@@ -234,15 +234,24 @@ class Savings:
 
 def output_difference(before: list, after: list) -> tuple[float, str | None]:
     """(the largest difference between two :func:`run_example` results, what exceeds the dtype-aware tolerance
-    (fp64 1e-6, fp32 1e-3, 16-bit 5e-2, times max(1, max|output|)) or a changed structure, or None)."""
+    (fp64 1e-6, fp32 1e-3, 16-bit 5e-2, times max(1, max|output|)) or a changed structure, or None). Non-finite
+    entries are compared as themselves: NaN where stock has NaN, the same infinity where it has one (NaN − NaN is
+    not a change); the tolerance reads the finite ones."""
     if len(after) != len(before) or any(a.shape != b.shape for a, b in zip(after, before)):
         return float("inf"), "the structure of the model's outputs"
     largest = 0.0
     for i, (a, b) in enumerate(zip(after, before)):  # every floating output: logits, hidden states, …
-        diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        a, b = a.double(), b.double()
+        finite = torch.isfinite(b)
+        alike = torch.where(finite, torch.isfinite(a), (a == b) | (a.isnan() & b.isnan()))
+        if not bool(alike.all()):
+            return float("inf"), (f"output {i} of the model: {int((~alike).sum())} entries non-finite where stock's "
+                                  "are finite, or otherwise non-finite than stock's")
+        a, b = a[finite], b[finite]
+        diff = float((a - b).abs().max()) if a.numel() else 0.0
         largest = max(largest, diff)
-        tol = {torch.float64: 1e-6, torch.float32: 1e-3}.get(b.dtype, 5e-2)
-        scale = max(1.0, float(b.double().abs().max())) if b.numel() else 1.0
+        tol = {torch.float64: 1e-6, torch.float32: 1e-3}.get(before[i].dtype, 5e-2)
+        scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
         if not diff <= tol * scale:
             return largest, f"output {i} of the model by {diff:.3g} > {tol:g}·{scale:.3g}"
     return largest, None

@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ..ops.glu import GLU_ACTIVATIONS, GLUSpec, glu
 from . import swaps
 from .activation_swap import ACTIVATION_CLASSES, class_key
+from .bound_forward import BoundForward
 from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, hooks_of
 from .glu_forms import float64_twin
 
@@ -51,13 +52,18 @@ def _recomputes_down_input(module: nn.Module) -> bool:
         module, "has_post_expert_norm", False)
 
 
-def experts_forward(module: nn.Module):
+def experts_forward(module: nn.Module) -> BoundForward:
     """The grouped experts forward of transformers' ``grouped_mm`` implementation (tokens sorted by expert, the up
     projection [g | u] = x Wᵤ (+ b) per expert, h = gate(g, u), the down projection h W_d (+ b), the routing weights,
     the tokens' top-k outputs summed) with the gate and the down projection under one non-reentrant checkpoint: it
     keeps [g | u] (which the gate saves anyway) in place of h and the gate's intermediates, and recomputes the gate
     in the backward — elementwise work, no matmul; every value and gradient is the stock one. The gate is
     ``module._apply_gate``: the exact act(g)·u, or a class's own (GPT-OSS's clamped, interleaved one)."""
+    return BoundForward(_grouped_forward, module, module.forward)
+
+
+def _grouped_forward(module: nn.Module, inner, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                     top_k_weights: torch.Tensor) -> torch.Tensor:
     from torch.utils.checkpoint import checkpoint
     from transformers.integrations.moe import _grouped_linear
 
@@ -70,22 +76,19 @@ def experts_forward(module: nn.Module):
         return _grouped_linear(module._apply_gate(gate_up), weight, offsets, bias=rows("down_proj_bias", expert_of),
                                is_transposed=module.is_transposed)  # (the bias rows gathered here: not kept)
 
-    def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        k = top_k_index.size(-1)
-        expert_of, perm = torch.sort(top_k_index.reshape(-1))
-        counts = torch.histc(expert_of.float() if expert_of.device.type in ("cpu", "mps") else expert_of.int(),
-                             bins=module.num_experts, min=0, max=module.num_experts - 1)  # as transformers counts
-        offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # (histc has a fake kernel; bincount has none)
-        gate_up = _grouped_linear(hidden_states[perm // k], module.gate_up_proj, offsets,
-                                  bias=rows("gate_up_proj_bias", expert_of), is_transposed=module.is_transposed)
-        out = checkpoint(gate_down, gate_up, module.down_proj, offsets, expert_of if biased else None,
-                         use_reentrant=False)  # (the indices kept only where a bias needs them)
-        out = out * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
-        back = torch.empty_like(perm)
-        back[perm] = torch.arange(perm.numel(), device=perm.device)
-        return out[back].view(hidden_states.shape[0], k, -1).sum(dim=1).to(hidden_states.dtype)
-
-    return forward
+    k = top_k_index.size(-1)
+    expert_of, perm = torch.sort(top_k_index.reshape(-1))
+    counts = torch.histc(expert_of.float() if expert_of.device.type in ("cpu", "mps") else expert_of.int(),
+                         bins=module.num_experts, min=0, max=module.num_experts - 1)  # as transformers counts
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # (histc has a fake kernel; bincount has none)
+    gate_up = _grouped_linear(hidden_states[perm // k], module.gate_up_proj, offsets,
+                              bias=rows("gate_up_proj_bias", expert_of), is_transposed=module.is_transposed)
+    out = checkpoint(gate_down, gate_up, module.down_proj, offsets, expert_of if biased else None,
+                     use_reentrant=False)  # (the indices kept only where a bias needs them)
+    out = out * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
+    back = torch.empty_like(perm)
+    back[perm] = torch.arange(perm.numel(), device=perm.device)
+    return out[back].view(hidden_states.shape[0], k, -1).sum(dim=1).to(hidden_states.dtype)
 
 
 def _bmm_candidates(model: nn.Module) -> dict[str, nn.Module]:
@@ -99,23 +102,24 @@ def _bmm_candidates(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if fits(m) and swaps.expert_gate(m) is None}
 
 
-def bmm_experts_forward(module: nn.Module):
+def bmm_experts_forward(module: nn.Module) -> BoundForward:
     """Llama-4's experts forward (the tokens viewed per expert, [g | u] = x·W_gu by bmm, u·act(g), then ·W_d by bmm),
     with act and the down projection under one non-reentrant checkpoint: [g | u] is kept in place of act(g) and of
     the down projection's input u·act(g), both recomputed in the backward (elementwise). The same ops in the same
     order: the stock values and gradients."""
+    return BoundForward(_bmm_forward, module, module.forward)
+
+
+def _bmm_forward(module: nn.Module, inner, hidden_states: torch.Tensor) -> torch.Tensor:
     from torch.utils.checkpoint import checkpoint
 
     def act_down(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return torch.bmm(up * module.act_fn(gate), weight)
 
-    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
-        x = hidden_states.view(module.gate_up_proj.shape[0], -1, module.gate_up_proj.shape[1])
-        out = checkpoint(act_down, torch.bmm(x, module.gate_up_proj), module.down_proj, use_reentrant=False)
-        return out.view(-1, module.down_proj.shape[-1])
-
-    return forward
+    x = hidden_states.view(module.gate_up_proj.shape[0], -1, module.gate_up_proj.shape[1])
+    out = checkpoint(act_down, torch.bmm(x, module.gate_up_proj), module.down_proj, use_reentrant=False)
+    return out.view(-1, module.down_proj.shape[-1])
 
 
 def _probe_bmm(module: nn.Module) -> str | None:

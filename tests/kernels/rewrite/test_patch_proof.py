@@ -422,3 +422,30 @@ def test_patching_a_hugging_face_model_installs_none_of_its_output_capturing_hoo
     hooked = [name for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
     assert hooked == [] and not getattr(model, "_output_capturing_hooks_installed", False), hooked
 
+
+
+class _NonFinite(nn.Module):
+    """A GELU MLP whose output holds NaN and ±Inf wherever its input does (a masked score, an overflow)."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.fc, self.act = nn.Linear(d, d), nn.GELU()
+
+    def forward(self, x):
+        return self.act(self.fc(x)) + x.masked_fill(torch.isfinite(x), 0.0)
+
+
+def test_non_finite_stock_outputs_are_compared_as_themselves():
+    """NaN where stock has NaN and the same infinity where it has one is no change (NaN − NaN once read as one and
+    aborted the patch); the finite entries are compared as ever."""
+    from approxbp.kernels.rewrite.common import output_difference
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    x[0, 0], x[1, 1], x[2, 2] = float("nan"), float("inf"), -float("inf")
+    report = patch_model(_NonFinite(), family="relu-sum", example_input=x.requires_grad_())
+    assert report.activations and not report.skipped, report
+    stock = torch.tensor([float("nan"), float("inf"), 1.0])
+    assert output_difference([stock], [stock.clone()]) == (0.0, None)
+    for changed in ([float("nan"), -float("inf"), 1.0], [1.0, float("inf"), 1.0], [float("nan"), float("inf"), 2.0]):
+        assert output_difference([stock], [torch.tensor(changed)])[1] is not None, changed

@@ -1,0 +1,130 @@
+"""ApproxBPCallback's promises on every step of a real Trainer run (CPU, each step's peak counted by
+``_step_peaks.StepPeaks`` under ``as_kernels``/``as_a_gpu_runs_it``, so that the CPU step allocates what the planned
+GPU step does): a budget holds from step 1, with gradient accumulation, label smoothing and eager attention; the
+moves are in force on the first call; evaluation first, a second model and a plan for another model are handled."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from _step_peaks import LiveBytes, StepPeaks, held  # noqa: E402
+from _tiny_llm import tiny_data, tiny_llama  # noqa: E402
+from approxbp.kernels.ops.custom_ops import as_kernels  # noqa: E402
+
+from approxbp.planner.attention import as_a_gpu_runs_it  # noqa: E402
+from approxbp.planner.tracker import Tracker  # noqa: E402
+from approxbp.trainer import ApproxBPCallback  # noqa: E402
+
+BUDGET = 440_000  # under the stock step's 451 200 bytes (fp32 AdamW, batch 2 × 16 tokens)
+
+
+def _trainer(model, tmp_path, callbacks, steps=3, **extra):
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=steps,
+                                          learning_rate=3e-3, logging_steps=1, report_to=[], save_strategy="no",
+                                          use_cpu=True, seed=0, disable_tqdm=True, **extra)
+    return transformers.Trainer(model=model, args=args, train_dataset=tiny_data(), eval_dataset=tiny_data()[:4],
+                                callbacks=callbacks)
+
+
+def _peaks(build, tmp_path, callback=None, **extra):
+    torch.manual_seed(0)
+    peaks = StepPeaks(callback)
+    trainer = _trainer(build(), tmp_path, [c for c in (callback, peaks) if c], **extra)
+    with as_kernels(), as_a_gpu_runs_it():
+        trainer.train()
+    return peaks.peaks
+
+
+def test_the_step_counter_is_memtrackers_count():
+    """The counter the budget tests read agrees with PyTorch's MemTracker on a whole step, byte for byte."""
+    counts = []
+    for make in (Tracker, None):
+        torch.manual_seed(0)
+        model = tiny_llama().train()
+        opt = torch.optim.AdamW(model.parameters())
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ids = torch.stack([r["input_ids"] for r in tiny_data()[:2]])
+        counter = make() if make else LiveBytes(held(model, opt))
+        if make:
+            counter.track_external(model, opt)
+        with counter:
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+        counts.append(next(iter(counter.get_tracker_snapshot("peak").values()))["Total"] if make else counter.peak)
+    assert counts[0] == counts[1] > 0
+
+
+def _eager():
+    model = tiny_llama()
+    model.config._attn_implementation = "eager"
+    return model
+
+
+@pytest.mark.parametrize("build, extra", [
+    (tiny_llama, {}),
+    (tiny_llama, {"gradient_accumulation_steps": 4}),
+    (tiny_llama, {"label_smoothing_factor": 0.1}),
+    (_eager, {}),
+], ids=["plain", "gradient-accumulation", "label-smoothing", "eager-attention"])
+def test_a_budget_holds_on_every_step(build, extra, tmp_path):
+    """Every step's peak within the budget, and within the trainer's own scalars (its running loss: a few bytes)
+    of the plan's traced peak: accumulation plans the gradients alive through each micro-batch; label smoothing (the
+    trainer computes the loss from the logits) plans without the chunked loss; eager attention is planned eager."""
+    stock = _peaks(build, tmp_path / "stock", **extra)
+    callback = ApproxBPCallback(budget=BUDGET)
+    ours = _peaks(build, tmp_path / "ours", callback, **extra)
+    plan = callback.plan
+    assert max(stock) > BUDGET >= max(ours), (stock, ours)
+    assert all(0 <= peak - plan.after["peak"] <= 512 for peak in ours[1:]), (ours, plan.after["peak"])
+    assert ("gradients accumulated" in plan.mode) == ("gradient_accumulation_steps" in extra)
+    assert plan.chunked_loss == ("label_smoothing_factor" not in extra)
+
+
+@pytest.mark.parametrize("eval_first", [False, True], ids=["train-first", "eval-on-start"])
+def test_the_chunked_loss_is_in_force_on_the_first_call_and_evaluation_first_runs_stock(eval_first, tmp_path):
+    """Both training steps' calls return no logits (the chunked loss ran from step 1); an evaluation before training
+    (eval_on_start) runs the stock model, unpatched, and leaves the
+    patch for the first training call."""
+    model = tiny_llama()
+    calls = []
+    callback = ApproxBPCallback(family="invact", chunked_loss=True)
+    model.register_forward_hook(lambda m, a, out: calls.append((m.training, out.logits is None,
+                                                                callback.report is not None)))
+    _trainer(model, tmp_path, [callback], steps=2, eval_on_start=eval_first, eval_strategy="steps",
+             eval_steps=10).train()
+    if eval_first:
+        assert calls[0] == (False, False, False), calls  # the evaluation: stock
+    steps = [logits_none for training, logits_none, patched in calls if training and patched]
+    assert steps == [True, True], calls  # steps 1 and 2 (the proofs ran before the report existed)
+
+
+def test_label_smoothing_with_the_chunked_loss_is_refused_at_the_start(tmp_path):
+    callback = ApproxBPCallback(family="invact", chunked_loss=True)
+    with pytest.raises(ValueError, match="label_smoothing_factor=0.1.*drop chunked_loss"):
+        _trainer(tiny_llama(), tmp_path, [callback], label_smoothing_factor=0.1).train()
+
+
+def test_a_second_model_is_patched_too(tmp_path):
+    callback = ApproxBPCallback(budget=BUDGET)
+    first = tiny_llama()
+    _trainer(first, tmp_path, [callback], steps=1).train()
+    report, plan = callback.report, callback.plan
+    second = tiny_llama()
+    _trainer(second, tmp_path, [callback], steps=1).train()
+    assert callback.report is not report and callback.plan is not plan
+    for model in (first, second):
+        assert "_approxbp_chunked_loss" in model.__dict__
+
+
+def test_a_plan_applies_only_to_the_model_it_was_made_for(tmp_path):
+    callback = ApproxBPCallback(budget=BUDGET)
+    _trainer(tiny_llama(), tmp_path, [callback], steps=1).train()
+    wider = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=64, max_position_embeddings=32))
+    with pytest.raises(ValueError, match="made for another model: planned weights 21 tensors"):
+        callback.plan.apply(wider)
+    callback.plan.apply(tiny_llama())  # the same shapes: applies
