@@ -39,7 +39,7 @@ from approxbp.planner.gpus import gpu as step_gpu
 from approxbp.planner.moves import apply_moves, block_moves
 from approxbp.planner.step_memory import parse_size
 
-__all__ = ["ApproxBPCallback", "plan_for", "trainer_setup"]
+__all__ = ["ApproxBPCallback", "longest_sequence", "plan_for", "trainer_setup"]
 
 _logger = logging.getLogger("approxbp")
 
@@ -105,6 +105,7 @@ class ApproxBPCallback(TrainerCallback):
             if self.budget is not None:
                 self.plan = None
         self._model = weakref.ref(model)
+        self._longest = longest_sequence(kwargs.get("train_dataloader"))
         _refuse_unchunkable_loss(args, self.chunked_loss or (self.plan is not None and self.plan.chunked_loss))
         _PatchOnFirstTrainingCall.install(model, self._patch)
 
@@ -120,7 +121,7 @@ class ApproxBPCallback(TrainerCallback):
                 self.plan = plan_for(model, example, self.budget, gpu=self.gpu,
                                      setup=self.setup or trainer_setup(self._args, model),
                                      checkpoint=bool(getattr(self._args, "gradient_checkpointing", False)),
-                                     chunked_loss=_loss_reaches_model(self._args))
+                                     chunked_loss=_loss_reaches_model(self._args), longest=self._longest)
             if self.plan is not None:
                 self.report = self.plan.apply(base, example_input=example)
             else:
@@ -220,9 +221,10 @@ def trainer_setup(args, model: nn.Module):
 
 
 def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, setup, checkpoint: bool = False,
-             chunked_loss: bool = True):
-    """The plan of ``model``'s config (fake tensors, ``approxbp plan``'s search) at the example's batch and sequence
-    length under ``budget`` on ``gpu``: its approximations, norms and moves (the fastest that fit; without the
+             chunked_loss: bool = True, longest: int | None = None):
+    """The plan of ``model``'s config (fake tensors, ``approxbp plan``'s search) at the example's batch size and the
+    run's longest sequence (``longest``, :func:`longest_sequence`; None: unknown, the example's length, said) under
+    ``budget`` on ``gpu``: its approximations, norms and moves (the fastest that fit; without the
     chunked loss when ``chunked_loss`` is False, as where the trainer computes the loss from the logits)."""
     import tempfile
 
@@ -242,12 +244,42 @@ def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, s
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "config.json"
         path.write_text(json.dumps(config))
-        request = Request(model=str(path), batch=ids.shape[0], seq=ids.shape[1], setup=setup, checkpoint=checkpoint,
+        if longest is None:
+            _logger.warning("approxbp: the training data's longest sequence cannot be read (no sized dataset of "
+                            "input_ids): the budget is planned at the first batch's %s tokens, and a longer batch "
+                            "may exceed it; plan at the longest shape (approxbp plan, then plan=)", ids.shape[1])
+        seq = max(ids.shape[1], longest or 0)
+        request = Request(model=str(path), batch=ids.shape[0], seq=seq, setup=setup, checkpoint=checkpoint,
                           lora_r=getattr(_adapter_config(model), "r", 8), chunked_loss=chunked_loss)
         if not chunked_loss:
             _logger.warning("approxbp: the trainer computes the loss from the logits (label smoothing): the budget "
                             "is planned without the chunked loss")
         return planner.plan(request, budget=budget, gpu=gpu or DEFAULT_GPU)
+
+
+#: Datasets longer than this are not scanned for their longest sequence (planned at the first batch, said).
+_SCAN_ROWS = 1_000_000
+
+
+def longest_sequence(loader) -> int | None:
+    """The most tokens a batch of ``loader`` can hold: its dataset's longest ``input_ids`` (rounded up to the
+    collator's ``pad_to_multiple_of``; its ``max_length`` where it pads to it); None where it cannot be read (an
+    iterable dataset, no ``input_ids``, more than :data:`_SCAN_ROWS` rows)."""
+    dataset, collate = getattr(loader, "dataset", None), getattr(loader, "collate_fn", None)
+    if getattr(collate, "padding", None) == "max_length" and isinstance(getattr(collate, "max_length", None), int):
+        return collate.max_length
+    try:
+        if not 0 < len(dataset) <= _SCAN_ROWS:
+            return None
+        if "input_ids" in (getattr(dataset, "column_names", None) or ()):
+            rows = dataset["input_ids"]
+        else:
+            rows = (dataset[i]["input_ids"] for i in range(len(dataset)))
+        longest = max(len(r) for r in rows)
+    except (TypeError, KeyError, IndexError, AttributeError):
+        return None
+    multiple = getattr(collate, "pad_to_multiple_of", None)
+    return -(-longest // multiple) * multiple if isinstance(multiple, int) and multiple > 0 else longest
 
 
 #: The settings a model runs with that its config JSON leaves out: planned as the model runs (eager attention keeps

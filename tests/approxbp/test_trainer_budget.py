@@ -128,3 +128,58 @@ def test_a_plan_applies_only_to_the_model_it_was_made_for(tmp_path):
     with pytest.raises(ValueError, match="made for another model: planned weights 21 tensors"):
         callback.plan.apply(wider)
     callback.plan.apply(tiny_llama())  # the same shapes: applies
+
+
+def _varied():
+    """Rows of 8 tokens, then rows of 24: a first batch shorter than the run's longest."""
+    g = torch.Generator().manual_seed(2)
+    return [{"input_ids": (torch.randint(0, 64, (1,), generator=g) + torch.arange(n)) % 64}
+            for n in [8] * 4 + [24] * 8]
+
+
+def _padded(rows):
+    """Dynamic padding, as DataCollatorWithPadding does: each batch to its own longest row."""
+    n = max(len(r["input_ids"]) for r in rows)
+    ids = torch.stack([torch.nn.functional.pad(r["input_ids"], (0, n - len(r["input_ids"]))) for r in rows])
+    labels = torch.stack([torch.nn.functional.pad(r["input_ids"], (0, n - len(r["input_ids"])), value=-100)
+                          for r in rows])
+    return {"input_ids": ids, "labels": labels}
+
+
+def test_the_budget_is_planned_at_the_longest_batch_the_run_will_see(tmp_path):
+    """The first batch has 8 tokens, later ones 24 (dynamic padding, sequential order): planned at 24, every step
+    within a budget (540 000 bytes) that the stock step at 8 tokens fits and at 24 does not (607 000)."""
+    budget = 540_000
+    callback = ApproxBPCallback(budget=budget)
+    torch.manual_seed(0)
+    peaks = StepPeaks(callback)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=6,
+                                          learning_rate=3e-3, report_to=[], save_strategy="no", use_cpu=True,
+                                          seed=0, disable_tqdm=True, train_sampling_strategy="sequential")
+    trainer = transformers.Trainer(model=tiny_llama(), args=args, train_dataset=_varied(), data_collator=_padded,
+                                   callbacks=[callback, peaks])
+    with as_kernels(), as_a_gpu_runs_it():
+        trainer.train()
+    assert callback.plan.seq == 24 and callback.plan.batch == 2
+    assert max(peaks.peaks) <= budget, peaks.peaks
+    assert peaks.peaks[0] < peaks.peaks[-1]  # the longer batches do reach further
+
+
+def test_the_longest_sequence_is_read_off_the_dataloader():
+    from types import SimpleNamespace
+
+    from approxbp.trainer import longest_sequence
+
+    rows = _varied()
+    assert longest_sequence(torch.utils.data.DataLoader(rows, collate_fn=_padded)) == 24
+    rounded = SimpleNamespace(dataset=rows, collate_fn=SimpleNamespace(pad_to_multiple_of=16))
+    assert longest_sequence(rounded) == 32
+    fixed = SimpleNamespace(dataset=rows, collate_fn=SimpleNamespace(padding="max_length", max_length=30))
+    assert longest_sequence(fixed) == 30
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(rows)
+
+    assert longest_sequence(torch.utils.data.DataLoader(Stream())) is None
+    assert longest_sequence(None) is None
