@@ -26,7 +26,9 @@ programming on the bytes).
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from pathlib import Path
 
+from approxbp.approximations import tables as T
 from approxbp.planner import chunked_loss
 from approxbp.planner.gpus import DEFAULT_GPU
 from approxbp.planner.gpus import gpu as step_gpu
@@ -34,6 +36,7 @@ from approxbp.planner.knapsack import multiple_choice
 from approxbp.planner.plan_moves import Assignment, Weighed, move_costs
 from approxbp.planner.plan_step import (
     OPTIONS,
+    TABLE_OPTION,
     gradient_error,
     measurer,
     option_table,
@@ -290,8 +293,12 @@ def _within(run, layers, options, ms_saving: int, peak: int, budget: int | None,
 
 def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
     """``--use``: (one option for every activation layer, or {layer: option} from a plan JSON; MS-norms on/off).
-    ``exact``, ``relu-sum-k2``, ``invact``, … (:data:`OPTIONS`), each optionally ``+ms-norm``; ``ms-norm`` alone;
-    or the path of a plan written by ``approxbp plan --out``."""
+    ``exact``, ``relu-sum-k2``, ``invact``, … (:data:`OPTIONS`), or a table file (a user's own fit: every layer of
+    its activation takes it, the others stay exact), each optionally ``+ms-norm``; ``ms-norm`` alone; or the path of
+    a plan written by ``approxbp plan --out``."""
+    table, _, rest = text.partition("+")
+    if table.endswith(".json") and rest in ("", "ms-norm") and _is_table(table):
+        return TABLE_OPTION + str(T.resolve(table)), rest == "ms-norm"
     if text.endswith(".json"):
         from approxbp.planner.result import read_plan
 
@@ -311,6 +318,35 @@ def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
     return (acts[0] if acts else "exact"), "ms-norm" in parts
 
 
+def _is_table(path: str) -> bool:
+    """Whether ``path`` is a coefficient table (not a plan): its schema and family read (a broken table is
+    refused with the table reader's reason)."""
+    if not Path(path).is_file():
+        return False  # a packaged table is named by its option; a missing file is refused as a plan
+    try:
+        T.header(path)
+    except T.TableError as err:
+        data = T.read_json(path) if Path(path).is_file() else None
+        if isinstance(data, dict) and "layers" in data:
+            return False  # a plan
+        raise ValueError(f"--use {path}: neither a table nor a plan ({err})") from None
+    return True
+
+
+def _table_assignment(use: str, option: str, layers: dict[str, str]) -> dict[str, str]:
+    """A table option on the layers of its activation, the others exact (its kernels exported beside it where they
+    are missing or stale); refused where no layer has it."""
+    from approxbp.kernels.codegen import export_if_stale
+
+    path = option[len(TABLE_OPTION):]
+    activation = T.load(path).activation
+    export_if_stale(Path(path))  # its kernels beside it, as a drop-in of it finds them (said on stderr when written)
+    if activation not in layers.values():
+        raise ValueError(f"--use {use}: a table of {activation!r}; this model's activation layers are "
+                         f"{', '.join(sorted(set(layers.values())))}: none would take it")
+    return {p: option if act == activation else "exact" for p, act in layers.items()}
+
+
 def evaluate(request: Request, *, use: str, budget: int | None = None, progress=None) -> Plan:
     """The exact step (``before``) and the step with the given assignment (``after``, :func:`parse_use`), both
     measured; no option is tried and nothing is chosen. ``budget`` is only recorded (and reported)."""
@@ -326,7 +362,10 @@ def evaluate_each(request: Request, *, uses, budget: int | None = None, progress
     base = run()
     plans = []
     for use, (option, ms) in zip(uses, parsed):
-        assignment = {p: option for p in base.layers} if isinstance(option, str) else option
+        if isinstance(option, str) and option.startswith(TABLE_OPTION):
+            assignment = _table_assignment(use, option, base.layers)
+        else:
+            assignment = {p: option for p in base.layers} if isinstance(option, str) else option
         if unknown := sorted(set(assignment) - set(base.layers)):
             raise ValueError(f"--use {use}: the plan names layers this model does not have ({', '.join(unknown[:3])})")
         say(f"the assignment {use}")

@@ -20,7 +20,7 @@ from approxbp.planner.tasks import head_of
 from approxbp.planner.training import LoRALinear, Setup, weights_for
 
 __all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_table", "OPTIONS", "planned_weights",
-           "seeded", "step_inputs", "stepper"]
+           "seeded", "step_inputs", "stepper", "TABLE_OPTION"]
 
 
 def _approximations() -> dict[str, tuple[type, int]]:
@@ -38,11 +38,21 @@ def _approximations() -> dict[str, tuple[type, int]]:
 OPTIONS = ("exact", *_approximations(), "glu")
 
 
+#: An option that names a table file rather than a family (``--use my-table.json``): ``"table:<path>"``.
+TABLE_OPTION = "table:"
+
+
 def option_table(activation: str, option: str) -> str | None:
     """The packaged table of an option for a registry activation (None for ``exact`` and ``glu``): the family's own
-    ``packaged`` table at the option's bits."""
+    ``packaged`` table at the option's bits; a :data:`TABLE_OPTION` names its file (for the table's own activation;
+    None for another's: that layer stays exact)."""
     if option in ("exact", "glu"):
         return None
+    if option.startswith(TABLE_OPTION):
+        from approxbp.approximations import tables as T
+
+        path = option[len(TABLE_OPTION):]
+        return path if T.load(path).activation == activation else None
     spec, bits = _approximations()[option]
     return spec.packaged(activation, bits)
 

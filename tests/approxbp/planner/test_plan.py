@@ -309,3 +309,27 @@ def test_planning_leaves_the_users_random_state_alone(fake):
     P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16", fake=fake),
            budget=P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16")).before["peak"] - 20_000)
     assert torch.equal(torch.rand(5), expected)
+
+
+def test_use_takes_a_users_own_table_file(tmp_path):
+    """--use TABLE.json (a table the user fitted, here a packaged SiLU table copied out): every layer of its
+    activation takes it, and the step is the packaged option's; a table of an activation the model lacks, and a file
+    that is neither a table nor a plan, are refused by name."""
+    import shutil
+
+    from approxbp.approximations import tables as T
+
+    mine = tmp_path / "my-silu.json"
+    shutil.copy(T.resolve(PS.option_table("silu", "relu-sum-k2")), mine)
+    ours = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use=f"{mine}+ms-norm")
+    packaged = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use="relu-sum-k2+ms-norm")
+    assert ours.after == packaged.after and ours.ms_norm["chosen"]
+    assert {layer["table"] for layer in ours.layers.values()} == {str(mine)}
+    gelu = tmp_path / "my-gelu.json"
+    shutil.copy(T.resolve(PS.option_table("gelu", "relu-sum-k2")), gelu)
+    with pytest.raises(ValueError, match="a table of 'gelu'; this model's activation layers are silu"):
+        P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use=str(gelu))
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="neither a table nor a plan"):
+        P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use=str(junk))
