@@ -133,8 +133,8 @@ def add_arguments(pln) -> None:
                      help="find the largest batch or sequence length that fits --budget (the plan is for it)")
     pln.add_argument("--grain", type=int, default=64, help="--maximize seq_len searches multiples of this many tokens")
     pln.add_argument("--use", default=None, help="evaluate this assignment instead of choosing one: exact, "
-                     "relu-sum-k1…k4 or invact for every activation layer, or a table file of your own (fit relu-sum/invact "
-                     "--out: every layer of its activation), each optionally +ms-norm (or ms-norm alone), or a plan "
+                     "relu-sum-k1…k4 or invact for every activation layer, or a table file of your own (fit "
+                     "relu-sum/invact --out: every layer of its activation), each optionally +ms-norm (or ms-norm alone), or a plan "
                      "JSON (--out of an earlier plan); with --maximize, the largest size it fits")
 
 
