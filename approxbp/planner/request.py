@@ -134,8 +134,9 @@ def add_arguments(pln) -> None:
     pln.add_argument("--grain", type=int, default=64, help="--maximize seq_len searches multiples of this many tokens")
     pln.add_argument("--use", default=None, help="evaluate this assignment instead of choosing one: exact, "
                      "relu-sum-k1…k4 or invact for every activation layer, or a table file of your own (fit "
-                     "relu-sum/invact --out: every layer of its activation), each optionally +ms-norm (or ms-norm alone), or a plan "
-                     "JSON (--out of an earlier plan); with --maximize, the largest size it fits")
+                     "relu-sum/invact --out: every layer of its activation), each optionally +ms-norm (or "
+                     "ms-norm alone), or a plan JSON (--out of an earlier plan); with --maximize, the largest size "
+                     "it fits")
 
 
 def _setup_arguments(pln) -> None:
