@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
+from approxbp.planner.chunked_loss import refusal as chunked_loss_refusal
 from approxbp.planner.gpus import DEFAULT_GPU
 from approxbp.planner.gpus import gpu as step_gpu
 from approxbp.planner.moves import apply_moves, block_moves
@@ -106,7 +107,10 @@ class ApproxBPCallback(TrainerCallback):
                 self.plan = None
         self._model = weakref.ref(model)
         self._longest = longest_sequence(kwargs.get("train_dataloader"))
-        _refuse_unchunkable_loss(args, self.chunked_loss or (self.plan is not None and self.plan.chunked_loss))
+        chunked = self.chunked_loss or (self.plan is not None and self.plan.chunked_loss)
+        _refuse_unchunkable_loss(args, chunked)
+        if chunked and (why := chunked_loss_refusal(_base(model))):
+            raise ValueError(f"ApproxBPCallback: chunked loss: {why}; drop chunked_loss (or plan without it)")
         _PatchOnFirstTrainingCall.install(model, self._patch)
 
     def _patch(self, model: nn.Module, args: tuple, kwargs: dict) -> None:

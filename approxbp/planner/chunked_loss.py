@@ -59,7 +59,8 @@ class NotChunked(ValueError):
 
 def refusal(model: nn.Module) -> str | None:
     """Why the chunked loss cannot apply to ``model`` (None: it can): a Hugging Face causal LM whose loss is
-    ``ForCausalLMLoss`` and whose output embeddings are a module."""
+    ``ForCausalLMLoss``, whose output embeddings are a module, and whose logits reach the loss as the head makes them
+    (no encoder-decoder computing its own loss, no soft-capping): refused here, at construction, not at a call."""
     try:
         from transformers.loss.loss_utils import ForCausalLMLoss
     except ImportError:
@@ -69,6 +70,13 @@ def refusal(model: nn.Module) -> str | None:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(head, nn.Module):
         return f"{type(model).__name__} has no output embeddings (its head) to chunk"
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return (f"{type(model).__name__} is an encoder-decoder: its forward computes the loss itself from the "
+                "logits (not through loss_function), so no chunk of them can stand in")
+    if getattr(config, "final_logit_softcapping", None):
+        return (f"{type(model).__name__} soft-caps its logits after the head (final_logit_softcapping "
+                f"{config.final_logit_softcapping:g}), and the loss reads the capped ones")
     return None
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from approxbp.kernels.ops.saved import saved_bytes
 
-from approxbp.planner.chunked_loss import apply_chunked_loss, chunk_rows, remove_chunked_loss
+from approxbp.planner.chunked_loss import NotChunked, apply_chunked_loss, chunk_rows, remove_chunked_loss
 
 transformers = pytest.importorskip("transformers")
 
@@ -77,7 +77,11 @@ def test_without_labels_or_without_grad_the_model_returns_its_logits():
     assert "forward" not in ours.__dict__ and ours(input_ids=ids, labels=labels).logits is not None
 
 
-def test_a_model_that_changes_its_logits_after_the_head_is_refused_at_the_call():
+def test_a_model_that_changes_its_logits_after_the_head_is_refused_at_the_call(monkeypatch):
+    """The call's own check, for a change no construction-time refusal knows (Gemma-2's cap stands in for one)."""
+    from approxbp.planner import chunked_loss
+
+    monkeypatch.setattr(chunked_loss, "refusal", lambda model: None)
     cfg = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                     final_logit_softcapping=30.0)
@@ -149,3 +153,34 @@ def test_return_dict_false_gives_the_stock_tuple_with_the_stock_loss():
     assert got[0].item() == pytest.approx(want[0].item(), rel=1e-9)
     positional = ours(ids, None, None, None, None, labels)  # labels given by position
     assert positional.loss.item() == pytest.approx(want[0].item(), rel=1e-9)
+
+
+def _gemma2():
+    return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=32))
+
+
+def _bart():
+    return transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32))
+
+
+def _t5():
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64,
+                                                                         num_layers=1, num_heads=4))
+
+
+@pytest.mark.parametrize("build, why", [(_gemma2, "soft-caps its logits"), (_bart, "encoder-decoder"),
+                                        (_t5, "encoder-decoder")], ids=["gemma2", "bart", "t5"])
+def test_soft_capped_and_seq2seq_heads_are_refused_before_any_call(build, why, tmp_path):
+    """Refused by apply_chunked_loss and by the Trainer callback at on_train_begin (they once crashed at a step)."""
+    from approxbp.trainer import ApproxBPCallback
+
+    model = build()
+    with pytest.raises(NotChunked, match=why):
+        apply_chunked_loss(model)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    with pytest.raises(ValueError, match=f"chunked loss: .*{why}.*drop chunked_loss"):
+        ApproxBPCallback(family="invact", chunked_loss=True).on_train_begin(args, None, None, model=model)
