@@ -79,6 +79,8 @@ def _fit_relu_sum(args, argv) -> int:
     table = fit.table
     print(_summary(table))
     print(f"  restarts    {fit.message}")
+    for line in _gradient_errors(table):
+        print(line, file=sys.stderr if line.startswith("approxbp: warning") else sys.stdout)
     if fit.untrusted:
         print(f"approxbp: warning: only 1 of {len(fit.restarts)} restarts reached the best loss; "
               "run more --restarts before trusting this optimum", file=sys.stderr)
@@ -168,6 +170,35 @@ def _summary(t) -> str:
         f"{t.provenance['restarts']} restarts, {t.provenance['seconds']:.2f} s",
     ]
     return "\n".join(lines)
+
+
+def _gradient_errors(t) -> list[str]:
+    """The fit's gradient error E_N(0,1)[(h̃′ − h′)²]^½ (what a backward through it feels, whatever the objective
+    fitted) beside the packaged tables of the same activation at k − 1 and with the other objective; a warning where
+    this k is worse than k − 1 (at k = 2 the primitive objective is, for SiLU and Mish)."""
+    from approxbp.approximations import tables as T
+    from approxbp.approximations.gradient_error import gradient_error
+
+    ours = gradient_error(t)
+    lines = [f"  gradient    E_N(0,1)[(h̃′ − h′)²]^½ = {ours:.4g} (this table)"]
+    other = "primitive" if t.objective == "derivative" else "derivative"
+    worse = None
+    for label, bits, objective in ((f"k={t.bits - 1}", t.bits - 1, t.objective), (other, t.bits, other)):
+        path = T.data_dir() / "relu_sum" / f"{t.activation}-k{bits}-{objective}.json"
+        if bits < 1 or not path.is_file() or T.load(path).expression != t.expression:
+            continue
+        error = gradient_error(T.load(path))
+        lines.append(f"              {error:.4g} packaged {label} ({objective} objective, "
+                     f"{T.packaged_name(path)})")
+        if bits == t.bits - 1 and error < ours:
+            worse = error
+    if len(lines) == 1:
+        lines.append("              (no packaged table of this activation to compare with)")
+    if worse is not None:
+        lines.append(f"approxbp: warning: this k={t.bits} table's gradient error {ours:.3g} is worse than the packaged "
+                     f"k={t.bits - 1}'s {worse:.3g}: the {t.objective} objective does not fit the gradient; "
+                     "--objective derivative does")
+    return lines
 
 
 def _short(values, precision: int) -> str:
