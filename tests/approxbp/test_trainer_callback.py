@@ -162,3 +162,41 @@ def test_the_set_up_read_off_the_trainer_shards_under_fsdp_and_refuses_deepspeed
     assert trainer_setup(ddp, model).shard == 1  # DDP: every rank holds the whole model
     with pytest.raises(ValueError, match="DeepSpeed"):
         trainer_setup(SimpleNamespace(deepspeed="ds.json", optim="adamw_torch"), model)
+
+
+def test_trl_grpo_trainer_patches_after_generation_and_trains_as_stock(tmp_path):
+    """GRPO's first calls are generate's (no grad, a KV cache): they run the stock model and the patch waits for the
+    first training call (it once patched on the prefill, whose proofs appended to one cache and aborted). Two steps'
+    gradient norms equal stock's."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t1"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t2",
+                                                     unk_token="t1")
+    data = datasets.Dataset.from_list([{"prompt": " ".join(f"t{(i + j) % VOCAB}" for j in range(6))}
+                                       for i in range(8)])
+
+    def run(callback):
+        torch.manual_seed(0)
+        model = _llama()
+        model.config.pad_token_id = 0
+        args = trl.GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
+                              max_completion_length=6, max_steps=2, report_to=[], use_cpu=True, save_strategy="no",
+                              logging_steps=1, disable_tqdm=True, seed=0)
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in
+                                                                                        completions],
+                                  args=args, train_dataset=data, processing_class=tokenizer,
+                                  callbacks=[callback] if callback else None)
+        trainer.train()
+        return [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+
+    stock = run(None)
+    callback = ApproxBPCallback(family="invact", chunked_loss=True)
+    ours = run(callback)
+    assert callback.report is not None and callback.report.norms, callback.report
+    assert len(ours) == len(stock) == 2
+    for a, b in zip(stock, ours):
+        assert b == pytest.approx(a, rel=1e-4), (stock, ours)
