@@ -249,3 +249,20 @@ def test_the_fit_summary_says_the_gradient_error_beside_the_packaged_baselines(c
         "derivative" in out
     assert packaged["k2-derivative"] < packaged["k1-primitive"] < packaged["k2-primitive"]
     assert "worse than the packaged k=1's" in err and "--objective derivative" in err
+
+
+def test_export_never_writes_into_an_installed_package(monkeypatch, capsys, tmp_path):
+    """Outside a source checkout the packaged tables' kernels are not rewritten in place: refused, naming
+    --out-dir; with it they are written there, and a user's own table's kernels go beside the table."""
+    from approxbp.commands import export
+
+    monkeypatch.setattr(export, "source_checkout", lambda: False)
+    for argv in (["export"], ["export", "relu_sum/gelu-k2-derivative"]):
+        assert main(argv) == 2
+        assert "--out-dir DIR" in capsys.readouterr().err
+    assert main(["export", "relu_sum/gelu-k2-derivative", "--out-dir", str(tmp_path / "k")]) == 0
+    assert len(list((tmp_path / "k").glob("*.py"))) == 1
+    mine = tmp_path / "mine.json"
+    mine.write_bytes(T.resolve("relu_sum/gelu-k2-derivative").read_bytes())
+    assert main(["export", str(mine)]) == 0
+    assert len(list((tmp_path / "_generated").glob("*.py"))) == 1
