@@ -24,7 +24,8 @@ from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tails import Tail, mass_beyond, tail
 from scipy.linalg import solveh_banded
 
-__all__ = ["check_objective", "interval_for", "OBJECTIVES", "quadrature", "ReluSumObjective"]
+__all__ = ["check_objective", "interval_for", "OBJECTIVES", "quadrature", "ReluSumObjective", "Weight",
+           "weighted_tail_mass"]
 
 
 OBJECTIVES = ("primitive", "derivative")
@@ -144,6 +145,21 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
     return a, b, _outside(act, a, b, left, right), how
 
 
+def weighted_tail_mass(act: Activation, objective: str, weight: Weight, a: float, b: float) -> float:
+    """The weighted residual's mass outside [a, b]: (1 − floor)·∫ N(0, σ²)·t² over both sides (t as in
+    :func:`_tail_mass`; the floor's uniform part lives on the interval only), in 30-digit mpmath."""
+    order = 0 if objective == "primitive" else 1
+    sigma = mpmath.mpf(weight.sigma)
+
+    def normal(v):
+        return mpmath.exp(-(v / sigma) ** 2 / 2) / (sigma * mpmath.sqrt(2 * mpmath.pi))
+    with mpmath.workdps(30):
+        left = mpmath.quad(lambda v: normal(v) * act.mp(v, order, None) ** 2, [-mpmath.inf, a])
+        right = mpmath.quad(lambda v: normal(v) * (act.mp(v, order, None) - (v if order == 0 else 1)) ** 2,
+                            [b, mpmath.inf])
+    return float((1 - weight.FLOOR) * (left + right))
+
+
 def _outside(act: Activation, a: float, b: float, left: Tail, right: Tail) -> float:
     """The residual's mass outside [a, b] (:func:`~approxbp.approximations.tails.mass_beyond` on each side)."""
     return mass_beyond(act, left, -a) + mass_beyond(act, right, b)
@@ -159,15 +175,20 @@ def _tails(act: Activation, order: int, name: str) -> tuple[Tail, Tail]:
     return tails
 
 
-def interval_for(act: Activation, objective: str, interval: tuple[float, float] | None = None
-                 ) -> tuple[float, float, float, str]:
+def interval_for(act: Activation, objective: str, interval: tuple[float, float] | None = None,
+                 weight: Weight | None = None) -> tuple[float, float, float, str]:
     """[A, B], the tail mass outside it (mpmath), and how it was chosen.
 
     GELU and SiLU use the paper's closed forms with ε = 1e-8 (eqs. 45, 51; their true tails are far
     smaller). Other activations get the narrowest interval whose tails are each ≤ ε/2 with ε = 1e-16:
     a tail comparable to the achievable loss (≈1e-10 at k = 8) would let knots gather at the ends. A given
-    ``interval`` (A < 0 < B) is used as it is, its outside mass reported."""
+    ``interval`` (A < 0 < B) is used as it is, its outside mass reported; with a ``weight``, its ±REACH·σ."""
     check_objective(objective)
+    if weight is not None:  # the weight's own interval (or the given one), its outside mass under p
+        a, b = interval or weight.interval
+        return a, b, weighted_tail_mass(act, objective, weight, a, b), (
+            f"weighted by p = {weight.describe()} (N(0, σ²) with a {weight.FLOOR:g} share uniform on the interval): "
+            f"[{a:g}, {b:g}]" + (" given" if interval else f" = ±{weight.REACH:g}σ"))
     if interval is not None:
         a, b = (float(v) for v in interval)
         if not (math.isfinite(a) and math.isfinite(b) and a < 0 < b):
@@ -187,6 +208,62 @@ def _algebraic(expression: str, order: int) -> bool:
     return any(tail(act, order, side).kind == "algebraic" for side in ("left", "right"))
 
 
+# ---- a weight on the inputs ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Weight:
+    """p(x), the density of what a model feeds the activation, in the weighted objectives ∫(h − h̃)² p and
+    ∫(h′ − h̃′)² p: N(0, σ²) mixed with a share :data:`FLOOR` of the uniform density on the fit's interval
+    [−:data:`REACH`·σ, +:data:`REACH`·σ]. The floor keeps the levels bounded where N(0, σ²) vanishes (eq. 13's
+    constraint Σw·c = 0 would otherwise be met at no cost by a level far out in the tail)."""
+
+    sigma: float
+
+    #: The uniform share of p, and the interval's half-width in σ (N(0, σ²) beyond it: 2Φ(−9) ≈ 2e-19).
+    FLOOR, REACH = 1e-3, 9.0
+
+    def __post_init__(self):
+        if not (isinstance(self.sigma, int | float) and math.isfinite(self.sigma) and self.sigma > 0):
+            raise ValueError(f"--weight normal:σ needs a finite σ > 0, got {self.sigma!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> Weight:
+        """``normal:σ`` (the pre-activations' standard deviation)."""
+        kind, _, value = str(text).partition(":")
+        try:
+            sigma = float(value)
+        except ValueError:
+            sigma = None
+        if kind != "normal" or sigma is None:
+            raise ValueError(f"--weight {text!r}: expected normal:σ (e.g. normal:2, the standard deviation of the "
+                             "activation's inputs)")
+        return cls(sigma)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return -self.REACH * self.sigma, self.REACH * self.sigma
+
+    def pdf(self, x: np.ndarray) -> np.ndarray:
+        z = np.asarray(x, dtype=np.float64) / self.sigma
+        normal = np.exp(-0.5 * z * z) / (self.sigma * math.sqrt(2 * math.pi))
+        return (1 - self.FLOOR) * normal + self.FLOOR / (2 * self.REACH * self.sigma)
+
+    def describe(self) -> str:
+        return f"normal:{self.sigma:g}"
+
+    def gradient_error(self, activation, knots, levels) -> float:
+        """E_{N(0,σ²)}[(h̃′ − h′)²]^½ of a ReLU sum (its knots and its levels [0, …, 1]): the gradient error a
+        backward feels on inputs of this spread, by Gauss–Legendre split at the knots on ±REACH·σ."""
+        act = get_activation(activation)
+        A, B = self.interval
+        c = np.asarray(knots, dtype=np.float64)
+        x, w, s, _ = quadrature(np.concatenate([[A], c[(c > A) & (c < B)], [B]]), self.sigma / 8)
+        inside = np.concatenate([[A], c[(c > A) & (c < B)], [B]])
+        level = np.asarray(levels, dtype=np.float64)[np.searchsorted(c, inside[:-1], side="right")][s]
+        z = x / self.sigma
+        normal = np.exp(-0.5 * z * z) / (self.sigma * math.sqrt(2 * math.pi))
+        return float(np.sqrt(np.dot(w * normal, (level - act.df(x)) ** 2)))
+
+
 # ---- the objective ----------------------------------------------------------------------------
 @dataclass
 class ReluSumObjective:
@@ -196,6 +273,7 @@ class ReluSumObjective:
     bits: int
     objective: str
     interval: tuple[float, float]
+    weight: Weight | None = None  # p(x): the objective weighted by it (None: uniform on the interval)
 
     def __post_init__(self):
         self.activation = get_activation(self.activation)
@@ -208,6 +286,7 @@ class ReluSumObjective:
         self.A, self.B = map(float, self.interval)
         self.target = self.activation.f if self.objective == "primitive" else self.activation.df
         self.nfev = 0  # evaluations of J so far (a restart reports its own count)
+        self.p = (lambda x: np.ones_like(np.asarray(x, dtype=np.float64))) if self.weight is None else self.weight.pdf
 
     # -- linear solve for fixed knots --------------------------------------------------------
     def _breaks(self, c: np.ndarray) -> np.ndarray:
@@ -218,12 +297,15 @@ class ReluSumObjective:
         n, b = self.n, self._breaks(c)
         if n == 1:
             return np.array([0.0, 1.0])
-        if self.objective == "derivative":
+        if self.objective == "derivative" and self.weight is None:
             h = self.activation.f(c)
             d = np.diff(c)
             mean = np.where(d > 0, np.diff(h) / np.where(d > 0, d, 1), self.activation.df(c[:-1]))
             return np.concatenate([[0.0], mean + self._shift(c, h), [1.0]])
         x, w, s, tau = nodes if nodes is not None else quadrature(b, splits=self.kinks, graded=self.graded)
+        w = w * self.p(x)
+        if self.objective == "derivative":
+            return self._weighted_levels(c, x, w, s)[0]
         V = np.zeros(n + 2)
         V[n], V[n + 1] = c[-1], self.B
         r0 = self.target(x) - (V[s] * (1 - tau) + V[s + 1] * tau)
@@ -247,6 +329,21 @@ class ReluSumObjective:
         L = np.where(d > 0, np.diff(V) / np.where(d > 0, d, 1.0), 0.0)
         L[0], L[-1] = 0.0, 1.0
         return L
+
+    def _weighted_levels(self, c: np.ndarray, x, w, s) -> tuple[np.ndarray, float]:
+        """(levels, μ) of the weighted derivative objective for sorted knots c: on interior segment j (width d_j,
+        P_j = ∫p, m_j = ∫p·h′ / P_j) L_j = m_j + μ·d_j/P_j, with μ = (c_n − Σ d_j m_j) / Σ d_j²/P_j holding
+        Σw·c = 0 (p = 1 gives the uniform closed form: L_j = mean h′ + μ)."""
+        n = self.n
+        P = np.bincount(s, w, n + 1)[1:n]
+        M = np.bincount(s, w * self.target(x), n + 1)[1:n]
+        d = np.diff(c)
+        held = P > 0
+        safe = np.where(held, P, 1.0)
+        m = np.where(held, M / safe, self.activation.df(c[:-1]))
+        spread = float(np.sum(np.where(held, d * d / safe, 0.0)))
+        mu = (c[-1] - float(np.dot(d, m))) / spread
+        return np.concatenate([[0.0], m + mu * np.where(held, d / safe, 0.0), [1.0]]), mu
 
     @staticmethod
     def _shift(c: np.ndarray, h: np.ndarray) -> float:
@@ -277,6 +374,7 @@ class ReluSumObjective:
         L = self.levels_for(cs, nodes)
         t = self.target(x)
         n = self.n
+        w = w * self.p(x)
         if self.objective == "primitive":
             V = np.concatenate([[0.0], np.cumsum(L * np.diff(b))])  # h̃ at the breaks
             r = t - (V[s] * (1 - tau) + V[s + 1] * tau)
@@ -289,9 +387,10 @@ class ReluSumObjective:
             r = t - L[s]
             loss = float(np.dot(w, r * r))
             tc = self.activation.df(cs)
-            g = (tc - L[:-1]) ** 2 - (tc - L[1:]) ** 2
+            g = self.p(cs) * ((tc - L[:-1]) ** 2 - (tc - L[1:]) ** 2)
             if n > 1:
-                mu = self._shift(cs, self.activation.f(cs))
+                mu = (self._shift(cs, self.activation.f(cs)) if self.weight is None
+                      else self._weighted_levels(cs, x, w, s)[1])
                 inner = np.zeros(n + 1)
                 inner[1:n] = L[1:n]
                 g += 2 * mu * (inner[1:] - inner[:-1])
@@ -306,4 +405,4 @@ class ReluSumObjective:
         x, w, s, _ = quadrature(np.concatenate([[self.A], inside, [self.B]]), splits=self.kinks, graded=self.graded)
         approx = rs(x) if self.objective == "primitive" else rs.derivative(x)
         # the derivative is a step function: evaluate it at node positions (never on a knot)
-        return float(np.dot(w, (self.target(x) - approx) ** 2))
+        return float(np.dot(w * self.p(x), (self.target(x) - approx) ** 2))

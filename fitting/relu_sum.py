@@ -30,7 +30,7 @@ from approxbp.approximations.relu_sum import check_bits
 from scipy.optimize import dual_annealing, minimize
 
 from .grid_dp import GRIDS, grid_dp_knots
-from .objective import ReluSumObjective, check_objective, interval_for
+from .objective import ReluSumObjective, Weight, check_objective, interval_for
 from .result import FitResult
 
 __all__ = ["anneal", "auto_method", "cli_command", "equidistributed_knots", "fit_relu_sum", "local_certificate",
@@ -276,6 +276,7 @@ class _Job:
     bits: int
     objective: str
     interval: tuple[float, float]
+    sigma: float | None  # the weight's σ (Weight), or None: uniform
     method: str
     seed: np.random.SeedSequence | None
     restart: int
@@ -295,7 +296,8 @@ class Restart(NamedTuple):
 
 def _run(job: _Job) -> Restart:
     act = Activation.from_expression(job.activation, job.expression)
-    obj = ReluSumObjective(act, job.bits, job.objective, job.interval)
+    obj = ReluSumObjective(act, job.bits, job.objective, job.interval,
+                           None if job.sigma is None else Weight(job.sigma))
     if job.method == "start":
         c = np.asarray(job.start)
     elif job.method == "grid-dp":
@@ -336,7 +338,8 @@ class ReluSumFit(FitResult):
 def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "primitive", method: str = "auto",
                  restarts: int = 4, seed: int = 0, workers: int | None = None, progress: bool = True,
                  command: str | None = None, structured: bool = True,
-                 lower_knots: np.ndarray | None = None, interval: tuple[float, float] | None = None) -> ReluSumFit:
+                 lower_knots: np.ndarray | None = None, interval: tuple[float, float] | None = None,
+                 weight: Weight | None = None) -> ReluSumFit:
     """Fit h̃ (eq. 13) to ``activation``: ``restarts`` seeded runs of ``method`` plus the structured starts
     (``structured=False`` leaves those out), each polished; the best one becomes the table. One structured start
     refines the k − 1 solution: ``lower_knots`` (a sweep over k passes the previous fit's ``x``; it must come from
@@ -345,12 +348,13 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     interval, an optimum with a knot on its end is refitted on the interval doubled (up to :data:`_WIDENINGS`
     times): a tail that vanishes exactly (hard-swish is 0 and x beyond ±3) gives the narrowest interval, but its
     optimal knots lie outside it (±4.5), and beyond the outermost knot h̃ is 0 or x, so widening changes nothing
-    else."""
+    else. ``weight`` (:class:`~.objective.Weight`): the objective weighted by the inputs' density p, on its own
+    interval (±9σ; ``interval`` overrides it), never widened."""
     options = dict(method=method, restarts=restarts, seed=seed, workers=workers, progress=progress,
-                   command=command, structured=structured, lower_knots=lower_knots)
+                   command=command, structured=structured, lower_knots=lower_knots, weight=weight)
     fit = _fit(activation, bits, objective, interval=interval, **options)
     (A0, B0), rule = fit.table.interval, fit.table.metrics["interval_rule"]
-    for doubled in range(1, 1 + (_WIDENINGS if interval is None else 0)):
+    for doubled in range(1, 1 + (_WIDENINGS if interval is None and weight is None else 0)):
         (A, B), knots = fit.table.interval, np.asarray(fit.x)
         if not np.any(np.isclose(knots, A, rtol=0, atol=1e-6 * (B - A)) | np.isclose(knots, B, rtol=0,
                                                                                       atol=1e-6 * (B - A))):
@@ -370,7 +374,7 @@ _WIDENINGS = 4
 
 
 def _fit(activation, bits: int, objective: str, method: str, restarts: int, seed: int, workers, progress: bool,
-         command, structured: bool, lower_knots, interval) -> ReluSumFit:
+         command, structured: bool, lower_knots, interval, weight) -> ReluSumFit:
     """:func:`fit_relu_sum` on one interval."""
     t0 = time.perf_counter()
     act = get_activation(activation)
@@ -378,8 +382,8 @@ def _fit(activation, bits: int, objective: str, method: str, restarts: int, seed
     check_objective(objective)
     method = _checked(method, bits, restarts, seed)
     act.check_relu_sum_asymptotics(bits)
-    A, B, tail, how = interval_for(act, objective, interval)
-    obj = ReluSumObjective(act, bits, objective, (A, B))
+    A, B, tail, how = interval_for(act, objective, interval, weight)
+    obj = ReluSumObjective(act, bits, objective, (A, B), weight)
     if obj.n == 1:  # Σw=1 and Σw·c=0 leave exactly ReLU(x)
         c = np.array([0.0])
         results, labels, nfev, method_used = [Restart(0, obj(c)[0], c, None, 1)], ["closed form"], 1, "closed-form"
@@ -388,7 +392,7 @@ def _fit(activation, bits: int, objective: str, method: str, restarts: int, seed
         if structured:
             lower = lower_knots if lower_knots is not None else fit_relu_sum(
                 act, bits - 1, objective, restarts=restarts, seed=seed, workers=workers, progress=False,
-                interval=interval).x
+                interval=interval, weight=weight).x
         results, labels, nfev = _restarts(obj, act, method, restarts, seed, workers, progress, structured, lower)
         method_used = f"{method}+polish"
     best_restart, _, c, _, _ = _best(results)
@@ -400,14 +404,15 @@ def _fit(activation, bits: int, objective: str, method: str, restarts: int, seed
     at_best = sum(v is not None and v <= loss * (1 + _SAME_LOSS) + 1e-300 for v in losses)
     table = T.ReluSumTable.new(
         act, rs, bits=bits, objective=objective, interval=(A, B), loss=loss,
-        metrics={"tail_mass": tail, "interval_rule": how, "loss_upper_bound_on_R": loss + tail,
+        metrics={"tail_mass": tail, "interval_rule": how, **({"weight": weight.describe()} if weight else {}),
+                 "loss_upper_bound_on_R": loss + tail,
                  "degenerate_restarts": degenerate, "restart_losses": losses,
                  "restart_labels": labels, "restarts_at_best": at_best, **cert},
         provenance={"method": method_used, "seed": seed, "restarts": restarts if obj.n > 1 else 0,
                     "best_restart": best_restart, "found_by": labels[best_restart],
                     "command": command or "approxbp.fitting.fit_relu_sum(...)",
                     "package_version": package_version(), "seconds": round(time.perf_counter() - t0, 3)})
-    global_on_grid = labels[best_restart].startswith("grid DP") and objective == "derivative"
+    global_on_grid = labels[best_restart].startswith("grid DP") and objective == "derivative" and weight is None
     untrusted = at_best == 1 and obj.n > 1 and not global_on_grid
     message = (f"{at_best} of {len(results)} restarts reached the best loss {loss:.6e}"
                + ("; only one did: run more restarts to trust this optimum" if untrusted else "")
@@ -436,7 +441,8 @@ def _restarts(obj: ReluSumObjective, act, method: str, restarts: int, seed: int,
     starts (``lower``: the k − 1 knots) and the grid DPs, each polished in a worker; then, for small k, the best
     one's knots relocated. Refused when every restart degenerated."""
     children = np.random.SeedSequence(seed).spawn(restarts)
-    common = (act.name, act.expression, obj.bits, obj.objective, (obj.A, obj.B))
+    common = (act.name, act.expression, obj.bits, obj.objective, (obj.A, obj.B),
+              None if obj.weight is None else obj.weight.sigma)
     jobs = [_Job(*common, method, s, i) for i, s in enumerate(children)]
     labels = [f"{method} {i}" for i in range(restarts)]
     for label, start in _structured_starts(obj, lower) if structured else []:

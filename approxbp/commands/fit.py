@@ -32,6 +32,10 @@ def add_parser(sub, add) -> None:
     rs.add_argument("--interval", type=float, nargs=2, metavar=("A", "B"), default=None,
                     help="the domain: with --levels free FewBit's -100 100 by default; constrained: in place of the "
                     "tail rule's interval (the mass outside it is reported in the table, not fitted)")
+    rs.add_argument("--weight", default=None, metavar="normal:σ",
+                    help="weight the objective by the density of what the model feeds the activation: "
+                    "∫(h−h̃)²p or ∫(h'−h̃')²p with p = N(0, σ²) (a 1e-3 uniform share on ±9σ, the interval); "
+                    "the summary then gives the gradient error under p beside the packaged uniform table's")
     rs.add_argument("--method", choices=("auto", *METHODS), default="auto",
                     help="auto = anneal for k ≤ 4, polish above; every method ends in the certified polish")
     rs.add_argument("--out", type=Path, default=None, help="table path (None: print only)")
@@ -69,17 +73,19 @@ def run(args, argv) -> int:
 def _fit_relu_sum(args, argv) -> int:
     from approxbp.approximations import tables as T
     from approxbp.approximations.activations import named_activation
+    from approxbp.fitting.objective import Weight
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
 
     progress = common.progress_on(args)
     args.objective = args.objective or "primitive"
+    weight = Weight.parse(args.weight) if args.weight else None
     fit = fit_relu_sum(named_activation(args.activation, args.name), args.bits, args.objective,
                        method=args.method, restarts=args.restarts, seed=args.seed, workers=args.workers,
-                       progress=progress, command=cli_command(argv), interval=args.interval)
+                       progress=progress, command=cli_command(argv), interval=args.interval, weight=weight)
     table = fit.table
     print(_summary(table))
     print(f"  restarts    {fit.message}")
-    for line in _gradient_errors(table):
+    for line in _gradient_errors(table, weight):
         print(line, file=sys.stderr if line.startswith("approxbp: warning") else sys.stdout)
     if fit.untrusted:
         print(f"approxbp: warning: only 1 of {len(fit.restarts)} restarts reached the best loss; "
@@ -161,6 +167,7 @@ def _summary(t) -> str:
         f"  expression  {readable(get_activation(t.expression).expr)}",
         f"  loss        {t.loss:.15e}   (tail mass outside interval {m['tail_mass']:.2e})",
         f"  interval    {m.get('interval_rule', '')}",
+        *([f"  weight      p = {m['weight']}: the loss above is ∫(·)²p"] if "weight" in m else []),
         f"  knots       {_short(t.knots, 8)}",
         f"  weights     {_short(t.weights, 8)}",
         f"  levels      {_short(t.levels, 6)}",
@@ -172,10 +179,11 @@ def _summary(t) -> str:
     return "\n".join(lines)
 
 
-def _gradient_errors(t) -> list[str]:
+def _gradient_errors(t, weight=None) -> list[str]:
     """The fit's gradient error E_N(0,1)[(h̃′ − h′)²]^½ (what a backward through it feels, whatever the objective
     fitted) beside the packaged tables of the same activation at k − 1 and with the other objective; a warning where
-    this k is worse than k − 1 (at k = 2 the primitive objective is, for SiLU and Mish)."""
+    this k is worse than k − 1 (at k = 2 the primitive objective is, for SiLU and Mish). With a ``weight``, the
+    error under it too, beside the packaged (uniform-interval) table's of the same k and objective."""
     from approxbp.approximations import tables as T
     from approxbp.approximations.gradient_error import gradient_error
 
@@ -194,6 +202,14 @@ def _gradient_errors(t) -> list[str]:
             worse = error
     if len(lines) == 1:
         lines.append("              (no packaged table of this activation to compare with)")
+    if weight is not None:
+        under = weight.gradient_error(t.expression, t.knots, t.levels)
+        lines.append(f"  under p     E_p[(h̃′ − h′)²]^½ = {under:.4g} (this table, p = {weight.describe()})")
+        path = T.data_dir() / "relu_sum" / f"{t.activation}-k{t.bits}-{t.objective}.json"
+        if path.is_file() and T.load(path).expression == t.expression:
+            uniform = T.load(path)
+            lines.append(f"              {weight.gradient_error(t.expression, uniform.knots, uniform.levels):.4g} "
+                         f"packaged, fitted uniform on its interval ({T.packaged_name(path)})")
     if worse is not None:
         lines.append(f"approxbp: warning: this k={t.bits} table's gradient error {ours:.3g} is worse than the packaged "
                      f"k={t.bits - 1}'s {worse:.3g}: the {t.objective} objective does not fit the gradient; "
