@@ -24,8 +24,9 @@ from approxbp.approximations.relu_sum import check_bits
 from approxbp.approximations.tails import Tail, mass_beyond, tail
 from scipy.linalg import solveh_banded
 
-__all__ = ["check_objective", "interval_for", "OBJECTIVES", "quadrature", "ReluSumObjective", "Weight",
-           "weighted_tail_mass"]
+from .weights import FLOOR, Weight
+
+__all__ = ["check_objective", "interval_for", "OBJECTIVES", "quadrature", "ReluSumObjective"]
 
 
 OBJECTIVES = ("primitive", "derivative")
@@ -145,21 +146,6 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
     return a, b, _outside(act, a, b, left, right), how
 
 
-def weighted_tail_mass(act: Activation, objective: str, weight: Weight, a: float, b: float) -> float:
-    """The weighted residual's mass outside [a, b]: (1 − floor)·∫ N(0, σ²)·t² over both sides (t as in
-    :func:`_tail_mass`; the floor's uniform part lives on the interval only), in 30-digit mpmath."""
-    order = 0 if objective == "primitive" else 1
-    sigma = mpmath.mpf(weight.sigma)
-
-    def normal(v):
-        return mpmath.exp(-(v / sigma) ** 2 / 2) / (sigma * mpmath.sqrt(2 * mpmath.pi))
-    with mpmath.workdps(30):
-        left = mpmath.quad(lambda v: normal(v) * act.mp(v, order, None) ** 2, [-mpmath.inf, a])
-        right = mpmath.quad(lambda v: normal(v) * (act.mp(v, order, None) - (v if order == 0 else 1)) ** 2,
-                            [b, mpmath.inf])
-    return float((1 - weight.FLOOR) * (left + right))
-
-
 def _outside(act: Activation, a: float, b: float, left: Tail, right: Tail) -> float:
     """The residual's mass outside [a, b] (:func:`~approxbp.approximations.tails.mass_beyond` on each side)."""
     return mass_beyond(act, left, -a) + mass_beyond(act, right, b)
@@ -186,9 +172,9 @@ def interval_for(act: Activation, objective: str, interval: tuple[float, float] 
     check_objective(objective)
     if weight is not None:  # the weight's own interval (or the given one), its outside mass under p
         a, b = interval or weight.interval
-        return a, b, weighted_tail_mass(act, objective, weight, a, b), (
-            f"weighted by p = {weight.describe()} (N(0, σ²) with a {weight.FLOOR:g} share uniform on the interval): "
-            f"[{a:g}, {b:g}]" + (" given" if interval else f" = ±{weight.REACH:g}σ"))
+        return a, b, weight.outside_mass(act, objective, a, b), (
+            f"weighted by p = {weight.describe()} (with a {FLOOR:g} share uniform on the interval): "
+            f"[{a:g}, {b:g}]" + (" given" if interval else f", {weight.interval_rule}"))
     if interval is not None:
         a, b = (float(v) for v in interval)
         if not (math.isfinite(a) and math.isfinite(b) and a < 0 < b):
@@ -208,62 +194,6 @@ def _algebraic(expression: str, order: int) -> bool:
     return any(tail(act, order, side).kind == "algebraic" for side in ("left", "right"))
 
 
-# ---- a weight on the inputs ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class Weight:
-    """p(x), the density of what a model feeds the activation, in the weighted objectives ∫(h − h̃)² p and
-    ∫(h′ − h̃′)² p: N(0, σ²) mixed with a share :data:`FLOOR` of the uniform density on the fit's interval
-    [−:data:`REACH`·σ, +:data:`REACH`·σ]. The floor keeps the levels bounded where N(0, σ²) vanishes (eq. 13's
-    constraint Σw·c = 0 would otherwise be met at no cost by a level far out in the tail)."""
-
-    sigma: float
-
-    #: The uniform share of p, and the interval's half-width in σ (N(0, σ²) beyond it: 2Φ(−9) ≈ 2e-19).
-    FLOOR, REACH = 1e-3, 9.0
-
-    def __post_init__(self):
-        if not (isinstance(self.sigma, int | float) and math.isfinite(self.sigma) and self.sigma > 0):
-            raise ValueError(f"--weight normal:σ needs a finite σ > 0, got {self.sigma!r}")
-
-    @classmethod
-    def parse(cls, text: str) -> Weight:
-        """``normal:σ`` (the pre-activations' standard deviation)."""
-        kind, _, value = str(text).partition(":")
-        try:
-            sigma = float(value)
-        except ValueError:
-            sigma = None
-        if kind != "normal" or sigma is None:
-            raise ValueError(f"--weight {text!r}: expected normal:σ (e.g. normal:2, the standard deviation of the "
-                             "activation's inputs)")
-        return cls(sigma)
-
-    @property
-    def interval(self) -> tuple[float, float]:
-        return -self.REACH * self.sigma, self.REACH * self.sigma
-
-    def pdf(self, x: np.ndarray) -> np.ndarray:
-        z = np.asarray(x, dtype=np.float64) / self.sigma
-        normal = np.exp(-0.5 * z * z) / (self.sigma * math.sqrt(2 * math.pi))
-        return (1 - self.FLOOR) * normal + self.FLOOR / (2 * self.REACH * self.sigma)
-
-    def describe(self) -> str:
-        return f"normal:{self.sigma:g}"
-
-    def gradient_error(self, activation, knots, levels) -> float:
-        """E_{N(0,σ²)}[(h̃′ − h′)²]^½ of a ReLU sum (its knots and its levels [0, …, 1]): the gradient error a
-        backward feels on inputs of this spread, by Gauss–Legendre split at the knots on ±REACH·σ."""
-        act = get_activation(activation)
-        A, B = self.interval
-        c = np.asarray(knots, dtype=np.float64)
-        x, w, s, _ = quadrature(np.concatenate([[A], c[(c > A) & (c < B)], [B]]), self.sigma / 8)
-        inside = np.concatenate([[A], c[(c > A) & (c < B)], [B]])
-        level = np.asarray(levels, dtype=np.float64)[np.searchsorted(c, inside[:-1], side="right")][s]
-        z = x / self.sigma
-        normal = np.exp(-0.5 * z * z) / (self.sigma * math.sqrt(2 * math.pi))
-        return float(np.sqrt(np.dot(w * normal, (level - act.df(x)) ** 2)))
-
-
 # ---- the objective ----------------------------------------------------------------------------
 @dataclass
 class ReluSumObjective:
@@ -281,6 +211,8 @@ class ReluSumObjective:
         check_objective(self.objective)
         self.activation.check_relu_sum_asymptotics(self.bits)
         self.kinks = np.array(self.activation.kinks(), dtype=np.float64)  # where the quadrature splits its panels
+        if self.weight is not None:  # and where the weight jumps (a histogram's bin edges)
+            self.kinks = np.union1d(self.kinks, self.weight.jumps)
         self.graded = _algebraic(self.activation.expression, 0 if self.objective == "primitive" else 1)
         self.n = 2**self.bits - 1
         self.A, self.B = map(float, self.interval)

@@ -30,8 +30,9 @@ from approxbp.approximations.relu_sum import check_bits
 from scipy.optimize import dual_annealing, minimize
 
 from .grid_dp import GRIDS, grid_dp_knots
-from .objective import ReluSumObjective, Weight, check_objective, interval_for
+from .objective import ReluSumObjective, check_objective, interval_for
 from .result import FitResult
+from .weights import Weight
 
 __all__ = ["anneal", "auto_method", "cli_command", "equidistributed_knots", "fit_relu_sum", "local_certificate",
            "METHODS", "package_version", "polish", "refine", "ReluSumFit", "Restart", "sgd", "torch_objective"]
@@ -276,7 +277,7 @@ class _Job:
     bits: int
     objective: str
     interval: tuple[float, float]
-    sigma: float | None  # the weight's σ (Weight), or None: uniform
+    weight: Weight | None  # p (fitting/weights.py), or None: uniform
     method: str
     seed: np.random.SeedSequence | None
     restart: int
@@ -296,8 +297,7 @@ class Restart(NamedTuple):
 
 def _run(job: _Job) -> Restart:
     act = Activation.from_expression(job.activation, job.expression)
-    obj = ReluSumObjective(act, job.bits, job.objective, job.interval,
-                           None if job.sigma is None else Weight(job.sigma))
+    obj = ReluSumObjective(act, job.bits, job.objective, job.interval, job.weight)
     if job.method == "start":
         c = np.asarray(job.start)
     elif job.method == "grid-dp":
@@ -348,8 +348,8 @@ def fit_relu_sum(activation: str = "gelu", bits: int = 2, objective: str = "prim
     interval, an optimum with a knot on its end is refitted on the interval doubled (up to :data:`_WIDENINGS`
     times): a tail that vanishes exactly (hard-swish is 0 and x beyond ±3) gives the narrowest interval, but its
     optimal knots lie outside it (±4.5), and beyond the outermost knot h̃ is 0 or x, so widening changes nothing
-    else. ``weight`` (:class:`~.objective.Weight`): the objective weighted by the inputs' density p, on its own
-    interval (±9σ; ``interval`` overrides it), never widened."""
+    else. ``weight`` (:mod:`.weights`): the objective weighted by the inputs' density p, on its own
+    interval (±9σ, a histogram's span; ``interval`` overrides it), never widened."""
     options = dict(method=method, restarts=restarts, seed=seed, workers=workers, progress=progress,
                    command=command, structured=structured, lower_knots=lower_knots, weight=weight)
     fit = _fit(activation, bits, objective, interval=interval, **options)
@@ -441,8 +441,7 @@ def _restarts(obj: ReluSumObjective, act, method: str, restarts: int, seed: int,
     starts (``lower``: the k − 1 knots) and the grid DPs, each polished in a worker; then, for small k, the best
     one's knots relocated. Refused when every restart degenerated."""
     children = np.random.SeedSequence(seed).spawn(restarts)
-    common = (act.name, act.expression, obj.bits, obj.objective, (obj.A, obj.B),
-              None if obj.weight is None else obj.weight.sigma)
+    common = (act.name, act.expression, obj.bits, obj.objective, (obj.A, obj.B), obj.weight)
     jobs = [_Job(*common, method, s, i) for i, s in enumerate(children)]
     labels = [f"{method} {i}" for i in range(restarts)]
     for label, start in _structured_starts(obj, lower) if structured else []:

@@ -73,8 +73,8 @@ def run(args, argv) -> int:
 def _fit_relu_sum(args, argv) -> int:
     from approxbp.approximations import tables as T
     from approxbp.approximations.activations import named_activation
-    from approxbp.fitting.objective import Weight
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
+    from approxbp.fitting.weights import Weight
 
     progress = common.progress_on(args)
     args.objective = args.objective or "primitive"
