@@ -13,9 +13,9 @@ subdivision of x (bisection, geometric for wide boxes) bounds |err| on each box 
 err(m) + err′(X)·(X − m) ∩ the direct enclosure, until the largest box bound is within ``rtol`` of the largest
 error found at a box midpoint (a rigorous lower bound), or the time budget ends.
 
-The float32 evaluation error of the kernel's formula is bounded separately, per y-box, by a running error
-analysis of the same expression (:mod:`.intervals`: IEEE rounding of +, −, ×, documented ulps of ÷, sqrt, exp, …,
-and the kernels' ``_log``: lg2.approx's stated absolute error, :func:`log_error`).
+The float32 evaluation error of the kernel's formula is bounded per y-box by a running error analysis of the same
+expression (:mod:`.intervals`: IEEE +, −, ×, documented ulps of ÷, sqrt, exp, …, lg2.approx's error,
+:func:`log_error`). A table fitted with a weight is not certified (said): the enclosures are of the uniform objective.
 """
 
 from __future__ import annotations
@@ -354,9 +354,7 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = _RTOL, progress=None
     without progress."""
     t = as_table(t)
     if "weight" in (t.metrics or {}):  # its loss is ∫(·)²p: the certifiers enclose the uniform objective
-        line = (f"{t.name:<28} not certified: fitted with --weight {t.metrics['weight']}; the certificates enclose "
-                "the uniform-interval objective (Approx-BP eqs. 14, 63), not the weighted one")
-        _Lines(emit).append(line)
+        _Lines(emit).append(line := f"{t.name:<28} not certified: fitted with --weight {t.metrics['weight']}")
         return None, [line], Verdict.OPEN
     certify = member(CERTIFIERS, t.family, "certificate").certify
     return certify(t, budget_s, rtol, progress, rounded, max_boxes, _Lines(emit))
@@ -465,10 +463,9 @@ def _certify_relu_sum_table(t, budget_s: float, rtol: float, progress, rounded: 
 
 
 def certify_files(paths, *, write: bool = False, only_default: bool = False, progress=None, **options):
-    """Certify each table file (read once, :func:`certify_table` with ``options``) and, with ``write``, store its
-    certificate in the file's metrics (``approxbp certify --write``; then export its kernels again);
-    ``only_default`` skips the tables :func:`certifiable` leaves out. Yields (table name, printable lines,
-    :class:`Verdict`) as each table is done."""
+    """Certify each table file (:func:`certify_table` with ``options``); ``write``: its certificate stored in its
+    metrics (``approxbp certify --write``); ``only_default``: only :func:`certifiable` ones. Yields (table name,
+    printable lines, :class:`Verdict`) as each table is done."""
     for path in paths:
         t = load(path)
         if only_default and not certifiable(t):
@@ -480,18 +477,16 @@ def certify_files(paths, *, write: bool = False, only_default: bool = False, pro
 
 
 def certifiable(t) -> bool:
-    """The packaged tables ``approxbp certify`` runs on by default: the InvAct ``fast`` forms (the kernels'
-    default), the monotone exact ones and ``newton`` forms (the accuracy reference; their steps certified by
-    :class:`NewtonSteps`), and the fitted ReLU-sum tables of gelu and silu with k ≤ 2."""
+    """The packaged tables ``approxbp certify`` runs on by default: the InvAct ``fast`` forms, the monotone exact
+    and ``newton`` ones (:class:`NewtonSteps`), and the fitted ReLU-sum tables of gelu and silu with k ≤ 2."""
     t = as_table(t)
     return member(CERTIFIERS, t.family, "certificate").by_default(t)
 
 
 @dataclass(frozen=True)
 class CertifyFamily:
-    """This layer's part of a table family (:mod:`approxbp.approximations.families`): its certificate,
-    ``certify(t, budget_s, rtol, progress, rounded, max_boxes, lines)`` → (entry, lines, held), and which of its
-    tables ``approxbp certify`` runs on by default."""
+    """This layer's part of a table family (:mod:`approxbp.approximations.families`): ``certify(t, budget_s, rtol,
+    progress, rounded, max_boxes, lines)`` → (entry, lines, held), and ``by_default``: what `certify` runs on."""
 
     certify: Callable
     by_default: Callable[[object], bool]
