@@ -183,3 +183,23 @@ def test_the_longest_sequence_is_read_off_the_dataloader():
 
     assert longest_sequence(torch.utils.data.DataLoader(Stream())) is None
     assert longest_sequence(None) is None
+
+
+def test_the_model_is_planned_with_its_own_experts_implementation():
+    """A Qwen3-MoE in fp32 with grouped_mm is refused with the advice experts_implementation=batched_mm; a model
+    built that way is planned that way (its config JSON drops the setting: the advice once led back to the refusal)."""
+    from approxbp.planner.training import Setup
+    from approxbp.trainer import plan_for
+
+    def build(**kw):
+        return transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+            max_position_embeddings=32, **kw))
+
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    with pytest.raises(ValueError, match="experts_implementation=batched_mm"):
+        plan_for(build(), {"input_ids": ids, "labels": ids}, 10**8, gpu=None, setup=Setup(weights="fp32"), longest=16)
+    plan = plan_for(build(experts_implementation="batched_mm"), {"input_ids": ids, "labels": ids}, 10**8, gpu=None,
+                    setup=Setup(weights="fp32"), longest=16)
+    assert plan.after["peak"] <= 10**8
