@@ -143,6 +143,12 @@ def _fit_free_levels(args, argv) -> int:
     print(f"  borders  {np.array2string(fit.borders, precision=6, max_line_width=110)}")
     print(f"  levels   {np.array2string(fit.levels, precision=6, max_line_width=110)}")
     print("  starts   " + ", ".join(f"{k} {v:.8e}" for k, v in fit.starts.items()))
+    if not np.any(np.abs(fit.borders) <= _TYPICAL):
+        print(f"approxbp: warning: every border lies outside [−{_TYPICAL:g}, {_TYPICAL:g}] (where N(0, 4) puts 99.99 % "
+              "of its mass): for inputs of that spread this table is one level, its bits spent where inputs rarely "
+              f"go (the uniform weight on [{interval[0]:g}, {interval[1]:g}]); give a narrower --interval, or fit "
+              "eq. 13's family to your inputs: --levels constrained --weight normal:σ (or a captured histogram)",
+              file=sys.stderr)
     theirs = fewbit_reference().get((fit.activation, fit.bits))
     if theirs is not None and theirs.interval == interval:
         value = theirs.loss()
@@ -153,6 +159,10 @@ def _fit_free_levels(args, argv) -> int:
         print(f"  wrote    {fit.save(args.out, cli_command(argv))} (a ReLU-sum table, levels_rule free: "
               f"approxbp export {args.out}, then tables={{…: '{args.out}'}} in patch_model)")
     return 0
+
+
+#: A free-level fit with no border within ±this (4σ of N(0, 4)) is one level for typical pre-activations: warned.
+_TYPICAL = 8.0
 
 
 def _summary(t) -> str:

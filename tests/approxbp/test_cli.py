@@ -266,3 +266,14 @@ def test_export_never_writes_into_an_installed_package(monkeypatch, capsys, tmp_
     mine.write_bytes(T.resolve("relu_sum/gelu-k2-derivative").read_bytes())
     assert main(["export", str(mine)]) == 0
     assert len(list((tmp_path / "_generated").glob("*.py"))) == 1
+
+
+def test_a_free_level_fit_whose_borders_miss_typical_inputs_warns_and_names_the_flags(capsys):
+    """x + sin(x)² on FewBit's [−100, 100] puts every border near −97 (one level for |x| ≤ 8): warned, naming
+    --interval and --weight; GELU's borders lie near 0 and give no warning."""
+    assert main(["fit", "relu-sum", "--levels", "free", "--activation", "x + sin(x)**2", "--bits", "2",
+                 "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "every border lies outside [−8, 8]" in err and "--interval" in err and "--weight normal:σ" in err
+    assert main(["fit", "relu-sum", "--levels", "free", "--activation", "gelu", "--bits", "2", "--no-progress"]) == 0
+    assert "every border" not in capsys.readouterr().err
