@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from approxbp.commands import common
 from approxbp.papers.figures import figures_dir
@@ -17,7 +18,8 @@ def add_parser(sub, add) -> None:
                           "fitted once, with a note, and kept in OUT/atlas_tables for the next atlas")
     atl.add_argument("--name", action="append", default=None,
                      help="repeatable: a label for each --activation expression, in order (titles, file names)")
-    common.out_arg(atl, "error_atlas.json and the PNGs")
+    common.out_arg(atl, "error_atlas.json and the PNGs (default: the checkout's docs/figures for gelu and silu, "
+                        "./atlas for --activation)")
     common.no_progress(atl)
 
 
@@ -30,7 +32,11 @@ def run(args, argv) -> int:
     if len(names) > len(acts):
         raise ValueError(f"{len(names)} --name for {len(acts)} --activation: give one label per expression")
     named = [named_activation(a, names[i] if i < len(names) else None) for i, a in enumerate(acts)]
-    written = write_atlas(figures_dir(args.out), tuple(named), progress=common.progress_on(args))
+    out = args.out
+    if out is None and args.activation:  # a user's own activations: never into the checkout's docs/figures
+        out = Path("atlas")
+        print(f"approxbp atlas: writing into {out.resolve()} (--out DIR for another folder)", flush=True)
+    written = write_atlas(figures_dir(out), tuple(named), progress=common.progress_on(args))
     rows = json.loads(written[0].read_text())["rows"]
     for act, entries in rows.items():
         print(f"{act}: L2 (N(0,1)-weighted) of the backward multiplier, per saved bit")

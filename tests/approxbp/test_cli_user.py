@@ -299,3 +299,26 @@ def test_the_version_is_written_once_and_is_the_changelogs():
     assert approxbp.__version__.startswith(release + "."), (approxbp.__version__, heading)
     r = _run("--version")
     assert r.returncode == 0 and r.stdout == f"approxbp {approxbp.__version__}\n"
+
+
+def test_an_atlas_of_your_own_activation_is_written_where_you_run_it(tmp_path, monkeypatch, capsys):
+    """``approxbp atlas --activation EXPR`` without --out writes into ./atlas (said), never into the checkout's
+    docs/figures; the default atlas (gelu, silu) still goes there."""
+    import json
+
+    from approxbp.fitting import atlas
+
+    seen = []
+
+    def record(out, *args, **kwargs):  # where the atlas would go; its JSON written in tmp_path only
+        seen.append(out)
+        written = tmp_path / "written.json"
+        written.write_text(json.dumps({"rows": {}}))
+        return [written]
+
+    monkeypatch.setattr(atlas, "write_atlas", record)
+    monkeypatch.chdir(tmp_path)
+    assert main(["atlas", "--activation", "x*tanh(exp(x))", "--name", "tanhexp", "--no-progress"]) == 0
+    assert seen[-1] == Path("atlas") and f"writing into {tmp_path / 'atlas'}" in capsys.readouterr().out
+    assert main(["atlas", "--no-progress"]) == 0
+    assert seen[-1] == ROOT.resolve() / "docs" / "figures"
