@@ -11,30 +11,43 @@ from approxbp.approximations.invact_forms import Form, branch_grid
 __all__ = ["plot_invact", "plot_relu_sum", "relu_sum_error_vs_bits"]
 
 
-def plot_relu_sum(table: dict, paper: dict | None = None, x_range=(-6.0, 6.0)):
-    """h vs h̃ and h' vs the 2^k-level step derivative (Approx-BP Figs. 3, 7, 8, for any table)."""
+def plot_relu_sum(table: dict, paper: dict | None = None, x_range=(-6.0, 6.0), who: tuple[str, str] | None = None):
+    """h vs h̃, h' vs the 2^k-level step derivative (Approx-BP Figs. 3, 7, 8, for any table) and the error the
+    backward makes, h̃′ − h′. Each legend says whose table it draws: ``who`` (default: "ours" for ``table``, the
+    paper and its reference, or "your table", for the other)."""
     from matplotlib.figure import Figure
 
     act = get_activation(table.expression)
     x = np.linspace(*x_range, 4001)
-    fig = Figure(figsize=(11, 4))
-    (a, b) = fig.subplots(1, 2)
+    fig = Figure(figsize=(15, 4))
+    (a, b, e) = fig.subplots(1, 3)
     a.plot(x, act.f(x), "k", lw=2, label=f"{table.activation} (forward, exact)")
     b.plot(x, act.df(x), "k", lw=2, label=f"{table.activation}′")
-    for t, style, who in ((table, "C3", "ours"), (paper, "C0--", "paper")):
+    e.axhline(0.0, color="k", lw=1)
+    names = who or ("ours", None if paper is None else _whose(paper))
+    for t, style, name in ((table, "C3", names[0]), (paper, "C0--", names[1])):
         if t is None:
             continue
         rs = ReLUSum(t.weights, t.knots)
-        a.plot(x, rs(x), style, label=f"h̃ {who}, k={t.bits} (loss {t.loss:.3e})")
-        b.plot(x, rs.derivative(x), style, label=f"h̃′ {who}: {2 ** t.bits} levels, used in backward")
-    for ax, ylabel in ((a, "activation h(x)"), (b, "derivative")):
+        a.plot(x, rs(x), style, label=f"h̃ {name}, k={t.bits} (loss {t.loss:.3e})")
+        b.plot(x, rs.derivative(x), style, label=f"h̃′ {name}: {2 ** t.bits} levels, used in backward")
+        e.plot(x, rs.derivative(x) - act.df(x), style, label=f"h̃′ − h′, {name}")
+    for ax, ylabel in ((a, "activation h(x)"), (b, "derivative"), (e, "backward error h̃′ − h′")):
         ax.set_xlabel("x")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.suptitle(f"ReLU-sum approximation, {table.objective} objective")
     fig.tight_layout()
     return fig
+
+
+def _whose(t) -> str:
+    """A table's owner for a legend: the paper (its reference) or the user's file."""
+    if t.source != "paper":
+        return "your table"
+    short = (t.reference or "").split(" (")[0].split(";")[0]  # "Approx-BP App. E.1"
+    return f"paper, {short}" if short else "paper"
 
 
 def relu_sum_error_vs_bits(activation: str, objective: str = "primitive", bits=range(1, 9), seed: int = 0,
