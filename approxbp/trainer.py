@@ -91,7 +91,7 @@ class ApproxBPCallback(TrainerCallback):
             raise ValueError(f"ApproxBPCallback: moves=: {err}") from None
         self.gpu, self.setup, self.patch, self.moves = gpu, setup, patch, dict(moves or {})
         self.chunked_loss = chunked_loss
-        self.report, self._model, self._args = None, None, None
+        self.report, self._model, self._args, self._warned = None, None, None, False
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
@@ -133,6 +133,34 @@ class ApproxBPCallback(TrainerCallback):
                 if self.moves or self.chunked_loss:
                     apply_moves(base, self.moves, chunked_loss=self.chunked_loss)
         _logger.info("approxbp: %s", self.report)
+
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        device = _cuda_device(model)
+        if device is not None and self.budget is not None:
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        """On a GPU under a budget: the step's real peak (``torch.cuda.max_memory_allocated``, reset at each step's
+        start) against the budget and the plan's traced peak — logged at the first step, warned once over it."""
+        device = _cuda_device(model)
+        if device is None or self.budget is None or self.plan is None:
+            return
+        peak, planned = torch.cuda.max_memory_allocated(device), self.plan.after["peak"]
+        if state.global_step <= 1:
+            _logger.info("approxbp: step %d peaked at %d bytes on %s (planned %d, budget %d)", state.global_step,
+                         peak, device, planned, self.budget)
+        if peak > self.budget and not self._warned:
+            self._warned = True
+            _logger.warning("approxbp: step %d peaked at %d bytes on %s, over the budget %d (planned %d): the plan "
+                            "does not hold on this step (a longer batch, another loss path?); plan it at this "
+                            "step's shape", state.global_step, peak, device, self.budget, planned)
+
+
+def _cuda_device(model: nn.Module | None):
+    """The CUDA device the model trains on, or None (the CPU: the tests count its steps with MemTracker)."""
+    param = next(model.parameters(), None) if model is not None else None
+    return param.device if param is not None and param.device.type == "cuda" else None
 
 
 class _PatchOnFirstTrainingCall:

@@ -203,3 +203,27 @@ def test_the_model_is_planned_with_its_own_experts_implementation():
     plan = plan_for(build(experts_implementation="batched_mm"), {"input_ids": ids, "labels": ids}, 10**8, gpu=None,
                     setup=Setup(weights="fp32"), longest=16)
     assert plan.after["peak"] <= 10**8
+
+
+def test_on_a_gpu_each_steps_real_peak_is_checked_against_the_budget(monkeypatch, caplog):
+    """The callback's GPU check with torch.cuda's counters stood in for (no GPU here): the first step's peak logged
+    beside the plan's, a step over the budget warned once."""
+    import logging
+    from types import SimpleNamespace
+
+    import approxbp.trainer as trainer
+
+    callback = ApproxBPCallback(budget=BUDGET)
+    callback.plan = SimpleNamespace(after={"peak": 430_000})
+    peaks = iter([420_000, 450_000, 460_000])
+    monkeypatch.setattr(trainer, "_cuda_device", lambda model: "cuda:0")
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: next(peaks))
+    with caplog.at_level(logging.INFO, logger="approxbp"):
+        for step in (1, 2, 3):
+            callback.on_step_begin(None, SimpleNamespace(global_step=step - 1), None, model=None)
+            callback.on_step_end(None, SimpleNamespace(global_step=step), None, model=None)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("step 1 peaked at 420000" in m and "planned 430000" in m for m in messages), messages
+    over = [m for m in messages if "over the budget" in m]
+    assert len(over) == 1 and "step 2 peaked at 450000" in over[0], messages
