@@ -27,6 +27,9 @@ def report(p: Plan) -> str:
     lines = [_title(p) + (f" · budget {size(p.budget)}" if p.budget else "")
              + (f" · moves weighed on {p.moves['gpu']}, the default GPU (--gpu NAME for another)" if default else ""),
              f"{'':<28}{'exact':>12}" + (f"{'approximated':>14}" if p.assignment else "") + f"{'planned':>12}"]
+    if not (p.traced or p.after.get("peak_traced")):  # the first number a user reads: say what it is, first
+        lines.insert(1, "  (peak: modelled at the end of the forward, not the step's: the backward and the optimizer "
+                        "step can reach well above it; --trace or --budget traces the whole step)")
     widths = (12, 14, 12) if p.assignment else (12, 12)
     for key in (*CATEGORIES, "activations", "peak"):
         lines.append(f"  {key:<26}" + "".join(f"{size(step[key]):>{w}}" for step, w in zip(steps, widths)))

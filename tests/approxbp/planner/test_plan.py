@@ -333,3 +333,15 @@ def test_use_takes_a_users_own_table_file(tmp_path):
     junk.write_text('{"a": 1}')
     with pytest.raises(ValueError, match="neither a table nor a plan"):
         P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use=str(junk))
+
+
+def test_an_untraced_plan_says_first_that_its_peak_is_not_the_steps():
+    """The first number of `approxbp plan` without --trace/--budget is the modelled end of the forward: the report
+    says so on its second line (here 1.19 MiB modelled against the traced step's 1.54 MiB, vocab 3 000); a traced
+    plan does not."""
+    model = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=3000"
+    modelled = P.plan(Request(model=model, batch=1, seq=16, setup="lora"))
+    traced = P.plan(Request(model=model, batch=1, seq=16, setup="lora", traced=True))
+    assert "not the step's" in PR.report(modelled).splitlines()[1]
+    assert "not the step's" not in PR.report(traced)
+    assert traced.after["peak"] > 1.2 * modelled.after["peak"]
