@@ -277,3 +277,17 @@ def test_a_free_level_fit_whose_borders_miss_typical_inputs_warns_and_names_the_
     assert "every border lies outside [−8, 8]" in err and "--interval" in err and "--weight normal:σ" in err
     assert main(["fit", "relu-sum", "--levels", "free", "--activation", "gelu", "--bits", "2", "--no-progress"]) == 0
     assert "every border" not in capsys.readouterr().err
+
+
+def test_certify_says_a_weighted_table_is_not_certifiable(tmp_path, capsys):
+    """A table fitted with --weight: its own line and the summary say no budget certifies it (exit: open)."""
+    from approxbp.commands.certify import OPEN_EXIT
+
+    out = tmp_path / "w.json"
+    assert main(["fit", "relu-sum", "--activation", "silu", "--bits", "2", "--objective", "derivative", "--weight",
+                 "normal:0.5", "--restarts", "2", "--workers", "1", "--no-progress", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["certify", str(out), "--budget", "5", "--no-progress"]) == OPEN_EXIT
+    text = capsys.readouterr().out
+    assert "not certified: fitted with --weight normal:0.5" in text
+    assert "not certified (a weighted fit: no budget closes it)" in text and "may close it" not in text
