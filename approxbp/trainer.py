@@ -46,7 +46,7 @@ _logger = logging.getLogger("approxbp")
 
 
 class ApproxBPCallback(TrainerCallback):
-    """Patch the trained model on its first batch, one of three ways:
+    """Patch the trained model on its first training call (its first batch), one of three ways:
 
     - ``patch`` (``patch_model``'s keyword arguments: ``family``, ``tables``, ``norms``, ``glu``, ``bits``,
       ``module_filter_fn``), ``moves`` (block path → move, as ``approxbp plan --out`` writes them) and
@@ -54,7 +54,8 @@ class ApproxBPCallback(TrainerCallback):
     - ``plan``: a plan file (``approxbp plan --out``) or :class:`~approxbp.planner.result.Plan`, applied as it is;
     - ``budget`` (bytes or ``"24GiB"``) with ``gpu`` (default h100) and ``setup`` (a
       :class:`~approxbp.planner.training.Setup` or preset name; default: read off the trainer, :func:`trainer_setup`):
-      the model's config planned on fake tensors at the first batch's shape, and the fastest plan that fits applied
+      the model's config planned on fake tensors at the first batch's size and the run's longest sequence
+      (:func:`longest_sequence`), and the fastest plan that fits applied
       (``callback.plan`` keeps it)."""
 
     def __init__(self, *, plan=None, budget: int | str | None = None, gpu: str | None = None, setup=None,
