@@ -84,7 +84,12 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
         raise ValueError("--compile-budgets weighs compiled plans by their modelled time under a budget: it needs "
                          "--gpu and --budget (or --pareto), on fake tensors, without --checkpoint or --trace")
     run = measurer(request)
-    base, layers, options, ms = measure_options(run, say)
+    if unknown := [t for t in request.tables if not _is_table(t)]:
+        raise ValueError(f"--table {unknown[0]}: not a coefficient table")
+    base, layers, options, ms = measure_options(run, say, request.tables)
+    if unused := [t for t in request.tables if T.load(t).activation not in layers.values()]:
+        raise ValueError(f"--table {unused[0]}: a table of {T.load(unused[0]).activation!r}; this model's "
+                         f"activation layers are {', '.join(sorted(set(layers.values())))}")
     target, cache, traces = budget, {}, {}
     traced = over = None  # over: the least target whose plan traced over the budget
     for _ in range(_TRACES):  # the chosen step traced whole; over the budget, chosen again under a tighter target
@@ -214,9 +219,11 @@ def _fastest(run, request: Request, layers, options, ms, base, budget, gpu, comp
     return picked
 
 
-def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dict[str, OptionCost]], dict]:
+def measure_options(run, say, tables: tuple[str, ...] = ()
+                    ) -> tuple[StepMemory, dict[str, str], dict[str, dict[str, OptionCost]], dict]:
     """(the exact step, its activation layers, each activation's options with their saving per layer and gradient
-    error, the MS-norms' saving) — ``run(assignment, ms_norm)`` measures one step."""
+    error, the MS-norms' saving) — ``run(assignment, ms_norm)`` measures one step. ``tables``: a user's table files,
+    each an option (:data:`TABLE_OPTION`) of its own activation beside the packaged ones."""
     say("exact model")
     base = run(None, False)
     layers = base.layers
@@ -226,7 +233,7 @@ def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dic
     options: dict[str, dict] = {}
     for act, n in counts.items():
         options[act] = {"exact": OptionCost(0, 0.0)}
-        for option in OPTIONS[1:]:
+        for option in [*OPTIONS[1:], *_table_options(tables, act)]:
             say(f"{act}: {option}")
             every = {p: option for p, a in layers.items() if a == act}
             got = run(every, False)
@@ -234,6 +241,19 @@ def measure_options(run, say) -> tuple[StepMemory, dict[str, str], dict[str, dic
     say("MS-norms")
     merged = run(None, True)
     return base, layers, options, {"saving": base.peak - merged.peak}
+
+
+def _table_options(tables: tuple[str, ...], activation: str) -> list[str]:
+    """The :data:`TABLE_OPTION` of each of ``tables`` whose activation is ``activation`` (kernels exported beside it
+    where missing)."""
+    from approxbp.kernels.codegen import export_if_stale
+
+    found = []
+    for path in tables:
+        if T.load(path).activation == activation:
+            export_if_stale(T.resolve(path))
+            found.append(TABLE_OPTION + str(T.resolve(path).resolve()))
+    return found
 
 
 class NoFit(ValueError):
@@ -298,7 +318,7 @@ def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
     a plan written by ``approxbp plan --out``."""
     table, _, rest = text.partition("+")
     if table.endswith(".json") and rest in ("", "ms-norm") and _is_table(table):
-        return TABLE_OPTION + str(T.resolve(table)), rest == "ms-norm"
+        return TABLE_OPTION + str(T.resolve(table).resolve()), rest == "ms-norm"
     if text.endswith(".json"):
         from approxbp.planner.result import read_plan
 
@@ -307,7 +327,7 @@ def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
             layers, ms = {p: layer["option"] for p, layer in data["layers"].items()}, data["ms_norm"]["chosen"]
         except (ValueError, KeyError) as err:
             raise ValueError(f"--use {text}: not a plan written by `approxbp plan --out` ({err})") from None
-        if bad := sorted({o for o in layers.values() if o not in OPTIONS}):
+        if bad := sorted({o for o in layers.values() if o not in OPTIONS and not o.startswith(TABLE_OPTION)}):
             raise ValueError(f"--use {text}: unknown options {bad}; expected {', '.join(OPTIONS)}")
         return layers, bool(ms)
     parts = text.split("+")

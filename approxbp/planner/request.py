@@ -38,6 +38,7 @@ class Request:
     traced: bool | None = None
     fake: bool = True
     chunked_loss: bool = True  # whether the loss may be chunked (False: the trainer computes it from the logits)
+    tables: tuple[str, ...] = ()  # a user's table files, each an option of its activation (--table)
 
     def __post_init__(self):
         from approxbp.planner.training import as_setup
@@ -56,7 +57,7 @@ class Request:
     def from_args(cls, args: argparse.Namespace) -> Request:
         """The step a parsed ``approxbp plan`` command line describes (:func:`add_arguments`)."""
         return cls(model=args.model, batch=args.batch, seq=args.seq, setup=setup_of(args), lora_r=args.lora_r,
-                   checkpoint=args.checkpoint, traced=args.trace or None)
+                   checkpoint=args.checkpoint, traced=args.trace or None, tables=tuple(args.table or ()))
 
 
 #: The set-up options, each overriding --mode's preset (Setup's fields of the same names).
@@ -132,6 +133,9 @@ def add_arguments(pln) -> None:
     pln.add_argument("--maximize", choices=C.MAXIMIZE, default=None,
                      help="find the largest batch or sequence length that fits --budget (the plan is for it)")
     pln.add_argument("--grain", type=int, default=64, help="--maximize seq_len searches multiples of this many tokens")
+    pln.add_argument("--table", action="append", default=None, metavar="TABLE.json",
+                     help="repeatable: a table of your own (fit relu-sum/invact --out) offered to the search as one "
+                     "more option for the layers of its activation, beside the packaged ones")
     pln.add_argument("--use", default=None, help="evaluate this assignment instead of choosing one: exact, "
                      "relu-sum-k1…k4 or invact for every activation layer, or a table file of your own (fit "
                      "relu-sum/invact --out: every layer of its activation), each optionally +ms-norm (or "

@@ -345,3 +345,22 @@ def test_an_untraced_plan_says_first_that_its_peak_is_not_the_steps():
     assert "not the step's" in PR.report(modelled).splitlines()[1]
     assert "not the step's" not in PR.report(traced)
     assert traced.after["peak"] > 1.2 * modelled.after["peak"]
+
+
+def test_a_users_table_is_one_more_option_of_its_activation(tmp_path):
+    """--table FILE (Request.tables): the search measures it beside the packaged options of its activation — here a
+    copy of the packaged SiLU k = 2 table, so the same saving and gradient error as relu-sum-k2 — and a table of an
+    activation the model lacks is refused by name."""
+    import shutil
+
+    from approxbp.approximations import tables as T
+
+    mine = tmp_path / "my-silu.json"
+    shutil.copy(T.resolve(PS.option_table("silu", "relu-sum-k2")), mine)
+    plan = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16", tables=(str(mine),)))
+    ours = plan.options["silu"][PS.TABLE_OPTION + str(mine)]
+    assert ours == plan.options["silu"]["relu-sum-k2"]
+    gelu = tmp_path / "my-gelu.json"
+    shutil.copy(T.resolve(PS.option_table("gelu", "relu-sum-k2")), gelu)
+    with pytest.raises(ValueError, match="a table of 'gelu'; this model's activation layers are silu"):
+        P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16", tables=(str(gelu),)))
