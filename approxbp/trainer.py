@@ -55,8 +55,8 @@ class ApproxBPCallback(TrainerCallback):
     - ``budget`` (bytes or ``"24GiB"``) with ``gpu`` (default h100) and ``setup`` (a
       :class:`~approxbp.planner.training.Setup` or preset name; default: read off the trainer, :func:`trainer_setup`):
       the model's config planned on fake tensors at the first batch's size and the run's longest sequence
-      (:func:`longest_sequence`), and the fastest plan that fits applied
-      (``callback.plan`` keeps it)."""
+      (:func:`longest_sequence`), and the fastest plan that fits applied (``callback.plan`` keeps it); with it,
+      ``tables=[FILE, …]`` offers a user's tables to that search (``approxbp plan --table``)."""
 
     def __init__(self, *, plan=None, budget: int | str | None = None, gpu: str | None = None, setup=None,
                  moves: dict[str, str] | None = None, chunked_loss: bool = False, **patch):
@@ -67,6 +67,9 @@ class ApproxBPCallback(TrainerCallback):
         if unknown or "example_input" in patch:
             raise TypeError(f"ApproxBPCallback: {', '.join(unknown) or 'example_input'} is not an argument of "
                             "patch_model it passes on (the example input is the trainer's first batch)")
+        offered = ()  # with a budget, tables=[FILE, …]: a user's tables offered to the search (approxbp plan --table)
+        if budget is not None and isinstance(patch.get("tables"), list | tuple):
+            offered = tuple(str(t) for t in patch.pop("tables"))
         given = [name for name, v in (("plan", plan), ("budget", budget), ("moves", moves or chunked_loss),
                                       ("patch_model's", patch)) if v]
         if len(given) > 1 and given != ["moves", "patch_model's"]:
@@ -91,7 +94,7 @@ class ApproxBPCallback(TrainerCallback):
         except ValueError as err:
             raise ValueError(f"ApproxBPCallback: moves=: {err}") from None
         self.gpu, self.setup, self.patch, self.moves = gpu, setup, patch, dict(moves or {})
-        self.chunked_loss = chunked_loss
+        self.chunked_loss, self.offered = chunked_loss, offered
         self.report, self._model, self._args, self._warned = None, None, None, False
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -126,7 +129,8 @@ class ApproxBPCallback(TrainerCallback):
                 self.plan = plan_for(model, example, self.budget, gpu=self.gpu,
                                      setup=self.setup or trainer_setup(self._args, model),
                                      checkpoint=bool(getattr(self._args, "gradient_checkpointing", False)),
-                                     chunked_loss=_loss_reaches_model(self._args), longest=self._longest)
+                                     chunked_loss=_loss_reaches_model(self._args), longest=self._longest,
+                                     tables=self.offered)
             if self.plan is not None:
                 self.report = self.plan.apply(base, example_input=example)
             else:
@@ -254,11 +258,12 @@ def trainer_setup(args, model: nn.Module):
 
 
 def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, setup, checkpoint: bool = False,
-             chunked_loss: bool = True, longest: int | None = None):
+             chunked_loss: bool = True, longest: int | None = None, tables: tuple[str, ...] = ()):
     """The plan of ``model``'s config (fake tensors, ``approxbp plan``'s search) at the example's batch size and the
     run's longest sequence (``longest``, :func:`longest_sequence`; None: unknown, the example's length, said) under
-    ``budget`` on ``gpu``: its approximations, norms and moves (the fastest that fit; without the
-    chunked loss when ``chunked_loss`` is False, as where the trainer computes the loss from the logits)."""
+    ``budget`` on ``gpu`` (``tables``: a user's table files offered to the search beside the packaged ones): its
+    approximations, norms and moves (the fastest that fit; without the chunked loss when ``chunked_loss`` is False,
+    as where the trainer computes the loss from the logits)."""
     import tempfile
 
     from approxbp.planner import plan as planner
@@ -283,7 +288,8 @@ def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, s
                             "may exceed it; plan at the longest shape (approxbp plan, then plan=)", ids.shape[1])
         seq = max(ids.shape[1], longest or 0)
         request = Request(model=str(path), batch=ids.shape[0], seq=seq, setup=setup, checkpoint=checkpoint,
-                          lora_r=getattr(_adapter_config(model), "r", 8), chunked_loss=chunked_loss)
+                          lora_r=getattr(_adapter_config(model), "r", 8), chunked_loss=chunked_loss,
+                          tables=tuple(tables))
         if not chunked_loss:
             _logger.warning("approxbp: the trainer computes the loss from the logits (label smoothing): the budget "
                             "is planned without the chunked loss")

@@ -227,3 +227,19 @@ def test_on_a_gpu_each_steps_real_peak_is_checked_against_the_budget(monkeypatch
     assert any("step 1 peaked at 420000" in m and "planned 430000" in m for m in messages), messages
     over = [m for m in messages if "over the budget" in m]
     assert len(over) == 1 and "step 2 peaked at 450000" in over[0], messages
+
+
+def test_a_budget_plan_weighs_the_users_own_tables(tmp_path):
+    """ApproxBPCallback(budget=…, tables=[FILE]): the file is one more option of its activation in the plan's
+    search (Request.tables), measured beside the packaged ones; the run trains."""
+    import shutil
+
+    from approxbp.approximations import tables as T
+    from approxbp.planner.plan_step import TABLE_OPTION, option_table
+
+    mine = tmp_path / "my-silu.json"
+    shutil.copy(T.resolve(option_table("silu", "relu-sum-k2")), mine)
+    callback = ApproxBPCallback(budget=BUDGET, tables=[str(mine)])
+    _trainer(tiny_llama(), tmp_path, [callback], steps=1).train()
+    assert TABLE_OPTION + str(mine.resolve()) in callback.plan.options["silu"]
+    assert callback.plan.after["peak"] <= BUDGET
