@@ -235,6 +235,7 @@ def test_a_budget_plan_weighs_the_users_own_tables(tmp_path):
     import shutil
 
     from approxbp.approximations import tables as T
+
     from approxbp.planner.plan_step import TABLE_OPTION, option_table
 
     mine = tmp_path / "my-silu.json"
