@@ -218,7 +218,6 @@ class ReluSumObjective:
         self.A, self.B = map(float, self.interval)
         self.target = self.activation.f if self.objective == "primitive" else self.activation.df
         self.nfev = 0  # evaluations of J so far (a restart reports its own count)
-        self.p = (lambda x: np.ones_like(np.asarray(x, dtype=np.float64))) if self.weight is None else self.weight.pdf
 
     # -- linear solve for fixed knots --------------------------------------------------------
     def _breaks(self, c: np.ndarray) -> np.ndarray:
@@ -235,9 +234,18 @@ class ReluSumObjective:
             mean = np.where(d > 0, np.diff(h) / np.where(d > 0, d, 1), self.activation.df(c[:-1]))
             return np.concatenate([[0.0], mean + self._shift(c, h), [1.0]])
         x, w, s, tau = nodes if nodes is not None else quadrature(b, splits=self.kinks, graded=self.graded)
-        w = w * self.p(x)
+        return self._levels(c, x, self._weigh(x, w), s, tau)[0]
+
+    def _weigh(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Quadrature weights times p(x) (as they are without a weight)."""
+        return w if self.weight is None else w * self.weight.pdf(x)
+
+    def _levels(self, c: np.ndarray, x, w, s, tau) -> tuple[np.ndarray, float | None]:
+        """(levels, the weighted derivative objective's μ or None) from nodes whose weights ``w`` hold p: the
+        weighted closed form (derivative), else the primitive's tridiagonal normal system."""
         if self.objective == "derivative":
-            return self._weighted_levels(c, x, w, s)[0]
+            return self._weighted_levels(c, x, w, s)
+        n, b = self.n, self._breaks(c)
         V = np.zeros(n + 2)
         V[n], V[n + 1] = c[-1], self.B
         r0 = self.target(x) - (V[s] * (1 - tau) + V[s + 1] * tau)
@@ -260,7 +268,7 @@ class ReluSumObjective:
         d = np.diff(b)
         L = np.where(d > 0, np.diff(V) / np.where(d > 0, d, 1.0), 0.0)
         L[0], L[-1] = 0.0, 1.0
-        return L
+        return L, None
 
     def _weighted_levels(self, c: np.ndarray, x, w, s) -> tuple[np.ndarray, float]:
         """(levels, μ) of the weighted derivative objective for sorted knots c: on interior segment j (width d_j,
@@ -303,10 +311,11 @@ class ReluSumObjective:
         b = self._breaks(cs)
         nodes = quadrature(b, splits=self.kinks, graded=self.graded)
         x, w, s, tau = nodes
-        L = self.levels_for(cs, nodes)
+        w = self._weigh(x, w)
+        unweighted_derivative = self.objective == "derivative" and self.weight is None
+        L, mu = (self.levels_for(cs), None) if unweighted_derivative or self.n == 1 else self._levels(cs, x, w, s, tau)
         t = self.target(x)
         n = self.n
-        w = w * self.p(x)
         if self.objective == "primitive":
             V = np.concatenate([[0.0], np.cumsum(L * np.diff(b))])  # h̃ at the breaks
             r = t - (V[s] * (1 - tau) + V[s + 1] * tau)
@@ -319,10 +328,11 @@ class ReluSumObjective:
             r = t - L[s]
             loss = float(np.dot(w, r * r))
             tc = self.activation.df(cs)
-            g = self.p(cs) * ((tc - L[:-1]) ** 2 - (tc - L[1:]) ** 2)
+            g = (tc - L[:-1]) ** 2 - (tc - L[1:]) ** 2
+            if self.weight is not None:
+                g = self.weight.pdf(cs) * g
             if n > 1:
-                mu = (self._shift(cs, self.activation.f(cs)) if self.weight is None
-                      else self._weighted_levels(cs, x, w, s)[1])
+                mu = self._shift(cs, self.activation.f(cs)) if mu is None else mu
                 inner = np.zeros(n + 1)
                 inner[1:n] = L[1:n]
                 g += 2 * mu * (inner[1:] - inner[:-1])
@@ -337,4 +347,4 @@ class ReluSumObjective:
         x, w, s, _ = quadrature(np.concatenate([[self.A], inside, [self.B]]), splits=self.kinks, graded=self.graded)
         approx = rs(x) if self.objective == "primitive" else rs.derivative(x)
         # the derivative is a step function: evaluate it at node positions (never on a knot)
-        return float(np.dot(w * self.p(x), (self.target(x) - approx) ** 2))
+        return float(np.dot(self._weigh(x, w), (self.target(x) - approx) ** 2))
