@@ -42,6 +42,7 @@ from approxbp.planner.plan_step import (
     option_table,
     planned_weights,
     stepper,
+    table_activation,
 )
 from approxbp.planner.request import Request
 from approxbp.planner.result import OptionCost, Plan
@@ -84,12 +85,9 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
         raise ValueError("--compile-budgets weighs compiled plans by their modelled time under a budget: it needs "
                          "--gpu and --budget (or --pareto), on fake tensors, without --checkpoint or --trace")
     run = measurer(request)
-    if unknown := [t for t in request.tables if not _is_table(t)]:
+    if unknown := [t for t in request.tables if not _is_table(t, "--table")]:
         raise ValueError(f"--table {unknown[0]}: not a coefficient table")
     base, layers, options, ms = measure_options(run, say, request.tables)
-    if unused := [t for t in request.tables if T.load(t).activation not in layers.values()]:
-        raise ValueError(f"--table {unused[0]}: a table of {T.load(unused[0]).activation!r}; this model's "
-                         f"activation layers are {', '.join(sorted(set(layers.values())))}")
     target, cache, traces = budget, {}, {}
     traced = over = None  # over: the least target whose plan traced over the budget
     for _ in range(_TRACES):  # the chosen step traced whole; over the budget, chosen again under a tighter target
@@ -227,6 +225,8 @@ def measure_options(run, say, tables: tuple[str, ...] = ()
     say("exact model")
     base = run(None, False)
     layers = base.layers
+    for path in tables:  # refused before any option is measured
+        _refuse_foreign_table("--table", path, layers)
     counts: dict[str, int] = {}
     for act in layers.values():
         counts[act] = counts.get(act, 0) + 1
@@ -248,12 +248,19 @@ def _table_options(tables: tuple[str, ...], activation: str) -> list[str]:
     where missing)."""
     from approxbp.kernels.codegen import export_if_stale
 
-    found = []
-    for path in tables:
-        if T.load(path).activation == activation:
-            export_if_stale(T.resolve(path))
-            found.append(TABLE_OPTION + str(T.resolve(path).resolve()))
-    return found
+    found = [str(T.resolve(path).resolve()) for path in tables if table_activation(path) == activation]
+    for path in found:
+        export_if_stale(Path(path))
+    return [TABLE_OPTION + path for path in found]
+
+
+def _refuse_foreign_table(flag: str, path: str, layers: dict[str, str]) -> str:
+    """The table's activation; refused where none of the model's activation ``layers`` has it."""
+    activation = table_activation(path)
+    if activation not in layers.values():
+        raise ValueError(f"{flag} {path}: a table of {activation!r}; this model's activation layers are "
+                         f"{', '.join(sorted(set(layers.values())))}: none would take it")
+    return activation
 
 
 class NoFit(ValueError):
@@ -317,7 +324,7 @@ def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
     its activation takes it, the others stay exact), each optionally ``+ms-norm``; ``ms-norm`` alone; or the path of
     a plan written by ``approxbp plan --out``."""
     table, _, rest = text.partition("+")
-    if table.endswith(".json") and rest in ("", "ms-norm") and _is_table(table):
+    if table.endswith(".json") and rest in ("", "ms-norm") and _is_table(table, "--use"):
         return TABLE_OPTION + str(T.resolve(table).resolve()), rest == "ms-norm"
     if text.endswith(".json"):
         from approxbp.planner.result import read_plan
@@ -338,7 +345,7 @@ def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
     return (acts[0] if acts else "exact"), "ms-norm" in parts
 
 
-def _is_table(path: str) -> bool:
+def _is_table(path: str, flag: str) -> bool:
     """Whether ``path`` is a coefficient table (not a plan): its schema and family read (a broken table is
     refused with the table reader's reason)."""
     if not Path(path).is_file():
@@ -346,10 +353,9 @@ def _is_table(path: str) -> bool:
     try:
         T.header(path)
     except T.TableError as err:
-        data = T.read_json(path) if Path(path).is_file() else None
-        if isinstance(data, dict) and "layers" in data:
+        if isinstance(data := T.read_json(path), dict) and "layers" in data:
             return False  # a plan
-        raise ValueError(f"--use {path}: neither a table nor a plan ({err})") from None
+        raise ValueError(f"{flag} {path}: neither a table nor a plan ({err})") from None
     return True
 
 
@@ -359,11 +365,8 @@ def _table_assignment(use: str, option: str, layers: dict[str, str]) -> dict[str
     from approxbp.kernels.codegen import export_if_stale
 
     path = option[len(TABLE_OPTION):]
-    activation = T.load(path).activation
+    activation = _refuse_foreign_table("--use", path, layers)
     export_if_stale(Path(path))  # its kernels beside it, as a drop-in of it finds them (said on stderr when written)
-    if activation not in layers.values():
-        raise ValueError(f"--use {use}: a table of {activation!r}; this model's activation layers are "
-                         f"{', '.join(sorted(set(layers.values())))}: none would take it")
     return {p: option if act == activation else "exact" for p, act in layers.items()}
 
 
@@ -380,7 +383,7 @@ def evaluate_each(request: Request, *, uses, budget: int | None = None, progress
     run = measurer(request)
     say("exact model")
     base = run()
-    plans = []
+    plans, weights = [], planned_weights(request)
     for use, (option, ms) in zip(uses, parsed):
         if isinstance(option, str) and option.startswith(TABLE_OPTION):
             assignment = _table_assignment(use, option, base.layers)
@@ -396,8 +399,7 @@ def evaluate_each(request: Request, *, uses, budget: int | None = None, progress
                           batch=request.batch, seq=request.seq if base.uses_seq else None, budget=budget,
                           before=_summary(base), after=_summary(after), layers=layers, options={},
                           ms_norm={"chosen": ms, "saving": None}, checkpoint=request.checkpoint,
-                          shard=request.setup.shard, traced=bool(base.moment), use=use,
-                          weights=planned_weights(request)))
+                          shard=request.setup.shard, traced=bool(base.moment), use=use, weights=weights))
     return plans
 
 

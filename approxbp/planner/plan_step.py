@@ -6,6 +6,7 @@ a model of many alike blocks measured at 2 and 3 and extrapolated) and its roofl
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from approxbp.planner.tasks import head_of
 from approxbp.planner.training import LoRALinear, Setup, weights_for
 
 __all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_table", "OPTIONS", "planned_weights",
-           "seeded", "step_inputs", "stepper", "TABLE_OPTION"]
+           "seeded", "step_inputs", "stepper", "TABLE_OPTION", "table_activation"]
 
 
 def _approximations() -> dict[str, tuple[type, int]]:
@@ -42,6 +43,14 @@ OPTIONS = ("exact", *_approximations(), "glu")
 TABLE_OPTION = "table:"
 
 
+@functools.lru_cache(maxsize=64)
+def table_activation(path: str) -> str:
+    """The activation of a table file (read and validated once: the search asks per layer and per step)."""
+    from approxbp.approximations import tables as T
+
+    return T.load(path).activation
+
+
 def option_table(activation: str, option: str) -> str | None:
     """The packaged table of an option for a registry activation (None for ``exact`` and ``glu``): the family's own
     ``packaged`` table at the option's bits; a :data:`TABLE_OPTION` names its file (for the table's own activation;
@@ -49,10 +58,8 @@ def option_table(activation: str, option: str) -> str | None:
     if option in ("exact", "glu"):
         return None
     if option.startswith(TABLE_OPTION):
-        from approxbp.approximations import tables as T
-
         path = option[len(TABLE_OPTION):]
-        return path if T.load(path).activation == activation else None
+        return path if table_activation(path) == activation else None
     spec, bits = _approximations()[option]
     return spec.packaged(activation, bits)
 
