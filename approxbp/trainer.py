@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
+from approxbp.kernels.rewrite.bound_forward import BoundForward, install_forward, uninstall_forward
 from approxbp.planner.chunked_loss import refusal as chunked_loss_refusal
 from approxbp.planner.gpus import DEFAULT_GPU
 from approxbp.planner.gpus import gpu as step_gpu
@@ -115,7 +116,7 @@ class ApproxBPCallback(TrainerCallback):
         _refuse_unchunkable_loss(args, chunked)
         if chunked and (why := chunked_loss_refusal(_base(model))):
             raise ValueError(f"ApproxBPCallback: chunked loss: {why}; drop chunked_loss (or plan without it)")
-        _PatchOnFirstTrainingCall.install(model, self._patch)
+        _install_first_call(model, self._patch)
 
     def _patch(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
         """Patch ``model`` on the arguments of its first training call (the example input), every move in force
@@ -138,7 +139,6 @@ class ApproxBPCallback(TrainerCallback):
                 if self.moves or self.chunked_loss:
                     apply_moves(base, self.moves, chunked_loss=self.chunked_loss)
         _logger.info("approxbp: %s", self.report)
-
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         device = _cuda_device(model)
@@ -168,38 +168,28 @@ def _cuda_device(model: nn.Module | None):
     return param.device if param is not None and param.device.type == "cuda" else None
 
 
-class _PatchOnFirstTrainingCall:
-    """Set as the model's ``forward`` until its first training call (training mode, grad enabled: an evaluation
-    first, ``eval_on_start``, or a generation runs the model as it is and waits): that call patches the model, then
-    runs through the patched forward — the chunked loss and every move in force from step 1 (a forward pre-hook
-    could not: the call has looked up its forward before the hooks run). Runs eagerly under ``torch.compile``
-    (dynamo would otherwise trace the patch's proofs and measurements)."""
+def _install_first_call(model: nn.Module, patch) -> None:
+    """Set a ``forward`` on ``model`` (:class:`~approxbp.kernels.rewrite.bound_forward.BoundForward`) that waits
+    for its first training call (training mode, grad enabled: an evaluation first, ``eval_on_start``, or a
+    generation runs the model as it is): that call removes it, patches the model, then runs through the patched
+    forward — the chunked loss and every move in force from step 1 (a forward pre-hook could not: the call has
+    looked up its forward before the hooks run)."""
+    now = model.__dict__.get("forward")
+    if not (isinstance(now, BoundForward) and now.fn is _first_training_call):
+        install_forward(model, _first_training_call, patch)
 
-    def __init__(self, model: nn.Module, patch):
-        self.model, self.patch, self.had = model, patch, model.__dict__.get("forward")
 
-    @classmethod
-    def install(cls, model: nn.Module, patch) -> None:
-        if not isinstance(model.__dict__.get("forward"), cls):
-            model.forward = cls(model, patch)
+def _first_training_call(model: nn.Module, inner, patch, *args, **kwargs):
+    # eagerly under torch.compile: dynamo would otherwise trace the patch's proofs and measurements
+    return torch.compiler.disable(_patch_then_run)(model, inner, patch, *args, **kwargs)
 
-    @property
-    def __signature__(self):
-        return inspect.signature(self.had or type(self.model).forward.__get__(self.model))
 
-    def __call__(self, *args, **kwargs):
-        return torch.compiler.disable(self._call)(*args, **kwargs)
-
-    def _call(self, *args, **kwargs):
-        model = self.model
-        if not (model.training and torch.is_grad_enabled()):
-            return (self.had or type(model).forward.__get__(model))(*args, **kwargs)
-        if self.had is None:
-            del model.__dict__["forward"]
-        else:
-            model.forward = self.had
-        self.patch(model, args, kwargs)
-        return model.forward(*args, **kwargs)
+def _patch_then_run(model: nn.Module, inner, patch, *args, **kwargs):
+    if not (model.training and torch.is_grad_enabled()):
+        return inner(*args, **kwargs)
+    uninstall_forward(model, model.__dict__["forward"])
+    patch(model, args, kwargs)
+    return model.forward(*args, **kwargs)
 
 
 def _loss_reaches_model(args) -> bool:
