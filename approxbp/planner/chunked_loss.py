@@ -167,13 +167,14 @@ def apply_chunked_loss(model: nn.Module, rows: int | None = None) -> nn.Module:
     if (why := refusal(model)) is not None:
         raise NotChunked(f"chunked loss: {why}")
     if _APPLIED not in model.__dict__:
-        model.__dict__[_APPLIED] = install_forward(model, _chunked_forward, rows)
+        model.__dict__[_APPLIED] = install_forward(model, _chunked_forward, rows, inspect.signature(model.forward))
     return model
 
 
-def _chunked_forward(model: nn.Module, inner, rows: int | None, *args, **kwargs):
-    """The forward :func:`apply_chunked_loss` installs (``inner``: the model's forward before it)."""
-    given = inspect.signature(inner).bind_partial(*args, **kwargs).arguments
+def _chunked_forward(model: nn.Module, inner, rows: int | None, signature: inspect.Signature, *args, **kwargs):
+    """The forward :func:`apply_chunked_loss` installs (``inner``: the model's forward before it, ``signature``
+    its signature, read once)."""
+    given = signature.bind_partial(*args, **kwargs).arguments
     if given.get("labels") is None or not torch.is_grad_enabled() or given.get("logits_to_keep") not in (0, None):
         return inner(*args, **kwargs)
     head, seen, handed = model.get_output_embeddings(), [], []  # the head as it is now (a rewrite may replace it)
