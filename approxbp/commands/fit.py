@@ -194,7 +194,6 @@ def _gradient_errors(t, weight=None) -> list[str]:
     fitted) beside the packaged tables of the same activation at k − 1 and with the other objective; a warning where
     this k is worse than k − 1 (at k = 2 the primitive objective is, for SiLU and Mish). With a ``weight``, the
     error under it too, beside the packaged (uniform-interval) table's of the same k and objective."""
-    from approxbp.approximations import tables as T
     from approxbp.approximations.gradient_error import gradient_error
 
     ours = gradient_error(t)
@@ -202,12 +201,10 @@ def _gradient_errors(t, weight=None) -> list[str]:
     other = "primitive" if t.objective == "derivative" else "derivative"
     worse = None
     for label, bits, objective in ((f"k={t.bits - 1}", t.bits - 1, t.objective), (other, t.bits, other)):
-        path = T.data_dir() / "relu_sum" / f"{t.activation}-k{bits}-{objective}.json"
-        if bits < 1 or not path.is_file() or T.load(path).expression != t.expression:
+        if (packaged := _packaged(t, bits, objective)) is None:
             continue
-        error = gradient_error(T.load(path))
-        lines.append(f"              {error:.4g} packaged {label} ({objective} objective, "
-                     f"{T.packaged_name(path)})")
+        error = gradient_error(packaged)
+        lines.append(f"              {error:.4g} packaged {label} ({objective} objective, relu_sum/{packaged.name})")
         if bits == t.bits - 1 and error < ours:
             worse = error
     if len(lines) == 1:
@@ -215,16 +212,26 @@ def _gradient_errors(t, weight=None) -> list[str]:
     if weight is not None:
         under = weight.gradient_error(t.expression, t.knots, t.levels)
         lines.append(f"  under p     E_p[(h̃′ − h′)²]^½ = {under:.4g} (this table, p = {weight.describe()})")
-        path = T.data_dir() / "relu_sum" / f"{t.activation}-k{t.bits}-{t.objective}.json"
-        if path.is_file() and T.load(path).expression == t.expression:
-            uniform = T.load(path)
+        if (uniform := _packaged(t, t.bits, t.objective)) is not None:
             lines.append(f"              {weight.gradient_error(t.expression, uniform.knots, uniform.levels):.4g} "
-                         f"packaged, fitted uniform on its interval ({T.packaged_name(path)})")
+                         f"packaged, fitted uniform on its interval (relu_sum/{uniform.name})")
     if worse is not None:
         lines.append(f"approxbp: warning: this k={t.bits} table's gradient error {ours:.3g} is worse than the packaged "
                      f"k={t.bits - 1}'s {worse:.3g}: the {t.objective} objective does not fit the gradient; "
                      "--objective derivative does")
     return lines
+
+
+def _packaged(t, bits: int, objective: str):
+    """The packaged fitted ReLU-sum table of ``t``'s activation (the same expression) at ``bits`` and ``objective``,
+    or None."""
+    from approxbp.approximations import tables as T
+
+    path = T.data_dir() / "relu_sum" / f"{T.relu_sum_name(t.activation, bits, objective)}.json"
+    if bits < 1 or not path.is_file():
+        return None
+    table = T.load(path)
+    return table if table.expression == t.expression else None
 
 
 def _short(values, precision: int) -> str:
