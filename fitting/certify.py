@@ -355,7 +355,7 @@ def certify_table(t, budget_s: float = 600.0, rtol: float = _RTOL, progress=None
     t = as_table(t)
     if "weight" in (t.metrics or {}):  # its loss is ∫(·)²p: the certifiers enclose the uniform objective
         _Lines(emit).append(line := f"{t.name:<28} not certified: fitted with --weight {t.metrics['weight']}")
-        return None, [line], Verdict.OPEN
+        return None, [line], Verdict.UNCERTIFIABLE
     certify = member(CERTIFIERS, t.family, "certificate").certify
     return certify(t, budget_s, rtol, progress, rounded, max_boxes, _Lines(emit))
 

@@ -21,18 +21,20 @@ class FitResult(OptimizeResult):
 class Verdict(enum.Enum):
     """A certificate's verdict: ``HELD`` (every claim proven), ``OPEN`` (nothing violated, but a bound or the
     optimality search did not close within its budget: more ``--budget`` or ``--max-boxes`` may close it) or
-    ``FAILED`` (a claim is violated: a better point, an error above the claim, a loss outside its enclosure).
-    Truthy only when held; ``a & b`` is the worse of the two."""
+    ``FAILED`` (a claim is violated: a better point, an error above the claim, a loss outside its enclosure);
+    ``UNCERTIFIABLE``: no certificate applies (a table fitted with a weight: the enclosures are of the uniform
+    objective), which no budget closes. Truthy only when held; ``a & b`` is the worse of the two."""
 
     HELD = "held"
     OPEN = "open within budget"
+    UNCERTIFIABLE = "not certifiable"
     FAILED = "failed"
 
     def __bool__(self) -> bool:
         return self is Verdict.HELD
 
     def __and__(self, other: Verdict) -> Verdict:
-        order = (Verdict.HELD, Verdict.OPEN, Verdict.FAILED)
+        order = (Verdict.HELD, Verdict.OPEN, Verdict.UNCERTIFIABLE, Verdict.FAILED)
         return max(self, other, key=order.index)
 
     @classmethod

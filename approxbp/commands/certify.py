@@ -50,8 +50,8 @@ def run(args, argv) -> int:
     from approxbp.fitting.result import Verdict
 
     failed = [name for name, v in held.items() if v is Verdict.FAILED]
-    still_open = [name for name, v in held.items() if v is Verdict.OPEN and not name.endswith(_WEIGHTED)]
-    weighted = [name for name, v in held.items() if v is Verdict.OPEN and name.endswith(_WEIGHTED)]
+    still_open = [name for name, v in held.items() if v is Verdict.OPEN]
+    weighted = [name for name, v in held.items() if v is Verdict.UNCERTIFIABLE]
     print(f"{len(held)} tables in {time.perf_counter() - t0:.1f} s: "
           + (f"FAILED: {', '.join(failed)}" if failed
              else "; ".join(([f"open within the budget (nothing violated; more --budget or --max-boxes may close "
@@ -75,10 +75,6 @@ def budget_line(budget_s: float, max_boxes: int | None) -> str:
             "gives the same answer on any machine)")
 
 
-#: The mark of a table fitted with a weight in the summary (its certificates would be of another objective).
-_WEIGHTED = " (weighted)"
-
-
 def print_certificates(paths, progress: bool, write: bool, only_default: bool = False, **options) -> dict[str, bool]:
     """Certify each table (:func:`approxbp.fitting.certify.certify_files`), printing each line as soon as its
     certificate (a branch, a bound) is done, with or without progress. Returns name → its
@@ -87,8 +83,7 @@ def print_certificates(paths, progress: bool, write: bool, only_default: bool = 
 
     tell = (lambda msg: print(f"[certify] {msg}", file=sys.stderr, flush=True)) if progress else None
     held = {}
-    for name, lines, ok in certify_files(paths, write=write, only_default=only_default, progress=tell,
-                                         emit=lambda line: print(line, flush=True), **options):
-        weighted = len(lines) == 1 and "not certified: fitted with --weight" in lines[0]
-        held[name + _WEIGHTED if weighted else name] = ok
+    for name, _, ok in certify_files(paths, write=write, only_default=only_default, progress=tell,
+                                     emit=lambda line: print(line, flush=True), **options):
+        held[name] = ok
     return held
