@@ -8,6 +8,7 @@ a level far out where no input goes). :class:`Normal` is N(0, σ²) on ±9σ; :c
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -155,14 +156,18 @@ class Histogram(Weight):
         margin = (hi - lo) / 2  # inputs a little beyond the captured ones get the floor's weight, not none
         return min(lo - margin, -margin), max(hi + margin, margin)
 
-    @property
+    @functools.cached_property
     def jumps(self) -> np.ndarray:
         return np.asarray(self.edges, dtype=np.float64)
 
+    @functools.cached_property
+    def _heights(self) -> np.ndarray:
+        """The density on each bin, 0 beyond them (computed once: the objective reads it at every evaluation)."""
+        c = np.asarray(self.counts, dtype=np.float64)
+        return np.concatenate([[0.0], c / (c.sum() * np.diff(self.jumps)), [0.0]])
+
     def density(self, x) -> np.ndarray:
-        e, c = np.asarray(self.edges), np.asarray(self.counts, dtype=np.float64)
-        heights = np.concatenate([[0.0], c / (c.sum() * np.diff(e)), [0.0]])
-        return heights[np.searchsorted(e, np.asarray(x, dtype=np.float64), side="right")]
+        return self._heights[np.searchsorted(self.jumps, np.asarray(x, dtype=np.float64), side="right")]
 
     def describe(self) -> str:
         name = Path(self.source).name or "(in memory)"
