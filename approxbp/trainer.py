@@ -57,10 +57,14 @@ class ApproxBPCallback(TrainerCallback):
       :class:`~approxbp.planner.training.Setup` or preset name; default: read off the trainer, :func:`trainer_setup`):
       the model's config planned on fake tensors at the first batch's size and the run's longest sequence
       (:func:`longest_sequence`), and the fastest plan that fits applied (``callback.plan`` keeps it); with it,
-      ``tables=[FILE, …]`` offers a user's tables to that search (``approxbp plan --table``)."""
+      ``tables=[FILE, …]`` offers a user's tables to that search (``approxbp plan --table``), and
+      ``chunked_loss=False`` plans without the chunked loss (a compute_loss of your own reads the logits). It is
+      planned without it anyway where the trainer computes the loss itself (label smoothing, a first training call
+      without labels), said; a later batch past the planned shape is warned once; TRL's fused LM head (TRL ≥ 1.x
+      trainers), whose loss the planner does not trace, is refused at ``on_train_begin``."""
 
     def __init__(self, *, plan=None, budget: int | str | None = None, gpu: str | None = None, setup=None,
-                 moves: dict[str, str] | None = None, chunked_loss: bool = False, **patch):
+                 moves: dict[str, str] | None = None, chunked_loss: bool | None = None, **patch):
         from approxbp.kernels.rewrite.patch import patch_model
         from approxbp.planner.result import Plan
 
@@ -88,7 +92,7 @@ class ApproxBPCallback(TrainerCallback):
                              "as '24GiB'")
         if gpu is not None:
             step_gpu(gpu)  # an unknown name refused now, not on the first batch
-        if not isinstance(chunked_loss, bool):
+        if not isinstance(chunked_loss, bool | None):
             raise TypeError(f"ApproxBPCallback: chunked_loss={chunked_loss!r}: expected True or False")
         try:
             block_moves(moves or {})  # refused now, not on the first batch
@@ -114,6 +118,8 @@ class ApproxBPCallback(TrainerCallback):
         self._longest = longest_sequence(kwargs.get("train_dataloader"))
         chunked = self.chunked_loss or (self.plan is not None and self.plan.chunked_loss)
         _refuse_unchunkable_loss(args, chunked)
+        if self.budget is not None and _trl_fused_head(_base(model)):
+            raise ValueError(TRL_FUSED_HEAD)
         if chunked and (why := chunked_loss_refusal(_base(model))):
             raise ValueError(f"ApproxBPCallback: chunked loss: {why}; drop chunked_loss (or plan without it)")
         _install_first_call(model, self._patch)
@@ -130,15 +136,27 @@ class ApproxBPCallback(TrainerCallback):
                 self.plan = plan_for(model, example, self.budget, gpu=self.gpu,
                                      setup=self.setup or trainer_setup(self._args, model),
                                      checkpoint=bool(getattr(self._args, "gradient_checkpointing", False)),
-                                     chunked_loss=_loss_reaches_model(self._args), longest=self._longest,
+                                     chunked_loss=self._may_chunk(example), longest=self._longest,
                                      tables=self.offered)
             if self.plan is not None:
                 self.report = self.plan.apply(base, example_input=example)
             else:
                 self.report = patch_model(model, example_input=example, **self.patch)
                 if self.moves or self.chunked_loss:
-                    apply_moves(base, self.moves, chunked_loss=self.chunked_loss)
+                    apply_moves(base, self.moves, chunked_loss=bool(self.chunked_loss))
         _logger.info("approxbp: %s", self.report)
+        if self.budget is not None:
+            _watch_shape(model, self.plan.batch, self.plan.seq)
+
+    def _may_chunk(self, example: dict) -> bool:
+        """Whether a budget may count on the chunked loss: not where it is turned off (``chunked_loss=False``: a
+        compute_loss of the user's reads the logits), where the trainer computes the loss from the logits (label
+        smoothing), or where the training call carries no labels (the model computes no loss: said)."""
+        if example.get("labels") is None and self.chunked_loss is not False and _loss_reaches_model(self._args):
+            _logger.warning("approxbp: the first training call carries no labels (the trainer computes the loss "
+                            "itself): the budget is planned without the chunked loss")
+            return False
+        return self.chunked_loss is not False and _loss_reaches_model(self._args)
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         device = _cuda_device(model)
@@ -190,6 +208,52 @@ def _patch_then_run(model: nn.Module, inner, patch, *args, **kwargs):
     uninstall_forward(model, model.__dict__["forward"])
     patch(model, args, kwargs)
     return model.forward(*args, **kwargs)
+
+
+class _ShapeWatch:
+    """The planned input shape (batch, seq) of a budget; a training call past it warns once (the plan does not
+    cover it: planned at the first batch and the longest sequence the data showed)."""
+
+    def __init__(self, batch: int, seq: int | None):
+        self.batch, self.seq, self.warned = batch, seq, False
+
+
+def _watch_shape(model: nn.Module, batch: int, seq: int | None) -> None:
+    install_forward(model, _watched_call, _ShapeWatch(batch, seq))
+
+
+def _watched_call(model: nn.Module, inner, watch: _ShapeWatch, *args, **kwargs):
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if (not watch.warned and model.training and isinstance(ids, torch.Tensor) and ids.dim() == 2
+            and (ids.shape[0] > watch.batch or (watch.seq is not None and ids.shape[1] > watch.seq))):
+        watch.warned = True
+        _logger.warning("approxbp: a training batch of %d × %d tokens, past the %d × %s the budget was planned at "
+                        "(the first batch and the longest sequence the data showed): the budget is not promised "
+                        "for it; plan at the largest shape (approxbp plan --batch --seq, then plan=)",
+                        ids.shape[0], ids.shape[1], watch.batch, watch.seq)
+    return inner(*args, **kwargs)
+
+
+#: Why a budget is refused under TRL's fused LM head.
+TRL_FUSED_HEAD = ("ApproxBPCallback(budget=…): this TRL trainer computes its loss with TRL's fused LM head "
+                  "(model(..., fused_lm_head=True): its own chunked log-prob kernels, with workspaces the planner "
+                  "does not trace), so the planned step is not the step that runs; a budget cannot be promised "
+                  "here: pass family=/moves= (or plan= from approxbp plan, whose peak leaves TRL's loss out)")
+
+
+def _trl_fused_head(model: nn.Module) -> bool:
+    """Whether TRL's ``add_fused_lm_head`` set the model's forward (TRL ≥ 1.x: SFT, DPO, KTO, GRPO, RLOO), under
+    whatever wraps it (accelerate's fp32 output wrapper keeps it as ``_original_forward`` and ``__wrapped__``)."""
+    for fn in (model.__dict__.get("forward"), model.__dict__.get("_original_forward")):
+        for _ in range(8):  # a few wrappers deep
+            fn = getattr(fn, "__func__", fn)
+            code = getattr(fn, "__code__", None)
+            if code is None:
+                break
+            if "fused_lm_head" in code.co_varnames:
+                return True
+            fn = getattr(fn, "__wrapped__", None)
+    return False
 
 
 def _loss_reaches_model(args) -> bool:

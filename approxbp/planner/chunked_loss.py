@@ -13,8 +13,9 @@ The model's forward runs as stock, with its labels, its head returning its input
 computing the chunked cross-entropy from what the head was given: the model adds what it adds itself (an MoE's
 router_aux_loss_coef · aux_loss), so the loss is the model's own. It applies only when the model hands that tensor
 to its loss function and returns it as its logits unchanged (no soft-capping or scaling after the head) — else the
-call raises. With the move, a training call with labels returns the loss and ``logits=None`` (that is the move:
-nothing else is returned differently); without labels, or without grad, the model runs as stock."""
+call raises. With the move, a training call with labels returns the loss and no logits (that is the move: nothing else is
+returned differently; reading ``outputs.logits`` raises :data:`NO_LOGITS`, which says so and how to turn it off);
+without labels, or without grad, the model runs as stock."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from torch import nn
 
 from approxbp.kernels.rewrite.bound_forward import install_forward, uninstall_forward
 
-__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "chosen_in", "NotChunked", "refusal", "remove_chunked_loss"]
+__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "chosen_in", "NO_LOGITS", "NotChunked", "refusal",
+           "remove_chunked_loss"]
 
 
 #: A plan's name for the move (counted in its ``by_move``; whether it is chosen: ``moves["chunked_loss"]["chosen"]``).
@@ -198,7 +200,35 @@ def _chunked_forward(model: nn.Module, inner, rows: int | None, signature: inspe
                            "approxbp.planner.chunked_loss.remove_chunked_loss")
     if as_tuple:  # the stock tuple (its None fields left out, as transformers does), the logits' place kept
         return tuple(None if k == "logits" else v for k, v in out.items())
-    return type(out)(**{**out, "logits": None})
+    return _without_logits(type(out))(**{k: v for k, v in out.items() if k != "logits"})
+
+
+#: Reading ``outputs.logits`` of a chunked call: the error says why there are none and how to have them.
+NO_LOGITS = ("approxbp's chunked loss computed this loss a chunk of tokens at a time and made no logits (that is the "
+             "move); code that reads outputs.logits in training (a compute_loss of your own) needs the move off: "
+             "ApproxBPCallback(..., chunked_loss=False), or a plan without it")
+_LOGITLESS: dict[type, type] = {}
+
+
+def _without_logits(output_type: type) -> type:
+    """``output_type`` (a transformers ``ModelOutput``) whose ``logits`` raise :data:`NO_LOGITS` when read, rather
+    than reading None and failing later on a None (``getattr(out, "logits", None)`` still reads None)."""
+    if output_type not in _LOGITLESS:
+        def logits(self):
+            raise AttributeError(NO_LOGITS)
+
+        def set_logits(self, value):
+            if value is not None:
+                raise AttributeError(NO_LOGITS)
+
+        def shown(self):  # the dataclass repr would read the logits
+            fields = ", ".join(f"{k}={v!r}" for k, v in self.items())
+            return f"{output_type.__name__}({fields}, logits=<not made: approxbp's chunked loss>)"
+
+        _LOGITLESS[output_type] = type(output_type.__name__, (output_type,), {
+            "logits": property(logits, set_logits), "__repr__": shown, "__module__": output_type.__module__,
+            "__doc__": f"{output_type.__name__} of a chunked-loss call: no logits (approxbp.planner.chunked_loss)"})
+    return _LOGITLESS[output_type]
 
 
 def remove_chunked_loss(model: nn.Module) -> nn.Module:

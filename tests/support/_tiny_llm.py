@@ -16,3 +16,12 @@ def tiny_llama() -> transformers.LlamaForCausalLM:
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
         vocab_size=VOCAB, max_position_embeddings=32))
+
+
+def tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """Whitespace-split words t0 … t63 as the tokens 0 … 63 (t0 pads, t1 is unknown, t2 ends)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t1"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t2", unk_token="t1")

@@ -55,7 +55,7 @@ def test_torch_save_stores_a_moved_model_whole(build):
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
     ours, theirs = model(**batch), loaded(**batch)
-    assert ours.logits is None and theirs.logits is None  # the chunked loss came along
+    assert "logits" not in ours and "logits" not in theirs  # the chunked loss came along
     torch.testing.assert_close(theirs.loss, ours.loss, rtol=0, atol=0)
     ours.loss.backward()
     theirs.loss.backward()
