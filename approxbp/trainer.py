@@ -152,11 +152,14 @@ class ApproxBPCallback(TrainerCallback):
         """Whether a budget may count on the chunked loss: not where it is turned off (``chunked_loss=False``: a
         compute_loss of the user's reads the logits), where the trainer computes the loss from the logits (label
         smoothing), or where the training call carries no labels (the model computes no loss: said)."""
-        if example.get("labels") is None and self.chunked_loss is not False and _loss_reaches_model(self._args):
-            _logger.warning("approxbp: the first training call carries no labels (the trainer computes the loss "
-                            "itself): the budget is planned without the chunked loss")
+        if self.chunked_loss is False:
             return False
-        return self.chunked_loss is not False and _loss_reaches_model(self._args)
+        why = ("the trainer computes the loss from the logits (label smoothing)" if not _loss_reaches_model(self._args)
+               else "the first training call carries no labels (the trainer computes the loss itself)"
+               if example.get("labels") is None else None)
+        if why:
+            _logger.warning("approxbp: %s: the budget is planned without the chunked loss", why)
+        return why is None
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         device = _cuda_device(model)
@@ -344,9 +347,6 @@ def plan_for(model: nn.Module, example: dict, budget: int, *, gpu: str | None, s
         request = Request(model=str(path), batch=ids.shape[0], seq=seq, setup=setup, checkpoint=checkpoint,
                           lora_r=getattr(_adapter_config(model), "r", 8), chunked_loss=chunked_loss,
                           tables=tuple(tables))
-        if not chunked_loss:
-            _logger.warning("approxbp: the trainer computes the loss from the logits (label smoothing): the budget "
-                            "is planned without the chunked loss")
         return planner.plan(request, budget=budget, gpu=gpu or DEFAULT_GPU)
 
 

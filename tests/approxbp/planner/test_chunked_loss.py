@@ -42,7 +42,7 @@ def test_the_chunked_loss_is_the_stock_loss_with_the_stock_gradients(num_items):
         got.append(out)
     assert "logits" not in got[1] and got[0].logits.shape == (2, 24, VOCAB)
     with pytest.raises(AttributeError, match="chunked loss .* made no logits.*chunked_loss=False"):
-        got[1].logits  # a compute_loss of the user's that reads them: told why, and how to have them
+        _ = got[1].logits  # a compute_loss of the user's that reads them: told why, and how to have them
     assert getattr(got[1], "logits", None) is None and "logits=<not made" in repr(got[1])
     assert got[1].loss.item() == pytest.approx(got[0].loss.item(), rel=1e-6)  # fp32 logits in both (HF upcasts)
     for a, b in zip(stock.parameters(), ours.parameters()):
