@@ -14,8 +14,8 @@ computing the chunked cross-entropy from what the head was given: the model adds
 router_aux_loss_coef · aux_loss), so the loss is the model's own. It applies only when the model hands that tensor
 to its loss function and returns it as its logits unchanged (no soft-capping or scaling after the head) — else the
 call raises. With the move, a training call with labels returns the loss and no logits (that is the move: nothing
-else is returned differently; reading ``outputs.logits`` raises :data:`NO_LOGITS`, which says so and how to turn it off);
-without labels, or without grad, the model runs as stock."""
+else is returned differently; reading ``outputs.logits`` raises :data:`NO_LOGITS`, which says so and how to turn it
+off); without labels, or without grad, the model runs as stock."""
 
 from __future__ import annotations
 
