@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from approxbp.commands import common
@@ -52,6 +53,9 @@ def run(args, argv) -> int:
     elif args.use:
         result = P.evaluate(request, use=args.use, budget=budget, progress=tell)
     else:
+        if budget is None and request.traced is None and not args.modelled and SM.traceable(request.setup) \
+                and not request.setup.compile:  # the step's peak is the first number (--modelled: the fast model)
+            request = replace(request, traced=True)
         result = P.plan(request, budget=budget, gpu=args.gpu, compile_budgets=args.compile_budgets, progress=tell)
     print(PR.report(result))
     print(f"planned in {time.perf_counter() - t0:.1f} s on fake tensors")

@@ -115,7 +115,10 @@ def add_arguments(pln) -> None:
     pln.add_argument("--checkpoint", action="store_true", help="activation checkpointing on top of --mode (each "
                      "block recomputed in backward; the whole step is traced by PyTorch's MemTracker)")
     pln.add_argument("--trace", action="store_true", help="trace a whole step (forward, backward, AdamW) with "
-                     "MemTracker for the true peak and its moment, rather than the forward's saved tensors")
+                     "MemTracker for the true peak and its moment, rather than the forward's saved tensors (the "
+                     "default of a plan without --budget, --use, --maximize or --pareto, where the step can be traced)")
+    pln.add_argument("--modelled", action="store_true", help="without --budget: the modelled end of the forward "
+                     "only, not the traced step (faster; the step's peak can be well above it)")
     pln.add_argument("--lora-r", type=int, default=8, help="LoRA rank (with --train lora or --mode lora)")
     _setup_arguments(pln)
     pln.add_argument("--budget", default=None, help="peak memory to fit, e.g. 24GiB (none: save the most)")

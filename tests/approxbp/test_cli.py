@@ -291,3 +291,16 @@ def test_certify_says_a_weighted_table_is_not_certifiable(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "not certified: fitted with --weight normal:0.5" in text
     assert "not certified (a weighted fit: no budget closes it)" in text and "may close it" not in text
+
+
+def test_a_plan_without_a_budget_prints_the_traced_steps_peak_first(capsys):
+    """`approxbp plan` without --budget traces the whole step by default (its first number is the step's peak);
+    --modelled gives the end of the forward, faster, and says so on its second line."""
+    model = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=3000"
+    peaks = {}
+    for flag in ([], ["--modelled"]):
+        assert main(["plan", model, "--seq", "16", "--mode", "lora", "--no-progress", *flag]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        peaks[bool(flag)] = next(line for line in lines if line.strip().startswith("peak "))
+        assert ("traced" in lines[0]) != bool(flag) and ("not the step's" in lines[1]) == bool(flag), lines[:3]
+    assert peaks[False] != peaks[True]
