@@ -61,10 +61,12 @@ class ApproxBPCallback(TrainerCallback):
       ``chunked_loss=False`` plans without the chunked loss (a compute_loss of your own reads the logits). It is
       planned without it anyway where the trainer computes the loss itself (label smoothing, a first training call
       without labels), said; a later batch past the planned shape is warned once; TRL's fused LM head (TRL ≥ 1.x
-      trainers), whose loss the planner does not trace, is refused at ``on_train_begin``."""
+      trainers), whose loss the planner does not trace, is refused at ``on_train_begin``. ``resident=[module, …]``:
+      models the trainer holds beside the trained one (a reference model, a teacher; the callback is handed only the
+      trained one), their weights taken off the budget before planning."""
 
     def __init__(self, *, plan=None, budget: int | str | None = None, gpu: str | None = None, setup=None,
-                 moves: dict[str, str] | None = None, chunked_loss: bool | None = None, **patch):
+                 moves: dict[str, str] | None = None, chunked_loss: bool | None = None, resident=(), **patch):
         from approxbp.kernels.rewrite.patch import patch_model
         from approxbp.planner.result import Plan
 
@@ -92,6 +94,10 @@ class ApproxBPCallback(TrainerCallback):
                              "as '24GiB'")
         if gpu is not None:
             step_gpu(gpu)  # an unknown name refused now, not on the first batch
+        self.resident = tuple(resident)
+        if self.resident and (self.budget is None or not all(isinstance(m, nn.Module) for m in self.resident)):
+            raise TypeError("ApproxBPCallback: resident= takes the modules held beside the trained one (a reference "
+                            "model, a teacher), with budget=")
         if not isinstance(chunked_loss, bool | None):
             raise TypeError(f"ApproxBPCallback: chunked_loss={chunked_loss!r}: expected True or False")
         try:
@@ -100,7 +106,7 @@ class ApproxBPCallback(TrainerCallback):
             raise ValueError(f"ApproxBPCallback: moves=: {err}") from None
         self.gpu, self.setup, self.patch, self.moves = gpu, setup, patch, dict(moves or {})
         self.chunked_loss, self.offered = chunked_loss, offered
-        self.report, self._model, self._args, self._warned = None, None, None, False
+        self.report, self._model, self._args, self._warned, self._held = None, None, None, False, 0
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
@@ -133,7 +139,7 @@ class ApproxBPCallback(TrainerCallback):
         base = _base(model)
         with torch.autocast(next(model.parameters()).device.type, enabled=False):
             if self.budget is not None:
-                self.plan = plan_for(model, example, self.budget, gpu=self.gpu,
+                self.plan = plan_for(model, example, self._budget_left(model), gpu=self.gpu,
                                      setup=self.setup or trainer_setup(self._args, model),
                                      checkpoint=bool(getattr(self._args, "gradient_checkpointing", False)),
                                      chunked_loss=self._may_chunk(example), longest=self._longest,
@@ -147,6 +153,24 @@ class ApproxBPCallback(TrainerCallback):
         _logger.info("approxbp: %s", self.report)
         if self.budget is not None:
             _watch_shape(model, self.plan.batch, self.plan.seq)
+
+    def _budget_left(self, model: nn.Module) -> int:
+        """The budget less the ``resident`` modules' weights and buffers (each storage once; those the trained model
+        shares not counted): what the trained model's step may take."""
+        own = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+        held = {}
+        for m in self.resident:
+            for t in (*m.parameters(), *m.buffers()):
+                if (ptr := t.untyped_storage().data_ptr()) not in own:
+                    held[ptr] = t.untyped_storage().nbytes()
+        if sum(held.values()) >= self.budget:
+            raise ValueError(f"ApproxBPCallback: the resident modules hold {sum(held.values())} bytes, the whole "
+                             f"budget {self.budget}")
+        if held:
+            _logger.info("approxbp: the resident modules hold %d bytes: the step is planned within the %d left of the "
+                         "budget", sum(held.values()), self.budget - sum(held.values()))
+        self._held = sum(held.values())
+        return self.budget - self._held
 
     def _may_chunk(self, example: dict) -> bool:
         """Whether a budget may count on the chunked loss: not where it is turned off (``chunked_loss=False``: a
@@ -172,7 +196,7 @@ class ApproxBPCallback(TrainerCallback):
         device = _cuda_device(model)
         if device is None or self.budget is None or self.plan is None:
             return
-        peak, planned = torch.cuda.max_memory_allocated(device), self.plan.after["peak"]
+        peak, planned = torch.cuda.max_memory_allocated(device), self.plan.after["peak"] + self._held
         if state.global_step <= 1:
             _logger.info("approxbp: step %d peaked at %d bytes on %s (planned %d, budget %d)", state.global_step,
                          peak, device, planned, self.budget)

@@ -346,3 +346,46 @@ def test_a_budget_under_trls_fused_head_is_refused_before_the_first_step(kind, t
                                  callbacks=[ApproxBPCallback(budget=BUDGET)])
     with pytest.raises(ValueError, match="TRL's fused LM head.*a budget cannot be promised"):
         trainer.train()
+
+
+class _HoldsATeacher(transformers.Trainer):
+    """A trainer of a user's own holding a second model through every step (an EMA teacher, updated after each)."""
+
+    def __init__(self, *a, teacher, **k):
+        super().__init__(*a, **k)
+        self.teacher = teacher
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        with torch.no_grad():
+            for t, p in zip(self.teacher.parameters(), model.parameters()):
+                t.lerp_(p, 0.01)
+        return loss
+
+
+def test_a_resident_model_is_taken_off_the_budget(tmp_path):
+    """resident=[teacher]: its weights and buffers (90,784 bytes here) come off the budget before planning, and every step —
+    the teacher's weights counted — stays within the budget; without it the same budget is exceeded."""
+    def run(callback, teacher):
+        peaks = StepPeaks(callback)
+        peaks.held_too = [*teacher.parameters(), *teacher.buffers()]
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=3,
+                                              learning_rate=3e-3, report_to=[], save_strategy="no", use_cpu=True,
+                                              seed=0, disable_tqdm=True)
+        trainer = _HoldsATeacher(model=tiny_llama(), args=args, train_dataset=tiny_data(), callbacks=[callback, peaks],
+                                 teacher=teacher)
+        with as_kernels(), as_a_gpu_runs_it():
+            trainer.train()
+        return peaks.peaks
+
+    torch.manual_seed(0)
+    teacher = tiny_llama().requires_grad_(False)
+    held = 4 * sum(t.numel() for t in (*teacher.parameters(), *teacher.buffers()))  # 90 784 bytes
+    budget = BUDGET + held  # the step planned within BUDGET; stock's step and the teacher: 541 952
+    blind = run(ApproxBPCallback(budget=budget), teacher)
+    callback = ApproxBPCallback(budget=budget, resident=[teacher])
+    ours = run(callback, teacher)
+    assert max(ours) <= budget < max(blind), (ours, blind)
+    assert callback.plan.budget == BUDGET
+    with pytest.raises(TypeError, match="resident= takes the modules"):
+        ApproxBPCallback(family="invact", resident=[teacher])

@@ -56,7 +56,7 @@ class StepPeaks(transformers.TrainerCallback):
     yet), the step that patches is counted from the patch on."""
 
     def __init__(self, after=None):
-        self.peaks, self.after, self._mode = [], after, None
+        self.peaks, self.after, self._mode, self.held_too = [], after, None, []  # held_too: alive through each step
         if after is not None:  # before the trainer hands ApproxBPCallback its model
             patch = after._patch
 
@@ -70,7 +70,7 @@ class StepPeaks(transformers.TrainerCallback):
         self._model, self._optimizer = model, optimizer
 
     def _start(self):
-        self._mode = LiveBytes(held(self._model, self._optimizer))
+        self._mode = LiveBytes(held(self._model, self._optimizer) + list(self.held_too))
         self._mode.__enter__()
 
     def on_step_begin(self, args, state, control, **kwargs):
