@@ -364,8 +364,8 @@ class _HoldsATeacher(transformers.Trainer):
 
 
 def test_a_resident_model_is_taken_off_the_budget(tmp_path):
-    """resident=[teacher]: its weights and buffers (90,784 bytes here) come off the budget before planning, and every step —
-    the teacher's weights counted — stays within the budget; without it the same budget is exceeded."""
+    """resident=[teacher]: its weights and buffers (90,784 bytes here) come off the budget before planning, and
+    every step — the teacher's weights counted — stays within the budget; without it the same budget is exceeded."""
     def run(callback, teacher):
         peaks = StepPeaks(callback)
         peaks.held_too = [*teacher.parameters(), *teacher.buffers()]
