@@ -9,6 +9,11 @@ slope mᵢ = (h(cᵢ₊₁) − h(cᵢ))/(cᵢ₊₁ − cᵢ) (c₀ = A, cₙ�
 
 a sum over segments: the grid DP (:mod:`.grid_dp`) finds its optimum on a knot grid exactly, and the polish
 (L-BFGS-B and Newton, as for eq. 13) finishes it. ∫h′² comes from adaptive quadrature split at 0.
+
+Weighted by the inputs' density p (``--weight``, :mod:`.weights`; the interval then the weight's own), the same
+holds with P = ∫p, M = ∫h′p, E = ∫h′²p in place of x, h and ∫h′²: the best level on a segment is ΔM/ΔP, J(c) =
+E − Σᵢ ΔMᵢ²/ΔPᵢ and ∂J/∂cᵢ = p(cᵢ)·((h′(cᵢ) − mᵢ₋₁)² − (h′(cᵢ) − mᵢ)²); P, M and E are prefix sums of 10-point
+Gauss–Legendre panels split at h′'s kinks and p's jumps (:class:`_Moments`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from approxbp.approximations.relu_sum import ReLUSum, check_bits
 from scipy.integrate import quad
 
 __all__ = ["FEWBIT_INTERVAL", "fewbit_reference", "fit_free_levels", "FreeLevelsFit", "FreeLevelsObjective",
-           "PublishedQuantiser"]
+           "PublishedQuantiser", "WeightedFreeLevels"]
 
 
 #: FewBit's domain.
@@ -91,6 +96,88 @@ class FreeLevelsObjective:
         return total
 
 
+class _Moments:
+    """∫_A^x of p, h′p and h′²p at any x in [A, B]: prefix sums over panels (4096 across [A, B], split at h′'s kinks
+    and p's jumps) plus 10-point Gauss–Legendre on the last partial panel."""
+
+    _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(10)
+
+    def __init__(self, df, pdf, A: float, B: float, breaks):
+        self.df, self.pdf = df, pdf
+        inner = [b for b in breaks if A < b < B]
+        self.edges = np.unique(np.concatenate([np.linspace(A, B, 4097), inner]))
+        lo, hi = self.edges[:-1], self.edges[1:]
+        cells = self._panel(lo, hi)
+        self.prefix = np.concatenate([np.zeros((1, 3)), np.cumsum(cells, axis=0)])
+
+    def _panel(self, lo, hi) -> np.ndarray:
+        """[∫p, ∫h′p, ∫h′²p] over each [lo, hi] (rows)."""
+        half, mid = (hi - lo)[:, None] / 2, (hi + lo)[:, None] / 2
+        x, w = mid + half * self._NODES, half * self._WEIGHTS
+        wp, d = w * self.pdf(x), self.df(x)
+        return np.stack([wp.sum(1), (wp * d).sum(1), (wp * d * d).sum(1)], axis=1)
+
+    def __call__(self, x) -> np.ndarray:
+        """Rows [P, M, E] at each x (one row for a number)."""
+        x = np.asarray(x, dtype=np.float64)
+        flat = x.reshape(-1)
+        j = np.clip(np.searchsorted(self.edges, flat, side="right") - 1, 0, self.edges.size - 2)
+        out = self.prefix[j] + self._panel(self.edges[j], flat)
+        return out[0] if x.ndim == 0 else out
+
+
+class WeightedFreeLevels(FreeLevelsObjective):
+    """J(c) = ∫(h′ − q)² p on the weight's interval (module docstring): FewBit's family fitted to what the model
+    feeds the activation."""
+
+    def __init__(self, activation: str | Activation, bits: int, weight, interval=None):
+        self.weight = weight
+        super().__init__(activation, bits, interval or weight.interval)
+        self.moments = _Moments(self.activation.df, weight.pdf, self.A, self.B,
+                                [*self.activation.kinks(), 0.0, *weight.jumps])
+        self.energy = float(self.moments(self.B)[2])
+
+    def _segments(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ΔP, ΔM) on the segments of the sorted borders c."""
+        d = np.diff(self.moments(np.concatenate([[self.A], c, [self.B]])), axis=0)
+        return d[:, 0], d[:, 1]
+
+    def levels(self, c: np.ndarray) -> np.ndarray:
+        c = np.sort(c)
+        dP, dM = self._segments(c)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(dP > 0, dM / np.where(dP > 0, dP, 1.0), self.activation.df(np.concatenate([[self.A], c])))
+
+    def __call__(self, c) -> tuple[float, np.ndarray]:
+        self.nfev += 1
+        c = np.asarray(c, dtype=np.float64)
+        order = np.argsort(c, kind="stable")
+        dP, dM = self._segments(c[order])
+        with np.errstate(divide="ignore", invalid="ignore"):  # a segment of no width: its level is h′ there
+            m = np.where(dP > 0, dM / np.where(dP > 0, dP, 1.0), self.activation.df(np.concatenate([[self.A],
+                                                                                                c[order]])))
+        loss = self.energy - float(np.sum(dM * m))
+        t = self.activation.df(c[order])
+        g = self.weight.pdf(c[order]) * ((t - m[:-1]) ** 2 - (t - m[1:]) ** 2)
+        grad = np.empty_like(g)
+        grad[order] = g
+        return max(loss, 0.0), grad
+
+    def loss_of(self, borders, levels) -> float:
+        """∫(h′ − q)² p = E − 2 Σ q ΔM + Σ q² ΔP of any step function on the interval."""
+        b = np.sort(np.asarray(borders, float))
+        q = np.asarray(levels, dtype=np.float64)
+        if q.size != b.size + 1:
+            raise ValueError(f"{b.size + 1} segments need as many levels, got {q.size}")
+        dP, dM = self._segments(b)
+        return max(self.energy - float(np.sum(2 * q * dM - q * q * dP)), 0.0)
+
+    def grid_density(self, x: np.ndarray) -> np.ndarray:
+        """Where knots go for a weighted piecewise-constant L2 fit of h′: ∝ (p·h″²)^⅓ (the grid DP's and the
+        starts' density)."""
+        return (self.weight.pdf(x) * self.activation.d2f(x) ** 2) ** (1 / 3)
+
+
 @dataclass
 class FreeLevelsFit:
     activation: str
@@ -101,12 +188,17 @@ class FreeLevelsFit:
     loss: float
     starts: dict[str, float]  # start label → its polished loss
     expression: str = ""  # the activation's expression (a user's named one is not in the registry)
+    weight: object = None  # p (fitting/weights.py) the loss is weighted by, or None: uniform on the interval
 
     def recorded_loss(self) -> float:
         """J by quadrature split at every border (:meth:`FreeLevelsObjective.loss_of`): the fit's own value,
         energy − Σ m·Δh, cancels to ~1e-17 where J is 0 (hard-sigmoid's two borders at ±3), which a certificate's
-        enclosure would then not hold."""
-        return FreeLevelsObjective(self._activation(), self.bits, self.interval).loss_of(self.borders, self.levels)
+        enclosure would then not hold. Weighted: ∫(h′ − q)² p from the same moments as the fit."""
+        if self.weight is not None:
+            obj = WeightedFreeLevels(self._activation(), self.bits, self.weight, self.interval)
+        else:
+            obj = FreeLevelsObjective(self._activation(), self.bits, self.interval)
+        return obj.loss_of(self.borders, self.levels)
 
     def _activation(self) -> Activation:
         """The fitted activation under its own name (a user's named expression is not in the registry)."""
@@ -123,7 +215,8 @@ class FreeLevelsFit:
         steps = ReLUSum(np.diff(self.levels), self.borders)  # the jumps between levels, at the borders
         return ReluSumTable.new(
             self._activation(), steps, bits=self.bits, objective="derivative", interval=self.interval,
-            loss=self.recorded_loss(), level0=float(self.levels[0]), metrics={"starts": self.starts},
+            loss=self.recorded_loss(), level0=float(self.levels[0]),
+            metrics={"starts": self.starts, **({"weight": self.weight.describe()} if self.weight else {})},
             provenance={"method": "FewBit's free levels: grid DP and jittered starts, each polished",
                         "command": command or "", "package_version": package_version()})
 
@@ -134,23 +227,39 @@ class FreeLevelsFit:
         return save(self.table(command), path)
 
 
-def fit_free_levels(activation: str, bits: int, interval=FEWBIT_INTERVAL, restarts: int = 4,
-                    seed: int = 0) -> FreeLevelsFit:
-    """The best free-level quantisation: the grid-DP optimum and ``restarts`` jittered equidistributed starts, each
-    polished; deterministic for a seed."""
+def fit_free_levels(activation: str, bits: int, interval=None, restarts: int = 4, seed: int = 0,
+                    weight=None) -> FreeLevelsFit:
+    """The best free-level quantisation on ``interval`` (default FewBit's, or the ``weight``'s own): the grid-DP
+    optimum and ``restarts`` jittered equidistributed starts, each polished; deterministic for a seed. With a
+    ``weight`` (p, :mod:`.weights`) the loss is ∫(h′ − q)² p (:class:`WeightedFreeLevels`)."""
     from .grid_dp import free_levels_knots
     from .relu_sum import equidistributed_knots, polish
 
-    obj = FreeLevelsObjective(activation, bits, interval)
+    if weight is not None:
+        obj = WeightedFreeLevels(activation, bits, weight, interval)
+    else:
+        obj = FreeLevelsObjective(activation, bits, interval or FEWBIT_INTERVAL)
     rng = np.random.default_rng(seed)
     starts = {"grid DP": free_levels_knots(obj)}
-    starts.update({f"polish {i}": equidistributed_knots(obj, rng, 0.5) for i in range(restarts)})
+    spread = _weighted_starts if weight is not None else equidistributed_knots
+    starts.update({f"polish {i}": spread(obj, rng, 0.5) for i in range(restarts)})
     polished = {label: polish(obj, c) for label, c in starts.items()}
     losses = {label: obj(c)[0] for label, c in polished.items()}
     best = min(losses, key=losses.get)
     c = np.sort(polished[best])
     return FreeLevelsFit(obj.activation.name, bits, (obj.A, obj.B), c, obj.levels(c), losses[best], losses,
-                         obj.activation.expression)
+                         obj.activation.expression, weight)
+
+
+def _weighted_starts(obj: WeightedFreeLevels, rng: np.random.Generator, jitter: float) -> np.ndarray:
+    """Borders at jittered quantiles of :meth:`WeightedFreeLevels.grid_density` (a small uniform share keeps them
+    apart where it vanishes)."""
+    grid = np.linspace(obj.A, obj.B, 20001)
+    dens = obj.grid_density(grid)
+    dens = dens + 1e-3 * dens.mean() + 1e-300
+    cdf = np.concatenate([[0.0], np.cumsum((dens[1:] + dens[:-1]) / 2)])
+    u = np.sort(np.clip((np.arange(obj.n) + 0.5 + rng.uniform(-jitter, jitter, obj.n)) / obj.n, 1e-6, 1 - 1e-6))
+    return np.interp(u, cdf / cdf[-1], grid)
 
 
 @dataclass(frozen=True)

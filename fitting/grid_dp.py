@@ -29,7 +29,7 @@ __all__ = ["free_levels_knots", "grid_dp_knots", "GRIDS"]
 def _grid(obj: ReluSumObjective, points: int) -> np.ndarray:
     fine = np.linspace(obj.A, obj.B, 40001)
     p = 2 / 5 if obj.objective == "primitive" else 2 / 3
-    dens = np.abs(obj.activation.d2f(fine)) ** p
+    dens = obj.grid_density(fine) if hasattr(obj, "grid_density") else np.abs(obj.activation.d2f(fine)) ** p
     if not dens.any():  # a piecewise-linear h (hard-sigmoid): h″ = 0 between kinks, a uniform grid
         dens[:] = 1.0
     dens += 0.05 * dens.mean()  # some points where h'' vanishes
@@ -55,7 +55,10 @@ def _segment_costs(obj: ReluSumObjective, g: np.ndarray) -> np.ndarray:
     f, df = obj.activation.f, obj.activation.df
     G = g.size
     with np.errstate(divide="ignore", invalid="ignore"):
-        if obj.objective == "derivative":
+        if hasattr(obj, "moments"):  # weighted free levels: ∫h′²p − (ΔM)²/ΔP, M = ∫h′p, P = ∫p
+            P, M, E = obj.moments(g).T
+            S = E[None, :] - E[:, None] - (M[None, :] - M[:, None]) ** 2 / (P[None, :] - P[:, None])
+        elif obj.objective == "derivative":
             (F2,) = _prefix(g, [lambda x: df(x) ** 2])
             h = f(g)
             d = g[None, :] - g[:, None]

@@ -28,7 +28,8 @@ def add_parser(sub, add) -> None:
                     "derivative with --levels free")
     rs.add_argument("--levels", choices=("constrained", "free"), default="constrained",
                     help="constrained: eq. 13 (Σw = 1, Σw·c = 0, the interval by the tail rule); free: FewBit's "
-                    "family (every level free, uniform weight on --interval; derivative objective only)")
+                    "family (every level free, uniform weight on --interval or --weight's p on its own interval; "
+                    "derivative objective only)")
     rs.add_argument("--interval", type=float, nargs=2, metavar=("A", "B"), default=None,
                     help="the domain: with --levels free FewBit's -100 100 by default; constrained: in place of the "
                     "tail rule's interval (the mass outside it is reported in the table, not fitted)")
@@ -131,19 +132,27 @@ def _fit_free_levels(args, argv) -> int:
     from approxbp.approximations.activations import named_activation
     from approxbp.fitting.free_levels import FEWBIT_INTERVAL, fewbit_reference, fit_free_levels
     from approxbp.fitting.relu_sum import cli_command
+    from approxbp.fitting.weights import Weight
 
     if (args.objective or "derivative") != "derivative":
         raise ValueError("--levels free fits the derivative (FewBit's objective); drop --objective primitive")
     act = named_activation(args.activation, args.name)
-    interval = tuple(args.interval) if args.interval else FEWBIT_INTERVAL
-    fit = fit_free_levels(act, args.bits, interval, restarts=args.restarts, seed=args.seed)
+    weight = Weight.parse(args.weight) if args.weight else None
+    interval = tuple(args.interval) if args.interval else weight.interval if weight else FEWBIT_INTERVAL
+    fit = fit_free_levels(act, args.bits, interval, restarts=args.restarts, seed=args.seed, weight=weight)
     loss = fit.recorded_loss()  # by quadrature split at the borders, as the table records it and FewBit's is measured
-    print(f"{fit.activation} k={fit.bits} free levels on [{interval[0]:g}, {interval[1]:g}] (FewBit's family): "
-          f"∫(h' − q)² = {loss:.10e}")
+    print(f"{fit.activation} k={fit.bits} free levels on [{interval[0]:g}, {interval[1]:g}] (FewBit's family"
+          + (f", weighted by p = {weight.describe()}, the interval {weight.interval_rule}" if weight else "")
+          + f"): ∫(h' − q)²{'p' if weight else ''} = {loss:.10e}")
     print(f"  borders  {np.array2string(fit.borders, precision=6, max_line_width=110)}")
     print(f"  levels   {np.array2string(fit.levels, precision=6, max_line_width=110)}")
     print("  starts   " + ", ".join(f"{k} {v:.8e}" for k, v in fit.starts.items()))
-    if not np.any(np.abs(fit.borders) <= _TYPICAL):
+    if weight is not None:
+        uniform = fit_free_levels(act, args.bits, FEWBIT_INTERVAL, restarts=args.restarts, seed=args.seed)
+        print(f"  under p  E_p[(q − h′)²]^½ = {weight.gradient_error(act, fit.borders, fit.levels):.4g} (this "
+              f"table), {weight.gradient_error(act, uniform.borders, uniform.levels):.4g} (the uniform fit on "
+              f"[{FEWBIT_INTERVAL[0]:g}, {FEWBIT_INTERVAL[1]:g}], FewBit's)")
+    elif not np.any(np.abs(fit.borders) <= _TYPICAL):
         print(f"approxbp: warning: every border lies outside [−{_TYPICAL:g}, {_TYPICAL:g}] (where N(0, 4) puts 99.99 % "
               "of its mass): for inputs of that spread this table is one level, its bits spent where inputs rarely "
               f"go (the uniform weight on [{interval[0]:g}, {interval[1]:g}]); give a narrower --interval, or fit "
