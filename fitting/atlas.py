@@ -26,7 +26,7 @@ from approxbp.approximations.files import safe_stem, save_figure, write_atomic
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import TableBackward
 
-__all__ = ["atlas", "plot_atlas", "STEPS", "WEIGHTS", "write_atlas", "X"]
+__all__ = ["atlas", "BITS", "plot_atlas", "STEPS", "WEIGHTS", "work", "write_atlas", "X"]
 
 
 X = np.linspace(-8.0, 8.0, 32001)
@@ -79,14 +79,25 @@ def _table(folder: str, stem: str, cache: Path | None, make, what: str):
     return table
 
 
+#: The ReLU-sum bit-widths of an atlas (``--bits``; the FewBit-style curves, which fit nothing, always span 1…8).
+BITS = range(1, 9)
 #: Tables per activation: ReLU-sum k = 1…8 for both objectives, and the InvAct fast form.
-STEPS = 8 * 2 + 1
+STEPS = len(BITS) * 2 + 1
+#: A table's share of the work, for the time left: a ReLU-sum fit at k costs about k² (measured on two cores: 2 s at
+#: k = 2, 12 s at 4, 26 s at 6, per objective), InvAct's fast form about k = 4.5's.
+_INVACT_WORK = 20
 
 
-def atlas(activation, cache: Path | None = None, bar=None) -> list[dict]:
+def work(bits=BITS) -> int:
+    """The progress units of one activation's tables (each ReLU-sum table k², the InvAct fit :data:`_INVACT_WORK`)."""
+    return 2 * sum(k * k for k in bits) + _INVACT_WORK
+
+
+def atlas(activation, cache: Path | None = None, bar=None, bits=BITS) -> list[dict]:
     """Rows {family, bits, label, linf, l2_uniform, l2_normal} for one activation (a registry name, an expression
-    or an Activation, e.g. from ``named_activation``); tables fitted for it are kept in ``cache``; ``bar`` (a
-    :func:`~.progress.progress` bar) advances once per table (:data:`STEPS`)."""
+    or an Activation, e.g. from ``named_activation``), its ReLU-sum tables at ``bits``; tables fitted for it are
+    kept in ``cache``; ``bar`` (a :func:`~.progress.progress` bar) advances by each table's share of the work
+    (:func:`work`: a k = 8 fit takes 64 times a k = 1 fit, so the time left holds)."""
     from .invact import fit_invact
     from .relu_sum import fit_relu_sum
 
@@ -98,13 +109,13 @@ def atlas(activation, cache: Path | None = None, bar=None) -> list[dict]:
             e = d - _quantise(d, _lloyd_levels(d, w, k))
             rows.append({"family": f"fewbit-{wname}", "bits": k, "label": f"FewBit-style {k}-bit ({wname} weight)",
                          **_errors(e)})
-        for objective in ("primitive", "derivative"):
+        for objective in ("primitive", "derivative") if k in bits else ():
             t = _table("relu_sum", T.relu_sum_name(act.name, k, objective), cache,
                        lambda k=k, o=objective: fit_relu_sum(act, k, o, progress=False).table,
                        f"{act.name!r} k={k} {objective}")
             rs = ReLUSum(t.weights, t.knots)
             if bar is not None:
-                bar.update()
+                bar.update(k * k)
             rows.append({"family": f"relu-sum-{objective}", "bits": k,
                          "label": f"ReLU-sum k={k} ({objective})", **_errors(d - rs.derivative(X))})
     ia = InvertedActivation(act)
@@ -121,22 +132,24 @@ def atlas(activation, cache: Path | None = None, bar=None) -> list[dict]:
             fit = lambda: fit_invact(act, "fast").table  # noqa: E731
             t = _table("invact", f"{act.name}-fast", cache, fit, f"{act.name!r} InvAct")
             if bar is not None:
-                bar.update()
+                bar.update(_INVACT_WORK)
         q = TableBackward(t)(torch.from_numpy(fx), torch.from_numpy(left)).numpy()  # float64: the kernels' rule
         rows.append({"family": f"invact-{form}", "bits": 1, "label": f"InvAct ({form})", **_errors(d - q)})
     return rows
 
 
-def write_atlas(out: Path, activations=("gelu", "silu"), progress: bool = False) -> list[Path]:
-    """Data (JSON) and one figure per activation: error vs saved bits per element, log scale. Tables fitted for
-    activations the package lacks are kept in ``out/atlas_tables`` and reused. ``progress``: one step per table
-    of every activation, with the time left (a bar on a terminal, a line every 10 s in a log)."""
+def write_atlas(out: Path, activations=("gelu", "silu"), progress: bool = False, bits=BITS) -> list[Path]:
+    """Data (JSON) and one figure per activation: error vs saved bits per element, log scale, the ReLU-sum tables
+    at ``bits``. Tables fitted for activations the package lacks are kept in ``out/atlas_tables`` and reused.
+    ``progress``: the tables' work (:func:`work`) with the time left (a bar on a terminal, a line every 10 s in a
+    log)."""
     from .progress import progress as bar_of
 
     out.mkdir(parents=True, exist_ok=True)
     acts = [get_activation(a) for a in activations]
-    bar = bar_of(total=STEPS * len(acts), desc="atlas tables", enabled=progress, unit="table")
-    data = {a.name: atlas(a, out / "atlas_tables", bar) for a in acts}
+    bar = bar_of(total=work(bits) * len(acts), desc="atlas tables (work: k² per fit)", enabled=progress,
+                 unit="unit")
+    data = {a.name: atlas(a, out / "atlas_tables", bar, bits) for a in acts}
     bar.close()
     paths = [out / "error_atlas.json"]
     write_atomic(paths[0], json.dumps({"x_range": [-8, 8], "points": X.size, "rows": data}, indent=1) + "\n")

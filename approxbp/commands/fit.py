@@ -84,7 +84,7 @@ def _fit_relu_sum(args, argv) -> int:
                        method=args.method, restarts=args.restarts, seed=args.seed, workers=args.workers,
                        progress=progress, command=cli_command(argv), interval=args.interval, weight=weight)
     table = fit.table
-    print(_summary(table))
+    print(_summary(table, timed=not progress))
     print(f"  restarts    {fit.message}")
     for line in _gradient_errors(table, weight):
         print(line, file=sys.stderr if line.startswith("approxbp: warning") else sys.stdout)
@@ -174,8 +174,9 @@ def _fit_free_levels(args, argv) -> int:
 _TYPICAL = 8.0
 
 
-def _summary(t) -> str:
-    """The one-screen summary of a fitted ReluSumTable."""
+def _summary(t, timed: bool = True) -> str:
+    """The one-screen summary of a fitted ReluSumTable; its time only where ``timed`` (the progress line, when
+    shown, has said it: one time per fit)."""
     from approxbp.approximations.activations import get_activation
     from approxbp.approximations.expressions import readable
 
@@ -192,8 +193,8 @@ def _summary(t) -> str:
         f"  levels      {_short(t.levels, 6)}",
         f"  constraints max(|Σw−1|, |Σw·c|) = {t.constraint_residual:.2e}",
         f"  certificate |∇J|∞ = {m['grad_inf_norm']:.2e}, λ_min(∇²J) = {m.get('hessian_min_eig', float('nan')):.3e}",
-        f"  provenance  {t.provenance['method']}, seed {t.provenance['seed']}, "
-        f"{t.provenance['restarts']} restarts, {t.provenance['seconds']:.2f} s",
+        f"  provenance  {t.provenance['method']}, seed {t.provenance['seed']}, --restarts "
+        f"{t.provenance['restarts']}" + (f", {t.provenance['seconds']:.2f} s" if timed else ""),
     ]
     return "\n".join(lines)
 

@@ -20,11 +20,31 @@ def test_the_atlas_counts_one_step_per_table():
     assert atlas.STEPS == 17  # ReLU-sum k = 1…8 × 2 objectives + the InvAct fast form
 
 
-def test_the_atlas_advances_its_bar_per_table(monkeypatch):
-    steps = []
-    bar = type("Bar", (), {"update": lambda self, k=1: steps.append(k)})()
-    atlas.atlas("gelu", None, bar)  # packaged tables: nothing is fitted
-    assert len(steps) == atlas.STEPS
+def test_the_atlas_advances_its_bar_by_each_tables_work(monkeypatch):
+    """One step per table, each its share of the work (a ReLU-sum fit at k: k², so a k = 8 fit is not counted as a
+    k = 1 fit and the time left holds), summing to the bar's total; --bits 1-4 counts only those tables."""
+    for bits in (atlas.BITS, range(1, 5)):
+        steps = []
+        bar = type("Bar", (), {"update": lambda self, k=1: steps.append(k)})()
+        atlas.atlas("gelu", None, bar, bits)  # packaged tables: nothing is fitted
+        assert len(steps) == 2 * len(bits) + 1 and sum(steps) == atlas.work(bits)
+        assert max(steps[:-1]) == max(bits) ** 2
+
+
+def test_atlas_bits_are_a_range_and_refused_otherwise(tmp_path, monkeypatch):
+    from approxbp.approximations.activations import named_activation
+    from approxbp.commands.atlas import _bits
+
+    assert _bits(None, [named_activation("gelu")]) == range(1, 9)  # packaged up to k = 8
+    assert _bits(None, [named_activation("x*tanh(exp(x))", "tanhexp")]) == range(1, 5)  # fitted here
+    assert _bits("2-3", []) == range(2, 4) and _bits("5", []) == range(5, 6)
+    for bad in ("0-3", "4-2", "1-9", "two"):
+        try:
+            _bits(bad, [])
+        except ValueError as err:
+            assert "--bits" in str(err) and "1 ≤ K1 ≤ K2 ≤ 8" in str(err)
+        else:
+            raise AssertionError(bad)
 
 
 def test_a_heartbeat_speaks_at_most_once_per_period():
