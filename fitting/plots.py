@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from approxbp.approximations import ReLUSum, get_activation
 from approxbp.approximations import tables as T
@@ -66,15 +68,21 @@ def relu_sum_error_vs_bits(activation: str, objective: str = "primitive", bits=r
     return ks, np.array(losses)
 
 
-def _invact_tables(activation: str, forms, tables) -> list:
-    """The committed ``forms`` of ``activation`` that exist, then the given tables (paths, dicts or tables)."""
+def _invact_tables(activation: str, forms, tables) -> list[tuple]:
+    """(table, whose: its legend's owner) for the committed ``forms`` of ``activation`` that exist, then for the
+    given tables (paths, dicts or tables: "yours", with the file's name)."""
     found = []
     for form in forms:
         try:
-            found.append(T.load(f"invact/{activation}-{form}"))
+            t = T.load(f"invact/{activation}-{form}")
         except FileNotFoundError:
             continue
-    return found + [T.load(t) if isinstance(t, str) or hasattr(t, "is_file") else T.as_table(t) for t in tables]
+        found.append((t, f"{_whose(t)}: {form}" if t.source == "paper" else f"ours, packaged: {form}"))
+    for t in tables:
+        path = isinstance(t, str) or hasattr(t, "is_file")
+        table = T.load(t) if path else T.as_table(t)
+        found.append((table, f"yours{f' ({Path(str(t)).name})' if path else ''}: {table.form}"))
+    return found
 
 
 def plot_invact(activation: str, forms=("paper", "released", "newton"), tables=(), note: str = ""):
@@ -97,12 +105,10 @@ def plot_invact(activation: str, forms=("paper", "released", "newton"), tables=(
         yv = yv[1:-1]
         g = ia.g(yv, side)
         axes[0, col].plot(yv, g, "k", lw=2, label="g = f′∘f⁻¹ (exact)")
-        for t in shown:
-            form = t.form if t.source == "fit" else f"{t.form} (published)"
-            b = getattr(t, side)
-            q = Form.from_table(b)(yv)
-            axes[0, col].plot(yv, q, "--", label=f"{form}")
-            axes[1, col].semilogy(yv, np.abs(g - q) + 1e-18, label=f"{form} (L∞ {t.metrics[f'linf_{side}']:.1e})")
+        for t, whose in shown:
+            q = Form.from_table(getattr(t, side))(yv)
+            axes[0, col].plot(yv, q, "--", label=whose)
+            axes[1, col].semilogy(yv, np.abs(g - q) + 1e-18, label=f"{whose} (L∞ {t.metrics[f'linf_{side}']:.1e})")
         axes[0, col].set_title(f"{side} branch ({'x < T' if side == 'left' else 'x ≥ T'})")
         axes[1, col].set_xlabel("y = f(x)")
         axes[0, col].set_ylabel("f′(f⁻¹(y))")
@@ -113,7 +119,7 @@ def plot_invact(activation: str, forms=("paper", "released", "newton"), tables=(
                 ax.legend(fontsize=8)
     if not shown:
         _no_table(axes[1, 0], ia.activation.name, forms, note)
-    published = any(t.source == "paper" for t in shown)
+    published = any(t.source == "paper" for t, _ in shown)
     fig.suptitle(f"Inverted {ia.activation.name}: {'published vs ours' if published else 'our forms'}")
     fig.tight_layout()
     return fig
@@ -139,10 +145,10 @@ def _plot_monotone(act, shown: list, note: str = ""):
     fig = Figure(figsize=(11, 4))
     left, right = fig.subplots(1, 2)
     left.plot(yv, g, "k", lw=2, label="g = f′∘f⁻¹ (exact)")
-    for t in shown:
+    for t, whose in shown:
         q = Form.from_table(t.right)(yv)
-        left.plot(yv, q, "--", label=f"{t.form}: q = {t.right.expression}")
-        right.semilogy(yv, np.abs(g - q) + 1e-18, label=f"{t.form} (L∞ {t.metrics['linf_right']:.1e})")
+        left.plot(yv, q, "--", label=f"{whose}: q = {t.right.expression}")
+        right.semilogy(yv, np.abs(g - q) + 1e-18, label=f"{whose} (L∞ {t.metrics['linf_right']:.1e})")
     left.set_title("one branch: f increases, so y alone gives f′(f⁻¹(y)) (no bit)")
     for ax, label in ((left, "f′(f⁻¹(y))"), (right, "|g − q|")):
         ax.set_xscale("symlog", linthresh=1e-3)
