@@ -33,6 +33,7 @@ def test_the_atlas_advances_its_bar_by_each_tables_work(monkeypatch):
 
 def test_atlas_bits_are_a_range_and_refused_otherwise(tmp_path, monkeypatch):
     from approxbp.approximations.activations import named_activation
+
     from approxbp.commands.atlas import _bits
 
     assert _bits(None, [named_activation("gelu")]) == range(1, 9)  # packaged up to k = 8
