@@ -25,7 +25,7 @@ def test_the_atlas_advances_its_bar_by_each_tables_work(monkeypatch):
     k = 1 fit and the time left holds), summing to the bar's total; --bits 1-4 counts only those tables."""
     for bits in (atlas.BITS, range(1, 5)):
         steps = []
-        bar = type("Bar", (), {"update": lambda self, k=1: steps.append(k)})()
+        bar = type("Bar", (), {"update": lambda self, k=1, into=steps: into.append(k)})()
         atlas.atlas("gelu", None, bar, bits)  # packaged tables: nothing is fitted
         assert len(steps) == 2 * len(bits) + 1 and sum(steps) == atlas.work(bits)
         assert max(steps[:-1]) == max(bits) ** 2
