@@ -20,7 +20,7 @@ from approxbp.planner.step_time import block_paths
 from approxbp.planner.tasks import head_of
 from approxbp.planner.training import LoRALinear, Setup, weights_for
 
-__all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_table", "OPTIONS", "planned_weights",
+__all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_table", "options", "planned_weights",
            "seeded", "step_inputs", "stepper", "TABLE_OPTION", "table_activation"]
 
 
@@ -33,10 +33,12 @@ def _approximations() -> dict[str, tuple[type, int]]:
     return {name: (spec, bits) for spec in FAMILIES.values() for name, bits in spec.plan_options.items()}
 
 
-#: Per activation layer: ``exact``, each table family's options (named by the family's spec,
-#: ``Spec.plan_options``), and ``glu``: its gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g):
-#: no gradient error; saves nothing where the layer is in no gated MLP).
-OPTIONS = ("exact", *_approximations(), "glu")
+def options() -> tuple[str, ...]:
+    """Per activation layer: ``exact``, each registered table family's options (named by the family's spec,
+    ``Spec.plan_options``; read at each call, so a family registered after import is offered too), and ``glu``: its
+    gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no gradient error; saves nothing where
+    the layer is in no gated MLP)."""
+    return ("exact", *_approximations(), "glu")
 
 
 #: An option that names a table file rather than a family (``--use my-table.json``): ``"table:<path>"``.
