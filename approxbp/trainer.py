@@ -41,7 +41,7 @@ from approxbp.planner.gpus import gpu as step_gpu
 from approxbp.planner.moves import apply_moves, block_moves
 from approxbp.planner.step_memory import parse_size
 
-__all__ = ["ApproxBPCallback", "longest_sequence", "plan_for", "trainer_setup"]
+__all__ = ["ApproxBPCallback", "longest_sequence", "plan_for", "trainer_setup", "TRL_FUSED_HEAD"]
 
 _logger = logging.getLogger("approxbp")
 

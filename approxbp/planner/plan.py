@@ -35,9 +35,9 @@ from approxbp.planner.gpus import gpu as step_gpu
 from approxbp.planner.knapsack import multiple_choice
 from approxbp.planner.plan_moves import Assignment, Weighed, move_costs
 from approxbp.planner.plan_step import (
-    options,
     TABLE_OPTION,
     gradient_error,
+    layer_options,
     measurer,
     option_table,
     planned_weights,
@@ -233,7 +233,7 @@ def measure_options(run, say, tables: tuple[str, ...] = ()
     options: dict[str, dict] = {}
     for act, n in counts.items():
         options[act] = {"exact": OptionCost(0, 0.0)}
-        for option in [*options()[1:], *_table_options(tables, act)]:
+        for option in [*layer_options()[1:], *_table_options(tables, act)]:
             say(f"{act}: {option}")
             every = {p: option for p, a in layers.items() if a == act}
             got = run(every, False)
@@ -320,9 +320,9 @@ def _within(run, layers, options, ms_saving: int, peak: int, budget: int | None,
 
 def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
     """``--use``: (one option for every activation layer, or {layer: option} from a plan JSON; MS-norms on/off).
-    ``exact``, ``relu-sum-k2``, ``invact``, … (:func:`~.plan_step.options`), or a table file (a user's own fit: every layer of
-    its activation takes it, the others stay exact), each optionally ``+ms-norm``; ``ms-norm`` alone; or the path of
-    a plan written by ``approxbp plan --out``."""
+    ``exact``, ``relu-sum-k2``, ``invact``, … (:func:`~.plan_step.layer_options`), or a table file (a user's own
+    fit: every layer of its activation takes it, the others stay exact), each optionally ``+ms-norm``; ``ms-norm``
+    alone; or the path of a plan written by ``approxbp plan --out``."""
     table, _, rest = text.partition("+")
     if table.endswith(".json") and rest in ("", "ms-norm") and _is_table(table, "--use"):
         return TABLE_OPTION + str(T.resolve(table).resolve()), rest == "ms-norm"
@@ -334,14 +334,15 @@ def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
             layers, ms = {p: layer["option"] for p, layer in data["layers"].items()}, data["ms_norm"]["chosen"]
         except (ValueError, KeyError) as err:
             raise ValueError(f"--use {text}: not a plan written by `approxbp plan --out` ({err})") from None
-        known = options()
+        known = layer_options()
         if bad := sorted({o for o in layers.values() if o not in known and not o.startswith(TABLE_OPTION)}):
             raise ValueError(f"--use {text}: unknown options {bad}; expected {', '.join(known)}")
         return layers, bool(ms)
     parts = text.split("+")
     acts = [p for p in parts if p != "ms-norm"]
-    if len(acts) > 1 or any(p not in options() for p in acts) or len(parts) != len(set(parts)):
-        raise ValueError(f"--use {text!r}: expected one of {', '.join(options())}, optionally +ms-norm (or ms-norm "
+    known = layer_options()
+    if len(acts) > 1 or any(p not in known for p in acts) or len(parts) != len(set(parts)):
+        raise ValueError(f"--use {text!r}: expected one of {', '.join(known)}, optionally +ms-norm (or ms-norm "
                          "alone), or a plan JSON")
     return (acts[0] if acts else "exact"), "ms-norm" in parts
 

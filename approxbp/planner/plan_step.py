@@ -20,8 +20,8 @@ from approxbp.planner.step_time import block_paths
 from approxbp.planner.tasks import head_of
 from approxbp.planner.training import LoRALinear, Setup, weights_for
 
-__all__ = ["activation_layers", "apply", "gradient_error", "measurer", "option_table", "options", "planned_weights",
-           "seeded", "step_inputs", "stepper", "TABLE_OPTION", "table_activation"]
+__all__ = ["activation_layers", "apply", "gradient_error", "measurer", "layer_options", "option_table",
+           "planned_weights", "seeded", "step_inputs", "stepper", "TABLE_OPTION", "table_activation"]
 
 
 def _approximations() -> dict[str, tuple[type, int]]:
@@ -33,7 +33,7 @@ def _approximations() -> dict[str, tuple[type, int]]:
     return {name: (spec, bits) for spec in FAMILIES.values() for name, bits in spec.plan_options.items()}
 
 
-def options() -> tuple[str, ...]:
+def layer_options() -> tuple[str, ...]:
     """Per activation layer: ``exact``, each registered table family's options (named by the family's spec,
     ``Spec.plan_options``; read at each call, so a family registered after import is offered too), and ``glu``: its
     gated MLP becomes the exact fused GLU (saves g and u, recomputes act(g): no gradient error; saves nothing where

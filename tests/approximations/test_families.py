@@ -63,10 +63,10 @@ def test_the_planner_options_are_the_families_own():
     is that family's ``packaged`` table: a toy family's option resolves through its own spec."""
     from approxbp.kernels.ops.modules import FAMILIES, Spec
 
-    from approxbp.planner.plan_step import option_table, options
+    from approxbp.planner.plan_step import layer_options, option_table
 
     named = {n for spec in FAMILIES.values() for n in spec.plan_options}
-    assert set(options()) == named | {"exact", "glu"} and {"invact", "relu-sum-k2"} <= named
+    assert set(layer_options()) == named | {"exact", "glu"} and {"invact", "relu-sum-k2"} <= named
     assert option_table("silu", "relu-sum-k2") == "relu_sum/silu-k2-primitive"
 
     class ToySpec(Spec):
@@ -79,7 +79,7 @@ def test_the_planner_options_are_the_families_own():
 
     try:
         assert option_table("gelu", "toy-k3") == "toy/gelu-3"
-        assert "toy-k3" in options()  # registered after import, offered by --use and measured (it was frozen)
+        assert "toy-k3" in layer_options()  # registered after import, offered by --use and measured (it was frozen)
     finally:
         FAMILIES.pop("toy", None)
-    assert "toy-k3" not in options()
+    assert "toy-k3" not in layer_options()
