@@ -58,5 +58,20 @@ class sigmoid(sp.Function):  # noqa: N801 (the name users write)
         return sigmoid(z) * sigmoid(-z)
 
 
-softplus = sp.Function("softplus")  # log(1 + e^u): kept whole so evaluators use a stable log1p form
-expm1 = sp.Function("expm1")  # e^u − 1: kept whole so evaluators keep its relative accuracy near u = 0 (ELU)
+class softplus(sp.Function):  # noqa: N801 (the name users write)
+    """log(1 + e^u), kept whole so evaluators use a stable log1p form (and a ball evaluator its endpoints: the ball
+    1 + e^[0, 75] holds 0, so log of it is NaN); softplus′ = σ."""
+
+    is_real = True
+
+    def fdiff(self, argindex=1):
+        return sigmoid(self.args[0])
+
+
+class expm1(sp.Function):  # noqa: N801 (the name users write)
+    """e^u − 1, kept whole so evaluators keep its relative accuracy near u = 0 (ELU); expm1′ = e^u."""
+
+    is_real = True
+
+    def fdiff(self, argindex=1):
+        return sp.exp(self.args[0])

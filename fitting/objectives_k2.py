@@ -10,6 +10,7 @@ import math
 import numpy as np
 import sympy as sp
 from approxbp.approximations import balls, get_activation
+from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as X_SYMBOL
 from approxbp.approximations.tables import as_table
 from flint import arb
@@ -243,7 +244,8 @@ class DerivativeObjectiveK2(ProjectedK2):
     def __init__(self, t):
         self.t = as_table(t)
         act = get_activation(self.t.expression)
-        self.h, self.dh = act.expr, act.derivative_expr(1)
+        # log(1 + eˣ) as softplus (by its endpoints): log of the ball 1 + e^[0, 75] holds 0, and Mish's h was NaN
+        self.h, self.dh = stable_form(act.expr), stable_form(act.derivative_expr(1))
         self.ev = Evaluator()
         self.A, self.B = (arb(v) for v in self.t.interval)
         from flint import acb
@@ -380,7 +382,7 @@ class PrimitiveObjectiveK2(ProjectedK2):
         from flint import acb
 
         self.t = as_table(t)
-        h = get_activation(self.t.expression).expr
+        h = stable_form(get_activation(self.t.expression).expr)  # softplus by its endpoints, as above
         self.A, self.B = (arb(v) for v in self.t.interval)
         tag = f"{id(self):x}"  # sympy compares functions by name: one set per instance
         integrands = {f"G0_{tag}": h, f"G1_{tag}": X_SYMBOL * h, f"G2_{tag}": h**2}
