@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from approxbp.kernels.ops.invact import InvActGELU, InvActSiLU
 from approxbp.kernels.ops.relu_sum import ReGELU2, ReSiLU2
 from approxbp.kernels.ops.saved import saved_bytes
+from approxbp.kernels.ops.torch_private import dynamo_reset
 from approxbp.kernels.rewrite.norm_merge import merge_norm
 
 __all__ = ["Attention", "gpt_block", "GPTBlock", "llama_block", "LlamaBlock", "MODES", "own_rng",
@@ -190,7 +191,7 @@ def saved_per_token_per_d(block_cls, variant: str, frozen: bool, tokens=197, bat
     x = torch.randn(batch, tokens, d, dtype=weights, requires_grad=True)
     run = block
     if mode == "compile":
-        torch._dynamo.reset()
+        dynamo_reset()
         run = torch.compile(block)
         run(x)  # compile outside the measurement
 

@@ -624,3 +624,20 @@ def test_one_helper_defines_every_op():
 def test_the_function_checker_sees_a_subclass():
     tree = ast.parse("class A(torch.autograd.Function): pass\nclass B(custom_ops.FirstOrder): pass\nclass C: pass")
     assert _subclasses_a_function(tree) == ["A", "B"]
+
+
+#: Private PyTorch, as code spells it; only kernels/ops/torch_private.py may (the planner's Tracker subclasses
+#: MemTracker, whose private peak update it overrides: named there).
+_PRIVATE_TORCH = re.compile(r"\btorch\._|torch\.utils\._|\._cdata\b|\b_forward_ad\b")
+
+
+def test_private_torch_is_used_in_one_home():
+    found = {}
+    for folder in ("approxbp", "kernels", "fitting", "approximations"):
+        for p in (ROOT / folder).rglob("*.py"):
+            if p.name == "torch_private.py" or "generated" in p.parts:
+                continue
+            code = [line for line in p.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("#")]
+            if hits := [line.strip() for line in code if _PRIVATE_TORCH.search(line)]:
+                found[str(p.relative_to(ROOT))] = hits
+    assert not found, found

@@ -113,8 +113,7 @@ def measure_row(block: str, variant: str, tokens: int = 256, fake: bool = True) 
     (on fake tensors; ``fake=False``: real ones, the same numbers)."""
     import contextlib
 
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    from approxbp.kernels.ops.torch_private import FakeTensorMode
     from approxbp.planner.step_memory import measure
 
     def saved(n: int) -> tuple[dict[str, int], int]:

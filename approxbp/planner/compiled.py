@@ -22,6 +22,13 @@ import functools
 
 import torch
 
+from approxbp.kernels.ops.torch_private import (
+    aot_eager_with_mode,
+    dynamo_reset,
+    lookup_backend,
+    patched_functorch_config,
+)
+
 __all__ = ["budget_backend", "BUDGETS", "fastest_within", "point", "points", "under"]
 
 
@@ -33,16 +40,12 @@ def budget_backend(budget: float, backend="inductor"):
     """A ``torch.compile`` backend that compiles with ``backend`` under ``activation_memory_budget = budget``
     (read when the partitioner runs, at the first call): what :meth:`approxbp.planner.result.Plan.apply` compiles
     a planned model with."""
-    import torch._functorch.config as functorch_config
-
     if not 0.0 <= budget <= 1.0:
         raise ValueError(f"activation_memory_budget {budget}: expected a fraction in [0, 1]")
-    from torch._dynamo.backends.registry import lookup_backend
-
     inner = lookup_backend(backend) if isinstance(backend, str) else backend
 
     def compile_at(gm, example_inputs):
-        with functorch_config.patch(activation_memory_budget=budget):
+        with patched_functorch_config(activation_memory_budget=budget):
             return inner(gm, example_inputs)
 
     return compile_at
@@ -94,15 +97,12 @@ def under(mode, loss, budget: float | None):
     """``loss`` to run under ``mode`` (a dispatch mode): eager inside it, or compiled at ``budget`` with its
     partitioned forward and backward graphs run in it (inductor's partitioner, the graphs op by op, so a recomputed
     op reaches the mode where it runs)."""
-    from torch._dynamo.backends.debugging import aot_eager_decomp_partition_with_mode
-
     if budget is None:
         with mode:
             yield loss
         return
-    torch._dynamo.reset()  # a fresh cache: a recompile limit would silently fall back to eager
-    yield torch.compile(loss, backend=budget_backend(budget, functools.partial(aot_eager_decomp_partition_with_mode,
-                                                                                mode=mode)))
+    dynamo_reset()  # a fresh cache: a recompile limit would silently fall back to eager
+    yield torch.compile(loss, backend=budget_backend(budget, functools.partial(aot_eager_with_mode, mode=mode)))
 
 
 def point(request, device, choice: dict, ms_norm: bool, budget: float | None,

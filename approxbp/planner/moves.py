@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from approxbp.kernels.ops.torch_private import FakeTensor, storage_key
 from approxbp.kernels.rewrite.bound_forward import install_forward, uninstall_forward
 from approxbp.planner.chunked_loss import CHUNKED, apply_chunked_loss, remove_chunked_loss
 from approxbp.planner.knapsack import multiple_choice
@@ -101,7 +102,7 @@ class Offload(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(self._pack, self._unpack)
 
     def _pack(self, t: torch.Tensor):
-        key = t.untyped_storage()._cdata
+        key = storage_key(t)
         if key not in self._seen:
             self._seen.add(key)
             self.moved += t.untyped_storage().nbytes()
@@ -136,8 +137,6 @@ class _Host:
     it in host memory; :meth:`back` allocates it again."""
 
     def __init__(self, t: torch.Tensor):
-        from torch._subclasses.fake_tensor import FakeTensor
-
         self.shape, self.dtype = t.shape, t.dtype
         flat = t.detach().reshape(-1)
         self.data = None if isinstance(t, FakeTensor) else flat.view(torch.uint8).numpy().copy()

@@ -11,6 +11,7 @@ import functools
 import torch
 from torch import nn
 
+from approxbp.kernels.ops.torch_private import FakeTensorMode
 from approxbp.planner.extrapolate import SMALL, extrapolate, layer_count, shrunk, small_assignment
 from approxbp.planner.models import hf_builder, model_spec, no_init
 from approxbp.planner.moves import RECOMPUTE_PART, apply_moves
@@ -217,8 +218,6 @@ def _fake_like_real():
     """FakeTensorMode, in which Hugging Face models take the path they take on real tensors: transformers treats a
     fake tensor as tracing and skips its check for packed sequences, then materialises a causal mask (kept as an
     input of every checkpointed layer) where a real run of these unpacked inputs uses SDPA's is_causal."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from approxbp.planner.compat import unpacked_sequences
 
     with unpacked_sequences(), FakeTensorMode(allow_non_fake_inputs=True):

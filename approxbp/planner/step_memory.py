@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from approxbp.kernels.ops.saved import charged
+from approxbp.kernels.ops.torch_private import dynamo_reset
 from approxbp.planner.attention import as_a_gpu_runs_it
 from approxbp.planner.training import (
     DTYPES,
@@ -166,7 +167,7 @@ def measure(model: nn.Module, inputs: dict, mode: str | Setup, traced: bool = Fa
     saved: dict[str, int] = {}
     ctx = _autocast(setup)
     if setup.compile:  # inductor's min-cut partitioner without its code generation: the same saved tensors
-        torch._dynamo.reset()  # a fresh cache per model: a recompile limit would silently fall back to eager
+        dynamo_reset()  # a fresh cache per model: a recompile limit would silently fall back to eager
         model.compile(backend="aot_eager_decomp_partition")  # in place: the module hooks fire once, outside
     block = first_block(model)
     seen_input: list[int] = []

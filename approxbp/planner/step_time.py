@@ -28,9 +28,8 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from approxbp.kernels.ops.torch_private import TorchDispatchMode, pytree, storage_key
 from approxbp.planner.gpus import GPU
 
 __all__ = ["block_paths", "drop_in_paths", "Roofline", "StepTime"]
@@ -53,7 +52,7 @@ def _bytes(tensors) -> int:
     seen, total = set(), 0
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            key = t.untyped_storage()._cdata
+            key = storage_key(t)
             if key not in seen:
                 seen.add(key)
                 total += t.numel() * t.element_size()
@@ -104,8 +103,8 @@ class Roofline(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func._overloadpacket
-        ins, _ = tree_flatten((args, kwargs))
-        outs, _ = tree_flatten(out)
+        ins, _ = pytree.tree_flatten((args, kwargs))
+        outs, _ = pytree.tree_flatten(out)
         flops = 0
         if packet in flop_registry:
             flops = flop_registry[packet](*args, **kwargs, out_val=out)
@@ -147,20 +146,20 @@ class _Region:
         for t in ins:
             if not isinstance(t, torch.Tensor):
                 continue
-            if (k := t.untyped_storage()._cdata) not in self.seen and k not in self.made:
+            if (k := storage_key(t)) not in self.seen and k not in self.made:
                 self.seen.add(k)
                 self.held.append(t.untyped_storage())
                 self.read += t.untyped_storage().nbytes()
         for t in outs:  # a view or an in-place result of what it read is not a new storage
-            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in self.seen:
+            if isinstance(t, torch.Tensor) and storage_key(t) not in self.seen:
                 storage = t.untyped_storage()
-                if storage._cdata not in self.made:
+                if storage_key(t) not in self.made:
                     self.held.append(storage)  # the storage, not the tensor: "alive at the end" is the tensor's
-                self.made.setdefault(storage._cdata, []).append((weakref.ref(t), storage.nbytes()))
+                self.made.setdefault(storage_key(t), []).append((weakref.ref(t), storage.nbytes()))
 
     def escape(self, ins) -> None:
         for t in ins:
-            if isinstance(t, torch.Tensor) and (k := t.untyped_storage()._cdata) in self.made:
+            if isinstance(t, torch.Tensor) and (k := storage_key(t)) in self.made:
                 self.escaped.add(k)
 
     def moved(self) -> int:

@@ -29,11 +29,11 @@ import inspect
 from collections.abc import Callable
 
 import torch
-import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 from .guards import check_triton_available
 from .modules import Spec, register
+from .torch_private import forward_ad_active, functorch_derivative_levels, functorch_wrapped
 
 __all__ = ["apply", "as_kernels", "attach", "autocast_dtype", "classic", "FIRST_ORDER_ONLY", "FirstOrder",
            "laid_out", "like", "needs_grad", "once_differentiable", "Op", "opaque", "transformed"]
@@ -90,7 +90,7 @@ def _refuse(what: str, why: str):
 
 def transformed(x: Tensor) -> bool:
     """x is inside a torch.func transform or forward-mode AD."""
-    return torch._C._functorch.is_functorch_wrapped_tensor(x) or _forward_ad._current_level >= 0
+    return functorch_wrapped(x) or forward_ad_active()
 
 
 def needs_grad(x: Tensor) -> bool:
@@ -129,22 +129,13 @@ def once_differentiable(backward):
             return backward(ctx, *grads)
         with torch.no_grad():
             results = backward(ctx, *grads)
-        levels = _functorch_derivative_levels()
-        under_func = levels or any(isinstance(r, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(r)
-                                   for r in results)
+        levels = functorch_derivative_levels()
+        under_func = levels or any(functorch_wrapped(r) for r in results)
         if levels > 1 or not under_func:
             _refuse("a second derivative (create_graph=True, nested torch.func.grad)",
                     "a second derivative through it would be wrong")
         return results
     return wrapper
-
-
-def _functorch_derivative_levels() -> int:
-    """How many torch.func grad/jvp transforms are active (2 or more: a higher derivative is being taken)."""
-    from torch._C._functorch import TransformType
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
-    return sum(i.key() in (TransformType.Grad, TransformType.Jvp) for i in retrieve_all_functorch_interpreters())
 
 
 class FirstOrder(torch.autograd.Function):
@@ -179,8 +170,7 @@ def classic(fn: type[FirstOrder]) -> type[torch.autograd.Function]:
 def apply(fn: type[FirstOrder], *args):
     """``fn`` applied to ``args``: itself when a tensor among them is inside torch.func or forward-mode AD is on, else
     its classic twin."""
-    wrapped = _forward_ad._current_level >= 0 or any(
-        isinstance(a, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(a) for a in args)
+    wrapped = forward_ad_active() or any(functorch_wrapped(a) for a in args)
     return (fn if wrapped else classic(fn)).apply(*args)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cache
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from approxbp.kernels.ops.torch_private import unset_fake_temporarily
 
 __all__ = ["byte_codes", "pack", "storage_bits", "unpack", "unpack_into"]
 

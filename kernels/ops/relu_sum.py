@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 import triton
 from approxbp.approximations import tables as T
+from approxbp.kernels.ops.torch_private import unset_fake_temporarily
 from torch import Tensor
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import custom_ops
 from .guards import check_input, check_triton_device

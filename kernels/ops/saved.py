@@ -8,6 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .torch_private import storage_key
+
 __all__ = ["charged", "saved_bytes"]
 
 
@@ -21,7 +23,7 @@ def charged(into: dict[str, int], exclude=(), model: nn.Module | None = None):
     StorageImpl's address to a new storage, which would then go uncounted."""
     names = {m: n for n, m in model.named_modules()} if model is not None else {}
     stack: list[str] = []
-    held = {(s := p.untyped_storage())._cdata: s for p in exclude}  # identity → storage, alive for the count
+    held = {storage_key(p): p.untyped_storage() for p in exclude}  # identity → storage, alive for the count
 
     def pre(module, args):
         if module in names:
@@ -32,9 +34,9 @@ def charged(into: dict[str, int], exclude=(), model: nn.Module | None = None):
             stack.pop()
 
     def pack(t: torch.Tensor):
-        s = t.untyped_storage()
-        if s._cdata not in held:
-            held[s._cdata] = s
+        s, key = t.untyped_storage(), storage_key(t)
+        if key not in held:
+            held[key] = s
             key = stack[-1] if stack else ("(outside modules)" if names else "")
             into[key] = into.get(key, 0) + s.nbytes()
         return t

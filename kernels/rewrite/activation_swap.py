@@ -265,7 +265,7 @@ def _computes_differently(old: nn.Module, new: nn.Module, checked: dict) -> str 
     agree to 1e-9, so that a table of another activation (a GELU table on a SiLU) is never swapped in silently.
     ``checked`` remembers the verdict per (class, configuration, table) within one patch_model call."""
     spec = getattr(new, "spec", None)
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from approxbp.kernels.ops.torch_private import unset_fake_temporarily
 
     key = (type(old), old.extra_repr(), spec.key if spec is not None else id(new))
     if key not in checked:

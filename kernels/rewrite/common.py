@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.utils._pytree as pytree
 from approxbp.approximations import tables as T
 from torch import nn
 
 from ..ops.saved import charged
+from ..ops.torch_private import MODULE_HOOK_TABLES, pytree
 from .fsdp import share_with_fsdp
 
 __all__ = ["by_pattern", "call", "every_output", "FILTERED", "hooks_of", "leaves", "MAX_BITS", "mode", "move_hooks",
@@ -382,10 +382,7 @@ class Undo:
             self.steps.pop()()
 
 
-#: Every per-module hook table of ``nn.Module`` (the ``*_with_kwargs`` and ``always_called`` ones share the keys of
-#: the hooks they qualify).
-_ALL_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                   "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+_ALL_HOOK_TABLES = MODULE_HOOK_TABLES  # every per-module hook table of nn.Module (torch_private)
 
 
 def move_hooks(old: nn.Module, new: nn.Module) -> None:

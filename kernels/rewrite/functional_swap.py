@@ -87,7 +87,7 @@ def uninstall(owner: nn.Module) -> None:
     for table, fn in ((owner._forward_pre_hooks, _enter), (owner._forward_hooks, _leave)):
         for k in [k for k, h in table.items() if h is fn]:
             del table[k]
-            owner._forward_hooks_always_called.pop(k, None)
+            owner._forward_hooks_always_called.pop(k, None)  # torch_private.MODULE_HOOK_TABLES
 
 
 def installed(owner: nn.Module) -> dict:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from approxbp.kernels.ops.torch_private import FakeTensor, storage_key, unset_fake_temporarily
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
 from ..ops.glu import GLU_ACTIVATIONS, GatedMLP, GLULayout
@@ -119,7 +119,7 @@ def _same(a, b) -> bool:
 
 
 def _within(t: torch.Tensor, out: torch.Tensor) -> bool:
-    return isinstance(out, torch.Tensor) and t.untyped_storage()._cdata == out.untyped_storage()._cdata
+    return isinstance(out, torch.Tensor) and storage_key(t) == storage_key(out)
 
 
 def layout_of(rec: _Record, activation_of) -> tuple[GLULayout, str] | str | None:

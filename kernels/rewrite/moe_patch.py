@@ -10,8 +10,8 @@ in the backward: act(g) is no longer saved, with no gradient error. The gate is 
 from __future__ import annotations
 
 import torch
+from approxbp.kernels.ops.torch_private import unset_fake_temporarily
 from torch import nn
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..ops.glu import GLU_ACTIVATIONS, GLUSpec, glu
 from . import swaps

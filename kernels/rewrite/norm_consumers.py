@@ -6,9 +6,8 @@ the norm's own output computes as stock), so another path can only save less, ne
 from __future__ import annotations
 
 import torch
-import torch.utils._pytree as pytree
+from approxbp.kernels.ops.torch_private import TorchDispatchMode, pytree, storage_key
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import swaps
 from .common import call, every_output, leaves, mode
@@ -128,7 +127,7 @@ class _ReadWatch(TorchDispatchMode):
         for t in pytree.tree_leaves((args, kwargs or {})):
             if not isinstance(t, torch.Tensor):
                 continue
-            ptr = t.untyped_storage()._cdata
+            ptr = storage_key(t)
             if ptr not in self.owner:
                 continue
             name, norm_out = self.owner[ptr]
@@ -149,7 +148,7 @@ class _ReadWatch(TorchDispatchMode):
 
     def watch(self, t: torch.Tensor, name: str) -> None:
         self.keep.append(t)
-        self.owner[t.untyped_storage()._cdata] = (name, t)
+        self.owner[storage_key(t)] = (name, t)
         self.found.setdefault(name, ([], set()))
 
 
@@ -197,7 +196,7 @@ def consumers_by_dispatch(model: nn.Module, example_input) -> dict:
             with mode(model, training), watch:
                 out = call(model, example_input, extra)
             for t in leaves(out):  # a norm output that is also returned (hidden states) must stay as it is
-                name = watch.owner.get(t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
+                name = watch.owner.get(storage_key(t)) if isinstance(t, torch.Tensor) else None
                 if name is not None:
                     watch.found[name[0]][1].add(_RETURNED)
     finally:

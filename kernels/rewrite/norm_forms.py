@@ -107,7 +107,7 @@ def _probe(module: nn.Module) -> NormForm | str:
     eps_values = (getattr(module, eps_attr),) if eps_attr else _DEFAULT_EPS
     if not all(e is None or isinstance(e, float | int) for e in eps_values):
         return f"its {eps_attr} is not a number"
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from approxbp.kernels.ops.torch_private import unset_fake_temporarily
 
     with unset_fake_temporarily(), torch.no_grad():
         try:
