@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -190,8 +191,10 @@ def _narrowing(module: nn.Module, features: int) -> int | None:
 
 
 #: Proofs made in this process, by what they depend on (:func:`_proof_key`): a model's 80 alike MLPs, or the
-#: planner's many runs of one model, are proven once.
-_PROVEN: dict = {}
+#: planner's many runs of one model, are proven once; the least recently used past :data:`_PROVEN_KEPT` are dropped
+#: (a long session of many models would otherwise grow it without end).
+_PROVEN: OrderedDict = OrderedDict()
+_PROVEN_KEPT = 256
 
 
 def _proof_key(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor):
@@ -261,6 +264,9 @@ def prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> st
         return _prove(module, layout, act, x)
     if key not in _PROVEN:
         _PROVEN[key] = _prove(module, layout, act, x)
+        while len(_PROVEN) > _PROVEN_KEPT:
+            _PROVEN.popitem(last=False)
+    _PROVEN.move_to_end(key)
     return _PROVEN[key]
 
 
