@@ -198,7 +198,7 @@ def test_an_mlp_too_wide_for_a_float64_twin_is_proven_narrowed(monkeypatch, mlp,
     from approxbp.kernels.rewrite import glu_forms
 
     monkeypatch.setattr(glu_forms, "PROOF_NUMEL", 1000)
-    monkeypatch.setattr(glu_forms, "_PROVEN", {})
+    monkeypatch.setattr(glu_forms, "_PROVEN", type(glu_forms._PROVEN)())
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), Block(mlp(), d=64)).double()
     stock = copy.deepcopy(model)
@@ -332,3 +332,17 @@ def test_a_gated_mlp_that_branches_on_its_input_is_skipped_not_proven_by_example
     for rows in (4, 32):
         x = torch.randn(2, rows, 16, dtype=torch.float64)
         torch.testing.assert_close(model(x), stock(x), rtol=1e-12, atol=1e-12)
+
+
+def test_the_proof_cache_keeps_only_the_most_recently_used(monkeypatch):
+    from approxbp.kernels.rewrite import glu_forms
+
+    cache = type(glu_forms._PROVEN)()
+    monkeypatch.setattr(glu_forms, "_PROVEN", cache)
+    monkeypatch.setattr(glu_forms, "_PROVEN_KEPT", 2)
+    monkeypatch.setattr(glu_forms, "_prove", lambda module, layout, act, x: None)
+    monkeypatch.setattr(glu_forms, "fixed_graph", lambda module: None)
+    for key in ("a", "b", "a", "c"):
+        monkeypatch.setattr(glu_forms, "_proof_key", lambda *args, key=key: key)
+        glu_forms.prove(None, None, "silu", None)
+    assert list(cache) == ["a", "c"]  # b, the least recently used, dropped
