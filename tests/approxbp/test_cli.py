@@ -296,7 +296,7 @@ def test_certify_says_a_weighted_table_is_not_certifiable(tmp_path, capsys):
 def test_a_plan_without_a_budget_prints_the_traced_steps_peak_first(capsys):
     """`approxbp plan` without --budget traces the whole step by default (its first number is the step's peak);
     --modelled gives the end of the forward, faster, and says so on its second line."""
-    model = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=3000"
+    model = LLAMA_TINY
     peaks = {}
     for flag in ([], ["--modelled"]):
         assert main(["plan", model, "--seq", "16", "--mode", "lora", "--no-progress", *flag]) == 0
