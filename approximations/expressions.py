@@ -5,6 +5,9 @@ sympy objects, node by node::
 
     expr := number | name | expr (+ - * / ** ^) expr | (+ -) expr | function(expr, …) | ( expr )
           | Piecewise((expr, expr cmp expr), …, (expr, True))     (where the names bind "Piecewise")
+          | where(expr cmp expr, expr, expr) | expr if expr cmp expr else expr | select(expr cmp expr, expr, expr)
+                                                                   (likewise: numpy's, Python's and ours, as one
+                                                                   two-piece Piecewise)
 
 ``name`` must be one of the given symbols or constants, ``function`` one of the given functions. No
 attributes, subscripts, keywords, lambdas, strings or containers, and comparisons only as a Piecewise condition.
@@ -118,6 +121,11 @@ def _builder(table: dict, text: str, what: str, exact: bool):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Piecewise" \
                 and callable(table.get("Piecewise")):
             return table["Piecewise"]([piece(a) for a in node.args])
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "where" and _two_pieces(node) is None:
+            raise ExpressionError(f"{what} {text!r}: where takes a comparison and two values, where(x > 0, x, 0.1*x)")
+        if (two := _two_pieces(node)) is not None and callable(table.get("Piecewise")):
+            value, cond, otherwise = two
+            return table["Piecewise"]([(build(value), condition(cond)), (build(otherwise), None)])
         if isinstance(node, ast.Call):
             fname = node.func.id if isinstance(node.func, ast.Name) else None
             fn = table.get(fname) if fname else None
@@ -140,15 +148,32 @@ def _builder(table: dict, text: str, what: str, exact: bool):
         value, cond = node.elts
         if isinstance(cond, ast.Constant) and cond.value is True:
             return build(value), None
+        return build(value), condition(cond)
+
+    def condition(cond: ast.AST) -> sp.Expr:
+        """A comparison as c of c > 0 (x > 3: x − 3; x <= 0: −x)."""
         if not (isinstance(cond, ast.Compare) and len(cond.ops) == 1
                 and isinstance(cond.ops[0], ast.Gt | ast.GtE | ast.Lt | ast.LtE)):
             shown = ast.get_source_segment(text, cond) or "?"
-            raise ExpressionError(f"{what} {text!r}: a Piecewise condition is one comparison (x > 3, x <= 0) or "
-                                  f"True, not {shown!r}")
+            raise ExpressionError(f"{what} {text!r}: a condition is one comparison (x > 3, x <= 0) or, in a "
+                                  f"Piecewise, True; not {shown!r}")
         lhs, rhs = build(cond.left), build(cond.comparators[0])
-        return build(value), lhs - rhs if isinstance(cond.ops[0], ast.Gt | ast.GtE) else rhs - lhs
+        return lhs - rhs if isinstance(cond.ops[0], ast.Gt | ast.GtE) else rhs - lhs
 
     return build
+
+
+def _two_pieces(node: ast.AST) -> tuple[ast.AST, ast.AST, ast.AST] | None:
+    """(value, comparison, otherwise) of ``where(c, a, b)``, ``a if c else b`` or ``select(c, a, b)`` with c a
+    comparison; None for anything else (``select(c, a, b)`` with c an expression is select itself)."""
+    if isinstance(node, ast.IfExp):
+        return node.body, node.test, node.orelse
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("where", "select")
+            and len(node.args) == 3 and not node.keywords
+            and (node.func.id == "where" or isinstance(node.args[0], ast.Compare))):
+        cond, value, otherwise = node.args
+        return value, cond, otherwise
+    return None
 
 
 @lru_cache(maxsize=4096)
@@ -163,7 +188,8 @@ def _parse_cached(text: str, names: tuple, what: str, exact: bool) -> sp.Expr:
     except (RecursionError, MemoryError, ValueError) as err:
         raise ExpressionError(f"cannot parse {what} {text[:80]!r}…: {type(err).__name__}") from None
 
-    unknown = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - set(table))
+    spelled = {"where"} if callable(table.get("Piecewise")) else set()  # where(c, a, b): a two-piece Piecewise
+    unknown = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - set(table) - spelled)
     if unknown:
         near = {n: difflib.get_close_matches(n, list(table), n=1) for n in unknown}
         hint = "; ".join(f"did you mean {m[0]!r} for {n!r}?" for n, m in near.items() if m)

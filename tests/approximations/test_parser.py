@@ -148,6 +148,21 @@ def test_piecewise_is_parsed_into_nested_selects():
             get_activation(bad)
 
 
+@pytest.mark.parametrize("spelled", ["where(x > 0, x**2, 0.05*x)", "x**2 if x > 0 else 0.05*x",
+                                     "select(x > 0, x**2, 0.05*x)", "where(0 < x, x**2, x/20)",
+                                     "Piecewise((x**2, x > 0), (0.05*x, True))"])
+def test_a_two_piece_activation_is_read_as_people_write_it(spelled):
+    """numpy's where(c, a, b), Python's a if c else b and select with a comparison all read as the Piecewise the
+    grammar takes (issue 69: where was an unknown name); a condition that is no comparison is refused with the
+    spelling that works."""
+    from approxbp.approximations import get_activation
+
+    assert get_activation(spelled).expression == get_activation("select(x, x**2, x/20)").expression
+    for bad, msg in (("where(x, x, 0)", "a condition is one comparison"), ("where(x > 0, x)", "where.x > 0, x, 0.1")):
+        with pytest.raises(ValueError, match=msg):
+            get_activation(bad)
+
+
 @pytest.mark.parametrize("typed, shown", [
     ("x*sigmoid(1.702*x)", "x*sigmoid(1.702*x)"),
     ("x*sigmoid(0.3*x) - 0.05*x", "x*sigmoid(0.3*x) - 0.05*x"),
