@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from approxbp.kernels.ops.torch_private import FakeTensor, storage_key
+from approxbp.kernels.rewrite import swaps
 from approxbp.kernels.rewrite.bound_forward import install_forward, uninstall_forward
 from approxbp.planner.chunked_loss import CHUNKED, apply_chunked_loss, remove_chunked_loss
 from approxbp.planner.knapsack import multiple_choice
@@ -42,7 +43,7 @@ __all__ = ["apply_moves", "block_moves", "BlockCost", "choose_moves", "host_else
 _MOVES = ("keep", "recompute", "offload")
 #: A block's move that recomputes one of its parts alone: "recompute mlp" (selective checkpointing, module grain).
 RECOMPUTE_PART = "recompute "
-_MOVED = "_approxbp_move"  # the block's __dict__: (move, the BoundForward installed)
+_MOVED = swaps.MOVE  # the block's __dict__: (move, the BoundForward installed)
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def apply_moves(model: nn.Module, moves: dict[str, str], *, chunked_loss: bool =
 
 #: A block's keyword arguments that hold the KV cache it writes (transformers' names across its layers).
 _CACHE_ARGS = ("past_key_values", "past_key_value", "cache", "layer_past")
-_NO_CACHE = "_approxbp_no_cache_while_training"  # the model's __dict__: the BoundForward installed
+_NO_CACHE = swaps.NO_CACHE  # the model's __dict__: the BoundForward installed
 
 
 def _recompute(block: nn.Module, inner, *args, **kwargs):

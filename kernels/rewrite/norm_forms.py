@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import swaps
+
 __all__ = ["is_norm_candidate", "norm_form", "NormForm"]
 
 
@@ -28,7 +30,7 @@ _PROBE_SCALES = (1e-6, 1e-3, 1.0, 1e3)
 _DEFAULT_EPS = (1e-5, 1e-6, 1e-12, 1e-8, 1e-7)
 #: How close the module's output must come to a form (relative to max(1, |y|)).
 _PROBE_TOLERANCE = 1e-5
-_FORM = "_approxbp_norm_form"
+_FORM = swaps.NORM_FORM
 
 
 @dataclass(frozen=True)

@@ -237,9 +237,9 @@ def refuse_stock_state_dicts(model: nn.Module) -> None:
     """Make ``model.load_state_dict`` refuse a stock-layout state dict (one holding a merged norm's weight) before it
     loads anything: its consumer weights are unscaled, and ``strict=False`` would load them into merged consumers
     without a word. Registered once per model; it checks the norms merged at load time."""
-    if model.__dict__.get("_approxbp_refuses_stock_layout"):
+    if model.__dict__.get(swaps.REFUSES_STOCK_LAYOUT):
         return
-    model.__dict__["_approxbp_refuses_stock_layout"] = True
+    model.__dict__[swaps.REFUSES_STOCK_LAYOUT] = True
     model.register_load_state_dict_pre_hook(_refuse_stock_layout)
 
 

@@ -1,16 +1,31 @@
 """What a patched module stands in for, kept in its ``__dict__`` (not a submodule: no state-dict keys, no
 parameters counted twice), so that ``unpatch`` and a second ``patch_model`` call can find it. The one home of
-these records for ``patch.py`` and ``norms.py``."""
+these records, and of every key approxbp keeps in a module's ``__dict__`` (:data:`KEYS`, each prefixed
+``_approxbp_``; the other modules name them from here): a debugger's ``vars(module)`` shows them by that prefix."""
 
 from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["EXPERT_GATE", "expert_gate", "kept_affine", "mark_expert_gate", "mark_kept_affine", "mark_merged",
-           "mark_replaced", "merged", "merged_dtype", "remove_expert_gate", "replaced"]
+__all__ = ["CALL_SITE", "CHUNKED_LOSS", "EXPERT_GATE", "expert_gate", "kept_affine", "KEYS", "mark_expert_gate",
+           "mark_kept_affine", "mark_merged", "mark_replaced", "merged", "merged_dtype", "MOVE", "NO_CACHE",
+           "NORM_FORM", "REFUSES_STOCK_LAYOUT", "remove_expert_gate", "replaced"]
 
 
-_REPLACED, _MERGED, _KEPT_AFFINE, _MERGED_DTYPE = "replaced", "merged_from", "kept_affine", "merged_dtype"
+_REPLACED, _MERGED, _KEPT_AFFINE, _MERGED_DTYPE = ("_approxbp_replaced", "_approxbp_merged_from",
+                                                   "_approxbp_kept_affine", "_approxbp_merged_dtype")
+#: A module's proven norm form, cached (``norm_forms.norm_form``).
+NORM_FORM = "_approxbp_norm_form"
+#: The call-site drop-ins of a module whose forward calls an activation function (``functional_swap``).
+CALL_SITE = "_approxbp_call_site"
+#: A model whose stock layout a rewrite refused once (said once, ``norm_merge``).
+REFUSES_STOCK_LAYOUT = "_approxbp_refuses_stock_layout"
+#: A block's memory move: (move, the BoundForward installed) (``approxbp.planner.moves``).
+MOVE = "_approxbp_move"
+#: The forward that turns the KV cache off while training (``approxbp.planner.moves``).
+NO_CACHE = "_approxbp_no_cache_while_training"
+#: The chunked loss's forward (``approxbp.planner.chunked_loss``).
+CHUNKED_LOSS = "_approxbp_chunked_loss"
 
 
 def mark_replaced(new: nn.Module, old: nn.Module) -> None:
@@ -50,8 +65,11 @@ def kept_affine(module: nn.Module) -> bool:
 
 #: The instance attribute an experts module's exact gate is installed as (the class keeps its own ``_apply_gate``).
 EXPERT_GATE = "_apply_gate"
-_GATED = "expert_gate_installed"
-_OWN_FORWARD = "expert_forward_installed"
+_GATED = "_approxbp_expert_gate_installed"
+_OWN_FORWARD = "_approxbp_expert_forward_installed"
+#: Every key approxbp keeps in a module's ``__dict__`` (``_apply_gate`` is the name the experts class calls).
+KEYS = (_REPLACED, _MERGED, _KEPT_AFFINE, _MERGED_DTYPE, NORM_FORM, CALL_SITE, REFUSES_STOCK_LAYOUT, MOVE, NO_CACHE,
+        CHUNKED_LOSS, EXPERT_GATE, _GATED, _OWN_FORWARD)
 
 
 def mark_expert_gate(experts: nn.Module, gate, forward=None) -> None:

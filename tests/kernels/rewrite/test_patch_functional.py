@@ -125,3 +125,26 @@ def test_unpatch_deepcopy_and_compile_see_plain_modules():
     with torch.enable_grad():
         xs = x.requires_grad_(True)
         assert saved_bytes(lambda: model(xs)) == saved_bytes(lambda: stock(xs))
+
+
+def test_a_call_site_swap_registers_no_hook_of_the_whole_process_and_unpatch_removes_every_hook_it_added():
+    """The owner's own hooks enter and leave the mode, its submodules' own hooks count them running: nothing global
+    (torch's process-wide module hooks stay empty during the call), and unpatch leaves no hook on any submodule,
+    on the model and on a deep copy alike."""
+    from torch.nn.modules import module as torch_module
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Mixer(), nn.Linear(16, 2))
+    x = torch.randn(3, 16)
+    patch_model(model, family="relu-sum", norms=False, example_input=x)
+    seen = []
+    model[0].inner.register_forward_pre_hook(lambda m, a: seen.append(len(torch_module._global_forward_pre_hooks)))
+    model(x)
+    assert seen == [0]
+    twin = copy.deepcopy(model)
+    for m in (model, twin):
+        unpatch(m)
+        hooks = [(name, h) for name, sub in m.named_modules() for h in (*sub._forward_pre_hooks.values(),
+                                                                        *sub._forward_hooks.values())
+                 if "approxbp" in getattr(getattr(h, "func", h), "__module__", "")]
+        assert not hooks, hooks
