@@ -5,6 +5,8 @@ read z), and undoing the merge. The norms themselves (kernels, twin, modules) ar
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -13,9 +15,9 @@ from ..ops.norms import MSLayerNorm, MSRMSNorm
 from . import swaps
 from .norm_forms import NormForm, is_norm_candidate, norm_form
 
-__all__ = ["AffineInputLinear", "attached_z", "consumer_features", "consumer_wrappers", "is_mergeable_norm",
+__all__ = ["AffineInputLinear", "attached_z", "consumer_features", "consumer_wrappers", "handoff", "is_mergeable_norm",
            "keep_affine", "merge_norm", "MSLayerNormSharedOutput", "MSRMSNormSharedOutput", "NormInputLinear",
-           "proven_form", "refuse_stock_state_dicts", "unmerge_norm"]
+           "proven_form", "refuse_stock_state_dicts", "unmerge_norm", "ZHandoff"]
 
 
 class AffineInputLinear(nn.Linear):
@@ -38,31 +40,65 @@ class AffineInputLinear(nn.Linear):
         return nn.functional.linear(z, self.weight * self.alpha.to(self.weight.dtype), bias)
 
 
-#: The attribute of a shared-output norm's y that holds (the norm, z, y's version when z was attached).
-_Z = "_approxbp_z"
+class ZHandoff:
+    """How a shared-output MS-norm hands z to its consumer Linears, in the open: the norm holds one (``vars(norm)``
+    under ``swaps.Z_HANDOFF``), records each y it returns with its z and y's version, and a consumer asks it for the
+    z of the tensor it was given (:func:`attached_z`). An entry lives as long as y (a weak reference whose callback
+    drops it, so z is held no longer than y is); a copy or a pickle of the norm starts empty."""
+
+    def __init__(self):
+        self._by_y: dict[int, tuple] = {}
+
+    def give(self, y: torch.Tensor, z: torch.Tensor) -> None:
+        entries, key = self._by_y, id(y)
+        entries[key] = (weakref.ref(y, lambda _, k=key: entries.pop(k, None)), z, y._version)
+
+    def z_for(self, y: torch.Tensor) -> torch.Tensor | None:
+        """The z given with y (or with the tensor y views, as the same view of z when laid out alike), while that
+        tensor is unchanged since; None for a tensor this norm did not return."""
+        for base in (y, y._base):
+            entry = self._by_y.get(id(base)) if base is not None else None
+            if entry is not None and entry[0]() is base:
+                break
+        else:
+            return None
+        ref, z, version = entry
+        if version != base._version:
+            return None
+        if base is y:
+            return z
+        if z.shape != base.shape or z.stride() != base.stride() or z.storage_offset() != base.storage_offset():
+            return None
+        return z.as_strided(y.size(), y.stride(), y.storage_offset())
+
+    def __deepcopy__(self, memo):
+        return ZHandoff()
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self._by_y = {}
+
+
+def handoff(norm: nn.Module) -> ZHandoff:
+    """The shared-output norm's :class:`ZHandoff` (made on first use)."""
+    return norm.__dict__.setdefault(swaps.Z_HANDOFF, ZHandoff())
 
 
 def attached_z(y: torch.Tensor, norm: nn.Module) -> torch.Tensor | None:
-    """The z that the shared-output MS-norm ``norm`` attached to its output y, while y is unchanged since (None
-    otherwise: another norm's output, as when layer drop skips a block and a consumer gets an earlier norm's y).
-    For a view of y (a classifier reading the first token, ``y[:, 0]``) the same view of z, when y and z are laid
-    out alike."""
-    base = y if hasattr(y, _Z) else y._base
-    found = getattr(base, _Z, None) if base is not None else None
-    if found is None or found[0] is not norm or found[2] != base._version:
-        return None
-    z = found[1]
-    if base is y:
-        return z
-    if z.shape != base.shape or z.stride() != base.stride() or z.storage_offset() != base.storage_offset():
-        return None
-    return z.as_strided(y.size(), y.stride(), y.storage_offset())
+    """The z that the shared-output MS-norm ``norm`` returned y with, while y is unchanged since (None otherwise:
+    another norm's output, as when layer drop skips a block and a consumer gets an earlier norm's y). For a view
+    of y (a classifier reading the first token, ``y[:, 0]``) the same view of z, when y and z are laid out
+    alike."""
+    found = norm.__dict__.get(swaps.Z_HANDOFF)
+    return found.z_for(y) if found is not None else None
 
 
 class _SharedOutput:
     """An MS-norm whose output also feeds ops that keep nothing for backward (post-LN encoders: the residual add of
     the next sub-layer): it returns y by the replaced module's own forward (``norm_linear.STOCK_OUT``: the stock
-    value bit for bit, with the gradient of α⊙z + β), with z attached, so that its consumer Linears
+    value bit for bit, with the gradient of α⊙z + β), handing z to its :class:`ZHandoff`, so that its consumer Linears
     (:class:`NormInputLinear`) read y and save z while the add reads y. z stays in the input's dtype (the add
     needs the stock precision under autocast). Compiled (dynamo), the stock module's own forward runs: the
     partitioner already saves the norm's input and statistics and recomputes y for its readers (one tensor per
@@ -81,7 +117,7 @@ class _SharedOutput:
         else:
             y = z.view_as(z)
         if not torch.compiler.is_compiling():  # (a norm with no stock module to run: its consumers read y as stock)
-            setattr(y, _Z, (self, z, y._version))
+            handoff(self).give(y, z)
         return y
 
 

@@ -9,7 +9,7 @@ from torch import nn
 
 __all__ = ["CALL_SITE", "CHUNKED_LOSS", "EXPERT_GATE", "expert_gate", "kept_affine", "KEYS", "mark_expert_gate",
            "mark_kept_affine", "mark_merged", "mark_replaced", "merged", "merged_dtype", "MOVE", "NO_CACHE",
-           "NORM_FORM", "REFUSES_STOCK_LAYOUT", "remove_expert_gate", "replaced"]
+           "NORM_FORM", "REFUSES_STOCK_LAYOUT", "remove_expert_gate", "replaced", "Z_HANDOFF"]
 
 
 _REPLACED, _MERGED, _KEPT_AFFINE, _MERGED_DTYPE = ("_approxbp_replaced", "_approxbp_merged_from",
@@ -26,6 +26,8 @@ MOVE = "_approxbp_move"
 NO_CACHE = "_approxbp_no_cache_while_training"
 #: The chunked loss's forward (``approxbp.planner.chunked_loss``).
 CHUNKED_LOSS = "_approxbp_chunked_loss"
+#: A shared-output MS-norm's hand-off of z to its consumers (``norm_merge.ZHandoff``).
+Z_HANDOFF = "_approxbp_z_handoff"
 
 
 def mark_replaced(new: nn.Module, old: nn.Module) -> None:
@@ -69,7 +71,7 @@ _GATED = "_approxbp_expert_gate_installed"
 _OWN_FORWARD = "_approxbp_expert_forward_installed"
 #: Every key approxbp keeps in a module's ``__dict__`` (``_apply_gate`` is the name the experts class calls).
 KEYS = (_REPLACED, _MERGED, _KEPT_AFFINE, _MERGED_DTYPE, NORM_FORM, CALL_SITE, REFUSES_STOCK_LAYOUT, MOVE, NO_CACHE,
-        CHUNKED_LOSS, EXPERT_GATE, _GATED, _OWN_FORWARD)
+        CHUNKED_LOSS, Z_HANDOFF, EXPERT_GATE, _GATED, _OWN_FORWARD)
 
 
 def mark_expert_gate(experts: nn.Module, gate, forward=None) -> None:

@@ -279,3 +279,25 @@ def test_a_consumers_output_written_in_place_trains_as_stock_without_a_copy():
     assert out._base is not None  # the case at hand: F.linear's own view
     plain = _not_a_view(out)
     assert plain._base is None and plain.data_ptr() == out.data_ptr()
+
+
+def test_z_is_handed_off_in_the_open_and_held_no_longer_than_y():
+    """The shared-output norm hands z to its consumers through its ZHandoff (vars(norm), not an attribute on the
+    tensor y): the entry goes with y, and a deep copy of the norm starts with none."""
+    import gc
+
+    from approxbp.kernels.rewrite import swaps
+    from approxbp.kernels.rewrite.norm_merge import ZHandoff
+
+    model = _model()
+    patch_model(model, family=None, example_input=torch.randn(2, 16, dtype=torch.float64))
+    ln = model[0].ln1
+    assert isinstance(ln, MSLayerNormSharedOutput)
+    y = ln(torch.randn(2, 16, dtype=torch.float64))
+    assert not [k for k in dir(y) if "approxbp" in k]  # nothing rides on the tensor
+    handoff = vars(ln)[swaps.Z_HANDOFF]
+    assert isinstance(handoff, ZHandoff) and attached_z(y, ln) is not None
+    assert not copy.deepcopy(ln).__dict__[swaps.Z_HANDOFF]._by_y
+    del y
+    gc.collect()
+    assert not handoff._by_y  # z went with y
