@@ -31,8 +31,8 @@ from .table_schema import (
     kind,
 )
 
-__all__ = ["as_table", "data_dir", "definition_sha256", "dumps", "from_json", "header", "InvActTable", "load",
-           "packaged_name", "read_json", "relu_sum_name", "ReluSumTable", "resolve", "save", "stored_metrics",
+__all__ = ["as_table", "data_dir", "definition_sha256", "dumps", "from_json", "header", "InvActTable", "is_table",
+           "load", "packaged_name", "read_json", "relu_sum_name", "ReluSumTable", "resolve", "save", "stored_metrics",
            "Table", "table_paths", "validate"]
 
 
@@ -342,6 +342,11 @@ def from_json(d: dict, where: str = "<table>") -> Table:
             v = tuple(v)
         values[f.name] = v
     return cls(**values, _json=d)
+
+
+def is_table(obj) -> bool:
+    """Whether ``obj`` is a typed table of any registered family (:data:`TABLE_FAMILIES`)."""
+    return isinstance(obj, _Table)
 
 
 def as_table(t: Table | dict) -> Table:

@@ -660,3 +660,14 @@ def test_every_key_kept_in_a_modules_dict_has_one_home():
             if hits:
                 found[str(p.relative_to(ROOT))] = hits
     assert not found, found
+
+
+def test_no_module_tells_tables_apart_by_an_isinstance_chain_over_the_families():
+    """A typed table is recognised by ``tables.is_table`` (any registered family), never by naming the table
+    classes together (``isinstance(t, ReluSumTable | InvActTable)`` sent a new family's table down the wrong
+    branch); tables.py, which defines them, is the one home of that union."""
+    pattern = re.compile(r"isinstance\([^)]*(ReluSumTable|InvActTable)\s*[|,]\s*[\w.]*(ReluSumTable|InvActTable)")
+    found = [f"{p.relative_to(ROOT)}:{i}" for layer in (*sorted(ALLOWED), "approxbp") for p in _sources(layer)
+             if p.name != "tables.py"
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not found, found

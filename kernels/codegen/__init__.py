@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from approxbp.approximations import tables as T
+from approxbp.approximations.families import TABLE_FAMILIES
 from approxbp.approximations.files import write_atomic
 
 from ..ops.glu import GLU_ACTIVATIONS
@@ -46,7 +47,7 @@ def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> lis
         for activation in GLU_ACTIVATIONS:
             write_atomic(glu_module_path(activation), render_glu(activation))
             written.append(glu_module_path(activation))
-    for p in tables or T.table_paths("relu-sum") + T.table_paths("invact"):
+    for p in tables or [q for family in TABLE_FAMILIES for q in T.table_paths(family)]:
         t = T.load(p)
         target = module_path(p, t.family, out_dir)
         write_atomic(target, render(Path(p), t))

@@ -66,7 +66,7 @@ def _table_file(table, family: str) -> Path:
     that give it some (save it, ``approxbp export`` it), since run time writes no files."""
     if isinstance(table, str | Path):
         return T.resolve(table, family)
-    sha = table.sha256 if isinstance(table, T.ReluSumTable | T.InvActTable) else T.definition_sha256(table)
+    sha = table.sha256 if T.is_table(table) else T.definition_sha256(table)
     path = _packaged_by_definition().get(sha)
     if path is None:
         raise ValueError("this table is not a file with generated kernels: save it and export it first, "

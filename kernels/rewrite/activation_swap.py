@@ -108,7 +108,7 @@ def _replacement(module: nn.Module, family: str | None, tables, bits: int, famil
              "invact/gelu-fast": InvActGELU, "invact/silu-fast": InvActSiLU}
     if isinstance(table, str) and table in named:  # the papers' modules by their own names
         return named[table](), None
-    typed = isinstance(table, dict | T.ReluSumTable | T.InvActTable)
+    typed = isinstance(table, dict) or T.is_table(table)
     family = T.as_table(table).family if typed else family_of(str(table))
     return _drop_in_family(family).drop_in(table), None
 
