@@ -25,7 +25,7 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 from _step_peaks import LiveBytes, StepPeaks, held  # noqa: E402
-from _tiny_llm import tiny_data, tiny_llama, tiny_tokenizer  # noqa: E402
+from _tiny_llm import padded, tiny_data, tiny_llama, tiny_tokenizer, varied  # noqa: E402
 from approxbp.approximations.files import write_atomic  # noqa: E402
 from approxbp.kernels.ops.custom_ops import as_kernels  # noqa: E402
 
@@ -49,20 +49,6 @@ class _PopsTheLabels(transformers.Trainer):
         return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
 
 
-def _varied():
-    g = torch.Generator().manual_seed(2)
-    return [{"input_ids": (torch.randint(0, 64, (1,), generator=g) + torch.arange(n)) % 64}
-            for n in [8] * 4 + [24] * 8]
-
-
-def _padded(rows):
-    n = max(len(r["input_ids"]) for r in rows)
-    ids = torch.stack([torch.nn.functional.pad(r["input_ids"], (0, n - len(r["input_ids"]))) for r in rows])
-    labels = torch.stack([torch.nn.functional.pad(r["input_ids"], (0, n - len(r["input_ids"])), value=-100)
-                          for r in rows])
-    return {"input_ids": ids, "labels": labels}
-
-
 #: name → (model builder, Trainer class, TrainingArguments extras, budget, data, collator).
 ROWS = {
     "plain": (tiny_llama, transformers.Trainer, {}, BUDGET, None, None),
@@ -73,7 +59,7 @@ ROWS = {
     "attn_implementation=eager": (_eager, transformers.Trainer, {}, BUDGET, None, None),
     "compute_loss without labels": (tiny_llama, _PopsTheLabels, {}, BUDGET, None, None),
     "8- then 24-token batches": (tiny_llama, transformers.Trainer, {"train_sampling_strategy": "sequential"},
-                                 540_000, _varied, _padded),
+                                 540_000, varied, padded),
 }
 
 

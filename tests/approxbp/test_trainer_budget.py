@@ -8,7 +8,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 from _step_peaks import LiveBytes, StepPeaks, held  # noqa: E402
+from _tiny_llm import padded as _padded  # noqa: E402
 from _tiny_llm import tiny_data, tiny_llama  # noqa: E402
+from _tiny_llm import varied as _varied  # noqa: E402
 from approxbp.kernels.ops.custom_ops import as_kernels  # noqa: E402
 
 from approxbp.planner.attention import as_a_gpu_runs_it  # noqa: E402
@@ -128,22 +130,6 @@ def test_a_plan_applies_only_to_the_model_it_was_made_for(tmp_path):
     with pytest.raises(ValueError, match="made for another model: planned weights 21 tensors"):
         callback.plan.apply(wider)
     callback.plan.apply(tiny_llama())  # the same shapes: applies
-
-
-def _varied():
-    """Rows of 8 tokens, then rows of 24: a first batch shorter than the run's longest."""
-    g = torch.Generator().manual_seed(2)
-    return [{"input_ids": (torch.randint(0, 64, (1,), generator=g) + torch.arange(n)) % 64}
-            for n in [8] * 4 + [24] * 8]
-
-
-def _padded(rows):
-    """Dynamic padding, as DataCollatorWithPadding does: each batch to its own longest row."""
-    n = max(len(r["input_ids"]) for r in rows)
-    ids = torch.stack([torch.nn.functional.pad(r["input_ids"], (0, n - len(r["input_ids"]))) for r in rows])
-    labels = torch.stack([torch.nn.functional.pad(r["input_ids"], (0, n - len(r["input_ids"])), value=-100)
-                          for r in rows])
-    return {"input_ids": ids, "labels": labels}
 
 
 def test_the_budget_is_planned_at_the_longest_batch_the_run_will_see(tmp_path):
