@@ -115,7 +115,7 @@ class PatchReport:
             diff += (f"; saved for backward on the example: {before:,} → {after:,} bytes "
                      f"({100 * (after - before) / max(before, 1):+.1f} %)")
         moves = f", moved {len(self.moves)} blocks ({'; '.join(self.moves)})" if self.moves else ""
-        return (f"swapped {len(self.activations)} activations, merged {len(self.norms)} norms{glus}{moves}{diff}"
+        return (f"swapped {len(self.activations)} activations, made {len(self.norms)} norms MS-norms{glus}{moves}{diff}"
                 + (f"; skipped: {'; '.join(self.skipped)}" if self.skipped else ""))
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from . import swaps
 from .common import call, every_output, leaves, mode
-from .norm_merge import is_mergeable_norm
+from .norm_merge import has_proven_norm_form
 
 __all__ = ["consumers_by_dispatch", "consumers_by_fx"]
 
@@ -22,7 +22,7 @@ _RETURNED = "returned as a model output"
 
 def _watched(module: nn.Module) -> bool:
     """A norm to patch, or an MS-norm an earlier call made (whose new consumers may need wrapping)."""
-    return is_mergeable_norm(module) or swaps.merged(module) is not None or swaps.kept_affine(module)
+    return has_proven_norm_form(module) or swaps.merged(module) is not None or swaps.kept_affine(module)
 
 
 def _is_consumer(module: nn.Module) -> bool:

@@ -15,9 +15,9 @@ from ..ops.norms import MSLayerNorm, MSRMSNorm
 from . import swaps
 from .norm_forms import NormForm, is_norm_candidate, norm_form
 
-__all__ = ["AffineInputLinear", "attached_z", "consumer_features", "consumer_wrappers", "handoff", "is_mergeable_norm",
-           "keep_affine", "merge_norm", "MSLayerNormSharedOutput", "MSRMSNormSharedOutput", "NormInputLinear",
-           "proven_form", "refuse_stock_state_dicts", "unmerge_norm", "ZHandoff"]
+__all__ = ["AffineInputLinear", "attached_z", "consumer_features", "consumer_wrappers", "handoff",
+           "has_proven_norm_form", "keep_affine", "merge_norm", "MSLayerNormSharedOutput", "MSRMSNormSharedOutput",
+           "NormInputLinear", "proven_form", "refuse_stock_state_dicts", "unmerge_norm", "ZHandoff"]
 
 
 class AffineInputLinear(nn.Linear):
@@ -212,7 +212,7 @@ def keep_affine(norm: nn.Module, consumers: list[nn.Module],
     return ms, wrapped
 
 
-def is_mergeable_norm(module: nn.Module) -> bool:
+def has_proven_norm_form(module: nn.Module) -> bool:
     """Whether ``module`` is proven to compute a LayerNorm/RMSNorm form (:func:`.norm_forms.norm_form`)."""
     return is_norm_candidate(module) and not isinstance(norm_form(module), str)
 

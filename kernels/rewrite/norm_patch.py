@@ -30,15 +30,15 @@ from .norm_merge import (
     _SharedOutput,
     consumer_features,
     consumer_wrappers,
-    is_mergeable_norm,
+    has_proven_norm_form,
     keep_affine,
     proven_form,
 )
 
-__all__ = ["merge_norms"]
+__all__ = ["replace_norms"]
 
 
-def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input, savings: Savings,
+def replace_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input, savings: Savings,
                 config: PatchConfig) -> None:
     """Every norm whose readers allow it becomes an MS-norm (:func:`_rewrite_norm`), one pattern of paths at a time
     (:class:`~.common.Savings`); norms ``config.module_filter_fn`` refuses are left and reported."""
@@ -60,7 +60,7 @@ def merge_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input
         found = consumers_by_dispatch(model, example_input)  # (a branch on tensor values changes no reader's value)
     modules = dict(model.named_modules())
     for name, m in modules.items():  # proven norms that never ran (a BART decoder's cross-attention norm, run as a
-        if name not in found and is_mergeable_norm(m):  # causal LM): nothing proves how their output is read
+        if name not in found and has_proven_norm_form(m):  # causal LM): nothing proves how their output is read
             report.skipped.append(f"{name}: not run on the example input (or not reached by tracing); left as it is")
     for name, (consumers, other) in found.items():  # rewritten by an earlier call: new readers must see α, β
         if swaps.merged(modules[name]) is not None:  # (correctness, never gated by the saving)

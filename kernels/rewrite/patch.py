@@ -27,7 +27,7 @@ from .fsdp import share_with_fsdp
 from .glu_patch import check_glu_paths, fuse_gated_mlps
 from .moe_patch import fuse_expert_gates
 from .norm_merge import unmerge_norm
-from .norm_patch import merge_norms
+from .norm_patch import replace_norms
 
 __all__ = ["patch_model", "unpatch", "patched_state_dict", "PatchConfig", "PatchReport", "ACTIVATION_CLASSES",
            "ACTIVATION_LIKE", "OURS", "class_key", "every_output", "path_pattern"]
@@ -67,7 +67,7 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
     try:
         savings = Savings(model, example_input, report, undo, measure=check, stock=before)
         if config.norms:
-            merge_norms(model, report, undo, example_input, savings, config)
+            replace_norms(model, report, undo, example_input, savings, config)
         functional = {}
         if example_input is not None and (config.glu or config.family is not None or config.tables is not None):
             functional = fuse_gated_mlps(model, report, undo, example_input, config, savings)
