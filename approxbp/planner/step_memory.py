@@ -122,12 +122,12 @@ def parse_size(text: str) -> int:
 
 
 def _category(kind: str) -> str:
-    from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES, OURS
+    from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES, DROP_IN_CLASSES
 
     low = kind.lower()
     if kind == _GATHERED_KIND:
         return kind
-    if kind in ACTIVATION_CLASSES or kind in OURS or "activation" in low or kind in ("GELU", "SiLU", "Mish"):
+    if kind in ACTIVATION_CLASSES or kind in DROP_IN_CLASSES or "activation" in low or kind in ("GELU", "SiLU", "Mish"):
         return "activation functions"
     if "norm" in low:
         return "norms"

@@ -35,11 +35,12 @@ from .guards import check_triton_available
 from .modules import Spec, register
 from .torch_private import forward_ad_active, functorch_derivative_levels, functorch_wrapped
 
-__all__ = ["apply", "as_kernels", "attach", "autocast_dtype", "classic", "FIRST_ORDER_ONLY", "FirstOrder",
-           "laid_out", "like", "needs_grad", "once_differentiable", "Op", "opaque", "transformed"]
+__all__ = ["apply", "as_kernels", "autocast_dtype", "checked_and_registered", "classic", "FIRST_ORDER_ONLY",
+           "FirstOrder", "laid_out", "laid_out_like", "needs_grad", "once_differentiable", "Op", "opaque",
+           "transformed"]
 
 
-def attach(spec: Spec, use_triton: bool | None) -> Spec:
+def checked_and_registered(spec: Spec, use_triton: bool | None) -> Spec:
     """What a drop-in does once, at construction: check that Triton can run when asked to, and register its spec
     (which imported its generated module when it was built, so that no forward pass touches files)."""
     check_triton_available(use_triton)
@@ -67,7 +68,7 @@ def laid_out(t: Tensor, strides: tuple[int, ...]) -> Tensor:
     return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def like(t: Tensor, ref: Tensor) -> Tensor:
+def laid_out_like(t: Tensor, ref: Tensor) -> Tensor:
     """``t`` laid out as ``torch.empty_like(ref)`` (:func:`laid_out`); both contiguous (the common case): ``t``, with
     no meta tensor made on the hot path."""
     if t.is_contiguous() and ref.is_contiguous():

@@ -92,14 +92,14 @@ class GLUSpec(Spec):
 def _forward(g: Tensor, u: Tensor, key: str, use_triton: bool) -> Tensor:
     """h = act(g)·u."""
     spec = spec_of(key)
-    return custom_ops.like((spec.forward_triton if use_triton else spec.forward_torch)(g, u).view(g.shape), g)
+    return custom_ops.laid_out_like((spec.forward_triton if use_triton else spec.forward_torch)(g, u).view(g.shape), g)
 
 
 def _backward(dh: Tensor, g: Tensor, u: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor]:
     """dg = dh·u·act′(g), du = dh·act(g)."""
     spec = spec_of(key)
     dg, du = (spec.backward_triton if use_triton else spec.backward_torch)(dh.to(g.dtype), g, u)
-    return custom_ops.like(dg.view(g.shape), g), custom_ops.like(du.view(u.shape), u)
+    return custom_ops.laid_out_like(dg.view(g.shape), g), custom_ops.laid_out_like(du.view(u.shape), u)
 
 
 GLU = custom_ops.Op("glu", _forward, _backward, saves=lambda inputs, out: inputs[:2],
@@ -152,7 +152,7 @@ class GatedMLP(nn.Module):
         for name, child in mlp.named_children():
             self.add_module(name, child)
         self.layout, self.use_triton = layout, use_triton
-        self.spec = custom_ops.attach(GLUSpec(activation), use_triton)
+        self.spec = custom_ops.checked_and_registered(GLUSpec(activation), use_triton)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lay = self.layout

@@ -117,7 +117,7 @@ def _forward(x: Tensor, key: str, use_triton: bool, out_dtype: torch.dtype | Non
     """y = f(x) in ``out_dtype`` (None: x's) and the packed branch bits."""
     spec = spec_of(key)
     y, bits = (spec.forward_triton if use_triton else spec.forward_torch)(x)
-    y = custom_ops.like(y.view(x.shape), x)
+    y = custom_ops.laid_out_like(y.view(x.shape), x)
     return (y if out_dtype is None else y.to(out_dtype)), bits
 
 
@@ -125,7 +125,8 @@ def _backward(g: Tensor, y: Tensor, bits: Tensor, key: str, use_triton: bool, dt
     """dx = dy · q_s(y) in ``dtype`` (the input's)."""
     spec = spec_of(key)
     g = g.to(dtype)
-    return custom_ops.like((spec.backward_triton if use_triton else spec.backward_torch)(g, y, bits).view(g.shape), g)
+    backward = spec.backward_triton if use_triton else spec.backward_torch
+    return custom_ops.laid_out_like(backward(g, y, bits).view(g.shape), g)
 
 
 def _forward_fake(x, key, use_triton, out_dtype):
@@ -166,7 +167,8 @@ class InvActivation(torch.nn.Module):
         """``kernels_dir``: where the generated Triton module lives (``approxbp export --out-dir``); None: the
         package for packaged tables, ``<table folder>/_generated/`` for yours."""
         super().__init__()
-        self.spec, self.use_triton = custom_ops.attach(InvActSpec(table, kernels_dir), use_triton), use_triton
+        self.spec = custom_ops.checked_and_registered(InvActSpec(table, kernels_dir), use_triton)
+        self.use_triton = use_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return invact(x, self.spec, self.use_triton)

@@ -142,14 +142,14 @@ def _forward(x: Tensor, key: str, use_triton: bool) -> tuple[Tensor, Tensor, Ten
     """y = h(x), the packed k-bit codes and one NaN byte per block."""
     spec = spec_of(key)
     y, packed, nan = (spec.forward_triton if use_triton else spec.forward_torch)(x)
-    return custom_ops.like(y.view(x.shape), x), packed, nan
+    return custom_ops.laid_out_like(y.view(x.shape), x), packed, nan
 
 
 def _backward(g: Tensor, packed: Tensor, nan: Tensor, key: str, use_triton: bool) -> Tensor:
     """dx = dy · LEVELS[code] (NaN for each element of a block that held a NaN)."""
     spec = spec_of(key)
-    return custom_ops.like((spec.backward_triton if use_triton else spec.backward_torch)(g, packed, nan, g.numel())
-                           .view(g.shape), g)
+    backward = spec.backward_triton if use_triton else spec.backward_torch
+    return custom_ops.laid_out_like(backward(g, packed, nan, g.numel()).view(g.shape), g)
 
 
 def _forward_fake(x, key, use_triton):
@@ -187,7 +187,8 @@ class ReLUSumActivation(torch.nn.Module):
         """``kernels_dir``: where the generated Triton module lives (``approxbp export --out-dir``); None: the
         package for packaged tables, ``<table folder>/_generated/`` for yours."""
         super().__init__()
-        self.spec, self.use_triton = custom_ops.attach(ReLUSumSpec(table, kernels_dir), use_triton), use_triton
+        self.spec = custom_ops.checked_and_registered(ReLUSumSpec(table, kernels_dir), use_triton)
+        self.use_triton = use_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return relu_sum(x, self.spec, self.use_triton)

@@ -20,7 +20,7 @@ from ..ops.relu_sum import ReGELU2, ReSiLU2
 from . import functional_swap, swaps
 from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, move_hooks
 
-__all__ = ["ACTIVATION_CLASSES", "ACTIVATION_LIKE", "class_key", "OURS", "swap_activations"]
+__all__ = ["ACTIVATION_CLASSES", "ACTIVATION_LIKE", "class_key", "DROP_IN_CLASSES", "swap_activations"]
 
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
@@ -47,7 +47,7 @@ ACTIVATION_CLASSES = {
 ACTIVATION_LIKE = ("GELU", "SiLU", "Swish", "Mish", "Activation", "ReLU", "Tanh", "Sigmoid", "Softplus", "ELU")
 
 
-OURS = ("ReLUSumActivation", "InvActivation", "ReGELU2", "ReSiLU2", "InvActGELU", "InvActSiLU")
+DROP_IN_CLASSES = ("ReLUSumActivation", "InvActivation", "ReGELU2", "ReSiLU2", "InvActGELU", "InvActSiLU")
 
 
 def class_key(module: nn.Module) -> str:
@@ -97,7 +97,7 @@ def _replacement(module: nn.Module, family: str | None, tables, bits: int, famil
     ``family_of(table)`` gives a table's family (cached per patch_model call: each table file is read once)."""
     name = type(module).__name__
     mapped = isinstance(tables, Mapping) and (type(module) in tables or name in tables)
-    if name in OURS or not (mapped or any(f.lower() in name.lower() for f in ACTIVATION_LIKE)):
+    if name in DROP_IN_CLASSES or not (mapped or any(f.lower() in name.lower() for f in ACTIVATION_LIKE)):
         return None, None
     table, why = _table_for(module, family, tables, bits)
     if table is None:

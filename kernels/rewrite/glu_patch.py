@@ -9,7 +9,7 @@ from torch import nn
 
 from ..ops.glu import GatedMLP
 from . import swaps
-from .activation_swap import ACTIVATION_CLASSES, OURS, class_key
+from .activation_swap import ACTIVATION_CLASSES, DROP_IN_CLASSES, class_key
 from .common import (
     FILTERED,
     PatchConfig,
@@ -83,7 +83,7 @@ def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_i
     owners = {}
     for where, act in functional:
         owner = modules[where]
-        if where in fused or class_key(owner) in ACTIVATION_CLASSES or type(owner).__name__ in OURS:
+        if where in fused or class_key(owner) in ACTIVATION_CLASSES or type(owner).__name__ in DROP_IN_CLASSES:
             continue
         owners.setdefault(where, [])
         if act not in owners[where]:

@@ -13,7 +13,7 @@ from approxbp.kernels.ops.relu_sum import RELU_SUM
 
 def _cases():
     x = torch.randn(6, 40, dtype=torch.float64)
-    silu = custom_ops.attach(GLUSpec("silu"), False)
+    silu = custom_ops.checked_and_registered(GLUSpec("silu"), False)
     return {"relu_sum": (RELU_SUM, (x,), (ReGELU2().spec.key, False)),
             "invact": (INVACT, (x,), (InvActGELU().spec.key, False, None)),
             "ms_norm": (MS_NORM, (x,), (1e-5, True, False, None)),
