@@ -18,7 +18,7 @@ from ..ops.invact import InvActGELU, InvActSiLU
 from ..ops.modules import drop_in_families
 from ..ops.relu_sum import ReGELU2, ReSiLU2
 from . import functional_swap, swaps
-from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, move_hooks
+from .common import FILTERED, PatchConfig, PatchReport, RewriteGuard, Undo, by_pattern, move_hooks
 
 __all__ = ["ACTIVATION_CLASSES", "ACTIVATION_LIKE", "class_key", "DROP_IN_CLASSES", "swap_activations"]
 
@@ -126,9 +126,9 @@ def _drop_in_family(family: str):
 
 
 def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig,
-                     savings: Savings, functional: dict[str, list[str]] | None = None) -> None:
+                     savings: RewriteGuard, functional: dict[str, list[str]] | None = None) -> None:
     """Replace each activation module by its drop-in (``config.family``, ``config.tables``; modules
-    ``config.module_filter_fn`` refuses are left and reported), one pattern of paths at a time (:class:`Savings`);
+    ``config.module_filter_fn`` refuses are left and reported), one pattern of paths at a time (:class:`RewriteGuard`);
     then the activations the modules of ``functional`` ({path: activations}) call as functions, at the call site
     (:func:`_swap_functional`). Each table file is read once and each drop-in checked once for both."""
     family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])
@@ -182,7 +182,7 @@ class _Looked(dict):
                          f"or class name); its activation classes: {', '.join(self.activations) or 'none'}")
 
 
-def _swap_modules(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig, savings: Savings,
+def _swap_modules(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig, savings: RewriteGuard,
                   family_of, checked: dict) -> None:
     tables = config.tables
     sites = [(f"{parent_name + '.' if parent_name else ''}{child_name}", parent, child_name, child)
@@ -227,7 +227,7 @@ def _checked_replacement(module: nn.Module, owner: nn.Module, where: str, config
 
 
 def _swap_functional(model: nn.Module, owners: dict[str, list[str]], report: PatchReport, undo: Undo,
-                     config: PatchConfig, savings: Savings, family_of, checked: dict) -> None:
+                     config: PatchConfig, savings: RewriteGuard, family_of, checked: dict) -> None:
     """Swap the activations each module of ``owners`` ({path: activations}) calls as functions, at the call site
     (:mod:`.functional_swap`), with the drop-in a module of torch's class would get (``config.family``,
     ``config.tables`` by that class or by the module's path), checked and measured like module swaps."""

@@ -21,7 +21,7 @@ from .fsdp import share_with_fsdp
 
 __all__ = ["by_pattern", "call", "every_output", "FILTERED", "hooks_of", "leaves", "MAX_BITS", "mode", "move_hooks",
            "output_difference", "PatchConfig", "PatchReport", "path_pattern", "replace", "run_example",
-           "saved_on_example", "Savings", "Undo"]
+           "RewriteGuard", "saved_on_example", "Undo"]
 
 
 #: How a module ``module_filter_fn`` refused is listed in the report's ``skipped``.
@@ -145,7 +145,7 @@ def saved_on_example(model: nn.Module, example_input) -> int | None:
     return sum(into.values())
 
 
-class Savings:
+class RewriteGuard:
     """Never a loss, never a changed value: after each group of rewrites (one pattern of module paths) the example
     is run and every output compared with the stock model's (``stock``, :func:`run_example`); a group that changes
     one is undone and retried one module at a time, and each module that changes an output alone is undone and
@@ -200,7 +200,7 @@ class Savings:
     def attempts(self, what: str, items: list, name=lambda item: item):
         """Yields the items of one group to rewrite: all together, and again one at a time if together they change
         an output or fail (:meth:`_fault`); a module that does so alone is undone and skipped with the reason,
-        never the whole call (:class:`Savings`). The caller rewrites each item it is given."""
+        never the whole call (:class:`RewriteGuard`). The caller rewrites each item it is given."""
         marks = self._marks()
         yield items
         if len(self.undo.steps) > marks[0] and self._fault():

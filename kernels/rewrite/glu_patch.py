@@ -14,7 +14,7 @@ from .common import (
     FILTERED,
     PatchConfig,
     PatchReport,
-    Savings,
+    RewriteGuard,
     Undo,
     by_pattern,
     call,
@@ -42,7 +42,7 @@ def check_glu_paths(model: nn.Module, glu) -> None:
 
 
 def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_input, config: PatchConfig,
-                    savings: Savings) -> dict[str, list[str]]:
+                    savings: RewriteGuard) -> dict[str, list[str]]:
     """Replace every proven gated MLP by a :class:`~approxbp.kernels.ops.glu.GatedMLP` (``config.glu``: all, or these
     paths; modules ``config.module_filter_fn`` refuses are left and reported); return the activations called as
     functions outside them, {module path: activations} (one run of the example records both,

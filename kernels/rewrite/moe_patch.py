@@ -5,7 +5,7 @@ routed to each expert. Stock, that saves the projection (g for act′, u for the
 an instance-level ``_apply_gate`` running the exact fused GLU op (:mod:`.glu`) saves g and u and recomputes act(g)
 in the backward: act(g) is no longer saved, with no gradient error. The gate is proven against the class's own
 ``_apply_gate`` on a float64 probe (values and both gradients), and the whole model against stock by
-:class:`~.common.Savings` like every rewrite; unpatching removes the instance attribute."""
+:class:`~.common.RewriteGuard` like every rewrite; unpatching removes the instance attribute."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..ops.glu import GLU_ACTIVATIONS, GLUSpec, glu
 from . import swaps
 from .activation_swap import ACTIVATION_CLASSES, class_key
 from .bound_forward import BoundForward
-from .common import FILTERED, PatchConfig, PatchReport, Savings, Undo, by_pattern, hooks_of
+from .common import FILTERED, PatchConfig, PatchReport, RewriteGuard, Undo, by_pattern, hooks_of
 from .glu_forms import float64_twin
 
 __all__ = ["bmm_experts_forward", "candidates", "ExactExpertGate", "experts_forward", "fuse_expert_gates"]
@@ -254,11 +254,11 @@ def _probe_forward(module: nn.Module, gate: ExactExpertGate | None) -> str | Non
 
 
 def fuse_expert_gates(model: nn.Module, report: PatchReport, undo: Undo, config: PatchConfig,
-                      savings: Savings) -> None:
+                      savings: RewriteGuard) -> None:
     """Install :class:`ExactExpertGate` on every proven experts module with transformers' gate, :func:`experts_forward`
     around the class's own gate where it has one (GPT-OSS), and :func:`bmm_experts_forward` on every proven one with
     a forward of its own (``config.glu``: all, or these paths;
-    ``config.module_filter_fn``), one pattern of paths at a time (:class:`~.common.Savings` checks the outputs and
+    ``config.module_filter_fn``), one pattern of paths at a time (:class:`~.common.RewriteGuard` checks the outputs and
     the bytes); each refusal is reported with its reason."""
     for name, module in _proven(candidates(model), "MoE experts", _why_not, report, config, savings):
         gate = ExactExpertGate(ACTIVATION_CLASSES[class_key(module.act_fn)])
@@ -283,9 +283,9 @@ def fuse_expert_gates(model: nn.Module, report: PatchReport, undo: Undo, config:
 
 
 def _proven(found: dict[str, nn.Module], label: str, why_not, report: PatchReport, config: PatchConfig,
-            savings: Savings):
+            savings: RewriteGuard):
     """(name, module) of each wanted module of ``found`` that ``why_not`` finds nothing against, one pattern of
-    paths at a time inside :meth:`~.common.Savings.attempts`; the others reported with their reason."""
+    paths at a time inside :meth:`~.common.RewriteGuard.attempts`; the others reported with their reason."""
     wanted = (lambda name: config.glu) if isinstance(config.glu, bool) else (lambda name: name in config.glu)
     for pattern, group in by_pattern([n for n in found if wanted(n)]):
         for names in savings.attempts(f"{pattern} ({label})", group):

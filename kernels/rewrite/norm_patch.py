@@ -12,7 +12,7 @@ from .common import (
     FILTERED,
     PatchConfig,
     PatchReport,
-    Savings,
+    RewriteGuard,
     Undo,
     by_pattern,
     move_hooks,
@@ -38,10 +38,10 @@ from .norm_merge import (
 __all__ = ["replace_norms"]
 
 
-def replace_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input, savings: Savings,
+def replace_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input, savings: RewriteGuard,
                 config: PatchConfig) -> None:
     """Every norm whose readers allow it becomes an MS-norm (:func:`_rewrite_norm`), one pattern of paths at a time
-    (:class:`~.common.Savings`); norms ``config.module_filter_fn`` refuses are left and reported."""
+    (:class:`~.common.RewriteGuard`); norms ``config.module_filter_fn`` refuses are left and reported."""
     for name, m in model.named_modules():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
         if is_norm_candidate(m) and isinstance(why := norm_form(m), str):
             report.skipped.append(f"{name} ({type(m).__name__}): {why}")

@@ -16,7 +16,7 @@ from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, DROP_IN_CLASSE
 from .common import (
     PatchConfig,
     PatchReport,
-    Savings,
+    RewriteGuard,
     Undo,
     every_output,
     output_difference,
@@ -65,7 +65,7 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
     report, undo = PatchReport(), Undo()
     before = run_example(model, example_input) if check else None
     try:
-        savings = Savings(model, example_input, report, undo, measure=check, stock=before)
+        savings = RewriteGuard(model, example_input, report, undo, measure=check, stock=before)
         if config.norms:
             replace_norms(model, report, undo, example_input, savings, config)
         functional = {}
@@ -90,7 +90,7 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
 
 def _compare_outputs(before: list, after: list) -> float:
     """The largest difference between the stock and the patched model's outputs (:func:`~.common.run_example`).
-    Each group of rewrites was already proven (:class:`~.common.Savings`), so a difference here is a bug: it
+    Each group of rewrites was already proven (:class:`~.common.RewriteGuard`), so a difference here is a bug: it
     raises, and patch_model undoes everything."""
     largest, why = output_difference(before, after)
     if why:
