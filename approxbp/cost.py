@@ -26,10 +26,11 @@ from pathlib import Path
 
 import torch
 
-from approxbp.approximations.families import member, register
+from approxbp.approximations.families import Registry, member, register
 
-__all__ = ["as_json", "bdia_launches", "BUDGET", "compile_sm90", "disassemble", "DTYPES", "HEADER", "invact_launches",
-           "ISSUE_RATE", "KernelCost", "Launch", "LAUNCHES", "measure", "norm_launches", "relu_sum_launches", "run"]
+__all__ = ["as_json", "bdia_launches", "BUDGET", "capture", "compile_sm90", "disassemble", "DTYPES", "ELEMENTS",
+           "forward_backward_launches", "HEADER", "invact_launches", "ISSUE_RATE", "KernelCost", "Launch", "LAUNCHES",
+           "measure", "norm_launches", "relu_sum_launches", "run"]
 
 
 #: Thread-instructions per second (132 SMs × 128 lanes × ~1.75 GHz ≈ 3.0e13) and measured copy bandwidth of an
@@ -37,7 +38,7 @@ __all__ = ["as_json", "bdia_launches", "BUDGET", "compile_sm90", "disassemble", 
 ISSUE_RATE, _BANDWIDTH = 3.0e13, 2.87e12
 BUDGET = ISSUE_RATE / _BANDWIDTH  # ≈ 10.45 SASS instructions per byte moved
 #: Elements per measured launch (divisible by every program span, so no partial programs).
-_ELEMENTS = 1 << 24
+ELEMENTS = 1 << 24
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
           torch.uint8: "u8", torch.int8: "i8", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
 _NOT_UNDER_INTERPRETER = ("approxbp cost compiles for the GPU: unset TRITON_INTERPRET (the interpreter replaces the "
@@ -83,7 +84,7 @@ HEADER = (f"{'kernel':<40} {'dtype':<5} {'instr/e':>7} {'mufu':>5} {'B/e':>5} {'
 
 
 @contextlib.contextmanager
-def _capture():
+def capture():
     """Within: ``kernel[grid](...)`` records a :class:`Launch` into the yielded list instead of running, and the
     launchers are called with ``meta`` tensors, which their device guard lets pass."""
     from triton.runtime.jit import KernelInterface
@@ -215,32 +216,34 @@ def measure(name: str, launch: Launch, elements: int, dtype: str, arch: int = 90
 
 
 # -- the launches of each family -------------------------------------------------------------------------------
+def forward_backward_launches(name: str, dtype: torch.dtype, run) -> list[tuple[str, Launch, int]]:
+    """``[(name fwd, launch, elements), (name bwd, …)]``: the two launches that ``run(x)`` (a family's forward then
+    its backward on the forward's saved tensors) makes on a meta tensor of :data:`ELEMENTS` elements."""
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    with capture() as launches:
+        run(x)
+    return [(f"{name} fwd", launches[0], ELEMENTS), (f"{name} bwd", launches[1], ELEMENTS)]
+
+
 def relu_sum_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     from approxbp.kernels.ops.relu_sum import ReLUSumSpec
 
     spec = ReLUSumSpec(table)
-    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
-    with _capture() as launches:
-        _, packed, nan = spec.forward_triton(x)
-        spec.backward_triton(x, packed, nan, _ELEMENTS)
-    return [(f"{spec.name()} fwd", launches[0], _ELEMENTS), (f"{spec.name()} bwd", launches[1], _ELEMENTS)]
+    return forward_backward_launches(spec.name(), dtype,
+                                     lambda x: spec.backward_triton(x, *spec.forward_triton(x)[1:], ELEMENTS))
 
 
 def invact_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     from approxbp.kernels.ops.invact import InvActSpec
 
     spec = InvActSpec(table)
-    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
-    with _capture() as launches:
-        y, packed = spec.forward_triton(x)
-        spec.backward_triton(x, y, packed)
-    name = spec.name()
-    return [(f"invact {name} fwd", launches[0], _ELEMENTS), (f"invact {name} bwd", launches[1], _ELEMENTS)]
+    return forward_backward_launches(f"invact {spec.name()}", dtype,
+                                     lambda x: spec.backward_triton(x, *spec.forward_triton(x)))
 
 
 #: table family → its kernels' launches ``(table, dtype) → [(name, launch, elements)]``: this layer's part of a family
 #: (:mod:`approxbp.approximations.families`)
-LAUNCHES: dict = {}
+LAUNCHES: Registry = Registry("approxbp.cost")
 register(LAUNCHES, "relu-sum", relu_sum_launches)
 register(LAUNCHES, "invact", invact_launches)
 
@@ -248,39 +251,39 @@ register(LAUNCHES, "invact", invact_launches)
 def norm_launches(dtype: torch.dtype, d: int = 4096) -> list[tuple[str, Launch, int]]:
     from approxbp.kernels.ops.norms import ms_norm_backward_impl, ms_norm_forward_impl
 
-    x = torch.empty(_ELEMENTS // d, d, dtype=dtype, device="meta")
+    x = torch.empty(ELEMENTS // d, d, dtype=dtype, device="meta")
     out = []
     for center, label in ((True, "MS-LayerNorm"), (False, "MS-RMSNorm")):
-        with _capture() as launches:
+        with capture() as launches:
             z, rstd = ms_norm_forward_impl(x, 1e-5, center, True, None)
             ms_norm_backward_impl(x, z, rstd, center, True, dtype)
-        out += [(f"{label} d={d} fwd", launches[0], _ELEMENTS), (f"{label} d={d} bwd", launches[1], _ELEMENTS)]
+        out += [(f"{label} d={d} fwd", launches[0], ELEMENTS), (f"{label} d={d} bwd", launches[1], ELEMENTS)]
     return out
 
 
 def bdia_launches(dtype: torch.dtype, row: int = 4096) -> list[tuple[str, Launch, int]]:
     from approxbp.kernels.ops.bdia import launch_inverse, launch_step
 
-    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
-    g = torch.empty(_ELEMENTS // row, dtype=dtype, device="meta")
-    with _capture() as launches:
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    g = torch.empty(ELEMENTS // row, dtype=dtype, device="meta")
+    with capture() as launches:
         out, bits = launch_step(x, x, x, g, row, 9)
         launch_inverse(x, x, x, bits, g, row, 9)
-    return [("BDIA step (eq. 21)", launches[0], _ELEMENTS), ("BDIA inverse (eq. 24)", launches[1], _ELEMENTS)]
+    return [("BDIA step (eq. 21)", launches[0], ELEMENTS), ("BDIA inverse (eq. 24)", launches[1], ELEMENTS)]
 
 
 def _glu_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     """The exact fused GLU of every activation that has one (kernels/ops/glu.py): forward and backward."""
     from approxbp.kernels.ops.glu import GLU_ACTIVATIONS, GLUSpec
 
-    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
     out = []
     for act in GLU_ACTIVATIONS:
         spec = GLUSpec(act)
-        with _capture() as launches:
+        with capture() as launches:
             spec.forward_triton(x, x)
             spec.backward_triton(x, x, x)
-        out += [(f"{spec.name()} fwd", launches[0], _ELEMENTS), (f"{spec.name()} bwd", launches[1], _ELEMENTS)]
+        out += [(f"{spec.name()} fwd", launches[0], ELEMENTS), (f"{spec.name()} bwd", launches[1], ELEMENTS)]
     return out
 
 
@@ -291,15 +294,15 @@ def _reference_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
 
     from approxbp.kernels.ops import reference
 
-    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
-    grid = (triton.cdiv(_ELEMENTS, reference.BLOCK),)
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    grid = (triton.cdiv(ELEMENTS, reference.BLOCK),)
     out = []
     for act in ("gelu", "silu"):
         fwd, bwd = reference.KERNELS[act]
-        with _capture() as launches:
-            fwd[grid](x, x, _ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
-            bwd[grid](x, x, x, _ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
-        out += [(f"torch-like {act} fwd", launches[0], _ELEMENTS), (f"torch-like {act} bwd", launches[1], _ELEMENTS)]
+        with capture() as launches:
+            fwd[grid](x, x, ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
+            bwd[grid](x, x, x, ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
+        out += [(f"torch-like {act} fwd", launches[0], ELEMENTS), (f"torch-like {act} bwd", launches[1], ELEMENTS)]
     return out
 
 
@@ -319,13 +322,13 @@ def _exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tupl
         spec = importlib.util.spec_from_file_location("approxbp_reference_kernel", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    x = torch.empty(_ELEMENTS, dtype=dtype, device="meta")
-    grid = (triton.cdiv(_ELEMENTS, module.BLOCK),)
-    with _capture() as launches:
-        module.forward_kernel[grid](x, x, _ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
-        module.backward_kernel[grid](x, x, x, _ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
-    return [(f"exact {name} fwd (plain)", launches[0], _ELEMENTS),
-            (f"exact {name} bwd (plain)", launches[1], _ELEMENTS)]
+    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
+    grid = (triton.cdiv(ELEMENTS, module.BLOCK),)
+    with capture() as launches:
+        module.forward_kernel[grid](x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
+        module.backward_kernel[grid](x, x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
+    return [(f"exact {name} fwd (plain)", launches[0], ELEMENTS),
+            (f"exact {name} bwd (plain)", launches[1], ELEMENTS)]
 
 
 def _reference_jobs(tables: list[Path]) -> list[tuple[str, str]]:
@@ -405,5 +408,5 @@ def as_json(results: list[KernelCost], arch: int) -> dict:
     import triton
 
     return {"model": {"issue_rate": ISSUE_RATE, "bandwidth": _BANDWIDTH, "budget_instructions_per_byte": BUDGET,
-                      "arch": f"sm_{arch}", "triton": triton.__version__, "elements": _ELEMENTS},
+                      "arch": f"sm_{arch}", "triton": triton.__version__, "elements": ELEMENTS},
             "kernels": [asdict(r) for r in results]}

@@ -32,8 +32,8 @@ from .table_schema import (
 )
 
 __all__ = ["as_table", "data_dir", "definition_sha256", "dumps", "from_json", "header", "InvActTable", "is_table",
-           "load", "packaged_name", "read_json", "relu_sum_name", "ReluSumTable", "resolve", "save", "stored_metrics",
-           "Table", "table_paths", "validate"]
+           "load", "new_fields", "packaged_name", "read_json", "relu_sum_name", "ReluSumTable", "resolve", "save",
+           "stored_metrics", "Table", "table_paths", "validate"]
 
 
 def validate(t: Any, where: str = "<table>") -> dict:
@@ -41,7 +41,7 @@ def validate(t: Any, where: str = "<table>") -> dict:
     :class:`TableError`. (A typed table, or a fit result holding one, was validated when it was built: its JSON is
     returned.)"""
     t = _held(t)
-    if isinstance(t, _Table):
+    if isinstance(t, Table):
         return t.to_json()
     from .table_checks import check
 
@@ -55,19 +55,19 @@ def data_dir() -> Path:
 
 def _held(t: Any) -> Any:
     """The table a fit result holds (``fitting.FitResult``: a dict whose ``table`` is typed), else ``t``."""
-    return t["table"] if isinstance(t, dict) and isinstance(t.get("table"), _Table) else t
+    return t["table"] if isinstance(t, dict) and isinstance(t.get("table"), Table) else t
 
 
 def dumps(t: Table | dict) -> str:
     """Canonical JSON text (sorted keys, floats by repr, trailing newline)."""
-    t = t._json if isinstance(t, _Table) else t
+    t = t._json if isinstance(t, Table) else t
     return json.dumps(t, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def definition_sha256(t: Table | dict) -> str:
     """sha256 of what a table *is* (coefficients, their definition, metrics), not when or how fast it was made:
     the canonical JSON without :data:`VOLATILE` fields. Generated kernels record this hash."""
-    t = t._json if isinstance(t, _Table) else t
+    t = t._json if isinstance(t, Table) else t
     return hashlib.sha256(dumps({k: v for k, v in t.items() if k not in VOLATILE}).encode("utf-8")).hexdigest()
 
 
@@ -76,7 +76,7 @@ def save(t: Table | dict, path: str | Path, overwrite: bool = True) -> Path:
     ``created``/``provenance``) is left untouched, so refitting an unchanged table changes no bytes."""
     path = Path(path)
     t = _held(t)
-    t = t.to_json() if isinstance(t, _Table) else validate(t, str(path))
+    t = t.to_json() if isinstance(t, Table) else validate(t, str(path))
     if path.is_file():
         if not overwrite:
             raise FileExistsError(f"{path} exists; pass --force (overwrite=True) to replace it")
@@ -172,11 +172,12 @@ def relu_sum_name(activation: str, bits: int, objective: str, source: str = "fit
 
 
 @dataclass(frozen=True, eq=False)
-class _Table(Mapping):
-    """What both table types share. A table is built from its JSON by :func:`from_json` (validated there, and
-    nowhere else) and keeps that JSON for :meth:`to_json`, so files round-trip byte for byte. It is also a
-    read-only mapping of its JSON fields (``t["knots"]``, ``{**t}``) for notebooks and tests; library code reads
-    attributes."""
+class Table(Mapping):
+    """The base of every family's table (a family subclasses it with its ``family``, ``folder`` and fields, and
+    registers it in :data:`~.families.TABLE_FAMILIES`). A table is built from its JSON by :func:`from_json`
+    (validated there, and nowhere else; :meth:`field_value` types each field) and keeps that JSON for :meth:`to_json`,
+    so files round-trip byte for byte. It is also a read-only mapping of its JSON fields (``t["knots"]``, ``{**t}``)
+    for notebooks and tests; library code reads attributes."""
 
     family: ClassVar[str]
     folder: ClassVar[str]
@@ -188,6 +189,12 @@ class _Table(Mapping):
     created: str
     reference: str | None
     _json: dict = field(repr=False)
+
+    @classmethod
+    def field_value(cls, name: str, value):
+        """A validated JSON field as the attribute holds it: a list becomes a tuple (a family overrides this for its
+        own fields' types)."""
+        return tuple(value) if isinstance(value, list) else value
 
     def to_json(self) -> dict:
         return copy.deepcopy(self._json)
@@ -207,7 +214,7 @@ class _Table(Mapping):
         return {**self.to_json(), **other}
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, _Table) and self._json == other._json
+        return isinstance(other, Table) and self._json == other._json
 
     __hash__ = None
 
@@ -235,7 +242,7 @@ class _Table(Mapping):
 
 
 @dataclass(frozen=True, eq=False)
-class ReluSumTable(_Table):
+class ReluSumTable(Table):
     """A ReLU-sum table (Approx-BP eq. 13): h̃(x) = Σ w_i·ReLU(x − c_i), levels = [0, w₁, w₁+w₂, …]."""
 
     family: ClassVar[str] = "relu-sum"
@@ -249,6 +256,10 @@ class ReluSumTable(_Table):
     loss: float
     constraint_residual: float
     levels_rule: str  # eq13 or free (table_schema.LEVELS_RULES); absent from an eq. 13 table's JSON
+
+    @classmethod
+    def field_value(cls, name: str, value):
+        return (value or "eq13") if name == "levels_rule" else super().field_value(name, value)
 
     @property
     def name(self) -> str:
@@ -266,7 +277,7 @@ class ReluSumTable(_Table):
         (:class:`~.relu_sum.ReLUSum`: weights, knots, levels, constraint residual) on ``interval`` [A, B]. With
         ``level0`` ℓ₀, FewBit's free levels (levels_rule free): h̃′ = ℓ₀ + Σ w_i [x > c_i], no eq. 13 constraints."""
         free = {} if level0 is None else {"levels_rule": "free"}
-        return from_json(_common(cls.family, activation, source, metrics, provenance, reference) | {
+        return from_json(new_fields(cls.family, activation, source, metrics, provenance, reference) | {
             "bits": bits, "objective": objective, "interval": [float(v) for v in interval],
             "weights": relu_sum.weights.tolist(), "knots": relu_sum.knots.tolist(),
             "levels": (relu_sum.levels + (level0 or 0.0)).tolist(), "loss": loss,
@@ -274,7 +285,7 @@ class ReluSumTable(_Table):
 
 
 @dataclass(frozen=True, eq=False)
-class InvActTable(_Table):
+class InvActTable(Table):
     """An inverted-activation table: T, f(T), the two branch forms q_left/q_right and, optionally, the combined
     form q(y, b) (Inverted Activations §2). A ``monotone`` table (softplus, squareplus) has one branch, q_right on
     the whole range [f_T = inf f, …), no turning point and no branch bit."""
@@ -288,6 +299,13 @@ class InvActTable(_Table):
     right: Branch
     combined: Branch | None
     monotone: bool
+
+    @classmethod
+    def field_value(cls, name: str, value):
+        if name in ("left", "right", "combined"):
+            return None if value is None else Branch.from_json(value)
+        return bool(value) if name == "monotone" else super().field_value(name, value)
+
     @property
     def name(self) -> str:
         return f"{self.activation}-{self.form}"
@@ -303,7 +321,7 @@ class InvActTable(_Table):
         """A validated table from a fit's numbers: ``activation`` (its ``name`` and ``expression``), the branch forms
         as their JSON (``Form.to_json(domain)``); ``monotone``: one branch (``right``), no turning point."""
         optional = {"left": left, "turning_point": turning_point, "combined": combined}
-        return from_json(_common(cls.family, activation, source, metrics, provenance, reference) | {
+        return from_json(new_fields(cls.family, activation, source, metrics, provenance, reference) | {
             "form": form, "f_T": f_T, "variable": "y", "right": right, **({"monotone": True} if monotone else {}),
             **{k: v for k, v in optional.items() if v is not None}})
 
@@ -313,10 +331,8 @@ class InvActTable(_Table):
         return branches_of(self)
 
 
-Table = ReluSumTable | InvActTable
-
-
-def _common(family: str, activation, source: str, metrics: dict, provenance: dict, reference: str | None) -> dict:
+def new_fields(family: str, activation, source: str, metrics: dict, provenance: dict, reference: str | None = None
+               ) -> dict:
     """The fields every new table has: schema, family, the activation, today's date, where it came from."""
     return {"schema": SCHEMA, "family": family, "activation": activation.name, "expression": activation.expression,
             "created": _dt.date.today().isoformat(), "source": source, "metrics": metrics, "provenance": provenance,
@@ -327,32 +343,18 @@ def from_json(d: dict, where: str = "<table>") -> Table:
     """Validate a table's JSON object and build its typed table: the one place tables are built."""
     d = validate(copy.deepcopy(d), where)
     cls = member(TABLE_FAMILIES, d["family"], "table class").table_class
-    values = {}
-    for f in fields(cls):
-        if f.name == "_json":
-            continue
-        v = d.get(f.name)
-        if f.name in ("left", "right", "combined"):
-            v = None if v is None else Branch.from_json(v)
-        elif f.name == "monotone":
-            v = bool(v)
-        elif f.name == "levels_rule":
-            v = v or "eq13"
-        elif isinstance(v, list):
-            v = tuple(v)
-        values[f.name] = v
-    return cls(**values, _json=d)
+    return cls(**{f.name: cls.field_value(f.name, d.get(f.name)) for f in fields(cls) if f.name != "_json"}, _json=d)
 
 
 def is_table(obj) -> bool:
     """Whether ``obj`` is a typed table of any registered family (:data:`TABLE_FAMILIES`)."""
-    return isinstance(obj, _Table)
+    return isinstance(obj, Table)
 
 
 def as_table(t: Table | dict) -> Table:
     """A typed table from a table, its JSON object (validated) or a fit result holding one."""
     t = _held(t)
-    return t if isinstance(t, _Table) else from_json(t)
+    return t if isinstance(t, Table) else from_json(t)
 
 
 _CHECKS = "approxbp.approximations.table_checks"

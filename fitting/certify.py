@@ -32,7 +32,7 @@ from approxbp.approximations import balls, get_activation
 from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as X_SYMBOL
 from approxbp.approximations.elementary import LG2_ABS_ERROR, LN2
-from approxbp.approximations.families import member, register
+from approxbp.approximations.families import Registry, member, register
 from approxbp.approximations.invact_forms import Form, backward_rule
 from approxbp.approximations.invact_forms import y as FORM_Y
 from approxbp.approximations.table_checks import recorded_loss_slack
@@ -493,7 +493,7 @@ class CertifyFamily:
 
 
 #: family name → its certificate (the built-in families: below)
-CERTIFIERS: dict[str, CertifyFamily] = {}
+CERTIFIERS: Registry = Registry("approxbp.certify")
 register(CERTIFIERS, "invact", CertifyFamily(_certify_invact_table,
                                              lambda t: t.form in ("fast", "newton") or t.monotone))
 register(CERTIFIERS, "relu-sum", CertifyFamily(

@@ -3,7 +3,7 @@ imports no torch, scipy or sympy. Each owner keeps its own (``fitting.invact.FOR
 planner's are in ``approxbp.planner.choices``); ``tests/approxbp/test_cli.py`` holds every tuple here equal to its
 owner's."""
 
-__all__ = ["BACKENDS", "DTYPES", "FAMILIES", "FORMS", "METHODS", "OBJECTIVES", "OWNERS"]
+__all__ = ["BACKENDS", "DTYPES", "FORMS", "METHODS", "OBJECTIVES", "OWNERS"]
 
 
 FORMS = ("auto", "paper", "released", "refit-l2", "refit-linf", "newton", "sr", "fast", "exact")  # fitting.invact
@@ -11,10 +11,8 @@ OBJECTIVES = ("primitive", "derivative")  # fitting.objective
 METHODS = ("anneal", "sgd", "polish")  # fitting.relu_sum
 BACKENDS = ("pyoperon", "pysr")  # fitting.symbolic
 DTYPES = ("bf16", "fp16", "fp32", "fp64")  # approxbp.cost (its keys)
-FAMILIES = ("relu-sum", "invact")  # approximations.families.TABLE_FAMILIES (registered by tables.py)
 
 #: name → (owner module, attribute): what the test compares
 OWNERS = {"FORMS": ("approxbp.fitting.invact", "FORMS"), "OBJECTIVES": ("approxbp.fitting.objective", "OBJECTIVES"),
           "METHODS": ("approxbp.fitting.relu_sum", "METHODS"), "BACKENDS": ("approxbp.fitting.symbolic", "BACKENDS"),
-          "DTYPES": ("approxbp.cost", "DTYPES"),
-          "FAMILIES": ("approxbp.approximations.tables", "TABLE_FAMILIES")}
+          "DTYPES": ("approxbp.cost", "DTYPES")}

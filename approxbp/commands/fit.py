@@ -1,24 +1,43 @@
-"""``approxbp fit relu-sum|invact``: one table fitted, summarised, written to ``--out``."""
+"""``approxbp fit FAMILY`` (relu-sum, invact, or another registered family, :data:`FITS`): one table fitted,
+summarised, written to ``--out``."""
 
 from __future__ import annotations
 
 import sys
 import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from approxbp.approximations.families import Registry, register
 from approxbp.commands import common
 
-__all__ = ["add_parser", "FITS", "run"]
+__all__ = ["add_parser", "FitCommand", "FITS", "run"]
+
+
+@dataclass(frozen=True)
+class FitCommand:
+    """The CLI's part of a table family (:mod:`approxbp.approximations.families`): ``approxbp fit FAMILY``'s help,
+    its arguments (``arguments(parser)``, building no more than argparse: no torch, scipy or sympy) and its run
+    (``run(args, argv) → exit status``, after ``--out`` was checked writable)."""
+
+    help: str
+    arguments: Callable
+    run: Callable
 
 
 def add_parser(sub, add) -> None:
-    from approxbp.commands.choices import BACKENDS, FORMS, METHODS, OBJECTIVES
-
     fit = add(sub, "fit", help="fit an approximation family and write a coefficient table")
     fam = fit.add_subparsers(dest="family", required=True)
-    rs = add(fam, "relu-sum", help="sum of 2^k−1 ReLUs (Approx-BP eq. 13)")
+    for family, command in FITS.items():
+        command.arguments(add(fam, family, help=command.help))
+
+
+def _relu_sum_arguments(rs) -> None:
+    from approxbp.commands.choices import METHODS, OBJECTIVES
+
     rs.add_argument("--activation", required=True, help="registry name or an expression in x")
     rs.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
                     "None: the expression itself")
@@ -43,7 +62,10 @@ def add_parser(sub, add) -> None:
     rs.add_argument("--force", action="store_true", help="with --out: replace an existing file")
     common.add_common(rs)
 
-    inv = add(fam, "invact", help="f'∘f⁻¹ for inverted activations (Inverted Activations §2)")
+
+def _invact_arguments(inv) -> None:
+    from approxbp.commands.choices import BACKENDS, FORMS
+
     inv.add_argument("--activation", required=True, help="registry name or an expression in x")
     inv.add_argument("--name", default=None, help="a label for an expression (tables, reports, file names); "
                      "None: the expression itself")
@@ -63,12 +85,12 @@ def add_parser(sub, add) -> None:
 
 
 def run(args, argv) -> int:
-    """``approxbp fit relu-sum|invact``: one table, summarised; written to --out (checked before the fit)."""
+    """``approxbp fit FAMILY``: one table, summarised; written to --out (checked before the fit)."""
     from approxbp.approximations.files import check_writable
 
     if args.out is not None:  # fail now, not after a long fit
         check_writable(args.out, overwrite=args.force)
-    return FITS[args.family](args, argv)
+    return FITS[args.family].run(args, argv)
 
 
 def _fit_relu_sum(args, argv) -> int:
@@ -249,6 +271,11 @@ def _short(values, precision: int) -> str:
     return np.array2string(np.array(values), precision=precision, max_line_width=100, threshold=16, edgeitems=3)
 
 
-#: table family → its fit (``approxbp fit FAMILY``): the CLI's part of a family
-FITS = {"relu-sum": lambda args, argv: (_fit_free_levels if args.levels == "free" else _fit_relu_sum)(args, argv),
-        "invact": _fit_invact}
+#: table family → its ``approxbp fit FAMILY`` (:class:`FitCommand`): the CLI's part of a family (another package's:
+#: its entry point in ``approxbp.fit``)
+FITS: Registry = Registry("approxbp.fit")
+register(FITS, "relu-sum", FitCommand(
+    "sum of 2^k−1 ReLUs (Approx-BP eq. 13)", _relu_sum_arguments,
+    lambda args, argv: (_fit_free_levels if args.levels == "free" else _fit_relu_sum)(args, argv)))
+register(FITS, "invact", FitCommand("f'∘f⁻¹ for inverted activations (Inverted Activations §2)", _invact_arguments,
+                                    _fit_invact))

@@ -8,16 +8,21 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub, add) -> None:
-    from approxbp.commands.choices import FAMILIES
-
     tab = add(sub, "tables", help="list and validate coefficient tables (the packaged ones, or the files given)")
     common.table_paths_arg(tab, "the packaged ones; yours are validated", name="files")
-    tab.add_argument("--family", default=None, choices=FAMILIES, help="only this family")
+    tab.add_argument("--family", default=None, help="only this family (a registered one: relu-sum, invact, or "
+                     "another package's)")
 
 
 def run(args, argv) -> int:
     from approxbp.approximations import tables as T
+    from approxbp.approximations.families import TABLE_FAMILIES, member
 
+    if args.family is not None:
+        try:  # an unknown family is refused by name
+            member(TABLE_FAMILIES, args.family, "table class")
+        except KeyError as err:
+            raise ValueError(err.args[0]) from None
     paths = args.files or T.table_paths(args.family)
     bad = 0
     for p in paths:

@@ -122,12 +122,14 @@ def parse_size(text: str) -> int:
 
 
 def _category(kind: str) -> str:
-    from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES, DROP_IN_CLASSES
+    from approxbp.kernels.ops.modules import drop_in_classes
+    from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES
 
     low = kind.lower()
     if kind == _GATHERED_KIND:
         return kind
-    if kind in ACTIVATION_CLASSES or kind in DROP_IN_CLASSES or "activation" in low or kind in ("GELU", "SiLU", "Mish"):
+    ours = {c.__name__ for c in drop_in_classes()}
+    if kind in ACTIVATION_CLASSES or kind in ours or "activation" in low or kind in ("GELU", "SiLU", "Mish"):
         return "activation functions"
     if "norm" in low:
         return "norms"

@@ -168,8 +168,13 @@ class _Region:
 
 
 def drop_in_paths(model: torch.nn.Module) -> list[str]:
-    """The paths of the model's modules that are our drop-ins (classes of ``approxbp.kernels``)."""
-    return [n for n, m in model.named_modules() if n and type(m).__module__.startswith("approxbp.kernels")]
+    """The paths of the model's modules that are our drop-ins (classes of ``approxbp.kernels``, and every registered
+    family's drop-in activation)."""
+    from approxbp.kernels.ops.modules import drop_in_classes
+
+    ours = drop_in_classes()
+    return [n for n, m in model.named_modules()
+            if n and (type(m).__module__.startswith("approxbp.kernels") or isinstance(m, ours))]
 
 
 def block_paths(model: torch.nn.Module, first: str) -> list[str]:

@@ -3,6 +3,8 @@ family's codegen module registers its own (the run time never reads it)."""
 
 from __future__ import annotations
 
+from approxbp.approximations.families import Registry
+
 __all__ = ["RENDERERS"]
 
-RENDERERS: dict[str, object] = {}
+RENDERERS: Registry = Registry("approxbp.codegen")

@@ -65,11 +65,6 @@ class InvActSpec(GeneratedSpec):
             bits = pack(x.to(torch.promote_types(x.dtype, torch.float32)) < self.T, 1)
         return exact_forward(self.module, x), bits
 
-    def forward_only_torch(self, x: torch.Tensor) -> torch.Tensor:
-        """y = f(x) without branch bits (no gradient wanted): torch's own op where it has one (:mod:`.stock`), else
-        the twin's y, bit for bit."""
-        return exact_forward(self.module, x)
-
     def q(self, y: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
         """q_s(y) for saved outputs ``y`` and branch flags ``left`` (True where x < T): the backward rule
         (approximations.invact_forms.backward_rule) in float32 (float64 stays float64)."""

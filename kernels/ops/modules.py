@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import ClassVar
 
 from approxbp.approximations import tables as T
+from approxbp.approximations.families import Registry
 
-__all__ = ["drop_in_families", "FAMILIES", "FORMAT", "GENERATED", "generated_module", "GeneratedSpec", "kernel_dir",
-           "module_name", "module_path", "register", "Spec", "spec_key", "spec_of", "SPECS"]
+__all__ = ["drop_in_classes", "drop_in_families", "FAMILIES", "FORMAT", "GENERATED", "generated_module",
+           "GeneratedSpec", "kernel_dir", "module_name", "module_path", "register", "Spec", "spec_key", "spec_of",
+           "SPECS"]
 
 
 GENERATED = Path(__file__).parents[1] / "generated"
@@ -130,13 +132,23 @@ def _check_before_import(target: Path, want: str, table: Path, fix: str) -> None
 
 #: key → spec, for the custom ops (which receive the key, a string, never the spec)
 SPECS: dict[str, Spec] = {}
-#: family name → spec class, filled by :meth:`Spec.__init_subclass__`: a new family registers itself here
-FAMILIES: dict[str, type[Spec]] = {}
+#: family name → spec class, filled by :meth:`Spec.__init_subclass__`: a new family registers itself here (another
+#: package's family: its entry point in ``approxbp.kernels``, :class:`~approxbp.approximations.families.Registry`)
+FAMILIES: Registry = Registry("approxbp.kernels")
 
 
 def drop_in_families() -> tuple[str, ...]:
     """The table families whose spec has a drop-in activation module: ``patch_model(family=…)``'s choices."""
     return tuple(f for f, spec in FAMILIES.items() if hasattr(spec, "drop_in"))
+
+
+def drop_in_classes() -> tuple[type, ...]:
+    """Every registered family's drop-in activation class with its subclasses (``ReGELU2``, ``InvActGELU``, …): what
+    ``patch_model`` leaves as it is and the planner counts as ours."""
+    def with_subclasses(cls: type) -> list[type]:
+        return [cls, *(c for sub in cls.__subclasses__() for c in with_subclasses(sub))]
+
+    return tuple(c for f in drop_in_families() for c in with_subclasses(FAMILIES[f].drop_in))
 
 
 class Spec:
@@ -237,6 +249,13 @@ class GeneratedSpec(Spec):
     def table(self):
         """The typed table (validated on first use, which parses its expressions; the run time never reads it)."""
         return T.load(self.path)
+
+    def forward_only_torch(self, x):
+        """y = h(x) with nothing saved (no gradient wanted; ``patch_model`` checks each drop-in against the stock
+        module with it): torch's own op where it has one (:mod:`.stock`), else the generated twin's y, bit for bit."""
+        from .stock import exact_forward
+
+        return exact_forward(self.module, x)
 
     def name(self) -> str:
         """The table's canonical name (``gelu-k2-primitive``, ``gelu-fast``; "-paper" tables say so)."""

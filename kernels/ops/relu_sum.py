@@ -31,7 +31,6 @@ from .guards import check_input, check_triton_device
 from .launch import RELU_SUM_ROWS, RELU_SUM_SPAN, num_warps
 from .modules import GeneratedSpec, spec_of
 from .packing import byte_codes, pack, unpack_into
-from .stock import exact_forward
 
 __all__ = ["dispatch", "ReGELU2", "RELU_SUM", "relu_sum", "relu_sum_forward", "ReLUSumActivation", "ReLUSumFunction",
            "ReLUSumSpec", "ReSiLU2"]
@@ -87,11 +86,6 @@ class ReLUSumSpec(GeneratedSpec):
         return row_bytes * math.ceil(numel * self.storage / (8 * row_bytes))
 
     # -- the pure-PyTorch twin -------------------------------------------------------------
-    def forward_only_torch(self, x: torch.Tensor) -> torch.Tensor:
-        """y = h(x) without codes (no gradient wanted): torch's own op where it has one (:mod:`.stock`), else the
-        twin's y, bit for bit."""
-        return exact_forward(self.module, x)
-
     def forward_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         knots = self.consts(x.device)[0]
         y = self.forward_only_torch(x)  # fp32 math; fp64 stays

@@ -15,12 +15,12 @@ from torch import nn
 
 from ..ops.glu import GatedMLP
 from ..ops.invact import InvActGELU, InvActSiLU
-from ..ops.modules import drop_in_families
+from ..ops.modules import drop_in_classes, drop_in_families
 from ..ops.relu_sum import ReGELU2, ReSiLU2
 from . import functional_swap, swaps
 from .common import FILTERED, PatchConfig, PatchReport, RewriteGuard, Undo, by_pattern, move_hooks
 
-__all__ = ["ACTIVATION_CLASSES", "ACTIVATION_LIKE", "class_key", "DROP_IN_CLASSES", "swap_activations"]
+__all__ = ["ACTIVATION_CLASSES", "ACTIVATION_LIKE", "class_key", "swap_activations"]
 
 
 #: Activation modules by class name (torch and Hugging Face transformers, matched by name so that transformers
@@ -45,9 +45,6 @@ ACTIVATION_CLASSES = {
 
 #: Class-name fragments of modules that look like activations; one that is not replaced is reported as skipped.
 ACTIVATION_LIKE = ("GELU", "SiLU", "Swish", "Mish", "Activation", "ReLU", "Tanh", "Sigmoid", "Softplus", "ELU")
-
-
-DROP_IN_CLASSES = ("ReLUSumActivation", "InvActivation", "ReGELU2", "ReSiLU2", "InvActGELU", "InvActSiLU")
 
 
 def class_key(module: nn.Module) -> str:
@@ -82,14 +79,22 @@ def _table_for(module: nn.Module, family: str | None, tables, bits: int):
                       f"--out {key.lower()}.json, then tables={{'{key}': '{key.lower()}.json'}}")
     if tables is not None and not isinstance(tables, Mapping):
         return tables, None  # one table path: used for every recognised activation
-    if (T.data_dir() / "invact" / f"{name}-exact.json").is_file():
+    if _has_table(f"invact/{name}-exact"):
         return f"invact/{name}-exact", None  # f′(f⁻¹(y)) in closed form (ReLU²): exact, in either family
     chosen = _drop_in_family(family).packaged(name, bits)
-    if (T.data_dir() / f"{chosen}.json").is_file():
+    if _has_table(chosen):
         return chosen, None
     others = [f"family={f!r} has {t}" for f in drop_in_families() if f != family
-              and (T.data_dir() / f"{(t := _drop_in_family(f).packaged(name, bits))}.json").is_file()]
+              and _has_table(t := _drop_in_family(f).packaged(name, bits))]
     return None, "; ".join([f"no packaged table {chosen}", *others])
+
+
+def _has_table(name: str) -> bool:
+    """Whether a family's ``packaged`` table (a packaged name, or a path for another package's family) exists."""
+    try:
+        return T.resolve(name).is_file()
+    except FileNotFoundError:
+        return False
 
 
 def _replacement(module: nn.Module, family: str | None, tables, bits: int, family_of):
@@ -97,7 +102,7 @@ def _replacement(module: nn.Module, family: str | None, tables, bits: int, famil
     ``family_of(table)`` gives a table's family (cached per patch_model call: each table file is read once)."""
     name = type(module).__name__
     mapped = isinstance(tables, Mapping) and (type(module) in tables or name in tables)
-    if name in DROP_IN_CLASSES or not (mapped or any(f.lower() in name.lower() for f in ACTIVATION_LIKE)):
+    if isinstance(module, drop_in_classes()) or not (mapped or any(f.lower() in name.lower() for f in ACTIVATION_LIKE)):
         return None, None
     table, why = _table_for(module, family, tables, bits)
     if table is None:

@@ -8,8 +8,9 @@ import difflib
 from torch import nn
 
 from ..ops.glu import GatedMLP
+from ..ops.modules import drop_in_classes
 from . import swaps
-from .activation_swap import ACTIVATION_CLASSES, DROP_IN_CLASSES, class_key
+from .activation_swap import ACTIVATION_CLASSES, class_key
 from .common import (
     FILTERED,
     PatchConfig,
@@ -83,7 +84,7 @@ def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_i
     owners = {}
     for where, act in functional:
         owner = modules[where]
-        if where in fused or class_key(owner) in ACTIVATION_CLASSES or type(owner).__name__ in DROP_IN_CLASSES:
+        if where in fused or class_key(owner) in ACTIVATION_CLASSES or isinstance(owner, drop_in_classes()):
             continue
         owners.setdefault(where, [])
         if act not in owners[where]:

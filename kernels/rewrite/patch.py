@@ -12,7 +12,7 @@ from torch import nn
 
 from ..ops.glu import GatedMLP
 from . import functional_swap, swaps
-from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, DROP_IN_CLASSES, class_key, swap_activations
+from .activation_swap import ACTIVATION_CLASSES, ACTIVATION_LIKE, class_key, swap_activations
 from .common import (
     PatchConfig,
     PatchReport,
@@ -30,7 +30,7 @@ from .norm_merge import unmerge_norm
 from .norm_patch import replace_norms
 
 __all__ = ["patch_model", "unpatch", "patched_state_dict", "PatchConfig", "PatchReport", "ACTIVATION_CLASSES",
-           "ACTIVATION_LIKE", "DROP_IN_CLASSES", "class_key", "every_output", "path_pattern"]
+           "ACTIVATION_LIKE", "class_key", "every_output", "path_pattern"]
 
 
 def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=None, module_filter_fn=None,

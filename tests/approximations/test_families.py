@@ -1,10 +1,12 @@
-"""One registry per layer for table families (issue 48, item 2): every dispatch on a table's family goes through
-:func:`member`, so a family a layer does not know is refused by name, and a new family's entries are what serve it."""
+"""One registry per layer for table families (issues 48 and 70): every dispatch on a table's family goes through
+:func:`member`, so a family a layer does not know is refused by name, and a new family is its own files, found
+through entry points (``tests/support/toy_family``), from fit to a planned and costed training step."""
+
+from pathlib import Path
 
 import pytest
 from approxbp.approximations import tables as T
-from approxbp.approximations.families import TABLE_FAMILIES, TableFamily, member, register
-from approxbp.approximations.gradient_error import describe, gradient_error
+from approxbp.approximations.families import TABLE_FAMILIES, member
 from approxbp.approximations.table_schema import TableError
 
 
@@ -25,37 +27,93 @@ def test_an_unknown_family_is_refused_by_name_in_every_layer():
         T.from_json(t)
 
 
-def test_a_toy_family_registered_in_each_layer_is_what_serves_its_tables():
-    """A toy family reuses the InvAct table's shape under its own name: its record, not invact's, checks it, bounds
-    its error, renders, certifies and costs it."""
-    from approxbp.fitting.certify import CERTIFIERS, CertifyFamily, certifiable
-    from approxbp.kernels.codegen import RENDERERS, render
+@pytest.fixture
+def toy_family_installed(tmp_path, monkeypatch):
+    """The toy family (``tests/support/toy_family``) installed as another package installs one: its entry points, one
+    per registry, in a ``.dist-info`` folder on ``sys.path``; afterwards every layer forgets it."""
+    import toy_family
+    from approxbp.approximations.families import Registry
 
+    dist = tmp_path / "site" / "toy_family-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-family\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("".join(f"[{group}]\ntoy-step = toy_family.{module}\n"
+                                                   for group, module in toy_family.ENTRY_POINTS.items()))
+    monkeypatch.syspath_prepend(str(dist.parent))
+    yield dist.parent
+    registries = _registries()
+    assert all(isinstance(r, Registry) for r in registries)
+    for registry in registries:
+        registry.pop("toy-step", None)
+
+
+def _registries():
+    from approxbp.fitting.certify import CERTIFIERS
+    from approxbp.kernels.codegen import RENDERERS
+    from approxbp.kernels.ops.modules import FAMILIES
+
+    from approxbp.commands.fit import FITS
     from approxbp.cost import LAUNCHES
 
-    class ToyTable(T.InvActTable):
-        family = "toy"
+    return [TABLE_FAMILIES, FAMILIES, RENDERERS, CERTIFIERS, LAUNCHES, FITS]
 
-    calls = []
-    entries = [(TABLE_FAMILIES, TableFamily("toy", ToyTable, lambda t, w: calls.append("validate"),
-                                            lambda t, w: calls.append("certified"), lambda t: 0.125, "a toy bound")),
-               (RENDERERS, lambda path, t: "# toy module"),
-               (CERTIFIERS, CertifyFamily(lambda *a: ({}, [], True), lambda t: t.family == "toy")),
-               (LAUNCHES, lambda table, dtype: [])]
-    try:
-        for registry, entry in entries:
-            register(registry, "toy", entry)
-        d = T.read_json(T.resolve("invact/gelu-fast"))
-        d["family"] = "toy"
-        t = T.from_json(d)
-        assert type(t) is ToyTable and calls[0] == "validate" and "certified" in calls
-        assert gradient_error(t) == 0.125 and describe("toy", 0.125) == "gradient error 0.12 (a toy bound)"
-        assert render("toy.json", t) == "# toy module" and certifiable(t)
-        assert LAUNCHES["toy"](None, None) == []
-    finally:
-        for registry, _ in entries:
-            registry.pop("toy", None)
-    assert "toy" not in TABLE_FAMILIES
+
+def test_a_toy_family_of_another_package_goes_from_fit_to_a_planned_costed_step(toy_family_installed, tmp_path,
+                                                                               capsys):
+    """Issue 70: a family is its own files, one per layer, found through entry points; nothing in approxbp names it.
+    Fit (the CLI) → table → export → certify → drop-in (twin and Triton kernel) → patch_model → plan --use → cost."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+    from approxbp.kernels import patch_model
+    from torch.nn import functional as F
+
+    from approxbp.cli import main
+
+    root = Path(__file__).parents[2]
+    for folder in ("approximations", "fitting", "kernels", "approxbp", "data"):
+        for path in (root / folder).rglob("*.py"):
+            text = path.read_text(encoding="utf-8").lower()
+            assert "toy-step" not in text and "toy_step" not in text, path  # approxbp never names it
+    tables = tmp_path / "tables"
+    for act in ("gelu", "silu"):
+        assert main(["fit", "toy-step", "--activation", act, "--out", str(tables / f"{act}-step.json")]) == 0
+        assert main(["export", str(tables / f"{act}-step.json")]) == 0
+    gelu_table = T.load(tables / "gelu-step.json")
+    a, b = gelu_table.levels  # the mean slopes of GELU on [−4, 0] and [0, 4]
+    assert type(gelu_table).__name__ == "ToyStepTable" and a == pytest.approx(3.167e-5, rel=1e-3) and b == 1 - a
+    assert main(["certify", str(tables / "gelu-step.json")]) == 0  # its levels inside their Arb enclosures
+    assert main(["tables", "--family", "toy-step", str(tables / "gelu-step.json")]) == 0
+
+    from toy_family.op import ToyStepActivation, ToyStepSpec
+
+    x = torch.linspace(-3, 3, 1001, dtype=torch.float32)
+    for use_triton in (None, True):  # the PyTorch twin, then the generated kernel under TRITON_INTERPRET=1
+        xi = x.clone().requires_grad_()
+        y = ToyStepActivation(str(tables / "gelu-step.json"), use_triton=use_triton)(xi)
+        y.backward(torch.ones_like(y))
+        torch.testing.assert_close(y, F.gelu(x), rtol=0, atol=2e-6 if use_triton else 0)
+        assert torch.equal(xi.grad, torch.where(x < 0, torch.tensor(a), torch.tensor(b)))
+
+    ToyStepSpec.tables = tables  # where patch_model and the planner find the family's table of each activation
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    assert "swapped 1 activations" in str(patch_model(model, family="toy-step"))
+    assert type(model[1]) is ToyStepActivation
+    capsys.readouterr()
+    assert main(["plan", "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100", "--seq", "16", "--mode",
+                 "lora", "--use", "toy-step", "--no-progress"]) == 0
+    plan = capsys.readouterr().out
+    assert "silu → toy-step (error 0.25): 2 layers" in plan, plan
+    saved = [line.split()[-4:] for line in plan.splitlines() if line.strip().startswith("activation functions")]
+    assert saved == [["8.00", "KiB", "4.00", "KiB"]], plan  # a bf16 x (2 bytes) → one flag byte per element
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # `cost` compiles for sm_90
+    env["PYTHONPATH"] = os.pathsep.join([str(toy_family_installed), str(Path(__file__).parents[1] / "support")])
+    r = subprocess.run([sys.executable, "-m", "approxbp", "cost", str(tables / "gelu-step.json"), "--dtype", "bf16"],
+                       env=env, capture_output=True, text=True, timeout=300)  # a fresh process finds it too
+    assert r.returncode == 0 and "toy gelu-step fwd" in r.stdout and "toy gelu-step bwd" in r.stdout, r.stderr
 
 
 def test_the_planner_options_are_the_families_own():

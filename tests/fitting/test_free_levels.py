@@ -79,7 +79,11 @@ def test_a_free_level_fit_goes_through_export_kernels_patch_cost_and_certify(tmp
                  "hs.json", "--no-progress"]) == 0
     t = T.load(tmp_path / "hs.json")
     assert t.levels_rule == "free" and t.name == "hardsigmoid-k2-derivative-free"
-    assert np.allclose(t.knots[:2], [-3, 3], atol=1e-9) and np.allclose(t.levels, [0, 1 / 6, 0, 0], atol=1e-12)
+    # the exact step function: its level changes at −3 and 3 (where the third knot falls, with no change of level, is
+    # a tie among optima: numpy builds have put it at either end)
+    changes = [c for c, a, b in zip(t.knots, t.levels, t.levels[1:]) if abs(b - a) > 1e-12]
+    assert np.allclose(changes, [-3, 3], atol=1e-9) and max(t.levels) == pytest.approx(1 / 6, abs=1e-12)
+    assert np.allclose(sorted(set(np.round(t.levels, 12))), [0, 1 / 6], atol=1e-12)
     assert main(["export", "hs.json"]) == 0
     x = torch.randn(500) * 5  # away from ±3, where a fitted border (3 ± 1e-9) may fall either side of torch's
     g = torch.randn_like(x)
