@@ -196,7 +196,7 @@ class ApproxBPCallback(TrainerCallback):
         device = _cuda_device(model)
         if device is None or self.budget is None or self.plan is None:
             return
-        peak, planned = torch.cuda.max_memory_allocated(device), self.plan.after["peak"] + self._held
+        peak, planned = torch.cuda.max_memory_allocated(device), self.plan.after.peak + self._held
         if state.global_step <= 1:
             _logger.info("approxbp: step %d peaked at %d bytes on %s (planned %d, budget %d)", state.global_step,
                          peak, device, planned, self.budget)

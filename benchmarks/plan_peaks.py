@@ -53,9 +53,9 @@ def budget_for(model: str, setup: str, batch: int, seq: int, where: tuple[str, f
     ``moves``: the most-saving assignment's peak less that fraction of its activations."""
     request = Request(model=model, batch=batch, seq=seq or 1, setup=setup)
     most = P.plan(request)  # no budget: the most-saving assignment of the approximations
-    high, low = most.before["peak"], most.after["peak"]
+    high, low = most.before.peak, most.after.peak
     kind, f = where
-    return round(high - f * (high - low)) if kind == "approx" else round(low - f * most.after["activations"])
+    return round(high - f * (high - low)) if kind == "approx" else round(low - f * most.after.activations)
 
 
 def measured_peak(plan: P.Plan, model: str, setup: str, batch: int, seq: int) -> tuple[int, str, list[str]]:
@@ -82,15 +82,15 @@ def row(name: str) -> dict:
                 "least_traced": getattr(err, "least_traced", None),
                 "seconds": time.perf_counter() - start}
     peak, moment, skipped = measured_peak(plan, model, setup, batch, seq)
-    planned = plan.after["peak"]
-    moves = (plan.moves or {}).get("moves") or {}
+    planned = plan.after.peak
+    moves = plan.moves.moves if plan.moves else {}
     kinds = sorted({v.split(" ")[0] for v in moves.values()} | ({"chunked-loss"} if plan.chunked_loss else set()))
     return {"name": name, "model": model, "setup": setup, "batch": batch, "seq": seq or None, "budget": budget,
-            "planned": planned, "modelled": (plan.moves or {}).get("peak"), "measured": peak,
+            "planned": planned, "modelled": plan.moves.peak if plan.moves else None, "measured": peak,
             "measured_moment": moment, "ratio": planned / peak, "ok": peak <= planned <= 1.10 * peak,
             "moves": {m: 1 if m == "chunked-loss" else sum(v == m or v.startswith(m) for v in moves.values())
                       for m in kinds},
-            "options": sorted({v["option"] for v in plan.layers.values()}), "ms_norm": plan.ms_norm["chosen"],
+            "options": sorted({v.option for v in plan.layers.values()}), "ms_norm": plan.ms_norm.chosen,
             "skipped": [s for s in skipped if "exact by choice" not in s and not s.startswith("saved bytes:")],
             "seconds": time.perf_counter() - start}
 

@@ -82,7 +82,7 @@ def measure_row(name: str) -> dict:
     callback = ApproxBPCallback(budget=budget)
     ours = _train(build, trainer_class, extra, data, collate, callback)
     plan = callback.plan
-    return {"name": name, "budget": budget, "stock": stock, "ours": ours, "planned": plan.after["peak"],
+    return {"name": name, "budget": budget, "stock": stock, "ours": ours, "planned": plan.after.peak,
             "planned_shape": [plan.batch, plan.seq], "chunked_loss": bool(plan.chunked_loss),
             "within": max(ours) <= budget}
 
@@ -137,7 +137,7 @@ def measure_dpo() -> dict:
     plan = plan_for(tiny_llama(), example, 10 * max(peaks.peaks), gpu=None, setup=Setup(weights="fp32",
                     autocast="off", optimizer="adamw"), longest=shapes[0][1])
     return {"name": "TRL DPOTrainer (fused LM head, reference model)", "budget": BUDGET, "stock": peaks.peaks,
-            "ours": None, "planned": plan.after["peak"], "planned_shape": list(shapes[0]), "refused": reason,
+            "ours": None, "planned": plan.after.peak, "planned_shape": list(shapes[0]), "refused": reason,
             "within": reason is not None}
 
 

@@ -671,3 +671,37 @@ def test_no_module_tells_tables_apart_by_an_isinstance_chain_over_the_families()
              if p.name != "tables.py"
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert not found, found
+
+
+def _plan_part_fields() -> set[str]:
+    from dataclasses import fields
+
+    from approxbp.planner import pareto, plan_parts
+    from approxbp.planner.training import Setup
+
+    types = [getattr(plan_parts, n) for n in plan_parts.__all__] + [pareto.CurvePoint, pareto.CompiledAt]
+    return {f.name for t in types for f in fields(t)} - {f.name for f in fields(Setup)}  # a set-up's own changes
+
+
+def plan_subscripts(path: Path, names: set[str]) -> list[str]:
+    """``x["peak"]``-style reads of a plan part's field by its name (``approxbp.planner.plan_parts``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{path.name}:{n.lineno} {ast.unparse(n)}" for n in ast.walk(tree)
+            if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and n.slice.value in names]
+
+
+def test_the_planner_passes_types_not_string_keyed_dicts():
+    """Issue 70: a plan's parts (its steps, MS-norms, layers, moves, the Pareto curve's points) cross the planner's
+    functions as dataclasses; only the JSON's reader (``planner/result.py``, whose ``read_plan`` checks a file's
+    fields before they are typed) and the types themselves read one of their fields by key."""
+    names = _plan_part_fields()
+    allowed = {ROOT / "approxbp" / "planner" / n for n in ("result.py", "plan_parts.py")}
+    planner = [p for p in _sources("approxbp") if "planner" in p.parts or p.name in ("trainer.py", "paper_memory.py")]
+    hits = [h for p in planner if p not in allowed for h in plan_subscripts(p, names)]
+    assert not hits, hits
+
+
+def test_the_plan_subscript_checker_sees_a_key_read(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(plan, d):\n    return plan.after['peak'], plan.after.peak, d['other']\n")
+    assert [h.split(" ", 1)[1] for h in plan_subscripts(bad, {"peak"})] == ["plan.after['peak']"]

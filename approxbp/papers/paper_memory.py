@@ -208,8 +208,8 @@ def run_group(group: Group) -> list[float]:
                                  grain=args.grain)[0]) for a in parsed]
     plans = P.evaluate_each(request, uses=[a.use for a in parsed])
     if group.what == "activations":
-        return [100.0 * (p.after["activations"] - p.before["activations"]) / p.before["activations"] for p in plans]
-    return [p.after["peak"] / (1 << (30 if group.unit == "GiB" else 20)) for p in plans]
+        return [100.0 * (p.after.activations - p.before.activations) / p.before.activations for p in plans]
+    return [p.after.peak / (1 << (30 if group.unit == "GiB" else 20)) for p in plans]
 
 
 @dataclass

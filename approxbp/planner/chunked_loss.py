@@ -29,7 +29,7 @@ from torch import nn
 from approxbp.kernels.rewrite import swaps
 from approxbp.kernels.rewrite.bound_forward import install_forward, uninstall_forward
 
-__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "chosen_in", "NO_LOGITS", "NotChunked", "refusal",
+__all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "NO_LOGITS", "NotChunked", "refusal",
            "remove_chunked_loss"]
 
 
@@ -37,9 +37,6 @@ __all__ = ["apply_chunked_loss", "chunk_rows", "CHUNKED", "chosen_in", "NO_LOGIT
 CHUNKED = "chunked-loss"
 
 
-def chosen_in(moves: dict | None) -> bool:
-    """Whether a plan's moves (``Plan.moves``, :func:`~.plan_moves.plan_moves`) chunk the loss."""
-    return bool(((moves or {}).get("chunked_loss") or {}).get("chosen"))
 _APPLIED = swaps.CHUNKED_LOSS  # the model's __dict__: the BoundForward installed
 _LOSS_ARGS = ("num_items_in_batch", "shift_labels", "ignore_index")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -29,7 +30,7 @@ from approxbp.kernels.ops.torch_private import (
     patched_functorch_config,
 )
 
-__all__ = ["budget_backend", "BUDGETS", "fastest_within", "point", "points", "under"]
+__all__ = ["budget_backend", "BUDGETS", "CompiledPoint", "fastest_within", "point", "points", "under"]
 
 
 #: The budgets the planner weighs (1.0: compile's own choice; 0.0: recompute everything it can).
@@ -124,8 +125,20 @@ def point(request, device, choice: dict, ms_norm: bool, budget: float | None,
         return saved, clock.time.total
 
 
-def points(request, device, choice: dict, ms_norm: bool, eager_peak: int, budgets=BUDGETS, say=None) -> list[dict]:
-    """The assignment compiled at each budget: {budget, peak, seconds, saved} with the peak as the module docstring
+@dataclass(frozen=True)
+class CompiledPoint:
+    """The assignment compiled at one ``activation_memory_budget``: its modelled peak (bytes), roofline seconds and
+    saved bytes."""
+
+    budget: float
+    peak: int
+    seconds: float
+    saved: int
+
+
+def points(request, device, choice: dict[str, str], ms_norm: bool, eager_peak: int, budgets=BUDGETS,
+           say=None) -> list[CompiledPoint]:
+    """The assignment compiled at each budget (:class:`CompiledPoint`), with the peak as the module docstring
     writes it from ``eager_peak`` (the planner's measured peak of the assignment). Empty when the model's blocks are
     alike but the assignment's options differ between them: only the whole model could be measured, which takes
     minutes per budget for a 7B model, so such an assignment is weighed eager only."""
@@ -153,25 +166,24 @@ def points(request, device, choice: dict, ms_norm: bool, eager_peak: int, budget
         if say:
             say(f"compiled at activation_memory_budget {budget}")
         saved, seconds = measured(budget)
-        out.append({"budget": budget, "peak": round(eager_peak - eager_saved + saved), "seconds": seconds,
-                    "saved": round(saved)})
+        out.append(CompiledPoint(budget, round(eager_peak - eager_saved + saved), seconds, round(saved)))
     return out
 
 
 def fastest_within(weighed, budget: int, device, request, compile_budgets=(), say=None):
     """(the weighed assignment, what it does) of least modelled seconds within ``budget`` (ties: the least
     gradient-error bound): its recompute / offload moves (:func:`~.plan_moves.fastest`), or the assignment
-    compiled at one of ``compile_budgets`` — then ``{"compile": {"activation_memory_budget": b}, …}`` with the
-    moves empty. None when nothing reaches the budget."""
+    compiled at one of ``compile_budgets`` — then :class:`~.plan_parts.Moves` with ``compile`` set and no block
+    moves. None when nothing reaches the budget."""
     from approxbp.planner.plan_moves import fastest
+    from approxbp.planner.plan_parts import CompileMove, Moves
 
     best = fastest(weighed, budget, device, request.setup.dtype.itemsize)
     for w in weighed if compile_budgets else ():
         a = w.assignment
         for p in points(request, device, a.choice, a.ms_norm, a.after.peak, compile_budgets, say):
-            if p["peak"] <= budget and (best is None or (p["seconds"], a.error) < (best[1]["seconds_after"],
-                                                                                     best[0].assignment.error)):
-                best = (w, {"moves": {}, "compile": {"activation_memory_budget": p["budget"]}, "gpu": device.name,
-                            "gpu_source": device.source, "peak": p["peak"], "seconds_after": p["seconds"],
-                            "saved": p["saved"]})
+            if p.peak <= budget and (best is None or (p.seconds, a.error) < (best[1].seconds_after,
+                                                                             best[0].assignment.error)):
+                best = (w, Moves(moves={}, gpu=device.name, gpu_source=device.source, peak=p.peak,
+                                 seconds_after=p.seconds, compile=CompileMove(p.budget), saved=p.saved))
     return best

@@ -1,5 +1,5 @@
 """The multiple-choice knapsack both planners solve: one option per group, each option (bytes saved, cost), of least
-total cost whose savings reach a need — the activation options' gradient error (:func:`~.plan._choose`) and
+total cost whose savings reach a need — the activation options' gradient error (:func:`~.search._choose`) and
 the blocks' moves' modelled seconds (:func:`approxbp.planner.moves.choose_moves`)."""
 
 from __future__ import annotations

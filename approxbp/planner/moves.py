@@ -230,32 +230,35 @@ def remove_moves(model: nn.Module) -> nn.Module:
     return model
 
 
-def choose_moves(costs: dict, need: int, host_link: float) -> dict:
-    """``costs``: item → its :class:`BlockCost` (a block's path) or :class:`LossCost` (keyed by itself). The moves of
-    least modelled time that take at least ``need`` bytes off the end of the forward plus the
-    transient they bring back (the largest S_b moved); {} when ``need`` ≤ 0. Exhaustive over which block sets the
-    transient (the largest moved S_b), then a multiple-choice knapsack by dynamic programming on the bytes."""
+def choose_moves(costs: dict[str, BlockCost], need: int, host_link: float,
+                 loss: LossCost | None = None) -> tuple[dict[str, str], bool]:
+    """(block path → move, whether the loss is chunked): the moves of least modelled time that take at least ``need``
+    bytes off the end of the forward plus the transient they bring back (the largest S_b moved); ``loss``: the
+    chunked loss, an item of the knapsack beside the blocks. ({}, False) when ``need`` ≤ 0. Exhaustive over which
+    item sets the transient (the largest moved S_b), then a multiple-choice knapsack by dynamic programming on the
+    bytes."""
     if need <= 0:
-        return {}
-    best: tuple[float, dict[str, str]] | None = None
-    for cap in sorted({c.saved for c in costs.values()}):
-        allowed = {p: c for p, c in costs.items() if c.saved <= cap}
-        picked = _knapsack(allowed, need + cap, host_link)
+        return {}, False
+    items: list[tuple[str | None, BlockCost | LossCost]] = [*costs.items(), *([(None, loss)] if loss else [])]
+    best: tuple[float, list[tuple[str | None, str]]] | None = None
+    for cap in sorted({c.saved for _, c in items}):
+        picked = _knapsack([(k, c) for k, c in items if c.saved <= cap], need + cap, host_link)
         if picked is not None and (best is None or picked[0] < best[0]):
             best = picked
     if best is None:
-        top = sum(max(c.saving(m) for m in c.moves) for c in costs.values())
+        top = sum(max(c.saving(m) for m in c.moves) for _, c in items)
         raise ValueError(f"no moves fit: {need} bytes over the budget, and recomputing or offloading every block "
                          f"(and the chunked loss, where it applies) takes at most {top} bytes off, less the largest "
                          "transient")
-    return best[1]
+    return {k: m for k, m in best[1] if k is not None}, any(k is None and m == CHUNKED for k, m in best[1])
 
 
-def _knapsack(costs: dict, need: int, host_link: float) -> tuple[float, dict] | None:
+def _knapsack(items: list[tuple[str | None, BlockCost | LossCost]], need: int,
+              host_link: float) -> tuple[float, list[tuple[str | None, str]]] | None:
     """Least total seconds with Σ saving ≥ need (:func:`approxbp.planner.knapsack.multiple_choice`, bytes in units of
-    need/2048)."""
-    groups = [[(c.saving(m), c.seconds(m, host_link)) for m in c.moves] for c in costs.values()]
+    need/2048): (seconds, [(item key, its move) for each item moved])."""
+    groups = [[(c.saving(m), c.seconds(m, host_link)) for m in c.moves] for _, c in items]
     found = multiple_choice(groups, need, max(1, need // 2048))
     if found is None:
         return None
-    return found[0], {path: c.moves[j] for (path, c), j in zip(costs.items(), found[1]) if j}
+    return found[0], [(key, c.moves[j]) for (key, c), j in zip(items, found[1]) if j]

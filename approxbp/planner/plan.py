@@ -29,11 +29,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from approxbp.approximations import tables as T
-from approxbp.planner import chunked_loss
-from approxbp.planner.gpus import DEFAULT_GPU
-from approxbp.planner.gpus import gpu as step_gpu
-from approxbp.planner.knapsack import multiple_choice
-from approxbp.planner.plan_moves import Assignment, Weighed, move_costs
+from approxbp.planner.plan_moves import Assignment
+from approxbp.planner.plan_parts import Moves, MsNorm, PlannedLayer, StepSummary
 from approxbp.planner.plan_step import (
     TABLE_OPTION,
     gradient_error,
@@ -42,31 +39,21 @@ from approxbp.planner.plan_step import (
     option_table,
     planned_weights,
     stepper,
-    table_activation,
 )
 from approxbp.planner.request import Request
-from approxbp.planner.result import OptionCost, Plan
+from approxbp.planner.result import Plan
+from approxbp.planner.search import Measured, NoFit, Search, measure_options, refuse_foreign_table, traces
 from approxbp.planner.step_memory import (
     StepMemory,
     size,
-    traceable,
 )
 from approxbp.planner.training import Setup
 
-__all__ = ["assignments", "BROUGHT_BACK", "distinct", "evaluate", "evaluate_each", "KEPT", "MAXIMIZE", "maximize",
-           "measure_options", "NoFit", "parse_use", "plan", "spread"]
+__all__ = ["BROUGHT_BACK", "evaluate", "evaluate_each", "KEPT", "MAXIMIZE", "maximize", "NoFit", "parse_use", "plan"]
 
 
 #: What :func:`maximize` searches for.
 MAXIMIZE = ("batch", "seq_len")
-
-
-def _summary(m: StepMemory) -> dict:
-    units = m.block_units
-    return {"parameters": m.parameters, "gradients": m.gradients, "optimizer": m.optimizer,
-            "activations": m.activations, "peak": m.peak, "activations_by_kind": m.by_kind(),
-            "block": m.block, "block_units": None if units is None else round(units, 4), "peak_moment": m.moment,
-            "blocks_measured": list(m.blocks_measured), "device_peaks": m.device_peaks() if m.devices > 1 else []}
 
 
 def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
@@ -87,235 +74,47 @@ def plan(request: Request, *, budget: int | None = None, gpu: str | None = None,
     run = measurer(request)
     if unknown := [t for t in request.tables if not _is_table(t, "--table")]:
         raise ValueError(f"--table {unknown[0]}: not a coefficient table")
-    base, layers, options, ms = measure_options(run, say, request.tables)
-    target, cache, traces = budget, {}, {}
-    traced = over = None  # over: the least target whose plan traced over the budget
-    for _ in range(_TRACES):  # the chosen step traced whole; over the budget, chosen again under a tighter target
-        try:
-            picked, moved = _choose_within(run, request, layers, options, ms, base, target, gpu, compile_budgets,
-                                           say, cache)
-        except ValueError as err:
-            if traced is None:
-                raise
-            if over - target > _RESOLUTION * budget:  # the correction overshot what the model reaches: halve it
-                target = (target + over) // 2
-                continue
-            raise _least_traced(traces, budget, f" (the last in {traced.moment}), and nothing reaches a tighter "
-                                f"target ({err})") from None
-        traced = (_traced(request, picked.choice, picked.ms_norm, moved, say, traces) if budget is not None
-                  else None)
-        if traced is None or traced.peak <= budget:
-            break
-        over = min(target, moved["peak"] if moved else picked.after.peak)  # what the search believed: tighten below it
-        target = over - (traced.peak - budget)
-    else:
-        raise _least_traced(traces, budget)
-    choice, after, estimate, ms = picked.choice, picked.after, picked.estimate, {**ms, "chosen": picked.ms_norm}
-    chosen, before = _summary(after), _summary(base)
+    search = Search(run, request, measure_options(run, say, request.tables), gpu, compile_budgets, say)
+    picked, moved, traced = search.traced_within(budget)
+    return _plan_of(request, search.measured, picked, moved, traced, budget)
+
+
+def _plan_of(request: Request, measured: Measured, picked: Assignment, moved: Moves | None,
+             traced: StepMemory | None, budget: int | None) -> Plan:
+    """The plan of the chosen assignment and moves: ``after`` the planned step (its moves' modelled peak, else the
+    measured one; a traced step's peak where one was traced: the promise), ``before`` the exact step."""
+    base, layers, options = measured.base, measured.layers, measured.options
+    chosen, before = StepSummary.of(picked.after), StepSummary.of(base)
     chosen = _with_moves(chosen, moved) if moved else chosen
     if traced is not None:  # the promise: the whole step's peak, traced, not the model of it
-        chosen = {**chosen, "peak": traced.peak, "peak_moment": traced.moment, "peak_traced": True}
-        if not moved and not ms["chosen"] and all(o == "exact" for o in choice.values()):  # the exact step itself
-            before = {**before, "peak": traced.peak, "peak_moment": traced.moment, "peak_traced": True}
+        chosen = replace(chosen, peak=traced.peak, peak_moment=traced.moment, peak_traced=True)
+        if not moved and not picked.ms_norm and all(o == "exact" for o in picked.choice.values()):  # exact itself
+            before = replace(before, peak=traced.peak, peak_moment=traced.moment, peak_traced=True)
     return Plan(model=request.model, mode=request.setup.describe(base.lora, base.head), batch=request.batch,
                 seq=request.seq if base.uses_seq else None, budget=budget, before=before, after=chosen,
-                layers={p: {"activation": layers[p], "option": o, "table": option_table(layers[p], o),
-                            **asdict(options[layers[p]][o])} for p, o in choice.items()},
-                options=options, ms_norm=ms, estimate=estimate, checkpoint=request.checkpoint,
-                shard=request.setup.shard, traced=bool(base.moment), moves=moved,  # only a traced step has a moment
-                assignment=_summary(after) if moved else None, weights=planned_weights(request))
-
-
-#: Whole-step traces a budgeted plan may take, and the fraction of the budget below which a tighter target is not
-#: sought: a trace over the budget tightens the search's target by the overshoot; a target nothing reaches is halved
-#: back toward the last one that was reached.
-_TRACES, _RESOLUTION = 8, 0.005
-
-
-def _choose_within(run, request, layers, options, ms, base, budget, gpu, compile_budgets, say,
-                   cache) -> tuple[Assignment, dict | None]:
-    """(the assignment, its moves or None): the least-error assignment within ``budget``; the moves (or compiled
-    budget) of least modelled time only where none reaches it."""
-    moved = refused = None
-    if not compile_budgets:
-        try:
-            return _within(run, layers, options, ms["saving"], base.peak, budget, say), None
-        except NoFit as err:
-            if budget is None:
-                raise
-            refused = err
-    best, moved = _fastest(run, request, layers, options, ms, base, budget, gpu or DEFAULT_GPU, compile_budgets,
-                           refused or f"nothing planned reaches {size(budget)}", say, cache)
-    return best.assignment, {**moved, "gpu_default": gpu is None}  # weighed on DEFAULT_GPU: the report says so
-
-
-def _traced(request: Request, choice: dict, ms_norm: bool, moved: dict | None, say,
-            traces: dict) -> StepMemory | None:
-    """The whole step of the chosen plan — its approximations, norms and moves on the model built afresh — traced by
-    MemTracker on fake tensors (:func:`~.step_memory.traced_step`: forward, backward, optimizer step, each kernel
-    allocating as on a GPU); None where a step cannot be traced (sharded, split over devices, 8-bit or paged
-    optimizers, compiled), whose peak stays the model of it. ``traces``: the steps traced so far, by plan (a tighter
-    target can choose the same plan again)."""
-    if not _traces(request.setup) or (moved or {}).get("compile"):
-        return None
-    moves = (moved or {}).get("moves") or None
-    chunked = chunked_loss.chosen_in(moved)
-    key = (tuple(sorted(choice.items())), ms_norm, tuple(sorted((moves or {}).items())), chunked)
-    if key not in traces:
-        say("the chosen plan, traced whole")
-        traces[key] = stepper(replace(request, traced=True), whole=True)(None, None, choice, ms_norm, moves,
-                                                                          chunked_loss=chunked)
-    return traces[key]
-
-
-def _traces(setup) -> bool:
-    """Whether the planner traces this set-up's steps: :func:`~.step_memory.traceable` and not compiled (a compiled
-    step's peak stays the modelled one)."""
-    return traceable(setup) and not setup.compile
-
-
-def _least_traced(traces: dict, budget: int, more: str = "") -> NoFit:
-    """The refusal when every plan the search chose traced over ``budget``, carrying the least traced peak."""
-    peaks = [step.peak for step in traces.values()]
-    return NoFit(f"no plan fits {size(budget)} in a whole step traced by MemTracker on fake tensors: the {len(peaks)} "
-                 f"the search chose peak at {size(min(peaks))} or more{more}", least_traced=min(peaks))
+                layers={p: PlannedLayer(layers[p], o, option_table(layers[p], o), **asdict(options[layers[p]][o]))
+                        for p, o in picked.choice.items()},
+                options=options, ms_norm=MsNorm(measured.ms_saving, picked.ms_norm), estimate=picked.estimate,
+                checkpoint=request.checkpoint, shard=request.setup.shard, traced=bool(base.moment),  # a traced step
+                moves=moved, assignment=StepSummary.of(picked.after) if moved else None,  # has a moment
+                weights=planned_weights(request))
 
 
 #: The final step's activation rows with moves: what the moves keep saved, and what comes back at the peak.
 KEPT, BROUGHT_BACK = "kept after the moves", "a moved block or a chunk back at the peak"
 
 
-def _with_moves(chosen: dict, moved: dict) -> dict:
+def _with_moves(chosen: StepSummary, moved: Moves) -> StepSummary:
     """The planned step with its moves: the assignment's (``chosen``) with the moves' saving taken off its
     activations and, for recompute/offload/chunked loss, the largest transient back at the peak — the modelled
     peak of :func:`~.plan_moves.plan_moves` (compiled: the compiled step's saved bytes)."""
-    if moved.get("compile"):
-        kept, back = moved["saved"], 0
+    if moved.compile is not None:
+        kept, back = moved.saved, 0
     else:
-        kept, back = chosen["activations"] - (chosen["peak"] - moved["end_of_forward"]), moved["transient"]
-    return {**chosen, "activations": kept + back, "peak": moved["peak"], "block_units": None,
-            "activations_by_kind": {KEPT: kept, **({BROUGHT_BACK: back} if back else {})},
-            "device_peaks": [], "peak_moment": None}
-
-
-def _fastest(run, request: Request, layers, options, ms, base, budget, gpu, compile_budgets, refused,
-             say, cache: dict) -> tuple[Weighed, dict]:
-    """The assignment and moves (or compiled budget) of least modelled time within ``budget``: every assignment of
-    :func:`assignments` weighed with its moves, and compiled at each of ``compile_budgets``."""
-    from approxbp.planner.compiled import fastest_within
-
-    device = step_gpu(gpu)
-    if "weighed" not in cache:  # a retry under a tighter budget: the candidates and their costs are the same
-        cache["weighed"] = [Weighed(a, *move_costs(run, request, a.choice, a.ms_norm, a.after, device, say))
-                            for a in distinct(assignments(run, layers, options, ms, base.peak, say))]
-    weighed = cache["weighed"]
-    picked = fastest_within(weighed, budget, device, request, compile_budgets, say)
-    if picked is None:
-        raise ValueError(f"{refused}; and no moves reach it from any of {len(weighed)} assignments weighed "
-                         "(recomputing or offloading every block, and the chunked loss where it applies"
-                         + (", or compiled at any of the budgets" if compile_budgets else "") + ")") from None
-    return picked
-
-
-def measure_options(run, say, tables: tuple[str, ...] = ()
-                    ) -> tuple[StepMemory, dict[str, str], dict[str, dict[str, OptionCost]], dict]:
-    """(the exact step, its activation layers, each activation's options with their saving per layer and gradient
-    error, the MS-norms' saving) — ``run(assignment, ms_norm)`` measures one step. ``tables``: a user's table files,
-    each an option (:data:`TABLE_OPTION`) of its own activation beside the packaged ones."""
-    say("exact model")
-    base = run(None, False)
-    layers = base.layers
-    for path in tables:  # refused before any option is measured
-        _refuse_foreign_table("--table", path, layers)
-    counts: dict[str, int] = {}
-    for act in layers.values():
-        counts[act] = counts.get(act, 0) + 1
-    options: dict[str, dict] = {}
-    for act, n in counts.items():
-        options[act] = {"exact": OptionCost(0, 0.0)}
-        for option in [*layer_options()[1:], *_table_options(tables, act)]:
-            say(f"{act}: {option}")
-            every = {p: option for p, a in layers.items() if a == act}
-            got = run(every, False)
-            options[act][option] = OptionCost((base.peak - got.peak) // n, gradient_error(act, option))
-    say("MS-norms")
-    merged = run(None, True)
-    return base, layers, options, {"saving": base.peak - merged.peak}
-
-
-def _table_options(tables: tuple[str, ...], activation: str) -> list[str]:
-    """The :data:`TABLE_OPTION` of each of ``tables`` whose activation is ``activation`` (kernels exported beside it
-    where missing)."""
-    from approxbp.kernels.codegen import export_if_stale
-
-    found = [str(T.resolve(path).resolve()) for path in tables if table_activation(path) == activation]
-    for path in found:
-        export_if_stale(Path(path))
-    return [TABLE_OPTION + path for path in found]
-
-
-def _refuse_foreign_table(flag: str, path: str, layers: dict[str, str]) -> str:
-    """The table's activation; refused where none of the model's activation ``layers`` has it."""
-    activation = table_activation(path)
-    if activation not in layers.values():
-        raise ValueError(f"{flag} {path}: a table of {activation!r}; this model's activation layers are "
-                         f"{', '.join(sorted(set(layers.values())))}: none would take it")
-    return activation
-
-
-class NoFit(ValueError):
-    """No assignment of the approximations reaches the budget (the moves may: ``gpu``). ``least_traced``: where plans
-    were traced whole and each peaked over the budget, the least of those peaks (bytes); else None."""
-
-    def __init__(self, message: str, *, least_traced: int | None = None):
-        super().__init__(message)
-        self.least_traced = least_traced
-
-
-def assignments(run, layers, options, ms: dict, peak: int, say, count: int = 3) -> list[tuple[int, Assignment]]:
-    """(budget, the least-error assignment within it) at ``count`` budgets evenly from ``peak`` down to the most-saving
-    assignment's peak (the approximations' stretch of the curve; a budget the measured options miss is left out):
-    the candidates moves are weighed on."""
-    most = _within(run, layers, options, ms["saving"], peak, None, say)
-    found = []
-    for budget in spread(peak, most.after.peak, count)[:-1]:
-        try:
-            found.append((budget, _within(run, layers, options, ms["saving"], peak, budget, say)))
-        except NoFit:  # the options' measured savings do not add up to this budget
-            continue
-    return [*found, (most.after.peak, most)]
-
-
-def distinct(found: list[tuple[int, Assignment]]) -> list[Assignment]:
-    """The assignments of :func:`assignments`, each once."""
-    out: list[Assignment] = []
-    for _, a in found:
-        if all((a.choice, a.ms_norm) != (b.choice, b.ms_norm) for b in out):
-            out.append(a)
-    return out
-
-
-def spread(high: int, low: int, points: int) -> list[int]:
-    """``points`` budgets from ``high`` down to ``low``, evenly spaced."""
-    return [round(high - (high - low) * i / (points - 1)) for i in range(points)]
-
-
-def _within(run, layers, options, ms_saving: int, peak: int, budget: int | None, say) -> Assignment:
-    """The least-error :class:`~.plan_moves.Assignment` within ``budget`` (None: the most saving), measured.
-    Savings are measured per option and their sum can be off by what the options share, so the chosen plan is
-    measured and the target tightened by what it missed, up to 4 times."""
-    target = budget
-    for _ in range(4):
-        choice, ms_norm = _choose(layers, options, ms_saving, peak, target)
-        estimate = peak - sum(options[layers[p]][o].saving_per_layer for p, o in choice.items()) - (
-            ms_saving if ms_norm else 0)
-        say("the chosen plan")
-        after = run(choice, ms_norm)
-        if budget is None or after.peak <= budget:
-            error = max((options[layers[p]][o].error for p, o in choice.items()), default=0.0)
-            return Assignment(choice, after, estimate, ms_norm, error)
-        target -= after.peak - budget
-    raise NoFit(f"no assignment was measured within the budget ({size(after.peak)} > {size(budget)})")
+        kept, back = chosen.activations - (chosen.peak - moved.end_of_forward), moved.transient
+    return replace(chosen, activations=kept + back, peak=moved.peak, block_units=None,
+                   activations_by_kind={KEPT: kept, **({BROUGHT_BACK: back} if back else {})}, device_peaks=(),
+                   peak_moment=None)
 
 
 def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
@@ -327,11 +126,11 @@ def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
     if table.endswith(".json") and rest in ("", "ms-norm") and _is_table(table, "--use"):
         return TABLE_OPTION + str(T.resolve(table).resolve()), rest == "ms-norm"
     if text.endswith(".json"):
-        from approxbp.planner.result import read_plan
+        from approxbp.planner.result import planned_layers
 
         try:
-            data = read_plan(text)
-            layers, ms = {p: layer["option"] for p, layer in data["layers"].items()}, data["ms_norm"]["chosen"]
+            planned, ms_norm = planned_layers(text)
+            layers, ms = {p: layer.option for p, layer in planned.items()}, ms_norm.chosen
         except (ValueError, KeyError) as err:
             raise ValueError(f"--use {text}: not a plan written by `approxbp plan --out` ({err})") from None
         known = layer_options()
@@ -367,7 +166,7 @@ def _table_assignment(use: str, option: str, layers: dict[str, str]) -> dict[str
     from approxbp.kernels.codegen import export_if_stale
 
     path = option[len(TABLE_OPTION):]
-    activation = _refuse_foreign_table("--use", path, layers)
+    activation = refuse_foreign_table("--use", path, layers)
     export_if_stale(Path(path))  # its kernels beside it, as a drop-in of it finds them (said on stderr when written)
     return {p: option if act == activation else "exact" for p, act in layers.items()}
 
@@ -395,12 +194,12 @@ def evaluate_each(request: Request, *, uses, budget: int | None = None, progress
             raise ValueError(f"--use {use}: the plan names layers this model does not have ({', '.join(unknown[:3])})")
         say(f"the assignment {use}")
         after = run(assignment, ms) if ms or set(assignment.values()) - {"exact"} else base
-        layers = {p: {"activation": base.layers[p], "option": o, "table": option_table(base.layers[p], o),
-                      "error": gradient_error(base.layers[p], o)} for p, o in assignment.items()}
+        layers = {p: PlannedLayer(base.layers[p], o, option_table(base.layers[p], o),
+                                  error=gradient_error(base.layers[p], o)) for p, o in assignment.items()}
         plans.append(Plan(model=request.model, mode=request.setup.describe(base.lora, base.head),
                           batch=request.batch, seq=request.seq if base.uses_seq else None, budget=budget,
-                          before=_summary(base), after=_summary(after), layers=layers, options={},
-                          ms_norm={"chosen": ms, "saving": None}, checkpoint=request.checkpoint,
+                          before=StepSummary.of(base), after=StepSummary.of(after), layers=layers, options={},
+                          ms_norm=MsNorm(None, ms), checkpoint=request.checkpoint,
                           shard=request.setup.shard, traced=bool(base.moment), use=use, weights=weights))
     return plans
 
@@ -434,15 +233,15 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
     say = progress or (lambda msg: None)
     batch, seq = request.batch, request.seq
     first = (plan(request, progress=progress) if use is None else evaluate(request, use=use, progress=progress))
-    traced = _traces(request.setup)  # the assignment chosen by saved bytes, each probe traced
+    traced = traces(request.setup)  # the assignment chosen by saved bytes, each probe traced
     if what == "seq_len" and first.seq is None:
         raise ValueError(f"--maximize seq_len: {request.model}'s inputs do not depend on the sequence length")
     step = stepper(replace(request, traced=True) if traced else request)
-    assignment = {p: layer["option"] for p, layer in first.layers.items()}
+    assignment = {p: layer.option for p, layer in first.layers.items()}
 
     def fits(v: int) -> bool:
         b, n = (v, seq) if what == "batch" else (batch, v)
-        peak = step(b, n, assignment, first.ms_norm["chosen"]).peak
+        peak = step(b, n, assignment, first.ms_norm.chosen).peak
         say(f"{what} = {v}: peak {size(peak)}" + (" (traced)" if traced else ""))
         return peak <= budget
 
@@ -465,28 +264,3 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
                 evaluate(replace(at, traced=True) if traced else at, use=use, budget=budget, progress=progress))
 
 
-def _choose(layers: dict[str, str], options: dict[str, dict[str, OptionCost]], ms_saving: int, peak: int,
-            budget: int | None) -> tuple[dict[str, str], bool]:
-    """(the assignment, MS-norms on) of least summed error whose predicted peak is ≤ budget; without a budget the
-    one that saves most (least error among those). Multiple-choice knapsack: a DP over saved bytes in units of
-    1/4096 of the largest possible saving, one group per activation layer and the MS-norms' group last."""
-    groups = [[(o, v.saving_per_layer, v.error) for o, v in options[a].items()] for a in layers.values()]
-    groups.append([(False, 0, 0.0), (True, max(ms_saving, 0), 0.0)])
-
-    def chosen(picks: list) -> tuple[dict[str, str], bool]:
-        return dict(zip(layers, picks[:-1])), picks[-1]
-
-    if budget is None:
-        return chosen([min(opts, key=lambda o: (-o[1], o[2]))[0] for opts in groups])
-    need = peak - budget
-    if need <= 0:
-        return dict.fromkeys(layers, "exact"), False
-    top = sum(max(s for _, s, _ in opts) for opts in groups)
-    if top < need:
-        raise NoFit(f"no assignment fits: the exact step peaks at {size(peak)}, {size(need)} over the budget, "
-                         f"and the options save at most {size(top)}")
-    found = multiple_choice([[(saving, error) for _, saving, error in opts] for opts in groups], need,
-                            max(1, top // 4096))
-    if found is None:
-        raise NoFit("no assignment fits the budget")
-    return chosen([opts[j][0] for opts, j in zip(groups, found[1])])

@@ -14,6 +14,7 @@ from approxbp.planner.extrapolate import SMALL, layer_count, shrunk, small_assig
 from approxbp.planner.gpus import GPU
 from approxbp.planner.models import hf_builder, model_spec, no_init
 from approxbp.planner.moves import RECOMPUTE_PART, BlockCost, LossCost, choose_moves
+from approxbp.planner.plan_parts import ChunkedLossCost, Moves
 from approxbp.planner.plan_step import _fake_like_real, apply, seeded
 from approxbp.planner.request import Request
 from approxbp.planner.step_memory import StepMemory, first_block, prepare
@@ -27,7 +28,7 @@ __all__ = ["Assignment", "block_costs", "fastest", "modelled_time", "move_costs"
 class Assignment(NamedTuple):
     """An assignment of the approximations with its measured step, additive estimate and gradient-error bound."""
 
-    choice: dict
+    choice: dict[str, str]  # activation layer path → its option
     after: StepMemory
     estimate: int
     ms_norm: bool
@@ -44,7 +45,7 @@ class Weighed(NamedTuple):
     parts: dict  # a block's part → the bytes recomputing it alone takes off, per block (measured)
 
 
-def fastest(weighed: list[Weighed], budget: int, device: GPU, itemsize: int) -> tuple[Weighed, dict] | None:
+def fastest(weighed: list[Weighed], budget: int, device: GPU, itemsize: int) -> tuple[Weighed, Moves] | None:
     """The assignment and moves reaching ``budget`` in the least modelled step time, the approximations and the moves
     chosen jointly (ties: the least gradient-error bound); None when no assignment's moves reach it."""
     best = None
@@ -53,8 +54,8 @@ def fastest(weighed: list[Weighed], budget: int, device: GPU, itemsize: int) -> 
             moved = plan_moves(w.assignment.after, w.time, w.blocks, budget, device, itemsize, w.loss, w.parts)
         except ValueError:
             continue
-        if best is None or (moved["seconds_after"], w.assignment.error) < (best[1]["seconds_after"],
-                                                                           best[0].assignment.error):
+        if best is None or (moved.seconds_after, w.assignment.error) < (best[1].seconds_after,
+                                                                       best[0].assignment.error):
             best = (w, moved)
     return best
 
@@ -111,29 +112,25 @@ def modelled_time(time: StepTime, blocks: int) -> float:
 
 
 def plan_moves(step: StepMemory, time: StepTime, blocks: int, budget: int, device: GPU,
-               bytes_per_element: int, loss: LossCost | None = None, parts: dict[str, int] | None = None) -> dict:
-    """The moves of least modelled time that bring the step's peak to ``budget`` (see the module docstring): the
-    blocks' moves (module path → move), the modelled peak and its parts, the modelled seconds before and after, and
-    the chunked loss's cost with whether it is chosen (``chunked_loss``: None where the model's loss cannot be
-    chunked). ``loss``: the chunked loss's measured cost, an item of the knapsack beside the blocks (keyed by itself,
-    not by a path); ``parts``: the blocks' parts recomputable alone, with their measured saving per block."""
-    costs: dict = block_costs(step, time, bytes_per_element, parts)
-    if loss is not None:
-        costs[loss] = loss
-    chosen = choose_moves(costs, step.peak - budget, device.host_link)
-    taken = sum(costs[p].saving(m) for p, m in chosen.items())
-    transient = max((costs[p].saved for p in chosen), default=0)
+               bytes_per_element: int, loss: LossCost | None = None, parts: dict[str, int] | None = None) -> Moves:
+    """The :class:`~.plan_parts.Moves` of least modelled time that bring the step's peak to ``budget`` (see the module
+    docstring): the blocks' moves, the modelled peak and its parts, the modelled seconds before and after, and the
+    chunked loss's cost with whether it is chosen (None where the model's loss cannot be chunked). ``loss``: the
+    chunked loss's measured cost, an item of the knapsack beside the blocks; ``parts``: the blocks' parts
+    recomputable alone, with their measured saving per block."""
+    costs = block_costs(step, time, bytes_per_element, parts)
+    chosen, chunked = choose_moves(costs, step.peak - budget, device.host_link, loss)
+    taken = sum(costs[p].saving(m) for p, m in chosen.items()) + (loss.takes if chunked else 0)
+    transient = max([costs[p].saved for p in chosen] + ([loss.saved] if chunked else []), default=0)
     base = modelled_time(time, blocks)
-    extra = sum(costs[p].seconds(m, device.host_link) for p, m in chosen.items())
-    chunked = chosen.pop(loss, None) == CHUNKED
-    return {"moves": chosen, "gpu": device.name, "gpu_source": device.source,
-            "end_of_forward": step.peak - taken, "transient": transient, "peak": step.peak - taken + transient,
-            "seconds_before": base, "seconds_after": base + extra,
-            "by_move": {**{m: sum(1 for v in chosen.values() if v == m) for m in ("recompute", "offload")},
-                        CHUNKED: int(chunked),
-                        "recompute part": sum(1 for v in chosen.values() if v.startswith(RECOMPUTE_PART))},
-            "chunked_loss": None if loss is None else {"chosen": chunked, "saving": loss.takes,
-                                                       "transient": loss.saved, "seconds": loss.extra}}
+    extra = sum(costs[p].seconds(m, device.host_link) for p, m in chosen.items()) + (loss.extra if chunked else 0.0)
+    return Moves(moves=chosen, gpu=device.name, gpu_source=device.source, end_of_forward=step.peak - taken,
+                 transient=transient, peak=step.peak - taken + transient, seconds_before=base,
+                 seconds_after=base + extra,
+                 by_move={**{m: sum(1 for v in chosen.values() if v == m) for m in ("recompute", "offload")},
+                          CHUNKED: int(chunked),
+                          "recompute part": sum(1 for v in chosen.values() if v.startswith(RECOMPUTE_PART))},
+                 chunked_loss=None if loss is None else ChunkedLossCost(chunked, loss.takes, loss.saved, loss.extra))
 
 
 def timed(request: Request, device, assignment: dict[str, str] | None = None, ms_norm: bool = False, *,

@@ -55,9 +55,10 @@ class StepSummary:
 
 @dataclass(frozen=True)
 class MsNorm:
-    """The MS-norms: what merging every mergeable norm takes off the peak (bytes), and whether the plan does."""
+    """The MS-norms: what merging every mergeable norm takes off the peak (bytes; None where not measured, an
+    evaluated assignment), and whether the plan does."""
 
-    saving: int
+    saving: int | None
     chosen: bool = False
 
     @classmethod
@@ -70,9 +71,9 @@ class PlannedLayer:
     """One activation layer of a plan: its registry activation, the option chosen, that option's table (None for
     ``exact`` and ``glu``) and the option's measured cost (:class:`~.result.OptionCost`'s fields)."""
 
-    activation: str
-    option: str
-    table: str | None
+    activation: str | None = None  # a hand-written plan may give only the table (and the option)
+    option: str | None = None
+    table: str | None = None
     saving_per_layer: int = 0
     error: float = 0.0
 

@@ -18,9 +18,11 @@ if TYPE_CHECKING:
     from approxbp.kernels.rewrite.common import PatchConfig
 
 from approxbp.approximations import tables as T
+from approxbp.planner.plan_parts import Moves, MsNorm, PlannedLayer, StepSummary
 from approxbp.planner.step_memory import weight_shapes
 
-__all__ = ["MAX_PLAN_BYTES", "OptionCost", "Plan", "PLAN_SCHEMA", "plan_config", "read_plan", "unapplied"]
+__all__ = ["MAX_PLAN_BYTES", "OptionCost", "Plan", "PLAN_SCHEMA", "plan_config", "planned_layers", "read_plan",
+           "unapplied"]
 
 #: The plan JSON's version, written as ``"schema"``: 1 is the first that carries it (0.2's files, which have none,
 #: read as it); 2 names the chunked loss in ``moves["chunked_loss"]["chosen"]`` (1 had a ``"(loss)"`` key among the
@@ -46,18 +48,18 @@ class Plan:
     batch: int
     seq: int | None  # None: the model's inputs do not depend on it
     budget: int | None
-    before: dict
-    after: dict
-    layers: dict[str, dict]  # path → {"activation", "option", "saving", "error"}
+    before: StepSummary
+    after: StepSummary
+    layers: dict[str, PlannedLayer]  # module path → its activation, option, table and the option's cost
     options: dict[str, dict[str, OptionCost]]  # activation → option → its measured cost
-    ms_norm: dict
+    ms_norm: MsNorm
     estimate: int | None = None  # the knapsack's additive prediction of the peak; ``after`` is measured
     checkpoint: bool = False  # activation checkpointing
     shard: int = 1  # FSDP ranks the model is sharded over: the peaks are one rank's (schema 1: read off ``mode``)
     traced: bool = False  # a whole step traced (MemTracker) rather than the forward's saved tensors
     use: str | None = None  # the assignment evaluated (--use), or None: chosen by the planner
-    moves: dict | None = None  # recompute/offload moves beyond the approximations (planner.plan_moves.plan_moves)
-    assignment: dict | None = None  # with moves: the approximations' step before them (``after`` is the final one)
+    moves: Moves | None = None  # recompute/offload moves beyond the approximations (planner.plan_moves.plan_moves)
+    assignment: StepSummary | None = None  # with moves: the approximations' step alone (``after`` is the final one)
     schema: int = PLAN_SCHEMA  # the JSON's version (:data:`PLAN_SCHEMA`)
     weights: str | None = None  # the planned model's weight shapes (:func:`weight_shapes`); None: not recorded
 
@@ -76,7 +78,14 @@ class Plan:
         except (AttributeError, TypeError) as err:
             raise ValueError(f"{path}: 'options' must map each activation to {{option: {{'saving_per_layer', "
                              f"'error'}}}}, as `approxbp plan --out` writes it ({err})") from None
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data} | {"options": options})
+        try:
+            typed = {"options": options, "layers": {p: PlannedLayer.from_json(v) for p, v in data["layers"].items()},
+                     "ms_norm": MsNorm.from_json(data["ms_norm"]), "moves": Moves.from_json(data.get("moves")),
+                     **{k: None if data.get(k) is None else StepSummary.from_json(data[k])
+                        for k in ("before", "after", "assignment")}}
+        except (AttributeError, TypeError) as err:
+            raise ValueError(f"{path}: not a plan written by `approxbp plan --out` ({err})") from None
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data} | typed)
 
     def apply(self, model: nn.Module, *, example_input=None, check: bool = True,
               module_filter_fn: Callable[[nn.Module, str], bool] | None = None, compile_backend="inductor"):
@@ -89,16 +98,16 @@ class Plan:
         from approxbp.kernels.rewrite.patch import patch_model
 
         self.check_model(model)
-        config = plan_config({"layers": self.layers, "ms_norm": self.ms_norm}, model)
+        config = plan_config(self, model)
         report = patch_model(model, config=replace(config, module_filter_fn=module_filter_fn),
                              example_input=example_input, check=check)
         if missed := unapplied(config, report):
             warnings.warn("the plan and its application disagree (the planned peak does not hold): "
                           + "; ".join(missed), stacklevel=2)
-        if self.moves and self.moves.get("compile"):
+        if self.moves is not None and self.moves.compile is not None:
             from approxbp.planner.compiled import budget_backend
 
-            b = self.moves["compile"]["activation_memory_budget"]
+            b = self.moves.compile.activation_memory_budget
             model.compile(backend=budget_backend(b, compile_backend))
             report.moves = [f"compiled in place, activation_memory_budget {b}"]
         elif self.moves:
@@ -119,7 +128,7 @@ class Plan:
 
         paths = [n for n, _ in model.named_modules()]
         resolved = {}
-        for planned, move in self.moves["moves"].items():
+        for planned, move in self.moves.moves.items():
             found = [p for p in paths if p == planned or p.endswith("." + planned)]
             if len(found) != 1:
                 raise ValueError(f"the plan moves block {planned!r}, which this model has {len(found)} times, not once")
@@ -131,9 +140,7 @@ class Plan:
     @property
     def chunked_loss(self) -> bool:
         """Whether the plan chunks the loss (one of its moves)."""
-        from approxbp.planner.chunked_loss import chosen_in
-
-        return chosen_in(self.moves)
+        return self.moves is not None and self.moves.chunks_loss
 
 
 def unapplied(config: PatchConfig, report) -> list[str]:
@@ -255,19 +262,27 @@ def _from_schema_1(plan: dict) -> dict:
     return {**plan, "moves": {**moves, "moves": blocks, "chunked_loss": loss}}
 
 
+def planned_layers(plan) -> tuple[dict[str, PlannedLayer], MsNorm]:
+    """A plan's layers (module path → :class:`~.plan_parts.PlannedLayer`) and MS-norms: of a :class:`Plan`, or of its
+    JSON file or dict (:func:`read_plan`, each field checked before it is typed)."""
+    if isinstance(plan, Plan):
+        return plan.layers, plan.ms_norm
+    data = read_plan(plan)
+    return {p: PlannedLayer.from_json(v) for p, v in data["layers"].items()}, MsNorm.from_json(data["ms_norm"])
+
+
 def plan_config(plan, model: nn.Module) -> PatchConfig:
-    """An ``approxbp plan`` (JSON file or dict, :func:`read_plan`) → the patch that applies it to ``model``: tables
-    {module path in ``model``: table path or "exact"}, MS-norms on or off, the gated MLPs to fuse (the parents of the
-    layers whose option is ``glu``).
+    """An ``approxbp plan`` (a :class:`Plan`, or its JSON file or dict, :func:`read_plan`) → the patch that applies it
+    to ``model``: tables {module path in ``model``: table path or "exact"}, MS-norms on or off, the gated MLPs to fuse
+    (the parents of the layers whose option is ``glu``).
     The plan's layer paths are matched to the model's activation modules as they are or as a suffix (peft wraps
     the planned model as ``base_model.model.…``); each must match exactly one, and every activation of the model
     must be in the plan, else it was made for another model and is refused."""
     from approxbp.kernels.rewrite.activation_swap import ACTIVATION_CLASSES, class_key
     from approxbp.kernels.rewrite.common import PatchConfig
 
-    where = "plan" if isinstance(plan, dict) else str(plan)
-    plan = read_plan(plan)
-    layers, ms = plan["layers"], plan["ms_norm"]
+    where = "plan" if isinstance(plan, dict | Plan) else str(plan)
+    layers, ms = planned_layers(plan)
     ours = [n for n, m in model.named_modules() if class_key(m) in ACTIVATION_CLASSES]
     chosen, unmatched, fused = {}, [], set()
     for path, layer in layers.items():
@@ -275,11 +290,11 @@ def plan_config(plan, model: nn.Module) -> PatchConfig:
         if len(hits) != 1:
             unmatched.append(f"{path} ({'no' if not hits else len(hits)} matching activation modules)")
             continue
-        chosen[hits[0]] = T.resolve(layer["table"]) if layer["table"] else "exact"
-        if layer.get("option") == "glu":
+        chosen[hits[0]] = T.resolve(layer.table) if layer.table else "exact"
+        if layer.option == "glu":
             fused.add(hits[0].rpartition(".")[0])
     missing = [n for n in ours if n not in chosen]
     if unmatched or missing:
         raise ValueError(f"{where} was made for another model: {len(layers)} planned layers, {len(ours)} activation "
                          f"modules here; unmatched in the plan: {unmatched[:3]}; not in the plan: {missing[:3]}")
-    return PatchConfig(family=None, tables=chosen, norms=ms["chosen"], glu=fused)
+    return PatchConfig(family=None, tables=chosen, norms=ms.chosen, glu=fused)

@@ -80,7 +80,7 @@ def test_a_budget_holds_on_every_step(build, extra, tmp_path):
     ours = _peaks(build, tmp_path / "ours", callback, **extra)
     plan = callback.plan
     assert max(stock) > BUDGET >= max(ours), (stock, ours)
-    assert all(0 <= peak - plan.after["peak"] <= 512 for peak in ours[1:]), (ours, plan.after["peak"])
+    assert all(0 <= peak - plan.after.peak <= 512 for peak in ours[1:]), (ours, plan.after.peak)
     assert ("gradients accumulated" in plan.mode) == ("gradient_accumulation_steps" in extra)
     assert plan.chunked_loss == ("label_smoothing_factor" not in extra)
 
@@ -188,7 +188,7 @@ def test_the_model_is_planned_with_its_own_experts_implementation():
         plan_for(build(), {"input_ids": ids, "labels": ids}, 10**8, gpu=None, setup=Setup(weights="fp32"), longest=16)
     plan = plan_for(build(experts_implementation="batched_mm"), {"input_ids": ids, "labels": ids}, 10**8, gpu=None,
                     setup=Setup(weights="fp32"), longest=16)
-    assert plan.after["peak"] <= 10**8
+    assert plan.after.peak <= 10**8
 
 
 def test_on_a_gpu_each_steps_real_peak_is_checked_against_the_budget(monkeypatch, caplog):
@@ -200,7 +200,7 @@ def test_on_a_gpu_each_steps_real_peak_is_checked_against_the_budget(monkeypatch
     import approxbp.trainer as trainer
 
     callback = ApproxBPCallback(budget=BUDGET)
-    callback.plan = SimpleNamespace(after={"peak": 430_000})
+    callback.plan = SimpleNamespace(after=SimpleNamespace(peak=430_000))
     peaks = iter([420_000, 450_000, 460_000])
     monkeypatch.setattr(trainer, "_cuda_device", lambda model: "cuda:0")
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
@@ -229,7 +229,7 @@ def test_a_budget_plan_weighs_the_users_own_tables(tmp_path):
     callback = ApproxBPCallback(budget=BUDGET, tables=[str(mine)])
     _trainer(tiny_llama(), tmp_path, [callback], steps=1).train()
     assert TABLE_OPTION + str(mine.resolve()) in callback.plan.options["silu"]
-    assert callback.plan.after["peak"] <= BUDGET
+    assert callback.plan.after.peak <= BUDGET
 
 
 class _ReadsTheLogits(transformers.Trainer):

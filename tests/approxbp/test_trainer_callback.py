@@ -113,15 +113,15 @@ def test_given_only_a_budget_the_callback_plans_on_the_first_batch_and_trains_as
     callback = ApproxBPCallback(budget=440_000)
     model, ours = _train(_llama, tmp_path / "ours", callback)
     plan, report = callback.plan, callback.report
-    assert plan.after["peak"] <= 440_000 < plan.before["peak"]
-    assert plan.moves["moves"] == {"model.layers.0": "recompute", "model.layers.1": "recompute"}
-    assert plan.chunked_loss and plan.moves["chunked_loss"]["chosen"]
-    assert {v["option"] for v in plan.layers.values()} == {"glu"} and plan.ms_norm["chosen"]
+    assert plan.after.peak <= 440_000 < plan.before.peak
+    assert plan.moves.moves == {"model.layers.0": "recompute", "model.layers.1": "recompute"}
+    assert plan.chunked_loss and plan.moves.chunked_loss.chosen
+    assert {v.option for v in plan.layers.values()} == {"glu"} and plan.ms_norm.chosen
     assert len(report.glus) == 2 and report.norms and not report.skipped, report
     assert "_approxbp_chunked_loss" in model.__dict__
     ids = torch.zeros(2, 16, dtype=torch.long)  # the step as planned: the end of its forward, byte for byte
     assert measure(model.train(), {"input_ids": ids, "labels": ids}, Setup(weights="fp32")).peak == \
-        plan.moves["end_of_forward"]
+        plan.moves.end_of_forward
     for a, b in zip(stock, ours, strict=True):
         assert b == pytest.approx(a, rel=1e-6, abs=0), (stock, ours)
 

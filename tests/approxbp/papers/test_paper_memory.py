@@ -50,7 +50,7 @@ def test_clip_saves_what_the_paper_says_once_its_quick_gelu_is_a_gelu():
     """The cause given for CLIP's row: with GELU in place of quick_gelu, InvAct saves the paper's −23.4 % ± 1."""
     gelu = "openai/clip-vit-large-patch14:text_config.hidden_act=gelu,vision_config.hidden_act=gelu"
     plan = P.evaluate(Request(model=gelu, batch=1, seq=77, setup=Setup(weights="fp32", task="clip")), use="invact")
-    change = 100 * (plan.after["activations"] / plan.before["activations"] - 1)
+    change = 100 * (plan.after.activations / plan.before.activations - 1)
     assert abs(change - -23.4) < 1
     assert M.EXPLAINED[("InvAct App. A.1", _group("InvAct App. A.1", "CLIP").setup, "invact")]
 
@@ -178,5 +178,5 @@ def test_table_11_is_one_sample_from_the_papers_change():
     assert (exact.ours, patched.ours) == (26, 32) and patched.status == "explained", M.text([exact, patched])
     assert abs(100 * (31 / 26 - 1) - patched.paper_change) < M.POINTS < abs(patched.our_change - patched.paper_change)
     args = parse(shlex.split(M.command(group, "relu-sum-k2+ms-norm"))[2:])
-    peak = {b: P.evaluate(Request.from_args(args).at(batch=b), use=args.use).after["peak"] for b in (32, 33)}
+    peak = {b: P.evaluate(Request.from_args(args).at(batch=b), use=args.use).after.peak for b in (32, 33)}
     assert peak[32] <= SM.parse_size(args.budget) < peak[33]

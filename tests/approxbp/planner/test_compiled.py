@@ -8,7 +8,7 @@ import torch
 from approxbp.cli import main
 from approxbp.planner.compiled import budget_backend, point
 from approxbp.planner.gpus import gpu
-from approxbp.planner.pareto import frontier, pareto
+from approxbp.planner.pareto import CurvePoint, frontier, pareto
 from approxbp.planner.plan import plan
 from approxbp.planner.report import report
 from approxbp.planner.request import Request
@@ -27,19 +27,18 @@ def test_the_curve_with_compile_is_never_slower_than_compile_alone(curve):
     alone = [point(Request(model=MODEL, batch=2, seq=256, setup=Setup(), lora_r=8), gpu("h100"), {}, False,
                    b) for b in (None, *BUDGETS)]
     eager_saved = alone[0][0]
-    exact_peak = pareto(Request(model=MODEL, batch=2, seq=256, setup="bf16"), gpu="h100", points=2)[0]["peak"]
+    exact_peak = pareto(Request(model=MODEL, batch=2, seq=256, setup="bf16"), gpu="h100", points=2)[0].peak
     for saved, seconds in alone[1:]:
         peak = exact_peak - eager_saved + saved
-        assert any(c["peak"] <= peak and c["seconds"] <= seconds for c in curve), (peak, seconds, curve)
-    assert any("torch.compile" in c["plan"] for c in curve)
-    peaks = [c["peak"] for c in curve]
+        assert any(c.peak <= peak and c.seconds <= seconds for c in curve), (peak, seconds, curve)
+    assert any("torch.compile" in c.plan for c in curve)
+    peaks = [c.peak for c in curve]
     assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks)  # one point per peak, no ties kept
 
 
 def test_the_frontier_keeps_what_nothing_beats():
-    p = [{"peak": 10, "seconds": 1.0, "error": 0.0}, {"peak": 8, "seconds": 2.0, "error": 0.0},
-         {"peak": 9, "seconds": 3.0, "error": 0.0}, {"peak": 10, "seconds": 1.0, "error": 0.5},
-         {"peak": 8, "seconds": 2.0, "error": 0.0, "plan": "a tie, later"}]
+    p = [CurvePoint(10, 10, 1.0, 0.0, ""), CurvePoint(8, 8, 2.0, 0.0, ""), CurvePoint(9, 9, 3.0, 0.0, ""),
+         CurvePoint(10, 10, 1.0, 0.5, ""), CurvePoint(8, 8, 2.0, 0.0, "a tie, later")]
     assert frontier(p) == p[:2]
 
 
@@ -49,7 +48,7 @@ def test_a_plan_that_compiles_fits_and_applied_saves_the_planned_bytes_and_train
     budget = 6 * 2**20  # below every eager plan without moves on this model
     planned = plan(Request(model=MODEL, batch=2, seq=256), budget=budget, gpu="h100", compile_budgets=BUDGETS)
     moves = planned.moves
-    assert moves["compile"]["activation_memory_budget"] in BUDGETS and moves["peak"] <= budget
+    assert moves.compile.activation_memory_budget in BUDGETS and moves.peak <= budget
     assert "torch.compile at activation_memory_budget" in report(planned)
 
     from approxbp.planner.plan_step import step_inputs
@@ -75,7 +74,7 @@ def test_a_plan_that_compiles_fits_and_applied_saves_the_planned_bytes_and_train
 
         saved = saved_bytes(step, exclude=list(m.parameters()))
         losses[-1].backward()
-    assert saved == moves["saved"]
+    assert saved == moves.saved
     assert torch.allclose(losses[0].float(), losses[1].float(), rtol=1e-2)
     for (name, a), b in zip(stock.named_parameters(), patched.parameters()):
         assert torch.allclose(a.grad.float(), b.grad.float(), rtol=0.02, atol=1e-3), name

@@ -22,7 +22,7 @@ def test_moe_plans_on_fake_tensors_what_real_ones_save(model):
     assert fake.options == real.options and fake.layers == real.layers
     glu = next(iter(fake.options.values()))["glu"]
     assert glu.saving_per_layer > 0 and glu.error == 0  # the experts' exact gate saves act(g)
-    assert fake.before["activations"] > fake.after["activations"] > 0
+    assert fake.before.activations > fake.after.activations > 0
 
 
 def test_grouped_mm_on_float32_weights_is_refused_by_name(capsys):

@@ -10,7 +10,7 @@ import torch
 from approxbp.kernels.ops.saved import charged
 
 from approxbp.planner.gpus import GPUS, gpu
-from approxbp.planner.moves import BlockCost, apply_moves, choose_moves, remove_moves
+from approxbp.planner.moves import BlockCost, LossCost, apply_moves, choose_moves, remove_moves
 from approxbp.planner.step_memory import size
 from approxbp.planner.step_time import Roofline
 
@@ -83,7 +83,7 @@ def test_a_part_is_chosen_where_it_saves_bytes_more_cheaply_than_its_block():
     whole block and an attention (150 bytes, 1.2 s)."""
     costs = {f"b{i}": BlockCost(100, 10, 1.0, 2.0, (("attn", 60, 0.2),)) for i in range(2)}
     assert costs["b0"].moves == ("keep", "recompute", "offload", "recompute attn")
-    assert choose_moves(costs, 20, host_link=1.0) == {"b0": "recompute attn", "b1": "recompute attn"}
+    assert choose_moves(costs, 20, host_link=1.0) == ({"b0": "recompute attn", "b1": "recompute attn"}, False)
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
@@ -126,11 +126,13 @@ def test_the_choice_is_the_least_modelled_time():
     """Four alike blocks of 100 bytes (input 10), forward 1 s, backward 2 s. A fast link hides the offload copies
     (2·100/L ≤ 3 s): offloading is free and chosen; a slow link makes each offload cost more than a recompute."""
     costs = {f"b{i}": BlockCost(100, 10, 1.0, 2.0) for i in range(4)}
-    fast = choose_moves(costs, 150, host_link=1000.0)
-    assert set(fast.values()) == {"offload"} and len(fast) == 3  # 150 + the 100-byte transient: 3 blocks
-    slow = choose_moves(costs, 150, host_link=10.0)
+    fast, chunked = choose_moves(costs, 150, host_link=1000.0)
+    assert set(fast.values()) == {"offload"} and len(fast) == 3 and not chunked  # 150 + the 100-byte transient
+    slow, _ = choose_moves(costs, 150, host_link=10.0)
     assert set(slow.values()) == {"recompute"} and len(slow) == 3  # 3 × 90 ≥ 250
-    assert choose_moves(costs, 0, 10.0) == {}
+    assert choose_moves(costs, 0, 10.0) == ({}, False)
+    # the chunked loss, an item beside the blocks: 200 bytes for 0.5 s, one 50-byte chunk back at the peak
+    assert choose_moves(costs, 150, 10.0, LossCost(200, 50, 0.5)) == ({}, True)
     with pytest.raises(ValueError, match="no moves fit"):
         choose_moves(costs, 400, 10.0)
 
@@ -195,22 +197,22 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path, cap
     from approxbp.planner.result import Plan
 
     full = plan(Request(model=LLAMA, batch=2, seq=128))
-    best = full.after["peak"]
-    budget = full.after["parameters"] + full.after["gradients"] + full.after["optimizer"] + (
-        full.after["activations"] // 2)
+    best = full.after.peak
+    budget = full.after.parameters + full.after.gradients + full.after.optimizer + (
+        full.after.activations // 2)
     assert budget < best
     moved = plan(Request(model=LLAMA, batch=2, seq=128), budget=budget, gpu="h100")
     m = moved.moves
-    assert m["moves"] and m["peak"] <= budget and m["seconds_after"] > m["seconds_before"] > 0, m
-    assert m["peak"] == m["end_of_forward"] + m["transient"]
+    assert m.moves and m.peak <= budget and m.seconds_after > m.seconds_before > 0, m
+    assert m.peak == m.end_of_forward + m.transient
     assert "moves beyond the approximations" in report(moved) and "a model, not a measurement" in report(moved)
     # issue 60: the plan's peak is the final one (the approximations alone under their own name), the table shows
     # both, and --budget without --gpu returns the same plan, weighed on the default GPU that the header names
     # since issue 58 the final peak is the planned step's, traced whole (MemTracker), not the model of it
-    assert moved.after["peak_traced"] and moved.assignment["peak"] > budget >= moved.after["peak"]
-    assert json.loads(moved.to_json())["after"]["peak"] == moved.after["peak"]
+    assert moved.after.peak_traced and moved.assignment.peak > budget >= moved.after.peak
+    assert json.loads(moved.to_json())["after"]["peak"] == moved.after.peak
     peak_row = next(ln for ln in report(moved).splitlines() if ln.strip().startswith("peak"))
-    assert peak_row.endswith(f"{size(moved.assignment['peak']):>14}{size(moved.after['peak']):>12}"), peak_row
+    assert peak_row.endswith(f"{size(moved.assignment.peak):>14}{size(moved.after.peak):>12}"), peak_row
     assert "a whole step traced by MemTracker" in report(moved)
     assert "approximated" in report(moved).splitlines()[1] and "default GPU" not in report(moved)
     from approxbp.cli import main  # through the command line: the table, the JSON and the header a user reads
@@ -220,10 +222,10 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path, cap
                  str(out), "--no-progress"]) == 0
     printed = capsys.readouterr().out
     unnamed = json.loads(out.read_text())
-    assert unnamed["moves"]["moves"] == m["moves"] and unnamed["after"] == moved.after
-    assert unnamed["assignment"]["peak"] == moved.assignment["peak"]
+    assert unnamed["moves"]["moves"] == m.moves and Plan.load(out).after == moved.after
+    assert unnamed["assignment"]["peak"] == moved.assignment.peak
     assert "moves weighed on NVIDIA H100 SXM5 80GB, the default GPU" in printed.splitlines()[0], printed
-    assert any(ln.strip().startswith("peak") and ln.endswith(f"{size(moved.after['peak']):>12}")
+    assert any(ln.strip().startswith("peak") and ln.endswith(f"{size(moved.after.peak):>12}")
                for ln in printed.splitlines())
     # the plan, saved and applied to a real model of that config: its moves are made, and it trains as stock
     # (the chosen assignment is the exact fused GLU and the MS-norms here: nothing approximate)
@@ -234,7 +236,7 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path, cap
     x = inputs(2, 16)
     model = copy.deepcopy(stock)
     patched = Plan.load(path).apply(model, example_input=x)
-    assert patched.moves == [f"{p}: {v}" for p, v in m["moves"].items()] + ["the loss: chunked"] * \
+    assert patched.moves == [f"{p}: {v}" for p, v in m.moves.items()] + ["the loss: chunked"] * \
         moved.chunked_loss, patched
     assert ("_approxbp_chunked_loss" in model.__dict__) == moved.chunked_loss
     grads = []
@@ -262,13 +264,13 @@ def test_a_budget_the_logits_alone_exceed_is_met_by_the_chunked_loss():
     batch, seq = 4, 512
     full = plan(Request(model=WIDE_VOCAB, batch=batch, seq=seq))
     rows, vocab = batch * seq, 8192
-    budget = full.after["peak"] - rows * vocab // 2  # an eighth of the log-softmax (a chunk brings 3/4 back)
+    budget = full.after.peak - rows * vocab // 2  # an eighth of the log-softmax (a chunk brings 3/4 back)
     moved = plan(Request(model=WIDE_VOCAB, batch=batch, seq=seq), budget=budget, gpu="h100").moves
-    assert moved["moves"] == {} and moved["chunked_loss"]["chosen"] and moved["peak"] <= budget, moved
-    assert moved["by_move"]["chunked-loss"] == 1
+    assert moved.moves == {} and moved.chunked_loss.chosen and moved.peak <= budget, moved
+    assert moved.by_move["chunked-loss"] == 1
     # less the final norm's bf16 output, which the head's chunks read where the MS-norm's head saved its z
-    assert 0 <= rows * vocab * 4 - moved["chunked_loss"]["saving"] <= rows * 64 * 2 + 16, moved["chunked_loss"]
-    assert moved["chunked_loss"]["seconds"] > 0
+    assert 0 <= rows * vocab * 4 - moved.chunked_loss.saving <= rows * 64 * 2 + 16, moved.chunked_loss
+    assert moved.chunked_loss.seconds > 0
     torch.manual_seed(0)
     stock, inputs = model_spec(WIDE_VOCAB)()
     x = inputs(batch, seq)

@@ -15,13 +15,13 @@ MODEL = "llama:hidden_size=64,num_hidden_layers=2,intermediate_size=128,num_atte
 def test_the_curve_runs_from_the_exact_peak_to_below_the_approximations_reach():
     curve = pareto(Request(model=MODEL, batch=2, seq=256, setup="bf16"), gpu="h100", points=3)
     first, last = curve[0], curve[-1]
-    assert first["plan"] == "2 × exact" and first["error"] == 0 and first["peak"] == first["budget"]
-    assert all(c["peak"] <= c["budget"] for c in curve), curve
-    approximations = [c for c in curve if ";" not in c["plan"]]
-    moves = [c for c in curve if ";" in c["plan"]]
-    assert approximations and moves and last["peak"] < min(c["peak"] for c in approximations)
-    assert [c["budget"] for c in curve] == sorted((c["budget"] for c in curve), reverse=True)
-    assert last["seconds"] > first["seconds"] > 0  # the moves cost modelled time
+    assert first.plan == "2 × exact" and first.error == 0 and first.peak == first.budget
+    assert all(c.peak <= c.budget for c in curve), curve
+    approximations = [c for c in curve if ";" not in c.plan]
+    moves = [c for c in curve if ";" in c.plan]
+    assert approximations and moves and last.peak < min(c.peak for c in approximations)
+    assert [c.budget for c in curve] == sorted((c.budget for c in curve), reverse=True)
+    assert last.seconds > first.seconds > 0  # the moves cost modelled time
 
 
 def test_the_cli_writes_the_curve_and_refuses_it_without_a_gpu(tmp_path, capsys):

@@ -15,6 +15,7 @@ from approxbp.planner import models as MD
 from approxbp.planner import plan as P  # noqa: E402
 from approxbp.planner import plan_step as PS
 from approxbp.planner import report as PR
+from approxbp.planner import search as S
 from approxbp.planner import step_memory as SM
 from approxbp.planner import training as SU
 from approxbp.planner.request import Request
@@ -40,17 +41,17 @@ def test_fake_tensors_predict_the_real_measurement_exactly(model, mode):
     assert fake.before == real.before and fake.after == real.after
     assert fake.options == real.options and fake.ms_norm == real.ms_norm
     if mode == "compile":  # inductor recomputes the exact SwiGLU/GELU pointwise tail: a drop-in may not pay
-        assert fake.before["activations"] >= fake.after["activations"] > 0
+        assert fake.before.activations >= fake.after.activations > 0
     elif mode == "checkpoint":  # at 2 × 16 tokens the peak may be AdamW's step, with no activation alive
-        assert fake.before["peak"] >= fake.after["peak"]
+        assert fake.before.peak >= fake.after.peak
     else:
-        assert fake.before["activations"] > fake.after["activations"] > 0  # something was saved
+        assert fake.before.activations > fake.after.activations > 0  # something was saved
     if mode == "checkpoint":  # a traced step: the peak's moment
-        assert fake.before["peak_moment"] in ("the optimizer step", "the backward") or fake.before[
-            "peak_moment"].startswith("backward of ")
+        assert fake.before.peak_moment in ("the optimizer step", "the backward") or \
+            fake.before.peak_moment.startswith("backward of ")
     elif mode != "compile":  # App. B units of the first block (module hooks do not fire inside a compiled graph)
-        assert fake.before["block"] in ("model.layers.0", "transformer.h.0")
-        assert fake.before["block_units"] > fake.after["block_units"] > 0
+        assert fake.before.block in ("model.layers.0", "transformer.h.0")
+        assert fake.before.block_units > fake.after.block_units > 0
     act = next(iter(fake.options.values()))
     assert act["invact"].error < 1e-6 < act["relu-sum-k4"].error < act["relu-sum-k2"].error
 
@@ -70,9 +71,9 @@ def test_checkpointing_keeps_block_inputs_and_one_recomputed_block():
 
 
 def test_a_plan_applies_to_the_model_and_saves_what_it_said(tmp_path):
-    budget = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16")).before["peak"] - 20_000
+    budget = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16")).before.peak - 20_000
     chosen = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), budget=budget)
-    assert chosen.after["peak"] <= budget
+    assert chosen.after.peak <= budget
     path = tmp_path / "plan.json"
     path.write_text(chosen.to_json())
     with SU.weights_for("bf16"):
@@ -81,8 +82,8 @@ def test_a_plan_applies_to_the_model_and_saves_what_it_said(tmp_path):
         model = SM.prepare(model, "bf16")
     x = {k: v for k, v in inputs(2, 16).items()}
     report = PR.Plan.load(path).apply(model, example_input=x)
-    assert len(report.norms) == (5 if chosen.ms_norm["chosen"] else 0)  # the final one too: its output is shared
-    assert SM.measure(model, x, "bf16").activations == chosen.after["activations"]
+    assert len(report.norms) == (5 if chosen.ms_norm.chosen else 0)  # the final one too: its output is shared
+    assert SM.measure(model, x, "bf16").activations == chosen.after.activations
 
 
 def test_the_knapsack_is_the_least_error_choice_that_fits():
@@ -90,7 +91,7 @@ def test_the_knapsack_is_the_least_error_choice_that_fits():
     options = {"act": {"exact": OptionCost(0, 0.0), "a": OptionCost(30, 0.3), "b": OptionCost(50, 1.0),
                        "c": OptionCost(20, 0.05)}}
     for need in (0, 20, 45, 90, 130, 170, 200):
-        got, ms_norm = P._choose(layers, options, 15, 1000, 1000 - need)
+        got, ms_norm = S._choose(layers, options, 15, 1000, 1000 - need)
         assert set(got) == set(layers)  # the layers only: the MS-norms' choice is a value of its own
         saving = sum(options["act"][o].saving_per_layer for o in got.values()) + (15 if ms_norm else 0)
         error = sum(options["act"][o].error for o in got.values())
@@ -99,7 +100,7 @@ def test_the_knapsack_is_the_least_error_choice_that_fits():
                    if sum(options["act"][o].saving_per_layer for o in combo) + ms >= need)
         assert saving >= need and error == pytest.approx(best), (need, got)
     with pytest.raises(ValueError, match="options save at most"):
-        P._choose(layers, options, 15, 1000, 700)
+        S._choose(layers, options, 15, 1000, 700)
 
 
 @pytest.mark.parametrize("text, message", [("llama:hidden", "expected key=value"), ("nope.json", "No such file"),
@@ -157,16 +158,16 @@ def test_compile_mode_saves_what_inductor_saves():
 @pytest.mark.slow
 def test_maximize_finds_the_largest_batch_that_fits():
     exact = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16"))
-    per_sample = (exact.after["activations"]) / 2
-    budget = exact.after["peak"] + int(3.5 * per_sample)  # room for about 3 more samples with the savings applied
+    per_sample = (exact.after.activations) / 2
+    budget = exact.after.peak + int(3.5 * per_sample)  # room for about 3 more samples with the savings applied
     best, chosen = P.maximize(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), what="batch", budget=budget)
-    assert chosen.batch == best and chosen.after["peak"] <= budget
+    assert chosen.batch == best and chosen.after.peak <= budget
     step = PS.stepper(Request(model=LLAMA, setup="bf16", traced=True))  # the peak a plan promises: traced
-    assignment = {p: layer["option"] for p, layer in P.plan(Request(model=LLAMA, batch=2, seq=16,
+    assignment = {p: layer.option for p, layer in P.plan(Request(model=LLAMA, batch=2, seq=16,
                                                                     setup="bf16")).layers.items()}
     assert step(best + 1, 16, assignment, True).peak > budget  # one more does not fit, even saving the most
     with pytest.raises(ValueError, match="does not fit"):
-        P.maximize(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), what="batch", budget=exact.before["parameters"])
+        P.maximize(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), what="batch", budget=exact.before.parameters)
 
 
 @pytest.mark.parametrize("name, cls", [("vit_b", "ViTBlock"), ("llama_block", "LlamaBlock"), ("gpt_block", "GPTBlock")])
@@ -178,12 +179,12 @@ def test_the_project_blocks_plan_to_the_memory_table(name, cls):
 
     block_cls = getattr(blocks, cls)
     p = P.plan(Request(model=f"module:approxbp.blocks:{name}", batch=2, seq=197, setup="bf16"))
-    assert p.before["block_units"] == pytest.approx(blocks.saved_per_token_per_d(block_cls, "baseline", False) / 2,
+    assert p.before.block_units == pytest.approx(blocks.saved_per_token_per_d(block_cls, "baseline", False) / 2,
                                                     abs=1e-4)
-    option = next(iter(p.layers.values()))["option"]  # saving the most: InvAct for trainable linears
+    option = next(iter(p.layers.values())).option  # saving the most: InvAct for trainable linears
     variant = {"invact": "invact", "relu-sum-k2": "relu-sum"}.get(option)
-    if variant is not None and p.ms_norm["chosen"]:
-        assert p.after["block_units"] == pytest.approx(blocks.saved_per_token_per_d(block_cls, variant, False) / 2,
+    if variant is not None and p.ms_norm.chosen:
+        assert p.after.block_units == pytest.approx(blocks.saved_per_token_per_d(block_cls, variant, False) / 2,
                                                        abs=1e-4)
 
 
@@ -214,8 +215,8 @@ def test_a_lora_plan_applies_to_a_real_peft_model_and_refuses_another_model(tmp_
     made = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="lora"))
     path = tmp_path / "plan.json"
     path.write_text(made.to_json())
-    chosen = [p for p, layer in made.layers.items() if layer["table"]]
-    fused = [p for p, layer in made.layers.items() if layer["option"] == "glu"]  # the exact GLU: no table
+    chosen = [p for p, layer in made.layers.items() if layer.table]
+    fused = [p for p, layer in made.layers.items() if layer.option == "glu"]  # the exact GLU: no table
     assert chosen or fused
 
     def build(text=LLAMA):
@@ -260,9 +261,9 @@ def test_use_evaluates_a_given_assignment_on_fake_and_real_tensors(tmp_path):
     assert again.after == chosen.after and again.before == chosen.before and again.use == str(path)
     fake = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use="relu-sum-k2+ms-norm")
     real = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16", fake=False), use="relu-sum-k2+ms-norm")
-    assert fake.after == real.after and fake.ms_norm["chosen"]
-    assert {layer["option"] for layer in fake.layers.values()} == {"relu-sum-k2"}
-    assert fake.after["activations"] < fake.before["activations"]
+    assert fake.after == real.after and fake.ms_norm.chosen
+    assert {layer.option for layer in fake.layers.values()} == {"relu-sum-k2"}
+    assert fake.after.activations < fake.before.activations
     exact = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use="exact")
     assert exact.after == exact.before and "the given assignment (--use exact)" in PR.report(exact)
 
@@ -281,10 +282,10 @@ def test_maximize_with_a_given_assignment_finds_the_largest_size_that_fits():
     budget = SM.parse_size("3MiB")
     best, result = P.maximize(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), what="batch", budget=budget,
                               use="exact")
-    assert result.use == "exact" and result.batch == best and result.after["peak"] <= budget
-    assert result.after["peak_traced"] if "peak_traced" in result.after else result.traced
+    assert result.use == "exact" and result.batch == best and result.after.peak <= budget
+    assert result.after.peak_traced or result.traced
     assert P.evaluate(Request(model=LLAMA, batch=best + 1, seq=16, setup="bf16", traced=True),
-                      use="exact").after["peak"] > budget
+                      use="exact").after.peak > budget
     saving, _ = P.maximize(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), what="batch", budget=budget,
                            use="invact+ms-norm")
     assert saving > best
@@ -307,7 +308,7 @@ def test_planning_leaves_the_users_random_state_alone(fake):
     expected = torch.rand(5)
     torch.set_rng_state(state)
     P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16", fake=fake),
-           budget=P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16")).before["peak"] - 20_000)
+           budget=P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16")).before.peak - 20_000)
     assert torch.equal(torch.rand(5), expected)
 
 
@@ -323,8 +324,8 @@ def test_use_takes_a_users_own_table_file(tmp_path):
     shutil.copy(T.resolve(PS.option_table("silu", "relu-sum-k2")), mine)
     ours = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use=f"{mine}+ms-norm")
     packaged = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use="relu-sum-k2+ms-norm")
-    assert ours.after == packaged.after and ours.ms_norm["chosen"]
-    assert {layer["table"] for layer in ours.layers.values()} == {str(mine)}
+    assert ours.after == packaged.after and ours.ms_norm.chosen
+    assert {layer.table for layer in ours.layers.values()} == {str(mine)}
     gelu = tmp_path / "my-gelu.json"
     shutil.copy(T.resolve(PS.option_table("gelu", "relu-sum-k2")), gelu)
     with pytest.raises(ValueError, match="a table of 'gelu'; this model's activation layers are silu"):
@@ -344,7 +345,7 @@ def test_an_untraced_plan_says_first_that_its_peak_is_not_the_steps():
     traced = P.plan(Request(model=model, batch=1, seq=16, setup="lora", traced=True))
     assert "not the step's" in PR.report(modelled).splitlines()[1]
     assert "not the step's" not in PR.report(traced)
-    assert traced.after["peak"] > 1.2 * modelled.after["peak"]
+    assert traced.after.peak > 1.2 * modelled.after.peak
 
 
 def test_a_users_table_is_one_more_option_of_its_activation(tmp_path):

@@ -31,11 +31,11 @@ LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
 def test_a_budgeted_plan_promises_the_peak_of_its_traced_step_and_a_real_step_reaches_it():
     request = Request(model=LLAMA, batch=4, seq=32, setup="bf16")
     most = P.plan(request)
-    budget = most.after["peak"] - most.after["activations"] // 20  # below the approximations: moves needed
+    budget = most.after.peak - most.after.activations // 20  # below the approximations: moves needed
     plan = P.plan(request, budget=budget)
-    assert plan.after["peak_traced"] and plan.after["peak"] <= budget and (plan.moves["moves"] or plan.chunked_loss)
+    assert plan.after.peak_traced and plan.after.peak <= budget and (plan.moves.moves or plan.chunked_loss)
     peak, _, skipped = measured_peak(plan, LLAMA, "bf16", 4, 32)
-    assert peak <= plan.after["peak"] <= 1.10 * peak, (peak, plan.after["peak"])
+    assert peak <= plan.after.peak <= 1.10 * peak, (peak, plan.after.peak)
     assert not [s for s in skipped if "exact by choice" not in s and not s.startswith("saved bytes:")], skipped
     assert "a whole step traced by MemTracker" in report(plan)
 
@@ -82,8 +82,8 @@ def test_a_lora_budget_the_moves_model_misjudges_is_planned_by_tracing_again():
     budget = round(0.8 * exact)
     said: list[str] = []
     plan = P.plan(request, budget=budget, gpu="h100", progress=said.append)
-    assert plan.after["peak_traced"] and plan.after["peak"] <= budget
-    assert plan.moves["peak"] < 0.6 * budget  # what the moves' model believed
+    assert plan.after.peak_traced and plan.after.peak <= budget
+    assert plan.moves.peak < 0.6 * budget  # what the moves' model believed
     assert sum("traced whole" in s for s in said) >= 3
     peak, _, _ = measured_peak(plan, lora, "lora", 4, 64)
-    assert peak == plan.after["peak"]
+    assert peak == plan.after.peak

@@ -30,5 +30,5 @@ def test_the_figure_keeps_one_colour_per_category_and_draws_the_budget(tmp_path)
     assert names | set(PR.CATEGORIES) | {SM.AT_PEAK} <= set(PR.COLOURS)
     assert len(set(PR.COLOURS.values())) == len(PR.COLOURS)
     plan = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), budget=1 << 40)
-    assert plan.after["peak"] == plan.before["peak"]
+    assert plan.after.peak == plan.before.peak
     assert PR.figure(plan, tmp_path / "f.png").stat().st_size > 10_000

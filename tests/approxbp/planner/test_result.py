@@ -4,6 +4,7 @@ read field by field and matched to a model's activation modules (as they are, or
 whole when it was made for another model."""
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -11,19 +12,22 @@ import torch
 from approxbp.approximations import tables as T
 from torch import nn
 
+from approxbp.planner.plan_parts import Moves, MsNorm, PlannedLayer, StepSummary
 from approxbp.planner.result import PLAN_SCHEMA, OptionCost, Plan, plan_config, read_plan
 
 
 def _plan(**changes) -> Plan:
-    base = dict(model="toy", mode="bf16", batch=2, seq=16, budget=None, before={"peak": 10}, after={"peak": 8},
-                layers={"act": {"activation": "gelu", "option": "invact", "table": "invact/gelu-fast", "error": 2e-7}},
-                options={}, ms_norm={"chosen": False, "saving": None})
+    step = dict(parameters=1, gradients=1, optimizer=2, activations=6, activations_by_kind={"activation": 6})
+    base = dict(model="toy", mode="bf16", batch=2, seq=16, budget=None, before=StepSummary(**step, peak=10),
+                after=StepSummary(**step, peak=8), layers={"act": PlannedLayer("gelu", "invact", "invact/gelu-fast",
+                                                                                error=2e-7)},
+                options={}, ms_norm=MsNorm(None, False))
     return Plan(**{**base, **changes})
 
 
 def test_a_written_plan_loads_back_equal(tmp_path):
     options = {"gelu": {"exact": OptionCost(0, 0.0), "invact": OptionCost(4096, 2e-7)}}
-    plan = _plan(moves={"recompute": ["blocks.0"]}, use="invact", options=options)
+    plan = _plan(moves=Moves({"blocks.0": "recompute"}, "NVIDIA H100", 8, 1e-3), use="invact", options=options)
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())
     assert json.loads(path.read_text())["options"]["gelu"]["invact"] == {"saving_per_layer": 4096, "error": 2e-7}
@@ -137,8 +141,8 @@ def test_a_schema_1_plans_loss_key_becomes_its_chunked_loss():
     module paths only and the loss is chunked; the file's dict is not changed by reading."""
     raw = json.loads((DATA / "plan-1-chunked-loss.json").read_text())
     plan = Plan.load(DATA / "plan-1-chunked-loss.json")
-    assert plan.moves["moves"] == {"model.layers.0": "recompute"} and plan.chunked_loss
-    assert plan.moves["chunked_loss"] == {"chosen": True, **raw["moves"]["chunked_loss"]}
+    assert plan.moves.moves == {"model.layers.0": "recompute"} and plan.chunked_loss
+    assert asdict(plan.moves.chunked_loss) == {"chosen": True, **raw["moves"]["chunked_loss"]}
     assert read_plan(raw)["moves"]["moves"] == {"model.layers.0": "recompute"}
     assert "(loss)" in raw["moves"]["moves"]  # the caller's dict as it was
     assert not Plan.load(DATA / "plan-0.2-moves.json").chunked_loss  # a schema-1 plan without the key: not chunked

@@ -43,9 +43,9 @@ def test_the_planned_rank_peak_bounds_each_fsdp2_rank(weights, tmp_path):
 def test_a_budgeted_sharded_plan_promises_the_traced_rank_peak():
     setup = Setup(weights="fp32", shard=2)
     plan = P.plan(Request(model=LLAMA, batch=4, seq=64, setup=setup), budget=64 * 2**20)
-    choice = {path: layer["option"] for path, layer in plan.layers.items()}
+    choice = {path: layer.option for path, layer in plan.layers.items()}
     traced = stepper(Request(model=LLAMA, batch=4, seq=64, setup=setup, traced=True), whole=True)
-    assert plan.after["peak_traced"]
-    assert plan.after["peak"] == traced(None, None, choice, plan.ms_norm["chosen"], None).peak <= 64 * 2**20
+    assert plan.after.peak_traced
+    assert plan.after.peak == traced(None, None, choice, plan.ms_norm.chosen, None).peak <= 64 * 2**20
     assert plan.shard == 2 and "FSDP2's gathered parameters" in report(plan)
     assert "FSDP2's gathered parameters" not in report(replace(plan, shard=1))  # said from the field, not the mode
