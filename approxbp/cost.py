@@ -288,30 +288,33 @@ def _glu_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
 
 
 def _reference_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
-    """Plain one-line Triton kernels of the exact GELU and SiLU (what torch's own element-wise kernels cost),
-    4096 elements per program and 4 warps, as the ReLU-sum kernels."""
+    """The packaged plain exact kernels of GELU and SiLU (``kernels/generated/reference_*.py``, what torch's own
+    element-wise kernels cost)."""
+    import importlib
+
+    from approxbp.kernels.codegen import REFERENCE_ACTIVATIONS
+
+    return [launch for act in REFERENCE_ACTIVATIONS for launch in _plain_launches(
+        importlib.import_module(f"approxbp.kernels.generated.reference_{act}"), f"torch-like {act}", dtype)]
+
+
+def _plain_launches(module, name: str, dtype: torch.dtype, label: str = "") -> list[tuple[str, Launch, int]]:
+    """The forward and backward launches of a reference module (:func:`~approxbp.kernels.codegen.render_reference`),
+    ``BLOCK`` elements per program and 4 warps, as the ReLU-sum kernels."""
     import triton
 
-    from approxbp.kernels.ops import reference
-
     x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
-    grid = (triton.cdiv(ELEMENTS, reference.BLOCK),)
-    out = []
-    for act in ("gelu", "silu"):
-        fwd, bwd = reference.KERNELS[act]
-        with capture() as launches:
-            fwd[grid](x, x, ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
-            bwd[grid](x, x, x, ELEMENTS, BLOCK=reference.BLOCK, num_warps=4)
-        out += [(f"torch-like {act} fwd", launches[0], ELEMENTS), (f"torch-like {act} bwd", launches[1], ELEMENTS)]
-    return out
+    grid = (triton.cdiv(ELEMENTS, module.BLOCK),)
+    with capture() as launches:
+        module.forward_kernel[grid](x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
+        module.backward_kernel[grid](x, x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
+    return [(f"{name} fwd{label}", launches[0], ELEMENTS), (f"{name} bwd{label}", launches[1], ELEMENTS)]
 
 
 def _exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
-    """The plain one-line Triton kernels of an activation that reference.py does not hold (a user's), rendered from
-    its expression (:func:`approxbp.kernels.codegen.render_reference`) into a temporary module."""
+    """The plain exact kernels of an activation without a packaged reference pair (a user's), rendered from its
+    expression (:func:`approxbp.kernels.codegen.render_reference`) into a temporary module."""
     import importlib.util
-
-    import triton
 
     from approxbp.approximations.activations import Activation
     from approxbp.kernels.codegen import render_reference
@@ -322,24 +325,18 @@ def _exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tupl
         spec = importlib.util.spec_from_file_location("approxbp_reference_kernel", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
-    grid = (triton.cdiv(ELEMENTS, module.BLOCK),)
-    with capture() as launches:
-        module.forward_kernel[grid](x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
-        module.backward_kernel[grid](x, x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
-    return [(f"exact {name} fwd (plain)", launches[0], ELEMENTS),
-            (f"exact {name} bwd (plain)", launches[1], ELEMENTS)]
+        return _plain_launches(module, f"exact {name}", dtype, " (plain)")
 
 
 def _reference_jobs(tables: list[Path]) -> list[tuple[str, str]]:
     """(name, expression) of each activation of ``tables`` without a reference kernel pair: its baseline."""
     from approxbp.approximations import tables as T
-    from approxbp.kernels.ops import reference
+    from approxbp.kernels.codegen import REFERENCE_ACTIVATIONS
 
     found: dict[str, str] = {}
     for p in tables:
         t = T.load(p)
-        if t.family in LAUNCHES and t.activation not in reference.KERNELS:
+        if t.family in LAUNCHES and t.activation not in REFERENCE_ACTIVATIONS:
             found.setdefault(t.expression, t.activation)
     return [(name, expression) for expression, name in found.items()]
 

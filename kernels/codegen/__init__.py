@@ -19,14 +19,14 @@ from .glu import glu_module_path, render_glu
 from .helpers import HELPERS_MODULE, render_helpers
 from .invact import render_invact
 from .printer import lower, triton_source
-from .reference import render_reference
+from .reference import REFERENCE_ACTIVATIONS, reference_module_path, render_reference
 from .registry import RENDERERS
 from .relu_sum import render_relu_sum
 from .twins import activation_twin
 
 __all__ = ["export", "export_if_stale", "render", "render_relu_sum", "render_invact", "render_glu",
-           "render_reference", "render_helpers", "glu_module_path", "triton_source", "lower", "activation_twin",
-           "HELPERS_MODULE", "GLU_ACTIVATIONS", "RENDERERS"]
+           "render_reference", "REFERENCE_ACTIVATIONS", "reference_module_path", "render_helpers", "glu_module_path",
+           "triton_source", "lower", "activation_twin", "HELPERS_MODULE", "GLU_ACTIVATIONS", "RENDERERS"]
 
 
 def render(table_path: Path, t: dict | None = None) -> str:
@@ -41,12 +41,17 @@ def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> lis
     """(Re)generate a Triton module per table (every packaged table by default) into ``out_dir`` or
     :func:`~approxbp.kernels.ops.modules.kernel_dir`; returns the written paths."""
     written = []
-    if not tables and out_dir is None:  # the packaged set: the shared helpers and the GLU modules too
+    if not tables and out_dir is None:  # the packaged set: the shared helpers, the GLU and reference modules too
+        from approxbp.approximations import get_activation
+
         write_atomic(HELPERS_MODULE, render_helpers())
         written.append(HELPERS_MODULE)
         for activation in GLU_ACTIVATIONS:
             write_atomic(glu_module_path(activation), render_glu(activation))
             written.append(glu_module_path(activation))
+        for activation in REFERENCE_ACTIVATIONS:
+            write_atomic(reference_module_path(activation), render_reference(get_activation(activation)))
+            written.append(reference_module_path(activation))
     for p in tables or [q for family in TABLE_FAMILIES for q in T.table_paths(family)]:
         t = T.load(p)
         target = module_path(p, t.family, out_dir)

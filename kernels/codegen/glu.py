@@ -15,6 +15,7 @@ from .printer import (
 from .twins import (
     ACTIVATION_TEMPLATE,
     activation_twin,
+    stock_name,
     twins_section,
 )
 
@@ -32,6 +33,7 @@ FAMILY = "glu"
 NAME = {name!r}
 ACTIVATION = {activation!r}
 EXPRESSION = {expression!r}
+STOCK = {stock!r}
 ''' + ACTIVATION_TEMPLATE + '''
 
 @triton.jit
@@ -85,6 +87,7 @@ def render_glu(activation: str) -> str:
            "recomputes act(g) and act′(g). No approximation: the gradient is the stock one up to rounding.")
     code = {"source": triton_source(act.expr, lowp=True), "grad_source": triton_source(act.derivative_expr(1))}
     module = _GLU_TEMPLATE.format(docstring=repr(doc), format=FORMAT, name=f"glu-{activation}", activation=activation,
-                                 expression=str(act.expr), helpers=import_helpers(*code.values()), **code)
+                                 expression=str(act.expr), stock=stock_name(str(act.expr)),
+                                 helpers=import_helpers(*code.values()), **code)
     return module + twins_section(activation_twin(act, 0, "activation_twin"),
                                   activation_twin(act, 1, "activation_grad_twin"))

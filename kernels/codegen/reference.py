@@ -1,6 +1,10 @@
-"""The plain exact activation kernels (forward h, backward h′), the reference ``approxbp cost`` compares with."""
+"""The plain exact activation kernels (forward h, backward h′), the reference ``approxbp cost`` compares with: the
+packaged GELU and SiLU pairs (``generated/reference_<activation>.py``, written by ``approxbp export``) and a user's
+activation's, rendered when its tables are costed."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from .helpers import import_helpers
 from .printer import (
@@ -10,7 +14,15 @@ from .twins import (
     ACTIVATION_TEMPLATE,
 )
 
-__all__ = ["render_reference"]
+__all__ = ["REFERENCE_ACTIVATIONS", "reference_module_path", "render_reference"]
+
+#: The activations whose plain exact kernels are packaged (``approxbp cost``'s torch-like baselines).
+REFERENCE_ACTIVATIONS = ("gelu", "silu")
+
+
+def reference_module_path(activation: str) -> Path:
+    """The packaged reference module of ``activation`` (one of :data:`REFERENCE_ACTIVATIONS`)."""
+    return Path(__file__).parents[1] / "generated" / f"reference_{activation}.py"
 
 
 _REFERENCE_TEMPLATE = '''\
@@ -47,9 +59,10 @@ def backward_kernel(g_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
 
 
 def render_reference(act) -> str:
-    """A plain one-line Triton kernel pair of the exact activation ``act``: y = h(x) saving x, dx = g·h′(x). The
-    baseline `approxbp cost` sets beside a new activation's generated kernels (as reference.py is for GELU, SiLU)."""
-    source, grad = triton_source(act.expr, lowp=True), triton_source(act.derivative_expr(1), lowp=True)
+    """A plain one-line Triton kernel pair of the exact activation ``act``: y = h(x) saving x, dx = g·h′(x), in
+    float32 as torch's own element-wise kernels compute (no 16-bit shortcut: Φ by erf). The baseline `approxbp cost`
+    sets beside an activation's generated kernels."""
+    source, grad = triton_source(act.expr), triton_source(act.derivative_expr(1))
     doc = f"The exact {act.name}, forward and backward, as one element-wise kernel each (no saving of memory)."
     return _REFERENCE_TEMPLATE.format(docstring=doc, expression=act.expression, helpers=import_helpers(source, grad),
                                      source=source, grad_source=grad)

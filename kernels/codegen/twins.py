@@ -16,7 +16,7 @@ from approxbp.approximations.activations import x as activation_x
 from ..ops.modules import FORMAT
 
 __all__ = ["ACTIVATION_TEMPLATE", "activation_twin", "form_twin", "HEADER_TEMPLATE", "identity", "relative_path",
-           "twin_def", "twins_section"]
+           "stock_name", "twin_def", "twins_section"]
 
 
 def _lambdified_return(args: list, expr: sp.Expr) -> str:
@@ -86,6 +86,7 @@ FAMILY = {family!r}
 NAME = {name!r}
 ACTIVATION = {activation!r}
 EXPRESSION = {expression!r}
+STOCK = {stock!r}
 '''
 
 #: The exact activation h, which every module's forward evaluates (after the family's constants).
@@ -103,7 +104,17 @@ def identity(table_path: Path, t) -> dict:
     """The constants every generated module starts with: which table (file, definition hash, family, name), in
     which layout (:data:`~approxbp.kernels.ops.modules.FORMAT`)."""
     return {"table": relative_path(table_path), "sha": T.definition_sha256(t), "format": FORMAT, "family": t.family,
-            "name": t.name, "activation": t.activation, "expression": t.expression}
+            "name": t.name, "activation": t.activation, "expression": t.expression, "stock": stock_name(t.expression)}
+
+
+def stock_name(expression: str) -> str | None:
+    """The registry activation whose torch op computes ``expression`` (a table's canonical text), or None: what a
+    generated module's ``STOCK`` says (``kernels/ops/stock.py``)."""
+    from approxbp.approximations.activations import get_activation
+
+    from ..ops.stock import STOCK_OPS
+
+    return next((name for name in STOCK_OPS if get_activation(name).expression == expression), None)
 
 
 def relative_path(table_path: Path) -> str:

@@ -3,11 +3,12 @@
 import triton
 import triton.language as tl
 
-FORMAT = 2
+FORMAT = 3
 FAMILY = "glu"
 NAME = 'glu-gelu'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
+STOCK = 'gelu'
 from approxbp.kernels.generated.triton_helpers import _phi
 
 

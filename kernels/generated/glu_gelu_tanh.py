@@ -3,11 +3,12 @@
 import triton
 import triton.language as tl
 
-FORMAT = 2
+FORMAT = 3
 FAMILY = "glu"
 NAME = 'glu-gelu_tanh'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
+STOCK = 'gelu_tanh'
 from approxbp.kernels.generated.triton_helpers import _rcp
 
 

@@ -3,11 +3,12 @@
 import triton
 import triton.language as tl
 
-FORMAT = 2
+FORMAT = 3
 FAMILY = "glu"
 NAME = 'glu-mish'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
+STOCK = 'mish'
 from approxbp.kernels.generated.triton_helpers import _rcp
 
 

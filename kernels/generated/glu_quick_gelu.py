@@ -3,11 +3,12 @@
 import triton
 import triton.language as tl
 
-FORMAT = 2
+FORMAT = 3
 FAMILY = "glu"
 NAME = 'glu-quick_gelu'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
+STOCK = 'quick_gelu'
 from approxbp.kernels.generated.triton_helpers import _rcp
 
 

@@ -3,11 +3,12 @@
 import triton
 import triton.language as tl
 
-FORMAT = 2
+FORMAT = 3
 FAMILY = "glu"
 NAME = 'glu-silu'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 from approxbp.kernels.generated.triton_helpers import _rcp
 
 

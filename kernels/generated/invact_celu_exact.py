@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/celu-exact.json'
 TABLE_SHA256 = '46b5c7d7d8e1c725a8b9ee36b0917a9689e2826777702fed64046354b010f4b7'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'celu-exact'
 ACTIVATION = 'celu'
 EXPRESSION = 'Max(0, x) + Min(0, exp(x) - 1)'
+STOCK = 'elu'
 MONOTONE = True
 TURNING_POINT = None
 F_T = -1.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/elu-exact.json'
 TABLE_SHA256 = 'fb6f38f4ffee2b934b64ba7443a382ce55526b3418abd4e23917dca14ee22258'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'elu-exact'
 ACTIVATION = 'elu'
 EXPRESSION = 'Max(0, x) + Min(0, exp(x) - 1)'
+STOCK = 'elu'
 MONOTONE = True
 TURNING_POINT = None
 F_T = -1.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/gelu-paper.json'
 TABLE_SHA256 = '3b8913b3310586e74c87e8612d8fe15da48fc1ec57d88b187addba8bc16023d8'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'gelu-paper'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
+STOCK = 'gelu'
 TURNING_POINT = -0.7517915246935645
 F_T = -0.16997120747990366
 LEFT_MAX = -0.0

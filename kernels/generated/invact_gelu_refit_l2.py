@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/gelu-refit-l2.json'
 TABLE_SHA256 = '55ee89024859bb5bd2605e38caab78345ce8f8f7a651f98098f1c45d95ce08f5'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'gelu-refit-l2'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
+STOCK = 'gelu'
 TURNING_POINT = -0.7517915246935645
 F_T = -0.16997120747990366
 LEFT_MAX = -0.0

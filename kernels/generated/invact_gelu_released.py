@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/gelu-released.json'
 TABLE_SHA256 = '8ea24077700dbdaada287a768c26a317b37804c2740c8fc4f85ef3ec3416e57e'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'gelu-released'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
+STOCK = 'gelu'
 TURNING_POINT = -0.7517915246935645
 F_T = -0.16997120747990366
 LEFT_MAX = -0.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/gelu_tanh-fast.json'
 TABLE_SHA256 = '7406c1c5caefe0243262a52555a9b7570fadcade82576601836ef55e65e5b0a3'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'gelu_tanh-fast'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
+STOCK = 'gelu_tanh'
 TURNING_POINT = -0.7524614220710163
 F_T = -0.17004075057125406
 LEFT_MAX = -0.0

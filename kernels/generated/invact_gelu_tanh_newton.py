@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/gelu_tanh-newton.json'
 TABLE_SHA256 = 'e8008e4a10e53e387b9649efcd80bb617316fd883bf4106515fe3b4ef69434f9'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'gelu_tanh-newton'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
+STOCK = 'gelu_tanh'
 TURNING_POINT = -0.7524614220710163
 F_T = -0.17004075057125406
 LEFT_MAX = -0.0

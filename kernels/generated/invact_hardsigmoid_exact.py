@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/hardsigmoid-exact.json'
 TABLE_SHA256 = '7102bc2b562069bd75566727ae8e8fe042511ebbbd0a5fdf27845c7dd06de926'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'hardsigmoid-exact'
 ACTIVATION = 'hardsigmoid'
 EXPRESSION = 'Min(1, Max(0, x/6 + 1/2))'
+STOCK = 'hardsigmoid'
 MONOTONE = True
 TURNING_POINT = None
 F_T = 0.0

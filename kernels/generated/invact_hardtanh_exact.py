@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/hardtanh-exact.json'
 TABLE_SHA256 = 'cb16cb1861b1479ba81c0e550772184a4c4879e5fe406584c2d6166d386ca187'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'hardtanh-exact'
 ACTIVATION = 'hardtanh'
 EXPRESSION = 'Min(1, Max(-1, x))'
+STOCK = 'hardtanh'
 MONOTONE = True
 TURNING_POINT = None
 F_T = -1.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/mish-fast.json'
 TABLE_SHA256 = '70391888a979d5e219be2f36560e95c115383d5ea256af6b9d4447f27d6c2628'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'mish-fast'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
+STOCK = 'mish'
 TURNING_POINT = -1.1924312145154952
 F_T = -0.30884341301725043
 LEFT_MAX = -0.0

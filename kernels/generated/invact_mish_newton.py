@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/mish-newton.json'
 TABLE_SHA256 = 'c6c1fe0b9a8c24805f1b5bc1e9f765d1f67609ef7571e73b8f1b545d490fa9ec'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'mish-newton'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
+STOCK = 'mish'
 TURNING_POINT = -1.1924312145154952
 F_T = -0.30884341301725043
 LEFT_MAX = -0.0

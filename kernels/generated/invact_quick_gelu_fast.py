@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/quick_gelu-fast.json'
 TABLE_SHA256 = '54592896c5a2ed0780bcdf07469a76f58330e852d3628c29d611f67e402735c6'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'quick_gelu-fast'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
+STOCK = 'quick_gelu'
 TURNING_POINT = -0.751154255441289
 F_T = -0.16361018963635357
 LEFT_MAX = -0.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/quick_gelu-newton.json'
 TABLE_SHA256 = 'f984aff2544ed643a24a292a1334d771579e487622772c853e46a46e6ca7dedf'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'quick_gelu-newton'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
+STOCK = 'quick_gelu'
 TURNING_POINT = -0.751154255441289
 F_T = -0.16361018963635357
 LEFT_MAX = -0.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/relu2-exact.json'
 TABLE_SHA256 = 'e7d37d900a7d0237e9a39b5e559a1774d73c2157f5f857862686b8d5fc801bba'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'relu2-exact'
 ACTIVATION = 'relu2'
 EXPRESSION = 'Max(0, x)**2'
+STOCK = 'relu2'
 TURNING_POINT = 0.0
 F_T = 0.0
 LEFT_MAX = 1.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/relu6-exact.json'
 TABLE_SHA256 = '2ea934e06122d7641ab7fd376b2b268df9825c399b106fda83bbdab97e73238e'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'relu6-exact'
 ACTIVATION = 'relu6'
 EXPRESSION = 'Min(6, Max(0, x))'
+STOCK = 'relu6'
 MONOTONE = True
 TURNING_POINT = None
 F_T = 0.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/silu-fast.json'
 TABLE_SHA256 = 'ba2230245bebf4df7a5838d5958896fec4d51489349fc6c396941fe536b4e956'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'silu-fast'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 TURNING_POINT = -1.2784645427610737
 F_T = -0.2784645427610738
 LEFT_MAX = -0.0

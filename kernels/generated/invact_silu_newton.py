@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/silu-newton.json'
 TABLE_SHA256 = 'ae2f61f99cd22088e64374139f178761d5cb5ca9b5f06491c744504e844264b0'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'silu-newton'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 TURNING_POINT = -1.2784645427610737
 F_T = -0.2784645427610738
 LEFT_MAX = -0.0

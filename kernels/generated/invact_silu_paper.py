@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/silu-paper.json'
 TABLE_SHA256 = '0d284028315a14e8a53f99c143ceaf035e5cfd9e48af128b22802881253af656'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'silu-paper'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 TURNING_POINT = -1.2784645427610737
 F_T = -0.2784645427610738
 LEFT_MAX = -0.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/silu-refit-l2.json'
 TABLE_SHA256 = '2bd3357b1570a3d50dd705fee4e57b87be8a94de31eeed37bd290a920a798ecb'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'silu-refit-l2'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 TURNING_POINT = -1.2784645427610737
 F_T = -0.2784645427610738
 LEFT_MAX = -0.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/silu-refit-linf.json'
 TABLE_SHA256 = '2e61100636fc39f53deef2b59a222695219b4d8083b7122e709010f290a7ca46'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'silu-refit-linf'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 TURNING_POINT = -1.2784645427610737
 F_T = -0.2784645427610738
 LEFT_MAX = -0.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/invact/softplus-exact.json'
 TABLE_SHA256 = 'a8119ad92d3e0c5a5a888e5be792182b9fb4f1cd043ab2fa82f6d93a39ad88b4'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'invact'
 NAME = 'softplus-exact'
 ACTIVATION = 'softplus'
 EXPRESSION = 'log(exp(x) + 1)'
+STOCK = 'softplus'
 MONOTONE = True
 TURNING_POINT = None
 F_T = 0.0

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu-k1-derivative.json'
 TABLE_SHA256 = '5adf72d60fd2cfeaa61a3c1a971a1adeb2f5e7795f2b34574606fc0690bce6f3'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu-k1-derivative'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
+STOCK = 'gelu'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu-k1-primitive.json'
 TABLE_SHA256 = '3828a2341393aa9eca1703f2cdf02756261d4ddd46e7fadffb1b076f6f04b52f'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu-k1-primitive'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
+STOCK = 'gelu'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

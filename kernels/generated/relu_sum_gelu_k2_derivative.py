@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu-k2-derivative.json'
 TABLE_SHA256 = '2cf57c35c52b2cdbac9c151aee8c615a5767190e35c3e2d57915838df2719772'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu-k2-derivative'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
+STOCK = 'gelu'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.4520128143955444, 8.858141710264257e-17, 0.4520128143955444)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu-k2-derivative-paper.json'
 TABLE_SHA256 = '9f1014cdcc3da4fc70a102e8eaed6f7c18087efbcd180d73e68f8c011cc6974d'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu-k2-derivative-paper'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
+STOCK = 'gelu'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.4535743722857079, -0.0010587205574873046, 0.4487575313884231)

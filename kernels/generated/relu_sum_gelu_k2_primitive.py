@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu-k2-primitive.json'
 TABLE_SHA256 = 'e3277af0b4a6697920423033a7736613fd545922a01b8fec51fa058aca41cc6f'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu-k2-primitive'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
+STOCK = 'gelu'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-3.1713097426920687, -2.280204585053634e-16, 3.17130974269207)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu-k2-primitive-paper.json'
 TABLE_SHA256 = '890f05becb2cabe5ac90b4c7e110a94605fd59ddf0f9588283d7fd662321ba61'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu-k2-primitive-paper'
 ACTIVATION = 'gelu'
 EXPRESSION = 'x*Phi(x)'
+STOCK = 'gelu'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-3.1858810036855245, -0.001178821281161997, 3.190832613414926)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu_tanh-k1-derivative.json'
 TABLE_SHA256 = '7d5087928ad071dd9e61d3dc7a81ec91018f48b031ec94619054273f9257c551'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu_tanh-k1-derivative'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
+STOCK = 'gelu_tanh'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu_tanh-k1-primitive.json'
 TABLE_SHA256 = 'e166a99aa03c2c4f2eaa0bbecdb2b1c1ac29528e1fa08660bfdb25cbc4ad4950'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu_tanh-k1-primitive'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
+STOCK = 'gelu_tanh'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu_tanh-k2-derivative.json'
 TABLE_SHA256 = '6a38fa9539596a4d4aa28353c75bd545cb1678c867a7a53a863e4a7a69e20ca5'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu_tanh-k2-derivative'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
+STOCK = 'gelu_tanh'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.4521936492495404, -1.4821827419966253e-16, 0.4521936492495402)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu_tanh-k2-primitive.json'
 TABLE_SHA256 = '187bb66b0afb3704e4306f5ea8050f2030fd660e341ab76dd8dd4b7e1d7a8005'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu_tanh-k2-primitive'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
+STOCK = 'gelu_tanh'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-3.1628800666059127, 1.8444576495811843e-17, 3.1628800666059025)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu_tanh-k3-derivative.json'
 TABLE_SHA256 = 'bb40787d5a918d3eb2dd71ea21ef918300978af796d123cd1abd845aec8d5cbd'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu_tanh-k3-derivative'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
+STOCK = 'gelu_tanh'
 BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-2.4213360282859755, -0.7111512165448336, -0.32624135833460177, 6.190826680575003e-16, 0.3262413583346027, 0.7111512165448337, 2.421336028285978)

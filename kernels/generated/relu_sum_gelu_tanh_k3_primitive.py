@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/gelu_tanh-k3-primitive.json'
 TABLE_SHA256 = '9bad86603a8f374ea7e9b0c280b27e84666d3003f80c1b8dd32cb8a4a9e9a3d8'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'gelu_tanh-k3-primitive'
 ACTIVATION = 'gelu_tanh'
 EXPRESSION = 'x*sigmoid(2*sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))'
+STOCK = 'gelu_tanh'
 BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-2.9972859385284165, -2.1488463684064785, -0.76085863922908, -0.25158097206904523, 0.20736940553004646, 0.7067004792219622, 2.5120639678674963)

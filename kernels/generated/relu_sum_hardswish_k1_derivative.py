@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/hardswish-k1-derivative.json'
 TABLE_SHA256 = '67674b8ac46008d34a76a3408c9fa484e52f676038da6fcce7127bace0abca3c'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'hardswish-k1-derivative'
 ACTIVATION = 'hardswish'
 EXPRESSION = 'x*Min(6, Max(0, x + 3))/6'
+STOCK = 'hardswish'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

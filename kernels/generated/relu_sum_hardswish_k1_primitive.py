@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/hardswish-k1-primitive.json'
 TABLE_SHA256 = '1781df1057e382525b8b712f2bce27d13881b9d0cc52270798d10413fd27b8fe'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'hardswish-k1-primitive'
 ACTIVATION = 'hardswish'
 EXPRESSION = 'x*Min(6, Max(0, x + 3))/6'
+STOCK = 'hardswish'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/hardswish-k2-derivative.json'
 TABLE_SHA256 = 'c20ff99bf0101e2815775f72b15f725acf5a4958c191441bca0f90abeafa125b'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'hardswish-k2-derivative'
 ACTIVATION = 'hardswish'
 EXPRESSION = 'x*Min(6, Max(0, x + 3))/6'
+STOCK = 'hardswish'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.4641016163624341, 1.2679491950468815, 3.0)

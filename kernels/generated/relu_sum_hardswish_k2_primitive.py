@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/hardswish-k2-primitive.json'
 TABLE_SHA256 = '4e4397f5c72fff17d6aea03e4f30c70216e7ac6006a2f4d72066b690332571be'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'hardswish-k2-primitive'
 ACTIVATION = 'hardswish'
 EXPRESSION = 'x*Min(6, Max(0, x + 3))/6'
+STOCK = 'hardswish'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-4.500000000000002, 2.0907486600215073e-16, 4.499999999999997)

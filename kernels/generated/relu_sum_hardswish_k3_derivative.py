@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/hardswish-k3-derivative.json'
 TABLE_SHA256 = 'f1a04e3f0a94e193b65355cf5f203de514dca03b145765764bf4eb393e1e4a3d'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'hardswish-k3-derivative'
 ACTIVATION = 'hardswish'
 EXPRESSION = 'x*Min(6, Max(0, x + 3))/6'
+STOCK = 'hardswish'
 BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-3.0000000000000018, -2.00000004137998, -1.0000001046675184, -8.876491127302824e-08, 1.0000000452773328, 1.999999971201461, 3.0000000000000306)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/hardswish-k3-primitive.json'
 TABLE_SHA256 = '01c11fad94ca060ee4063e2f2b87a724026db92c3dd9cab5af7287070e30919c'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'hardswish-k3-primitive'
 ACTIVATION = 'hardswish'
 EXPRESSION = 'x*Min(6, Max(0, x + 3))/6'
+STOCK = 'hardswish'
 BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-3.0680705648831696, -2.0208812608967075, -1.0104406304483924, -7.004206650927264e-14, 1.0104406304482652, 2.020881260896632, 3.0680705648831825)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/mish-k1-derivative.json'
 TABLE_SHA256 = '58da5a8626f2e86a32bf29892a49e89774fcac2c355e4f556be1099c09b3d54d'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'mish-k1-derivative'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
+STOCK = 'mish'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/mish-k1-primitive.json'
 TABLE_SHA256 = '53df2c96c2bae81187f1be2aea9b21d5d815a1786ba946237582da491f6af00b'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'mish-k1-primitive'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
+STOCK = 'mish'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/mish-k2-derivative.json'
 TABLE_SHA256 = 'cb769eabd104348cfc1cb5ba2872dd1669be3adbe4d9083ee4d5194580566ff1'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'mish-k2-derivative'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
+STOCK = 'mish'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-4.859801423173123, -0.6675560818959305, 0.19921271958592784)

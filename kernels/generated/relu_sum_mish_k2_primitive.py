@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/mish-k2-primitive.json'
 TABLE_SHA256 = '808ac678dc1efeb49b65fd4e31ccb9e20859c98504ff7b768b4fdd5ee1313183'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'mish-k2-primitive'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
+STOCK = 'mish'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-5.666258736678023, -0.20982725257104176, 4.341481326424948)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/mish-k3-derivative.json'
 TABLE_SHA256 = '28991be28d5bfd1a82683de1880e047766471758d142b54446a835afb1faa5bb'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'mish-k3-derivative'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
+STOCK = 'mish'
 BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-4.5985138641507675, -1.1157044895807817, -0.5992566201789471, -0.1921612852008897, 0.19716954151388277, 0.6497439228428904, 2.7560532256597448)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/mish-k3-primitive.json'
 TABLE_SHA256 = '581640993435840c68334f7defa4b8b8743de61cecefccd12eb68575a471a8bb'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'mish-k3-primitive'
 ACTIVATION = 'mish'
 EXPRESSION = 'x*tanh(log(exp(x) + 1))'
+STOCK = 'mish'
 BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-6.608688806126867, -3.9089319665044795, -1.208598845911661, -0.5356193609204994, 0.03228670732884274, 0.6312354204818107, 2.983732495634595)

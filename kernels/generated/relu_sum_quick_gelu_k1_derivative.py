@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/quick_gelu-k1-derivative.json'
 TABLE_SHA256 = 'c5df91f8270b5be89d5e4b0ae6c3c963a45bb6ae64ddc7799c786b2fc5a05fce'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'quick_gelu-k1-derivative'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
+STOCK = 'quick_gelu'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

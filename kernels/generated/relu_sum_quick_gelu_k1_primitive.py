@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/quick_gelu-k1-primitive.json'
 TABLE_SHA256 = '2f673148c4688aff2e1f60ba9a7d0e3ace5ff89f3541f2b39af3f28f3ec08f60'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'quick_gelu-k1-primitive'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
+STOCK = 'quick_gelu'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/quick_gelu-k2-derivative.json'
 TABLE_SHA256 = '1b56e6467fbf372c7f9cf2e0eb95a76872fd3c01859e31fe3d224e61717ff0ed'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'quick_gelu-k2-derivative'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
+STOCK = 'quick_gelu'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.4340981381501809, -2.869580386616026e-16, 0.4340981381501806)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/quick_gelu-k2-primitive.json'
 TABLE_SHA256 = 'ec50bb5c954189b1292fbc50aff146559bf27a3d696f671b4e2bcc9b61d96400'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'quick_gelu-k2-primitive'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
+STOCK = 'quick_gelu'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-3.7132393681255302, 1.9014168100236016e-16, 3.7132393681255254)

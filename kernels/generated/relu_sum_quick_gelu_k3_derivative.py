@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/quick_gelu-k3-derivative.json'
 TABLE_SHA256 = '04166e9dd94548ed95c2d3d1276dd1c65f1132ca30938e476d728469c33c679e'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'quick_gelu-k3-derivative'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
+STOCK = 'quick_gelu'
 BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-2.769516463515372, -0.6640083735363345, -0.2992939851067008, 5.576496787990697e-16, 0.2992939851067014, 0.6640083735363341, 2.769516463515379)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/quick_gelu-k3-primitive.json'
 TABLE_SHA256 = '3e90d5bb09c4ab6659bd8a3a60ec2142ab0435cee28e8b5df744f3b72bc093c1'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'quick_gelu-k3-primitive'
 ACTIVATION = 'quick_gelu'
 EXPRESSION = 'x*sigmoid(851*x/500)'
+STOCK = 'quick_gelu'
 BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-4.049970235778929, -2.483360068057568, -0.5970376245447029, 4.950680238045733e-14, 0.5970376245447854, 2.4833600680575807, 4.049970235778998)

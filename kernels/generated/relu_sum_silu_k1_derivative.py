@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/silu-k1-derivative.json'
 TABLE_SHA256 = '4dd52b861c496140b97562ab61eeb85c2123310beb341b53b18bb25356942910'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'silu-k1-derivative'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

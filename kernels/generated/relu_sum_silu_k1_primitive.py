@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/silu-k1-primitive.json'
 TABLE_SHA256 = 'eb7d2c7c958d5663c01a9746742992004793b17ebd4d09b6755464c17e273e4c'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'silu-k1-primitive'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 BITS = 1
 STORAGE_BITS = 1
 KNOTS = (0.0,)

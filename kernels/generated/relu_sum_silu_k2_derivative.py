@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/silu-k2-derivative.json'
 TABLE_SHA256 = 'b29af523e06516217c067cac315ba56bfaff96d4d6dc6f0e42ca408e487ef850'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'silu-k2-derivative'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-0.7388350311316078, -2.369042642364492e-17, 0.7388350311316079)

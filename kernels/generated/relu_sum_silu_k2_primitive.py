@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/silu-k2-primitive.json'
 TABLE_SHA256 = 'a2fd357c3c5b6f269db048f448b498e99ae89802fa6216906d92e35b80c0e439'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'silu-k2-primitive'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-6.319933404549644, -4.7105094324651e-16, 6.319933404549652)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/silu-k2-primitive-paper.json'
 TABLE_SHA256 = 'accad53971515b40590460c51aac4c81016e75e5af029e6e81f055edf9ffc967'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'silu-k2-primitive-paper'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 BITS = 2
 STORAGE_BITS = 2
 KNOTS = (-6.3050461001646445, -0.0008684942046214787, 6.325815242089708)

@@ -5,11 +5,12 @@ import triton.language as tl
 
 TABLE = 'data/coefficients/relu_sum/silu-k3-primitive.json'
 TABLE_SHA256 = 'd80bfa2a093f798eeb5be127860e3acbf19884177bbedc5126eb7aaec94b81bc'
-FORMAT = 2
+FORMAT = 3
 FAMILY = 'relu-sum'
 NAME = 'silu-k3-primitive'
 ACTIVATION = 'silu'
 EXPRESSION = 'x*sigmoid(x)'
+STOCK = 'silu'
 BITS = 3
 STORAGE_BITS = 4
 KNOTS = (-6.893049341295391, -4.226678835833902, -1.016158036975106, 5.158256505091306e-14, 1.0161580369751062, 4.226678835836507, 6.893049341299791)

@@ -50,7 +50,7 @@ class InvActSpec(GeneratedSpec):
 
     def __init__(self, table: str | Path | dict, kernels_dir: str | Path | None = None):
         super().__init__(table, kernels_dir)
-        self.T, self.f_T = self.module.TURNING_POINT, self.module.F_T
+        self.turning_point, self.f_T = self.module.TURNING_POINT, self.module.F_T
         #: an increasing activation: one branch, so no bit is saved (the "bits" tensor is empty)
         self.monotone = getattr(self.module, "MONOTONE", False)
 
@@ -62,7 +62,7 @@ class InvActSpec(GeneratedSpec):
         if self.monotone:
             bits = x.new_empty((0,), dtype=torch.uint8)
         else:  # the branch compared in fp32 (fp64 stays fp64), as the kernels compare
-            bits = pack(x.to(torch.promote_types(x.dtype, torch.float32)) < self.T, 1)
+            bits = pack(x.to(torch.promote_types(x.dtype, torch.float32)) < self.turning_point, 1)
         return exact_forward(self.module, x), bits
 
     def q(self, y: torch.Tensor, left: torch.Tensor) -> torch.Tensor:

@@ -27,8 +27,9 @@ __all__ = ["drop_in_classes", "drop_in_families", "FAMILIES", "FORMAT", "GENERAT
 
 
 GENERATED = Path(__file__).parents[1] / "generated"
-#: The layout of a generated module this run time reads (2: with the PyTorch twin and NAME, FAMILY).
-FORMAT = 2
+#: The layout of a generated module this run time reads (2: with the PyTorch twin and NAME, FAMILY; 3: with STOCK, the
+#: registry name of torch's op for its expression, or None).
+FORMAT = 3
 
 
 def kernel_dir(table_path: str | Path) -> Path:

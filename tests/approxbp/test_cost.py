@@ -180,3 +180,29 @@ def test_the_plain_exact_kernels_compute_the_activation_and_its_derivative(tmp_p
     xd = x.double().numpy()
     assert torch.allclose(y.double(), torch.from_numpy(act.f(xd)), rtol=1e-5, atol=1e-6)
     assert torch.allclose(dx.double(), g.double() * torch.from_numpy(act.df(xd)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["gelu", "silu"])
+def test_the_packaged_baselines_are_generated_and_compute_torchs_activation(act):
+    """Issue 70: the torch-like GELU and SiLU baselines of `approxbp cost` are generated like every kernel (no
+    hand-written formula); committed as rendered, and under TRITON_INTERPRET they compute torch's activation and its
+    derivative in float32."""
+    import importlib
+
+    import torch
+    from approxbp.approximations import get_activation
+    from approxbp.kernels.codegen import REFERENCE_ACTIVATIONS, reference_module_path, render_reference
+
+    assert act in REFERENCE_ACTIVATIONS
+    assert reference_module_path(act).read_text() == render_reference(get_activation(act)), "run `approxbp export`"
+    module = importlib.import_module(f"approxbp.kernels.generated.reference_{act}")
+    x = torch.linspace(-8, 8, 5001)
+    g = torch.randn(5001, generator=torch.Generator().manual_seed(0))
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    module.forward_kernel[(2,)](x, y, 5001, BLOCK=module.BLOCK)
+    module.backward_kernel[(2,)](g, x, dx, 5001, BLOCK=module.BLOCK)
+    xr = x.double().requires_grad_()
+    want = getattr(torch.nn.functional, act)(xr)
+    want.backward(g.double())
+    torch.testing.assert_close(y.double(), want.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dx.double(), xr.grad, rtol=1e-5, atol=1e-6)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy: both
 @pytest.mark.parametrize("path", TABLES, ids=IDS)
 def test_kernel_matches_twin_and_truth(path):
     spec = InvActSpec(str(path))
-    x = torch.cat([torch.linspace(-12, 12, 8191), torch.tensor([spec.T or 0.0, 0.0, -0.0])]).float()
+    x = torch.cat([torch.linspace(-12, 12, 8191), torch.tensor([spec.turning_point or 0.0, 0.0, -0.0])]).float()
     y1, b1 = spec.forward_triton(x)
     y0, b0 = spec.forward_torch(x)
     bits = 0 if spec.monotone else math.ceil(x.numel() / 8)  # a monotone table saves no branch bit
