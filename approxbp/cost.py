@@ -216,13 +216,13 @@ def measure(name: str, launch: Launch, elements: int, dtype: str, arch: int = 90
 
 
 # -- the launches of each family -------------------------------------------------------------------------------
-def forward_backward_launches(name: str, dtype: torch.dtype, run) -> list[tuple[str, Launch, int]]:
-    """``[(name fwd, launch, elements), (name bwd, …)]``: the two launches that ``run(x)`` (a family's forward then
-    its backward on the forward's saved tensors) makes on a meta tensor of :data:`ELEMENTS` elements."""
+def forward_backward_launches(name: str, dtype: torch.dtype, run, label: str = "") -> list[tuple[str, Launch, int]]:
+    """``[(name fwd label, launch, elements), (name bwd label, …)]``: the two launches that ``run(x)`` (a family's
+    forward then its backward on the forward's saved tensors) makes on a meta tensor of :data:`ELEMENTS` elements."""
     x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
     with capture() as launches:
         run(x)
-    return [(f"{name} fwd", launches[0], ELEMENTS), (f"{name} bwd", launches[1], ELEMENTS)]
+    return [(f"{name} fwd{label}", launches[0], ELEMENTS), (f"{name} bwd{label}", launches[1], ELEMENTS)]
 
 
 def relu_sum_launches(table, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
@@ -276,14 +276,11 @@ def _glu_launches(dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     """The exact fused GLU of every activation that has one (kernels/ops/glu.py): forward and backward."""
     from approxbp.kernels.ops.glu import GLU_ACTIVATIONS, GLUSpec
 
-    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
     out = []
     for act in GLU_ACTIVATIONS:
         spec = GLUSpec(act)
-        with capture() as launches:
-            spec.forward_triton(x, x)
-            spec.backward_triton(x, x, x)
-        out += [(f"{spec.name()} fwd", launches[0], ELEMENTS), (f"{spec.name()} bwd", launches[1], ELEMENTS)]
+        out += forward_backward_launches(spec.name(), dtype,
+                                         lambda x, s=spec: (s.forward_triton(x, x), s.backward_triton(x, x, x)))
     return out
 
 
@@ -303,12 +300,13 @@ def _plain_launches(module, name: str, dtype: torch.dtype, label: str = "") -> l
     ``BLOCK`` elements per program and 4 warps, as the ReLU-sum kernels."""
     import triton
 
-    x = torch.empty(ELEMENTS, dtype=dtype, device="meta")
     grid = (triton.cdiv(ELEMENTS, module.BLOCK),)
-    with capture() as launches:
+
+    def run(x):
         module.forward_kernel[grid](x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
         module.backward_kernel[grid](x, x, x, ELEMENTS, BLOCK=module.BLOCK, num_warps=4)
-    return [(f"{name} fwd{label}", launches[0], ELEMENTS), (f"{name} bwd{label}", launches[1], ELEMENTS)]
+
+    return forward_backward_launches(name, dtype, run, label)
 
 
 def _exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:

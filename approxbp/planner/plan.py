@@ -84,8 +84,8 @@ def _plan_of(request: Request, measured: Measured, picked: Assignment, moved: Mo
     """The plan of the chosen assignment and moves: ``after`` the planned step (its moves' modelled peak, else the
     measured one; a traced step's peak where one was traced: the promise), ``before`` the exact step."""
     base, layers, options = measured.base, measured.layers, measured.options
-    chosen, before = StepSummary.of(picked.after), StepSummary.of(base)
-    chosen = _with_moves(chosen, moved) if moved else chosen
+    approximated, before = StepSummary.of(picked.after), StepSummary.of(base)
+    chosen = _with_moves(approximated, moved) if moved else approximated
     if traced is not None:  # the promise: the whole step's peak, traced, not the model of it
         chosen = replace(chosen, peak=traced.peak, peak_moment=traced.moment, peak_traced=True)
         if not moved and not picked.ms_norm and all(o == "exact" for o in picked.choice.values()):  # exact itself
@@ -96,7 +96,7 @@ def _plan_of(request: Request, measured: Measured, picked: Assignment, moved: Mo
                         for p, o in picked.choice.items()},
                 options=options, ms_norm=MsNorm(measured.ms_saving, picked.ms_norm), estimate=picked.estimate,
                 checkpoint=request.checkpoint, shard=request.setup.shard, traced=bool(base.moment),  # a traced step
-                moves=moved, assignment=StepSummary.of(picked.after) if moved else None,  # has a moment
+                moves=moved, assignment=approximated if moved else None,  # has a moment
                 weights=planned_weights(request))
 
 

@@ -49,6 +49,7 @@ class Search:
                  compile_budgets: tuple[float, ...] = (), say=None):
         self.run, self.request, self.measured = run, request, measured
         self.gpu, self.compile_budgets, self.say = gpu, compile_budgets, say or (lambda msg: None)
+        self.device = step_gpu(gpu or DEFAULT_GPU)  # where moves are weighed
         self._weighed: list[Weighed] | None = None
         self._traces: dict[tuple, StepMemory] = {}
 
@@ -123,8 +124,7 @@ class Search:
         """Every distinct assignment of :meth:`assignments` with what its moves cost, measured once (a retry under a
         tighter budget weighs the same candidates)."""
         if self._weighed is None:
-            device = step_gpu(self.gpu or DEFAULT_GPU)
-            self._weighed = [Weighed(a, *move_costs(self.run, self.request, a.choice, a.ms_norm, a.after, device,
+            self._weighed = [Weighed(a, *move_costs(self.run, self.request, a.choice, a.ms_norm, a.after, self.device,
                                                     self.say)) for a in distinct(self.assignments())]
         return self._weighed
 
@@ -134,8 +134,7 @@ class Search:
         from approxbp.planner.compiled import fastest_within
 
         weighed = self.weighed()
-        picked = fastest_within(weighed, budget, step_gpu(self.gpu or DEFAULT_GPU), self.request,
-                                self.compile_budgets, self.say)
+        picked = fastest_within(weighed, budget, self.device, self.request, self.compile_budgets, self.say)
         if picked is None:
             raise ValueError(f"{refused}; and no moves reach it from any of {len(weighed)} assignments weighed "
                              "(recomputing or offloading every block, and the chunked loss where it applies"

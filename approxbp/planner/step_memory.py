@@ -96,9 +96,12 @@ class StepMemory:
 
     def by_kind(self) -> dict[str, int]:
         """Saved bytes by category of the saving module: activation, norm, linear, attention, other."""
+        from approxbp.kernels.ops.modules import drop_in_classes
+
+        ours = {c.__name__ for c in drop_in_classes()}  # the registered families' drop-ins, walked once
         out: dict[str, int] = {}
         for path, b in self.saved.items():
-            kind = _category(self.kinds.get(path, ""))
+            kind = _category(self.kinds.get(path, ""), ours)
             out[kind] = out.get(kind, 0) + b
         return out
 
@@ -121,14 +124,13 @@ def parse_size(text: str) -> int:
     return int(float(m[1]) * units[m[2].lower()])
 
 
-def _category(kind: str) -> str:
-    from approxbp.kernels.ops.modules import drop_in_classes
+def _category(kind: str, ours: set[str]) -> str:
+    """The category of a module class name; ``ours``: the drop-in activation classes' names."""
     from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES
 
     low = kind.lower()
     if kind == _GATHERED_KIND:
         return kind
-    ours = {c.__name__ for c in drop_in_classes()}
     if kind in ACTIVATION_CLASSES or kind in ours or "activation" in low or kind in ("GELU", "SiLU", "Mish"):
         return "activation functions"
     if "norm" in low:

@@ -4,6 +4,7 @@ lambdify prints them, which CPU tensors run and the tests use as the Triton kern
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from pathlib import Path
 
@@ -110,11 +111,21 @@ def identity(table_path: Path, t) -> dict:
 def stock_name(expression: str) -> str | None:
     """The registry activation whose torch op computes ``expression`` (a table's canonical text), or None: what a
     generated module's ``STOCK`` says (``kernels/ops/stock.py``)."""
+    return _stock_names().get(expression)
+
+
+@functools.cache
+def _stock_names() -> dict[str, str]:
+    """Canonical expression → the first name of :data:`~approxbp.kernels.ops.stock.STOCK_OPS` with it (ELU's and
+    CELU α = 1's are one function), parsed once per export."""
     from approxbp.approximations.activations import get_activation
 
     from ..ops.stock import STOCK_OPS
 
-    return next((name for name in STOCK_OPS if get_activation(name).expression == expression), None)
+    found: dict[str, str] = {}
+    for name in STOCK_OPS:
+        found.setdefault(get_activation(name).expression, name)
+    return found
 
 
 def relative_path(table_path: Path) -> str:

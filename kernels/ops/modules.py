@@ -21,6 +21,8 @@ from typing import ClassVar
 from approxbp.approximations import tables as T
 from approxbp.approximations.families import Registry
 
+from .stock import exact_forward
+
 __all__ = ["drop_in_classes", "drop_in_families", "FAMILIES", "FORMAT", "GENERATED", "generated_module",
            "GeneratedSpec", "kernel_dir", "module_name", "module_path", "register", "Spec", "spec_key", "spec_of",
            "SPECS"]
@@ -254,8 +256,6 @@ class GeneratedSpec(Spec):
     def forward_only_torch(self, x):
         """y = h(x) with nothing saved (no gradient wanted; ``patch_model`` checks each drop-in against the stock
         module with it): torch's own op where it has one (:mod:`.stock`), else the generated twin's y, bit for bit."""
-        from .stock import exact_forward
-
         return exact_forward(self.module, x)
 
     def name(self) -> str:

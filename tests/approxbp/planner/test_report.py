@@ -23,10 +23,12 @@ def test_block_ranges_are_written_once():
 def test_the_figure_keeps_one_colour_per_category_and_draws_the_budget(tmp_path):
     """Every category the planner reports has its own fixed colour; with a budget the exact step already fits, the
     figure says that nothing was replaced (the two bars are then the same on purpose)."""
+    from approxbp.kernels.ops.modules import drop_in_classes
     from approxbp.kernels.rewrite.patch import ACTIVATION_CLASSES
 
-    kinds = (*ACTIVATION_CLASSES, "LayerNorm", "Linear", "LlamaAttention", "LlamaMLP", "x")
-    names = {SM._category(k) for k in kinds}
+    ours = {c.__name__ for c in drop_in_classes()}
+    kinds = (*ACTIVATION_CLASSES, *ours, "LayerNorm", "Linear", "LlamaAttention", "LlamaMLP", "x")
+    names = {SM._category(k, ours) for k in kinds}
     assert names | set(PR.CATEGORIES) | {SM.AT_PEAK} <= set(PR.COLOURS)
     assert len(set(PR.COLOURS.values())) == len(PR.COLOURS)
     plan = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), budget=1 << 40)
