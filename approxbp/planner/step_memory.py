@@ -303,7 +303,11 @@ def _collecting_only_the_steps_objects():
     """``gc.freeze`` for the step: what existed before it (torch, transformers, the model) is left out of every
     collection inside it, so :func:`traced_step`'s two ``gc.collect`` examine only the objects the step made (the
     cycles it may leave are among those), in microseconds rather than a walk of the whole heap (~0.2 s each). Older
-    garbage holds no tensor the step's tracker counts; ``gc.unfreeze`` hands it back to the collector after."""
+    garbage holds no tensor the step's tracker counts; ``gc.unfreeze`` hands it back to the collector after. A
+    process that froze objects itself (a pre-fork server) is left as it was: nothing more is frozen, nothing thawed."""
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
     try:
         yield

@@ -40,6 +40,29 @@ def test_a_budgeted_plan_promises_the_peak_of_its_traced_step_and_a_real_step_re
     assert "a whole step traced by MemTracker" in report(plan)
 
 
+def test_a_traced_step_leaves_the_processs_own_frozen_objects_frozen():
+    """traced_step confines its collections with gc.freeze; a process that froze objects itself keeps them frozen,
+    and one that had not is left with nothing frozen."""
+    import gc
+
+    def step():
+        torch.manual_seed(0)
+        model, inputs = MD.model_spec(LLAMA)()
+        return SM.traced_step(model, inputs(1, 8), SU.Setup(weights="fp32")).peak
+
+    assert gc.get_freeze_count() == 0
+    alone = step()
+    assert gc.get_freeze_count() == 0
+    sentinel = [object()]  # a container the collector tracks; frozen, it is in no generation gc.get_objects lists
+    gc.freeze()
+    try:
+        assert not any(o is sentinel for o in gc.get_objects())
+        assert step() == alone
+        assert gc.get_freeze_count() > 0 and not any(o is sentinel for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
+
+
 def test_an_offloaded_block_leaves_the_traced_device_and_gives_the_stock_gradients():
     setup = SU.Setup(weights="fp32")
 
