@@ -12,6 +12,7 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import table_schema as TS
 from approxbp.approximations import tables as T
 from approxbp.approximations.expressions import ExpressionError
+from approxbp.cli import main
 from approxbp.kernels import (
     InvActivation,
     ReLUSumActivation,
@@ -76,7 +77,9 @@ PAYLOADS = [
 
 
 @pytest.mark.parametrize("payload", PAYLOADS)
-def test_invact_branch_payload_is_refused_without_running(tmp_path, monkeypatch, payload):
+def test_invact_branch_payload_is_refused_without_running(tmp_path, monkeypatch, capsys, payload):
+    """The CLI's `export` refuses each payload in-process; the first (a shell command) also in a process of its own,
+    as a user runs it."""
     monkeypatch.chdir(tmp_path)
     t = _table("invact/gelu-paper")
     t["left"]["expression"] = payload
@@ -85,9 +88,12 @@ def test_invact_branch_payload_is_refused_without_running(tmp_path, monkeypatch,
         T.load(p)
     with pytest.raises(RuntimeError, match="approxbp export"):  # run time never parses it: it has no kernels
         InvActivation(str(p))
-    r = subprocess.run([sys.executable, "-m", "approxbp.cli", "export", str(p), "--out-dir", str(tmp_path)],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and "left.expression" in r.stderr
+    assert main(["export", str(p), "--out-dir", str(tmp_path)]) == 2
+    assert "left.expression" in capsys.readouterr().err
+    if payload == PAYLOADS[0]:
+        r = subprocess.run([sys.executable, "-m", "approxbp.cli", "export", str(p), "--out-dir", str(tmp_path)],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and "left.expression" in r.stderr
     assert not (tmp_path / MARKER).exists()
 
 
