@@ -7,6 +7,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+from _plans import share_plans  # noqa: E402
 from _step_peaks import LiveBytes, StepPeaks, held  # noqa: E402
 from _tiny_llm import padded as _padded  # noqa: E402
 from _tiny_llm import tiny_data, tiny_llama  # noqa: E402
@@ -18,6 +19,11 @@ from approxbp.planner.tracker import Tracker  # noqa: E402
 from approxbp.trainer import ApproxBPCallback  # noqa: E402
 
 BUDGET = 440_000  # under the stock step's 451 200 bytes (fp32 AdamW, batch 2 × 16 tokens)
+
+
+@pytest.fixture(autouse=True)
+def _each_step_planned_once(monkeypatch):
+    share_plans(monkeypatch)
 
 
 def _trainer(model, tmp_path, callbacks, steps=3, **extra):

@@ -12,12 +12,13 @@ from approxbp.approximations import get_activation
 from approxbp.approximations import table_schema as TS
 from approxbp.approximations import tables as T
 from approxbp.approximations.expressions import ExpressionError
-from approxbp.cli import main
 from approxbp.kernels import (
     InvActivation,
     ReLUSumActivation,
 )
 from approxbp.kernels.codegen import export
+
+from approxbp.cli import main
 
 
 @pytest.mark.parametrize("text, msg", [
