@@ -483,6 +483,16 @@ def test_the_probe_sees_the_folder_when_the_repository_root_is_on_sys_path():
     assert run.stdout.split()[0] == "False", run.stdout + run.stderr
 
 
+
+def test_every_pythonpath_a_test_sets_goes_through_python_path():
+    """A PYTHONPATH built by hand can hold an empty entry, the working directory, which PYTHONSAFEPATH does not drop
+    (the FSDP test's did, and transformers 5.25 then imported kernels/ as Hugging Face's `kernels`: CI at stop 76):
+    each one a test sets goes through `_helpers.python_path`."""
+    found = [f"{path.relative_to(ROOT)}:{i}" for path in sorted((ROOT / "tests").rglob("*.py"))
+             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"""["']PYTHONPATH["']\s*[]:]""", line) and "python_path(" not in line]
+    assert not found, found
+
 def _public_definitions(tree: ast.Module) -> set[str]:
     names = set()
     for node in tree.body:

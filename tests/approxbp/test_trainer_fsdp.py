@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import python_path
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -19,11 +20,11 @@ WORKER = Path(__file__).parents[1] / "support" / "_fsdp_trainer.py"
 
 
 def _run(out: Path, which: str) -> dict:
-    paths = os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")])  # the worker imports _tiny_llm
     for attempt in range(2):  # gloo's rendezvous on a loaded 2-core machine has aborted (SIGABRT) once in ~10 runs
         r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                             "--standalone", str(WORKER), str(out), which], capture_output=True, text=True,
-                           timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": paths})
+                           timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                             "PYTHONPATH": python_path(WORKER.parent)})  # it imports _tiny_llm
         if r.returncode == 0 or attempt:
             break
     assert r.returncode == 0, r.stderr[-3000:]

@@ -5,6 +5,7 @@ through entry points (``tests/support/toy_family``), from fit to a planned and c
 from pathlib import Path
 
 import pytest
+from _helpers import python_path
 from approxbp.approximations import tables as T
 from approxbp.approximations.families import TABLE_FAMILIES, member
 from approxbp.approximations.table_schema import TableError
@@ -110,7 +111,7 @@ def test_a_toy_family_of_another_package_goes_from_fit_to_a_planned_costed_step(
     assert saved == [["8.00", "KiB", "4.00", "KiB"]], plan  # a bf16 x (2 bytes) → one flag byte per element
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # `cost` compiles for sm_90
-    env["PYTHONPATH"] = os.pathsep.join([str(toy_family_installed), str(Path(__file__).parents[1] / "support")])
+    env["PYTHONPATH"] = python_path(toy_family_installed, Path(__file__).parents[1] / "support")
     r = subprocess.run([sys.executable, "-m", "approxbp", "cost", str(tables / "gelu-step.json"), "--dtype", "bf16"],
                        env=env, capture_output=True, text=True, timeout=300)  # a fresh process finds it too
     assert r.returncode == 0 and "toy gelu-step fwd" in r.stdout and "toy gelu-step bwd" in r.stdout, r.stderr

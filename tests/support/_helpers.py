@@ -3,6 +3,7 @@ exporting a user's table (what a user runs before training), the exact float64 g
 that train two models alike."""
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -54,3 +55,11 @@ def sgd_steps(model: torch.nn.Module, x: torch.Tensor, steps: int = 3, lr: float
         model(x).square().mean().backward()
         opt.step()
     return model
+
+
+def python_path(*folders: Path) -> str:
+    """PYTHONPATH for a Python a test starts: ``folders``, then the caller's PYTHONPATH, never an empty entry. An empty
+    entry is the working directory, which PYTHONSAFEPATH does not drop: from the repository root kernels/ would then
+    shadow Hugging Face's ``kernels``, which transformers ≥ 5.25 installs and imports (CI at stop 76)."""
+    entries = [*map(str, folders), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return os.pathsep.join(e for e in entries if e)
