@@ -84,11 +84,31 @@ def stable_form(expr: sp.Expr) -> sp.Expr:
     (1 + exp(u))⁻ⁿ → σ(−u)ⁿ, e^(a+u)·σ(−u)ⁿ → e^a·σ(u)·σ(−u)ⁿ⁻¹, 1 − 2σ(v) →
     −tanh(v/2), 1 + tanh(u) → 2σ(2u)
     (so the derivative of x·(1 − 2/(e^(2eˣ) + 1)) holds no e^(2eˣ))."""
-    u = sp.Wild("u")
-    expr = expr.replace(sp.log(1 + sp.exp(u)), lambda u: _softplus(u))
+    expr = _rewrite(expr, _log_one_plus_exp)
     for rule in (_sigmoid_power, _merge_exp_sigmoid, _one_minus_two_sigmoid, _exp_minus_one):
         expr = _rewrite(expr, rule)
-    return expr.replace(1 + sp.tanh(u), lambda u: 2 * sigmoid(2 * u))
+    return _rewrite(expr, _one_plus_tanh)
+
+
+def _one_plus(e: sp.Expr, head) -> sp.Expr | None:
+    """u where e is exactly 1 + head(u) (the 1 may be a Float), else None. A structural test: sympy's pattern
+    matching of the same sum (a Wild inside an Add) costs most of a table's validation."""
+    if not (e.is_Add and len(e.args) == 2):
+        return None
+    one, other = sorted(e.args, key=lambda a: not a.is_Number)
+    return other.args[0] if one.is_Number and float(one) == 1.0 and isinstance(other, head) else None
+
+
+def _log_one_plus_exp(e: sp.Expr):
+    """log(1 + eᵘ) = softplus(u), or None."""
+    u = _one_plus(e.args[0], sp.exp) if isinstance(e, sp.log) else None
+    return None if u is None else _softplus(u)
+
+
+def _one_plus_tanh(e: sp.Expr):
+    """1 + tanh(u) = 2σ(2u), or None."""
+    u = _one_plus(e, sp.tanh)
+    return None if u is None else 2 * sigmoid(2 * u)
 
 
 def _rewrite(expr: sp.Expr, rule) -> sp.Expr:

@@ -114,3 +114,19 @@ def test_a_users_gelu_is_generated_from_the_packaged_form():
     assert get_activation("x/(1 + exp(-x))").expr == get_activation("silu").expr
     assert known_form("x*Phi(x)*1.0000001") is None and known_form("x*tanh(exp(x))") is None
     assert get_activation("x*erfc(-x/sqrt(2))/2").f(np.array([-12.0]))[0] < 0  # no cancellation to 0
+
+
+def test_stable_form_rewrites_exactly_one_plus_exp_and_one_plus_tanh():
+    """The structural rules of stable_form take 1 + eᵘ inside a log and 1 + tanh(u) (the 1 may be a Float, the terms
+    in either order) and leave every other sum alone."""
+    import sympy as sp
+    from approxbp.approximations.activations import sigmoid, stable_form
+    from approxbp.approximations.functions import softplus
+
+    x = sp.Symbol("x")
+    assert stable_form(sp.log(sp.exp(-x) + 1)) == softplus(-x)
+    assert stable_form(sp.log(sp.Float(1.0) + sp.exp(2 * x))) == softplus(2 * x)
+    assert stable_form(x * (1 + sp.tanh(x))) == x * 2 * sigmoid(2 * x)
+    for kept in (sp.log(2 + sp.exp(x)), sp.log(1 + 2 * sp.exp(x)), sp.log(1 + x + sp.exp(x)), sp.log(2),
+                 2 + sp.tanh(x), 1 + x + sp.tanh(x), 1 + 2 * sp.tanh(x)):
+        assert stable_form(kept) == kept, kept
