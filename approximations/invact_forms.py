@@ -19,11 +19,12 @@ from functools import cached_property
 import numpy as np
 import sympy as sp
 
-from .activations import get_activation, stable_form
+from .activations import get_activation
 from .backends import grammar, numpy_namespace, torch_namespace
 from .expressions import parse as parse_expression
 from .functions import select
 from .invact import InvertedActivation, check_branch
+from .rewrites import stable_form
 
 __all__ = ["backward_rule", "branch_grid", "branch_metrics", "Form", "GRID", "newton_form", "published_forms",
            "RIGHT_SPAN", "right_tail_error", "RULE_PARTS", "TableBackward", "with_newton_steps", "y"]

@@ -29,12 +29,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import sympy as sp
 from approxbp.approximations import balls, get_activation
-from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as X_SYMBOL
 from approxbp.approximations.elementary import LG2_ABS_ERROR, LN2
 from approxbp.approximations.families import Registry, member, register
 from approxbp.approximations.invact_forms import Form, backward_rule
 from approxbp.approximations.invact_forms import y as FORM_Y
+from approxbp.approximations.rewrites import stable_form
 from approxbp.approximations.table_checks import recorded_loss_slack
 from approxbp.approximations.tables import InvActTable, as_table, load, save
 from flint import arb

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import sympy as sp
 from approxbp.approximations import balls, get_activation
-from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as X_SYMBOL
+from approxbp.approximations.rewrites import stable_form
 from approxbp.approximations.tables import as_table
 from flint import arb
 

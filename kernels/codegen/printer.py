@@ -8,9 +8,9 @@ from __future__ import annotations
 import sympy as sp
 import torch
 from approxbp.approximations import backends
-from approxbp.approximations.activations import stable_form
 from approxbp.approximations.functions import select, softplus
 from approxbp.approximations.invact_forms import RULE_PARTS
+from approxbp.approximations.rewrites import stable_form
 from sympy.printing.pycode import PythonCodePrinter
 
 __all__ = ["by_storage_dtype", "horner", "lower", "round_down", "round_up", "tanh_series", "triton_source",
@@ -89,7 +89,7 @@ class TritonPrinter(PythonCodePrinter):
 
 
 def lower(expr: sp.Expr) -> sp.Expr:
-    """The shared stable form (approximations.activations.stable_form), then Mish's tanh(softplus(u)) → n/(n + 2)
+    """The shared stable form (approximations.rewrites.stable_form), then Mish's tanh(softplus(u)) → n/(n + 2)
     with n = e^u(e^u + 2) (the same function: one exp and one division instead of exp, log, exp and two divisions;
     no cancellation as u → −∞; 1 for u > 20, where it rounds to 1 and e^{2u} would overflow)."""
     u = sp.Wild("u")

@@ -11,8 +11,8 @@ from pathlib import Path
 import sympy as sp
 from approxbp.approximations import backends
 from approxbp.approximations import tables as T
-from approxbp.approximations.activations import stable_form
 from approxbp.approximations.activations import x as activation_x
+from approxbp.approximations.rewrites import stable_form
 
 from ..ops.modules import FORMAT
 

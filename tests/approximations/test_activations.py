@@ -120,8 +120,8 @@ def test_stable_form_rewrites_exactly_one_plus_exp_and_one_plus_tanh():
     """The structural rules of stable_form take 1 + eᵘ inside a log and 1 + tanh(u) (the 1 may be a Float, the terms
     in either order) and leave every other sum alone."""
     import sympy as sp
-    from approxbp.approximations.activations import sigmoid, stable_form
-    from approxbp.approximations.functions import softplus
+    from approxbp.approximations.functions import sigmoid, softplus
+    from approxbp.approximations.rewrites import stable_form
 
     x = sp.Symbol("x")
     assert stable_form(sp.log(sp.exp(-x) + 1)) == softplus(-x)
