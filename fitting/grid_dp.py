@@ -51,7 +51,8 @@ def _prefix(g: np.ndarray, values) -> np.ndarray:
 
 
 def _segment_costs(obj: ReluSumObjective, g: np.ndarray) -> np.ndarray:
-    """S[i, j]: the interior cost of one segment [g_i, g_j] (∞ for j ≤ i)."""
+    """S[i, j]: the interior cost of one segment [g_i, g_j] (∞ for j ≤ i, and where it is not a number: such a
+    segment is never chosen)."""
     f, df = obj.activation.f, obj.activation.df
     G = g.size
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -69,14 +70,18 @@ def _segment_costs(obj: ReluSumObjective, g: np.ndarray) -> np.ndarray:
             s1, sx, sxx, sf, sxf, sff = (row[None, :] - row[:, None] for row in m)
             det = s1 * sxx - sx * sx
             S = sff - (sxx * sf * sf - 2 * sx * sf * sxf + s1 * sxf * sxf) / det
-    S = np.where(np.triu(np.ones((G, G), bool), 1), np.maximum(S, 0.0), np.inf)
+    S = np.where(np.triu(np.ones((G, G), bool), 1) & ~np.isnan(S), np.maximum(S, 0.0), np.inf)
     return S
 
 
 def _min_plus(a: np.ndarray, b: np.ndarray, chunk: int = 32) -> np.ndarray:
-    out = np.empty_like(a)
-    for r in range(0, a.shape[0], chunk):
-        out[r:r + chunk] = np.min(a[r:r + chunk, :, None] + b[None, :, :], axis=1)
+    """(a ⊗ b)[i, j] = min_k a[i, k] + b[k, j] for strictly upper-triangular a and b (∞ on and below the diagonal,
+    as S and its powers are): rows r… of a chunk need only k, j > r, a third of the full product's work, and the
+    minimum over the same finite terms is the same number."""
+    G = a.shape[0]
+    out = np.full_like(a, np.inf)
+    for r in range(0, G - 1, chunk):
+        out[r:r + chunk, r + 1:] = np.min(a[r:r + chunk, r + 1:, None] + b[None, r + 1:, r + 1:], axis=1)
     return out
 
 

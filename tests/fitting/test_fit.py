@@ -144,6 +144,22 @@ def test_grid_dp_is_the_exact_optimum_over_its_grid():
     np.testing.assert_allclose(dp, brute)
 
 
+@pytest.mark.parametrize("size, chunk", [(1, 4), (2, 4), (9, 4), (10, 3), (33, 32)])
+def test_the_triangular_min_plus_product_is_the_full_ones(size, chunk):
+    """grid_dp._min_plus skips the terms ∞ on and below the diagonal; on strictly upper-triangular matrices (with
+    ties and an ∞ above the diagonal; S holds no NaN) it gives the full product's numbers, chunk boundaries
+    anywhere."""
+    from approxbp.fitting import grid_dp
+
+    rng = np.random.default_rng(size)
+    a, b = (np.where(np.triu(np.ones((size, size), bool), 1), rng.integers(0, 4, (size, size)).astype(float), np.inf)
+            for _ in range(2))
+    if size > 2:
+        a[0, 2], b[1, -1] = np.inf, np.inf
+    full = np.min(a[:, :, None] + b[None, :, :], axis=1)
+    np.testing.assert_array_equal(grid_dp._min_plus(a, b, chunk), full)
+
+
 @pytest.mark.parametrize("activation, best", [pytest.param("gelu", 8.3796391e-4, marks=pytest.mark.slow),
                                               pytest.param("gelu_tanh", 8.3489196e-4, marks=pytest.mark.slow),
                                               pytest.param("mish", 9.7898641e-4, marks=pytest.mark.slow)])
