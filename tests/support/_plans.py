@@ -1,26 +1,54 @@
-"""One plan per distinct step per test process: the Trainer tests plan the same tiny model under the same budget
-again and again (a budgeted plan: 5–15 s on 2 cores). ``share_plans(monkeypatch)`` makes
-``approxbp.planner.plan.plan`` plan each distinct request once (keyed by the config file's and the user's tables'
-contents, not their temporary paths) and hand each caller its own deep copy."""
+"""One plan (or compiled point) per distinct step per test process: the Trainer tests plan the same tiny model under
+the same budget again and again (a budgeted plan: 5–15 s on 2 cores), and the compile tests compile the same
+assignment at the same ``activation_memory_budget`` in a fixture and again in a test (2–8 s each).
+``share_plans(monkeypatch)`` makes ``approxbp.planner.plan.plan`` plan each distinct request once (keyed by the
+config file's and the user's tables' contents, not their temporary paths) and hand each caller its own deep copy;
+``share_points(monkeypatch)`` does the same for ``approxbp.planner.compiled.point`` (what ``points``, ``plan`` and
+``pareto`` call for each compiled budget). Both are pure functions of their arguments: a test that checks that two
+runs agree calls the real one."""
 
 import copy
 import dataclasses
 from pathlib import Path
 
 _PLANS: dict = {}
+_POINTS: dict = {}
+
+
+def _contents(path: str) -> str:
+    """A file's contents (the key of a temporary copy), else the string itself (a model type with overrides)."""
+    p = Path(path)
+    return p.read_text() if p.is_file() else path
+
+
+def _shared(monkeypatch, module, name: str, store: dict, key) -> None:
+    real = getattr(module, name)
+
+    def shared(*args, **options):
+        k = key(*args, **options)
+        if k not in store:
+            store[k] = real(*args, **options)
+        return copy.deepcopy(store[k])
+
+    monkeypatch.setattr(module, name, shared)
+
+
+def _request_key(request) -> str:
+    return repr(dataclasses.replace(request, model=_contents(request.model),
+                                    tables=tuple(_contents(t) for t in request.tables)))
 
 
 def share_plans(monkeypatch) -> None:
     from approxbp.planner import plan as planner
 
-    real = planner.plan
+    _shared(monkeypatch, planner, "plan", _PLANS,
+            lambda request, **options: (_request_key(request), repr(sorted(options.items()))))
 
-    def plan(request, **options):
-        contents = dataclasses.replace(request, model=Path(request.model).read_text(),
-                                       tables=tuple(Path(t).read_text() for t in request.tables))
-        key = (repr(contents), repr(sorted(options.items())))
-        if key not in _PLANS:
-            _PLANS[key] = real(request, **options)
-        return copy.deepcopy(_PLANS[key])
 
-    monkeypatch.setattr(planner, "plan", plan)
+def share_points(monkeypatch) -> None:
+    from approxbp.planner import compiled
+
+    def key(request, device, choice, ms_norm, budget, blocks=None):
+        return _request_key(request), repr(device), repr(sorted(choice.items())), ms_norm, budget, blocks
+
+    _shared(monkeypatch, compiled, "point", _POINTS, key)

@@ -4,6 +4,7 @@ and trains as stock."""
 
 import pytest
 import torch
+from _plans import share_points
 
 from approxbp.cli import main
 from approxbp.planner.compiled import budget_backend, point
@@ -16,6 +17,14 @@ from approxbp.planner.training import Setup
 
 MODEL = "llama:hidden_size=64,num_hidden_layers=2,intermediate_size=128,num_attention_heads=4,vocab_size=4096"
 BUDGETS = (1.0, 0.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _each_point_compiled_once():
+    """The curve's compiled points are the plan's and the test's own (the same assignment at the same budget)."""
+    with pytest.MonkeyPatch.context() as mp:
+        share_points(mp)
+        yield
 
 
 @pytest.fixture(scope="module")
