@@ -151,6 +151,7 @@ class InvertedActivation:
             lo = np.full_like(y, self.T + 0.5 * _TAYLOR_RADIUS)
             hi = np.maximum(2 * np.abs(y) + 10.0, self.T + 1.0)
         x = (lo + hi) / 2 if branch == "left" else np.clip(y, lo, hi)
+        moved = np.full_like(y, np.inf)
         for _ in range(200):
             F = f(x) - y
             # keep the bracket: f decreases on the left branch and increases on the right one
@@ -164,7 +165,10 @@ class InvertedActivation:
             xn = x - step
             out = (xn < lo) | (xn > hi) | ~np.isfinite(xn)
             xn = np.where(F == 0, x, np.where(out, (lo + hi) / 2, xn))  # an exact root stays put
-            done = np.all(np.abs(xn - x) <= 4e-16 * np.maximum(np.abs(x), 1e-300)) or np.all(F == 0)
+            # converged: a step within 4e-16·|x|; or at rounding level, a step (≤ 64 of those) no smaller than the
+            # last one: f(x) − y is rounding noise there and x hops between neighbouring floats
+            tol, last, moved = 4e-16 * np.maximum(np.abs(x), 1e-300), moved, np.abs(xn - x)
+            done = np.all((moved <= tol) | ((moved <= 64 * tol) & (moved >= last))) or np.all(F == 0)
             x = xn
             if done:
                 break
