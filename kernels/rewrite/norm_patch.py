@@ -18,11 +18,7 @@ from .common import (
     move_hooks,
     replace,
 )
-from .fsdp import sharded_by_fsdp
-from .norm_consumers import (
-    consumers_by_dispatch,
-    consumers_by_fx,
-)
+from .norm_consumers import NormReaders, find_readers
 from .norm_forms import is_norm_candidate, norm_form
 from .norm_merge import (
     AffineInputLinear,
@@ -39,25 +35,18 @@ __all__ = ["replace_norms"]
 
 
 def replace_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input, savings: RewriteGuard,
-                config: PatchConfig) -> None:
+                config: PatchConfig, readers: NormReaders | None = None) -> None:
     """Every norm whose readers allow it becomes an MS-norm (:func:`_rewrite_norm`), one pattern of paths at a time
-    (:class:`~.common.RewriteGuard`); norms ``config.module_filter_fn`` refuses are left and reported."""
+    (:class:`~.common.RewriteGuard`); norms ``config.module_filter_fn`` refuses are left and reported. The readers
+    are found by :func:`~.norm_consumers.find_readers`, or by ``readers`` (a :class:`~.norm_consumers.NormReaders`
+    that found them on a model built alike)."""
     for name, m in model.named_modules():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
         if is_norm_candidate(m) and isinstance(why := norm_form(m), str):
             report.skipped.append(f"{name} ({type(m).__name__}): {why}")
-    found = why = None
-    if sharded_by_fsdp(model):  # tracing would run FSDP2's hooks (and make a block its root)
-        why = "it is sharded by FSDP2 already"
-    else:
-        try:
-            found = consumers_by_fx(model)
-        except Exception as err:  # noqa: BLE001 - any tracing failure: fall back to running the model, or say why
-            why = f"it is not fx-traceable ({type(err).__name__}: {str(err)[:80]})"
+    found, why = (readers or find_readers)(model, example_input)
     if found is None:
-        if example_input is None:
-            report.skipped.append(f"norm merging: {why}; pass example_input to find consumers by running it")
-            return
-        found = consumers_by_dispatch(model, example_input)  # (a branch on tensor values changes no reader's value)
+        report.skipped.append(f"norm merging: {why}; pass example_input to find consumers by running it")
+        return
     modules = dict(model.named_modules())
     for name, m in modules.items():  # proven norms that never ran (a BART decoder's cross-attention norm, run as a
         if name not in found and has_proven_norm_form(m):  # causal LM): nothing proves how their output is read

@@ -1,11 +1,8 @@
 """Every notebook runs top to bottom on a fresh install (a failing cell fails the suite) and shows its figures; the
 two explorers take a user's activation in their parameters cell."""
 
-
-import nbformat
 import pytest
 from _helpers import ROOT
-from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -18,7 +15,11 @@ SLOW_NOTEBOOKS = ("bdia_reversibility", "kernels_and_memory", "relu_sum_explorer
 
 
 def _run(path, tmp_path, activation: str | None = None):
-    """The executed notebook; ``activation`` replaces 'gelu' in the cell tagged ``parameters``."""
+    """The executed notebook; ``activation`` replaces 'gelu' in the cell tagged ``parameters``. (nbformat is imported
+    here: its jsonschema import takes ~5 s, which every xdist worker would otherwise pay to collect these tests.)"""
+    import nbformat
+    from nbclient import NotebookClient
+
     nb = nbformat.read(path, as_version=4)
     if activation is not None:
         cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
