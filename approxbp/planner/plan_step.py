@@ -87,13 +87,13 @@ def activation_layers(model: nn.Module) -> dict[str, str]:
 
 def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: dict | None = None,
           moves: dict[str, str] | None = None, *, chunked_loss: bool = False, parts: tuple[str, ...] = (),
-          norm_readers=None) -> nn.Module:
+          discovery=None) -> nn.Module:
     """The loss chunked (``chunked_loss``: :func:`~.chunked_loss.apply_chunked_loss`), each layer replaced by its
     option (``exact`` keeps it; ``glu`` fuses its gated MLP) and the norms merged (patch_model's rules), then the
     ``parts`` of every block recomputed alone (a move the planner measures per block) and a plan's ``moves``
     (:func:`~.moves.apply_moves`) — the moves after the rewrites, which patch_model proves on the stock forward.
-    Other gated MLPs keep their activation as a layer of its own: the options are per layer. ``norm_readers``: the
-    stepper's :class:`~approxbp.kernels.rewrite.norm_consumers.NormReaders` (the norms' readers found once)."""
+    Other gated MLPs keep their activation as a layer of its own: the options are per layer. ``discovery``: the
+    stepper's :class:`~approxbp.kernels.rewrite.discovery.Discovery` (what patch_model finds, found once)."""
     from approxbp.kernels.rewrite.patch import patch_model
     from approxbp.planner.chunked_loss import apply_chunked_loss
 
@@ -105,7 +105,7 @@ def apply(model: nn.Module, assignment: dict[str, str], ms_norm: bool, inputs: d
                   if path in assignment}
         fused = {path.rpartition(".")[0] for path, option in assignment.items() if option == "glu" and path in layers}
         patch_model(model, family=None, tables=tables or None, norms=ms_norm, example_input=inputs, check=False,
-                    glu=fused, norm_readers=norm_readers)
+                    glu=fused, discovery=discovery)
     if parts:
         apply_moves(model, {b: RECOMPUTE_PART + part for b in block_paths(model, first_block(model)) for part in parts})
     return apply_moves(model, moves) if moves else model
@@ -139,7 +139,7 @@ def stepper(request: Request, *, whole: bool = False):
     :func:`~.step_memory.traced_step` rather than the tensors saved by the forward. A Hugging Face model of more than 3
     alike blocks is measured at 2 and 3 blocks and extrapolated (:mod:`~.extrapolate`) unless ``whole`` or an assignment
     treats its blocks differently."""
-    from approxbp.kernels.rewrite.norm_consumers import NormReaders
+    from approxbp.kernels.rewrite.discovery import Discovery
 
     setup, lora_r, checkpoint, fake = request.setup, request.lora_r, request.checkpoint, request.fake
     traced = checkpoint if request.traced is None else request.traced
@@ -150,7 +150,7 @@ def stepper(request: Request, *, whole: bool = False):
     if count and count[1] > SMALL[-1]:
         small = {n: hf_builder(shrunk(build.config, count[0], n), build.task) for n in SMALL}
     prefix: list[str] = []  # the blocks' path prefix ("model.layers."), known after the first small run
-    readers = NormReaders()  # each model's norm readers found once: every step builds it afresh
+    discovery = Discovery()  # norm readers and gated MLPs found once per kind of model: every step builds it afresh
     head = "{} ({})".format(*head_of(build.config, setup.task)) if hasattr(build, "config") else ""
 
     def one(builder, batch: int, seq: int, assignment: dict[str, str] | None, ms_norm: bool,
@@ -163,7 +163,7 @@ def stepper(request: Request, *, whole: bool = False):
             inputs = step_inputs(make_inputs, batch, seq, setup)
             layers = activation_layers(model)
             if assignment or ms_norm or moves or any(extra.values()):
-                apply(model, assignment or {}, ms_norm, inputs, moves, norm_readers=readers, **extra)
+                apply(model, assignment or {}, ms_norm, inputs, moves, discovery=discovery, **extra)
             step = measure(model, inputs, setup, traced)
             step.layers, step.uses_seq = layers, not getattr(make_inputs, "ignores_seq", False)
             step.lora = tuple(sorted({n.rpartition(".")[2] for n, m in model.named_modules()

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import difflib
 
+import torch
 from torch import nn
 
 from ..ops.glu import GatedMLP
 from ..ops.modules import drop_in_classes
+from ..ops.torch_private import unset_fake_temporarily
 from . import swaps
 from .activation_swap import ACTIVATION_CLASSES, class_key
 from .common import (
@@ -25,9 +27,10 @@ from .common import (
     move_hooks,
     replace,
 )
+from .discovery import Discovery, run_once
 from .glu_forms import layout_of, prove, record_calls
 
-__all__ = ["check_glu_paths", "fuse_gated_mlps"]
+__all__ = ["check_glu_paths", "find_gated_mlps", "fuse_gated_mlps"]
 
 
 def check_glu_paths(model: nn.Module, glu) -> None:
@@ -43,35 +46,23 @@ def check_glu_paths(model: nn.Module, glu) -> None:
 
 
 def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_input, config: PatchConfig,
-                    savings: RewriteGuard) -> dict[str, list[str]]:
+                    savings: RewriteGuard, discovery: Discovery | None = None) -> dict[str, list[str]]:
     """Replace every proven gated MLP by a :class:`~approxbp.kernels.ops.glu.GatedMLP` (``config.glu``: all, or these
     paths; modules ``config.module_filter_fn`` refuses are left and reported); return the activations called as
-    functions outside them, {module path: activations} (one run of the example records both,
-    :func:`~.glu_forms.record_calls`), for :func:`~.activation_swap.swap_activations`."""
+    functions outside them, {module path: activations} (one run of the example finds both, :func:`find_gated_mlps`,
+    once per kind of model with a ``discovery``), for :func:`~.activation_swap.swap_activations`."""
     fuse = config.glu
     modules = dict(model.named_modules())
-
-    def run():
-        with mode(model, False):
-            call(model, example_input, every_output(model))
-
-    def activation_of(parent: str):
-        def of(child: str):
-            m = modules.get(f"{parent}.{child}" if parent else child)
-            return ACTIVATION_CLASSES.get(class_key(m)) if m is not None else None
-        return of
-
-    records, functional = record_calls(model, run)
+    layouts, inputs, functional = run_once(find_gated_mlps, model, example_input, discovery)
     wanted = (lambda name: fuse) if isinstance(fuse, bool) else (lambda name: name in fuse)
-    found = {name: layout_of(rec, activation_of(name)) for name, rec in records.items()
-             if wanted(name) and not isinstance(modules[name], GatedMLP)}
-    found = {name: f for name, f in found.items() if f is not None}
+    found = {name: f for name, f in layouts.items()
+             if f is not None and wanted(name) and not isinstance(modules[name], GatedMLP)}
     for pattern, group in by_pattern(list(found)):
         for names in savings.attempts(f"{pattern} (gated MLPs)", group):
             for name in names:
                 how = found[name]
                 why = (FILTERED if not config.wants(modules[name], name) else how if isinstance(how, str)
-                       else _why_not_fused(modules, name, *how, records[name].x))
+                       else _why_not_fused(modules, name, *how, _meta(inputs[name])))
                 if why:
                     report.skipped.append(f"{name or 'the model'} ({type(modules[name]).__name__}): {why}")
                     continue
@@ -90,6 +81,36 @@ def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_i
         if act not in owners[where]:
             owners[where].append(act)
     return owners
+
+
+def find_gated_mlps(model: nn.Module, example_input) -> tuple[dict, dict, list[tuple[str, str]]]:
+    """One run of the example (:func:`~.glu_forms.record_calls`): ({module: :func:`~.glu_forms.layout_of`'s answer},
+    {module: its input's shape and dtype, what the proof reads of it}, [(module, activation) for every
+    activation op])."""
+    modules = dict(model.named_modules())
+
+    def run():
+        with mode(model, False):
+            call(model, example_input, every_output(model))
+
+    def activation_of(parent: str):
+        def of(child: str):
+            m = modules.get(f"{parent}.{child}" if parent else child)
+            return ACTIVATION_CLASSES.get(class_key(m)) if m is not None else None
+        return of
+
+    records, functional = record_calls(model, run)
+    layouts = {name: layout_of(rec, activation_of(name)) for name, rec in records.items()}
+    inputs = {name: None if rec.x is None else (tuple(rec.x.shape), rec.x.dtype) for name, rec in records.items()}
+    return layouts, inputs, functional
+
+
+def _meta(shape_dtype) -> torch.Tensor | None:
+    """A meta tensor of a recorded input's shape and dtype (all a proof reads of it), outside any fake mode."""
+    if shape_dtype is None:
+        return None
+    with unset_fake_temporarily():
+        return torch.empty(shape_dtype[0], dtype=shape_dtype[1], device="meta")
 
 
 def _why_not_fused(modules, name, layout, act, x) -> str | None:

@@ -14,7 +14,7 @@ from .common import call, every_output, leaves, mode
 from .fsdp import sharded_by_fsdp
 from .norm_merge import has_proven_norm_form
 
-__all__ = ["NormReaders", "consumers_by_dispatch", "consumers_by_fx", "find_readers"]
+__all__ = ["consumers_by_dispatch", "consumers_by_fx", "find_readers"]
 
 
 #: How a norm's output read as a model output (a hidden state) is listed among its other readers.
@@ -222,22 +222,3 @@ def find_readers(model: nn.Module, example_input) -> tuple[dict | None, str | No
         return None, why
     return consumers_by_dispatch(model, example_input), None  # (a branch on tensor values changes no reader's value)
 
-
-class NormReaders:
-    """:func:`find_readers` once per kind of model: the planner builds the same model afresh for every step it
-    measures, and finding the readers runs its forward twice. Keyed by the model's module tree (paths and classes)
-    and the example's tensor shapes and dtypes; each caller gets its own copy. Hold one per planned request (the
-    set-up, LoRA and checkpointing are the request's), never across requests."""
-
-    def __init__(self):
-        self._found: dict = {}
-
-    def __call__(self, model: nn.Module, example_input) -> tuple[dict | None, str | None]:
-        import copy
-
-        inputs = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t)
-                  for t in pytree.tree_leaves(example_input)]
-        key = (tuple((name, type(m).__qualname__) for name, m in model.named_modules()), repr(inputs))
-        if key not in self._found:
-            self._found[key] = find_readers(model, example_input)
-        return copy.deepcopy(self._found[key])

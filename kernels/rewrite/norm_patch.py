@@ -18,7 +18,8 @@ from .common import (
     move_hooks,
     replace,
 )
-from .norm_consumers import NormReaders, find_readers
+from .discovery import Discovery, run_once
+from .norm_consumers import find_readers
 from .norm_forms import is_norm_candidate, norm_form
 from .norm_merge import (
     AffineInputLinear,
@@ -35,15 +36,14 @@ __all__ = ["replace_norms"]
 
 
 def replace_norms(model: nn.Module, report: PatchReport, undo: Undo, example_input, savings: RewriteGuard,
-                config: PatchConfig, readers: NormReaders | None = None) -> None:
+                config: PatchConfig, discovery: Discovery | None = None) -> None:
     """Every norm whose readers allow it becomes an MS-norm (:func:`_rewrite_norm`), one pattern of paths at a time
     (:class:`~.common.RewriteGuard`); norms ``config.module_filter_fn`` refuses are left and reported. The readers
-    are found by :func:`~.norm_consumers.find_readers`, or by ``readers`` (a :class:`~.norm_consumers.NormReaders`
-    that found them on a model built alike)."""
+    are found by :func:`~.norm_consumers.find_readers` (once per kind of model with a ``discovery``)."""
     for name, m in model.named_modules():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
         if is_norm_candidate(m) and isinstance(why := norm_form(m), str):
             report.skipped.append(f"{name} ({type(m).__name__}): {why}")
-    found, why = (readers or find_readers)(model, example_input)
+    found, why = run_once(find_readers, model, example_input, discovery)
     if found is None:
         report.skipped.append(f"norm merging: {why}; pass example_input to find consumers by running it")
         return

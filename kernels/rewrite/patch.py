@@ -23,10 +23,10 @@ from .common import (
     path_pattern,
     run_example,
 )
+from .discovery import Discovery
 from .fsdp import share_with_fsdp
 from .glu_patch import check_glu_paths, fuse_gated_mlps
 from .moe_patch import fuse_expert_gates
-from .norm_consumers import NormReaders
 from .norm_merge import unmerge_norm
 from .norm_patch import replace_norms
 
@@ -36,7 +36,7 @@ __all__ = ["patch_model", "unpatch", "patched_state_dict", "PatchConfig", "Patch
 
 def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=None, module_filter_fn=None,
                 norms: bool = True, example_input=None, check: bool = True, bits: int = 2, glu=True,
-                config: PatchConfig | None = None, norm_readers: NormReaders | None = None) -> PatchReport:
+                config: PatchConfig | None = None, discovery: Discovery | None = None) -> PatchReport:
     """In place: replace every activation in :data:`ACTIVATION_CLASSES` (nn.GELU both ways, nn.SiLU, nn.Mish,
     nn.Softplus and the Hugging Face GELU/NewGELU/FastGELU/QuickGELU/SiLU/Mish classes) by its drop-in, fuse gated
     MLPs and make norms MS-norms, as :class:`~.common.PatchConfig` describes (``family``, ``tables``, ``norms``,
@@ -54,8 +54,8 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
     saved bytes measured: a group that changes an output is retried module by module and the module that cannot be
     proven is undone and reported; a group that saves nothing is undone and reported. ``check=False`` skips both
     (the planner patches fake tensors). On an error every change made so far is undone before it propagates.
-    ``norm_readers``: a :class:`~.norm_consumers.NormReaders` that finds the norms' readers once for models built
-    alike (the planner's, which builds its model afresh for each step it measures).
+    ``discovery``: a :class:`~.discovery.Discovery` that finds the norms' readers and the gated MLPs once for models
+    built alike (the planner's, which builds its model afresh for each step it measures).
 
     Every argument after ``model`` is a keyword (0.1's positional, ``activation=``, ``norm=`` and ``plan=`` are gone:
     CHANGELOG.md)."""
@@ -70,10 +70,10 @@ def patch_model(model: nn.Module, *, family: str | None = "relu-sum", tables=Non
     try:
         savings = RewriteGuard(model, example_input, report, undo, measure=check, stock=before)
         if config.norms:
-            replace_norms(model, report, undo, example_input, savings, config, norm_readers)
+            replace_norms(model, report, undo, example_input, savings, config, discovery)
         functional = {}
         if example_input is not None and (config.glu or config.family is not None or config.tables is not None):
-            functional = fuse_gated_mlps(model, report, undo, example_input, config, savings)
+            functional = fuse_gated_mlps(model, report, undo, example_input, config, savings, discovery)
             if config.glu:
                 fuse_expert_gates(model, report, undo, config, savings)
         elif not isinstance(config.glu, bool):  # named gated MLPs (a plan's) are reported, never silently left
