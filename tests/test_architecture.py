@@ -493,6 +493,35 @@ def test_every_pythonpath_a_test_sets_goes_through_python_path():
              if re.search(r"""["']PYTHONPATH["']\s*[]:]""", line) and "python_path(" not in line]
     assert not found, found
 
+def test_a_value_shared_by_the_xdist_workers_is_computed_once_per_run(tmp_path, monkeypatch):
+    """``_once.once_per_run``: the first worker computes and writes, the next reads (the model-coverage rows, 5 min,
+    were measured three times in one CI run when worksteal brought a worker back to their module); another run
+    (another folder) or a run without xdist computes afresh."""
+    from _once import once_per_run
+
+    class Factory:  # what pytest's tmp_path_factory gives a worker: its own folder inside the run's
+        def __init__(self, run, worker):
+            self.base = tmp_path / run / worker
+
+        def getbasetemp(self):
+            self.base.mkdir(parents=True, exist_ok=True)
+            return self.base
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"rows": [1.5, "a"]}
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    got = [once_per_run(Factory("run1", w), "rows", compute) for w in ("popen-gw0", "popen-gw1", "popen-gw0")]
+    assert got == [{"rows": [1.5, "a"]}] * 3 and len(calls) == 1
+    once_per_run(Factory("run2", "popen-gw0"), "rows", compute)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    once_per_run(Factory("run1", "popen-gw0"), "rows", compute)
+    assert len(calls) == 3
+
+
 def _public_definitions(tree: ast.Module) -> set[str]:
     names = set()
     for node in tree.body:

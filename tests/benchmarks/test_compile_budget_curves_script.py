@@ -8,18 +8,23 @@ import runpy
 
 import pytest
 from _helpers import ROOT
+from _once import once_per_run
 
 pytest.importorskip("transformers")
 SCRIPT = runpy.run_path(str(ROOT / "benchmarks" / "compile_budget_curves.py"))
 TINY = "llama:hidden=64,layers=5,heads=4,kv_heads=4,intermediate=128,vocab=128"
 
 
-@pytest.fixture(scope="module")
-def result():
+@pytest.fixture(scope="session")
+def result(tmp_path_factory):
+    """Compile's two points on the tiny LLaMA (six compiles, ~30 s), once per run (``_once.once_per_run``)."""
     from approxbp.planner.gpus import gpu
 
-    SCRIPT["SETUPS"]["tiny"] = (TINY, 2, 32, {"train": "full"}, 8)
-    return SCRIPT["curve"]("tiny", gpu("h100"), budgets=(1.0, 0.0))
+    def curve():
+        SCRIPT["SETUPS"]["tiny"] = (TINY, 2, 32, {"train": "full"}, 8)
+        return SCRIPT["curve"]("tiny", gpu("h100"), budgets=(1.0, 0.0))
+
+    return once_per_run(tmp_path_factory, "compile_budget_curves_tiny", curve)
 
 
 def test_a_lower_budget_keeps_less_and_recomputes_more(result):

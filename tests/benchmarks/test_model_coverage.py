@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from _helpers import ROOT
+from _once import once_per_run
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # 9 models × (patch + 20 training steps): about a minute on 2 cores; CI runs it
@@ -34,16 +35,20 @@ print(json.dumps({name: coverage["measure"](*jobs[name]) for name in sys.argv[2:
 """
 
 
-@pytest.fixture(scope="module")
-def rows():
+@pytest.fixture(scope="session")
+def rows(tmp_path_factory):
     """The rows measured in a fresh Python process, as the benchmark measures each model in a fresh worker: a
     rewrite's proof reads torch._dynamo's graph breaks, and in a pytest worker that ran other tests before (CI's
     gw1 once) LLaVA had 4 of its 8 norms rewritten where every fresh process finds 8; torch._dynamo.reset() did not
-    restore it. The test checks the patch, not what earlier tests leave in the process."""
-    done = subprocess.run([sys.executable, "-c", _MEASURE, str(ROOT / "benchmarks" / "model_coverage.py"), *SUBSET],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    restore it. The test checks the patch, not what earlier tests leave in the process. Measured once per run
+    (``_once.once_per_run``: about 5 min, which worksteal had a module fixture spend three times)."""
+    def measure():
+        done = subprocess.run([sys.executable, "-c", _MEASURE, str(ROOT / "benchmarks" / "model_coverage.py"),
+                               *SUBSET], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    return once_per_run(tmp_path_factory, "model_coverage_rows", measure)
 
 
 @pytest.mark.parametrize("name", SUBSET)
