@@ -197,7 +197,7 @@ _PROVEN: OrderedDict = OrderedDict()
 _PROVEN_KEPT = 256
 
 
-def _proof_key(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor):
+def _proof_key(module: nn.Module, layout: GLULayout, act: str, shape: tuple[int, ...]):
     """What a proof depends on, or None (prove this instance): every submodule's class and plain attributes, every
     tensor attribute that is neither parameter nor buffer by its values (the proof reads it as it is), every
     parameter's path and shape (their values are random in the proof, so they do not matter), the layout, the
@@ -215,7 +215,7 @@ def _proof_key(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor):
                 tensors.append((k, tuple(v.shape), str(v.dtype), hash(data)))
         parts.append((path, type(m), tuple(plain), tuple(tensors)))
     shapes = tuple((n, tuple(p.shape)) for n, p in module.named_parameters())
-    return tuple(parts), shapes, layout, act, x.dim(), x.shape[-1] if x.dim() else None
+    return tuple(parts), shapes, layout, act, len(shape), shape[-1] if shape else None
 
 
 class _OwnCode(torch.fx.Tracer):
@@ -251,30 +251,30 @@ def fixed_graph(module: nn.Module) -> str | None:
     return None
 
 
-def prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:
+def prove(module: nn.Module, layout: GLULayout, act: str, shape: tuple[int, ...]) -> str | None:
     """Why ``GatedMLP(module, layout, act)`` may not replace ``module`` (None when it may): its forward is one fixed
     graph (:func:`fixed_graph`: no branch on its input's shape or values, none on the mode), and both run in
-    float64, with random weights, on random inputs of ``x``'s feature size (a few rows) at three scales and must
-    agree to 1e-9 relative. Cached per :func:`_proof_key` (never across modules that differ in anything the
-    forward reads)."""
+    float64, with random weights, on random inputs of the feature size of ``shape`` (its recorded input's; a few
+    rows) at three scales and must agree to 1e-9 relative. Cached per :func:`_proof_key` (never across modules that
+    differ in anything the forward reads)."""
     if why := fixed_graph(module):
         return why
-    key = _proof_key(module, layout, act, x)
+    key = _proof_key(module, layout, act, shape)
     if key is None:
-        return _prove(module, layout, act, x)
+        return _prove(module, layout, act, shape)
     if key not in _PROVEN:
-        _PROVEN[key] = _prove(module, layout, act, x)
+        _PROVEN[key] = _prove(module, layout, act, shape)
         while len(_PROVEN) > _PROVEN_KEPT:
             _PROVEN.popitem(last=False)
     _PROVEN.move_to_end(key)
     return _PROVEN[key]
 
 
-def _prove(module: nn.Module, layout: GLULayout, act: str, x: torch.Tensor) -> str | None:
-    f = _narrowing(module, x.shape[-1]) if x.dim() >= 2 else 1
+def _prove(module: nn.Module, layout: GLULayout, act: str, shape: tuple[int, ...]) -> str | None:
+    f = _narrowing(module, shape[-1]) if len(shape) >= 2 else 1
     if f is None:
         return "too wide to prove in float64 here, and its widths have no common factor to narrow it by"
-    rows = (*(1,) * (x.dim() - 2), min(x.shape[-2], 8), x.shape[-1] // f) if x.dim() >= 2 else tuple(x.shape)
+    rows = (*(1,) * (len(shape) - 2), min(shape[-2], 8), shape[-1] // f) if len(shape) >= 2 else tuple(shape)
     with unset_fake_temporarily(), torch.no_grad():
         gen = torch.Generator().manual_seed(0)
         stock = float64_twin(module, gen, f)

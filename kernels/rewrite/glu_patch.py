@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import difflib
 
-import torch
 from torch import nn
 
 from ..ops.glu import GatedMLP
 from ..ops.modules import drop_in_classes
-from ..ops.torch_private import unset_fake_temporarily
 from . import swaps
 from .activation_swap import ACTIVATION_CLASSES, class_key
 from .common import (
@@ -62,7 +60,7 @@ def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_i
             for name in names:
                 how = found[name]
                 why = (FILTERED if not config.wants(modules[name], name) else how if isinstance(how, str)
-                       else _why_not_fused(modules, name, *how, _meta(inputs[name])))
+                       else _why_not_fused(modules, name, *how, inputs[name]))
                 if why:
                     report.skipped.append(f"{name or 'the model'} ({type(modules[name]).__name__}): {why}")
                     continue
@@ -85,7 +83,7 @@ def fuse_gated_mlps(model: nn.Module, report: PatchReport, undo: Undo, example_i
 
 def find_gated_mlps(model: nn.Module, example_input) -> tuple[dict, dict, list[tuple[str, str]]]:
     """One run of the example (:func:`~.glu_forms.record_calls`): ({module: :func:`~.glu_forms.layout_of`'s answer},
-    {module: its input's shape and dtype, what the proof reads of it}, [(module, activation) for every
+    {module: its input's shape, all the proof reads of it}, [(module, activation) for every
     activation op])."""
     modules = dict(model.named_modules())
 
@@ -101,21 +99,13 @@ def find_gated_mlps(model: nn.Module, example_input) -> tuple[dict, dict, list[t
 
     records, functional = record_calls(model, run)
     layouts = {name: layout_of(rec, activation_of(name)) for name, rec in records.items()}
-    inputs = {name: None if rec.x is None else (tuple(rec.x.shape), rec.x.dtype) for name, rec in records.items()}
+    inputs = {name: None if rec.x is None else tuple(rec.x.shape) for name, rec in records.items()}
     return layouts, inputs, functional
 
 
-def _meta(shape_dtype) -> torch.Tensor | None:
-    """A meta tensor of a recorded input's shape and dtype (all a proof reads of it), outside any fake mode."""
-    if shape_dtype is None:
-        return None
-    with unset_fake_temporarily():
-        return torch.empty(shape_dtype[0], dtype=shape_dtype[1], device="meta")
-
-
-def _why_not_fused(modules, name, layout, act, x) -> str | None:
+def _why_not_fused(modules, name, layout, act, shape) -> str | None:
     if not name:
         return "the model itself is a gated MLP; patch a model that holds it"
     if layout.act is not None and (hooks := hooks_of(modules[f"{name}.{layout.act}"])):
         return f"its activation {layout.act} has {', '.join(hooks)}; the fused op would not call it"
-    return prove(modules[name], layout, act, x)
+    return prove(modules[name], layout, act, shape)

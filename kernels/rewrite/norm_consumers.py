@@ -221,4 +221,3 @@ def find_readers(model: nn.Module, example_input) -> tuple[dict | None, str | No
     if example_input is None:
         return None, why
     return consumers_by_dispatch(model, example_input), None  # (a branch on tensor values changes no reader's value)
-

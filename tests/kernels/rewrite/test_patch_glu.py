@@ -340,7 +340,7 @@ def test_the_proof_cache_keeps_only_the_most_recently_used(monkeypatch):
     cache = type(glu_forms._PROVEN)()
     monkeypatch.setattr(glu_forms, "_PROVEN", cache)
     monkeypatch.setattr(glu_forms, "_PROVEN_KEPT", 2)
-    monkeypatch.setattr(glu_forms, "_prove", lambda module, layout, act, x: None)
+    monkeypatch.setattr(glu_forms, "_prove", lambda module, layout, act, shape: None)
     monkeypatch.setattr(glu_forms, "fixed_graph", lambda module: None)
     for key in ("a", "b", "a", "c"):
         monkeypatch.setattr(glu_forms, "_proof_key", lambda *args, key=key: key)
