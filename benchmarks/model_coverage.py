@@ -287,8 +287,9 @@ def _mentioned(name: str, skipped: list[str]) -> bool:
     return any(name in s or pattern in s for s in skipped)
 
 
-def measure(model_type: str, head: str, class_name: str) -> dict:
-    """One row of the table (a row with ``error`` when the tiny model cannot be built or run)."""
+def measure(model_type: str, head: str, class_name: str, eager_only: bool = False) -> dict:
+    """One row of the table (a row with ``error`` when the tiny model cannot be built or run); ``eager_only``: the
+    patch and its eager saving, without the compiled counts and the training run."""
     import transformers
     from approxbp.kernels import patch_model
 
@@ -338,6 +339,14 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
                norms=len(norms), norms_rewritten=len(report.norms), skipped=report.skipped, unreported=unreported,
                forward_difference=report.max_output_difference, saved_bytes=[before, after],
                saving=(1 - after / before) if before else None)
+    if not eager_only:
+        _compile_and_train(row, stock, ours, batch, labels)
+    return row
+
+
+def _compile_and_train(row: dict, stock, ours, batch: dict, labels: dict) -> None:
+    """The row's compiled saved bytes (stock, patched) and its training difference from stock (each failure said in
+    the row)."""
     try:
         compiled = [compiled_saved_bytes(m, batch, labels) for m in (stock, ours)]
         row.update(compiled_saved_bytes=compiled, compiled_saving=(1 - compiled[1] / compiled[0]) if compiled[0]
@@ -356,7 +365,6 @@ def measure(model_type: str, head: str, class_name: str) -> dict:
             row["stock_sensitivity"] = _relative(ref, _train(start, batch, labels))
     except Exception as err:  # noqa: BLE001
         row["train_error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
-    return row
 
 
 #: Work limit per model, in seconds of its worker (a state-space scan or a huge default sequence on the CPU).
