@@ -3,6 +3,7 @@
 function counts too."""
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -541,6 +542,20 @@ def _all_of(tree: ast.Module) -> list[str] | None:
     if isinstance(value, ast.Call) and ast.unparse(value.func) == "list" and isinstance(value.args[0], ast.Name):
         value = literals[value.args[0].id]
     return None if value is None else list(ast.literal_eval(value))
+
+
+def test_a_process_a_test_starts_runs_one_openmp_thread():
+    """conftest.py exports OMP_NUM_THREADS=1 (unless set): a notebook kernel's or a CLI run's two OpenMP threads
+    beside two busy xdist workers wait on each other at every parallel region (the BDIA notebook: 202 s beside one
+    busy core, 25 s with one thread), and OpenBLAS, which numpy and scipy carry, takes its thread count from it too
+    (two threads per worker before)."""
+    import subprocess
+    import sys
+
+    code = "import os, torch; print(os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    want = os.environ["OMP_NUM_THREADS"]
+    assert done.stdout.split() == [want, want], done.stdout
 
 
 def test_every_module_says_what_is_public():
