@@ -12,19 +12,25 @@ import functools
 __all__ = ["at_precision", "box", "ipow", "monotone", "precision", "square"]
 
 
-def box(lo, hi):
-    """The ball holding [lo, hi] (lo, hi exact)."""
+@functools.cache
+def _arb():
+    """flint's real ball type, imported on the first call (a ``from flint import`` in each helper cost the
+    certifiers ~2 M imports per table)."""
     from flint import arb
 
+    return arb
+
+
+def box(lo, hi):
+    """The ball holding [lo, hi] (lo, hi exact)."""
+    arb = _arb()
     return arb(lo).union(arb(hi))
 
 
 def monotone(fn, z, increasing: bool = True):
     """fn on a real ball by its endpoints (fn monotone): ball arithmetic alone turns exp on [0.75, 33] into a ball
     that contains negative numbers."""
-    from flint import arb
-
-    if not isinstance(z, arb) or z.is_exact() or not z.is_finite():
+    if not isinstance(z, _arb()) or z.is_exact() or not z.is_finite():
         return fn(z)
     a, b = fn(z.lower()), fn(z.upper())
     return box(a.lower(), b.upper()) if increasing else box(b.lower(), a.upper())
@@ -32,8 +38,7 @@ def monotone(fn, z, increasing: bool = True):
 
 def ipow(v, n: int):
     """vⁿ for an integer n, tight for a ball holding 0 (by its endpoints; an even n gives a ball ≥ 0)."""
-    from flint import arb
-
+    arb = _arb()
     if not isinstance(v, arb):
         return v**n
     if n == 0:

@@ -5,7 +5,8 @@ from pathlib import Path
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton import: kernels run on the CPU
 # One OpenMP thread in every process a test starts (notebook kernels, the CLI, benchmark scripts), as the xdist
 # workers set for themselves below: two threads of a subprocess beside two busy workers wait on each other at every
-# parallel region, and the BDIA notebook took 202 s beside one busy core where it takes 25 s with one thread.
+# parallel region, and the BDIA notebook took 202 s beside one busy core where it takes 25 s with one thread. numpy's
+# and scipy's OpenBLAS read it too: each worker ran two BLAS threads before.
 for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
 # Python started by a test (`-c`, `-m`, a notebook kernel) puts no working directory on sys.path: from the repository
