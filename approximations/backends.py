@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .balls import monotone, square
+from .balls import arb_type, monotone, square
 
 __all__ = ["arb_forms", "branch_cuts", "Fn", "fp32_ulps", "FUNCTIONS", "functions", "grammar", "Lazy",
            "mpmath_namespace", "numpy_namespace", "rough_functions", "torch_namespace"]
@@ -238,9 +238,7 @@ def _mp(fn: Callable[[Any], Any]) -> Lazy:
 
 # ---- Arb ball forms (f, f′): methods, so that arb and acb (Arb's complex integration) both evaluate them ----------
 def _pi():
-    from flint import arb
-
-    return arb.pi()
+    return arb_type().pi()
 
 
 def _exp(z):
@@ -256,9 +254,7 @@ def _sigmoid(z):
 
 
 def _softplus(z):
-    from flint import arb
-
-    if isinstance(z, arb):
+    if isinstance(z, arb_type()):
         return monotone(lambda u: u.exp().log1p() if u < 0 else u + (-u).exp().log1p(), z)
     return (1 + z.exp()).log()
 
@@ -278,9 +274,7 @@ def _erf_slope(z):
 
 
 def _Phi(z):  # noqa: N802
-    from flint import arb
-
-    return monotone(lambda u: (-u / arb(2).sqrt()).erfc() / 2, z)
+    return monotone(lambda u: (-u / arb_type()(2).sqrt()).erfc() / 2, z)
 
 
 # ---- Triton forms that look at their arguments (build time: they receive sympy nodes) -----------------------------

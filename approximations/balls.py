@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import functools
 
-__all__ = ["at_precision", "box", "ipow", "monotone", "precision", "square"]
+__all__ = ["arb_type", "at_precision", "box", "ipow", "monotone", "precision", "square"]
 
 
 @functools.cache
-def _arb():
-    """flint's real ball type, imported on the first call (a ``from flint import`` in each helper cost the
-    certifiers ~2 M imports per table)."""
+def arb_type():
+    """flint's real ball type, imported on the first call, for every ball helper here and in :mod:`.backends` (a
+    ``from flint import`` in each cost the certifiers ~2 M imports per table)."""
     from flint import arb
 
     return arb
@@ -23,14 +23,14 @@ def _arb():
 
 def box(lo, hi):
     """The ball holding [lo, hi] (lo, hi exact)."""
-    arb = _arb()
+    arb = arb_type()
     return arb(lo).union(arb(hi))
 
 
 def monotone(fn, z, increasing: bool = True):
     """fn on a real ball by its endpoints (fn monotone): ball arithmetic alone turns exp on [0.75, 33] into a ball
     that contains negative numbers."""
-    if not isinstance(z, _arb()) or z.is_exact() or not z.is_finite():
+    if not isinstance(z, arb_type()) or z.is_exact() or not z.is_finite():
         return fn(z)
     a, b = fn(z.lower()), fn(z.upper())
     return box(a.lower(), b.upper()) if increasing else box(b.lower(), a.upper())
@@ -38,7 +38,7 @@ def monotone(fn, z, increasing: bool = True):
 
 def ipow(v, n: int):
     """vⁿ for an integer n, tight for a ball holding 0 (by its endpoints; an even n gives a ball ≥ 0)."""
-    arb = _arb()
+    arb = arb_type()
     if not isinstance(v, arb):
         return v**n
     if n == 0:
