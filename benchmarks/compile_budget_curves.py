@@ -66,22 +66,6 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def _peak_alive(model_text: str, batch: int, seq: int, setup, lora_r: int, blocks: int, budget: float | None) -> int:
-    """:class:`LiveBytes`' peak over one forward and backward of the set-up's model cut to ``blocks`` blocks:
-    compiled at ``budget`` (its partitioned graphs run under the mode: a backward that recomputes what the
-    partitioner dropped rebuilds it all at once, where a block recompute rebuilds one block), or eager."""
-    from approxbp.planner.compiled import _built, under
-    from approxbp.planner.request import Request
-
-    request = Request(model=model_text, batch=batch, seq=seq, setup=setup, lora_r=lora_r)
-    _, loss, scope = _built(request, (blocks, blocks), {}, False)
-    with scope:
-        tracker = LiveBytes()
-        with under(tracker, loss, budget) as run:
-            run().backward()
-        return tracker.peak
-
-
 def curve(name: str, device, budgets=None) -> dict:
     """Compile's points for one set-up at ``budgets`` (default :data:`~.compiled.BUDGETS`), extrapolated from
     2 and 3 blocks, with the eager exact model's."""
@@ -97,12 +81,19 @@ def curve(name: str, device, budgets=None) -> dict:
     from approxbp.planner.compiled import point
     from approxbp.planner.request import Request
 
+    def measured(budget, blocks):
+        """(saved bytes, seconds, :class:`LiveBytes`' peak) of one step cut to ``blocks``, compiled once for all
+        three. The live peak is op by op: a backward that recomputes what the partitioner dropped rebuilds it all
+        at once, where a block recompute rebuilds one block."""
+        alive = LiveBytes()
+        request = Request(model=model_text, batch=batch, seq=seq, setup=setup, lora_r=lora_r)
+        return (*point(request, device, {}, False, budget, (blocks, depth), watch=alive), alive.peak)
+
     def extrapolated(budget):
-        small = [point(Request(model=model_text, batch=batch, seq=seq, setup=setup, lora_r=lora_r), device, {}, False,
-                       budget, (n, depth)) for n in (2, 3)]
-        saved, seconds = (b + (depth - 3) * (b - a) for a, b in zip(*small))
-        alive = [_peak_alive(model_text, batch, seq, setup, lora_r, n, budget) for n in (2, 3)]
-        return {"saved_bytes": saved, "seconds": seconds, "alive_op_by_op_at_2_and_3_blocks": alive}
+        (saved2, seconds2, alive2), (saved3, seconds3, alive3) = (measured(budget, n) for n in (2, 3))
+        return {"saved_bytes": saved3 + (depth - 3) * (saved3 - saved2),
+                "seconds": seconds3 + (depth - 3) * (seconds3 - seconds2),
+                "alive_op_by_op_at_2_and_3_blocks": [alive2, alive3]}
 
     eager = extrapolated(None)
     points = []

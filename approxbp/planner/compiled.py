@@ -106,11 +106,28 @@ def under(mode, loss, budget: float | None):
     yield torch.compile(loss, backend=budget_backend(budget, functools.partial(aot_eager_with_mode, mode=mode)))
 
 
+class _Modes:
+    """Dispatch modes entered as one, the first outermost; reusable, as a compiled step enters its mode once per
+    graph run (forward, backward)."""
+
+    def __init__(self, *modes):
+        self.modes = modes
+
+    def __enter__(self):
+        self._stack = contextlib.ExitStack()
+        for mode in self.modes:
+            self._stack.enter_context(mode)
+
+    def __exit__(self, *exc):
+        return self._stack.__exit__(*exc)
+
+
 def point(request, device, choice: dict, ms_norm: bool, budget: float | None,
-          blocks: tuple[int, int] | None = None) -> tuple[int, float]:
+          blocks: tuple[int, int] | None = None, watch=None) -> tuple[int, float]:
     """(bytes saved at the end of the forward, roofline seconds of forward and backward) of one step of the
     request's model (cut to n of its L blocks: ``blocks`` = (n, L)) with the assignment: compiled at ``budget``, or
-    eager (None)."""
+    eager (None). ``watch``: another dispatch mode that sees every op of the same step inside the clock (one
+    compile serves both)."""
     from approxbp.kernels.ops.saved import saved_bytes
     from approxbp.planner.step_time import Roofline, drop_in_paths
 
@@ -119,7 +136,7 @@ def point(request, device, choice: dict, ms_norm: bool, budget: float | None,
         clock = Roofline(device, type(model).__name__, [], [] if budget is not None else drop_in_paths(model),
                          fused=budget is not None)
         out = []
-        with under(clock, loss, budget) as run:
+        with under(clock if watch is None else _Modes(clock, watch), loss, budget) as run:
             saved = saved_bytes(lambda: out.append(run()), exclude=list(model.parameters()))
             out[0].backward()
         return saved, clock.time.total

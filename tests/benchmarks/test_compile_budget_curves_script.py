@@ -17,7 +17,7 @@ TINY = "llama:hidden=64,layers=5,heads=4,kv_heads=4,intermediate=128,vocab=128"
 
 @pytest.fixture(scope="session")
 def result(tmp_path_factory):
-    """Compile's two points on the tiny LLaMA (six compiles, ~30 s), once per run (``_once.once_per_run``)."""
+    """Compile's two points on the tiny LLaMA (four compiles, ~25 s), once per run (``_once.once_per_run``)."""
     from approxbp.planner.gpus import gpu
 
     def curve():
