@@ -27,6 +27,10 @@ ALL_TESTS = "APPROXBP_ALL_TESTS"
 def pytest_configure(config):
     _refuse_a_second_kernels_package()
     config.addinivalue_line("markers", f"slow: over ~20 s on 2 cores; skipped unless {ALL_TESTS}=1 (CI sets it)")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        import _interpreter
+
+        _interpreter.install()  # reductions with our own combine functions pairwise, not element by element
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: the workers already fill the cores
         import torch
 
