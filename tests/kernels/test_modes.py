@@ -133,22 +133,36 @@ def test_activation_checkpointing_gives_the_same_gradients():
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
-@pytest.mark.parametrize("fsdp,patch_after", [(False, False), (True, False), (False, True), (True, True)],
-                         ids=["DDP", "FSDP2", "DDP-patched-after-wrapping", "FSDP2-patched-after-sharding"])
-def test_distributed_gradients_equal_single_process(fsdp, patch_after, tmp_path):
-    if fsdp:
-        try:
-            from torch.distributed.fsdp import fully_shard  # noqa: F401
-        except ImportError:
-            pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
-    x = torch.randn(4, 8, 32)
-    out_file = tmp_path / "grads.pt"
-    codes = run_two_ranks(_ddp_worker, x, str(out_file), fsdp, patch_after)
+#: name → (FSDP2 rather than DDP, patched after wrapping)
+DISTRIBUTED = {"DDP": (False, False), "FSDP2": (True, False), "DDP-patched-after-wrapping": (False, True),
+               "FSDP2-patched-after-sharding": (True, True)}
+
+
+@pytest.fixture(scope="module")
+def distributed_grads(tmp_path_factory):
+    """Every case's gradients from one spawn of two gloo ranks (the cases one after the other), and the input."""
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+        has_fsdp2 = True
+    except ImportError:
+        has_fsdp2 = False
+    cases = [(name, *how) for name, how in DISTRIBUTED.items() if has_fsdp2 or not how[0]]
+    x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(0))
+    out = tmp_path_factory.mktemp("distributed")
+    codes = run_two_ranks(_ddp_worker, x, str(out), cases)
     assert codes == [0, 0], codes
-    grads = torch.load(out_file)
+    return x, out, has_fsdp2
+
+
+@pytest.mark.parametrize("case", DISTRIBUTED)
+def test_distributed_gradients_equal_single_process(case, distributed_grads):
+    x, out, has_fsdp2 = distributed_grads
+    if DISTRIBUTED[case][0] and not has_fsdp2:
+        pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
+    grads = torch.load(out / f"{case}.pt")
     single = _patched("relu-sum")
     single(x).square().mean().backward()
-    for g, p in zip(grads, single.parameters()):
+    for g, p in zip(grads, single.parameters(), strict=True):
         assert torch.allclose(g, p.grad, atol=1e-6, rtol=1e-5)
 
 

@@ -59,36 +59,43 @@ def run_two_ranks(target, *args) -> list[int | None]:
     return codes
 
 
-def _ddp_worker(rank, world, port, x, out_file, fsdp, patch_after=False):
+def _ddp_worker(rank, world, port, x, out_dir, cases):
+    """Each case (name, fsdp, patch_after) one after the other in one process group (one spawn of the two ranks for
+    all of them): rank 0 saves the case's full gradients to ``out_dir/name.pt``."""
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        model = _gpt() if patch_after else _patched("relu-sum")
-        if fsdp:
-            from torch.distributed.fsdp import fully_shard
-
-            for m in model:
-                if isinstance(m, GPTBlock):
-                    fully_shard(m)
-            fully_shard(model)
-        else:
-            model = nn.parallel.DistributedDataParallel(model)
-        shard = x.chunk(world)[rank]
-        if patch_after:  # the wrapped model patched in place (DDP: its .module), as a trainer's callback does;
-            # FSDP2 with the example batch (tracing a sharded model would run FSDP2's hooks: consumers found by a run)
-            report = patch_model(getattr(model, "module", model), family="relu-sum",
-                                 example_input=shard if fsdp else None)
-            assert len(report.norms) == 5, report  # every norm merged, as in the single-process reference
-        model(shard).square().mean().backward()
-        grads = []
-        for p in model.parameters():
-            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            grads.append(g.detach().clone())
-        if rank == 0:
-            torch.save(grads, out_file)
+        for name, fsdp, patch_after in cases:
+            grads = _distributed_grads(rank, world, x, fsdp, patch_after)
+            if rank == 0:
+                torch.save(grads, os.path.join(out_dir, f"{name}.pt"))
     finally:
         dist.destroy_process_group()
 
 
+def _distributed_grads(rank, world, x, fsdp, patch_after):
+    """The full gradients of one step of the patched GPT under DDP or FSDP2 (patched before or after wrapping)."""
+    model = _gpt() if patch_after else _patched("relu-sum")
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for m in model:
+            if isinstance(m, GPTBlock):
+                fully_shard(m)
+        fully_shard(model)
+    else:
+        model = nn.parallel.DistributedDataParallel(model)
+    shard = x.chunk(world)[rank]
+    if patch_after:  # the wrapped model patched in place (DDP: its .module), as a trainer's callback does;
+        # FSDP2 with the example batch (tracing a sharded model would run FSDP2's hooks: consumers found by a run)
+        report = patch_model(getattr(model, "module", model), family="relu-sum",
+                             example_input=shard if fsdp else None)
+        assert len(report.norms) == 5, report  # every norm merged, as in the single-process reference
+    model(shard).square().mean().backward()
+    grads = []
+    for p in model.parameters():
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        grads.append(g.detach().clone())
+    return grads
