@@ -21,22 +21,27 @@ from approxbp.planner.training import Setup  # noqa: E402
 LLAMA = "llama:hidden=64,layers=4,heads=4,intermediate=128,vocab=1000"
 
 
-def _ranks_peaks(weights: str, tmp_path) -> list[int]:
+WEIGHTS = ("fp32", "bf16")
+
+
+@pytest.fixture(scope="module")
+def ranks_peaks(tmp_path_factory) -> dict[str, list[int]]:
+    """Each rank's traced peak for each weights dtype, from one spawn of the two ranks."""
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
     except ImportError:
         pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
-    out = str(tmp_path / f"peak-{weights}")
-    codes = run_two_ranks(shard_worker, LLAMA, weights, 4, 64, out)
+    out = str(tmp_path_factory.mktemp("shard") / "peak")
+    codes = run_two_ranks(shard_worker, LLAMA, WEIGHTS, 4, 64, out)
     assert codes == [0, 0], codes
-    return [torch.load(f"{out}.{r}") for r in range(2)]
+    return {w: [torch.load(f"{out}-{w}.{r}") for r in range(2)] for w in WEIGHTS}
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16"])
-def test_the_planned_rank_peak_bounds_each_fsdp2_rank(weights, tmp_path):
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_the_planned_rank_peak_bounds_each_fsdp2_rank(weights, ranks_peaks):
     request = Request(model=LLAMA, batch=4, seq=64, setup=Setup(weights=weights, shard=2), traced=True)
     planned = stepper(request, whole=True)(None, None, None, False, None).peak
-    for measured in _ranks_peaks(weights, tmp_path):
+    for measured in ranks_peaks[weights]:
         assert measured <= planned <= 1.10 * measured, (planned, measured)
 
 
