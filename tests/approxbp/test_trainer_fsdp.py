@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from _helpers import python_path
+from _patched_gpt import has_fsdp2
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -32,9 +33,7 @@ def _run(out: Path, *which: str) -> list[dict]:
 
 
 def test_the_callback_in_an_accelerate_fsdp2_run_trains_as_stock(tmp_path):
-    try:
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-    except ImportError:
+    if not has_fsdp2():
         pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
     stock, ours = _run(tmp_path, "stock", "ours")
     assert ours["norms"] == 5 and "fused 2 gated MLPs" in ours["report"] and ours["chunked"], ours

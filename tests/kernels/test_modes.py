@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from _patched_gpt import _ddp_worker, _patched, run_two_ranks  # noqa: E402  (spawned workers import it)
+from _patched_gpt import _ddp_worker, _patched, has_fsdp2, run_two_ranks  # noqa: E402  (spawned workers import it)
 from approxbp.kernels import patch_model
 from torch import nn
 
@@ -141,23 +141,18 @@ DISTRIBUTED = {"DDP": (False, False), "FSDP2": (True, False), "DDP-patched-after
 @pytest.fixture(scope="module")
 def distributed_grads(tmp_path_factory):
     """Every case's gradients from one spawn of two gloo ranks (the cases one after the other), and the input."""
-    try:
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-        has_fsdp2 = True
-    except ImportError:
-        has_fsdp2 = False
-    cases = [(name, *how) for name, how in DISTRIBUTED.items() if has_fsdp2 or not how[0]]
+    cases = [(name, *how) for name, how in DISTRIBUTED.items() if has_fsdp2() or not how[0]]
     x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(0))
     out = tmp_path_factory.mktemp("distributed")
     codes = run_two_ranks(_ddp_worker, x, str(out), cases)
     assert codes == [0, 0], codes
-    return x, out, has_fsdp2
+    return x, out
 
 
 @pytest.mark.parametrize("case", DISTRIBUTED)
 def test_distributed_gradients_equal_single_process(case, distributed_grads):
-    x, out, has_fsdp2 = distributed_grads
-    if DISTRIBUTED[case][0] and not has_fsdp2:
+    x, out = distributed_grads
+    if DISTRIBUTED[case][0] and not has_fsdp2():
         pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
     grads = torch.load(out / f"{case}.pt")
     single = _patched("relu-sum")

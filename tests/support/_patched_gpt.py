@@ -1,6 +1,7 @@
 """A small GPT-style model with every drop-in patched in, and the worker of the DDP/FSDP2 test: a module of its own,
 so that a spawned process imports it by name (pytest's importlib mode gives test files no importable name)."""
 
+import contextlib
 import os
 import socket
 
@@ -59,20 +60,36 @@ def run_two_ranks(target, *args) -> list[int | None]:
     return codes
 
 
-def _ddp_worker(rank, world, port, x, out_dir, cases):
-    """Each case (name, fsdp, patch_after) one after the other in one process group (one spawn of the two ranks for
-    all of them): rank 0 saves the case's full gradients to ``out_dir/name.pt``."""
+def has_fsdp2() -> bool:
+    """Whether this torch has FSDP2 (``torch.distributed.fsdp.fully_shard``)."""
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int):
+    """A spawned rank's gloo process group (rendezvous on localhost:port), destroyed on the way out."""
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _ddp_worker(rank, world, port, x, out_dir, cases):
+    """Each case (name, fsdp, patch_after) one after the other in one process group (one spawn of the two ranks for
+    all of them): rank 0 saves the case's full gradients to ``out_dir/name.pt``."""
+    with gloo_group(rank, world, port):
         for name, fsdp, patch_after in cases:
             grads = _distributed_grads(rank, world, x, fsdp, patch_after)
             if rank == 0:
                 torch.save(grads, os.path.join(out_dir, f"{name}.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 def _distributed_grads(rank, world, x, fsdp, patch_after):

@@ -3,24 +3,18 @@ then the model ``fully_shard``-ed as users wrap them, AdamW's states made by a f
 for each weights dtype in turn, in one process group (one spawn of the ranks for all of them)."""
 
 import gc
-import os
 
 import torch
+from _patched_gpt import gloo_group
 
 
 def shard_worker(rank: int, world: int, port: int, model_text: str, weights: tuple[str, ...], batch: int, seq: int,
                  out: str) -> None:
     """Rank ``rank``'s peak for each of ``weights``, saved to ``{out}-{weights}.{rank}``."""
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         for w in weights:
             torch.save(_rank_peak(model_text, w, batch, seq), f"{out}-{w}.{rank}")
             gc.collect()  # the last model and optimizer gone before the next is tracked
-    finally:
-        dist.destroy_process_group()
 
 
 def _rank_peak(model_text: str, weights: str, batch: int, seq: int) -> int:

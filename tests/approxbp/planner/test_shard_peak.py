@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _patched_gpt import run_two_ranks  # noqa: E402
+from _patched_gpt import has_fsdp2, run_two_ranks  # noqa: E402
 from _shard_worker import shard_worker  # noqa: E402  (spawned workers import it)
 
 from approxbp.planner import plan as P  # noqa: E402
@@ -27,9 +27,7 @@ WEIGHTS = ("fp32", "bf16")
 @pytest.fixture(scope="module")
 def ranks_peaks(tmp_path_factory) -> dict[str, list[int]]:
     """Each rank's traced peak for each weights dtype, from one spawn of the two ranks."""
-    try:
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-    except ImportError:
+    if not has_fsdp2():
         pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
     out = str(tmp_path_factory.mktemp("shard") / "peak")
     codes = run_two_ranks(shard_worker, LLAMA, WEIGHTS, 4, 64, out)
