@@ -1,30 +1,105 @@
 """``approxbp cost``: kernels compiled offline for sm_90 and their SASS counted (a subprocess without
-TRITON_INTERPRET, which would replace the kernels), and every family compiles in every dtype."""
+TRITON_INTERPRET, which would replace the kernels), and every family compiles in every dtype. One ``approxbp cost``
+run measures every table the tests give it and one Python process does every compile-only check (module fixtures):
+each start of torch and Triton costs seconds."""
 
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
 ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+PACKAGED = ("relu_sum/gelu-k2-primitive.json", "relu_sum/silu-k6-derivative.json", "invact/gelu-fast.json")
 
 
-def _run(code: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
+@pytest.fixture(scope="module")
+def cost_cli(tmp_path_factory):
+    """``approxbp cost`` on three packaged tables, a user's copy of a table (``mine-k2-primitive.json``, its module
+    generated next to it) and a fitted SERF table (k = 1, an activation without a reference pair)."""
+    from approxbp.approximations import tables as T
 
+    from approxbp.cli import main
 
-def test_cost_compiles_one_kernel_of_each_family_and_counts_them(tmp_path):
-    out = tmp_path / "cost.json"
-    r = subprocess.run([sys.executable, "-m", "approxbp", "cost", "relu_sum/gelu-k2-primitive.json",
-                        "relu_sum/silu-k6-derivative.json", "invact/gelu-fast.json", "--json", str(out),
+    d = tmp_path_factory.mktemp("cost")
+    (d / "mine").mkdir()
+    mine, serf, out = d / "mine" / "mine-k2-primitive.json", d / "serf.json", d / "cost.json"
+    shutil.copy(T.resolve("silu-k2-primitive", "relu-sum"), mine)
+    assert main(["fit", "relu-sum", "--activation", "x*erf(log(1+exp(x)))", "--name", "serf", "--bits", "1",
+                 "--restarts", "1", "--workers", "1", "--no-progress", "--out", str(serf)]) == 0
+    r = subprocess.run([sys.executable, "-m", "approxbp", "cost", *PACKAGED, str(mine), str(serf), "--json", str(out),
                         "--no-progress"], env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    rows = {k["name"]: k for k in json.loads(out.read_text())["kernels"]}
+    return SimpleNamespace(dir=d, stdout=r.stdout, rows={k["name"]: k for k in json.loads(out.read_text())["kernels"]})
+
+
+COMPILE_CHECKS = """
+    import ast, collections, json, sys
+    from pathlib import Path
+    from approxbp import cost
+    from approxbp.approximations import tables as T
+    from approxbp.kernels.codegen import export
+    tmp = Path(sys.argv[1])
+    results = {}
+
+    done = []  # every family in every dtype
+    for dtype in ("bf16", "fp16", "fp32", "fp64"):
+        dt = cost.DTYPES[dtype]
+        todo = (cost.relu_sum_launches(T.resolve("gelu_tanh-k3-derivative", "relu-sum"), dt)
+                + cost.relu_sum_launches(T.resolve("mish-k5-primitive", "relu-sum"), dt)
+                + cost.invact_launches(T.resolve("silu-fast", "invact"), dt)
+                + cost.norm_launches(dt, 768) + cost.bdia_launches(dt))
+        for name, launch, n in todo:
+            cost.compile_sm90(launch)
+            done.append(f"{dtype} {name}")
+    results["families"] = len(done)
+
+    t = json.loads(T.resolve("silu-k2-primitive", "relu-sum").read_text())  # a user's expressions
+    out = []
+    for i, expr in enumerate(["x*sigmoid(x + sin(x)/1000)", "x*sigmoid(x*cosh(x/100) + sinh(x/100))",
+                              "x*(1 - erfc(x)/2)*cos(x/1000)"]):
+        t.update(activation=expr, expression=expr)
+        p = tmp / f"user{i}-k2-primitive.json"
+        p.write_text(json.dumps(t))
+        export([p])
+        for name, launch, n in cost.relu_sum_launches(p, cost.DTYPES["bf16"]):
+            cost.compile_sm90(launch)
+            out.append(name)
+    results["user"] = len(out)
+
+    mufu = {}  # the float32 primitives' MUFU instructions
+    for table, family, dtype in (("gelu-fast", "invact", "bf16"), ("gelu-k2-derivative", "relu-sum", "bf16"),
+                                 ("gelu-fast", "invact", "fp64")):
+        launches = (cost.invact_launches if family == "invact" else cost.relu_sum_launches)(
+            T.resolve(table, family), cost.DTYPES[dtype])
+        for name, launch, n in launches:
+            kernel, _ = cost.compile_sm90(launch)
+            sass, _ = cost.disassemble(kernel.asm["cubin"])
+            ptx = kernel.asm["ptx"]
+            mufu[f"{name} {dtype}"] = (sorted(set(op for _, op, _ in sass if op.startswith("MUFU"))),
+                                       "div.full" in ptx, "div.rn" in ptx or "div.rnd" in ptx)
+    results["mufu"] = mufu
+    print(repr(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """The compile-only checks, one process without TRITON_INTERPRET: a dict of what each part found."""
+    d = tmp_path_factory.mktemp("compiled")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(COMPILE_CHECKS), str(d)], env=ENV, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return ast.literal_eval(r.stdout.strip().splitlines()[-1])
+
+
+def test_cost_compiles_one_kernel_of_each_family_and_counts_them(cost_cli):
+    rows = {name: k for name, k in cost_cli.rows.items() if not name.startswith(("silu-k2", "serf", "exact serf"))}
     assert set(rows) == {"gelu-k2-primitive fwd", "gelu-k2-primitive bwd", "silu-k6-derivative fwd",
                          "silu-k6-derivative bwd", "invact gelu-fast fwd", "invact gelu-fast bwd"}
     for k in rows.values():  # measured from the SASS of this run: plausible, not stored numbers
@@ -37,37 +112,23 @@ def test_cost_compiles_one_kernel_of_each_family_and_counts_them(tmp_path):
     # 128-bit loads and stores of the activation, rows of 8 two-bit codes written at least 16 bits wide
     w = rows["gelu-k2-primitive fwd"]["widths"]
     assert w["x_ptr"] == "ld128" and w["y_ptr"] == "st128" and int(w["packed_ptr"][2:]) >= 16
-    assert "gelu-k2-primitive fwd" in r.stdout and "ratio" in r.stdout
+    assert "gelu-k2-primitive fwd" in cost_cli.stdout and "ratio" in cost_cli.stdout
 
 
-def test_cost_refuses_the_interpreter():
-    r = subprocess.run([sys.executable, "-m", "approxbp", "cost", "relu_sum/gelu-k1-primitive.json"],
-                       env={**ENV, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "unset TRITON_INTERPRET" in r.stderr.splitlines()[-1]
+def test_cost_refuses_the_interpreter(monkeypatch, capsys):
+    from approxbp.cli import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert main(["cost", "relu_sum/gelu-k1-primitive.json"]) == 2
+    assert "unset TRITON_INTERPRET" in capsys.readouterr().err.splitlines()[-1]
 
 
-def test_every_family_compiles_for_sm90_in_every_dtype():
+def test_every_family_compiles_for_sm90_in_every_dtype(compiled):
     """The interpreter alone misses printer gaps and dtype errors that only the compiler sees."""
-    r = _run("""
-        from approxbp import cost
-        from approxbp.approximations import tables as T
-        done = []
-        for dtype in ("bf16", "fp16", "fp32", "fp64"):
-            dt = cost.DTYPES[dtype]
-            todo = (cost.relu_sum_launches(T.resolve("gelu_tanh-k3-derivative", "relu-sum"), dt)
-                    + cost.relu_sum_launches(T.resolve("mish-k5-primitive", "relu-sum"), dt)
-                    + cost.invact_launches(T.resolve("silu-fast", "invact"), dt)
-                    + cost.norm_launches(dt, 768) + cost.bdia_launches(dt))
-            for name, launch, n in todo:
-                cost.compile_sm90(launch)
-                done.append(f"{dtype} {name}")
-        print(len(done))
-    """)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert int(r.stdout.split()[-1]) == 4 * 12
+    assert compiled["families"] == 4 * 12
 
 
-def test_a_user_expression_exports_and_compiles_or_is_refused(tmp_path):
+def test_a_user_expression_exports_and_compiles_or_is_refused(compiled):
     """sin, cos, sinh, cosh and erfc lower to Triton; atan has no Triton form and export says so."""
     from approxbp.approximations import get_activation
     from approxbp.kernels.codegen import triton_source
@@ -75,83 +136,27 @@ def test_a_user_expression_exports_and_compiles_or_is_refused(tmp_path):
     assert "tl.sin" in triton_source(get_activation("x*sigmoid(x + sin(x)/1000)").expr)
     with pytest.raises(ValueError, match="cannot lower atan to Triton"):
         triton_source(get_activation("x*sigmoid(atan(x))").expr)
-    r = _run(f"""
-        import json, shutil
-        from pathlib import Path
-        from approxbp import cost
-        from approxbp.approximations import tables as T
-        from approxbp.kernels.codegen import export
-        t = json.loads(T.resolve("silu-k2-primitive", "relu-sum").read_text())
-        out = []
-        for i, expr in enumerate(["x*sigmoid(x + sin(x)/1000)", "x*sigmoid(x*cosh(x/100) + sinh(x/100))",
-                                  "x*(1 - erfc(x)/2)*cos(x/1000)"]):
-            t.update(activation=expr, expression=expr)
-            p = Path({str(tmp_path)!r}) / f"user{{i}}-k2-primitive.json"
-            p.write_text(json.dumps(t))
-            export([p])
-            for name, launch, n in cost.relu_sum_launches(p, cost.DTYPES["bf16"]):
-                cost.compile_sm90(launch)
-                out.append(name)
-        print(len(out))
-    """)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split()[-1] == "6"
+    assert compiled["user"] == 6
 
 
-def test_cost_of_a_users_new_table_before_training(tmp_path):
+def test_cost_of_a_users_new_table_before_training(cost_cli):
     """A researcher who fits a new form sees its GPU cost: the module is generated next to the table first."""
-    import shutil
-
-    from approxbp.approximations import tables as T
-
-    table = tmp_path / "mine-k2-primitive.json"
-    shutil.copy(T.resolve("silu-k2-primitive", "relu-sum"), table)
-    r = subprocess.run([sys.executable, "-m", "approxbp", "cost", str(table), "--no-progress"], env=ENV,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "_generated").is_dir() and "silu-k2-primitive fwd" in r.stdout
+    assert (cost_cli.dir / "mine" / "_generated").is_dir() and "silu-k2-primitive fwd" in cost_cli.stdout
 
 
-def test_compiled_float32_primitives_are_single_mufu_instructions():
+def test_compiled_float32_primitives_are_single_mufu_instructions(compiled):
     """Compiled (not interpreted), the helpers print one MUFU each: _rcp → RCP (no div.full), _log → LG2 (no
     libdevice logf), the 16-bit Φ → RCP and EX2 (no erf); fp64 keeps the exact operations."""
-    r = _run("""
-        import collections
-        from approxbp import cost
-        from approxbp.approximations import tables as T
-        out = {}
-        for table, family, dtype in (("gelu-fast", "invact", "bf16"), ("gelu-k2-derivative", "relu-sum", "bf16"),
-                                     ("gelu-fast", "invact", "fp64")):
-            launches = (cost.invact_launches if family == "invact" else cost.relu_sum_launches)(
-                T.resolve(table, family), cost.DTYPES[dtype])
-            for name, launch, n in launches:
-                kernel, _ = cost.compile_sm90(launch)
-                sass, _ = cost.disassemble(kernel.asm["cubin"])
-                ptx = kernel.asm["ptx"]
-                out[f"{name} {dtype}"] = (sorted(set(op for _, op, _ in sass if op.startswith("MUFU"))),
-                                          "div.full" in ptx, "div.rn" in ptx or "div.rnd" in ptx)
-        print(repr(out))
-    """)
-    assert r.returncode == 0, r.stderr
-    got = ast.literal_eval(r.stdout.strip().splitlines()[-1])
+    got = compiled["mufu"]
     assert got["invact gelu-fast bwd bf16"][0] == ["MUFU.LG2", "MUFU.RCP", "MUFU.SQRT"], got
     assert not got["invact gelu-fast bwd bf16"][1]
     assert got["gelu-k2-derivative fwd bf16"][0] == ["MUFU.EX2", "MUFU.RCP"], got  # the 16-bit Φ, no erf
     assert not any(op in ("MUFU.RCP", "MUFU.LG2") for op in got["invact gelu-fast bwd fp64"][0])
 
 
-def test_a_new_activation_gets_its_plain_exact_kernels_as_the_baseline(tmp_path):
+def test_a_new_activation_gets_its_plain_exact_kernels_as_the_baseline(cost_cli):
     """A user's table (SERF, k = 1): cost prints the exact activation's own one-line kernels beside the table's."""
-    from approxbp.cli import main
-
-    table = tmp_path / "serf.json"
-    assert main(["fit", "relu-sum", "--activation", "x*erf(log(1+exp(x)))", "--name", "serf", "--bits", "1",
-                 "--restarts", "1", "--workers", "1", "--no-progress", "--out", str(table)]) == 0
-    out = tmp_path / "cost.json"
-    r = subprocess.run([sys.executable, "-m", "approxbp", "cost", str(table), "--json", str(out), "--no-progress"],
-                       env=ENV, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    rows = {k["name"]: k for k in json.loads(out.read_text())["kernels"]}
+    rows = cost_cli.rows
     assert {"exact serf fwd (plain)", "exact serf bwd (plain)"} <= set(rows)
     assert rows["exact serf fwd (plain)"]["bytes_per_element"] == pytest.approx(4.0)  # x in, y out, nothing kept
     assert rows["exact serf bwd (plain)"]["bytes_per_element"] == pytest.approx(6.0)  # g, x in; dx out
