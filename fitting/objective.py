@@ -132,7 +132,9 @@ def _interval(expression: str, name: str, objective: str, eps: float) -> tuple[f
         lo, hi = 0.5, 1.0
         while mass(hi) > eps / 2:
             lo, hi = hi, hi * 2
-        for _ in range(40):
+        for _ in range(40):  # bisect until every point of (lo, hi] rounds up to the same thousandth
+            if math.ceil(math.nextafter(lo, math.inf) * 1000) == math.ceil(hi * 1000):
+                break
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if mass(mid) > eps / 2 else (lo, mid)
         return math.ceil(hi * 1000) / 1000

@@ -84,6 +84,19 @@ def test_numerical_interval_bounds_tail_for_other_activations():
             assert tail <= 1e-8 and A < 0 < B and "numerical" in how
 
 
+def test_the_numerical_interval_is_the_narrowest_in_thousandths():
+    """Each end is the least multiple of 0.001 whose tail beyond it is ≤ ε/2 = 5e-17: 0.001 nearer, the tail is over
+    it (the residual's mass by 30-digit quadrature, its own tail classified afresh)."""
+    from approxbp.approximations.tails import mass_beyond, tail
+
+    act = get_activation("mish")
+    A, B, _, _ = interval_for(act, "primitive")
+    for side, end in (("left", -A), ("right", B)):
+        shape = tail(act, 0, side)
+        assert round(end * 1000) == end * 1000
+        assert mass_beyond(act, shape, end) <= 5e-17 < mass_beyond(act, shape, end - 0.001), (side, end)
+
+
 ALGEBRAIC = "x*(1+x/sqrt(1+x**2))/2"  # h ~ −1/(4x) on the left, h − x ~ 1/(4x) on the right
 #: Its k = 3 primitive optimum on [−256, 256] (approxbp fit relu-sum --bits 3, before the graded panels).
 ALGEBRAIC_KNOTS = np.array([-184.14469136, -21.44133292, -4.90090583, -0.34649451, 0.30531302, 6.33320626,
