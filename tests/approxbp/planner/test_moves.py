@@ -189,32 +189,42 @@ def test_every_gpu_has_a_source_and_an_unknown_one_is_refused():
 LLAMA = "llama:hidden_size=128,num_hidden_layers=4,intermediate_size=344,num_attention_heads=4,vocab_size=256"
 
 
-def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path, capsys):
+def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path, capsys, monkeypatch):
+    """The budgeted plan is planned once (``share_plans``): in Python with the options the command line passes
+    (``--budget`` without ``--gpu``), then through ``approxbp plan``, whose table, JSON and header are checked."""
+    from dataclasses import replace
+
+    from _plans import share_plans
+
     from approxbp.planner.models import model_spec
     from approxbp.planner.plan import plan
     from approxbp.planner.report import report
-    from approxbp.planner.request import Request
+    from approxbp.planner.request import Request, compile_budgets
     from approxbp.planner.result import Plan
 
+    share_plans(monkeypatch)
     full = plan(Request(model=LLAMA, batch=2, seq=128))
     best = full.after.peak
     budget = full.after.parameters + full.after.gradients + full.after.optimizer + (
         full.after.activations // 2)
     assert budget < best
-    moved = plan(Request(model=LLAMA, batch=2, seq=128), budget=budget, gpu="h100")
+    moved = plan(Request(model=LLAMA, batch=2, seq=128), budget=budget, gpu=None,
+                 compile_budgets=compile_budgets(None), progress=None)
     m = moved.moves
     assert m.moves and m.peak <= budget and m.seconds_after > m.seconds_before > 0, m
     assert m.peak == m.end_of_forward + m.transient
     assert "moves beyond the approximations" in report(moved) and "a model, not a measurement" in report(moved)
     # issue 60: the plan's peak is the final one (the approximations alone under their own name), the table shows
-    # both, and --budget without --gpu returns the same plan, weighed on the default GPU that the header names
+    # both, and --budget without --gpu is weighed on the default GPU that the header names (a named one: not said)
     # since issue 58 the final peak is the planned step's, traced whole (MemTracker), not the model of it
     assert moved.after.peak_traced and moved.assignment.peak > budget >= moved.after.peak
     assert json.loads(moved.to_json())["after"]["peak"] == moved.after.peak
     peak_row = next(ln for ln in report(moved).splitlines() if ln.strip().startswith("peak"))
     assert peak_row.endswith(f"{size(moved.assignment.peak):>14}{size(moved.after.peak):>12}"), peak_row
     assert "a whole step traced by MemTracker" in report(moved)
-    assert "approximated" in report(moved).splitlines()[1] and "default GPU" not in report(moved)
+    assert "approximated" in report(moved).splitlines()[1] and "the default GPU" in report(moved).splitlines()[0]
+    named = replace(moved, moves=replace(m, gpu_default=False))  # --gpu h100: the same plan, the header says nothing
+    assert m.gpu == GPUS["h100"].name and "default GPU" not in report(named)
     from approxbp.cli import main  # through the command line: the table, the JSON and the header a user reads
 
     out = tmp_path / "unnamed.json"
