@@ -59,6 +59,18 @@ def _bytes(tensors) -> int:
     return total
 
 
+def _innermost(parents, among) -> str | None:
+    """The longest path of ``among`` in ``parents`` (ModTracker's set of running modules), ties by name; None."""
+    return max((p for p in parents if p in among), key=lambda p: (len(p), p), default=None)
+
+
+def _outermost(parents, among) -> str | None:
+    """The shortest path of ``among`` in ``parents``, ties by name; None. In a backward ModTracker may hold
+    siblings at once (k_proj and v_proj): a tie broken by the set's order made the step's seconds depend on
+    PYTHONHASHSEED."""
+    return min((p for p in parents if p in among), key=lambda p: (len(p), p), default=None)
+
+
 class Roofline(TorchDispatchMode):
     """Charges each op's roofline time to the innermost of ``blocks`` (module paths of the model whose class is
     ``root``; "" for none) running it."""
@@ -109,11 +121,11 @@ class Roofline(TorchDispatchMode):
         if packet in flop_registry:
             flops = flop_registry[packet](*args, **kwargs, out_val=out)
         dtype = next((t.dtype for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()), torch.float32)
-        inside = [p for p in self.tracker.parents if p in self.blocks]
-        where = self.blocks[max(inside, key=len)] if inside else ""
-        part = next((self.parts[p] for p in self.tracker.parents if p in self.parts), None)
-        drop_in = "(fused)" if self.fused else min((p for p in self.tracker.parents if p in self.drop_ins), key=len,
-                                                    default=None)
+        parents = self.tracker.parents
+        inside = _innermost(parents, self.blocks)
+        where = self.blocks[inside] if inside else ""
+        part = self.parts[p] if (p := _outermost(parents, self.parts)) else None
+        drop_in = "(fused)" if self.fused else _outermost(parents, self.drop_ins)
         key = (drop_in, self.tracker.is_bw)
         if self.region is not None and self.region.key != key:
             self._close()
