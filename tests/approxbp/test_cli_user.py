@@ -97,9 +97,7 @@ def test_user_kernels_live_next_to_the_table(tmp_path):
     from approxbp.kernels import ReLUSumActivation
 
     table = T.save(T.load("relu_sum/silu-k3-derivative") | {"activation": "my-silu"}, tmp_path / "my.json")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = _run("export", str(table), env=env)
-    assert r.returncode == 0, r.stderr
+    assert main(["export", str(table)]) == 0  # in this process: the suite runs under TRITON_INTERPRET=1
     module = tmp_path / "_generated" / "relu_sum_my.py"
     assert module.is_file() and f"TABLE = {str(table.resolve())!r}" in module.read_text()
     before = module.stat().st_mtime_ns
@@ -122,8 +120,7 @@ def test_export_out_dir_feeds_the_drop_ins_kernels_dir(tmp_path):
 
     table = T.save(T.load("relu_sum/gelu-k2-derivative") | {"activation": "my-gelu"}, tmp_path / "t" / "my.json")
     out = tmp_path / "build" / "kernels"
-    r = _run("export", str(table), "--out-dir", str(out), env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert r.returncode == 0, r.stderr
+    assert main(["export", str(table), "--out-dir", str(out)]) == 0
     act = ReLUSumActivation(table, use_triton=True, kernels_dir=out)
     assert Path(act.spec.module.__file__) == out / "relu_sum_my.py"
     assert not (table.parent / "_generated").exists()
@@ -134,7 +131,7 @@ def test_export_out_dir_feeds_the_drop_ins_kernels_dir(tmp_path):
                           rtol=1e-6, atol=1e-7)  # Triton vs its generated twin: to rounding
     with pytest.raises(RuntimeError, match="approxbp export .*gelu-fast.json --out-dir"):
         InvActivation("gelu-fast", kernels_dir=tmp_path / "inv")  # a drop-in never generates kernels
-    assert _run("export", "invact/gelu-fast", "--out-dir", str(tmp_path / "inv")).returncode == 0
+    assert main(["export", "invact/gelu-fast", "--out-dir", str(tmp_path / "inv")]) == 0
     packaged = InvActivation("gelu-fast", use_triton=True, kernels_dir=tmp_path / "inv")
     assert Path(packaged.spec.module.__file__) == tmp_path / "inv" / "invact_gelu_fast.py"
 
