@@ -57,12 +57,12 @@ def test_tables_validates_user_files_and_refuses_unknown_families(tmp_path, caps
     assert "no table class for table family 'foo'; known: invact, relu-sum" in capsys.readouterr().err
 
 
-def test_fit_prints_restart_agreement_and_progress_lines_in_a_log(tmp_path):
-    r = _run("fit", "relu-sum", "--activation", "silu", "--bits", "2", "--restarts", "2", "--workers", "1")
-    assert r.returncode == 0
-    assert re.search(r"\d+ of \d+ restarts reached the best loss", r.stdout)
-    assert re.search(r"silu k=2 primitive: \d+/\d+ \(\d+ s\)", r.stderr)  # not a TTY: plain lines, no bars
-    assert "\r" not in r.stderr
+def test_fit_prints_restart_agreement_and_progress_lines_in_a_log(tmp_path, capsys):
+    assert main(["fit", "relu-sum", "--activation", "silu", "--bits", "2", "--restarts", "2", "--workers", "1"]) == 0
+    r = capsys.readouterr()
+    assert re.search(r"\d+ of \d+ restarts reached the best loss", r.out)
+    assert re.search(r"silu k=2 primitive: \d+/\d+ \(\d+ s\)", r.err)  # not a TTY: plain lines, no bars
+    assert "\r" not in r.err
 
 
 @pytest.mark.slow
@@ -71,10 +71,9 @@ def test_k8_summary_fits_one_screen():
     assert r.returncode == 0 and len(r.stdout.splitlines()) <= 24, r.stdout
 
 
-def test_fit_invact_does_not_cut_a_token(tmp_path):
-    r = _run("fit", "invact", "--activation", "gelu", "--form", "paper")
-    assert r.returncode == 0
-    for line in r.stdout.splitlines():
+def test_fit_invact_does_not_cut_a_token(tmp_path, capsys):
+    assert main(["fit", "invact", "--activation", "gelu", "--form", "paper"]) == 0
+    for line in capsys.readouterr().out.splitlines():
         if "q = " in line:
             q = line.split("q = ", 1)[1]
             assert q.endswith(" …") or q in {T.load("invact/gelu-paper")[s]["expression"] for s in ("left", "right")}
@@ -163,11 +162,11 @@ def test_atlas_fits_what_is_missing(capsys, tmp_path):
     assert len(list((tmp_path / "relu_sum").glob("*.json"))) == 1
 
 
-def test_bdia_analyze_prints_its_key_numbers(tmp_path):
-    r = _run("bdia", "analyze", "--blocks", "40", "--level", "9", "--dtype", "float32", "--out", str(tmp_path),
-             "--no-progress")
-    assert r.returncode == 0, r.stderr
-    assert "max reconstruction error after 40 blocks" in r.stdout and "online" in r.stdout
+def test_bdia_analyze_prints_its_key_numbers(tmp_path, capsys):
+    assert main(["bdia", "analyze", "--blocks", "40", "--level", "9", "--dtype", "float32", "--out", str(tmp_path),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "max reconstruction error after 40 blocks" in out and "online" in out
 
 
 def _readme_commands() -> dict[str, list[str]]:
