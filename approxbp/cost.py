@@ -328,12 +328,12 @@ def _exact_launches(name: str, expression: str, dtype: torch.dtype) -> list[tupl
 
 def _reference_jobs(tables: list[Path]) -> list[tuple[str, str]]:
     """(name, expression) of each activation of ``tables`` without a reference kernel pair: its baseline."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.kernels.codegen import REFERENCE_ACTIVATIONS
 
     found: dict[str, str] = {}
     for p in tables:
-        t = T.load(p)
+        t = table_files.load(p)
         if t.family in LAUNCHES and t.activation not in REFERENCE_ACTIVATIONS:
             found.setdefault(t.expression, t.activation)
     return [(name, expression) for expression, name in found.items()]
@@ -341,20 +341,20 @@ def _reference_jobs(tables: list[Path]) -> list[tuple[str, str]]:
 
 def _default_tables() -> list[Path]:
     """Every packaged table of the families with kernels (:data:`LAUNCHES`)."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
-    return [p for family in LAUNCHES for p in T.table_paths(family)]
+    return [p for family in LAUNCHES for p in table_files.table_paths(family)]
 
 
 def _launches_for(table: Path | None, dtype: torch.dtype) -> list[tuple[str, Launch, int]]:
     """(name, launch, elements) of a table's kernels, or (``table=None``) of the MS-norms, BDIA, the exact GLUs and
     the torch-like references."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.kernels.codegen import export_if_stale
 
     if table is None:
         return norm_launches(dtype) + bdia_launches(dtype) + _glu_launches(dtype) + _reference_launches(dtype)
-    t = T.load(table)
+    t = table_files.load(table)
     export_if_stale(table)  # a user's table: its module is written next to it first, as `approxbp export` would
     return member(LAUNCHES, t.family, "kernel launches")(table, dtype)
 
@@ -375,13 +375,13 @@ def run(tables: list[Path] | None = None, dtype: str = "bf16", arch: int = 90, e
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError(_NOT_UNDER_INTERPRETER)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    jobs = [(T.resolve(p), dtype, arch) for p in (tables if tables is not None else _default_tables())]
+    jobs = [(table_files.resolve(p), dtype, arch) for p in (tables if tables is not None else _default_tables())]
     jobs += [(None, dtype, arch)] if extras else []
     jobs += [(pair, dtype, arch) for pair in _reference_jobs([j[0] for j in jobs if j[0] is not None])] \
         if tables is not None else []

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from approxbp.approximations import REGISTRY, get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.files import write_atomic
 from approxbp.fitting.grid_dp import grid_dp_knots
 from approxbp.fitting.objective import ReluSumObjective, interval_for
@@ -35,7 +35,7 @@ def main() -> int:
                 t0 = time.perf_counter()
                 obj = ReluSumObjective(act, k, objective, (A, B))
                 dp = obj(polish(obj, grid_dp_knots(obj)))[0]
-                table = T.load(f"relu_sum/{T.relu_sum_name(name, k, objective)}")
+                table = table_files.load(f"relu_sum/{table_files.relu_sum_name(name, k, objective)}")
                 gap = (table.loss - dp) / dp
                 rows.append({"activation": name, "objective": objective, "bits": k, "table": table.loss,
                              "grid_dp": dp, "table_above_dp": gap, "seconds": round(time.perf_counter() - t0, 2)})

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from approxbp.approximations import ReLUSum, get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.files import safe_stem, save_figure, write_atomic
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import TableBackward
@@ -66,16 +66,16 @@ def _table(folder: str, stem: str, cache: Path | None, make, what: str):
     """The packaged table ``folder/stem``; else the one in ``cache``; else ``make()``, saved to ``cache``, with a
     note on stderr."""
     try:
-        return T.load(f"{folder}/{stem}")
+        return table_files.load(f"{folder}/{stem}")
     except FileNotFoundError:
         pass
     cached = cache / folder / f"{safe_stem(stem)}.json" if cache is not None else None
     if cached is not None and cached.is_file():
-        return T.load(cached)
+        return table_files.load(cached)
     print(f"atlas: no table for {what}: fitting it now" + (f" (kept in {cache})" if cache else ""), file=sys.stderr)
     table = make()
     if cached is not None:
-        T.save(table, cached, overwrite=True)
+        table_files.save(table, cached, overwrite=True)
     return table
 
 
@@ -110,7 +110,7 @@ def atlas(activation, cache: Path | None = None, bar=None, bits=BITS) -> list[di
             rows.append({"family": f"fewbit-{wname}", "bits": k, "label": f"FewBit-style {k}-bit ({wname} weight)",
                          **_errors(e)})
         for objective in ("primitive", "derivative") if k in bits else ():
-            t = _table("relu_sum", T.relu_sum_name(act.name, k, objective), cache,
+            t = _table("relu_sum", table_files.relu_sum_name(act.name, k, objective), cache,
                        lambda k=k, o=objective: fit_relu_sum(act, k, o, progress=False).table,
                        f"{act.name!r} k={k} {objective}")
             rs = ReLUSum(t.weights, t.knots)
@@ -125,7 +125,7 @@ def atlas(activation, cache: Path | None = None, bar=None, bits=BITS) -> list[di
     for form in ("paper", "released", "newton", "fast"):
         if form != "fast":  # the published forms and the reference: packaged only
             try:
-                t = T.load(f"invact/{act.name}-{form}")
+                t = table_files.load(f"invact/{act.name}-{form}")
             except FileNotFoundError:
                 continue
         else:  # the kernels' form: fitted (and kept) for any activation

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.relu_sum import MAX_BITS
 
 __all__ = ["check_consistency"]
@@ -25,12 +25,12 @@ _LAW_FROM_BITS = 4
 _QUICK_GELU_SCALE = 1.702
 
 
-def _losses(load: Callable[[str], T.Table | dict], activation: str, objective: str) -> dict[int, float]:
-    return {k: T.as_table(load(f"relu_sum/{T.relu_sum_name(activation, k, objective)}")).loss
+def _losses(load: Callable[[str], table_files.Table | dict], activation: str, objective: str) -> dict[int, float]:
+    return {k: table_files.as_table(load(f"relu_sum/{table_files.relu_sum_name(activation, k, objective)}")).loss
             for k in range(1, MAX_BITS + 1)}
 
 
-def check_consistency(load: Callable[[str], dict] = T.load,
+def check_consistency(load: Callable[[str], dict] = table_files.load,
                       activations=("gelu", "gelu_tanh", "silu", "quick_gelu", "mish")) -> list[str]:
     """Problems found in the tables (empty when all checks pass); ``load`` maps 'relu_sum/<stem>' to a table."""
     problems = []

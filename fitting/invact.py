@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 from approxbp.approximations import Activation, get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.invact import InvertedActivation, check_branch
 from approxbp.approximations.invact_forms import (
     RIGHT_SPAN,
@@ -101,13 +101,13 @@ def _fit_newton(ia: InvertedActivation, branch: str, degree: int = 4, steps: int
 
 def invact_table(activation: str | Activation, left: Form, right: Form, form: str, source: str = "fit",
                  reference: str | None = None, provenance: dict | None = None, extra: dict | None = None,
-                 combined: Form | None = None) -> T.InvActTable:
+                 combined: Form | None = None) -> table_files.InvActTable:
     """An invact table with measured metrics for both branches (and the ``combined`` q(y, b), if given)."""
     ia = InvertedActivation(get_activation(activation))
     linf_l, l2_l = branch_metrics(ia, left, "left")
     linf_r, l2_r = branch_metrics(ia, right, "right")
     linf_r = max(linf_r, right_tail_error(ia))  # the right branch's rule includes the tail rule q = h′(y)
-    return T.InvActTable.new(
+    return table_files.InvActTable.new(
         ia.activation, source=source, form=form, turning_point=ia.T, f_T=ia.f_T, left=left.to_json(ia.domain("left")),
         right=right.to_json((ia.f_T, ia.f_T + 10.0)), combined=None if combined is None else combined.to_json(),
         metrics={"linf_left": linf_l, "l2_left": l2_l, "linf_right": linf_r, "l2_right": l2_r, **(extra or {})},
@@ -190,7 +190,7 @@ def _say(form: str, t0: float):
                               flush=True)
 
 
-def _one_branch(act, form: str, progress: bool, t0: float) -> T.InvActTable | None:
+def _one_branch(act, form: str, progress: bool, t0: float) -> table_files.InvActTable | None:
     """The exact table (``exact``; ``auto`` where it applies: monotone, ReLU², constant pieces) or, for an increasing
     activation, the fitted one-branch form (``newton``; ``auto`` when its inverse has no closed form); None when the
     two-branch forms serve ``act``."""
@@ -214,7 +214,7 @@ def _one_branch(act, form: str, progress: bool, t0: float) -> T.InvActTable | No
     return None
 
 
-def _fast_table(act, ia: InvertedActivation, progress: bool, t0: float) -> T.InvActTable:
+def _fast_table(act, ia: InvertedActivation, progress: bool, t0: float) -> table_files.InvActTable:
     """The fast form's table (:func:`.invact_fast.fast_form`), measured on wide grids of both tails; raises
     :class:`.invact_fast.NoFastForm` when no degree reaches the tolerance there."""
     from .invact_fast import TOL, NoFastForm, branch, fast_form, fused_operations
@@ -237,7 +237,7 @@ def _fast_table(act, ia: InvertedActivation, progress: bool, t0: float) -> T.Inv
     return invact_table(act, left, right, "fast", provenance=prov, extra=extra, combined=combined)
 
 
-def _invact_table(activation, form, seed, backend, sr_generations, progress) -> T.InvActTable:
+def _invact_table(activation, form, seed, backend, sr_generations, progress) -> table_files.InvActTable:
     t0, act = time.perf_counter(), get_activation(activation)
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")

@@ -17,7 +17,7 @@ import mpmath
 import numpy as np
 import sympy as sp
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.activations import named_expression, x
 from approxbp.approximations.backends import numpy_namespace
 from approxbp.approximations.functions import select
@@ -228,7 +228,7 @@ def measured(activation, q, left: bool = True, floor: float = 0.0) -> dict:
     return {"linf_left": max(flat), "l2_left": float(np.sqrt(np.mean(np.square(flat)))), **out} if left else out
 
 
-def exact_table(activation: str) -> T.InvActTable:
+def exact_table(activation: str) -> table_files.InvActTable:
     """The exact invact table of ``activation`` (form ``exact``, source ``derived``): q = 0 on the left branch, the
     derived q(y) on the right, and the combined q(y, b) the kernels evaluate; for an increasing activation one
     branch and no bit (:func:`monotone_table`)."""
@@ -240,7 +240,7 @@ def exact_table(activation: str) -> T.InvActTable:
     zero, f_T = Form.parse("0*y"), float(act.f(0.0))
     right = Form.parse(str(q))
     combined = Form.parse(f"select(b - 0.5, 0, {q})", variables=("y", "b"))
-    return T.InvActTable.new(
+    return table_files.InvActTable.new(
         act, source="derived", form="exact", turning_point=0.0, f_T=f_T,
         reference=f"derived: f = {right_f} for x > 0, f′(f⁻¹(y)) = {q}; f′ = 0 for x < 0 (Inverted Activations §2)",
         left=zero.to_json((f_T, f_T + 1.0)), right=right.to_json((f_T, f_T + RIGHT_SPAN)),
@@ -248,7 +248,7 @@ def exact_table(activation: str) -> T.InvActTable:
         provenance=_provenance(f"approxbp fit invact --activation {act.name} --form exact", t0))
 
 
-def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
+def monotone_table(activation, t0: float | None = None) -> table_files.InvActTable:
     """The one-branch exact table of an increasing activation, or a non-decreasing one with constant pieces:
     q(y) = f′(f⁻¹(y)) (:func:`derive_monotone`) on [0, RIGHT_SPAN], h′(y) beyond it like every invact table; no
     turning point and no branch bit."""
@@ -258,7 +258,7 @@ def monotone_table(activation, t0: float | None = None) -> T.InvActTable:
     metrics = measured(act, q, left=False, floor=floor)
     given = act.name if named_expression(act.name) else act.expression
     unbounded = floor == UNBOUNDED_BELOW
-    return T.InvActTable.new(
+    return table_files.InvActTable.new(
         act, source="derived", form="exact", monotone=True, f_T=floor,
         reference=f"derived: f increasing with {'f → −∞ as x → −∞' if unbounded else f'inf f = {floor:g}'}, "
                   f"f′(f⁻¹(y)) = {q} (Inverted Activations §2: one branch, no bit)",

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import sympy as sp
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.activations import named_expression
 from approxbp.approximations.backends import grammar, numpy_namespace
 from approxbp.approximations.invact_forms import backward_rule, with_newton_steps
@@ -178,7 +178,7 @@ def takes_fitted(act) -> bool:
     return True
 
 
-def fitted_monotone_table(activation, say=None) -> T.InvActTable:
+def fitted_monotone_table(activation, say=None) -> table_files.InvActTable:
     """The fitted one-branch table (form ``newton``, source ``fit``) of a smooth increasing activation with a
     finite infimum: no closed-form inverse needed."""
     from .invact_exact import infimum, is_monotone, measured
@@ -198,7 +198,7 @@ def fitted_monotone_table(activation, say=None) -> T.InvActTable:
     metrics = measured(act, _rule(act, form, floor, span), left=False, floor=floor)
     given = act.name if named_expression(act.name) else act.expression
     steps = (len(form.assignments) - 1) // 2
-    return T.InvActTable.new(
+    return table_files.InvActTable.new(
         act, source="fit", form="newton", monotone=True, f_T=floor,
         reference=f"fitted: f increasing with inf f = {floor:g} and no closed-form inverse; x₀ = w + P(z) of degree "
                   f"{len(form.coefficients) - 1}, {steps} Newton step(s), q = f′(xₙ) on [inf f, inf f + {span:g}], "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 from approxbp.approximations import ReLUSum, get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import Form, branch_grid
 
@@ -61,7 +61,7 @@ def relu_sum_error_vs_bits(activation: str, objective: str = "primitive", bits=r
     ks, losses = np.array(list(bits)), []
     for k in ks:
         try:
-            losses.append(T.load(f"relu_sum/{T.relu_sum_name(activation, int(k), objective)}").loss)
+            losses.append(table_files.load(f"relu_sum/{table_files.relu_sum_name(activation, int(k), objective)}").loss)
         except FileNotFoundError:
             fit = fit_relu_sum(activation, int(k), objective, restarts=2, seed=seed, workers=1, progress=False)
             losses.append(fit.table.loss)
@@ -74,13 +74,13 @@ def _invact_tables(activation: str, forms, tables) -> list[tuple]:
     found = []
     for form in forms:
         try:
-            t = T.load(f"invact/{activation}-{form}")
+            t = table_files.load(f"invact/{activation}-{form}")
         except FileNotFoundError:
             continue
         found.append((t, f"{_whose(t)}: {form}" if t.source == "paper" else f"ours, packaged: {form}"))
     for t in tables:
         path = isinstance(t, str) or hasattr(t, "is_file")
-        table = T.load(t) if path else T.as_table(t)
+        table = table_files.load(t) if path else table_files.as_table(t)
         found.append((table, f"yours{f' ({Path(str(t)).name})' if path else ''}: {table.form}"))
     return found
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 from approxbp.approximations import Activation, get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.relu_sum import check_bits
 from scipy.optimize import dual_annealing, minimize
 
@@ -402,7 +402,7 @@ def _fit(activation, bits: int, objective: str, method: str, restarts: int, seed
     loss = obj.loss(rs)
     losses = [float(r.loss) if r.degenerate is None else None for r in results]
     at_best = sum(v is not None and v <= loss * (1 + _SAME_LOSS) + 1e-300 for v in losses)
-    table = T.ReluSumTable.new(
+    table = table_files.ReluSumTable.new(
         act, rs, bits=bits, objective=objective, interval=(A, B), loss=loss,
         metrics={"tail_mass": tail, "interval_rule": how, **({"weight": weight.describe()} if weight else {}),
                  "loss_upper_bound_on_R": loss + tail,

@@ -55,11 +55,11 @@ def run(args, argv) -> int:
 
 def _bits(text: str | None, activations) -> range:
     """``--bits`` as a range: K or K1-K2 within 1…8; default 1…8 where every table is packaged, else 1…4."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
     if text is None:
-        stems = {p.stem for p in T.table_paths("relu-sum")}
-        packaged = all(T.relu_sum_name(a.name, 8, "derivative") in stems for a in activations)
+        stems = {p.stem for p in table_files.table_paths("relu-sum")}
+        packaged = all(table_files.relu_sum_name(a.name, 8, "derivative") in stems for a in activations)
         return range(1, 9) if packaged else range(1, 5)
     lo, _, hi = str(text).partition("-")
     try:

@@ -36,13 +36,13 @@ OPEN_EXIT = 3
 def run(args, argv) -> int:
     """``approxbp certify``: one line per certificate; exit 0 when every claim holds, 1 when one fails,
     :data:`OPEN_EXIT` when none fails but one is open within its budget."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
     progress = common.progress_on(args)
     if not (args.budget > 0 and 0 < args.rtol < 10 and (args.max_boxes is None or args.max_boxes > 0)):
         raise ValueError("--budget and --max-boxes must be > 0 and --rtol in (0, 10)")
     t0 = time.perf_counter()
-    paths = args.tables or T.table_paths()
+    paths = args.tables or table_files.table_paths()
     print(budget_line(args.budget, args.max_boxes), flush=True)
     held = print_certificates(paths, progress, write=args.write and not args.kernel_constants,
                               only_default=not args.tables, budget_s=args.budget, rtol=args.rtol,

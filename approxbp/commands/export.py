@@ -27,10 +27,11 @@ def add_parser(sub, add) -> None:
 
 
 def run(args, argv) -> int:
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.kernels.codegen import export  # the top layer (approxbp/) may use both sides
 
-    packaged = not args.tables or any(T.packaged_name(T.resolve(t)) is not None for t in args.tables)
+    packaged = not args.tables or any(table_files.packaged_name(table_files.resolve(t)) is not None
+                                      for t in args.tables)
     if args.out_dir is None and packaged and not source_checkout():
         raise ValueError("the packaged tables' kernels ship with approxbp and are not rewritten in an installed "
                          "package; give --out-dir DIR (--out-dir . for the working directory), or export a table "

@@ -94,7 +94,7 @@ def run(args, argv) -> int:
 
 
 def _fit_relu_sum(args, argv) -> int:
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.approximations.activations import named_activation
     from approxbp.fitting.relu_sum import cli_command, fit_relu_sum
     from approxbp.fitting.weights import Weight
@@ -114,12 +114,12 @@ def _fit_relu_sum(args, argv) -> int:
         print(f"approxbp: warning: only 1 of {len(fit.restarts)} restarts reached the best loss; "
               "run more --restarts before trusting this optimum", file=sys.stderr)
     if args.out:
-        print(f"  wrote       {T.save(table, args.out, overwrite=args.force)}")
+        print(f"  wrote       {table_files.save(table, args.out, overwrite=args.force)}")
     return 0
 
 
 def _fit_invact(args, argv) -> int:
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.approximations.activations import named_activation
     from approxbp.approximations.table_checks import UNBOUNDED_BELOW
 
@@ -144,7 +144,7 @@ def _fit_invact(args, argv) -> int:
             print(f"    [{i:2}] complexity {e['complexity']:3}  L∞ {e['linf']:.3e}  "
                   f"{textwrap.shorten(e['expression'], 80, placeholder=' …')}")  # Pareto entry, not a table
     if args.out:
-        print(f"  wrote {T.save(table, args.out, overwrite=args.force)}")
+        print(f"  wrote {table_files.save(table, args.out, overwrite=args.force)}")
     return 0
 
 
@@ -257,12 +257,12 @@ def _gradient_errors(t, weight=None) -> list[str]:
 def _packaged(t, bits: int, objective: str):
     """The packaged fitted ReLU-sum table of ``t``'s activation (the same expression) at ``bits`` and ``objective``,
     or None."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
-    path = T.data_dir() / "relu_sum" / f"{T.relu_sum_name(t.activation, bits, objective)}.json"
+    path = table_files.data_dir() / "relu_sum" / f"{table_files.relu_sum_name(t.activation, bits, objective)}.json"
     if bits < 1 or not path.is_file():
         return None
-    table = T.load(path)
+    table = table_files.load(path)
     return table if table.expression == t.expression else None
 
 

@@ -75,7 +75,7 @@ def memory_rows(progress: bool) -> list[tuple[str, bool]]:
 
 def _regenerate_all(args, progress: bool) -> list[tuple[str, bool]]:
     """``--full``: every committed table refitted, their consistency across k and activations, certificates."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.fitting.consistency import check_consistency
     from approxbp.papers.reproduce import regenerate_invact, regenerate_tables
 
@@ -84,7 +84,7 @@ def _regenerate_all(args, progress: bool) -> list[tuple[str, bool]]:
     paths += regenerate_invact(args.out, seed=args.seed)
     root = paths[0].parent.parent
     print(f"regenerated {len(paths)} tables under {root}")
-    problems = check_consistency(lambda name: T.load(root / f"{name}.json"))
+    problems = check_consistency(lambda name: table_files.load(root / f"{name}.json"))
     print("consistency across k and activations: " + ("ok" if not problems else "FAILED"))
     for p in problems:
         print(f"  {p}")

@@ -28,7 +28,7 @@ def add_parser(sub, add) -> None:
 
 def run(args, argv) -> int:
     """``approxbp sweep``: every (activation, k, objective) fitted, one summary line each; tables to --out-dir."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.approximations.activations import named_activation
     from approxbp.approximations.files import check_writable, safe_stem
     from approxbp.commands.choices import OBJECTIVES
@@ -43,7 +43,8 @@ def run(args, argv) -> int:
         acts.append(act)
     bits = parse_bits(args.bits)
     objectives = OBJECTIVES if args.objective == "both" else (args.objective,)
-    jobs = [(a, o, k, args.out_dir / f"{safe_stem(T.relu_sum_name(a.name, k, o))}.json" if args.out_dir else None)
+    jobs = [(a, o, k,
+             args.out_dir / f"{safe_stem(table_files.relu_sum_name(a.name, k, o))}.json" if args.out_dir else None)
             for a in acts for o in objectives for k in bits]
     for *_, path in jobs:  # fail now, not after the sweep
         if path is not None:
@@ -62,7 +63,7 @@ def run(args, argv) -> int:
         print(f"{a.name[:14]:<14} {k:>2} {objective:<10} {t.loss:>14.6e} {fit.at_best:>3} of "
               f"{len(fit.restarts):<2}  {t.provenance['found_by'][:18]:<18} {step.seconds:>6.1f}", flush=True)
         if paths[(a.name, objective, k)] is not None:
-            T.save(t, paths[(a.name, objective, k)], overwrite=args.force)
+            table_files.save(t, paths[(a.name, objective, k)], overwrite=args.force)
     print(f"{len(jobs) - len(failed)} of {len(jobs)} fits in {time.perf_counter() - t0:.1f} s"
           + (f"; tables in {args.out_dir}" if args.out_dir else ""))
     for line in failed:

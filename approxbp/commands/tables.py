@@ -15,7 +15,7 @@ def add_parser(sub, add) -> None:
 
 
 def run(args, argv) -> int:
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.approximations.families import TABLE_FAMILIES, member
 
     if args.family is not None:
@@ -23,11 +23,11 @@ def run(args, argv) -> int:
             member(TABLE_FAMILIES, args.family, "table class")
         except KeyError as err:
             raise ValueError(err.args[0]) from None
-    paths = args.files or T.table_paths(args.family)
+    paths = args.files or table_files.table_paths(args.family)
     bad = 0
     for p in paths:
         try:
-            t = T.load(p)
+            t = table_files.load(p)
         except (ValueError, OSError) as err:
             print(f"INVALID {err}")
             bad += 1
@@ -35,7 +35,7 @@ def run(args, argv) -> int:
         if args.family and t.family != args.family:
             continue
         extra = t.summary()
-        name = T.packaged_name(p)
+        name = table_files.packaged_name(p)
         shown = f"{name}.json" if name else p
         print(f"{shown!s:<48} {t.source:<5} {extra}")
     print(f"{len(paths)} tables, " + (f"{bad} invalid" if bad else "all valid"))

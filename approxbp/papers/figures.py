@@ -24,7 +24,7 @@ def figures_dir(out: Path | None) -> Path:
 
 def write_figures(out: Path) -> list[Path]:
     """Write every figure into the folder ``out``; returns the paths written."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.approximations.files import save_figure
     from approxbp.fitting.atlas import write_atlas
     from approxbp.fitting.plots import plot_invact, plot_relu_sum
@@ -33,8 +33,8 @@ def write_figures(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = write_atlas(out)
     for act in ("gelu", "silu"):
-        f = plot_relu_sum(T.load(f"relu_sum/{T.relu_sum_name(act, 2, 'primitive')}"),
-                          T.load(f"relu_sum/{T.relu_sum_name(act, 2, 'primitive', 'paper')}"),
+        f = plot_relu_sum(table_files.load(f"relu_sum/{table_files.relu_sum_name(act, 2, 'primitive')}"),
+                          table_files.load(f"relu_sum/{table_files.relu_sum_name(act, 2, 'primitive', 'paper')}"),
                           x_range=(-6, 6) if act == "gelu" else (-10, 10))
         written.append(out / f"relu_sum_{act}_k2.png")
         save_figure(f, written[-1], dpi=110)

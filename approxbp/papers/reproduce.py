@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from approxbp.approximations import REGISTRY, ReLUSum, get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.fitting.objective import ReluSumObjective, interval_for
 from approxbp.fitting.relu_sum import auto_method, fit_relu_sum, package_version
 
@@ -43,13 +43,13 @@ PAPER_RELU_SUM = (
 )
 
 
-def paper_table(row: PaperReluSum) -> T.ReluSumTable:
+def paper_table(row: PaperReluSum) -> table_files.ReluSumTable:
     """The published coefficients as a ``source: paper`` table, its loss measured by our objective."""
     act = get_activation(row.activation)
     A, B, tail, how = interval_for(act, row.objective)
     rs = ReLUSum([*row.a, 1.0 - sum(row.a)], row.c)
     loss = ReluSumObjective(act, 2, row.objective, (A, B)).loss(rs)
-    return T.ReluSumTable.new(
+    return table_files.ReluSumTable.new(
         act, rs, bits=2, objective=row.objective, interval=(A, B), loss=loss, source="paper", reference=row.reference,
         metrics={"tail_mass": tail, "interval_rule": how, "name_in_paper": row.label},
         provenance={"method": "published", "seed": None, "command": "approxbp reproduce --full",
@@ -64,7 +64,7 @@ class Comparison:
     bits: int
     paper: float
     ours: float
-    ours_table: T.ReluSumTable
+    ours_table: table_files.ReluSumTable
 
     @property
     def relative_gap(self) -> float:
@@ -109,14 +109,14 @@ def regenerate_invact(out: Path | None = None, seed: int = 0, sr_generations: in
     """Every committed invact table (published forms measured, refits, ours, and SR for GELU)."""
     from approxbp.fitting.invact import fit_invact
 
-    root = Path(out) if out else T.data_dir()
+    root = Path(out) if out else table_files.data_dir()
     paths = []
     for act, forms in INVACT_FORMS.items():
         for form in forms:
             table = fit_invact(act, form, seed=seed, sr_generations=sr_generations).table
             table = table.with_provenance(command=f"approxbp fit invact --activation {act} --form {form} "
                                                   f"--seed {seed}")
-            paths.append(T.save(table, root / "invact" / f"{act}-{form}.json"))
+            paths.append(table_files.save(table, root / "invact" / f"{act}-{form}.json"))
     return paths
 
 
@@ -184,9 +184,9 @@ def regenerated_names() -> dict[str, list[str]]:
     """family → the table names ``approxbp reproduce --full`` writes (:func:`regenerate_tables`,
     :func:`regenerate_invact`); the other packaged tables come from their own commands (each table's
     ``provenance.command``)."""
-    relu = [T.relu_sum_name(row.activation, 2, row.objective, "paper") for row in PAPER_RELU_SUM]
-    relu += [T.relu_sum_name(act, k, objective) for act in REGISTRY for objective in ("primitive", "derivative")
-             for k in range(1, 9)]
+    relu = [table_files.relu_sum_name(row.activation, 2, row.objective, "paper") for row in PAPER_RELU_SUM]
+    relu += [table_files.relu_sum_name(act, k, objective) for act in REGISTRY
+             for objective in ("primitive", "derivative") for k in range(1, 9)]
     return {"relu_sum": relu, "invact": [f"{act}-{form}" for act, forms in INVACT_FORMS.items() for form in forms]}
 
 
@@ -194,11 +194,11 @@ def regenerate_tables(out: Path | None = None, activations=tuple(REGISTRY), bits
                       objectives=("primitive", "derivative"), seed: int = 0, restarts: int = 4,
                       workers: int | None = None, progress: bool = True) -> list[Path]:
     """Every committed relu-sum table: the paper's rows and our fits for each activation × k × objective."""
-    root = Path(out) if out else T.data_dir()
+    root = Path(out) if out else table_files.data_dir()
     paths = []
     for row in PAPER_RELU_SUM:
-        name = T.relu_sum_name(row.activation, 2, row.objective, "paper")
-        paths.append(T.save(paper_table(row), root / "relu_sum" / f"{name}.json"))
+        name = table_files.relu_sum_name(row.activation, 2, row.objective, "paper")
+        paths.append(table_files.save(paper_table(row), root / "relu_sum" / f"{name}.json"))
     for act in activations:
         for objective in objectives:
             lower = None  # each k starts from the k − 1 fit just made
@@ -210,7 +210,8 @@ def regenerate_tables(out: Path | None = None, activations=tuple(REGISTRY), bits
                                            f"--objective {objective} --method {method} --restarts {restarts} "
                                            f"--seed {seed}")
                 table, lower = fit.table, fit.x
-                paths.append(T.save(table, root / "relu_sum" / f"{T.relu_sum_name(act, k, objective)}.json"))
+                name = table_files.relu_sum_name(act, k, objective)
+                paths.append(table_files.save(table, root / "relu_sum" / f"{name}.json"))
     return paths
 
 

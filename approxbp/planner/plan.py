@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.planner.plan_moves import Assignment
 from approxbp.planner.plan_parts import Moves, MsNorm, PlannedLayer, StepSummary
 from approxbp.planner.plan_step import (
@@ -124,7 +124,7 @@ def parse_use(text: str) -> tuple[str | dict[str, str], bool]:
     alone; or the path of a plan written by ``approxbp plan --out``."""
     table, _, rest = text.partition("+")
     if table.endswith(".json") and rest in ("", "ms-norm") and _is_table(table, "--use"):
-        return TABLE_OPTION + str(T.resolve(table).resolve()), rest == "ms-norm"
+        return TABLE_OPTION + str(table_files.resolve(table).resolve()), rest == "ms-norm"
     if text.endswith(".json"):
         from approxbp.planner.result import planned_layers
 
@@ -152,9 +152,9 @@ def _is_table(path: str, flag: str) -> bool:
     if not Path(path).is_file():
         return False  # a packaged table is named by its option; a missing file is refused as a plan
     try:
-        T.header(path)
-    except T.TableError as err:
-        if isinstance(data := T.read_json(path), dict) and "layers" in data:
+        table_files.header(path)
+    except table_files.TableError as err:
+        if isinstance(data := table_files.read_json(path), dict) and "layers" in data:
             return False  # a plan
         raise ValueError(f"{flag} {path}: neither a table nor a plan ({err})") from None
     return True

@@ -49,9 +49,9 @@ TABLE_OPTION = "table:"
 @functools.lru_cache(maxsize=64)
 def table_activation(path: str) -> str:
     """The activation of a table file (read and validated once: the search asks per layer and per step)."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
-    return T.load(path).activation
+    return table_files.load(path).activation
 
 
 def option_table(activation: str, option: str) -> str | None:
@@ -70,11 +70,11 @@ def option_table(activation: str, option: str) -> str | None:
 def gradient_error(activation: str, option: str) -> float:
     """E_{x∼N(0,1)}[(h̃′(x) − f′(x))²]^½ for a ReLU-sum table (its levels between its knots, against the exact
     derivative), the certified (else sampled) L∞ of an InvAct table, 0 for exact."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.approximations.gradient_error import gradient_error as of_table
 
     table = option_table(activation, option)
-    return 0.0 if table is None else of_table(T.load(T.resolve(table)))
+    return 0.0 if table is None else of_table(table_files.load(table_files.resolve(table)))
 
 
 def activation_layers(model: nn.Module) -> dict[str, str]:

@@ -17,7 +17,7 @@ from torch import nn
 if TYPE_CHECKING:
     from approxbp.kernels.rewrite.common import PatchConfig
 
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.planner.plan_parts import Moves, MsNorm, PlannedLayer, StepSummary
 from approxbp.planner.step_memory import weight_shapes
 
@@ -290,7 +290,7 @@ def plan_config(plan, model: nn.Module) -> PatchConfig:
         if len(hits) != 1:
             unmatched.append(f"{path} ({'no' if not hits else len(hits)} matching activation modules)")
             continue
-        chosen[hits[0]] = T.resolve(layer.table) if layer.table else "exact"
+        chosen[hits[0]] = table_files.resolve(layer.table) if layer.table else "exact"
         if layer.option == "glu":
             fused.add(hits[0].rpartition(".")[0])
     missing = [n for n in ours if n not in chosen]

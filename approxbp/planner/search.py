@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.planner.gpus import DEFAULT_GPU
 from approxbp.planner.gpus import gpu as step_gpu
 from approxbp.planner.knapsack import multiple_choice
@@ -202,7 +202,7 @@ def _table_options(tables: tuple[str, ...], activation: str) -> list[str]:
     where missing)."""
     from approxbp.kernels.codegen import export_if_stale
 
-    found = [str(T.resolve(path).resolve()) for path in tables if table_activation(path) == activation]
+    found = [str(table_files.resolve(path).resolve()) for path in tables if table_activation(path) == activation]
     for path in found:
         export_if_stale(Path(path))
     return [TABLE_OPTION + path for path in found]

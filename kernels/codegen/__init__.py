@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.families import TABLE_FAMILIES
 from approxbp.approximations.files import write_atomic
 
@@ -33,7 +33,7 @@ def render(table_path: Path, t: dict | None = None) -> str:
     """The Triton module of a table of any registered family (its renderer, :data:`RENDERERS`)."""
     from approxbp.approximations.families import member
 
-    t = t or T.load(table_path)
+    t = t or table_files.load(table_path)
     return member(RENDERERS, t.family, "Triton renderer")(table_path, t)
 
 
@@ -52,8 +52,8 @@ def export(tables: list[Path] | None = None, out_dir: Path | None = None) -> lis
         for activation in REFERENCE_ACTIVATIONS:
             write_atomic(reference_module_path(activation), render_reference(get_activation(activation)))
             written.append(reference_module_path(activation))
-    for p in tables or [q for family in TABLE_FAMILIES for q in T.table_paths(family)]:
-        t = T.load(p)
+    for p in tables or [q for family in TABLE_FAMILIES for q in table_files.table_paths(family)]:
+        t = table_files.load(p)
         target = module_path(p, t.family, out_dir)
         write_atomic(target, render(Path(p), t))
         written.append(target)
@@ -66,7 +66,7 @@ def export_if_stale(table_path: Path, out_dir: Path | None = None) -> Path | Non
     from ..ops.modules import generated_module
 
     try:
-        generated_module(table_path, T.header(table_path)[0], out_dir)
+        generated_module(table_path, table_files.header(table_path)[0], out_dir)
         return None
     except RuntimeError:
         target = export([Path(table_path)], out_dir)[0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import sympy as sp
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.families import register
 from approxbp.approximations.invact_forms import RULE_PARTS, backward_rule
 
@@ -128,14 +128,15 @@ def _jit_body(branch: dict, variables: tuple[str, ...] = ("y",)) -> str:
 
 
 def render_invact(table_path: Path, t: dict | None = None) -> str:
-    t = t or T.load(table_path)
+    t = t or table_files.load(table_path)
     if t.family != "invact":
         raise ValueError(f"{table_path}: expected an invact table, got family {t.family!r}")
     act = get_activation(t.expression)
     saved = ("nothing but y (increasing: one branch, no bit); backward is grad × q(y)" if t.monotone else
              "one packed branch bit s = [x < T] per element (8 per byte); backward is grad × q_s(y)")
     doc = (f"{t.activation} inverted activation ({t.form} form): forward is the exact activation plus {saved} from "
-           f"the saved output y.\nTable: {relative_path(table_path)} (definition sha256 {T.definition_sha256(t)}).")
+           f"the saved output y.\nTable: {relative_path(table_path)} "
+           f"(definition sha256 {table_files.definition_sha256(t)}).")
     code = {"source": triton_source(act.expr, lowp=True), "grad_source": triton_source(act.derivative_expr(1)),
             "left": "" if t.monotone else f"\n\n@triton.jit\ndef q_left(y):\n{_jit_body(t.left)}\n",
             "right": _jit_body(t.right),

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.families import register
 
 from ..ops.packing import storage_bits
@@ -199,14 +199,14 @@ def _level_body(levels: list[float], bits: int) -> str:
 
 
 def render_relu_sum(table_path: Path, t: dict | None = None) -> str:
-    t = t or T.load(table_path)
+    t = t or table_files.load(table_path)
     if t.family != "relu-sum":
         raise ValueError(f"{table_path}: export handles relu-sum tables, got family {t.family!r}")
     act = get_activation(t.expression)
     storage = storage_bits(t.bits)
     doc = (f"{t.activation} with the k={t.bits} ReLU-sum derivative ({t.objective} objective): forward is "
            f"the exact activation plus one packed {storage}-bit code per element; backward is grad × LEVELS[code].\n"
-           f"Table: {relative_path(table_path)} (definition sha256 {T.definition_sha256(t)}).")
+           f"Table: {relative_path(table_path)} (definition sha256 {table_files.definition_sha256(t)}).")
     source = triton_source(act.expr, lowp=True)
     return _RELU_SUM_TEMPLATE.format(
         docstring=repr(doc), **identity(table_path, t),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import sympy as sp
 from approxbp.approximations import backends
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.activations import x as activation_x
 from approxbp.approximations.rewrites import stable_form
 
@@ -104,8 +104,9 @@ def activation(x, LOWP: tl.constexpr):
 def identity(table_path: Path, t) -> dict:
     """The constants every generated module starts with: which table (file, definition hash, family, name), in
     which layout (:data:`~approxbp.kernels.ops.modules.FORMAT`)."""
-    return {"table": relative_path(table_path), "sha": T.definition_sha256(t), "format": FORMAT, "family": t.family,
-            "name": t.name, "activation": t.activation, "expression": t.expression, "stock": stock_name(t.expression)}
+    return {"table": relative_path(table_path), "sha": table_files.definition_sha256(t), "format": FORMAT,
+            "family": t.family, "name": t.name, "activation": t.activation, "expression": t.expression,
+            "stock": stock_name(t.expression)}
 
 
 def stock_name(expression: str) -> str | None:
@@ -131,6 +132,6 @@ def _stock_names() -> dict[str, str]:
 def relative_path(table_path: Path) -> str:
     """Packaged tables by their path in the repository; a user's table by its absolute path."""
     try:
-        return str(Path(table_path).resolve().relative_to(T.data_dir().parent.parent.resolve()))
+        return str(Path(table_path).resolve().relative_to(table_files.data_dir().parent.parent.resolve()))
     except ValueError:
         return str(Path(table_path).resolve())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import triton
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from torch import Tensor
 
 from . import custom_ops
@@ -46,7 +46,7 @@ class InvActSpec(GeneratedSpec):
         """The table's stored L∞ (certified where ``approxbp certify`` ran)."""
         from approxbp.approximations.gradient_error import describe, invact_error
 
-        return describe(self.family, invact_error(T.stored_metrics(self.path)))
+        return describe(self.family, invact_error(table_files.stored_metrics(self.path)))
 
     def __init__(self, table: str | Path | dict, kernels_dir: str | Path | None = None):
         super().__init__(table, kernels_dir)

@@ -18,7 +18,7 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import ClassVar
 
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.families import Registry
 
 from .stock import exact_forward
@@ -37,16 +37,16 @@ FORMAT = 3
 def kernel_dir(table_path: str | Path) -> Path:
     """Where a table's generated module lives: the package's ``kernels/generated/`` for packaged tables,
     ``<table folder>/_generated/`` for a user's table (``approxbp export`` and the drop-ins agree on this)."""
-    path = T.resolve(table_path)
-    return GENERATED if T.packaged_name(path) is not None else path.resolve().parent / "_generated"
+    path = table_files.resolve(table_path)
+    return GENERATED if table_files.packaged_name(path) is not None else path.resolve().parent / "_generated"
 
 
 def module_name(table_path: str | Path, family: str | None = None) -> str:
     """``<family>_<stem>`` as a Python name (``family`` is read from the table when not given). A user's stem that
     is not already a Python name also gets 8 hex digits of its sha256, so ``a-b.json`` and ``a_b.json`` beside each
     other get different modules (the packaged names are distinct as they are)."""
-    table_path = T.resolve(table_path)
-    family = family or T.header(table_path)[0]
+    table_path = table_files.resolve(table_path)
+    family = family or table_files.header(table_path)[0]
     stem = table_path.stem
     name = re.sub(r"\W", "_", f"{family}_{stem}")
     if kernel_dir(table_path) != GENERATED and re.sub(r"\W", "_", stem) != stem:
@@ -62,7 +62,7 @@ def module_path(table_path: str | Path, family: str, kernels_dir: str | Path | N
 @cache
 def _packaged_by_definition() -> dict[str, Path]:
     """definition sha256 → packaged table file."""
-    return {T.header(p)[1]: p for p in T.table_paths()}
+    return {table_files.header(p)[1]: p for p in table_files.table_paths()}
 
 
 def _table_file(table, family: str) -> Path:
@@ -70,8 +70,8 @@ def _table_file(table, family: str) -> Path:
     definition of a packaged table. Any other table in memory has no kernels yet: it is refused with the two steps
     that give it some (save it, ``approxbp export`` it), since run time writes no files."""
     if isinstance(table, str | Path):
-        return T.resolve(table, family)
-    sha = table.sha256 if T.is_table(table) else T.definition_sha256(table)
+        return table_files.resolve(table, family)
+    sha = table.sha256 if table_files.is_table(table) else table_files.definition_sha256(table)
     path = _packaged_by_definition().get(sha)
     if path is None:
         raise ValueError("this table is not a file with generated kernels: save it and export it first, "
@@ -84,7 +84,7 @@ def generated_module(table_path: str | Path, family: str, kernels_dir: str | Pat
     """The generated module of the table file at ``table_path`` (packaged, the user's ``_generated/``, or
     ``kernels_dir``), checked against the file's definition hash; never writes."""
     path = Path(table_path)
-    sha = T.header(path, family)[1]
+    sha = table_files.header(path, family)[1]
     return _import(str(path.resolve()), sha, family, None if kernels_dir is None else str(kernels_dir))
 
 
@@ -201,7 +201,7 @@ def spec_of(key: str) -> Spec:
 def spec_key(family: str, sha256: str, path, kernels_dir: str | None) -> str:
     """``family:definition-sha256:source[@kernels_dir]``, where source is the packaged table's name or the user
     table's absolute path: any process can rebuild the spec from it (:func:`spec_of`)."""
-    source = T.packaged_name(path) or str(Path(path).resolve())
+    source = table_files.packaged_name(path) or str(Path(path).resolve())
     return f"{family}:{sha256}:{_escape(source)}" + (f"@{_escape(kernels_dir)}" if kernels_dir else "")
 
 
@@ -251,7 +251,7 @@ class GeneratedSpec(Spec):
     @cached_property
     def table(self):
         """The typed table (validated on first use, which parses its expressions; the run time never reads it)."""
-        return T.load(self.path)
+        return table_files.load(self.path)
 
     def forward_only_torch(self, x):
         """y = h(x) with nothing saved (no gradient wanted; ``patch_model`` checks each drop-in against the stock

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 import triton
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.kernels.ops.torch_private import unset_fake_temporarily
 from torch import Tensor
 
@@ -46,7 +46,7 @@ class ReLUSumSpec(GeneratedSpec):
 
     @staticmethod
     def packaged(activation: str, bits: int) -> str:
-        return f"relu_sum/{T.relu_sum_name(activation, bits, 'primitive')}"
+        return f"relu_sum/{table_files.relu_sum_name(activation, bits, 'primitive')}"
 
     def error_said(self) -> str:
         """The levels against the derivative of the generated twin of f (torch autograd in float64)."""
@@ -195,14 +195,14 @@ class ReGELU2(ReLUSumActivation):
     """GELU forward, 2-bit ReLU-sum backward (Approx-BP §4.2). ``paper=True`` uses the printed coefficients."""
 
     def __init__(self, paper: bool = False, use_triton: bool | None = None):
-        super().__init__(T.relu_sum_name("gelu", 2, "primitive", "paper" if paper else "fit"), use_triton)
+        super().__init__(table_files.relu_sum_name("gelu", 2, "primitive", "paper" if paper else "fit"), use_triton)
 
 
 class ReSiLU2(ReLUSumActivation):
     """SiLU forward, 2-bit ReLU-sum backward (Approx-BP §4.2). ``paper=True`` uses the printed coefficients."""
 
     def __init__(self, paper: bool = False, use_triton: bool | None = None):
-        super().__init__(T.relu_sum_name("silu", 2, "primitive", "paper" if paper else "fit"), use_triton)
+        super().__init__(table_files.relu_sum_name("silu", 2, "primitive", "paper" if paper else "fit"), use_triton)
 
 
 ReLUSumSpec.drop_in = ReLUSumActivation

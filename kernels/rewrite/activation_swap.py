@@ -10,7 +10,7 @@ import functools
 from collections.abc import Mapping
 
 import torch
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from torch import nn
 
 from ..ops.glu import GatedMLP
@@ -92,7 +92,7 @@ def _table_for(module: nn.Module, family: str | None, tables, bits: int):
 def _has_table(name: str) -> bool:
     """Whether a family's ``packaged`` table (a packaged name, or a path for another package's family) exists."""
     try:
-        return T.resolve(name).is_file()
+        return table_files.resolve(name).is_file()
     except FileNotFoundError:
         return False
 
@@ -113,8 +113,8 @@ def _replacement(module: nn.Module, family: str | None, tables, bits: int, famil
              "invact/gelu-fast": InvActGELU, "invact/silu-fast": InvActSiLU}
     if isinstance(table, str) and table in named:  # the papers' modules by their own names
         return named[table](), None
-    typed = isinstance(table, dict) or T.is_table(table)
-    family = T.as_table(table).family if typed else family_of(str(table))
+    typed = isinstance(table, dict) or table_files.is_table(table)
+    family = table_files.as_table(table).family if typed else family_of(str(table))
     return _drop_in_family(family).drop_in(table), None
 
 
@@ -136,7 +136,7 @@ def swap_activations(model: nn.Module, report: PatchReport, undo: Undo, config: 
     ``config.module_filter_fn`` refuses are left and reported), one pattern of paths at a time (:class:`RewriteGuard`);
     then the activations the modules of ``functional`` ({path: activations}) call as functions, at the call site
     (:func:`_swap_functional`). Each table file is read once and each drop-in checked once for both."""
-    family_of = functools.cache(lambda table: T.header(T.resolve(table))[0])
+    family_of = functools.cache(lambda table: table_files.header(table_files.resolve(table))[0])
     checked: dict = {}
     if isinstance(config.tables, Mapping):
         config = dataclasses.replace(config, tables=_Looked(config.tables, model))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from torch import nn
 
 from ..ops.saved import charged
@@ -80,7 +80,7 @@ class PatchConfig:
 def _is_table(value) -> bool:
     """Whether ``value`` names a table file (a path or a packaged name)."""
     try:
-        return isinstance(value, str | Path) and T.resolve(value).is_file()
+        return isinstance(value, str | Path) and table_files.resolve(value).is_file()
     except FileNotFoundError:
         return False
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 from approxbp.approximations import table_schema as TS
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.files import check_writable
 
 from approxbp.cli import main
@@ -55,7 +55,7 @@ def test_tables_reports_a_deep_json_file_and_checks_the_files_after_it(tmp_path,
 
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 5000 + "]" * 5000)
-    assert main(["tables", str(deep), str(T.resolve("gelu-k2-primitive", "relu-sum"))]) == 2
+    assert main(["tables", str(deep), str(table_files.resolve("gelu-k2-primitive", "relu-sum"))]) == 2
     out = capsys.readouterr().out
     assert "nested too deeply" in out and "gelu-k2-primitive" in out and "1 invalid" in out
 
@@ -187,11 +187,11 @@ def test_a_huge_table_is_refused_unread(tmp_path):
     t = table_json("invact/gelu-fast")
     t["right"]["coefficients"] |= {f"c{i}": 1.0 for i in range(200_000)}
     with pytest.raises(TS.TableError, match="at most 1048576 bytes"):
-        T.load(write_json(tmp_path, t))
+        table_files.load(write_json(tmp_path, t))
     t = table_json("invact/gelu-fast")
     t["right"]["coefficients"] |= {f"c{i}": 1.0 for i in range(300)}
     with pytest.raises(TS.TableError, match="at most 256"):
-        T.load(write_json(tmp_path, t))
+        table_files.load(write_json(tmp_path, t))
 
 
 def test_the_cli_offers_every_invact_form_and_no_other():
@@ -227,7 +227,7 @@ def test_help_and_argument_errors_import_no_torch_scipy_or_sympy():
 
 def test_certify_states_its_budget_before_it_starts(capsys):
     """The default budget is 600 s per certificate: a user learns it before waiting, not after."""
-    assert main(["certify", str(T.data_dir() / "invact" / "softplus-exact.json"), "--budget", "30",
+    assert main(["certify", str(table_files.data_dir() / "invact" / "softplus-exact.json"), "--budget", "30",
                  "--max-boxes", "500", "--no-progress"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("budget per certificate: 30 s or 500 boxes, whichever comes first"), first
@@ -242,7 +242,7 @@ def test_the_fit_summary_says_the_gradient_error_beside_the_packaged_baselines(c
     assert main(["fit", "relu-sum", "--activation", "silu", "--bits", "2", "--objective", "primitive",
                  "--restarts", "2", "--workers", "1", "--no-progress"]) == 0
     out, err = capsys.readouterr()
-    packaged = {name: gradient_error(T.load(f"relu_sum/silu-{name}")) for name in
+    packaged = {name: gradient_error(table_files.load(f"relu_sum/silu-{name}")) for name in
                 ("k1-primitive", "k2-derivative", "k2-primitive")}
     assert f"= {packaged['k2-primitive']:.4g} (this table)" in out
     assert f"{packaged['k1-primitive']:.4g} packaged k=1" in out and f"{packaged['k2-derivative']:.4g} packaged " \
@@ -263,7 +263,7 @@ def test_export_never_writes_into_an_installed_package(monkeypatch, capsys, tmp_
     assert main(["export", "relu_sum/gelu-k2-derivative", "--out-dir", str(tmp_path / "k")]) == 0
     assert len(list((tmp_path / "k").glob("*.py"))) == 1
     mine = tmp_path / "mine.json"
-    mine.write_bytes(T.resolve("relu_sum/gelu-k2-derivative").read_bytes())
+    mine.write_bytes(table_files.resolve("relu_sum/gelu-k2-derivative").read_bytes())
     assert main(["export", str(mine)]) == 0
     assert len(list((tmp_path / "_generated").glob("*.py"))) == 1
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from _helpers import ROOT
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 
 from approxbp.cli import build_parser, main
 
@@ -46,9 +46,9 @@ def test_every_option_has_help_and_shows_its_default():
 
 
 def test_tables_validates_user_files_and_refuses_unknown_families(tmp_path, capsys):
-    good = T.save(T.load("relu_sum/gelu-k2-primitive"), tmp_path / "good.json")
+    good = table_files.save(table_files.load("relu_sum/gelu-k2-primitive"), tmp_path / "good.json")
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({**T.load("relu_sum/gelu-k2-primitive"), "bits": 3}))
+    bad.write_text(json.dumps({**table_files.load("relu_sum/gelu-k2-primitive"), "bits": 3}))
     assert main(["tables", str(good)]) == 0
     assert main(["tables", str(good), str(bad)]) == 2
     out = capsys.readouterr().out
@@ -76,7 +76,8 @@ def test_fit_invact_does_not_cut_a_token(tmp_path, capsys):
     for line in capsys.readouterr().out.splitlines():
         if "q = " in line:
             q = line.split("q = ", 1)[1]
-            assert q.endswith(" …") or q in {T.load("invact/gelu-paper")[s]["expression"] for s in ("left", "right")}
+            paper = table_files.load("invact/gelu-paper")
+            assert q.endswith(" …") or q in {paper[s]["expression"] for s in ("left", "right")}
 
 
 @pytest.mark.parametrize("activation", ["silu", "mish", "x*sigmoid(2*x)"])
@@ -95,7 +96,8 @@ def test_symbolic_regression_runs_for_every_activation(activation):
 def test_user_kernels_live_next_to_the_table(tmp_path):
     from approxbp.kernels import ReLUSumActivation
 
-    table = T.save(T.load("relu_sum/silu-k3-derivative") | {"activation": "my-silu"}, tmp_path / "my.json")
+    table = table_files.save(table_files.load("relu_sum/silu-k3-derivative") | {"activation": "my-silu"},
+                             tmp_path / "my.json")
     assert main(["export", str(table)]) == 0  # in this process: the suite runs under TRITON_INTERPRET=1
     module = tmp_path / "_generated" / "relu_sum_my.py"
     assert module.is_file() and f"TABLE = {str(table.resolve())!r}" in module.read_text()
@@ -107,8 +109,8 @@ def test_user_kernels_live_next_to_the_table(tmp_path):
     y = torch.randn(10)
     assert torch.allclose(ReLUSumActivation(table)(y), act(y), rtol=1e-6, atol=1e-7)  # Triton vs twin: to rounding
     with pytest.raises(ValueError, match="save it and export it first"):  # a table in memory has no kernels
-        ReLUSumActivation(T.load(table))
-    packaged = T.load("relu_sum/silu-k3-derivative")  # unless it is a packaged table's definition
+        ReLUSumActivation(table_files.load(table))
+    packaged = table_files.load("relu_sum/silu-k3-derivative")  # unless it is a packaged table's definition
     assert torch.equal(ReLUSumActivation(packaged.to_json())(y), ReLUSumActivation("silu-k3-derivative")(y))
 
 
@@ -117,7 +119,8 @@ def test_export_out_dir_feeds_the_drop_ins_kernels_dir(tmp_path):
     is written next to the table."""
     from approxbp.kernels import InvActivation, ReLUSumActivation
 
-    table = T.save(T.load("relu_sum/gelu-k2-derivative") | {"activation": "my-gelu"}, tmp_path / "t" / "my.json")
+    table = table_files.save(table_files.load("relu_sum/gelu-k2-derivative") | {"activation": "my-gelu"},
+                             tmp_path / "t" / "my.json")
     out = tmp_path / "build" / "kernels"
     assert main(["export", str(table), "--out-dir", str(out)]) == 0
     act = ReLUSumActivation(table, use_triton=True, kernels_dir=out)
@@ -147,7 +150,7 @@ def test_use_triton_without_cuda_or_interpreter_says_so_in_one_line():
 def test_fit_invact_is_exported():
     from approxbp.fitting import fit_invact
 
-    assert T.validate(fit_invact("gelu", "paper").table)["form"] == "paper"
+    assert table_files.validate(fit_invact("gelu", "paper").table)["form"] == "paper"
 
 
 def test_atlas_fits_what_is_missing(capsys, tmp_path):
@@ -241,7 +244,7 @@ def test_figure_commands_default_to_the_checkout_not_the_current_folder(tmp_path
 
 
 def test_sweep_fits_every_combination_and_writes_named_tables(tmp_path, capsys):
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
     from approxbp.commands.sweep import parse_bits
 
@@ -252,8 +255,9 @@ def test_sweep_fits_every_combination_and_writes_named_tables(tmp_path, capsys):
     assert "8 of 8 fits in" in out and "swish2" in out
     written = sorted(p.name for p in tmp_path.glob("*.json"))
     assert len(written) == 8 and "swish2-k2-derivative.json" in written
-    t = T.load(tmp_path / "gelu-k2-primitive.json")
-    assert t.loss == pytest.approx(T.load("relu_sum/gelu-k2-primitive").loss, rel=1e-9)  # the packaged optimum
+    t = table_files.load(tmp_path / "gelu-k2-primitive.json")
+    packaged = table_files.load("relu_sum/gelu-k2-primitive")
+    assert t.loss == pytest.approx(packaged.loss, rel=1e-9)  # the packaged optimum
     assert main(["sweep", "--activation", "gelu", "--bits", "9"]) == 2
     assert main(["sweep", "--activation", "gelu", "--bits", "1", "--out-dir", str(tmp_path)]) == 2  # exists
 

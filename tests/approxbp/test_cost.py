@@ -22,14 +22,14 @@ PACKAGED = ("relu_sum/gelu-k2-primitive.json", "relu_sum/silu-k6-derivative.json
 def cost_cli(tmp_path_factory):
     """``approxbp cost`` on three packaged tables, a user's copy of a table (``mine-k2-primitive.json``, its module
     generated next to it) and a fitted SERF table (k = 1, an activation without a reference pair)."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
     from approxbp.cli import main
 
     d = tmp_path_factory.mktemp("cost")
     (d / "mine").mkdir()
     mine, serf, out = d / "mine" / "mine-k2-primitive.json", d / "serf.json", d / "cost.json"
-    shutil.copy(T.resolve("silu-k2-primitive", "relu-sum"), mine)
+    shutil.copy(table_files.resolve("silu-k2-primitive", "relu-sum"), mine)
     assert main(["fit", "relu-sum", "--activation", "x*erf(log(1+exp(x)))", "--name", "serf", "--bits", "1",
                  "--restarts", "1", "--workers", "1", "--no-progress", "--out", str(serf)]) == 0
     r = subprocess.run([sys.executable, "-m", "approxbp", "cost", *PACKAGED, str(mine), str(serf), "--json", str(out),
@@ -42,7 +42,7 @@ COMPILE_CHECKS = """
     import ast, collections, json, sys
     from pathlib import Path
     from approxbp import cost
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.kernels.codegen import export
     tmp = Path(sys.argv[1])
     results = {}
@@ -50,16 +50,16 @@ COMPILE_CHECKS = """
     done = []  # every family in every dtype
     for dtype in ("bf16", "fp16", "fp32", "fp64"):
         dt = cost.DTYPES[dtype]
-        todo = (cost.relu_sum_launches(T.resolve("gelu_tanh-k3-derivative", "relu-sum"), dt)
-                + cost.relu_sum_launches(T.resolve("mish-k5-primitive", "relu-sum"), dt)
-                + cost.invact_launches(T.resolve("silu-fast", "invact"), dt)
+        todo = (cost.relu_sum_launches(table_files.resolve("gelu_tanh-k3-derivative", "relu-sum"), dt)
+                + cost.relu_sum_launches(table_files.resolve("mish-k5-primitive", "relu-sum"), dt)
+                + cost.invact_launches(table_files.resolve("silu-fast", "invact"), dt)
                 + cost.norm_launches(dt, 768) + cost.bdia_launches(dt))
         for name, launch, n in todo:
             cost.compile_sm90(launch)
             done.append(f"{dtype} {name}")
     results["families"] = len(done)
 
-    t = json.loads(T.resolve("silu-k2-primitive", "relu-sum").read_text())  # a user's expressions
+    t = json.loads(table_files.resolve("silu-k2-primitive", "relu-sum").read_text())  # a user's expressions
     out = []
     for i, expr in enumerate(["x*sigmoid(x + sin(x)/1000)", "x*sigmoid(x*cosh(x/100) + sinh(x/100))",
                               "x*(1 - erfc(x)/2)*cos(x/1000)"]):
@@ -76,7 +76,7 @@ COMPILE_CHECKS = """
     for table, family, dtype in (("gelu-fast", "invact", "bf16"), ("gelu-k2-derivative", "relu-sum", "bf16"),
                                  ("gelu-fast", "invact", "fp64")):
         launches = (cost.invact_launches if family == "invact" else cost.relu_sum_launches)(
-            T.resolve(table, family), cost.DTYPES[dtype])
+            table_files.resolve(table, family), cost.DTYPES[dtype])
         for name, launch, n in launches:
             kernel, _ = cost.compile_sm90(launch)
             sass, _ = cost.disassemble(kernel.asm["cubin"])

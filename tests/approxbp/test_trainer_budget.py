@@ -226,12 +226,12 @@ def test_a_budget_plan_weighs_the_users_own_tables(tmp_path):
     search (Request.tables), measured beside the packaged ones; the run trains."""
     import shutil
 
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
     from approxbp.planner.plan_step import TABLE_OPTION, option_table
 
     mine = tmp_path / "my-silu.json"
-    shutil.copy(T.resolve(option_table("silu", "relu-sum-k2")), mine)
+    shutil.copy(table_files.resolve(option_table("silu", "relu-sum-k2")), mine)
     callback = ApproxBPCallback(budget=BUDGET, tables=[str(mine)])
     _trainer(tiny_llama(), tmp_path, [callback], steps=1).train()
     assert TABLE_OPTION + str(mine.resolve()) in callback.plan.options["silu"]

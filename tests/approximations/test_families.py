@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from _helpers import python_path
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.families import TABLE_FAMILIES, member
 from approxbp.approximations.table_schema import TableError
 
@@ -22,10 +22,10 @@ def test_an_unknown_family_is_refused_by_name_in_every_layer():
         assert {"relu-sum", "invact"} <= set(registry), what
         with pytest.raises(KeyError, match=f"no {what} for table family 'free-levels'; known: invact, relu-sum"):
             member(registry, "free-levels", what)
-    t = T.read_json(T.resolve("invact/gelu-fast"))
+    t = table_files.read_json(table_files.resolve("invact/gelu-fast"))
     t["family"] = "free-levels"
     with pytest.raises(TableError, match="unknown family 'free-levels'"):
-        T.from_json(t)
+        table_files.from_json(t)
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_a_toy_family_of_another_package_goes_from_fit_to_a_planned_costed_step(
     for act in ("gelu", "silu"):
         assert main(["fit", "toy-step", "--activation", act, "--out", str(tables / f"{act}-step.json")]) == 0
         assert main(["export", str(tables / f"{act}-step.json")]) == 0
-    gelu_table = T.load(tables / "gelu-step.json")
+    gelu_table = table_files.load(tables / "gelu-step.json")
     a, b = gelu_table.levels  # the mean slopes of GELU on [−4, 0] and [0, 4]
     assert type(gelu_table).__name__ == "ToyStepTable" and a == pytest.approx(3.167e-5, rel=1e-3) and b == 1 - a
     assert main(["certify", str(tables / "gelu-step.json")]) == 0  # its levels inside their Arb enclosures

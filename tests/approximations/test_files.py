@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from _helpers import table_json as _table
 from approxbp.approximations import table_schema as TS
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.files import check_writable, safe_stem, write_atomic
 
 
@@ -68,22 +68,22 @@ def test_a_write_killed_mid_way_leaves_no_temporary_file_behind(tmp_path):
 
 def test_force_replaces_an_invalid_table_with_the_same_definition(tmp_path):
     path = tmp_path / "t.json"
-    good = T.load("relu_sum/gelu-k2-primitive")
+    good = table_files.load("relu_sum/gelu-k2-primitive")
     bad = dict(good.to_json())
     bad["provenance"] = {"method": 5}  # the definition leaves provenance out: same definition, invalid file
-    assert T.definition_sha256(bad) == T.definition_sha256(good)
+    assert table_files.definition_sha256(bad) == table_files.definition_sha256(good)
     path.write_text(json.dumps(bad))
     with pytest.raises(ValueError):
-        T.load(path)
-    T.save(good, path)
-    assert T.load(path).knots == good.knots
+        table_files.load(path)
+    table_files.save(good, path)
+    assert table_files.load(path).knots == good.knots
 
 
 def test_deeply_nested_json_is_one_clear_error(tmp_path):
     path = tmp_path / "deep.json"
     path.write_text("[" * 5000 + "]" * 5000)
     with pytest.raises(TS.TableError, match="nested too deeply"):
-        T.load(path)
+        table_files.load(path)
 
 
 def test_file_stems_of_expressions_stay_in_their_folder():
@@ -98,7 +98,7 @@ def test_file_stems_of_expressions_stay_in_their_folder():
 
 def test_crash_mid_write_keeps_the_old_file(tmp_path, monkeypatch):
     p = tmp_path / "t.json"
-    T.save(_table("relu_sum/gelu-k2-primitive"), p)
+    table_files.save(_table("relu_sum/gelu-k2-primitive"), p)
     before = p.read_bytes()
 
     def boom(fd):
@@ -107,7 +107,7 @@ def test_crash_mid_write_keeps_the_old_file(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", boom)
     t = _table("relu_sum/gelu-k3-primitive")
     with pytest.raises(OSError, match="No space"):
-        T.save(t, p)
+        table_files.save(t, p)
     assert p.read_bytes() == before
     assert [q.name for q in tmp_path.iterdir()] == ["t.json"]  # no temporary file left behind
 
@@ -118,7 +118,7 @@ def test_no_clobber_write_refuses_an_existing_file(tmp_path):
         write_atomic(p, "second", overwrite=False)
     assert p.read_text() == "first"
     with pytest.raises(FileExistsError, match="--force"):
-        T.save(_table("relu_sum/gelu-k2-primitive"), p, overwrite=False)
+        table_files.save(_table("relu_sum/gelu-k2-primitive"), p, overwrite=False)
 
 
 def test_atomic_writes_keep_ordinary_permissions(tmp_path):

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import Form, branch_metrics, published_forms, right_tail_error
 from approxbp.fitting.symbolic import BackendUnavailable, check_backend
@@ -91,17 +91,17 @@ def test_paper_eq5_error_matches_the_published_figure():
     assert branch_metrics(ia, left, "left")[0] == pytest.approx(1.25e-3, rel=0.01)
 
 
-INVACT = T.table_paths("invact")
+INVACT = table_files.table_paths("invact")
 
 
 #: Tables measured on InvertedActivation's branches (a derived exact table, relu2's, has a flat left branch with no
 #: inverse: tests/fitting/test_invact_exact.py re-derives and re-measures it).
-MEASURED = [p for p in INVACT if T.load(p).source != "derived"]
+MEASURED = [p for p in INVACT if table_files.load(p).source != "derived"]
 
 
 @pytest.mark.parametrize("path", MEASURED, ids=[p.stem for p in MEASURED])
 def test_invact_table_metrics_remeasure(path):
-    t = T.load(path)
+    t = table_files.load(path)
     ia = InvertedActivation(t["activation"])
     assert t["turning_point"] == ia.T and t["f_T"] == ia.f_T
     for side in ("left", "right"):
@@ -115,10 +115,10 @@ def test_invact_table_metrics_remeasure(path):
 
 @pytest.mark.parametrize("act", ["gelu", "silu"])
 def test_ours_is_ten_times_better_than_every_published_form(act):
-    ours = T.load(f"invact/{act}-newton")["metrics"]
+    ours = table_files.load(f"invact/{act}-newton")["metrics"]
     for form in ("paper", "released"):
         try:
-            pub = T.load(f"invact/{act}-{form}")["metrics"]
+            pub = table_files.load(f"invact/{act}-{form}")["metrics"]
         except FileNotFoundError:
             continue
         for side in ("left", "right"):
@@ -127,8 +127,8 @@ def test_ours_is_ten_times_better_than_every_published_form(act):
 
 
 def test_sr_table_beats_eq5():
-    t = T.load("invact/gelu-sr")
-    assert t["metrics"]["linf_left"] <= T.load("invact/gelu-paper")["metrics"]["linf_left"]
+    t = table_files.load("invact/gelu-sr")
+    assert t["metrics"]["linf_left"] <= table_files.load("invact/gelu-paper")["metrics"]["linf_left"]
     assert t["metrics"]["pareto_left"], "the Pareto front is saved with the table"
 
 
@@ -164,18 +164,18 @@ def test_error_atlas_reproduces_fig5_for_our_invact_and_orders_the_families():
 
 
 def test_atlas_keeps_the_tables_it_fits_and_reads_them_back(tmp_path):
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.fitting import atlas as A
 
     made = []
 
     def make():
         made.append(1)
-        return T.load("relu_sum/silu-k2-primitive")
+        return table_files.load("relu_sum/silu-k2-primitive")
 
     for _ in range(2):
         t = A._table("relu_sum", "x*sigmoid(x)/1-k2-primitive", tmp_path, make, "a test")
-        assert t.loss == T.load("relu_sum/silu-k2-primitive").loss
+        assert t.loss == table_files.load("relu_sum/silu-k2-primitive").loss
     assert made == [1]  # fitted once, then read from the cache
     assert len(list((tmp_path / "relu_sum").glob("*.json"))) == 1  # under a safe file name
     assert A._table("relu_sum", "gelu-k2-primitive", tmp_path, make, "packaged").loss > 0 and made == [1]
@@ -200,7 +200,7 @@ def test_both_fits_return_one_result_type_holding_the_typed_table():
     inv = fit_invact("gelu", "paper")
     rs = fit_relu_sum("gelu", 1, "primitive", restarts=1, workers=1, progress=False)
     assert isinstance(inv, FitResult) and isinstance(rs, FitResult)
-    assert isinstance(inv.table, T.InvActTable) and isinstance(rs.table, T.ReluSumTable)
+    assert isinstance(inv.table, table_files.InvActTable) and isinstance(rs.table, table_files.ReluSumTable)
     assert inv.fun == max(inv.table.metrics["linf_left"], inv.table.metrics["linf_right"]) and rs.fun == rs.table.loss
     assert inv.table.form == "paper"
     assert inv.success and rs.success  # finite; the closed form at k = 1
@@ -208,6 +208,7 @@ def test_both_fits_return_one_result_type_holding_the_typed_table():
         inv.form  # noqa: B018
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert T.as_table(inv) is inv.table and T.validate(rs)["bits"] == 1  # a fit result saves as its table
+        # a fit result saves as its table
+        assert table_files.as_table(inv) is inv.table and table_files.validate(rs)["bits"] == 1
     with pytest.raises(AttributeError):
         inv.no_such_field  # noqa: B018

@@ -10,7 +10,7 @@ from _helpers import table_json as _table
 from _helpers import write_json as _write
 from approxbp.approximations import get_activation
 from approxbp.approximations import table_schema as TS
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.expressions import ExpressionError
 from approxbp.kernels import (
     InvActivation,
@@ -86,7 +86,7 @@ def test_invact_branch_payload_is_refused_without_running(tmp_path, monkeypatch,
     t["left"]["expression"] = payload
     p = _write(tmp_path, t)
     with pytest.raises(TS.TableError, match="left.expression"):
-        T.load(p)
+        table_files.load(p)
     with pytest.raises(RuntimeError, match="approxbp export"):  # run time never parses it: it has no kernels
         InvActivation(str(p))
     assert main(["export", str(p), "--out-dir", str(tmp_path)]) == 2

@@ -8,10 +8,10 @@ import pytest
 from _helpers import table_json as _table
 from approxbp.approximations import REGISTRY, ReLUSum, get_activation
 from approxbp.approximations import table_schema as TS
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.fitting import ReluSumObjective
 
-RELU = T.table_paths("relu-sum")
+RELU = table_files.table_paths("relu-sum")
 
 
 def test_every_activation_bit_width_and_objective_is_committed():
@@ -25,7 +25,7 @@ def test_every_activation_bit_width_and_objective_is_committed():
 
 @pytest.mark.parametrize("path", RELU, ids=[p.stem for p in RELU])
 def test_table_remeasures(path):
-    t = T.load(path)
+    t = table_files.load(path)
     rs = ReLUSum(t["weights"], t["knots"])
     obj = ReluSumObjective(get_activation(t["activation"]), t["bits"], t["objective"], t["interval"])
     assert obj.loss(rs) == pytest.approx(t["loss"], rel=1e-12)
@@ -33,13 +33,13 @@ def test_table_remeasures(path):
         assert rs.constraint_residual <= 1e-12
         paper = path.with_name(path.stem + "-paper.json")
         if paper.exists():
-            assert t["loss"] <= T.load(paper)["loss"]
+            assert t["loss"] <= table_files.load(paper)["loss"]
 
 
 def test_loss_decreases_with_bits():
     for a in REGISTRY:
         for o in ("primitive", "derivative"):
-            losses = [T.load(f"relu_sum/{a}-k{k}-{o}")["loss"] for k in range(1, 9)]
+            losses = [table_files.load(f"relu_sum/{a}-k{k}-{o}")["loss"] for k in range(1, 9)]
             assert all(np.diff(losses) < 0), (a, o, losses)
 
 
@@ -62,7 +62,7 @@ def test_reader_names_file_and_field(tmp_path, mutate, field):
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(t))
     with pytest.raises(TS.TableError, match=f"bad.json: field '{field}'"):
-        T.load(p)
+        table_files.load(p)
 
 
 @pytest.mark.parametrize("mutate, field, says", [
@@ -80,54 +80,54 @@ def test_hostile_numbers_are_refused_before_any_arithmetic(tmp_path, mutate, fie
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(t))
     with pytest.raises(TS.TableError, match=f"bad.json: field '{field}': ") as err:
-        T.load(p)
+        table_files.load(p)
     assert says in str(err.value)
 
 
 def test_a_hostile_invact_coefficient_is_named(tmp_path):
     """A coefficient "1e309" (a string) was refused without naming file or field."""
-    t = json.loads(T.resolve("invact/gelu-fast").read_text())
+    t = json.loads(table_files.resolve("invact/gelu-fast").read_text())
     name = next(iter(t["left"]["coefficients"]))
     for value, says in (("1e309", "str '1e309'"), (10**400, "an integer of about 401 digits")):
         t["left"]["coefficients"][name] = value
         p = tmp_path / "inv.json"
         p.write_text(json.dumps(t))
         with pytest.raises(TS.TableError, match=f"inv.json: field 'left.coefficients.{name}': not a finite float"):
-            T.load(p)
+            table_files.load(p)
         with pytest.raises(TS.TableError, match=says):
-            T.load(p)
+            table_files.load(p)
 
 
 def test_unparsable_json_and_missing_file(tmp_path):
     p = tmp_path / "x.json"
     p.write_text("{")
     with pytest.raises(TS.TableError, match="not valid JSON"):
-        T.load(p)
+        table_files.load(p)
     with pytest.raises(FileNotFoundError):
-        T.load(tmp_path / "missing.json")
+        table_files.load(tmp_path / "missing.json")
 
 
 def test_writer_is_canonical(tmp_path):
     t = _good()
-    a, b = T.save(t, tmp_path / "a.json"), T.save(json.loads(json.dumps(t)), tmp_path / "b.json")
+    a, b = table_files.save(t, tmp_path / "a.json"), table_files.save(json.loads(json.dumps(t)), tmp_path / "b.json")
     assert a.read_bytes() == b.read_bytes()
 
 
 @pytest.mark.parametrize("expression", ["sqrt(-1 - y*y)", "1e6", "b", "q_left_wrong*y"])
 def test_combined_invact_form_is_validated_against_its_branches(expression):
     """The backward evaluates the combined q(y, b): it must equal the branch forms on their domains."""
-    t = json.loads(T.resolve("gelu-fast", "invact").read_text())
+    t = json.loads(table_files.resolve("gelu-fast", "invact").read_text())
     t["combined"]["expression"] = expression
     with pytest.raises(TS.TableError, match="combined"):
-        T.validate(t, "t")
+        table_files.validate(t, "t")
 
 
 @pytest.mark.parametrize("name", ["None", "tl", "_tmp", "q_left", "b", "lambda"])
 def test_form_names_the_generated_code_uses_are_refused(name):
-    t = json.loads(T.resolve("silu-newton", "invact").read_text())
+    t = json.loads(table_files.resolve("silu-newton", "invact").read_text())
     t["left"]["assignments"] = [[name, "y"], *t["left"].get("assignments", [])]
     with pytest.raises(TS.TableError, match="must be a new identifier"):
-        T.validate(t, "t")
+        table_files.validate(t, "t")
 
 
 # ---- moved from test_trust.py (untrusted input, atomic writes, numerics: no silent wrong answers) ----
@@ -167,7 +167,7 @@ BAD_TABLES = [
 def test_semantic_table_checks(name, fn, msg):
     t = _mutate(name, fn)
     with pytest.raises(TS.TableError, match=msg):
-        T.validate(t, name)
+        table_files.validate(t, name)
 
 
 def test_paper_table_with_weights_not_summing_to_one_is_refused():
@@ -177,22 +177,22 @@ def test_paper_table_with_weights_not_summing_to_one_is_refused():
     w, c = t["weights"], t["knots"]
     t["constraint_residual"] = max(abs(sum(w) - 1), abs(sum(a * b for a, b in zip(w, c))))
     with pytest.raises(TS.TableError, match="Σw=1"):
-        T.validate(t)
+        table_files.validate(t)
 
 
 def test_refitting_an_unchanged_table_changes_no_bytes(tmp_path):
     p = tmp_path / "t.json"
     t = _table("relu_sum/gelu-k2-primitive")
-    T.save(t, p)
+    table_files.save(t, p)
     before, mtime = p.read_bytes(), p.stat().st_mtime_ns
     t2 = copy.deepcopy(t)
     t2["created"], t2["provenance"]["seconds"] = "2099-01-01", 123.0
-    assert T.definition_sha256(t2) == T.definition_sha256(t)
-    T.save(t2, p)
+    assert table_files.definition_sha256(t2) == table_files.definition_sha256(t)
+    table_files.save(t2, p)
     assert p.read_bytes() == before and p.stat().st_mtime_ns == mtime
     t2["weights"] = t2["weights"]  # a real change is written
     t2["metrics"]["tail_mass"] = 0.0
-    T.save(t2, p)
+    table_files.save(t2, p)
     assert p.read_bytes() != before
 
 
@@ -200,19 +200,19 @@ def test_an_old_free_level_study_file_is_refused_with_the_command_that_makes_a_t
     path = tmp_path / "free.json"
     path.write_text('{"schema": "approxbp.free-levels/1", "activation": "gelu", "bits": 2}')
     with pytest.raises(TS.TableError, match="fit it again with `approxbp fit relu-sum --levels free"):
-        T.load(path)
+        table_files.load(path)
 
 
 def test_a_free_level_table_keeps_levels_rule_free_and_eq_13_tables_are_unchanged():
     """ℓ₀ ≠ 0 and no Σw = 1 are allowed only with levels_rule free (and only for the derivative objective); an eq.
     13 table's JSON has no levels_rule field, so every packaged table's hash is what it was."""
-    t = T.load("relu_sum/gelu-k2-derivative")
+    t = table_files.load("relu_sum/gelu-k2-derivative")
     assert t.levels_rule == "eq13" and "levels_rule" not in t.to_json()
     free = t | {"levels_rule": "free", "levels": [0.5 + v for v in t.levels]}
-    assert T.from_json(free).name == "gelu-k2-derivative-free"
+    assert table_files.from_json(free).name == "gelu-k2-derivative-free"
     with pytest.raises(TS.TableError, match="cumulative sums"):
-        T.from_json(t | {"levels": [0.5 + v for v in t.levels]})  # eq. 13: ℓ₀ = 0
+        table_files.from_json(t | {"levels": [0.5 + v for v in t.levels]})  # eq. 13: ℓ₀ = 0
     with pytest.raises(TS.TableError, match="fits the derivative"):
-        T.from_json(T.load("relu_sum/gelu-k2-primitive") | {"levels_rule": "free"})
+        table_files.from_json(table_files.load("relu_sum/gelu-k2-primitive") | {"levels_rule": "free"})
     with pytest.raises(TS.TableError, match="levels_rule"):
-        T.from_json(t | {"levels_rule": "fewbit"})
+        table_files.from_json(t | {"levels_rule": "fewbit"})

@@ -200,10 +200,10 @@ def test_the_working_precision_is_scoped():
 def test_a_relu_sum_global_certificate_cut_short_says_budget_not_a_wrong_table():
     """A branch and bound stopped by its box budget printed "NOT CERTIFIED", which reads like a wrong table (the
     InvAct lines said "(budget)")."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.fitting.certify import certify_table
 
-    t = T.as_table(T.load("relu_sum/gelu-k2-derivative"))
+    t = table_files.as_table(table_files.load("relu_sum/gelu-k2-derivative"))
     _, lines, ok = certify_table(t, 60, max_boxes=5)
     assert not ok and "not certified (budget" in lines[-1] and "NOT CERTIFIED" not in lines[-1], lines[-1]
     assert ok is Verdict.OPEN  # the objective is enclosed; only the optimality search is open

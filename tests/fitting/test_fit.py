@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.fitting import fit_relu_sum
 
 from approxbp.papers.reproduce import PAPER_RELU_SUM, paper_table, reproduce_relu_sum
@@ -78,14 +78,14 @@ def test_committed_tables_are_consistent_across_k_and_activations():
     from approxbp.fitting.consistency import check_consistency
 
     assert check_consistency() == []
-    assert T.load("relu_sum/gelu_tanh-k3-primitive")["loss"] <= 1.74e-4
+    assert table_files.load("relu_sum/gelu_tanh-k3-primitive")["loss"] <= 1.74e-4
 
 
 def test_consistency_check_catches_a_missed_optimum():
     from approxbp.fitting.consistency import check_consistency
 
     def load(name):
-        t = T.load(name)
+        t = table_files.load(name)
         if name.endswith("gelu_tanh-k3-primitive"):
             t = {**t, "loss": 2.645e-4}  # what the fitter certified before restarts were recorded
         return t
@@ -94,8 +94,8 @@ def test_consistency_check_catches_a_missed_optimum():
 
 
 def test_every_table_records_its_restarts():
-    for p in T.table_paths("relu-sum"):
-        t = T.load(p)
+    for p in table_files.table_paths("relu-sum"):
+        t = table_files.load(p)
         if t["source"] != "fit" or t["bits"] == 1:
             continue
         m = t["metrics"]

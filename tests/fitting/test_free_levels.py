@@ -68,7 +68,7 @@ def test_a_free_level_fit_goes_through_export_kernels_patch_cost_and_certify(tmp
     Triton kernel under TRITON_INTERPRET=1 and the torch twin give torch's Hardsigmoid gradient), swapped in by
     patch_model from a mapping, costed, and certified (its objective; eq. 13's global search is not attempted)."""
     import torch
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.fitting.certify import certify_table
     from approxbp.kernels import ReLUSumActivation, patch_model
 
@@ -77,7 +77,7 @@ def test_a_free_level_fit_goes_through_export_kernels_patch_cost_and_certify(tmp
     monkeypatch.chdir(tmp_path)
     assert main(["fit", "relu-sum", "--levels", "free", "--activation", "hardsigmoid", "--bits", "2", "--out",
                  "hs.json", "--no-progress"]) == 0
-    t = T.load(tmp_path / "hs.json")
+    t = table_files.load(tmp_path / "hs.json")
     assert t.levels_rule == "free" and t.name == "hardsigmoid-k2-derivative-free"
     # the exact step function: its level changes at −3 and 3 (where the third knot falls, with no change of level, is
     # a tie among optima: numpy builds have put it at either end)

@@ -6,7 +6,7 @@ import pytest
 import sympy as sp
 import torch
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.invact import InvertedActivation
 from approxbp.approximations.invact_forms import Form
 from approxbp.fitting.invact_fast import b, branch, fused_operations
@@ -16,7 +16,7 @@ ACTS = ["gelu", "silu", "gelu_tanh", "quick_gelu", "mish"]
 
 
 def _load(act):
-    t = T.load(f"invact/{act}-fast")
+    t = table_files.load(f"invact/{act}-fast")
     return t, Form.from_table(t.combined, ("y", "b"))
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from _helpers import sgd_steps
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.fitting.certify import certify_table
 from approxbp.fitting.invact import fit_invact
 from approxbp.fitting.invact_exact import NoClosedForm
@@ -31,13 +31,13 @@ def smooth_relu(x):
 def table(tmp_path_factory):
     """Fitted by ``form="auto"`` (no closed form: the fitted one-branch form), saved and exported as the CLI would."""
     path = tmp_path_factory.mktemp("smoothrelu") / "smoothrelu.json"
-    T.save(fit_invact(SMOOTH_RELU, progress=False).table, path)
+    table_files.save(fit_invact(SMOOTH_RELU, progress=False).table, path)
     export([path])
     return path
 
 
 def test_auto_fits_the_one_branch_newton_form_within_the_tolerance(table):
-    t = T.load(table)
+    t = table_files.load(table)
     assert (t.form, t.source, t.monotone, t.branches, t.f_T) == ("newton", "fit", True, ("right",), 0.0)
     assert t.metrics["linf_right"] <= TOL and t.right.domain[1] in (16.0, 64.0, 256.0, 1024.0)
 
@@ -71,7 +71,7 @@ def test_a_growing_tail_is_refused_by_the_fitted_form_with_free_levels(expressio
 
 
 def test_the_certificate_holds_over_every_x(table):
-    entry, lines, ok = certify_table(T.load(table), max_boxes=100_000)
+    entry, lines, ok = certify_table(table_files.load(table), max_boxes=100_000)
     assert ok and entry["right"]["bound"] <= TOL, lines
 
 

@@ -11,7 +11,7 @@ import torch
 from _helpers import sgd_steps
 from approxbp.approximations import get_activation
 from approxbp.approximations import table_schema as TS
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.fitting.certify import certify_table, identity_proof
 from approxbp.fitting.invact import fit_invact
 from approxbp.fitting.invact_exact import derive_monotone, takes_exact
@@ -22,14 +22,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 SQUAREPLUS = "(x + sqrt(x**2 + 4))/2"
-PACKAGED = T.data_dir() / "invact" / "softplus-exact.json"
+PACKAGED = table_files.data_dir() / "invact" / "softplus-exact.json"
 
 
 @pytest.fixture(scope="module")
 def squareplus(tmp_path_factory):
     """A user's monotone activation, fitted (derived) and exported as the CLI would."""
     path = tmp_path_factory.mktemp("squareplus") / "squareplus.json"
-    T.save(fit_invact(SQUAREPLUS, progress=False).table, path)
+    table_files.save(fit_invact(SQUAREPLUS, progress=False).table, path)
     export([path])
     return path
 
@@ -60,7 +60,8 @@ def test_auto_picks_the_exact_one_branch_table_for_increasing_activations_only()
     assert not takes_exact("gelu") and not takes_exact("x*tanh(exp(x))")
     t = fit_invact("softplus", progress=False).table
     assert t.monotone and t.branches == ("right",) and t.turning_point is None and t.left is None
-    assert T.definition_sha256(t) == T.definition_sha256(T.load(PACKAGED).to_json() | {"metrics": t.metrics})
+    packaged = table_files.load(PACKAGED).to_json() | {"metrics": t.metrics}
+    assert table_files.definition_sha256(t) == table_files.definition_sha256(packaged)
     with pytest.raises(ValueError, match="not increasing"):
         derive_monotone("gelu")
 
@@ -71,19 +72,19 @@ def test_a_table_that_breaks_the_monotone_rules_is_refused():
                           ({"expression": "x*sigmoid(x)", "activation": "my-silu"}, "monotone"),
                           ({"monotone": 1}, "monotone")):
         with pytest.raises(TS.TableError, match=field):
-            T.from_json({**good, **change})
+            table_files.from_json({**good, **change})
     bad = copy.deepcopy(good)
     bad["metrics"]["certified"]["right"]["bound"] = 1e-3
     with pytest.raises(TS.TableError, match="identity"):
-        T.from_json(bad)
+        table_files.from_json(bad)
 
 
 def test_sympy_proves_the_identity_and_rejects_a_wrong_q(squareplus):
-    t = T.load(squareplus)
+    t = table_files.load(squareplus)
     assert identity_proof(t, "right")
     wrong = t.to_json()
     wrong["right"]["expression"] = "y**2/(y**2 + 1.001)"
-    assert not identity_proof(T.from_json(wrong), "right")
+    assert not identity_proof(table_files.from_json(wrong), "right")
     entry, lines, ok = certify_table(t, max_boxes=2000)
     assert ok and entry["right"]["identity"] and entry["right"]["float32_evaluation"] < 1e-6, lines
 
@@ -118,7 +119,7 @@ def test_float32_gradient_within_the_certified_evaluation_bound(values):
     ours = x.clone().requires_grad_()
     InvActivation(PACKAGED)(ours).sum().backward()
     want = torch.sigmoid(x.double())  # softplus′, the exact gradient
-    bound = T.load(PACKAGED).metrics["certified"]["right"]["float32_evaluation"]
+    bound = table_files.load(PACKAGED).metrics["certified"]["right"]["float32_evaluation"]
     # y is rounded to float32 before q reads it: |Δq| ≤ max q′ · |Δy| = e^(−y)·|Δy| ≤ 2⁻²⁴ (|Δy| ≤ 2⁻²⁴·y ≤ e^y·2⁻²⁴);
     # the product with the incoming 1 rounds once more
     assert float((ours.grad.double() - want).abs().max()) <= bound + 2**-24 + 2**-24
@@ -156,8 +157,8 @@ def test_an_activation_unbounded_below_gets_the_one_branch_exact_form(name, tmp_
     assert table.right.expression == q and table.metrics["linf_right"] == 0.0
     entry, _, held = certify_table(table, budget_s=60)
     assert held and entry["right"]["identity"]
-    path = T.save(table, tmp_path / "leaky.json")
-    T.load(path)  # validated on read
+    path = table_files.save(table, tmp_path / "leaky.json")
+    table_files.load(path)  # validated on read
     export([path])
     for use_triton in (False, True):
         x = torch.cat([-torch.logspace(4, -6, 400), torch.zeros(1), torch.logspace(-6, 4, 400)]).double()
@@ -178,4 +179,4 @@ def test_a_table_claiming_no_floor_for_a_bounded_activation_is_refused():
     d = json.loads(PACKAGED.read_text())
     d["f_T"] = d["right"]["domain"][0] = UNBOUNDED_BELOW
     with pytest.raises(ValueError, match="f_T"):
-        T.from_json(d)
+        table_files.from_json(d)

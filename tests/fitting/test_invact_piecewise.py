@@ -11,7 +11,7 @@ import torch
 from _helpers import sgd_steps
 from approxbp.approximations import get_activation
 from approxbp.approximations import table_schema as TS
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.fitting.certify import certify_table
 from approxbp.fitting.invact_exact import derive_monotone, infimum
 from approxbp.kernels import InvActivation, patch_model
@@ -32,7 +32,7 @@ def test_a_fit_now_reproduces_the_packaged_table(name):
     through expm1, which once had no mpmath form)."""
     from approxbp.fitting.invact import fit_invact
 
-    t, packaged = fit_invact(name, progress=False).table, T.load(f"invact/{name}-exact")
+    t, packaged = fit_invact(name, progress=False).table, table_files.load(f"invact/{name}-exact")
     assert t.right.expression == packaged.right.expression and t.f_T == packaged.f_T
     assert t.metrics["linf_right"] <= 1e-15
 
@@ -42,7 +42,7 @@ def test_the_packaged_table_is_f_prime_of_the_inverse_and_certified(name):
     """q(f(x)) = f′(x) at 40 points over 30 decades either side of the kink, to float64 rounding of the saved y
     (near inf f, y + 1 keeps y's absolute error: 1e-16, not a relative one), and the stored certificate is sympy's
     per-piece identity."""
-    t = T.load(f"invact/{name}-exact")
+    t = table_files.load(f"invact/{name}-exact")
     assert t.monotone and t.source == "derived" and t.f_T == pytest.approx(infimum(name), rel=1e-15)
     assert t.metrics["certified"]["right"]["identity"] is True
     entry, lines, ok = certify_table(t)
@@ -131,10 +131,10 @@ def test_non_decreasing_activations_with_constant_pieces_get_q_zero_at_the_const
 
 
 def test_a_table_whose_q_is_not_zero_at_a_constant_piece_is_refused():
-    t = T.load("invact/relu6-exact").to_json()
+    t = table_files.load("invact/relu6-exact").to_json()
     t["right"] = dict(t["right"], expression="select(6 - y, 1, 0)", operations=2)  # q(0) = 1: gradient on x < 0
     with pytest.raises(TS.TableError, match="q = 0 at its constant pieces"):
-        T.from_json(t, "relu6.json")
+        table_files.from_json(t, "relu6.json")
 
 
 @pytest.mark.parametrize("name", list(SATURATING))

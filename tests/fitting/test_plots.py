@@ -1,7 +1,7 @@
 """The explorers' figures say whose table each curve draws (the package's, the paper's, or the user's file), and
 the ReLU-sum figure has its error panel h̃′ − h′."""
 
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.fitting.plots import plot_invact, plot_relu_sum
 
 
@@ -11,7 +11,7 @@ def _labels(fig):
 
 def test_the_invact_legends_name_the_package_the_paper_and_your_file(tmp_path):
     mine = tmp_path / "mine.json"
-    T.save(T.load("invact/gelu-fast"), mine)
+    table_files.save(table_files.load("invact/gelu-fast"), mine)
     labels = _labels(plot_invact("gelu", tables=[str(mine)]))
     assert any(label.startswith("ours, packaged: newton") for label in labels), labels
     assert any(label.startswith("paper") for label in labels), labels
@@ -21,7 +21,7 @@ def test_the_invact_legends_name_the_package_the_paper_and_your_file(tmp_path):
 
 
 def test_the_relu_sum_figure_draws_its_error_panel_and_says_whose():
-    ours, paper = T.load("relu_sum/gelu-k2-primitive"), T.load("relu_sum/gelu-k2-primitive-paper")
+    ours, paper = table_files.load("relu_sum/gelu-k2-primitive"), table_files.load("relu_sum/gelu-k2-primitive-paper")
     fig = plot_relu_sum(ours, paper)
     labels = _labels(fig)
     assert len(fig.axes) == 3 and "backward error" in fig.axes[2].get_ylabel()

@@ -67,7 +67,7 @@ def test_a_long_certificate_tells_the_log(monkeypatch):
 
     said = []
     monkeypatch.setattr(C, "heartbeat", lambda say, what, every=10.0: P.heartbeat(say, what, 0.0))
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
-    C.certify_invact_branch(T.load("invact/gelu-fast"), "right", budget_s=600, max_boxes=50, say=said.append)
+    C.certify_invact_branch(table_files.load("invact/gelu-fast"), "right", budget_s=600, max_boxes=50, say=said.append)
     assert any("boxes, bound" in s for s in said)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.fitting.optimality import relu_sum_objective
 from approxbp.fitting.relu_sum import fit_relu_sum
 from approxbp.kernels import ReLUSumActivation, patch_model
@@ -32,7 +32,7 @@ def _loss_by_mpmath(t) -> float:
 
 @pytest.mark.parametrize("objective", ["primitive", "derivative"])
 def test_the_packaged_hardswish_tables_are_the_widened_optima(objective):
-    t = T.load(f"relu_sum/hardswish-k2-{objective}")
+    t = table_files.load(f"relu_sum/hardswish-k2-{objective}")
     assert t.loss == pytest.approx(_loss_by_mpmath(t), rel=1e-12)
     assert tuple(t.interval) == (-6.0, 6.0) and "a knot lay on an end" in t.metrics["interval_rule"]
     if objective == "primitive":  # the optimum lies outside the kinks: the narrowest interval [−3, 3] would cut it
@@ -61,7 +61,7 @@ def test_patch_model_swaps_nn_hardswish_for_its_relu_sum_drop_in():
     y = model[1](h)
     torch.testing.assert_close(y, nn.functional.hardswish(h), rtol=1e-6, atol=1e-6)
     y.backward(torch.ones_like(y))
-    t = T.load("relu_sum/hardswish-k2-primitive")
+    t = table_files.load("relu_sum/hardswish-k2-primitive")
     want = sum(w * (h.detach().double() > c).double() for w, c in zip(t.weights, t.knots))
     torch.testing.assert_close(h.grad.double(), want, rtol=1e-6, atol=1e-6)
 
@@ -85,8 +85,8 @@ def test_a_users_piecewise_hardswish_fits_as_the_registered_one(tmp_path):
     back (the stored expression is in selects, which the activation grammar accepts)."""
     user = "Piecewise((0, x < -3), (x, x > 3), (x*(x + 3)/6, True))"
     t = fit_relu_sum(user, 2, "primitive", restarts=2, workers=1, progress=False).table
-    packaged = T.load("relu_sum/hardswish-k2-primitive")
+    packaged = table_files.load("relu_sum/hardswish-k2-primitive")
     assert t.loss == pytest.approx(packaged.loss, rel=1e-12) and np.allclose(t.knots, packaged.knots, atol=1e-8)
     path = tmp_path / "user-hardswish.json"
-    T.save(t, path)
-    assert T.load(path).expression == t.expression
+    table_files.save(t, path)
+    assert table_files.load(path).expression == t.expression

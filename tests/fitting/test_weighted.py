@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.fitting.objective import ReluSumObjective
 from approxbp.fitting.relu_sum import fit_relu_sum
 from approxbp.fitting.weights import Histogram, Normal, Weight
@@ -42,7 +42,7 @@ def test_the_weighted_value_is_the_integral_scipy_computes():
 
 
 def test_the_gradient_error_under_p_is_the_integral_scipy_computes():
-    table = T.load("relu_sum/silu-k2-derivative")
+    table = table_files.load("relu_sum/silu-k2-derivative")
     w, df = Normal(0.5), get_activation("silu").df
     edges = [w.interval[0], *table.knots, w.interval[1]]
 
@@ -58,7 +58,7 @@ def test_a_weighted_fit_beats_the_uniform_table_under_its_weight():
     packaged (uniform on ±24.6) table's 0.0988; its weighted loss is below the packaged table's too."""
     w = Normal(0.5)
     fit = fit_relu_sum("silu", 2, "derivative", restarts=2, workers=1, progress=False, weight=w)
-    packaged = T.load("relu_sum/silu-k2-derivative")
+    packaged = table_files.load("relu_sum/silu-k2-derivative")
     ours = w.gradient_error("silu", fit.table.knots, fit.table.levels)
     theirs = w.gradient_error("silu", packaged.knots, packaged.levels)
     assert ours < 0.97 * theirs, (ours, theirs)
@@ -97,7 +97,7 @@ def test_a_fit_weighted_by_a_captured_histogram_beats_the_uniform_table_on_that_
     assert weight == Histogram(inputs["silu"].edges, inputs["silu"].counts, str(path))
     assert sum(weight.counts) == 8 * 16 * 64 * 2  # every input of both layers' act_fn: batch · tokens · width
     fit = fit_relu_sum("silu", 2, "derivative", restarts=2, workers=1, progress=False, weight=weight)
-    packaged = T.load("relu_sum/silu-k2-derivative")
+    packaged = table_files.load("relu_sum/silu-k2-derivative")
     ours = weight.gradient_error("silu", fit.table.knots, fit.table.levels)
     theirs = weight.gradient_error("silu", packaged.knots, packaged.levels)
     assert ours < 0.5 * theirs, (ours, theirs)

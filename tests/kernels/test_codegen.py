@@ -5,12 +5,12 @@ computes: the run time lost sympy, not a single bit."""
 import pytest
 import torch
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.invact_forms import TableBackward
 from approxbp.kernels.codegen import render
 from approxbp.kernels.ops.modules import GENERATED, generated_module, module_name
 
-PATHS = T.table_paths()
+PATHS = table_files.table_paths()
 X = torch.cat([torch.linspace(-30, 30, 6001, dtype=torch.float64),
                torch.tensor([0.0, -0.0, 1e-30, -1e-30, 3e38, -3e38, float("inf"), -float("inf"), float("nan")],
                             dtype=torch.float64)])
@@ -30,7 +30,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_generated_twin_equals_the_lambdified_twin(path, dtype):
-    t = T.load(path)
+    t = table_files.load(path)
     m = generated_module(path, t.family)
     x = X.to(dtype)
     assert _same(m.activation_twin(x), get_activation(t.expression).torch_fn(0)(x))

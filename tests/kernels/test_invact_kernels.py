@@ -8,13 +8,13 @@ import torch
 from _accuracy import tolerance_ok
 from _helpers import exported
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.kernels import InvActGELU, InvActivation, saved_bytes
 from approxbp.kernels.ops.invact import InvActSpec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-TABLES = T.table_paths("invact")
+TABLES = table_files.table_paths("invact")
 IDS = [p.stem for p in TABLES]
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy: both tl.where branches evaluated
 

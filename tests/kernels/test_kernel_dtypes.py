@@ -6,7 +6,7 @@ import pytest
 import torch
 from _accuracy import tolerance_ok
 from approxbp.approximations import get_activation
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.kernels.ops import bdia as KB
 from approxbp.kernels.ops.norms import MSLayerNorm, MSRMSNorm
 from approxbp.kernels.ops.relu_sum import ReLUSumActivation, ReLUSumSpec
@@ -19,7 +19,7 @@ INTERPRETER_BF16 = "the Triton interpreter does not round fp32 → bf16 to neare
 
 @pytest.mark.parametrize("name", ["gelu-k2-primitive", "silu-k5-derivative"])
 def test_relu_sum_triton_float64_equals_twin(name):
-    spec = ReLUSumSpec(T.resolve(name, "relu-sum"))
+    spec = ReLUSumSpec(table_files.resolve(name, "relu-sum"))
     x = torch.cat([torch.linspace(-9, 9, 1001, dtype=torch.float64), torch.tensor(spec.table.knots).double()])
     y1, p1, n1 = spec.forward_triton(x)
     y0, p0, n0 = spec.forward_torch(x)

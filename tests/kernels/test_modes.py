@@ -165,12 +165,12 @@ def test_distributed_gradients_equal_single_process(case, distributed_grads):
 @pytest.mark.parametrize("n", [4, 9, 4097])
 def test_fake_relu_sum_forward_has_the_real_shapes(name, n):
     """torch.compile plans with the fake kernel: its packed size must be the real one (whole rows, whole words)."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.kernels.ops.modules import register
     from approxbp.kernels.ops.relu_sum import ReLUSumSpec
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    spec = ReLUSumSpec(T.resolve(name, "relu-sum"))
+    spec = ReLUSumSpec(table_files.resolve(name, "relu-sum"))
     key = register(spec)
     real = torch.ops.approxbp.relu_sum_forward(torch.randn(n), key, False)
     with FakeTensorMode():

@@ -17,7 +17,7 @@ import functools
 
 import pytest
 import torch
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.gradient_error import invact_error
 from approxbp.kernels import InvActivation, MSLayerNorm, MSRMSNorm, ReLUSumActivation
 from torch.nn import functional as F
@@ -46,7 +46,7 @@ EDGE = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e30,
 
 def _drop_ins(activation: str) -> list[str]:
     """Every packaged InvAct table of ``activation`` and its k = 2 primitive ReLU-sum table (where it has one)."""
-    names = [p.stem for p in T.table_paths()]
+    names = [p.stem for p in table_files.table_paths()]
     invact = [n for n in names if n.split("-")[0] == activation and "-k" not in n]
     relu_sum = [n for n in names if n == f"{activation}-k2-primitive"]
     return [f"invact:{n}" for n in invact] + [f"relu-sum:{n}" for n in relu_sum]
@@ -145,7 +145,7 @@ def test_activation_backward_is_the_familys_rule(activation, drop_in, dtype):
         smooth = (fp(-1) - fp(1)).abs() < 1e-6  # at a kink (ReLU6 at 0 and 6, ELU at 0) either side is the rule's
         exact = dy.double() * fp(0)
         # the certified L∞, and one fp32 rounding of the rule's constants (hard-sigmoid's 1/6 is an fp32 literal)
-        bound = invact_error(T.stored_metrics(module.spec.path)) + 2.0**-24
+        bound = invact_error(table_files.stored_metrics(module.spec.path)) + 2.0**-24
         err = (dx.double() - exact).abs()[smooth]
         assert bool((err <= bound * dy.double().abs()[smooth] + 1e-30).all()), (drop_in, err.max())
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 from _helpers import exported
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.kernels import (
     InvActSiLU,
     MSLayerNorm,
@@ -67,16 +67,17 @@ def test_an_exported_patched_block_runs_in_a_fresh_process(tmp_path):
 
 def test_a_key_rebuilds_its_spec_and_refuses_a_changed_table(tmp_path):
 
-    path = exported(T.load("relu_sum/silu-k2-derivative") | {"activation": "mine"}, tmp_path / "t.json")
+    path = exported(table_files.load("relu_sum/silu-k2-derivative") | {"activation": "mine"}, tmp_path / "t.json")
     key = ReLUSumActivation(path).spec.key
     assert key.startswith("relu-sum:") and str(path.resolve()) in key
     del SPECS[key]
-    assert spec_of(key).table.sha256 == T.load(path).sha256  # rebuilt from the key alone
+    assert spec_of(key).table.sha256 == table_files.load(path).sha256  # rebuilt from the key alone
     del SPECS[key]
-    T.save(T.load(path) | {"activation": "mine, renamed"}, path)  # the table changed since the program was made
+    # the table changed since the program was made
+    table_files.save(table_files.load(path) | {"activation": "mine, renamed"}, path)
     with pytest.raises(RuntimeError, match="generated from another version"):  # its kernels too
         spec_of(key)
-    exported(T.load(path), path)
+    exported(table_files.load(path), path)
     with pytest.raises(RuntimeError, match="export the program again"):
         spec_of(key)
 
@@ -86,7 +87,8 @@ def test_an_at_sign_or_percent_in_the_table_or_kernels_folder_survives_the_key(t
     """spec_of split keys at '@', so a table folder named like 'runs@v2' broke torch.export'ed programs."""
     folder, kernels = tmp_path / "runs@v2 %40", tmp_path / "k@ernels"
     folder.mkdir()
-    path = exported(T.load("relu_sum/silu-k2-derivative") | {"activation": "mine"}, folder / "t.json", kernels)
+    path = exported(table_files.load("relu_sum/silu-k2-derivative") | {"activation": "mine"}, folder / "t.json",
+                    kernels)
     module = ReLUSumActivation(path, kernels_dir=kernels)
     key = module.spec.key
     del SPECS[key]

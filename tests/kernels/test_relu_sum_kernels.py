@@ -11,7 +11,7 @@ from _helpers import exported
 from _helpers import table_json as _table
 from _helpers import write_json as _write
 from approxbp.approximations import ReLUSum
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.kernels import (
     InvActGELU,
     InvActSiLU,
@@ -27,7 +27,7 @@ from approxbp.kernels.ops.packing import pack, storage_bits, unpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-TABLES = T.table_paths("relu-sum")
+TABLES = table_files.table_paths("relu-sum")
 IDS = [p.stem for p in TABLES]
 
 
@@ -146,16 +146,16 @@ def test_a_template_slot_in_a_label_stays_text(tmp_path):
     """A label holding "{helpers}" used to be replaced by an import line inside the generated module."""
     from approxbp.kernels.codegen import render
 
-    t = T.load("relu_sum/mish-k2-primitive").to_json() | {"activation": "my {helpers} act"}
-    path = T.save(t, tmp_path / "mine-k2-primitive.json")
+    t = table_files.load("relu_sum/mish-k2-primitive").to_json() | {"activation": "my {helpers} act"}
+    path = table_files.save(t, tmp_path / "mine-k2-primitive.json")
     text = render(path)
     compile(text, "m.py", "exec")
     assert "ACTIVATION = 'my {helpers} act'" in text and text.count("generated.triton_helpers import") <= 1
 
 
 def test_user_module_names_do_not_collide(tmp_path):
-    a = exported(T.load("relu_sum/silu-k2-primitive"), tmp_path / "a-b.json")
-    b = exported(T.load("relu_sum/gelu-k2-primitive"), tmp_path / "a_b.json")
+    a = exported(table_files.load("relu_sum/silu-k2-primitive"), tmp_path / "a-b.json")
+    b = exported(table_files.load("relu_sum/gelu-k2-primitive"), tmp_path / "a_b.json")
     assert module_name(a) != module_name(b)
     x = torch.linspace(-4, 4, 64)
     ya = ReLUSumSpec(a)
@@ -206,7 +206,7 @@ def test_gelu_forward_of_every_16_bit_input(dtype):
     from scipy.special import ndtr
 
     x = _every_finite(dtype)
-    spec = ReLUSumSpec(T.relu_sum_name("gelu", 2, "derivative", "fit"))
+    spec = ReLUSumSpec(table_files.relu_sum_name("gelu", 2, "derivative", "fit"))
     y32 = torch.empty(x.shape)  # the generated activation in float32, rounded by torch (the interpreter rounds
     _ACTIVATION_KERNEL[(1,)](x, y32, x.numel(), spec.module.activation, BLOCK=2**16)  # to bf16 by truncation)
     y = y32.to(dtype)
@@ -253,19 +253,19 @@ def test_generated_code_escapes_table_strings(tmp_path):
     t = _table("relu_sum/gelu-k2-primitive")
     t["activation"] = 'gelu""" + \\ import os; os.system("x") """'  # a free-form label, printable
     p = _write(tmp_path, t)
-    code = compile(render(p, T.load(p)), "gen.py", "exec")  # compiles (nothing is run)
+    code = compile(render(p, table_files.load(p)), "gen.py", "exec")  # compiles (nothing is run)
     assert code.co_consts[0].startswith(t["activation"])  # the docstring holds the name verbatim
     t["activation"] = 'gelu"""\nimport os; os.system("x")\n"""'
     with pytest.raises(TS.TableError, match="printable"):
-        T.validate(t)
+        table_files.validate(t)
 
 
 def test_generated_kernels_record_the_definition_hash():
     from approxbp.kernels.ops.modules import generated_module
 
-    path = T.resolve("relu_sum/gelu-k2-primitive")
-    t = T.load(path)
-    assert generated_module(path, t.family).TABLE_SHA256 == T.definition_sha256(t)
+    path = table_files.resolve("relu_sum/gelu-k2-primitive")
+    t = table_files.load(path)
+    assert generated_module(path, t.family).TABLE_SHA256 == table_files.definition_sha256(t)
 
 
 def test_user_kernels_come_from_export_and_construction_only_reads_them(tmp_path):
@@ -273,15 +273,16 @@ def test_user_kernels_come_from_export_and_construction_only_reads_them(tmp_path
     command to run; after `approxbp export` it builds; a table edited since is refused as stale."""
     from approxbp.kernels import ReLUSumActivation
 
-    path = T.save(T.load("relu_sum/silu-k2-primitive"), tmp_path / "relu_sum" / "mine-k2-primitive.json")
+    path = table_files.save(table_files.load("relu_sum/silu-k2-primitive"),
+                            tmp_path / "relu_sum" / "mine-k2-primitive.json")
     folder = tmp_path / "relu_sum" / "_generated"
     with pytest.raises(RuntimeError, match="approxbp export .*mine-k2-primitive.json"):
         ReLUSumActivation(str(path))
     assert not folder.exists()
-    exported(T.load(path), path)
+    exported(table_files.load(path), path)
     m = ReLUSumActivation(str(path), use_triton=True)
     assert torch.allclose(m(torch.linspace(-3, 3, 8)), torch.nn.functional.silu(torch.linspace(-3, 3, 8)), atol=1e-6)
-    T.save(T.load(path).with_metrics(note=1.0), path)  # another definition, same file
+    table_files.save(table_files.load(path).with_metrics(note=1.0), path)  # another definition, same file
     with pytest.raises(RuntimeError, match="another version"):
         ReLUSumActivation(str(path))
 

@@ -66,13 +66,13 @@ def test_a_pickle_refuses_a_table_file_that_changed_since(tmp_path):
     import pickle
 
     from _helpers import exported
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.kernels import ReLUSumActivation
 
-    path = exported(T.load("relu_sum/silu-k2-primitive") | {"activation": "mine"}, tmp_path / "t.json")
+    path = exported(table_files.load("relu_sum/silu-k2-primitive") | {"activation": "mine"}, tmp_path / "t.json")
     saved = pickle.dumps(ReLUSumActivation(str(path)))
     assert pickle.loads(saved).spec.bits == 2  # unchanged: loads
-    exported(T.load("relu_sum/silu-k4-primitive") | {"activation": "mine"}, path)
+    exported(table_files.load("relu_sum/silu-k4-primitive") | {"activation": "mine"}, path)
     with pytest.raises(RuntimeError, match="was saved with .*another table"):
         pickle.loads(saved)
 
@@ -81,21 +81,21 @@ def test_a_packaged_name_never_resolves_to_the_working_directory(tmp_path, monke
     """A folder relu_sum/ with a table and a crafted _generated/ module in the working directory ran on
     patch_model(m, bits=3); packaged names resolve to the package, and a user's module runs only after its
     TABLE_SHA256 is read from its text and matches."""
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.kernels import ReLUSumActivation
     from approxbp.kernels.ops.modules import kernel_dir, module_path
 
     name = "relu_sum/gelu-k3-primitive"
     local = tmp_path / f"{name}.json"
     local.parent.mkdir()
-    local.write_text(T.resolve(name).read_text())
+    local.write_text(table_files.resolve(name).read_text())
     marker = tmp_path / "ran"
     crafted = module_path(local, "relu-sum")
     crafted.parent.mkdir()
     crafted.write_text(f"open({str(marker)!r}, 'w').write('x')\nTABLE_SHA256 = 'no'\n")
     monkeypatch.chdir(tmp_path)
-    assert T.resolve(name) == T.data_dir() / f"{name}.json" and kernel_dir(name) != crafted.parent
-    assert ReLUSumActivation(name).spec.path == T.data_dir() / f"{name}.json"
+    assert table_files.resolve(name) == table_files.data_dir() / f"{name}.json" and kernel_dir(name) != crafted.parent
+    assert ReLUSumActivation(name).spec.path == table_files.data_dir() / f"{name}.json"
     with pytest.raises(RuntimeError, match="read without running it"):
         ReLUSumActivation(f"./{name}.json")  # the local file, asked for explicitly: its module is refused unread
     assert not marker.exists()

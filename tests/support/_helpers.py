@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import torch
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 
 #: The repository root (tests/ mirrors its source folders).
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def table_json(name: str) -> dict:
     """A packaged table as its raw JSON object (to be mutated by a test)."""
-    return json.loads(T.resolve(name).read_text())
+    return json.loads(table_files.resolve(name).read_text())
 
 
 def write_json(tmp_path: Path, t: dict, name: str = "t.json") -> Path:
@@ -29,7 +29,7 @@ def exported(table, path: Path, out_dir: Path | None = None) -> Path:
     then take ``str(path)`` (with ``kernels_dir=out_dir`` when given)."""
     from approxbp.kernels.codegen import export
 
-    path = T.save(table, path)
+    path = table_files.save(table, path)
     export([path], out_dir)
     return path
 

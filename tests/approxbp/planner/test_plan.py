@@ -318,16 +318,16 @@ def test_use_takes_a_users_own_table_file(tmp_path):
     that is neither a table nor a plan, are refused by name."""
     import shutil
 
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
     mine = tmp_path / "my-silu.json"
-    shutil.copy(T.resolve(PS.option_table("silu", "relu-sum-k2")), mine)
+    shutil.copy(table_files.resolve(PS.option_table("silu", "relu-sum-k2")), mine)
     ours = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use=f"{mine}+ms-norm")
     packaged = P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use="relu-sum-k2+ms-norm")
     assert ours.after == packaged.after and ours.ms_norm.chosen
     assert {layer.table for layer in ours.layers.values()} == {str(mine)}
     gelu = tmp_path / "my-gelu.json"
-    shutil.copy(T.resolve(PS.option_table("gelu", "relu-sum-k2")), gelu)
+    shutil.copy(table_files.resolve(PS.option_table("gelu", "relu-sum-k2")), gelu)
     with pytest.raises(ValueError, match="a table of 'gelu'; this model's activation layers are silu"):
         P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use=str(gelu))
     junk = tmp_path / "junk.json"
@@ -354,14 +354,14 @@ def test_a_users_table_is_one_more_option_of_its_activation(tmp_path):
     activation the model lacks is refused by name."""
     import shutil
 
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
 
     mine = tmp_path / "my-silu.json"
-    shutil.copy(T.resolve(PS.option_table("silu", "relu-sum-k2")), mine)
+    shutil.copy(table_files.resolve(PS.option_table("silu", "relu-sum-k2")), mine)
     plan = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16", tables=(str(mine),)))
     ours = plan.options["silu"][PS.TABLE_OPTION + str(mine)]
     assert ours == plan.options["silu"]["relu-sum-k2"]
     gelu = tmp_path / "my-gelu.json"
-    shutil.copy(T.resolve(PS.option_table("gelu", "relu-sum-k2")), gelu)
+    shutil.copy(table_files.resolve(PS.option_table("gelu", "relu-sum-k2")), gelu)
     with pytest.raises(ValueError, match="a table of 'gelu'; this model's activation layers are silu"):
         P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16", tables=(str(gelu),)))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from torch import nn
 
 from approxbp.planner.plan_parts import Moves, MsNorm, PlannedLayer, StepSummary
@@ -94,7 +94,7 @@ def test_layers_match_under_a_wrappers_prefix_and_name_their_tables():
     wrapped.base_model.model = _Two()
     config = plan_config(_plan_json({"blocks.0.act": {"table": "relu_sum/gelu-k2-primitive"},
                                 "blocks.1.act": {"table": None}}, ms=False), wrapped)
-    assert config.tables == {"base_model.model.blocks.0.act": T.resolve("relu_sum/gelu-k2-primitive"),
+    assert config.tables == {"base_model.model.blocks.0.act": table_files.resolve("relu_sum/gelu-k2-primitive"),
                              "base_model.model.blocks.1.act": "exact"}
     assert config.norms is False and config.glu == set()
 

@@ -4,7 +4,7 @@ left alone, and the example input checked before and after."""
 import pytest
 import torch
 from _helpers import exported
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.kernels import InvActivation, ReGELU2, ReLUSumActivation, patch_model
 from torch import nn
 
@@ -31,7 +31,7 @@ def test_bits_table_path_and_mapping(tmp_path):
     m = _mlp(nn.GELU())
     patch_model(m, norms=False, bits=3)
     assert isinstance(m[1], ReLUSumActivation) and m[1].spec.bits == 3
-    path = exported(T.load("invact/gelu-fast"), tmp_path / "mine.json")
+    path = exported(table_files.load("invact/gelu-fast"), tmp_path / "mine.json")
     m = _mlp(nn.GELU())
     patch_model(m, tables=str(path), norms=False)
     assert isinstance(m[1], InvActivation)

@@ -17,7 +17,7 @@ def arguments(parser) -> None:
 
 
 def run(args, argv) -> int:
-    from approxbp.approximations import tables as T
+    from approxbp.approximations import tables as table_files
     from approxbp.approximations.activations import get_activation
 
     from .fit import fit_toy_step
@@ -25,7 +25,7 @@ def run(args, argv) -> int:
     table = fit_toy_step(get_activation(args.activation), args.interval)
     print(f"toy-step · {table.activation} · {table.summary()}")
     if args.out:
-        print(f"  wrote {T.save(table, args.out, overwrite=args.force)}")
+        print(f"  wrote {table_files.save(table, args.out, overwrite=args.force)}")
     return 0
 
 

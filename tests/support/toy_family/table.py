@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from approxbp.approximations import tables as T
+from approxbp.approximations import tables as table_files
 from approxbp.approximations.families import TABLE_FAMILIES, TableFamily, register
 from approxbp.approximations.table_schema import fail
 
@@ -14,7 +14,7 @@ FAMILY = "toy-step"
 
 
 @dataclass(frozen=True, eq=False)
-class ToyStepTable(T.Table):
+class ToyStepTable(table_files.Table):
     family: ClassVar[str] = FAMILY
     folder: ClassVar[str] = "toy_step"
     interval: tuple
@@ -29,7 +29,7 @@ class ToyStepTable(T.Table):
 
     @classmethod
     def new(cls, activation, *, interval, levels, provenance: dict) -> ToyStepTable:
-        return T.from_json(T.new_fields(cls.family, activation, "fit", {}, provenance)
+        return table_files.from_json(table_files.new_fields(cls.family, activation, "fit", {}, provenance)
                            | {"interval": [float(v) for v in interval], "levels": [float(v) for v in levels]})
 
 
