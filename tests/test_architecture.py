@@ -610,6 +610,27 @@ def test_library_code_never_patches_with_unittest_mock():
     assert not found, found
 
 
+def one_letter_aliases(path: Path) -> list[str]:
+    """``import … as X`` with a one-letter alias of an approxbp module, in a source file."""
+    return [f"{a.name} as {a.asname}" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Import | ast.ImportFrom) for a in node.names
+            if a.asname and len(a.asname) == 1 and "approxbp" in f"{getattr(node, 'module', '') or ''}.{a.name}"]
+
+
+def test_the_table_module_is_never_imported_under_a_letter():
+    """Issue 70: ``tables as T`` sat beside ``ia.T``, the turning point; the coefficient-table module is imported as
+    ``table_files`` (or by its names) everywhere, tests included."""
+    found = [f"{p.relative_to(ROOT)}: {a}" for folder in ("approxbp", "kernels", "fitting", "approximations", "tests")
+             for p in sorted((ROOT / folder).rglob("*.py")) for a in one_letter_aliases(p) if a.startswith("tables ")]
+    assert not found, found
+
+
+def test_the_alias_checker_sees_a_letter(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from approxbp.approximations import tables as T\nimport numpy as np\n")
+    assert one_letter_aliases(bad) == ["tables as T"]
+
+
 def test_a_fit_success_is_never_a_constant():
     """``success`` is the fitter's own verdict (scipy's meaning: the solver says whether it met its criterion), not
     a literal True."""
