@@ -210,13 +210,19 @@ def _slow_command(cmd: str, needs: list[str]) -> bool:
 
 @pytest.mark.parametrize("cmd", [pytest.param(c, marks=pytest.mark.slow) if _slow_command(c, needs) else c
                                  for c, needs in _readme_commands().items() if not any(s in c for s in SLOW)])
-def test_readme_commands_run_verbatim(cmd, tmp_path):
+def test_readme_commands_run_verbatim(cmd, tmp_path, monkeypatch, capsys):
     """Each command of the README and the docs pages, run as written after the commands that write its input
-    (one test each, so that they run in parallel)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    (one test each, so that they run in parallel): its words through approxbp's main, in this process (under
+    TRITON_INTERPRET=1, as the suite runs) from a fresh folder; `approxbp` itself starts in
+    test_version_and_python_dash_m."""
+    monkeypatch.chdir(tmp_path)
     for c in [*_readme_commands()[cmd], cmd]:
-        r = _run(*shlex.split(c)[1:], env=env, cwd=tmp_path, timeout=900)
-        assert r.returncode == 0, (c, r.stdout[-1500:], r.stderr[-1500:])
+        try:
+            code = main(shlex.split(c)[1:])
+        except SystemExit as done:  # --version and --help exit from argparse
+            code = done.code
+        out = capsys.readouterr()
+        assert code == 0, (c, out.out[-1500:], out.err[-1500:])
 
 
 def test_figures_into_a_new_folder_replots_and_never_retrains(tmp_path, monkeypatch, capsys):
