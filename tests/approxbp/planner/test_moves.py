@@ -196,13 +196,14 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path, cap
 
     from _plans import share_plans
 
+    from approxbp.planner import plan as planner
     from approxbp.planner.models import model_spec
-    from approxbp.planner.plan import plan
     from approxbp.planner.report import report
     from approxbp.planner.request import Request, compile_budgets
     from approxbp.planner.result import Plan
 
-    share_plans(monkeypatch)
+    share_plans(monkeypatch)  # planner.plan, which the command line calls too, plans each request once
+    plan = planner.plan
     full = plan(Request(model=LLAMA, batch=2, seq=128))
     best = full.after.peak
     budget = full.after.parameters + full.after.gradients + full.after.optimizer + (
