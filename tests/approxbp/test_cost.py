@@ -39,7 +39,7 @@ def cost_cli(tmp_path_factory):
 
 
 COMPILE_CHECKS = """
-    import ast, collections, json, sys
+    import json, sys
     from pathlib import Path
     from approxbp import cost
     from approxbp.approximations import tables as table_files
