@@ -293,6 +293,7 @@ def test_certify_says_a_weighted_table_is_not_certifiable(tmp_path, capsys):
     assert "not certified (a weighted fit: no budget closes it)" in text and "may close it" not in text
 
 
+@pytest.mark.slow
 def test_a_plan_without_a_budget_prints_the_traced_steps_peak_first(capsys):
     """`approxbp plan` without --budget traces the whole step by default (its first number is the step's peak);
     --modelled gives the end of the forward, faster, and says so on its second line."""

@@ -80,7 +80,7 @@ def test_fit_invact_does_not_cut_a_token(tmp_path, capsys):
             assert q.endswith(" …") or q in {paper[s]["expression"] for s in ("left", "right")}
 
 
-@pytest.mark.parametrize("activation", ["silu", "mish", "x*sigmoid(2*x)"])
+@pytest.mark.parametrize("activation", ["silu", pytest.param("mish", marks=pytest.mark.slow), "x*sigmoid(2*x)"])
 def test_symbolic_regression_runs_for_every_activation(activation):
     """t = y − f(T) rounds to −1e-17 at the turning point; that NaN used to stop pyoperon."""
     pytest.importorskip("pyoperon")
@@ -201,11 +201,11 @@ def test_the_docs_show_commands():
 
 
 def _slow_command(cmd: str, needs: list[str]) -> bool:
-    """Over ~10 s and covered elsewhere by default: symbolic regression, reproduce (the README's install command
-    runs it), the planner
-    (tests/approxbp/planner/test_plan.py), the sweep (test_sweep_…), and commands that first repeat
-    another command's fit."""
-    return bool(needs) or any(s in cmd for s in ("--form sr", "approxbp reproduce", "approxbp plan", "approxbp sweep"))
+    """Over ~7 s and covered elsewhere by default: symbolic regression, reproduce (the README's install command
+    runs it), the planner (tests/approxbp/planner/test_plan.py), the sweep (test_sweep_…), a k = 3 annealing fit, and
+    commands that first repeat another command's fit."""
+    return bool(needs) or any(s in cmd for s in ("--form sr", "approxbp reproduce", "approxbp plan", "approxbp sweep",
+                                                 "--bits 3"))
 
 
 @pytest.mark.parametrize("cmd", [pytest.param(c, marks=pytest.mark.slow) if _slow_command(c, needs) else c
@@ -249,6 +249,7 @@ def test_figure_commands_default_to_the_checkout_not_the_current_folder(tmp_path
     assert figures_dir(tmp_path / "x") == tmp_path / "x"
 
 
+@pytest.mark.slow
 def test_sweep_fits_every_combination_and_writes_named_tables(tmp_path, capsys):
     from approxbp.approximations import tables as table_files
 

@@ -98,6 +98,7 @@ def compiled(tmp_path_factory):
     return ast.literal_eval(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_cost_compiles_one_kernel_of_each_family_and_counts_them(cost_cli):
     rows = {name: k for name, k in cost_cli.rows.items() if not name.startswith(("silu-k2", "serf", "exact serf"))}
     assert set(rows) == {"gelu-k2-primitive fwd", "gelu-k2-primitive bwd", "silu-k6-derivative fwd",
@@ -123,6 +124,7 @@ def test_cost_refuses_the_interpreter(monkeypatch, capsys):
     assert "unset TRITON_INTERPRET" in capsys.readouterr().err.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_every_family_compiles_for_sm90_in_every_dtype(compiled):
     """The interpreter alone misses printer gaps and dtype errors that only the compiler sees."""
     assert compiled["families"] == 4 * 12

@@ -77,6 +77,7 @@ def _eager():
     (tiny_llama, {"label_smoothing_factor": 0.1}),
     (_eager, {}),
 ], ids=["plain", "gradient-accumulation", "label-smoothing", "eager-attention"])
+@pytest.mark.slow
 def test_a_budget_holds_on_every_step(build, extra, tmp_path):
     """Every step's peak within the budget, and within the trainer's own scalars (its running loss: a few bytes)
     of the plan's traced peak: accumulation plans the gradients alive through each micro-batch; label smoothing (the
@@ -115,6 +116,7 @@ def test_label_smoothing_with_the_chunked_loss_is_refused_at_the_start(tmp_path)
         _trainer(tiny_llama(), tmp_path, [callback], label_smoothing_factor=0.1).train()
 
 
+@pytest.mark.slow
 def test_a_second_model_is_patched_too(tmp_path):
     callback = ApproxBPCallback(budget=BUDGET)
     first = tiny_llama()
@@ -138,6 +140,7 @@ def test_a_plan_applies_only_to_the_model_it_was_made_for(tmp_path):
     callback.plan.apply(tiny_llama())  # the same shapes: applies
 
 
+@pytest.mark.slow
 def test_the_budget_is_planned_at_the_longest_batch_the_run_will_see(tmp_path):
     """The first batch has 8 tokens, later ones 24 (dynamic padding, sequential order): planned at 24, every step
     within a budget (540 000 bytes) that the stock step at 8 tokens fits and at 24 does not (607 000)."""
@@ -221,6 +224,7 @@ def test_on_a_gpu_each_steps_real_peak_is_checked_against_the_budget(monkeypatch
     assert len(over) == 1 and "step 2 peaked at 450000" in over[0], messages
 
 
+@pytest.mark.slow
 def test_a_budget_plan_weighs_the_users_own_tables(tmp_path):
     """ApproxBPCallback(budget=…, tables=[FILE]): the file is one more option of its activation in the plan's
     search (Request.tables), measured beside the packaged ones; the run trains."""
@@ -263,6 +267,7 @@ def _custom(trainer_class, model, tmp_path, callbacks, steps=2):
     return trainer_class(model=model, args=args, train_dataset=tiny_data(), callbacks=callbacks)
 
 
+@pytest.mark.slow
 def test_a_compute_loss_that_reads_the_logits_is_told_why_there_are_none(tmp_path):
     """With the chunked loss in force, reading outputs.logits raises an error that names the move and the way out
     (it used to read None and fail on a None, naming neither); with chunked_loss=False it trains."""
@@ -355,6 +360,7 @@ class _HoldsATeacher(transformers.Trainer):
         return loss
 
 
+@pytest.mark.slow
 def test_a_resident_model_is_taken_off_the_budget(tmp_path):
     """resident=[teacher]: its weights and buffers (90,784 bytes here) come off the budget before planning, and
     every step — the teacher's weights counted — stays within the budget; without it the same budget is exceeded."""

@@ -37,6 +37,7 @@ def _train(build, out_dir, callback=None):
 
 
 @pytest.mark.parametrize("build", [_llama, _qwen3_moe], ids=["llama", "qwen3_moe"])
+@pytest.mark.slow
 def test_trainer_with_the_callback_trains_as_stock_and_saves_stock_checkpoints(build, tmp_path):
     _, stock = _train(build, tmp_path / "stock")
     callback = ApproxBPCallback(family="invact", moves={"model.layers.0": "recompute"}, chunked_loss=True)
@@ -66,6 +67,7 @@ def test_an_argument_patch_model_does_not_take_is_refused():
         ApproxBPCallback(example_input=torch.zeros(1))
 
 
+@pytest.mark.slow
 def test_trl_sft_trainer_with_the_callback_trains_as_stock(tmp_path):
     """TRL's SFTTrainer (a Trainer subclass) takes the same callback. Its own fused-head loss (TRL ≥ 1.x chunks the
     head itself) is left as TRL computes it: the chunked-loss move returns the model's result unchanged when the
@@ -105,6 +107,7 @@ def test_trl_sft_trainer_with_the_callback_trains_as_stock(tmp_path):
         assert b == pytest.approx(a, rel=5e-4), (stock, ours)
 
 
+@pytest.mark.slow
 def test_given_only_a_budget_the_callback_plans_on_the_first_batch_and_trains_as_stock(tmp_path):
     """ApproxBPCallback(budget=…): the model's config planned at the first batch's shape (fp32 AdamW, read off the
     trainer), at a budget under what the fused GLUs and MS-norms alone reach, so the plan recomputes blocks and
@@ -164,6 +167,7 @@ def test_the_set_up_read_off_the_trainer_shards_under_fsdp_and_refuses_deepspeed
         trainer_setup(SimpleNamespace(deepspeed="ds.json", optim="adamw_torch"), model)
 
 
+@pytest.mark.slow
 def test_trl_grpo_trainer_patches_after_generation_and_trains_as_stock(tmp_path):
     """GRPO's first calls are generate's (no grad, a KV cache): they run the stock model and the patch waits for the
     first training call (it once patched on the prefill, whose proofs appended to one cache and aborted). Two steps'

@@ -32,6 +32,7 @@ def _run(out: Path, *which: str) -> list[dict]:
     return [json.loads((out / f"{w}.json").read_text()) for w in which]
 
 
+@pytest.mark.slow
 def test_the_callback_in_an_accelerate_fsdp2_run_trains_as_stock(tmp_path):
     if not has_fsdp2():
         pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")

@@ -38,6 +38,7 @@ def _train(build, out_dir, callback=None, **extra):
     (_lora, {}, (2, 2)),
     (_llama, {"torch_compile": True, "torch_compile_backend": "aot_eager"}, (5, 2)),
 ], ids=["gradient-checkpointing", "peft-lora", "torch-compile"])
+@pytest.mark.slow
 def test_the_callback_trains_as_stock_in_each_mode(build, extra, merged, tmp_path):
     _, stock = _train(build, tmp_path / "stock", **extra)
     callback = ApproxBPCallback(family="invact", chunked_loss=True)

@@ -27,6 +27,7 @@ def result(tmp_path_factory):
     return once_per_run(tmp_path_factory, "compile_budget_curves_tiny", curve)
 
 
+@pytest.mark.slow
 def test_a_lower_budget_keeps_less_and_recomputes_more(result):
     full, none = result["compile"]
     assert result["blocks"] == 5
@@ -41,6 +42,7 @@ def test_compiles_peak_is_our_exact_peak_with_its_own_saved_bytes(result):
     assert placed["ours"] == exact["curve"]
 
 
+@pytest.mark.slow
 def test_the_fused_roofline_is_the_same_on_every_run():
     from approxbp.planner.compiled import point
     from approxbp.planner.gpus import gpu

@@ -18,6 +18,7 @@ def test_refuses_without_cuda(tmp_path):
     assert run.returncode == 2 and "no CUDA device" in run.stderr and not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_smoke_models_every_setup_and_writes_no_time(tmp_path):
     """The five set-ups are built, moved and modelled (the offloaded one charged its host copies on top), and run
     on the CPU; a CPU time is never written as a GPU one."""

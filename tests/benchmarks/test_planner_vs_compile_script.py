@@ -25,6 +25,7 @@ def points():
             SCRIPT["ours"](TINY, inputs, device, approximate=False))
 
 
+@pytest.mark.slow
 def test_compile_at_budget_zero_saves_less_and_recomputes(points):
     full, none = points[0]
     assert none["saved_bytes"] < full["saved_bytes"] and none["seconds"] > full["seconds"] > 0, points[0]
@@ -42,6 +43,7 @@ def test_the_committed_results_have_the_four_curves():
     assert all(len(result[k]) >= 2 for k in ("compile", "ours_exact", "ours_approx", "compile_approx"))
 
 
+@pytest.mark.slow
 def test_the_approximations_under_compiles_budget_form_a_curve_of_their_own():
     """The combination (the patched model, ReLU-sum k = 2 and MS-norms, compiled at each budget): a lower budget
     saves less and recomputes more, as compile alone does."""

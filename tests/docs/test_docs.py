@@ -9,6 +9,7 @@ import pytest
 from _helpers import ROOT
 
 
+@pytest.mark.slow
 def test_the_docs_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs", reason="the docs need the dev extras (mkdocs-material, mkdocstrings-python)")
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
@@ -33,6 +34,7 @@ def test_the_readme_is_short_and_links_to_pages_that_exist():
         assert (ROOT / link).is_file(), link
 
 
+@pytest.mark.slow
 def test_the_readme_example_runs_and_saves_memory():
     pytest.importorskip("transformers")
     code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[0]
@@ -42,6 +44,7 @@ def test_the_readme_example_runs_and_saves_memory():
     assert after < before
 
 
+@pytest.mark.slow
 def test_the_relu_sum_api_example_prints_what_its_comment_says():
     """docs/relu-sum.md's worked example: its first lines run as written and fit.message is the quoted text."""
     page = (ROOT / "docs" / "relu-sum.md").read_text(encoding="utf-8")

@@ -87,6 +87,7 @@ def test_a_perturbed_invact_table_fails_its_claim():
 
 
 @pytest.mark.parametrize("name", ["gelu", "silu"])
+@pytest.mark.slow
 def test_newton_certificate_is_a_bound_beside_50_digit_errors(name):
     """The newton forms' steps are bounded by error propagation (certify.NewtonSteps), not by enclosing them: the
     bound must hold against the rule evaluated in float64 and g from 50-digit root finding, on the whole branch

@@ -14,6 +14,7 @@ def rows():
     return reproduce_relu_sum(seed=0, restarts=4, workers=2, progress=False)
 
 
+@pytest.mark.slow
 def test_ours_at_most_paper_for_every_row(rows):
     assert len(rows) == 3
     for r in rows:
@@ -46,6 +47,7 @@ def test_same_seed_same_numbers_regardless_of_workers():
         assert a[f] == b[f]
 
 
+@pytest.mark.slow
 def test_methods_agree_on_the_optimum():
     losses = [fit_relu_sum("gelu", 2, "derivative", method=m, restarts=2, seed=1, workers=1,
                            progress=False).fun for m in ("anneal", "sgd", "polish")]

@@ -74,6 +74,7 @@ def test_fast_is_the_default_and_its_kernel_matches_the_twin():
 BUMPED_SILU = "x*sigmoid(x)*(1+exp(-x**2)/10)"  # no rational of degree ≤ 12 reaches the fast form's tolerance
 
 
+@pytest.mark.slow
 def test_auto_refuses_the_fast_form_in_one_fit_and_falls_to_newton_saying_so(monkeypatch, capsys):
     """Issue 60: `fit invact` (--form auto) searched 24 rational fits (175 s) on an activation with no fast form and
     then refused with Python syntax (use form='newton'). The top degree on the narrowest split is a cheap bound:

@@ -70,6 +70,7 @@ def test_a_growing_tail_is_refused_by_the_fitted_form_with_free_levels(expressio
         fit_invact(expression, form="newton", progress=False)
 
 
+@pytest.mark.slow
 def test_the_certificate_holds_over_every_x(table):
     entry, lines, ok = certify_table(table_files.load(table), max_boxes=100_000)
     assert ok and entry["right"]["bound"] <= TOL, lines

@@ -53,6 +53,7 @@ def test_a_k1_table_moved_off_its_one_feasible_point_is_refused():
     assert not moved.passed and moved.gap == math.inf, moved
 
 
+@pytest.mark.slow
 def test_k2_primitive_box_bounds_hold_at_points_and_a_worse_table_fails():
     t, J, obj, rng = k2("gelu", "primitive", 5)
     for _ in range(40):

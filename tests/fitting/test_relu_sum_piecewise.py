@@ -66,6 +66,7 @@ def test_patch_model_swaps_nn_hardswish_for_its_relu_sum_drop_in():
     torch.testing.assert_close(h.grad.double(), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_invact_refuses_hardswish_naming_the_relu_sum_fit_that_runs(capsys):
     """The fitted InvAct forms need a smooth h: hard-swish is refused in one line (it ended in 'no fast form reaches
     3e-07 … use form=newton'), naming the ReLU-sum command, which runs."""

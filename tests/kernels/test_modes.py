@@ -84,6 +84,7 @@ def test_patched_hf_llama_has_zero_graph_breaks(use_triton):
 
 
 @pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.slow
 def test_compiled_shared_output_norms_save_what_compiled_stock_saves(autocast):
     """Compiled, the partitioner already saves a norm's input and statistics and recomputes its output for the
     Linears (the MS-norm's saving); the rewritten norms run the stock forward there, so a norms-only patched LLaMA
@@ -150,6 +151,7 @@ def distributed_grads(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", DISTRIBUTED)
+@pytest.mark.slow
 def test_distributed_gradients_equal_single_process(case, distributed_grads):
     x, out = distributed_grads
     if DISTRIBUTED[case][0] and not has_fsdp2():

@@ -11,7 +11,7 @@ def test_there_are_notebooks():
     assert NOTEBOOKS
 
 
-SLOW_NOTEBOOKS = ("bdia_reversibility", "kernels_and_memory", "relu_sum_explorer")  # over 20 s each on 2 cores
+SLOW_NOTEBOOKS = ("bdia_reversibility", "error_atlas", "kernels_and_memory", "relu_sum_explorer")  # over ~7 s each
 
 
 def _run(path, tmp_path, activation: str | None = None):
@@ -54,6 +54,7 @@ def test_explorers_run_on_a_user_expression(name, activation, tmp_path):
     assert "sqrt" not in activation or "one branch; q(y) = y**2/(y**2 + 1)" in text
 
 
+@pytest.mark.slow
 def test_the_inverted_activation_explorer_draws_g_and_prints_a_refusal(tmp_path):
     """Smish is refused by InvAct (its tail rule errs by 1.6e-4): the explorer draws g, prints the refusal with its
     way forward, and does not raise (issue 47)."""

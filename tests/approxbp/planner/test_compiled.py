@@ -32,6 +32,7 @@ def curve():
     return pareto(Request(model=MODEL, batch=2, seq=256, setup="bf16"), gpu="h100", points=3, compile_budgets=BUDGETS)
 
 
+@pytest.mark.slow
 def test_the_curve_with_compile_is_never_slower_than_compile_alone(curve):
     alone = [point(Request(model=MODEL, batch=2, seq=256, setup=Setup(), lora_r=8), gpu("h100"), {}, False,
                    b) for b in (None, *BUDGETS)]
@@ -51,6 +52,7 @@ def test_the_frontier_keeps_what_nothing_beats():
     assert frontier(p) == p[:2]
 
 
+@pytest.mark.slow
 def test_a_plan_that_compiles_fits_and_applied_saves_the_planned_bytes_and_trains_as_stock():
     from approxbp.planner.models import model_spec
 

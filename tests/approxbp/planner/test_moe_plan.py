@@ -25,6 +25,7 @@ def test_moe_plans_on_fake_tensors_what_real_ones_save(model):
     assert fake.before.activations > fake.after.activations > 0
 
 
+@pytest.mark.slow
 def test_grouped_mm_on_float32_weights_is_refused_by_name(capsys):
     """Under autocast the weights stay float32; a GPU's grouped_mm takes bf16 only (its fake kernel raised a bare
     "Expected inputs of BF16 type" before). batched_mm, the way out the message names, plans."""

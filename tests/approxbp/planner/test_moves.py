@@ -189,6 +189,7 @@ def test_every_gpu_has_a_source_and_an_unknown_one_is_refused():
 LLAMA = "llama:hidden_size=128,num_hidden_layers=4,intermediate_size=344,num_attention_heads=4,vocab_size=256"
 
 
+@pytest.mark.slow
 def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path, capsys, monkeypatch):
     """The budgeted plan is planned once (``share_plans``): in Python with the options the command line passes
     (``--budget`` without ``--gpu``), then through ``approxbp plan``, whose table, JSON and header are checked."""
@@ -263,6 +264,7 @@ def test_plan_reaches_a_budget_below_the_approximations_with_moves(tmp_path, cap
 WIDE_VOCAB = "llama:hidden_size=64,num_hidden_layers=2,intermediate_size=128,num_attention_heads=4,vocab_size=8192"
 
 
+@pytest.mark.slow
 def test_a_budget_the_logits_alone_exceed_is_met_by_the_chunked_loss():
     """A vocabulary 128× the width: the loss's fp32 log-softmax (rows × V × 4 bytes) is most of the step, and the
     chunked loss takes it off for one more head matmul, cheaper than recomputing blocks. Applied to a real model of

@@ -12,6 +12,7 @@ from approxbp.planner.request import Request
 MODEL = "llama:hidden_size=64,num_hidden_layers=2,intermediate_size=128,num_attention_heads=4,vocab_size=4096"
 
 
+@pytest.mark.slow
 def test_the_curve_runs_from_the_exact_peak_to_below_the_approximations_reach():
     curve = pareto(Request(model=MODEL, batch=2, seq=256, setup="bf16"), gpu="h100", points=3)
     first, last = curve[0], curve[-1]

@@ -28,7 +28,8 @@ GPT2 = "gpt2:n_embd=64,n_layer=2,n_head=4,vocab_size=100,n_positions=64"
 @pytest.mark.parametrize("model, mode", [(LLAMA, "bf16"), pytest.param(LLAMA, "autocast", marks=pytest.mark.slow),
                                          pytest.param(LLAMA, "lora", marks=pytest.mark.slow),
                                          pytest.param(LLAMA, "compile", marks=pytest.mark.slow),
-                                         (LLAMA, "checkpoint"), pytest.param(GPT2, "bf16", marks=pytest.mark.slow),
+                                         pytest.param(LLAMA, "checkpoint", marks=pytest.mark.slow),
+                                         pytest.param(GPT2, "bf16", marks=pytest.mark.slow),
                                          (GPT2, "lora"),
                                          pytest.param(GPT2, "lora+checkpoint", marks=pytest.mark.slow)])
 def test_fake_tensors_predict_the_real_measurement_exactly(model, mode):
@@ -56,6 +57,7 @@ def test_fake_tensors_predict_the_real_measurement_exactly(model, mode):
     assert act["invact"].error < 1e-6 < act["relu-sum-k4"].error < act["relu-sum-k2"].error
 
 
+@pytest.mark.slow
 def test_checkpointing_keeps_block_inputs_and_one_recomputed_block():
     """A 4-layer model under activation checkpointing holds less at its traced peak than the same step without it,
     and the drop-ins save there too (they run as their custom ops: their kernels' outputs only)."""
@@ -132,6 +134,7 @@ def test_cli_writes_the_plan_and_its_figure(tmp_path):
     assert bad.returncode == 2 and "no assignment fits" in bad.stderr
 
 
+@pytest.mark.slow
 def test_compile_mode_saves_what_inductor_saves():
     """The planner compiles with inductor's partitioner but no code generation (aot_eager_decomp_partition); on a
     GPT and a LLaMA-style block it saves exactly what a real inductor compile saves."""
@@ -336,6 +339,7 @@ def test_use_takes_a_users_own_table_file(tmp_path):
         P.evaluate(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), use=str(junk))
 
 
+@pytest.mark.slow
 def test_an_untraced_plan_says_first_that_its_peak_is_not_the_steps():
     """The first number of `approxbp plan` without --trace/--budget is the modelled end of the forward: the report
     says so on its second line (here 1.19 MiB modelled against the traced step's 1.54 MiB, vocab 3 000); a traced

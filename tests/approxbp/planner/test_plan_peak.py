@@ -28,6 +28,7 @@ from plan_peaks import measured_peak  # noqa: E402
 LLAMA = "llama:hidden=64,layers=2,heads=4,intermediate=128,vocab=100"
 
 
+@pytest.mark.slow
 def test_a_budgeted_plan_promises_the_peak_of_its_traced_step_and_a_real_step_reaches_it():
     request = Request(model=LLAMA, batch=4, seq=32, setup="bf16")
     most = P.plan(request)
@@ -95,6 +96,7 @@ def test_a_plan_whose_traced_step_stays_over_the_budget_is_refused():
     assert size(refused.value.least_traced) in str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_lora_budget_the_moves_model_misjudges_is_planned_by_tracing_again():
     """LoRA's backward peaks ~1.7× over the moves' model (which counts the end of the forward and one block back):
     the first correction by the overshoot asks more than the model reaches, and halving it back finds a plan whose

@@ -36,6 +36,7 @@ def ranks_peaks(tmp_path_factory) -> dict[str, list[int]]:
 
 
 @pytest.mark.parametrize("weights", WEIGHTS)
+@pytest.mark.slow
 def test_the_planned_rank_peak_bounds_each_fsdp2_rank(weights, ranks_peaks):
     request = Request(model=LLAMA, batch=4, seq=64, setup=Setup(weights=weights, shard=2), traced=True)
     planned = stepper(request, whole=True)(None, None, None, False, None).peak
@@ -43,6 +44,7 @@ def test_the_planned_rank_peak_bounds_each_fsdp2_rank(weights, ranks_peaks):
         assert measured <= planned <= 1.10 * measured, (planned, measured)
 
 
+@pytest.mark.slow
 def test_a_budgeted_sharded_plan_promises_the_traced_rank_peak():
     setup = Setup(weights="fp32", shard=2)
     plan = P.plan(Request(model=LLAMA, batch=4, seq=64, setup=setup), budget=64 * 2**20)

@@ -52,6 +52,7 @@ def _train(cls, cfg, data, example, activation, out_dir):
 
 
 @pytest.mark.parametrize("build", [_llama, _vit])
+@pytest.mark.slow
 def test_trainer_fine_tunes_patched_and_exact_and_the_checkpoint_reloads(build, tmp_path):
     cls, cfg, data, example = build()
     curves = {}
