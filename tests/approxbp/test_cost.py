@@ -130,6 +130,7 @@ def test_every_family_compiles_for_sm90_in_every_dtype(compiled):
     assert compiled["families"] == 4 * 12
 
 
+@pytest.mark.slow
 def test_a_user_expression_exports_and_compiles_or_is_refused(compiled):
     """sin, cos, sinh, cosh and erfc lower to Triton; atan has no Triton form and export says so."""
     from approxbp.approximations import get_activation
@@ -141,11 +142,13 @@ def test_a_user_expression_exports_and_compiles_or_is_refused(compiled):
     assert compiled["user"] == 6
 
 
+@pytest.mark.slow
 def test_cost_of_a_users_new_table_before_training(cost_cli):
     """A researcher who fits a new form sees its GPU cost: the module is generated next to the table first."""
     assert (cost_cli.dir / "mine" / "_generated").is_dir() and "silu-k2-primitive fwd" in cost_cli.stdout
 
 
+@pytest.mark.slow
 def test_compiled_float32_primitives_are_single_mufu_instructions(compiled):
     """Compiled (not interpreted), the helpers print one MUFU each: _rcp → RCP (no div.full), _log → LG2 (no
     libdevice logf), the 16-bit Φ → RCP and EX2 (no erf); fp64 keeps the exact operations."""
@@ -156,6 +159,7 @@ def test_compiled_float32_primitives_are_single_mufu_instructions(compiled):
     assert not any(op in ("MUFU.RCP", "MUFU.LG2") for op in got["invact gelu-fast bwd fp64"][0])
 
 
+@pytest.mark.slow
 def test_a_new_activation_gets_its_plain_exact_kernels_as_the_baseline(cost_cli):
     """A user's table (SERF, k = 1): cost prints the exact activation's own one-line kernels beside the table's."""
     rows = cost_cli.rows

@@ -129,6 +129,7 @@ def test_a_second_model_is_patched_too(tmp_path):
         assert "_approxbp_chunked_loss" in model.__dict__
 
 
+@pytest.mark.slow
 def test_a_plan_applies_only_to_the_model_it_was_made_for(tmp_path):
     callback = ApproxBPCallback(budget=BUDGET)
     _trainer(tiny_llama(), tmp_path, [callback], steps=1).train()
@@ -283,6 +284,7 @@ def test_a_compute_loss_that_reads_the_logits_is_told_why_there_are_none(tmp_pat
     assert max(peaks.peaks) <= BUDGET, peaks.peaks
 
 
+@pytest.mark.slow
 def test_a_training_call_without_labels_is_planned_without_the_chunked_loss(tmp_path, caplog):
     """A compute_loss that pops the labels: the model computes no loss, so the budget cannot count on the chunked
     loss; planned without it (said), every step within the budget."""

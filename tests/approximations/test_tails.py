@@ -52,6 +52,7 @@ def test_a_double_exponential_gets_an_interval_without_exhausting_memory():
     assert np.allclose(rewritten.df(grid), get_activation(TANHEXP).df(grid), rtol=1e-9, atol=1e-300)
 
 
+@pytest.mark.slow
 def test_an_algebraic_tail_gets_a_default_interval_whose_outside_mass_is_a_constant():
     """Squareplus' residual falls like 1/|x|: no interval holds the tail rule, but beyond the outermost knot h̃ is
     exactly 0 or x, so the mass outside any interval past the knots is a constant of the loss: ±64 by default, the

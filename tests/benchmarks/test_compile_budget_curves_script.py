@@ -34,6 +34,7 @@ def test_a_lower_budget_keeps_less_and_recomputes_more(result):
     assert none["saved_bytes"] < full["saved_bytes"] and none["seconds"] > full["seconds"] > 0, result
 
 
+@pytest.mark.slow
 def test_compiles_peak_is_our_exact_peak_with_its_own_saved_bytes(result):
     exact = {"curve": [{"peak": 10**9, "seconds": 1.0}]}
     placed = SCRIPT["with_ours"](json.loads(json.dumps(result)), exact)

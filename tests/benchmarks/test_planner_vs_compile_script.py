@@ -31,6 +31,7 @@ def test_compile_at_budget_zero_saves_less_and_recomputes(points):
     assert none["saved_bytes"] < full["saved_bytes"] and none["seconds"] > full["seconds"] > 0, points[0]
 
 
+@pytest.mark.slow
 def test_each_recomputed_block_saves_bytes_and_costs_time(points):
     ours = points[1]
     assert [p["recomputed_blocks"] for p in ours] == [0, 1, 2]

@@ -23,6 +23,7 @@ def test_ours_at_most_paper_for_every_row(rows):
 
 
 @pytest.mark.parametrize("i", range(3))
+@pytest.mark.slow
 def test_fitted_coefficients_close_to_the_printed_ones(rows, i):
     paper, ours = PAPER_RELU_SUM[i], rows[i].ours_table
     # printed values (Approx-BP §4.2, App. E, App. I); ours are the exactly symmetric optimum nearby
@@ -182,6 +183,7 @@ def test_no_numpy_warning_reaches_the_user(recwarn):
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
+@pytest.mark.slow
 def test_a_given_interval_may_put_the_outermost_knots_on_its_ends():
     """squareplus (algebraic tails) on [−20, 20] at k = 3: the optimum's outermost knots sit at ±20, where eq. 13's
     constraints cost nothing inside the interval; the fit keeps them (it once refused every restart as "collapsed")

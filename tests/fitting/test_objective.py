@@ -77,6 +77,7 @@ def test_paper_intervals_eqs_45_and_51():
     assert tail < 1e-8
 
 
+@pytest.mark.slow
 def test_numerical_interval_bounds_tail_for_other_activations():
     for name in ("gelu_tanh", "mish"):
         for objective in ("primitive", "derivative"):

@@ -17,7 +17,7 @@ def test_k2_closed_form_equals_the_fitting_objective():
         assert abs(float(val.mid()) - obj(c)[0]) <= 1e-9 * obj(c)[0]
 
 
-@pytest.mark.parametrize("name", ["gelu", "silu"])
+@pytest.mark.parametrize("name", [pytest.param("gelu", marks=pytest.mark.slow), "silu"])
 @iv.at_precision  # the certifier's working precision, as certify_relu_sum_global runs the objective
 def test_k2_primitive_closed_form_equals_the_fitting_objective_and_scipy(name):
     """The projected primitive objective (one free value at c₂, closed form in the antiderivatives of h, x·h, h²)

@@ -125,6 +125,7 @@ def test_gated_mlp_keeps_state_dict_attributes_and_gradients(fused):
 
 
 @pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.slow
 def test_compiles_with_zero_graph_breaks_and_exports(use_triton):
     torch.manual_seed(0)
     model = GatedMLP(_SwiGLU(), GLULayout("gate_proj", "up_proj", "down_proj"), "silu", use_triton=use_triton)

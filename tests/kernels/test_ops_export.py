@@ -43,6 +43,7 @@ def assert_same_gradients_in_a_fresh_process(model, x, tmp_path):
     assert json.loads(r.stdout.splitlines()[-1]) == xi.grad.flatten().tolist()
 
 
+@pytest.mark.slow
 def test_an_exported_program_runs_in_a_fresh_process(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 6), ReGELU2(), torch.nn.Linear(6, 6), InvActSiLU(),
@@ -50,6 +51,7 @@ def test_an_exported_program_runs_in_a_fresh_process(tmp_path):
     assert_same_gradients_in_a_fresh_process(model, torch.randn(5, 6), tmp_path)
 
 
+@pytest.mark.slow
 def test_an_exported_patched_block_runs_in_a_fresh_process(tmp_path):
     """a patch_model'ed block (LayerNorms merged, GELU swapped for InvAct), exported
     and saved, gives the same gradients in a process that imported only approxbp.kernels."""
@@ -83,6 +85,7 @@ def test_a_key_rebuilds_its_spec_and_refuses_a_changed_table(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_an_at_sign_or_percent_in_the_table_or_kernels_folder_survives_the_key(tmp_path):
     """spec_of split keys at '@', so a table folder named like 'runs@v2' broke torch.export'ed programs."""
     folder, kernels = tmp_path / "runs@v2 %40", tmp_path / "k@ernels"

@@ -38,7 +38,8 @@ def test_every_row_is_one_plan_command_on_a_shipped_config():
     assert tables == {f"Approx-BP Table {n}" for n in (1, 2, 3, 4, 9, 11)} | {"InvAct App. A.1"}
 
 
-@pytest.mark.parametrize("table, setup", [("Approx-BP Table 1", "ViT-B, LoRA r = 4 on q, v"),
+@pytest.mark.parametrize("table, setup", [pytest.param("Approx-BP Table 1", "ViT-B, LoRA r = 4 on q, v",
+                                                       marks=pytest.mark.slow),
                                           ("Approx-BP Table 1", "ViT-B, LoRA-FA r = 4 on q, v"),
                                           ("InvAct App. A.1", "ViT-B")])
 def test_rows_come_within_the_papers_printed_values(table, setup):

@@ -25,6 +25,7 @@ def test_the_curve_runs_from_the_exact_peak_to_below_the_approximations_reach():
     assert last.seconds > first.seconds > 0  # the moves cost modelled time
 
 
+@pytest.mark.slow
 def test_the_cli_writes_the_curve_and_refuses_it_without_a_gpu(tmp_path, capsys):
     out, fig = tmp_path / "curve.json", tmp_path / "curve.png"
     assert main(["plan", MODEL, "--batch", "2", "--seq", "256", "--gpu", "a100", "--pareto", "2", "--out", str(out),

@@ -72,6 +72,7 @@ def test_checkpointing_keeps_block_inputs_and_one_recomputed_block():
         PS.stepper(Request(model=deep, setup="compile", checkpoint=True))(2, 64)
 
 
+@pytest.mark.slow
 def test_a_plan_applies_to_the_model_and_saves_what_it_said(tmp_path):
     budget = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16")).before.peak - 20_000
     chosen = P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16"), budget=budget)
@@ -302,6 +303,7 @@ def test_use_refuses_what_it_cannot_evaluate(text, message):
 
 
 @pytest.mark.parametrize("fake", [True, False])
+@pytest.mark.slow
 def test_planning_leaves_the_users_random_state_alone(fake):
     """The planner seeds its model's weights; it once left torch's generator at seed 0, so a user's dropout after
     planning differed from stock's (9.2e-4 relative in a Trainer run). The stream continues as if no plan ran."""
