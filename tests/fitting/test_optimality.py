@@ -92,6 +92,7 @@ def test_k2_branch_and_bound_lower_bound_holds_everywhere():
         assert obj(np.array([c1, c1 + d1, c1 + d1 + d2]))[0] >= low
 
 
+@pytest.mark.slow
 def test_a_box_without_a_finite_bound_is_kept_and_the_certificate_stays_open(monkeypatch):
     """The branch and bound once compared a NaN bound raw (``nan <= value`` is False), dropped the box, emptied its
     heap and reported a gap of 0: a bound that proves nothing must leave the certificate open, saying why."""

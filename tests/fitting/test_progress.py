@@ -20,6 +20,7 @@ def test_the_atlas_counts_one_step_per_table():
     assert atlas.STEPS == 17  # ReLU-sum k = 1…8 × 2 objectives + the InvAct fast form
 
 
+@pytest.mark.slow
 def test_the_atlas_advances_its_bar_by_each_tables_work(monkeypatch):
     """One step per table, each its share of the work (a ReLU-sum fit at k: k², so a k = 8 fit is not counted as a
     k = 1 fit and the time left holds), summing to the bar's total; --bits 1-4 counts only those tables."""

@@ -81,6 +81,7 @@ def test_invact_refuses_hardswish_naming_the_relu_sum_fit_that_runs(capsys):
     assert main([*command[1:], "--restarts", "1", "--workers", "1", "--no-progress"]) == 0
 
 
+@pytest.mark.slow
 def test_a_users_piecewise_hardswish_fits_as_the_registered_one(tmp_path):
     """Typed with Piecewise, hard-swish gets the registered one's optimum (same knots, same loss) and its table reads
     back (the stored expression is in selects, which the activation grammar accepts)."""
