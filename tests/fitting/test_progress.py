@@ -1,6 +1,7 @@
 """Long jobs talk: in a log (no terminal) a progress line says how far it got and about how long is left,
 counted in work done, not guessed from the clock alone; the atlas counts its tables."""
 
+import pytest
 from approxbp.fitting import atlas
 from approxbp.fitting.progress import progress
 
