@@ -3,8 +3,6 @@ the chosen plan applies through Plan.load(path).apply(model) and saves what it s
 
 import itertools
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -121,18 +119,20 @@ def test_sizes_parse_and_print():
 
 
 @pytest.mark.slow
-def test_cli_writes_the_plan_and_its_figure(tmp_path):
+def test_cli_writes_the_plan_and_its_figure(tmp_path, capsys):
+    """Through approxbp's main in this process (the `approxbp` start has its own test, test_cli_user)."""
+    from approxbp.cli import main
+
     out, fig = tmp_path / "plan.json", tmp_path / "plan.png"
-    r = subprocess.run([sys.executable, "-m", "approxbp", "plan", LLAMA, "--batch", "2", "--seq", "16",
-                        "--mode", "lora", "--out", str(out), "--figure", str(fig), "--no-progress"],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
+    code = main(["plan", LLAMA, "--batch", "2", "--seq", "16", "--mode", "lora", "--out", str(out), "--figure",
+                 str(fig), "--no-progress"])
+    said = capsys.readouterr()
+    assert code == 0, said.err
     data = json.loads(out.read_text())
     assert data["after"]["peak"] <= data["before"]["peak"] and fig.stat().st_size > 10_000
-    assert "planned" in r.stdout and "choice:" in r.stdout
-    bad = subprocess.run([sys.executable, "-m", "approxbp", "plan", LLAMA, "--budget", "1KiB", "--no-progress"],
-                         capture_output=True, text=True, timeout=600)
-    assert bad.returncode == 2 and "no assignment fits" in bad.stderr
+    assert "planned" in said.out and "choice:" in said.out
+    assert main(["plan", LLAMA, "--budget", "1KiB", "--no-progress"]) == 2
+    assert "no assignment fits" in capsys.readouterr().err
 
 
 @pytest.mark.slow
