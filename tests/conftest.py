@@ -26,7 +26,7 @@ ALL_TESTS = "APPROXBP_ALL_TESTS"
 
 def pytest_configure(config):
     _refuse_a_second_kernels_package()
-    config.addinivalue_line("markers", "slow: over ~7 s on 2 cores, or sharing a fixture with such a test; skipped "
+    config.addinivalue_line("markers", "slow: over ~5 s on 2 cores, or sharing a fixture with such a test; skipped "
                             f"unless {ALL_TESTS}=1 (CI sets it)")
     if os.environ.get("TRITON_INTERPRET") == "1":
         import _interpreter

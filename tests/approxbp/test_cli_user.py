@@ -211,7 +211,7 @@ def test_the_docs_show_commands():
 
 
 def _slow_command(cmd: str, needs: list[str]) -> bool:
-    """Over ~7 s and covered elsewhere by default: symbolic regression, reproduce (the README's install command
+    """Over ~5 s and covered elsewhere by default: symbolic regression, reproduce (the README's install command
     runs it), the planner (tests/approxbp/planner/test_plan.py), the sweep (test_sweep_…), a k = 3 annealing fit, and
     commands that first repeat another command's fit."""
     return bool(needs) or any(s in cmd for s in ("--form sr", "approxbp reproduce", "approxbp plan", "approxbp sweep",
@@ -235,6 +235,7 @@ def test_readme_commands_run_verbatim(cmd, tmp_path, monkeypatch, capsys):
         assert code == 0, (c, out.out[-1500:], out.err[-1500:])
 
 
+@pytest.mark.slow
 def test_figures_into_a_new_folder_replots_and_never_retrains(tmp_path, monkeypatch, capsys):
     from approxbp.fitting import atlas
 

@@ -145,6 +145,7 @@ def test_backend_selection_and_pysr_message(monkeypatch):
         check_backend("pysr")
 
 
+@pytest.mark.slow
 def test_error_atlas_reproduces_fig5_for_our_invact_and_orders_the_families():
     from approxbp.fitting.atlas import atlas
 

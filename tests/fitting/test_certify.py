@@ -160,6 +160,7 @@ def test_tables_refuse_a_certified_bound_below_the_sampled_error():
     assert math.isfinite(load(INVACT / "gelu-fast.json").metrics["linf_left"])
 
 
+@pytest.mark.slow
 def test_reproduce_full_stores_certificates_and_fails_on_a_wrong_table(tmp_path, capsys):
     from approxbp.commands.reproduce import certify_regenerated
 

@@ -41,6 +41,7 @@ def test_paper_losses_are_measured_independently():
     assert 0.0095 < t["loss"] < 0.0096
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers_regardless_of_workers():
     a = fit_relu_sum("silu", 2, "primitive", method="anneal", restarts=2, seed=7, workers=1, progress=False).table
     b = fit_relu_sum("silu", 2, "primitive", method="anneal", restarts=2, seed=7, workers=2, progress=False).table
@@ -175,6 +176,7 @@ def test_k5_derivative_fits_reach_the_independent_global_optimum(activation, bes
     assert not fit.untrusted
 
 
+@pytest.mark.slow
 def test_no_numpy_warning_reaches_the_user(recwarn):
     """L-BFGS-B may try all knots at one point, where Σw·c = 0 has no solution: the objective says inf there
     instead of dividing by zero (the warnings used to reach `approxbp sweep`'s output)."""

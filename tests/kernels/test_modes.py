@@ -57,6 +57,7 @@ def test_patched_model_compiles_with_zero_graph_breaks(activation, use_triton):
     assert torch.allclose(x.grad, eager_grad, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_compiled_patched_block_saves_less_than_compiled_exact():
     kw = {"tokens": 32, "batch": 2}
     exact = saved_per_token_per_d(GPTBlock, "baseline", False, mode="compile", **kw)

@@ -11,7 +11,7 @@ def test_there_are_notebooks():
     assert NOTEBOOKS
 
 
-#: Over ~7 s each on 2 cores, run by CI (APPROXBP_ALL_TESTS=1); the quick run executes the inverted-activation one
+#: Over ~5 s each on 2 cores, run by CI (APPROXBP_ALL_TESTS=1); the quick run executes the inverted-activation one
 SLOW_NOTEBOOKS = ("bdia_reversibility", "error_atlas", "kernels_and_memory", "relu_sum_explorer")
 
 

@@ -304,6 +304,7 @@ def test_a_budget_the_logits_alone_exceed_is_met_by_the_chunked_loss():
     assert ours(**x).logits is not None
 
 
+@pytest.mark.slow
 def test_the_modelled_peak_of_every_block_recomputed_bounds_a_traced_step_from_above():
     """The moves' peak model (end of the forward + one block's saved bytes back) against a whole step traced by
     MemTracker with every block checkpointed: the model is above it (the traced peak, in the last block's backward,
