@@ -198,8 +198,25 @@ def test_the_working_precision_is_scoped():
     assert ctx.prec == before
 
 
+@pytest.fixture(scope="module")
+def gelu_k2_search_once():
+    """The gelu k = 2 derivative table's global search, run once per (table, box count) in this module: the two
+    cut-short tests below both stop it at 5 boxes, and its convex-box proof alone takes ~25 s before the first box."""
+    real, done = C.certify_relu_sum_global, {}
+
+    def once(t, **kwargs):
+        key = (t.name, kwargs.get("max_boxes"))
+        if key not in done:
+            done[key] = real(t, **kwargs)
+        return done[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(C, "certify_relu_sum_global", once)
+        yield done
+
+
 @pytest.mark.slow
-def test_a_relu_sum_global_certificate_cut_short_says_budget_not_a_wrong_table():
+def test_a_relu_sum_global_certificate_cut_short_says_budget_not_a_wrong_table(gelu_k2_search_once):
     """A branch and bound stopped by its box budget printed "NOT CERTIFIED", which reads like a wrong table (the
     InvAct lines said "(budget)")."""
     from approxbp.approximations import tables as table_files
@@ -212,7 +229,7 @@ def test_a_relu_sum_global_certificate_cut_short_says_budget_not_a_wrong_table()
 
 
 @pytest.mark.slow
-def test_certify_exits_3_when_only_the_budget_left_a_certificate_open(capsys):
+def test_certify_exits_3_when_only_the_budget_left_a_certificate_open(capsys, gelu_k2_search_once):
     """Issue 60: `approxbp certify` printed FAILED and exited 1 when the loss was enclosed and only the k ≤ 2
     global-optimality branch and bound was open within its budget. Open is its own verdict and exit status (3);
     a violated claim still exits 1 (the wrong-table test above)."""
