@@ -175,42 +175,82 @@ class Evaluator:
 
     def __call__(self, expr: sp.Expr, env: dict[sp.Symbol, Ball]) -> Ball:
         """The value (and derivative, error) of ``expr`` with its symbols bound by ``env``; arb or acb balls."""
-        tape = self._tapes.get(expr)
-        if tape is None:
-            tape = self._tapes[expr] = self._compile(expr)
-        vals: list[Ball] = []
-        for step in tape:
-            vals.append(step(vals, env))
-        return vals[-1]
+        return self.many((expr,), env)[0]
 
     def many(self, exprs: tuple[sp.Expr, ...], env: dict[sp.Symbol, Ball]) -> list[Ball]:
-        """Several expressions on one tape: subexpressions they share (a gradient's and a Hessian's) run once."""
-        key = ("many", exprs)
+        """Several expressions on one tape: subexpressions they share (a gradient's and a Hessian's) run once.
+        Without a derivative or a float32 error to carry (no ``d`` in ``env``, not ``fp32``) the tape runs on the
+        values alone (:meth:`_value_step`): the same Arb operations in the same order, without a Ball per node."""
+        plain = not self.fp32 and all(b.d is None for b in env.values())
+        key = ("values" if plain else "balls", exprs)
         tape = self._tapes.get(key)
         if tape is None:
-            tape = self._tapes[key] = self._compile(*exprs)
-        vals: list[Ball] = []
+            tape = self._tapes[key] = self._compile(*exprs, plain=plain)
+        vals: list = []
+        given = {s: b.v for s, b in env.items()} if plain else env
         for step in tape[0]:
-            vals.append(step(vals, env))
-        return [vals[i] for i in tape[1]]
+            vals.append(step(vals, given))
+        return [Ball(vals[i]) for i in tape[1]] if plain else [vals[i] for i in tape[1]]
 
     # ---- compiling expressions into a tape: one step per distinct node, in dependency order ---------
-    def _compile(self, *exprs: sp.Expr):
+    def _compile(self, *exprs: sp.Expr, plain: bool = False):
         index: dict = {}
         tape: list = []
-
-        def emit(step) -> int:
-            tape.append(step)
-            return len(tape) - 1
+        make = self._value_step if plain else self._step
 
         def node(e) -> int:
-            if e in index:
-                return index[e]
-            index[e] = i = emit(self._step(e, node))
-            return i
+            if e not in index:
+                step = make(e, node)  # its arguments first
+                tape.append(step)
+                index[e] = len(tape) - 1
+            return index[e]
 
         outputs = [node(e) for e in exprs]
-        return tape if len(exprs) == 1 else (tape, outputs)
+        return tape, outputs
+
+    def _value_step(self, e, node):
+        """The step computing node ``e``'s value (an arb) from its arguments' values: sums, products, quotients
+        and integer powers directly, as :meth:`_add`, :meth:`_mul`, :meth:`_div` and :meth:`_ipow_ball` compute
+        their ``v``; any other node through its Ball step (:meth:`_step`) on Balls of the values."""
+        if e.is_Symbol:
+            def symbol(vals, env, e=e):
+                if e not in env:
+                    raise ValueError(f"no value for symbol {e}")
+                return env[e]
+            return symbol
+        if e.is_Number or e in (sp.pi, sp.E):
+            v = self._step(e, node)(None, None).v
+            return lambda vals, env: v
+        if isinstance(e, sp.Mul):
+            num = [node(a) for a in e.args if not _is_reciprocal(a)]
+            den = [node(a.base) for a in e.args if _is_reciprocal(a)]
+
+            def product(vals, env):
+                out = vals[num[0]] if num else arb(1)
+                for i in num[1:]:
+                    out = out * vals[i]
+                for i in den:
+                    out = out / vals[i]
+                return out
+            return product
+        if isinstance(e, sp.Add):
+            args = [node(a) for a in e.args]
+
+            def total(vals, env):
+                out = vals[args[0]]
+                for i in args[1:]:
+                    out = out + vals[i]
+                return out
+            return total
+        if isinstance(e, sp.Pow) and e.exp.is_Integer:
+            i, k = node(e.base), int(e.exp)
+            if k == -1:
+                return lambda vals, env: arb(1) / vals[i]
+            if k > 0:
+                return lambda vals, env: balls.ipow(vals[i], k)
+            return lambda vals, env: arb(1) / balls.ipow(vals[i], -k)
+        step = self._step(e, node)
+        return lambda vals, env: step(_Balls(vals), env).v
 
     def _step(self, e, node):
         """The step computing node ``e`` from the values of its arguments (compiled first, through ``node``)."""
@@ -360,6 +400,17 @@ class Evaluator:
             if name == "exp":  # tl.exp computes 2^(x·log2 e): the rounded product scales the error by |x|
                 e += arb(abs(v).upper()) * arb(abs(x).upper()) * arb(2 * U32)
         return Ball(v, d, e)
+
+
+class _Balls:
+    """A values-only tape's values seen as Balls without a derivative or an error (what :meth:`Evaluator._step`'s
+    steps read)."""
+
+    def __init__(self, values: list):
+        self.values = values
+
+    def __getitem__(self, i: int) -> Ball:
+        return Ball(self.values[i])
 
 
 def _is_pow2(v: arb) -> bool:
