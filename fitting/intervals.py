@@ -212,12 +212,8 @@ class Evaluator:
         """The step computing node ``e``'s value (an arb) from its arguments' values: sums, products, quotients
         and integer powers directly, as :meth:`_add`, :meth:`_mul`, :meth:`_div` and :meth:`_ipow_ball` compute
         their ``v``; any other node through its Ball step (:meth:`_step`) on Balls of the values."""
-        if e.is_Symbol:
-            def symbol(vals, env, e=e):
-                if e not in env:
-                    raise ValueError(f"no value for symbol {e}")
-                return env[e]
-            return symbol
+        if e.is_Symbol:  # the value ``env`` binds it to: here an arb
+            return self._step(e, node)
         if e.is_Number or e in (sp.pi, sp.E):
             v = self._step(e, node)(None, None).v
             return lambda vals, env: v
