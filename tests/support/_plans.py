@@ -16,9 +16,12 @@ _POINTS: dict = {}
 
 
 def _contents(path: str) -> str:
-    """A file's contents (the key of a temporary copy), else the string itself (a model type with overrides)."""
-    p = Path(path)
-    return p.read_text() if p.is_file() else path
+    """A file's contents (the key of a temporary copy), else the string itself (a model type with overrides, which
+    may be longer than a file name may be: no file)."""
+    try:
+        return Path(path).read_text() if Path(path).is_file() else path
+    except OSError:  # ENAMETOOLONG
+        return path
 
 
 def _shared(monkeypatch, module, name: str, store: dict, key) -> None:
