@@ -221,6 +221,8 @@ class Evaluator:
             num = [node(a) for a in e.args if not _is_reciprocal(a)]
             den = [node(a.base) for a in e.args if _is_reciprocal(a)]
 
+            # the Ball step's order (the factors folded left, then each division), as loops: _fold on a new list
+            # per node made the values-only tape a quarter slower (a 30-box comparison 35.4 → 44.6 s)
             def product(vals, env):
                 out = vals[num[0]] if num else arb(1)
                 for i in num[1:]:

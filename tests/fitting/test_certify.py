@@ -202,16 +202,11 @@ def test_the_working_precision_is_scoped():
 def gelu_k2_search_once():
     """The gelu k = 2 derivative table's global search, run once per (table, box count) in this module: the two
     cut-short tests below both stop it at 5 boxes, and its convex-box proof alone takes ~25 s before the first box."""
-    real, done = C.certify_relu_sum_global, {}
+    from _plans import share_calls
 
-    def once(t, **kwargs):
-        key = (t.name, kwargs.get("max_boxes"))
-        if key not in done:
-            done[key] = real(t, **kwargs)
-        return done[key]
-
+    done: dict = {}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(C, "certify_relu_sum_global", once)
+        share_calls(mp, C, "certify_relu_sum_global", done, lambda t, **options: (t.name, options.get("max_boxes")))
         yield done
 
 

@@ -18,13 +18,16 @@ _POINTS: dict = {}
 def _contents(path: str) -> str:
     """A file's contents (the key of a temporary copy), else the string itself (a model type with overrides, which
     may be longer than a file name may be: no file)."""
+    p = Path(path)
     try:
-        return Path(path).read_text() if Path(path).is_file() else path
+        return p.read_text() if p.is_file() else path
     except OSError:  # ENAMETOOLONG
         return path
 
 
-def _shared(monkeypatch, module, name: str, store: dict, key) -> None:
+def share_calls(monkeypatch, module, name: str, store: dict, key) -> None:
+    """``module.name`` computes each distinct ``key(*args, **options)`` once into ``store`` and hands each caller its
+    own deep copy; a key of None calls the real function."""
     real = getattr(module, name)
 
     def shared(*args, **options):
@@ -46,7 +49,7 @@ def _request_key(request) -> str:
 def share_plans(monkeypatch) -> None:
     from approxbp.planner import plan as planner
 
-    _shared(monkeypatch, planner, "plan", _PLANS,
+    share_calls(monkeypatch, planner, "plan", _PLANS,
             lambda request, **options: (_request_key(request), repr(sorted(options.items()))))
 
 
@@ -58,4 +61,4 @@ def share_points(monkeypatch) -> None:
             return None
         return _request_key(request), repr(device), repr(sorted(choice.items())), ms_norm, budget, blocks
 
-    _shared(monkeypatch, compiled, "point", _POINTS, key)
+    share_calls(monkeypatch, compiled, "point", _POINTS, key)
