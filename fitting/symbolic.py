@@ -3,7 +3,8 @@
 Backends: ``pyoperon`` (pip, C++ engine, offline; the default) and ``pysr`` (optional; needs Julia).
 The regression variable is s = √((y − f(T))/t_max) ∈ [0, 1], so the turning point's √ behaviour is a
 linear term. pyoperon's PyPI build computes in single precision: every structure on the Pareto front
-gets its constants refitted in float64 (scipy least squares) before it is measured.
+gets its constants refitted in float64 (scipy least squares, its Jacobian sympy's derivatives) before it is
+measured.
 """
 
 from __future__ import annotations
@@ -93,13 +94,21 @@ def _refit_constants(expr: sp.Expr, s_var: sp.Symbol, s, g) -> tuple[sp.Expr, di
     syms = sp.symbols(f"c0:{len(floats)}")
     template = expr.xreplace(dict(zip(floats, syms)))
     fn = sp.lambdify([s_var, *syms], template, "numpy")
+    grad = sp.lambdify([s_var, *syms], [sp.diff(template, c) for c in syms], "numpy", cse=True)
 
     def res(p):
         with np.errstate(all="ignore"):
             r = np.broadcast_to(fn(s, *p), s.shape) - g
         return np.nan_to_num(r, nan=1e3, posinf=1e3, neginf=-1e3)
 
-    p = least_squares(res, np.array([float(f) for f in floats]), method="lm", xtol=1e-15, ftol=1e-15).x
+    def jac(p):
+        """∂r/∂c from sympy's derivative; 0 where r is clamped (a non-finite value does not move)."""
+        with np.errstate(all="ignore"):
+            finite = np.isfinite(np.broadcast_to(fn(s, *p), s.shape))
+            d = np.stack([np.broadcast_to(col, s.shape) for col in grad(s, *p)], axis=1)
+        return np.where(finite[:, None] & np.isfinite(d), d, 0.0)
+
+    p = least_squares(res, np.array([float(f) for f in floats]), jac=jac, method="lm", xtol=1e-15, ftol=1e-15).x
     return template, {k.name: float(v) for k, v in zip(syms, p)}
 
 
