@@ -141,17 +141,17 @@ class ProjectedK2:
         """∇²J on a box with d₁, d₂ > 0, from the closed form (sympy derivatives evaluated on balls), in the
         mean-value form ∇²J(m) + ∇³J(X)·(X − m): the plain enclosure of the second derivatives is ±1 on a box of
         width 0.02 (their terms cancel), the centred one stays tight."""
-        if not hasattr(self, "_hess"):
+        pairs = [(i, j) for i in range(3) for j in range(i, 3)]
+        if not hasattr(self, "_hess"):  # the upper triangle only (sympy's derivatives are most of a first call)
             v = self.variables()
             expr = self.closed_form(*v)
-            self._hess = [[sp.diff(expr, v[i], v[j]) for j in range(3)] for i in range(3)]
-            self._third = [[[sp.diff(self._hess[i][j], v[k]) for k in range(3)] for j in range(3)] for i in range(3)]
+            self._hess = tuple(sp.diff(expr, v[i], v[j]) for i, j in pairs)
+            self._third = tuple(sp.diff(h, v[k]) for h in self._hess for k in range(3))
         mid = [x.mid() for x in X]
         at = {**self._env(), **{s: Ball(m) for s, m in zip(self._vars, mid)}}
         over = {**self._env(), **{s: Ball(x) for s, x in zip(self._vars, X)}}
-        pairs = [(i, j) for i in range(3) for j in range(i, 3)]
-        second = self.ev.many(tuple(self._hess[i][j] for i, j in pairs), at)
-        third = self.ev.many(tuple(self._third[i][j][k] for i, j in pairs for k in range(3)), over)
+        second = self.ev.many(self._hess, at)
+        third = self.ev.many(self._third, over)
         H = [[None] * 3 for _ in range(3)]
         for n, (i, j) in enumerate(pairs):
             H[i][j] = H[j][i] = second[n].v + sum((third[3 * n + k].v * (X[k] - mid[k]) for k in range(3)), arb(0))

@@ -140,11 +140,33 @@ def _convex_box(J, point: list[float]) -> tuple[float | None, float]:
     """(lower bound of J by strong convexity, radius) on the largest box of
     :attr:`~.objectives_k2.ProjectedK2.convex_radii` around ``point`` where an interval Hessian proves J strictly
     convex; (None, 0) when none does."""
+    if _plainly_not_convex(J, point):
+        return None, 0.0
     for r in J.convex_radii:
         local = J.convex_lower(point, r, piece=J.convex_piece or r)
         if local is not None:
             return local, r
     return None, 0.0
+
+
+def _plainly_not_convex(J, point: list[float], step: float = 1e-5, margin: float = 1e-3) -> bool:
+    """Whether ∇²J at ``point`` (central differences of the closed-form gradient, symmetrised) has an eigenvalue
+    below −margin·‖∇²J‖₂. Then no box around the point is convex (a Hessian proven positive definite on a box is so
+    at the point too), so every radius of :func:`_convex_box` would fail, after sympy built ∇²J and ∇³J (seconds:
+    most of a certificate of a table moved off its optimum). False where it cannot tell (a gradient not finite);
+    a wrong True could only cost a certificate its convex box, never make it claim more."""
+    columns = []
+    for k in range(3):
+        sides = []
+        for sign in (1, -1):
+            _, g = J.value_gradient(*(arb(p) + (sign * step if i == k else 0) for i, p in enumerate(point)))
+            if g is None or not all(gi.is_finite() for gi in g):
+                return False
+            sides.append(np.array([float(gi.mid()) for gi in g]))
+        columns.append((sides[0] - sides[1]) / (2 * step))
+    H = np.array(columns)
+    H = (H + H.T) / 2
+    return bool(np.isfinite(H).all() and np.linalg.eigvalsh(H)[0] < -margin * np.linalg.norm(H, 2))
 
 
 class _Search(NamedTuple):

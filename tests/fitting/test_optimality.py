@@ -11,6 +11,7 @@ import pytest
 from _k2_tables import RELU, k2, moved
 from approxbp.approximations import get_activation
 from approxbp.approximations.tables import load
+from approxbp.fitting import intervals as iv
 from approxbp.fitting import optimality
 from approxbp.fitting.objective import ReluSumObjective
 from approxbp.fitting.objectives_k2 import DerivativeObjectiveK2
@@ -148,3 +149,21 @@ def test_a_generated_activation_moved_off_its_optimum_is_never_certified(gates, 
     assert far.loss > fit.table.loss * (1 + 1e-6)
     cert = certify_relu_sum_global(far, max_boxes=150)
     assert not cert.passed and cert.gap > 0, (expr, objective, cert)
+
+
+@pytest.mark.slow
+def test_the_convexity_precheck_skips_only_what_the_interval_hessian_refuses():
+    """At the optimum the float pre-check does not skip the convex box (the certificate tests prove it there); moved
+    off it, the pre-check says 'plainly not convex', and the interval Hessian refuses that point's smallest box."""
+    t, J, _, _ = k2("gelu", "derivative", 0)
+    moved_off = moved(t, [t.knots[0] - 0.4, t.knots[1] + 0.2, t.knots[2] + 0.4])
+    K = DerivativeObjectiveK2(moved_off)
+
+    @iv.at_precision
+    def verdicts():
+        point = K.coordinates.of(moved_off.knots)
+        r = K.convex_radii[-1]
+        return (optimality._plainly_not_convex(J, J.coordinates.of(t.knots)),
+                optimality._plainly_not_convex(K, point), K.convex_lower(point, r, piece=K.convex_piece or r))
+
+    assert verdicts() == (False, True, None)
