@@ -83,11 +83,16 @@ def rational(z: np.ndarray, g: np.ndarray, m: int, rounds: int = 12) -> tuple[fl
     def res(p, sw):
         return sw * ((Vp @ p[: m + 1]) / (1.0 + Vq @ p[m + 1:]) - gs)
 
+    def jac(p, sw):
+        """∂r/∂P = sw·Vp/Q, ∂r/∂Q = −sw·Vq·P/Q² (exact: Levenberg–Marquardt needs no finite differences)."""
+        a, b = Vp @ p[: m + 1], 1.0 + Vq @ p[m + 1:]
+        return np.hstack([(sw / b)[:, None] * Vp, (-sw * a / (b * b))[:, None] * Vq])
+
     p0 = np.linalg.lstsq(np.hstack([Vp, -gs[:, None] * Vq]), gs, rcond=None)[0]
 
     def fit(sw, p=None):
-        return least_squares(res, p0 if p is None else p, args=(sw,), method="lm", xtol=1e-15, ftol=1e-15,
-                             max_nfev=400).x
+        return least_squares(res, p0 if p is None else p, jac=jac, args=(sw,), method="lm", xtol=1e-15,
+                             ftol=1e-15, max_nfev=400).x
 
     _, p = _irls(fit, lambda p: res(p, 1.0), zs.size, rounds=rounds)
     q = np.concatenate([[1.0], p[m + 1:]])
