@@ -101,3 +101,21 @@ def test_auto_refuses_the_fast_form_in_one_fit_and_falls_to_newton_saying_so(mon
     command = shlex.split(err.split("serves it: ")[1].strip())
     assert command[:4] == ["approxbp", "fit", "invact", "--form"]
     assert main([*command[1:], "--no-progress"]) == 0
+
+
+def test_the_rational_fit_ends_at_a_least_squares_stationary_point():
+    """One unweighted round fits eˣ by a degree-(2, 2) rational P/Q on the subsampled grid: Levenberg–Marquardt
+    with the exact Jacobian of P/Q ends where the sum of squares has no slope (a wrong Jacobian stops short)."""
+    from approxbp.fitting.invact_fast import EVERY, rational
+    from numpy.polynomial import chebyshev as C
+
+    z = np.linspace(-1, 1, 2001)
+    _, P, Q = rational(z, np.exp(z), 2, rounds=1)
+    zs = z[::EVERY]
+
+    def squares(p):
+        return np.sum((C.chebval(zs, p[:3]) / C.chebval(zs, np.concatenate([[1.0], p[3:]])) - np.exp(zs)) ** 2)
+
+    p, h = np.concatenate([P, Q[1:]]), 1e-6
+    slope = [(squares(p + h * e) - squares(p - h * e)) / (2 * h) for e in np.eye(5)]
+    assert np.max(np.abs(slope)) < 1e-9 * len(zs), slope
