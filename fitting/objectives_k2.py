@@ -25,6 +25,8 @@ __all__ = ["DerivativeObjectiveK2", "Knots", "PrimitiveObjectiveK2", "ProjectedK
 _TAYLOR_WIDTH = 0.02
 #: Cells of the grid of rigorous ∫h′² values (the monotone lower bound loses at most two cells' mass per term).
 _GRID_CELLS = 2048
+#: The Hessian's upper triangle (i ≤ j), in the order its entries and their ∇ are built and read.
+_PAIRS = tuple((i, j) for i in range(3) for j in range(i, 3))
 
 
 def _cells(grid: list, a: arb, b: arb) -> tuple[int, int] | None:
@@ -141,11 +143,10 @@ class ProjectedK2:
         """∇²J on a box with d₁, d₂ > 0, from the closed form (sympy derivatives evaluated on balls), in the
         mean-value form ∇²J(m) + ∇³J(X)·(X − m): the plain enclosure of the second derivatives is ±1 on a box of
         width 0.02 (their terms cancel), the centred one stays tight."""
-        pairs = [(i, j) for i in range(3) for j in range(i, 3)]
         if not hasattr(self, "_hess"):  # the upper triangle only (sympy's derivatives are most of a first call)
             v = self.variables()
             expr = self.closed_form(*v)
-            self._hess = tuple(sp.diff(expr, v[i], v[j]) for i, j in pairs)
+            self._hess = tuple(sp.diff(expr, v[i], v[j]) for i, j in _PAIRS)
             self._third = tuple(sp.diff(h, v[k]) for h in self._hess for k in range(3))
         mid = [x.mid() for x in X]
         at = {**self._env(), **{s: Ball(m) for s, m in zip(self._vars, mid)}}
@@ -153,7 +154,7 @@ class ProjectedK2:
         second = self.ev.many(self._hess, at)
         third = self.ev.many(self._third, over)
         H = [[None] * 3 for _ in range(3)]
-        for n, (i, j) in enumerate(pairs):
+        for n, (i, j) in enumerate(_PAIRS):
             H[i][j] = H[j][i] = second[n].v + sum((third[3 * n + k].v * (X[k] - mid[k]) for k in range(3)), arb(0))
         return H
 

@@ -94,7 +94,8 @@ def _refit_constants(expr: sp.Expr, s_var: sp.Symbol, s, g) -> tuple[sp.Expr, di
     syms = sp.symbols(f"c0:{len(floats)}")
     template = expr.xreplace(dict(zip(floats, syms)))
     fn = sp.lambdify([s_var, *syms], template, "numpy")
-    grad = sp.lambdify([s_var, *syms], [sp.diff(template, c) for c in syms], "numpy", cse=True)
+    value_and_grad = sp.lambdify([s_var, *syms], [template, *(sp.diff(template, c) for c in syms)], "numpy",
+                                 cse=True)
 
     def res(p):
         with np.errstate(all="ignore"):
@@ -104,9 +105,9 @@ def _refit_constants(expr: sp.Expr, s_var: sp.Symbol, s, g) -> tuple[sp.Expr, di
     def jac(p):
         """∂r/∂c from sympy's derivative; 0 where r is clamped (a non-finite value does not move)."""
         with np.errstate(all="ignore"):
-            finite = np.isfinite(np.broadcast_to(fn(s, *p), s.shape))
-            d = np.stack([np.broadcast_to(col, s.shape) for col in grad(s, *p)], axis=1)
-        return np.where(finite[:, None] & np.isfinite(d), d, 0.0)
+            value, *columns = (np.broadcast_to(col, s.shape) for col in value_and_grad(s, *p))
+            d = np.stack(columns, axis=1)
+        return np.where(np.isfinite(value)[:, None] & np.isfinite(d), d, 0.0)
 
     p = least_squares(res, np.array([float(f) for f in floats]), jac=jac, method="lm", xtol=1e-15, ftol=1e-15).x
     return template, {k.name: float(v) for k, v in zip(syms, p)}
