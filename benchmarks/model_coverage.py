@@ -287,9 +287,10 @@ def _mentioned(name: str, skipped: list[str]) -> bool:
     return any(name in s or pattern in s for s in skipped)
 
 
-def measure(model_type: str, head: str, class_name: str, eager_only: bool = False) -> dict:
+def measure(model_type: str, head: str, class_name: str, eager_only: bool = False, compiled: bool = True) -> dict:
     """One row of the table (a row with ``error`` when the tiny model cannot be built or run); ``eager_only``: the
-    patch and its eager saving, without the compiled counts and the training run."""
+    patch and its eager saving, without the compiled counts and the training run; ``compiled=False``: without the
+    compiled counts (two torch.compile traces, 4–20 s each on the CPU)."""
     import transformers
     from approxbp.kernels import patch_model
 
@@ -340,19 +341,24 @@ def measure(model_type: str, head: str, class_name: str, eager_only: bool = Fals
                forward_difference=report.max_output_difference, saved_bytes=[before, after],
                saving=(1 - after / before) if before else None)
     if not eager_only:
-        _compile_and_train(row, stock, ours, batch, labels)
+        if compiled:
+            _compile(row, stock, ours, batch, labels)
+        _train_beside_stock(row, stock, ours, batch, labels)
     return row
 
 
-def _compile_and_train(row: dict, stock, ours, batch: dict, labels: dict) -> None:
-    """The row's compiled saved bytes (stock, patched) and its training difference from stock (each failure said in
-    the row)."""
+def _compile(row: dict, stock, ours, batch: dict, labels: dict) -> None:
+    """The row's compiled saved bytes (stock, patched), or why dynamo could not run it."""
     try:
         compiled = [compiled_saved_bytes(m, batch, labels) for m in (stock, ours)]
         row.update(compiled_saved_bytes=compiled, compiled_saving=(1 - compiled[1] / compiled[0]) if compiled[0]
                    else None)
     except Exception as err:  # noqa: BLE001 - a model dynamo cannot run is said in its row
         row["compile_error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+
+
+def _train_beside_stock(row: dict, stock, ours, batch: dict, labels: dict) -> None:
+    """The row's training difference from stock (a failure said in the row)."""
     try:
         start = copy.deepcopy(stock)
         ref, got = _train(stock, batch, labels), _train(ours, batch, labels)

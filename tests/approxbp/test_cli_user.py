@@ -1,5 +1,8 @@
 """What a new user meets on the command line and in the Python API."""
 
+import contextlib
+import hashlib
+import io
 import json
 import os
 import re
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from _helpers import ROOT
+from _once import once_per_run
 from approxbp.approximations import tables as table_files
 
 from approxbp.cli import build_parser, main
@@ -220,19 +224,37 @@ def _slow_command(cmd: str, needs: list[str]) -> bool:
 
 @pytest.mark.parametrize("cmd", [pytest.param(c, marks=pytest.mark.slow) if _slow_command(c, needs) else c
                                  for c, needs in _readme_commands().items() if not any(s in c for s in SLOW)])
-def test_readme_commands_run_verbatim(cmd, tmp_path, monkeypatch, capsys):
+def test_readme_commands_run_verbatim(cmd, tmp_path, tmp_path_factory, monkeypatch):
     """Each command of the README and the docs pages, run as written after the commands that write its input
     (one test each, so that they run in parallel): its words through approxbp's main, in this process (under
     TRITON_INTERPRET=1, as the suite runs) from a fresh folder; `approxbp` itself starts in
-    test_version_and_python_dash_m."""
-    monkeypatch.chdir(tmp_path)
-    for c in [*_readme_commands()[cmd], cmd]:
+    test_version_and_python_dash_m. A command that writes another's input runs once per test run: the files it
+    wrote are copied into each reader's folder (the docs' k = 3 fit, 15 s, was run by three tests)."""
+    for c in _readme_commands()[cmd]:
+        written = once_per_run(tmp_path_factory, f"readme-{hashlib.sha256(c.encode()).hexdigest()[:16]}",
+                               lambda c=c: _files_written_by(c, tmp_path_factory.mktemp("writer"), monkeypatch))
+        for name, text in written.items():
+            (tmp_path / name).write_text(text)
+    code, out = _run_in(cmd, tmp_path, monkeypatch)
+    assert code == 0, (cmd, out)
+
+
+def _files_written_by(cmd: str, folder: Path, monkeypatch) -> dict[str, str]:
+    """{name: text} of the files ``cmd`` wrote into the empty ``folder`` (it must succeed)."""
+    code, out = _run_in(cmd, folder, monkeypatch)
+    assert code == 0, (cmd, out)
+    return {p.name: p.read_text() for p in folder.iterdir() if p.is_file()}
+
+
+def _run_in(cmd: str, folder: Path, monkeypatch) -> tuple[int, str]:
+    """(exit code, the last 3000 characters printed) of ``cmd`` through approxbp's main, run in ``folder``."""
+    monkeypatch.chdir(folder)
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(out):
         try:
-            code = main(shlex.split(c)[1:])
+            code = main(shlex.split(cmd)[1:])
         except SystemExit as done:  # --version and --help exit from argparse
             code = done.code
-        out = capsys.readouterr()
-        assert code == 0, (c, out.out[-1500:], out.err[-1500:])
+    return code, out.getvalue()[-3000:]
 
 
 @pytest.mark.slow

@@ -24,6 +24,10 @@ COVERAGE = runpy.run_path(str(ROOT / "benchmarks" / "model_coverage.py"))
 SUBSET = ("llama", "gemma", "qwen3", "phi3", "bert", "roberta", "t5", "vit", "gpt2", "glm4", "nemotron", "ministral",
           "llava", "gemma3", "qwen2_5_vl", "qwen3_moe", "smolvlm")
 VISION_LANGUAGE = ("llava", "gemma3", "qwen2_5_vl")
+#: The models also compiled (two torch.compile traces each, 4–20 s apiece on the CPU), one per kind of code: left
+#: out are Mistral's code under another name (ministral), BERT's (roberta), and two of the four vision-language
+#: models (gemma3, qwen2_5_vl: 42 s each; llava and smolvlm keep the images' graph breaks under compile).
+COMPILED = tuple(n for n in SUBSET if n not in ("ministral", "roberta", "gemma3", "qwen2_5_vl"))
 
 
 #: Run in a fresh interpreter: prints the rows as JSON on its last line.
@@ -31,7 +35,9 @@ _MEASURE = """
 import json, runpy, sys
 coverage = runpy.run_path(sys.argv[1])
 jobs = {j[0]: j for j in coverage["model_types"]()}
-print(json.dumps({name: coverage["measure"](*jobs[name]) for name in sys.argv[2:]}, default=str))
+compiled = set(sys.argv[2].split(","))
+print(json.dumps({name: coverage["measure"](*jobs[name], compiled=name in compiled) for name in sys.argv[3:]},
+                 default=str))
 """
 
 
@@ -44,7 +50,7 @@ def rows(tmp_path_factory):
     (``_once.once_per_run``: about 5 min, which worksteal had a module fixture spend three times)."""
     def measure():
         done = subprocess.run([sys.executable, "-c", _MEASURE, str(ROOT / "benchmarks" / "model_coverage.py"),
-                               *SUBSET], capture_output=True, text=True, cwd=ROOT)
+                               ",".join(COMPILED), *SUBSET], capture_output=True, text=True, cwd=ROOT)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -60,7 +66,7 @@ def test_every_module_is_rewritten_or_reported_and_nothing_grows(rows, name):
     assert row["train_difference"] <= 1e-6 and row["forward_difference"] <= 1e-5, row  # issue 43: 1e-6
 
 
-@pytest.mark.parametrize("name", SUBSET)
+@pytest.mark.parametrize("name", COMPILED)
 def test_compiled_the_patch_never_saves_more_than_compiled_stock(rows, name):
     """Both compiled (the partitioner's saved tensors): the patched model saves at most what stock saves (issue 43:
     the norms run their stock forward there, the drop-ins keep their custom ops)."""
