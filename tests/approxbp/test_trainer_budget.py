@@ -22,8 +22,8 @@ BUDGET = 440_000  # under the stock step's 451 200 bytes (fp32 AdamW, batch 2 ×
 
 
 @pytest.fixture(autouse=True)
-def _each_step_planned_once(monkeypatch):
-    share_plans(monkeypatch)
+def _each_step_planned_once(monkeypatch, tmp_path_factory):
+    share_plans(monkeypatch, tmp_path_factory)
 
 
 def _trainer(model, tmp_path, callbacks, steps=3, **extra):

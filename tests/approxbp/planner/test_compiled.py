@@ -20,10 +20,11 @@ BUDGETS = (1.0, 0.0)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _each_point_compiled_once():
-    """The curve's compiled points are the plan's and the test's own (the same assignment at the same budget)."""
+def _each_point_compiled_once(tmp_path_factory):
+    """The curve's compiled points are the plan's and the test's own (the same assignment at the same budget), once
+    per test run."""
     with pytest.MonkeyPatch.context() as mp:
-        share_points(mp)
+        share_points(mp, tmp_path_factory)
         yield
 
 
