@@ -6,8 +6,9 @@ config file's and the user's tables' contents, not their temporary paths) and ha
 ``share_points(monkeypatch)`` does the same for ``approxbp.planner.compiled.point`` (what ``points``, ``plan`` and
 ``pareto`` call for each compiled budget). Both are pure functions of their arguments: a test that checks that two
 runs agree calls the real one. Given pytest's ``tmp_path_factory``, a result is also shared between the run's xdist
-workers (pickled beside their temporary folders, under a lock per key): both workers compiled the same nine points
-and planned the same budget (about 55 s of CI)."""
+workers (pickled beside their temporary folders, under a lock per key): in one run of the Trainer and compile tests
+both workers compiled the same nine points and planned the same budget. A worker that asks while another computes
+the same key waits for it (no core is saved then; one that asks later reads it)."""
 
 import copy
 import dataclasses
