@@ -521,6 +521,10 @@ def test_a_value_shared_by_the_xdist_workers_is_computed_once_per_run(tmp_path, 
     monkeypatch.delenv("PYTEST_XDIST_WORKER")
     once_per_run(Factory("run1", "popen-gw0"), "rows", compute)
     assert len(calls) == 3
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")  # pickled: any picklable value, read back by the next worker
+    got = [once_per_run(Factory("run3", w), "plan", lambda: calls.append(1) or {frozenset({1}), 2.5}, pickled=True)
+           for w in ("popen-gw0", "popen-gw1")]
+    assert got == [{frozenset({1}), 2.5}] * 2 and len(calls) == 4
 
 
 def _public_definitions(tree: ast.Module) -> set[str]:

@@ -234,16 +234,17 @@ def test_readme_commands_run_verbatim(cmd, tmp_path, tmp_path_factory, monkeypat
         written = once_per_run(tmp_path_factory, f"readme-{hashlib.sha256(c.encode()).hexdigest()[:16]}",
                                lambda c=c: _files_written_by(c, tmp_path_factory.mktemp("writer"), monkeypatch))
         for name, text in written.items():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / name).write_text(text)
     code, out = _run_in(cmd, tmp_path, monkeypatch)
     assert code == 0, (cmd, out)
 
 
 def _files_written_by(cmd: str, folder: Path, monkeypatch) -> dict[str, str]:
-    """{name: text} of the files ``cmd`` wrote into the empty ``folder`` (it must succeed)."""
+    """{path relative to ``folder``: text} of every file ``cmd`` wrote into the empty ``folder`` (it must succeed)."""
     code, out = _run_in(cmd, folder, monkeypatch)
     assert code == 0, (cmd, out)
-    return {p.name: p.read_text() for p in folder.iterdir() if p.is_file()}
+    return {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*") if p.is_file()}
 
 
 def _run_in(cmd: str, folder: Path, monkeypatch) -> tuple[int, str]:

@@ -13,11 +13,9 @@ the same key waits for it (no core is saved then; one that asks later reads it).
 import copy
 import dataclasses
 import hashlib
-import os
-import pickle
 from pathlib import Path
 
-from filelock import FileLock
+from _once import once_per_run
 
 _PLANS: dict = {}
 _POINTS: dict = {}
@@ -44,25 +42,14 @@ def share_calls(monkeypatch, module, name: str, store: dict, key, tmp_path_facto
         if k is None:  # not a pure function of its arguments this time
             return real(*args, **options)
         if k not in store:
-            store[k] = _once_per_run(tmp_path_factory, name, k, lambda: real(*args, **options))
+            if tmp_path_factory is None:
+                store[k] = real(*args, **options)
+            else:
+                tag = f"{name}-{hashlib.sha256(repr(k).encode()).hexdigest()[:24]}"
+                store[k] = once_per_run(tmp_path_factory, tag, lambda: real(*args, **options), pickled=True)
         return copy.deepcopy(store[k])
 
     monkeypatch.setattr(module, name, shared)
-
-
-def _once_per_run(tmp_path_factory, name: str, key, compute):
-    """``compute()``, or the value another worker of this run pickled for ``key``."""
-    if tmp_path_factory is None or not os.environ.get("PYTEST_XDIST_WORKER"):
-        return compute()
-    folder = tmp_path_factory.getbasetemp().parent / "shared-calls"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"{name}-{hashlib.sha256(repr(key).encode()).hexdigest()[:24]}.pickle"
-    with FileLock(f"{path}.lock"):
-        if path.is_file():
-            return pickle.loads(path.read_bytes())
-        value = compute()
-        path.write_bytes(pickle.dumps(value))
-        return value
 
 
 def _request_key(request) -> str:
