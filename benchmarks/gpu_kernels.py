@@ -1,6 +1,7 @@
 """GPU benchmark: kernel throughput against copy bandwidth, and training steps in every mode people train in.
 CUDA only for numbers: on the CPU it refuses, because an interpreter timing says nothing about kernel speed;
-``--smoke`` runs every code path on tiny CPU tensors and writes nothing (the tests use it).
+``--smoke`` runs every code path on tiny CPU tensors (torch.compile without inductor's CPU code) and writes nothing
+(the tests use it).
 
     python benchmarks/gpu_kernels.py [--out benchmarks/results] [--numel 67108864] [--dtype bfloat16]
 
@@ -66,6 +67,12 @@ def _bench(fn) -> float:
     return float(do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e-3
 
 
+def _compile(fn):
+    """``torch.compile(fn)``: inductor on a GPU; in --smoke mode AOTAutograd's graphs run eagerly (``aot_eager``), the
+    same code path of this script without inductor's CPU code (C++ a GPU never runs, ~60 s of gcc per smoke run)."""
+    return torch.compile(fn, backend="aot_eager") if SMOKE else torch.compile(fn)
+
+
 def copy_bandwidth(numel: int, dtype, device) -> float:
     x = torch.empty(numel, dtype=dtype, device=device)
     y = torch.empty_like(x)
@@ -120,7 +127,7 @@ def activation_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
                                  ("elu", nn.ELU(), {"InvActELU": 1}),
                                  ("hardswish", nn.Hardswish(), {"ReLU-sum hard-swish k=2": 2})):
         ours = {k: (mods[k], bits) for k, bits in bits_of.items()}
-        impls = {"torch eager": (exact, 2 * e, 3 * e), "torch.compile": (torch.compile(exact), 2 * e, 3 * e)}
+        impls = {"torch eager": (exact, 2 * e, 3 * e), "torch.compile": (_compile(exact), 2 * e, 3 * e)}
         for k, (m, bits) in ours.items():
             saved = bits / 8 + (1 / 4096 if bits > 1 else 0)  # codes (+ NaN bytes) or branch bits
             impls[k] = (m, 2 * e + saved, 2 * e + saved + (e if bits == 1 else 0))  # InvAct reads y too
@@ -153,7 +160,7 @@ def glu_rows(numel: int, dtype, device, copy_bps) -> list[dict]:
         spec = GLUSpec("silu" if name == "swiglu" else "gelu")
         stock = lambda t, act=act: act(t[:rows_]) * t[rows_:]  # noqa: E731
         # bytes per element of the benchmarked tensor (g and u): forward 3, backward 5 per element of h
-        impls = {"torch eager": (stock, 1.5 * e, 2.5 * e), "torch.compile": (torch.compile(stock), 1.5 * e, 2.5 * e),
+        impls = {"torch eager": (stock, 1.5 * e, 2.5 * e), "torch.compile": (_compile(stock), 1.5 * e, 2.5 * e),
                  "exact fused GLU": (lambda t, spec=spec: glu(t[:rows_], t[rows_:], spec, use), 1.5 * e, 2.5 * e)}
         try:
             from liger_kernel.transformers.functional import liger_geglu, liger_swiglu
@@ -244,7 +251,7 @@ def norm_rows(rows_: int, d: int, dtype, device, copy_bps) -> list[dict]:
     out = []
     for name, exact, ours in (("layernorm", nn.LayerNorm(d, device=device, dtype=dtype), MSLayerNorm(d)),
                               ("rmsnorm", nn.RMSNorm(d, device=device, dtype=dtype), MSRMSNorm(d))):
-        impls = {"torch eager": (exact, 2 * e, 3 * e), "torch.compile": (torch.compile(exact), 2 * e, 3 * e),
+        impls = {"torch eager": (exact, 2 * e, 3 * e), "torch.compile": (_compile(exact), 2 * e, 3 * e),
                  f"MS-{name}": (ours, 2 * e, 3 * e)}
         if name == "rmsnorm":
             try:
@@ -288,7 +295,7 @@ def training_step_rows(device, d=1024, blocks=8, batch=16, tokens=1024, steps=5)
             if variant != "exact":
                 patch_model(model, family=variant)
             model = model.to(device, torch.float32 if mode == "autocast" else torch.bfloat16)
-            run = torch.compile(model) if mode == "compile" else model
+            run = _compile(model) if mode == "compile" else model
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
             def step(run=run, opt=opt, mode=mode):
@@ -344,7 +351,7 @@ def vit_lora_rows(device, batch=64, steps=5, modes=("autocast", "bf16", "compile
             model = model.to(device, torch.float32 if mode == "autocast" else torch.bfloat16)
             px = pixels.to(torch.float32 if mode == "autocast" else torch.bfloat16)
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-            run = torch.compile(model) if mode == "compile" else model
+            run = _compile(model) if mode == "compile" else model
 
             def step(run=run, opt=opt, mode=mode, px=px):
                 with torch.autocast(device, torch.bfloat16, enabled=mode == "autocast"):

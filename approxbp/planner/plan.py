@@ -223,7 +223,8 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
              progress=None) -> tuple[int, Plan]:
     """The largest ``what`` (``batch`` or ``seq_len``) whose step fits ``budget`` with the most-saving replacements
     (chosen at the request's sizes) or with the assignment ``use`` (:func:`parse_use`; ``exact`` for the stock model),
-    by doubling then bisection (sequence lengths in multiples of ``grain`` tokens), one fake step per probe — a
+    by a safeguarded secant search (:func:`_largest_fitting`; sequence lengths in multiples of ``grain`` tokens), one
+    fake step per probe — a
     whole step traced by MemTracker where the set-up can be traced (:func:`~.step_memory.traceable`; else the
     modelled end of the forward), the peak a budget's plan promises; then the least-error plan (or ``use``'s
     evaluation, traced alike) at that size."""
@@ -239,24 +240,16 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
     step = stepper(replace(request, traced=True) if traced else request)
     assignment = {p: layer.option for p, layer in first.layers.items()}
 
-    def fits(v: int) -> bool:
+    def peak_at(v: int) -> int:
         b, n = (v, seq) if what == "batch" else (batch, v)
         peak = step(b, n, assignment, first.ms_norm.chosen).peak
         say(f"{what} = {v}: peak {size(peak)}" + (" (traced)" if traced else ""))
-        return peak <= budget
+        return peak
 
     if not (isinstance(grain, int) and grain >= 1):
         raise ValueError(f"--grain {grain!r}: expected a positive number of tokens")
     grain = 1 if what == "batch" else grain
-    lo, hi = 0, max(grain, (batch if what == "batch" else seq) // grain * grain)
-    while fits(hi):
-        if hi >= _MAX_PROBE:
-            raise ValueError(f"--budget {size(budget)} fits {what} = {hi} and beyond: it bounds nothing this planner "
-                             f"measures (sizes up to {_MAX_PROBE}); give a device's memory, e.g. 80GiB")
-        lo, hi = hi, 2 * hi
-    while hi - lo > grain:
-        mid = (lo + hi) // 2 // grain * grain
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    lo = _largest_fitting(peak_at, batch if what == "batch" else seq, grain, budget, what)
     if lo == 0:
         raise ValueError(f"even {what} = 1 does not fit {size(budget)} with every saving applied")
     at = request.at(batch=lo) if what == "batch" else request.at(seq=lo)
@@ -264,3 +257,41 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
                 evaluate(replace(at, traced=True) if traced else at, use=use, budget=budget, progress=progress))
 
 
+def _largest_fitting(peak_at, start: int, grain: int, budget: int, what: str) -> int:
+    """The largest multiple v of ``grain`` with ``peak_at(v) ≤ budget`` (0 where ``grain`` itself does not fit), for
+    a peak nondecreasing in v — what doubling then bisection finds, in fewer probes: the peak is close to affine in
+    the batch (convex in the sequence length), so the line through the bracket's two ends (or the two largest
+    fitting probes, before one fails) predicts the answer. Each probe is that prediction moved strictly inside the
+    bracket (the largest fitting, the least failing probe); doubling while only one probe is known or the line is
+    flat; bisection after a probe that did not halve the bracket. The answer is the bracket's lower end once its
+    ends are one grain apart (a batch: 4 probes where doubling and bisection took about 11)."""
+    peaks: dict[int, int] = {}
+    lo, hi, halve, v = 0, None, False, max(grain, start // grain * grain)
+    while True:
+        width = None if hi is None else hi - lo
+        peaks[v] = peak_at(v)
+        if peaks[v] <= budget:
+            if v >= _MAX_PROBE:
+                raise ValueError(f"--budget {size(budget)} fits {what} = {v} and beyond: it bounds nothing this "
+                                 f"planner measures (sizes up to {_MAX_PROBE}); give a device's memory, e.g. 80GiB")
+            lo = v
+        else:
+            hi = v
+        if hi is not None and hi - lo <= grain:
+            return lo
+        halve = not halve and width is not None and 2 * (hi - lo) > width  # the line crawled: bisect once
+        v = _next_probe(peaks, lo, hi, grain, budget, halve)
+
+
+def _next_probe(peaks: dict[int, int], lo: int, hi: int | None, grain: int, budget: int, halve: bool) -> int:
+    """:func:`_largest_fitting`'s next probe, a multiple of ``grain`` strictly between ``lo`` and ``hi``: on the line
+    through the bracket's ends, or through the two probes nearest its one known side."""
+    fitting, failing = sorted(v for v in peaks if v <= lo), sorted(v for v in peaks if hi is not None and v >= hi)
+    line = ((lo, hi) if lo and hi is not None else tuple(fitting[-2:]) if hi is None else tuple(failing[:2]))
+    guess = None
+    if len(line) == 2 and not halve and peaks[line[1]] != peaks[line[0]]:
+        (a, b), (pa, pb) = line, (peaks[line[0]], peaks[line[1]])
+        guess = int((a + (budget - pa) * (b - a) / (pb - pa)) // grain * grain)
+    if hi is None:
+        return min(max(2 * lo if guess is None else guess, lo + grain), _MAX_PROBE)
+    return min(max((lo + hi) // 2 // grain * grain if guess is None else guess, lo + grain), hi - grain)

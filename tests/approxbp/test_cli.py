@@ -156,7 +156,8 @@ def test_a_bare_config_string_is_taken_as_text():
 @pytest.mark.slow
 def test_maximize_under_an_unbounded_budget_says_so(capsys, monkeypatch):
     """--budget 1e30 --maximize batch doubled the batch until a fake tensor's size overflowed. The probes stop at
-    the planner's largest size, here lowered from 2^20 to 2^8 (9 traced steps, not 21)."""
+    the planner's largest size, here lowered from 2^20 to 2^8 (3 traced steps: the line through the first two
+    points past it)."""
     from approxbp.planner import plan as planner
 
     monkeypatch.setattr(planner, "_MAX_PROBE", 1 << 8)

@@ -6,6 +6,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
@@ -371,3 +373,39 @@ def test_a_users_table_is_one_more_option_of_its_activation(tmp_path):
     shutil.copy(table_files.resolve(PS.option_table("gelu", "relu-sum-k2")), gelu)
     with pytest.raises(ValueError, match="a table of 'gelu'; this model's activation layers are silu"):
         P.plan(Request(model=LLAMA, batch=2, seq=16, setup="bf16", tables=(str(gelu),)))
+
+
+def _doubling_then_bisection(fits, start: int, grain: int) -> int:
+    """The search --maximize ran before the secant one: the reference its answers must equal."""
+    lo, hi = 0, max(grain, start // grain * grain)
+    while fits(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > grain:
+        mid = (lo + hi) // 2 // grain * grain
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+@given(fixed=st.integers(0, 10**10), slope=st.integers(1, 10**8), curve=st.integers(0, 10**4),
+       jitter=st.integers(0, 10**3), room=st.integers(0, 10**5), start=st.sampled_from([1, 2, 16, 384, 2048]),
+       grain=st.sampled_from([1, 8, 64]))
+def test_the_secant_search_finds_what_bisection_finds_in_fewer_probes(fixed, slope, curve, jitter, room, start, grain):
+    """A peak nondecreasing in the size (affine, convex, with steps smaller than the slope, as allocator rounding
+    makes them): the same largest fitting size as doubling then bisection, never more probes plus two, and at most
+    five where the peak is affine."""
+    def peak(v):
+        return fixed + slope * v + curve * v * v + (v * 7919 % (jitter + 1) if jitter < slope else 0)
+
+    budget = fixed + room * slope
+    bisected = [0]
+
+    def fits(v):
+        bisected[0] += 1
+        return peak(v) <= budget
+
+    want = _doubling_then_bisection(fits, start, grain)
+    probed = []
+    got = P._largest_fitting(lambda v: probed.append(v) or peak(v), start, grain, budget, "batch")
+    assert got == want and len(probed) == len(set(probed)) and len(probed) <= bisected[0] + 2, (probed, bisected)
+    if curve == 0 and (jitter == 0 or jitter >= slope):
+        assert len(probed) <= 5, probed
