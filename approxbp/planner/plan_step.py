@@ -150,6 +150,7 @@ def stepper(request: Request, *, whole: bool = False):
     if count and count[1] > SMALL[-1]:
         small = {n: hf_builder(shrunk(build.config, count[0], n), build.task) for n in SMALL}
     prefix: list[str] = []  # the blocks' path prefix ("model.layers."), known after the first small run
+    stock_small: dict[tuple[int, int], StepMemory] = {}  # that run: the stock 3-block step at its sizes
     discovery = Discovery()  # norm readers and gated MLPs found once per kind of model: every step builds it afresh
     head = "{} ({})".format(*head_of(build.config, setup.task)) if hasattr(build, "config") else ""
 
@@ -179,11 +180,14 @@ def stepper(request: Request, *, whole: bool = False):
         if moves:  # block by block: measured whole
             return one(build, batch, seq, assignment, ms_norm, moves, **extra)
         if small and not prefix:
-            prefix.append(one(small[SMALL[-1]], batch, seq, None, False).block.rpartition(".")[0] + ".")
+            stock_small[batch, seq] = one(small[SMALL[-1]], batch, seq, None, False)
+            prefix.append(stock_small[batch, seq].block.rpartition(".")[0] + ".")
         part = small_assignment(assignment or {}, prefix[0], count[1]) if small and prefix[0] != "." else None
         if part is None:
             return one(build, batch, seq, assignment, ms_norm, **extra)
-        two, three = (one(small[n], batch, seq, part, ms_norm, **extra) for n in SMALL)
+        stock = not (part or ms_norm or any(extra.values()))  # the prefix's own run, not measured twice
+        two, three = (stock_small[batch, seq] if stock and n == SMALL[-1] and (batch, seq) in stock_small
+                      else one(small[n], batch, seq, part, ms_norm, **extra) for n in SMALL)
         return extrapolate(two, three, count[1], prefix[0])
 
     return run
