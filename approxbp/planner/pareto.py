@@ -63,10 +63,11 @@ def pareto(request: Request, *, gpu: str, points: int = 5, compile_budgets: tupl
     say = progress or (lambda msg: None)
     device = step_gpu(gpu)
     run = measurer(request)
-    found = Search(run, request, measure_options(run, say), gpu, say=say).assignments(points)
-    curve, weighed = [], []
+    search = Search(run, request, measure_options(run, say), gpu, say=say)
+    found, curve, weighed = search.assignments(points), [], []
     for a in distinct(found):
-        weighed.append(Weighed(a, *move_costs(run, request, a.choice, a.ms_norm, a.after, device, say)))
+        weighed.append(Weighed(a, *move_costs(run, request, a.choice, a.ms_norm, a.after, device, say,
+                                              search.discovery)))
     for budget, a in found:
         w = next(w for w in weighed if (w.assignment.choice, w.assignment.ms_norm) == (a.choice, a.ms_norm))
         curve.append(CurvePoint(budget, a.after.peak, modelled_time(w.time, w.blocks), a.error,

@@ -134,10 +134,12 @@ def plan_moves(step: StepMemory, time: StepTime, blocks: int, budget: int, devic
 
 
 def timed(request: Request, device, assignment: dict[str, str] | None = None, ms_norm: bool = False, *,
-          chunked_loss: bool = False):
+          chunked_loss: bool = False, discovery=None):
     """(the roofline of one step with the assignment, :func:`~approxbp.planner.plan_moves.time_step`; the model's block
     count). A model of more than 3 alike blocks is timed at 3: its block 1 stands for each block, and what is outside
-    the blocks does not depend on their number."""
+    the blocks does not depend on their number. ``discovery``: the request's
+    :class:`~approxbp.kernels.rewrite.discovery.Discovery`, shared by its timings (what patch_model finds, found
+    once)."""
     setup, batch, seq = request.setup, request.batch, request.seq
     build = model_spec(request.model, setup.task)
     count = layer_count(build.config) if hasattr(build, "config") else None
@@ -152,22 +154,28 @@ def timed(request: Request, device, assignment: dict[str, str] | None = None, ms
         if assignment and small and first:
             assignment = small_assignment(assignment, first.rpartition(".")[0] + ".", SMALL[-1])
         if assignment or ms_norm or chunked_loss:
-            apply(model, assignment or {}, ms_norm, make_inputs(batch, seq), chunked_loss=chunked_loss)
+            apply(model, assignment or {}, ms_norm, make_inputs(batch, seq), chunked_loss=chunked_loss,
+                  discovery=discovery)
         blocks = len(block_paths(model, first))
         return time_step(model, make_inputs(batch, seq), setup, device), count[1] if small else blocks
 
 
-def move_costs(run, request: Request, choice: dict[str, str], ms_norm: bool, after: StepMemory, device, say):
+def move_costs(run, request: Request, choice: dict[str, str], ms_norm: bool, after: StepMemory, device, say,
+               discovery=None):
     """(the step's roofline with the assignment, its block count, the chunked loss's cost or None, the blocks' parts
-    recomputable alone with their measured saving per block): what :func:`plan_moves` weighs at any budget."""
+    recomputable alone with their measured saving per block): what :func:`plan_moves` weighs at any budget.
+    ``discovery``: shared by the request's timings (:func:`timed`; None: one for these two)."""
+    from approxbp.kernels.rewrite.discovery import Discovery
+
+    discovery = Discovery() if discovery is None else discovery
     say(f"recompute and offload moves, timed for {device.name}")
-    time, blocks = timed(request, device, choice, ms_norm)
+    time, blocks = timed(request, device, choice, ms_norm, discovery=discovery)
     loss = None
     if not request.chunked_loss:
         say("chunked loss: not a move here (the trainer computes the loss from the logits)")
     else:
         loss = _loss_cost(lambda: run(choice, ms_norm, chunked_loss=True),
-                          lambda: timed(request, device, choice, ms_norm, chunked_loss=True)[0],
+                          lambda: timed(request, device, choice, ms_norm, chunked_loss=True, discovery=discovery)[0],
                           after, time, blocks, _loss_sizes(request), say)
     parts = {}
     for name in _large_parts(after):

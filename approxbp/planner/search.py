@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from approxbp.approximations import tables as table_files
+from approxbp.kernels.rewrite.discovery import Discovery
 from approxbp.planner.gpus import DEFAULT_GPU
 from approxbp.planner.gpus import gpu as step_gpu
 from approxbp.planner.knapsack import multiple_choice
@@ -52,6 +53,7 @@ class Search:
         self.device = step_gpu(gpu or DEFAULT_GPU)  # where moves are weighed
         self._weighed: list[Weighed] | None = None
         self._traces: dict[tuple, StepMemory] = {}
+        self.discovery = Discovery()  # what patch_model finds in the models its moves are timed on, found once
 
     def traced_within(self, budget: int | None) -> tuple[Assignment, Moves | None, StepMemory | None]:
         """(the assignment, its moves or None, its whole step traced or None) within ``budget``: the chosen step is
@@ -125,7 +127,7 @@ class Search:
         tighter budget weighs the same candidates)."""
         if self._weighed is None:
             self._weighed = [Weighed(a, *move_costs(self.run, self.request, a.choice, a.ms_norm, a.after, self.device,
-                                                    self.say)) for a in distinct(self.assignments())]
+                                                    self.say, self.discovery)) for a in distinct(self.assignments())]
         return self._weighed
 
     def fastest(self, budget: int, refused) -> tuple[Weighed, Moves]:
