@@ -174,7 +174,7 @@ def saved_per_token_per_d(block_cls, variant: str, frozen: bool, tokens=197, bat
     ``compiled`` (= baseline with ``mode='compile'``); ``frozen``: linear weights without gradient (LoRA-like).
     ``mode``: ``bf16`` (weights and input in ``dtype``, eager), ``autocast`` (fp32 weights and input under
     ``torch.autocast(dtype)``, eager) or ``compile`` (``dtype`` weights under torch.compile: the hooks see what
-    AOTAutograd's partitioner saves)."""
+    AOTAutograd's partitioner saves, inductor's without its code generation)."""
     if variant == "compiled":
         variant, mode = "baseline", "compile"
     if variant not in ("baseline", "relu-sum", "invact") or mode not in MODES:
@@ -190,9 +190,9 @@ def saved_per_token_per_d(block_cls, variant: str, frozen: bool, tokens=197, bat
     d = block.attn.q.in_features
     x = torch.randn(batch, tokens, d, dtype=weights, requires_grad=True)
     run = block
-    if mode == "compile":
-        dynamo_reset()
-        run = torch.compile(block)
+    if mode == "compile":  # inductor's min-cut partitioner without its code generation: the saved tensors of an
+        dynamo_reset()     # inductor compile (tests/approxbp/planner/test_plan.py compares the two on each block)
+        run = torch.compile(block, backend="aot_eager_decomp_partition")
         run(x)  # compile outside the measurement
 
     def step():

@@ -139,18 +139,22 @@ def test_cli_writes_the_plan_and_its_figure(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_compile_mode_saves_what_inductor_saves():
-    """The planner compiles with inductor's partitioner but no code generation (aot_eager_decomp_partition); on a
-    GPT and a LLaMA-style block it saves exactly what a real inductor compile saves."""
+    """The planner and ``blocks.saved_per_token_per_d(mode="compile")`` compile with inductor's partitioner but no code
+    generation (aot_eager_decomp_partition); on the GPT, ViT and LLaMA-style blocks it saves exactly what a real
+    inductor compile saves (the ViT block also with frozen linears, as LoRA trains it)."""
     from approxbp.kernels.ops.saved import charged
 
-    from approxbp.blocks import GPTBlock, LlamaBlock
+    from approxbp.blocks import GPTBlock, LlamaBlock, ViTBlock
 
-    for cls, d in ((GPTBlock, 128), (LlamaBlock, 1024)):
+    for cls, d, frozen in ((GPTBlock, 128, False), (ViTBlock, 768, False), (ViTBlock, 768, True),
+                           (LlamaBlock, 1024, False)):
         got = []
         for backend in ("inductor", "aot_eager_decomp_partition"):
             torch.manual_seed(0)
             with SU.weights_for("bf16"):
                 block = cls()
+            for p in block.parameters():
+                p.requires_grad_(not frozen)
             x = torch.randn(2, 16, d, dtype=torch.bfloat16, requires_grad=True)
             torch._dynamo.reset()
             compiled = torch.compile(block, backend=backend, fullgraph=True)
@@ -158,7 +162,7 @@ def test_compile_mode_saves_what_inductor_saves():
             with charged(saved, list(block.parameters()), block):
                 compiled(x)
             got.append(sum(saved.values()))
-        assert got[0] == got[1] > 0, (cls.__name__, got)
+        assert got[0] == got[1] > 0, (cls.__name__, frozen, got)
 
 
 @pytest.mark.slow
