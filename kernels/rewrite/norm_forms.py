@@ -21,7 +21,7 @@ from torch import nn
 
 from . import swaps
 
-__all__ = ["is_norm_candidate", "norm_form", "NormForm"]
+__all__ = ["adopt_forms", "is_norm_candidate", "norm_form", "norm_forms", "NormForm"]
 
 
 #: The scales of the probe's rows: eps matters at the small ones (a variance of 1e-12, 1e-6).
@@ -73,6 +73,21 @@ def norm_form(module: nn.Module) -> NormForm | str:
     if cached is None:
         cached = module.__dict__[_FORM] = _probe(module)
     return cached
+
+
+def norm_forms(model: nn.Module, example_input=None) -> dict[str, NormForm | str]:
+    """{path: :func:`norm_form`} of every norm candidate of ``model`` (``example_input`` unused: a finder for
+    :func:`~.discovery.run_once`, so that the planner, which builds the same model for every step it measures, probes
+    each norm once per request)."""
+    return {name: norm_form(m) for name, m in model.named_modules() if is_norm_candidate(m)}
+
+
+def adopt_forms(model: nn.Module, forms: dict[str, NormForm | str]) -> None:
+    """Each module named in ``forms`` takes its form as :func:`norm_forms` found it on a build of the same model
+    (:func:`norm_form`'s cache; a module that has one keeps it)."""
+    modules = dict(model.named_modules())
+    for name, form in forms.items():
+        modules[name].__dict__.setdefault(_FORM, form)
 
 
 def _extra_inputs(module: nn.Module) -> list[str]:
