@@ -53,6 +53,7 @@ class Search:
         self.device = step_gpu(gpu or DEFAULT_GPU)  # where moves are weighed
         self._weighed: list[Weighed] | None = None
         self._traces: dict[tuple, StepMemory] = {}
+        self._tracer = None  # the whole model's stepper, traced (:meth:`traced`)
         self.discovery = Discovery()  # what patch_model finds in the models its moves are timed on, found once
 
     def traced_within(self, budget: int | None) -> tuple[Assignment, Moves | None, StepMemory | None]:
@@ -156,8 +157,9 @@ class Search:
         key = (tuple(sorted(picked.choice.items())), picked.ms_norm, tuple(sorted((moves or {}).items())), chunked)
         if key not in self._traces:
             self.say("the chosen plan, traced whole")
-            self._traces[key] = stepper(replace(self.request, traced=True), whole=True)(
-                None, None, picked.choice, picked.ms_norm, moves, chunked_loss=chunked)
+            if self._tracer is None:  # one stepper for every trace: patch_model's findings found once
+                self._tracer = stepper(replace(self.request, traced=True), whole=True)
+            self._traces[key] = self._tracer(None, None, picked.choice, picked.ms_norm, moves, chunked_loss=chunked)
         return self._traces[key]
 
     def _least_traced(self, budget: int, more: str = "") -> NoFit:
