@@ -224,10 +224,9 @@ def maximize(request: Request, *, what: str, budget: int, use: str | None = None
     """The largest ``what`` (``batch`` or ``seq_len``) whose step fits ``budget`` with the most-saving replacements
     (chosen at the request's sizes) or with the assignment ``use`` (:func:`parse_use`; ``exact`` for the stock model),
     by a safeguarded secant search (:func:`_largest_fitting`; sequence lengths in multiples of ``grain`` tokens), one
-    fake step per probe — a
-    whole step traced by MemTracker where the set-up can be traced (:func:`~.step_memory.traceable`; else the
-    modelled end of the forward), the peak a budget's plan promises; then the least-error plan (or ``use``'s
-    evaluation, traced alike) at that size."""
+    fake step per probe — a whole step traced by MemTracker where the set-up can be traced
+    (:func:`~.step_memory.traceable`; else the modelled end of the forward), the peak a budget's plan promises; then
+    the least-error plan (or ``use``'s evaluation, traced alike) at that size."""
     if what not in ("batch", "seq_len"):
         raise ValueError(f"--maximize {what!r}: expected batch or seq_len")
     _one_gpu_budget(request.setup, budget)
@@ -264,7 +263,8 @@ def _largest_fitting(peak_at, start: int, grain: int, budget: int, what: str) ->
     fitting probes, before one fails) predicts the answer. Each probe is that prediction moved strictly inside the
     bracket (the largest fitting, the least failing probe); doubling while only one probe is known or the line is
     flat; bisection after a probe that did not halve the bracket. The answer is the bracket's lower end once its
-    ends are one grain apart (a batch: 4 probes where doubling and bisection took about 11)."""
+    ends are one grain apart (an affine peak: at most 5 probes, where doubling then bisection takes about twice
+    log₂ of the answer; tests/approxbp/planner/test_plan.py checks both)."""
     peaks: dict[int, int] = {}
     lo, hi, halve, v = 0, None, False, max(grain, start // grain * grain)
     while True:
