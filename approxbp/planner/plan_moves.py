@@ -164,10 +164,7 @@ def move_costs(run, request: Request, choice: dict[str, str], ms_norm: bool, aft
                discovery=None):
     """(the step's roofline with the assignment, its block count, the chunked loss's cost or None, the blocks' parts
     recomputable alone with their measured saving per block): what :func:`plan_moves` weighs at any budget.
-    ``discovery``: shared by the request's timings (:func:`timed`; None: one for these two)."""
-    from approxbp.kernels.rewrite.discovery import Discovery
-
-    discovery = Discovery() if discovery is None else discovery
+    ``discovery``: shared by the request's timings (:func:`timed`)."""
     say(f"recompute and offload moves, timed for {device.name}")
     time, blocks = timed(request, device, choice, ms_norm, discovery=discovery)
     loss = None

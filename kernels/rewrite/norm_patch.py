@@ -20,7 +20,7 @@ from .common import (
 )
 from .discovery import Discovery, run_once
 from .norm_consumers import find_readers
-from .norm_forms import adopt_forms, is_norm_candidate, norm_form, norm_forms
+from .norm_forms import adopt_forms, norm_forms
 from .norm_merge import (
     AffineInputLinear,
     NormInputLinear,
@@ -40,15 +40,16 @@ def replace_norms(model: nn.Module, report: PatchReport, undo: Undo, example_inp
     """Every norm whose readers allow it becomes an MS-norm (:func:`_rewrite_norm`), one pattern of paths at a time
     (:class:`~.common.RewriteGuard`); norms ``config.module_filter_fn`` refuses are left and reported. The readers
     are found by :func:`~.norm_consumers.find_readers` (once per kind of model with a ``discovery``)."""
-    adopt_forms(model, run_once(norm_forms, model, example_input, discovery))  # probed once per kind of model
-    for name, m in model.named_modules():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
-        if is_norm_candidate(m) and isinstance(why := norm_form(m), str):
-            report.skipped.append(f"{name} ({type(m).__name__}): {why}")
+    forms = run_once(norm_forms, model, example_input, discovery)  # probed once per kind of model
+    adopt_forms(model, forms)
+    modules = dict(model.named_modules())
+    for name, why in forms.items():  # norm-like modules that compute no LayerNorm/RMSNorm form: said why
+        if isinstance(why, str):
+            report.skipped.append(f"{name} ({type(modules[name]).__name__}): {why}")
     found, why = run_once(find_readers, model, example_input, discovery)
     if found is None:
         report.skipped.append(f"norm merging: {why}; pass example_input to find consumers by running it")
         return
-    modules = dict(model.named_modules())
     for name, m in modules.items():  # proven norms that never ran (a BART decoder's cross-attention norm, run as a
         if name not in found and has_proven_norm_form(m):  # causal LM): nothing proves how their output is read
             report.skipped.append(f"{name}: not run on the example input (or not reached by tracing); left as it is")
